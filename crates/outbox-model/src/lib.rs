@@ -1,0 +1,31 @@
+//! The base of the transactional outbox: the diesel schema of
+//! `outbox_event`, its row types, the validated [`EventType`], the
+//! [`OutboxStatus`] life cycle, and the embedded migrations with
+//! [`run_migrations`].
+//!
+//! Every other crate of the workspace builds on this one; it depends on
+//! nothing of theirs and holds no logic beyond validation. Publishing lives
+//! in `outbox-publish`, claiming and routing in `outbox-dispatch`.
+
+mod event_type;
+mod migrations;
+mod pool;
+mod row;
+mod status;
+
+/// The diesel schema, generated from the migrations by `cargo xtask schema`
+/// (`cargo xtask test` fails when it drifts).
+#[allow(missing_docs)]
+pub mod schema;
+
+pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
+pub use migrations::{MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations};
+pub use pool::{PgPool, PooledPg, connect_pool};
+pub use row::{NewOutboxEventRow, OutboxEvent};
+pub use status::{OutboxStatus, UnknownStatus};
+
+/// The largest accepted payload: 1 MiB of serialized JSON.
+pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+
+/// The Postgres channel the `outbox_event` insert trigger notifies.
+pub const NOTIFY_CHANNEL: &str = "outbox_event";

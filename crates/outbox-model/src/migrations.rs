@@ -1,0 +1,63 @@
+//! The one migrations tree of the workspace, embedded at compile time.
+
+use diesel::Connection;
+use diesel_async::AsyncPgConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+
+/// Every migration under `migrations/` at the workspace root.
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations");
+
+/// A fingerprint of the migrations tree (paths and contents), computed at
+/// build time. Two builds with the same fingerprint create the same schema;
+/// test harnesses name their template databases after it.
+pub const MIGRATIONS_FINGERPRINT: &str = env!("OUTBOX_MIGRATIONS_FINGERPRINT");
+
+/// Why migrations did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrationError {
+    /// The database could not be reached.
+    #[error("cannot connect to the database to migrate it: {0}")]
+    Connect(#[from] diesel::ConnectionError),
+    /// A migration failed; the database is left at the last one that succeeded.
+    #[error("migration failed: {0}")]
+    Migration(String),
+    /// The blocking migration task panicked or was cancelled.
+    #[error("migration task did not finish: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// Applies every pending migration to the database at `database_url` and
+/// returns the versions it applied (empty when the schema was current).
+///
+/// Opens one dedicated connection and runs diesel's synchronous migration
+/// harness on tokio's blocking pool, so it works on any tokio runtime
+/// (current-thread included). Each migration runs in its own transaction;
+/// diesel takes care that two processes migrating at once do not both apply
+/// the same version.
+///
+/// # Errors
+///
+/// [`MigrationError::Connect`] when the database cannot be reached,
+/// [`MigrationError::Migration`] when a migration fails.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), outbox_model::MigrationError> {
+/// let applied = outbox_model::run_migrations("postgres://postgres@127.0.0.1/app").await?;
+/// println!("applied {} migration(s)", applied.len());
+/// # Ok(()) }
+/// ```
+pub async fn run_migrations(database_url: &str) -> Result<Vec<String>, MigrationError> {
+    let url = database_url.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url)?;
+        let applied = conn
+            .run_pending_migrations(MIGRATIONS)
+            .map_err(|e| MigrationError::Migration(e.to_string()))?;
+        Ok(applied.iter().map(ToString::to_string).collect())
+    })
+    .await?
+}

@@ -1,0 +1,64 @@
+//! [`PublishError`]: everything that can stop an event from being recorded.
+
+use outbox_model::EventTypeError;
+
+use crate::NotInTransaction;
+
+/// Why an event was not published. Validation errors are raised before any
+/// SQL runs, so they never abort the caller's transaction; the caller may
+/// handle them and go on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// `tenant_id` is empty: every event belongs to a tenant.
+    #[error("tenant_id is empty: every outbox event belongs to a tenant")]
+    EmptyTenantId,
+    /// The event type breaks the naming rule.
+    #[error("invalid event type: {0}")]
+    InvalidEventType(#[from] EventTypeError),
+    /// The payload is JSON but not an object.
+    #[error("payload must be a JSON object, got {found}")]
+    PayloadNotObject {
+        /// The JSON kind found instead (`array`, `string`, …).
+        found: &'static str,
+    },
+    /// The serialized payload is larger than [`outbox_model::MAX_PAYLOAD_BYTES`].
+    #[error("payload is {size} bytes serialized; the limit is {max} bytes")]
+    PayloadTooLarge {
+        /// Serialized size in bytes.
+        size: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
+    /// One event of a batch is invalid; nothing of the batch was written.
+    #[error("event #{index} of the batch is invalid: {source}")]
+    InvalidBatchItem {
+        /// Position of the event in the batch, from 0.
+        index: usize,
+        /// What is wrong with it.
+        source: Box<PublishError>,
+    },
+    /// The handle was not inside a transaction (see [`crate::OutboxTx::new`]).
+    #[error(transparent)]
+    NotInTransaction(#[from] NotInTransaction),
+    /// Postgres refused the statement or the connection failed. The caller's
+    /// transaction is aborted and must be rolled back.
+    #[error("database error while publishing: {0}")]
+    Database(#[from] diesel::result::Error),
+}
+
+impl PublishError {
+    /// True for errors in the event itself (as opposed to the database or the
+    /// calling code): retrying the same event will fail the same way.
+    #[must_use]
+    pub fn is_invalid_event(&self) -> bool {
+        matches!(
+            self,
+            Self::EmptyTenantId
+                | Self::InvalidEventType(_)
+                | Self::PayloadNotObject { .. }
+                | Self::PayloadTooLarge { .. }
+                | Self::InvalidBatchItem { .. }
+        )
+    }
+}

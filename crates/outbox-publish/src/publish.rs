@@ -1,0 +1,197 @@
+//! The publishing statements.
+
+use std::collections::{HashMap, HashSet};
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use outbox_model::NewOutboxEventRow;
+use outbox_model::schema::outbox_event;
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::{NewOutboxEvent, OutboxTx, PublishError};
+
+/// Rows per INSERT statement in a batch: 6 bind parameters a row stays well
+/// under Postgres' 65,535-parameter limit.
+const ROWS_PER_STATEMENT: usize = 5_000;
+
+/// What publishing did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PublishOutcome {
+    /// A new event was written with this id.
+    Published(Uuid),
+    /// An event with the same dispatch key already exists (committed earlier,
+    /// or earlier in this transaction or batch); this is its id. Nothing was
+    /// written and the transaction is intact.
+    Duplicate(Uuid),
+}
+
+impl PublishOutcome {
+    /// The id of the event, new or existing.
+    #[must_use]
+    pub fn id(self) -> Uuid {
+        match self {
+            Self::Published(id) | Self::Duplicate(id) => id,
+        }
+    }
+
+    /// True when this call wrote nothing because of the dispatch key.
+    #[must_use]
+    pub fn is_duplicate(self) -> bool {
+        matches!(self, Self::Duplicate(_))
+    }
+}
+
+/// Records one event in the caller's transaction.
+///
+/// The event is validated first (tenant, event type, payload kind and size);
+/// an invalid event returns an error without running any SQL. The id is a
+/// fresh UUIDv7.
+///
+/// # Errors
+///
+/// A validation variant of [`PublishError`] for a bad event (the transaction
+/// is untouched), or [`PublishError::Database`] when Postgres fails (the
+/// transaction is aborted).
+///
+/// # Example
+///
+/// See [`OutboxTx`].
+#[instrument(
+    name = "outbox.publish",
+    skip_all,
+    fields(tenant_id = %event.tenant_id, event_type = %event.event_type, event_id, duplicate),
+    err
+)]
+pub async fn publish_outbox_event(
+    tx: &mut OutboxTx<'_>,
+    event: NewOutboxEvent,
+) -> Result<PublishOutcome, PublishError> {
+    let row = event.into_row()?;
+    let outcome = match row.dispatch_key.clone() {
+        None => {
+            let id = diesel::insert_into(outbox_event::table)
+                .values(&row)
+                .returning(outbox_event::id)
+                .get_result::<Uuid>(tx.conn())
+                .await?;
+            PublishOutcome::Published(id)
+        }
+        Some(key) => {
+            let inserted = diesel::insert_into(outbox_event::table)
+                .values(&row)
+                .on_conflict(outbox_event::dispatch_key)
+                .do_nothing()
+                .returning(outbox_event::id)
+                .get_result::<Uuid>(tx.conn())
+                .await
+                .optional()?;
+            match inserted {
+                Some(id) => PublishOutcome::Published(id),
+                None => PublishOutcome::Duplicate(
+                    outbox_event::table
+                        .filter(outbox_event::dispatch_key.eq(&key))
+                        .select(outbox_event::id)
+                        .get_result::<Uuid>(tx.conn())
+                        .await?,
+                ),
+            }
+        }
+    };
+    let span = tracing::Span::current();
+    span.record("event_id", tracing::field::display(outcome.id()));
+    span.record("duplicate", outcome.is_duplicate());
+    Ok(outcome)
+}
+
+/// Records many events in the caller's transaction with one INSERT statement
+/// (one per 5,000 events), returning one outcome per event, in order.
+///
+/// Every event is validated before anything is written: one invalid event
+/// fails the whole call with [`PublishError::InvalidBatchItem`] and writes
+/// nothing. Events that repeat a dispatch key (of an existing row, or of an
+/// earlier event in the same batch) come back as
+/// [`PublishOutcome::Duplicate`] with the id of the row that holds the key.
+///
+/// # Errors
+///
+/// [`PublishError::InvalidBatchItem`] for an invalid event,
+/// [`PublishError::Database`] when Postgres fails.
+#[instrument(
+    name = "outbox.publish_batch",
+    skip_all,
+    fields(events, published),
+    err
+)]
+pub async fn publish_outbox_events(
+    tx: &mut OutboxTx<'_>,
+    events: impl IntoIterator<Item = NewOutboxEvent>,
+) -> Result<Vec<PublishOutcome>, PublishError> {
+    let rows = events
+        .into_iter()
+        .enumerate()
+        .map(|(index, event)| {
+            event
+                .into_row()
+                .map_err(|e| PublishError::InvalidBatchItem {
+                    index,
+                    source: Box::new(e),
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    tracing::Span::current().record("events", rows.len());
+
+    let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let ids: Vec<Uuid> = diesel::insert_into(outbox_event::table)
+            .values(chunk)
+            .on_conflict(outbox_event::dispatch_key)
+            .do_nothing()
+            .returning(outbox_event::id)
+            .get_results(tx.conn())
+            .await?;
+        inserted.extend(ids);
+    }
+    tracing::Span::current().record("published", inserted.len());
+
+    let holders = existing_holders(tx, &rows, &inserted).await?;
+    rows.iter()
+        .map(|row| {
+            if inserted.contains(&row.id) {
+                return Ok(PublishOutcome::Published(row.id));
+            }
+            row.dispatch_key
+                .as_ref()
+                .and_then(|key| holders.get(key))
+                .map(|id| PublishOutcome::Duplicate(*id))
+                // A row that was neither inserted nor blocked by its dispatch
+                // key cannot happen: ON CONFLICT only skips on that key.
+                .ok_or(PublishError::Database(diesel::result::Error::NotFound))
+        })
+        .collect()
+}
+
+/// The ids of the rows holding the dispatch keys of events not inserted.
+async fn existing_holders(
+    tx: &mut OutboxTx<'_>,
+    rows: &[NewOutboxEventRow],
+    inserted: &HashSet<Uuid>,
+) -> Result<HashMap<String, Uuid>, PublishError> {
+    let keys: Vec<&str> = rows
+        .iter()
+        .filter(|row| !inserted.contains(&row.id))
+        .filter_map(|row| row.dispatch_key.as_deref())
+        .collect();
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let found: Vec<(Option<String>, Uuid)> = outbox_event::table
+        .filter(outbox_event::dispatch_key.eq_any(&keys))
+        .select((outbox_event::dispatch_key, outbox_event::id))
+        .load(tx.conn())
+        .await?;
+    Ok(found
+        .into_iter()
+        .filter_map(|(key, id)| key.map(|key| (key, id)))
+        .collect())
+}

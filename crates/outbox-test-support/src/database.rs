@@ -1,0 +1,200 @@
+//! [`TestDatabase`]: one Postgres database per test, cloned from a template.
+
+use diesel::sql_types::{BigInt, Bool, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::{MIGRATIONS_FINGERPRINT, PgPool};
+
+use crate::url::{database_server_url, with_database};
+
+/// Advisory lock key serializing template creation across test processes.
+const TEMPLATE_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox"
+
+/// A fresh, migrated database for one test, dropped with the value.
+///
+/// Creating one clones a template database (`outbox_tpl_<fingerprint>`) that
+/// holds the migrated schema; the template is built once per migrations
+/// fingerprint, by whichever test process gets there first, under an
+/// advisory lock. Cloning costs milliseconds; no test runs migrations.
+/// The pool is small (4 by default) so that a parallel suite stays well
+/// within the server's default of 100 connections.
+pub struct TestDatabase {
+    name: String,
+    url: String,
+    admin_url: String,
+    pool: PgPool,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Exists {
+    #[diesel(sql_type = Bool)]
+    exists: bool,
+}
+
+impl TestDatabase {
+    /// A new database with a pool of 4 connections.
+    ///
+    /// # Panics
+    ///
+    /// When the Postgres server cannot be reached or the template cannot be
+    /// built: a test cannot go on without its database.
+    pub async fn new() -> Self {
+        Self::with_pool_size(4).await
+    }
+
+    /// A new database with a pool of `pool_size` connections.
+    ///
+    /// # Panics
+    ///
+    /// As [`TestDatabase::new`].
+    pub async fn with_pool_size(pool_size: u32) -> Self {
+        let server = database_server_url();
+        let admin_url = with_database(&server, "postgres");
+        let template = ensure_template(&admin_url).await;
+        let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = connect(&admin_url).await;
+        admin
+            .batch_execute(&format!(
+                "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
+        let url = with_database(&server, &name);
+        let pool = outbox_model::connect_pool(&url, pool_size)
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to test database {name}: {e}"));
+        Self {
+            name,
+            url,
+            admin_url,
+            pool,
+        }
+    }
+
+    /// The database's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The URL of this database (for binaries under test).
+    #[must_use]
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The shared pool.
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A dedicated connection outside the pool.
+    ///
+    /// # Panics
+    ///
+    /// When the connection fails.
+    pub async fn conn(&self) -> AsyncPgConnection {
+        connect(&self.url).await
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let admin_url = self.admin_url.clone();
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime, where blocking on a future is
+        // not allowed; a short-lived thread with its own runtime does it.
+        let dropper = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                if let Ok(mut admin) = AsyncPgConnection::establish(&admin_url).await {
+                    let _ = admin
+                        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                        .await;
+                }
+            });
+        });
+        let _ = dropper.join();
+    }
+}
+
+impl std::fmt::Debug for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDatabase")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn connect(url: &str) -> AsyncPgConnection {
+    AsyncPgConnection::establish(url).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to Postgres at {url}: {e}\n\
+             hint: run `cargo xtask services` and export the DATABASE_URL it prints"
+        )
+    })
+}
+
+/// Makes sure the template for the current migrations exists; returns its name.
+async fn ensure_template(admin_url: &str) -> String {
+    let template = format!("outbox_tpl_{MIGRATIONS_FINGERPRINT}");
+    let mut admin = connect(admin_url).await;
+    if database_exists(&mut admin, &template).await {
+        return template;
+    }
+    diesel::sql_query("SELECT pg_advisory_lock($1)")
+        .bind::<BigInt, _>(TEMPLATE_LOCK_KEY)
+        .execute(&mut admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot take the template lock: {e}"));
+    if !database_exists(&mut admin, &template).await {
+        build_template(&mut admin, admin_url, &template).await;
+    }
+    // The session ends with the connection, which releases the lock too.
+    let _ = diesel::sql_query("SELECT pg_advisory_unlock($1)")
+        .bind::<BigInt, _>(TEMPLATE_LOCK_KEY)
+        .execute(&mut admin)
+        .await;
+    template
+}
+
+async fn build_template(admin: &mut AsyncPgConnection, admin_url: &str, template: &str) {
+    let building = format!("{template}_building");
+    let run = async {
+        // CREATE/DROP DATABASE cannot share a (multi-statement) transaction.
+        for sql in [
+            format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
+            format!("CREATE DATABASE \"{building}\""),
+        ] {
+            admin.batch_execute(&sql).await.map_err(|e| e.to_string())?;
+        }
+        outbox_model::run_migrations(&with_database(admin_url, &building))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Renamed only once complete, so a template that exists is whole.
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE \"{building}\" RENAME TO \"{template}\"; \
+                 ALTER DATABASE \"{template}\" IS_TEMPLATE true"
+            ))
+            .await
+            .map_err(|e| e.to_string())
+    };
+    if let Err(e) = run.await {
+        panic!("cannot build the test template database {template}: {e}");
+    }
+}
+
+async fn database_exists(admin: &mut AsyncPgConnection, name: &str) -> bool {
+    diesel::sql_query("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1) AS exists")
+        .bind::<Text, _>(name)
+        .get_result::<Exists>(admin)
+        .await
+        .unwrap_or_else(|e| panic!("cannot list databases: {e}"))
+        .exists
+}

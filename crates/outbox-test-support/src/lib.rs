@@ -1,0 +1,34 @@
+//! Dev-only test helpers for the outbox workspace: real services, isolated
+//! per test.
+//!
+//! - [`TestDatabase`]: a fresh Postgres database per test, cloned in
+//!   milliseconds from a template that is migrated once per schema version,
+//!   and dropped when the value is dropped (also on panic).
+//! - [`TestRedis`]: a unique key prefix per test on a real Redis, whose keys
+//!   are deleted on drop.
+//!
+//! The servers come from `OUTBOX_TEST_DATABASE_URL` / `DATABASE_URL` and
+//! `OUTBOX_TEST_REDIS_URL` / `REDIS_URL`, defaulting to the standard local
+//! ports; `cargo xtask test` sets them after finding or starting the
+//! services. Nothing here mocks Postgres or Redis. Not for production code.
+
+mod database;
+mod redis_ns;
+mod url;
+
+pub use database::TestDatabase;
+pub use redis_ns::TestRedis;
+pub use url::{database_server_url, redis_server_url, with_database};
+
+/// Installs a tracing subscriber that writes through the test harness'
+/// capture (shown for failing tests). Honors `RUST_LOG`; safe to call from
+/// every test.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
+}

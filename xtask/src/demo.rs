@@ -1,0 +1,277 @@
+//! `cargo xtask demo`: the outbox seen from an application.
+//!
+//! Creates a fresh `outbox_demo` database, migrates it, runs a few business
+//! transactions that publish events (one of which rolls back, one repeats a
+//! dispatch key, one uses the batch form, one is plain SQL from "another
+//! language"), then prints the outbox rows by status.
+
+use anyhow::{Context, Result};
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::OutboxEvent;
+use outbox_model::schema::outbox_event;
+use outbox_publish::{
+    NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
+};
+use outbox_test_support::with_database;
+use serde_json::json;
+
+use crate::services;
+
+const DEMO_DB: &str = "outbox_demo";
+
+/// Runs the demo.
+pub async fn run() -> Result<()> {
+    let found = services::ensure().await?;
+    let admin_url = with_database(&found.database_url, "postgres");
+    let mut admin = AsyncPgConnection::establish(&admin_url)
+        .await
+        .with_context(|| format!("cannot connect to {admin_url}"))?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DEMO_DB}"))
+        .await?;
+    let url = with_database(&found.database_url, DEMO_DB);
+    println!("database  {url}");
+    let applied = outbox_model::run_migrations(&url).await?;
+    println!(
+        "migrated  {} migration(s): {}",
+        applied.len(),
+        applied.join(", ")
+    );
+
+    let mut conn = AsyncPgConnection::establish(&url).await?;
+    conn.batch_execute(
+        "CREATE TABLE shop_order (
+             id bigserial PRIMARY KEY,
+             tenant_id text NOT NULL,
+             customer_email text NOT NULL,
+             total_cents bigint NOT NULL
+         )",
+    )
+    .await?;
+
+    println!("\n-- business transactions --");
+    place_order(&mut conn, "acme", "ada@example.com", 4_200).await?;
+    place_order(&mut conn, "globex", "grace@example.com", 1_999).await?;
+    stripe_webhook(&mut conn, "evt_1001").await?;
+    stripe_webhook(&mut conn, "evt_1001").await?; // Stripe redelivers
+    rolled_back_order(&mut conn).await?;
+    reindex_catalog(&mut conn).await?;
+    plain_sql_producer(&mut conn).await?;
+
+    print_rows(&mut conn).await
+}
+
+#[derive(QueryableByName)]
+struct OrderId {
+    #[diesel(sql_type = BigInt)]
+    id: i64,
+}
+
+/// An order and its three side effects, all or nothing.
+async fn place_order(
+    conn: &mut AsyncPgConnection,
+    tenant: &str,
+    email: &str,
+    total_cents: i64,
+) -> Result<()> {
+    let order = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let order: OrderId = diesel::sql_query(
+                "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
+                 VALUES ($1, $2, $3) RETURNING id",
+            )
+            .bind::<Text, _>(tenant)
+            .bind::<Text, _>(email)
+            .bind::<BigInt, _>(total_cents)
+            .get_result(conn)
+            .await?;
+            let mut tx = OutboxTx::new(conn)?;
+            let body = json!({ "orderId": order.id, "totalCents": total_cents });
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(
+                    tenant,
+                    "mail.order.confirmation",
+                    json!({ "to": email, "template": "order-confirmation", "vars": body }),
+                ),
+            )
+            .await?;
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(tenant, "audit.order.created", body.clone()),
+            )
+            .await?;
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(tenant, "webhook.order.created", body),
+            )
+            .await?;
+            // A reminder mail, not dispatched before tomorrow.
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(tenant, "mail.order.review-reminder", json!({ "to": email }))
+                    .scheduled_at(Utc::now() + chrono::Duration::days(1)),
+            )
+            .await?;
+            Ok(order.id)
+        })
+        .await?;
+    println!("committed order #{order} of {tenant} with 4 events (one scheduled for tomorrow)");
+    Ok(())
+}
+
+/// A provider webhook with its event id as dispatch key: redelivery is a no-op.
+async fn stripe_webhook(conn: &mut AsyncPgConnection, stripe_event: &str) -> Result<()> {
+    let outcome = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(
+                    "acme",
+                    "billing.subscription.updated",
+                    json!({ "subscriptionId": "sub_42", "status": "active" }),
+                )
+                .dispatch_key(format!("stripe:{stripe_event}")),
+            )
+            .await
+        })
+        .await?;
+    if outcome.is_duplicate() {
+        println!(
+            "stripe {stripe_event} again: duplicate of event {}, nothing written",
+            outcome.id()
+        );
+    } else {
+        println!("stripe {stripe_event}: published event {}", outcome.id());
+    }
+    Ok(())
+}
+
+/// A transaction that fails after the business write: neither the order nor
+/// its event survive.
+async fn rolled_back_order(conn: &mut AsyncPgConnection) -> Result<()> {
+    let result = conn
+        .transaction::<(), PublishError, _>(async |conn| {
+            diesel::sql_query(
+                "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
+                 VALUES ('acme', 'mallory@example.com', 100)",
+            )
+            .execute(conn)
+            .await?;
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new(
+                    "acme",
+                    "mail.order.confirmation",
+                    json!({ "to": "mallory@example.com" }),
+                ),
+            )
+            .await?;
+            // The application then rejects its own event type: the whole
+            // transaction rolls back, the event above with it.
+            publish_outbox_event(
+                &mut tx,
+                NewOutboxEvent::new("acme", "Order.Created", json!({})),
+            )
+            .await?;
+            Ok(())
+        })
+        .await;
+    match result {
+        Err(e) => println!("rolled back: {e} (no order row, no event)"),
+        Ok(()) => println!("unexpected: the invalid event was accepted"),
+    }
+    Ok(())
+}
+
+/// The batch form: one INSERT for many events.
+async fn reindex_catalog(conn: &mut AsyncPgConnection) -> Result<()> {
+    let outcomes = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            let events = (1..=3).map(|sku| {
+                NewOutboxEvent::new(
+                    "acme",
+                    "search.index.product.updated",
+                    json!({ "sku": sku }),
+                )
+            });
+            publish_outbox_events(&mut tx, events).await
+        })
+        .await?;
+    println!(
+        "batch: published {} search.index events in one statement",
+        outcomes.len()
+    );
+    Ok(())
+}
+
+/// Another language's producer writes plain SQL with only the required columns.
+async fn plain_sql_producer(conn: &mut AsyncPgConnection) -> Result<()> {
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         VALUES ('globex', 'notification.user.mentioned', '{\"userId\": 7}')",
+    )
+    .await?;
+    println!("plain SQL: inserted a notification event with the table's defaults");
+    // An unroutable type is a valid event; the dispatcher will dead-letter it.
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         VALUES ('globex', 'legacy.report.generated', '{}')",
+    )
+    .await?;
+    println!("plain SQL: inserted legacy.report.generated (no route: the dispatcher will fail it)");
+    Ok(())
+}
+
+async fn print_rows(conn: &mut AsyncPgConnection) -> Result<()> {
+    let rows: Vec<OutboxEvent> = outbox_event::table
+        .order((outbox_event::status, outbox_event::created_at))
+        .select(OutboxEvent::as_select())
+        .load(conn)
+        .await?;
+    let orders: i64 = diesel::dsl::sql::<BigInt>("SELECT count(*) FROM shop_order")
+        .get_result(conn)
+        .await?;
+    println!(
+        "\n-- outbox_event ({} rows; {orders} orders) --",
+        rows.len()
+    );
+    let mut current = None;
+    for row in &rows {
+        if current != Some(row.status) {
+            current = Some(row.status);
+            let count = rows.iter().filter(|r| r.status == row.status).count();
+            println!("\n{} ({count})", row.status);
+            println!(
+                "  {:<36}  {:<7}  {:<30}  {:<20}  {}",
+                "id", "tenant", "event_type", "scheduled_at", "dispatch_key"
+            );
+        }
+        println!(
+            "  {:<36}  {:<7}  {:<30}  {:<20}  {}",
+            row.id,
+            row.tenant_id,
+            row.event_type,
+            short_time(row.scheduled_at),
+            row.dispatch_key.as_deref().unwrap_or("-"),
+        );
+    }
+    println!(
+        "\nNext: the dispatcher claims the due PENDING rows and hands each to its queue \
+         (outbox-dispatch)."
+    );
+    Ok(())
+}
+
+fn short_time(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%S").to_string()
+}

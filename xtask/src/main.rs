@@ -1,0 +1,65 @@
+//! `cargo xtask`: the developer commands of the outbox workspace.
+//!
+//! - `services`: find Postgres and Redis, or start private ones, and print
+//!   their URLs;
+//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
+//! - `demo`: publish a realistic sample of events and show the rows;
+//! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies).
+//!
+//! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
+
+mod cmd;
+mod demo;
+mod schema;
+mod services;
+mod test;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+/// Developer commands of the outbox workspace.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Find (or start) Postgres and Redis and print their URLs as shell exports.
+    Services,
+    /// Run everything CI runs: services, fmt, clippy, schema check, tests, docs.
+    Test(test::TestArgs),
+    /// The same as `test`; what `.ci/run` calls.
+    Ci(test::TestArgs),
+    /// Migrate a demo database, publish sample events, print the rows by status.
+    Demo,
+    /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
+    Schema {
+        /// Fail instead of writing when the file differs from the migrations.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Services => {
+                let found = services::ensure().await?;
+                println!("export DATABASE_URL={}", found.database_url);
+                println!("export REDIS_URL={}", found.redis_url);
+                Ok(())
+            }
+            Command::Test(args) | Command::Ci(args) => test::run(args).await,
+            Command::Demo => demo::run().await,
+            Command::Schema { check } => schema::run(check).await,
+        }
+    })
+}

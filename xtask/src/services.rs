@@ -1,0 +1,272 @@
+//! Finding Postgres and Redis, or starting private ones.
+//!
+//! Order: `DATABASE_URL` / `REDIS_URL` when they answer; else the standard
+//! local ports (Postgres 5432 as user `postgres`, Redis 6379); else private
+//! servers under `target/services/`, started from the system's binaries on
+//! free ports and reused by later runs. Missing binaries end with the exact
+//! packages to install.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+use crate::cmd::{probe, target_dir};
+
+const STANDARD_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+const STANDARD_REDIS: &str = "redis://127.0.0.1:6379";
+
+/// The servers to use.
+pub struct Services {
+    /// A Postgres URL (its database is `postgres` unless the caller's URL said otherwise).
+    pub database_url: String,
+    /// A Redis URL.
+    pub redis_url: String,
+}
+
+/// Finds or starts both services.
+pub async fn ensure() -> Result<Services> {
+    let database_url = ensure_postgres().await?;
+    let redis_url = ensure_redis().await?;
+    Ok(Services {
+        database_url,
+        redis_url,
+    })
+}
+
+fn services_dir() -> PathBuf {
+    target_dir().join("services")
+}
+
+async fn postgres_answers(url: &str) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), AsyncPgConnection::establish(url)).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn redis_answers(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let ping = async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(3), ping).await,
+        Ok(Ok(_))
+    )
+}
+
+async fn ensure_postgres() -> Result<String> {
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        if postgres_answers(&url).await {
+            return Ok(url);
+        }
+        eprintln!("xtask: DATABASE_URL={url} does not answer; looking further");
+    }
+    if postgres_answers(STANDARD_POSTGRES).await {
+        return Ok(STANDARD_POSTGRES.to_owned());
+    }
+    let dir = services_dir();
+    if let Some(port) = read_port(&dir.join("postgres.port")) {
+        let url = private_postgres_url(port);
+        if postgres_answers(&url).await {
+            return Ok(url);
+        }
+    }
+    start_private_postgres(&dir).await
+}
+
+async fn ensure_redis() -> Result<String> {
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        if redis_answers(&url).await {
+            return Ok(url);
+        }
+        eprintln!("xtask: REDIS_URL={url} does not answer; looking further");
+    }
+    if redis_answers(STANDARD_REDIS).await {
+        return Ok(STANDARD_REDIS.to_owned());
+    }
+    let dir = services_dir();
+    if let Some(port) = read_port(&dir.join("redis.port")) {
+        let url = format!("redis://127.0.0.1:{port}");
+        if redis_answers(&url).await {
+            return Ok(url);
+        }
+    }
+    start_private_redis(&dir).await
+}
+
+fn private_postgres_url(port: u16) -> String {
+    format!("postgres://postgres@127.0.0.1:{port}/postgres")
+}
+
+fn read_port(path: &Path) -> Option<u16> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Where the Postgres server binaries are: on PATH, or Debian's versioned dir.
+fn postgres_bin_dir() -> Option<PathBuf> {
+    if probe("pg_ctl", &["--version"]) && probe("initdb", &["--version"]) {
+        return Some(PathBuf::new());
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .filter(|bin| bin.join("pg_ctl").exists() && bin.join("initdb").exists())
+        .collect();
+    versions.sort_by_key(|bin| {
+        bin.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    versions.pop()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// A command for a Postgres binary; as root it runs as the `postgres` (or
+/// `nobody`) user, since initdb and postgres refuse to run as root.
+fn pg_command(bin_dir: &Path, program: &str, run_as: Option<&str>) -> Command {
+    let program = bin_dir.join(program);
+    match run_as {
+        Some(user) => {
+            let mut cmd = Command::new("runuser");
+            cmd.args(["-u", user, "--"]).arg(program);
+            cmd
+        }
+        None => Command::new(program),
+    }
+}
+
+async fn start_private_postgres(dir: &Path) -> Result<String> {
+    let Some(bin) = postgres_bin_dir() else {
+        bail!(
+            "no Postgres answers (DATABASE_URL, 127.0.0.1:5432) and no server binaries \
+             (initdb, pg_ctl) were found to start a private one.\n\
+             Install them: `sudo apt-get install postgresql` (Debian/Ubuntu), \
+             `sudo dnf install postgresql-server` (Fedora), `brew install postgresql@15` (macOS); \
+             or set DATABASE_URL to a server you have."
+        );
+    };
+    let run_as = if is_root() {
+        let user = if probe("id", &["postgres"]) {
+            "postgres"
+        } else {
+            "nobody"
+        };
+        Some(user)
+    } else {
+        None
+    };
+    let data = dir.join("postgres");
+    let port = free_port()?;
+    std::fs::create_dir_all(dir)?;
+    if let Some(user) = run_as {
+        // The unprivileged user must own everything the server writes.
+        std::fs::create_dir_all(&data)?;
+        crate::cmd::run(
+            "chown services dir",
+            Command::new("chown").args(["-R", user]).arg(dir),
+        )?;
+    }
+    if !data.join("PG_VERSION").exists() {
+        eprintln!(
+            "xtask: initialising a private Postgres under {}",
+            data.display()
+        );
+        crate::cmd::run(
+            "initdb",
+            pg_command(&bin, "initdb", run_as)
+                .arg("-D")
+                .arg(&data)
+                .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
+                .stdout(std::process::Stdio::null()),
+        )?;
+    }
+    let options = format!(
+        "-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off",
+        dir.display()
+    );
+    crate::cmd::run(
+        "pg_ctl start",
+        pg_command(&bin, "pg_ctl", run_as)
+            .arg("-D")
+            .arg(&data)
+            .arg("-l")
+            .arg(dir.join("postgres.log"))
+            .args(["-o", &options, "-w", "start"])
+            .stdout(std::process::Stdio::null()),
+    )?;
+    std::fs::write(dir.join("postgres.port"), port.to_string())?;
+    let url = private_postgres_url(port);
+    if !postgres_answers(&url).await {
+        bail!(
+            "started a private Postgres on port {port} but it does not answer; see {}",
+            dir.join("postgres.log").display()
+        );
+    }
+    eprintln!(
+        "xtask: private Postgres running at {url} (stop: pg_ctl -D {} stop)",
+        data.display()
+    );
+    Ok(url)
+}
+
+async fn start_private_redis(dir: &Path) -> Result<String> {
+    if !probe("redis-server", &["--version"]) {
+        bail!(
+            "no Redis answers (REDIS_URL, 127.0.0.1:6379) and `redis-server` was not found to \
+             start a private one.\n\
+             Install it: `sudo apt-get install redis-server` (Debian/Ubuntu), \
+             `sudo dnf install redis` (Fedora), `brew install redis` (macOS); \
+             or set REDIS_URL to a server you have."
+        );
+    }
+    let data = dir.join("redis");
+    std::fs::create_dir_all(&data)?;
+    let port = free_port()?;
+    crate::cmd::run(
+        "redis-server",
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
+            .arg("--dir")
+            .arg(&data)
+            .arg("--logfile")
+            .arg(dir.join("redis.log"))
+            .arg("--pidfile")
+            .arg(dir.join("redis.pid")),
+    )?;
+    std::fs::write(dir.join("redis.port"), port.to_string())?;
+    let url = format!("redis://127.0.0.1:{port}");
+    for _ in 0..50 {
+        if redis_answers(&url).await {
+            eprintln!("xtask: private Redis running at {url}");
+            return Ok(url);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bail!(
+        "started a private Redis on port {port} but it does not answer; see {}",
+        dir.join("redis.log").display()
+    )
+}

@@ -1,0 +1,92 @@
+//! `cargo xtask test`: everything CI runs, in the order that fails fastest.
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::cmd::{cargo, probe, run as step};
+use crate::services;
+
+/// Options of `cargo xtask test`.
+#[derive(Args, Default)]
+pub struct TestArgs {
+    /// Skip fmt, clippy and docs (tests and the schema check only).
+    #[arg(long)]
+    pub quick: bool,
+    /// Arguments passed on to the test runner (a filter, for example).
+    #[arg(last = true)]
+    pub runner_args: Vec<String>,
+}
+
+/// Runs the pipeline; the first failing step fails the command.
+pub async fn run(args: TestArgs) -> Result<()> {
+    let found = services::ensure().await?;
+    eprintln!(
+        "xtask: DATABASE_URL={} REDIS_URL={}",
+        found.database_url, found.redis_url
+    );
+    // Passed to each child rather than set on this process.
+    let env = [
+        ("DATABASE_URL", found.database_url.clone()),
+        ("REDIS_URL", found.redis_url.clone()),
+        ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
+        ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
+    ];
+
+    if !args.quick {
+        step(
+            "cargo fmt --check",
+            cargo().args(["fmt", "--all", "--", "--check"]),
+        )?;
+        step(
+            "cargo clippy (warnings denied)",
+            cargo().args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ]),
+        )?;
+    }
+    eprintln!("\n==> schema drift check");
+    crate::schema::run(true).await?;
+
+    let nextest = probe("cargo", &["nextest", "--version"]);
+    if nextest {
+        step(
+            "cargo nextest run",
+            cargo()
+                .args(["nextest", "run", "--workspace", "--no-fail-fast"])
+                .args(&args.runner_args)
+                .envs(env.iter().cloned()),
+        )?;
+    } else {
+        step(
+            "cargo test",
+            cargo()
+                .args(["test", "--workspace", "--no-fail-fast"])
+                .args(&args.runner_args)
+                .envs(env.iter().cloned()),
+        )?;
+    }
+    if nextest {
+        // nextest does not run doctests; plain `cargo test` above already did.
+        step(
+            "cargo test --doc",
+            cargo()
+                .args(["test", "--workspace", "--doc"])
+                .envs(env.iter().cloned()),
+        )?;
+    }
+    if !args.quick {
+        step(
+            "cargo doc (warnings denied)",
+            cargo()
+                .args(["doc", "--workspace", "--no-deps"])
+                .env("RUSTDOCFLAGS", "-D warnings"),
+        )?;
+    }
+    eprintln!("\nxtask: all checks passed");
+    Ok(())
+}
