@@ -252,8 +252,8 @@ async fn print_rows(conn: &mut AsyncPgConnection) -> Result<()> {
             let count = rows.iter().filter(|r| r.status == row.status).count();
             println!("\n{} ({count})", row.status);
             println!(
-                "  {:<36}  {:<7}  {:<30}  {:<20}  {}",
-                "id", "tenant", "event_type", "scheduled_at", "dispatch_key"
+                "  {:<36}  {:<7}  {:<30}  {:<20}  dispatch_key",
+                "id", "tenant", "event_type", "scheduled_at"
             );
         }
         println!(

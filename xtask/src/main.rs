@@ -28,7 +28,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Find (or start) Postgres and Redis and print their URLs as shell exports.
-    Services,
+    Services {
+        /// Skip the environment and the standard ports: use (or start) the
+        /// private servers under target/services/.
+        #[arg(long)]
+        private: bool,
+    },
     /// Run everything CI runs: services, fmt, clippy, schema check, tests, docs.
     Test(test::TestArgs),
     /// The same as `test`; what `.ci/run` calls.
@@ -43,16 +48,30 @@ enum Command {
     },
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         match cli.command {
-            Command::Services => {
-                let found = services::ensure().await?;
+            Command::Services { private } => {
+                let found = if private {
+                    services::ensure_private().await?
+                } else {
+                    services::ensure().await?
+                };
                 println!("export DATABASE_URL={}", found.database_url);
                 println!("export REDIS_URL={}", found.redis_url);
                 Ok(())

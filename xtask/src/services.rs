@@ -37,6 +37,24 @@ pub async fn ensure() -> Result<Services> {
     })
 }
 
+/// Uses (or starts) the private servers only.
+pub async fn ensure_private() -> Result<Services> {
+    let dir = services_dir();
+    let database_url = match read_port(&dir.join("postgres.port")).map(private_postgres_url) {
+        Some(url) if postgres_answers(&url).await => url,
+        _ => start_private_postgres(&dir).await?,
+    };
+    let redis_url =
+        match read_port(&dir.join("redis.port")).map(|p| format!("redis://127.0.0.1:{p}")) {
+            Some(url) if redis_answers(&url).await => url,
+            _ => start_private_redis(&dir).await?,
+        };
+    Ok(Services {
+        database_url,
+        redis_url,
+    })
+}
+
 fn services_dir() -> PathBuf {
     target_dir().join("services")
 }

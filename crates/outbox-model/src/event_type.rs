@@ -282,7 +282,7 @@ mod tests {
                 "mail.usér.welcome",
                 EventTypeError::InvalidCharacter {
                     ch: 'é',
-                    position: 8,
+                    position: 7,
                 },
             ),
             (

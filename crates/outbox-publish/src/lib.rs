@@ -31,3 +31,8 @@ pub use error::PublishError;
 pub use event::NewOutboxEvent;
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
 pub use tx::{NotInTransaction, OutboxTx};
+
+/// The README's publishing example, compiled as a doctest so it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,539 @@
+//! The publisher against a real Postgres: what an application sees.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails loudly by design
+
+use diesel::prelude::*;
+use diesel::sql_types::BigInt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::schema::outbox_event;
+use outbox_model::{EventTypeError, MAX_PAYLOAD_BYTES, OutboxEvent, OutboxStatus};
+use outbox_publish::{
+    NewOutboxEvent, NotInTransaction, OutboxTx, PublishError, PublishOutcome, publish_outbox_event,
+    publish_outbox_events,
+};
+use outbox_test_support::TestDatabase;
+use serde_json::json;
+use uuid::Uuid;
+
+async fn with_business_table(db: &TestDatabase) -> AsyncPgConnection {
+    let mut conn = db.conn().await;
+    conn.batch_execute(
+        "CREATE TABLE subscription (id bigint PRIMARY KEY, tenant_id text NOT NULL, status text NOT NULL)",
+    )
+    .await
+    .unwrap();
+    conn
+}
+
+async fn all_events(conn: &mut AsyncPgConnection) -> Vec<OutboxEvent> {
+    outbox_event::table
+        .order(outbox_event::id)
+        .select(OutboxEvent::as_select())
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    diesel::dsl::sql::<BigInt>(sql)
+        .get_result(conn)
+        .await
+        .unwrap()
+}
+
+fn activated(id: i64) -> NewOutboxEvent {
+    NewOutboxEvent::new(
+        "tenant-1",
+        "billing.subscription.updated",
+        json!({ "subscriptionId": id, "status": "active" }),
+    )
+}
+
+async fn insert_subscription(conn: &mut AsyncPgConnection, id: i64) -> QueryResult<usize> {
+    diesel::sql_query(
+        "INSERT INTO subscription (id, tenant_id, status) VALUES ($1, 'tenant-1', 'active')",
+    )
+    .bind::<BigInt, _>(id)
+    .execute(conn)
+    .await
+}
+
+#[tokio::test]
+async fn publish_commits_with_the_business_row() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let outcome = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            insert_subscription(conn, 42).await?;
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(42).dispatch_key("stripe:evt_1")).await
+        })
+        .await
+        .unwrap();
+
+    let PublishOutcome::Published(id) = outcome else {
+        panic!("expected a new event, got {outcome:?}");
+    };
+    assert_eq!(id.get_version_num(), 7, "publisher ids are UUIDv7");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        1
+    );
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    let event = &events[0];
+    assert_eq!(event.id, id);
+    assert_eq!(event.tenant_id, "tenant-1");
+    assert_eq!(event.event_type, "billing.subscription.updated");
+    assert_eq!(
+        event.payload,
+        json!({ "subscriptionId": 42, "status": "active" })
+    );
+    assert_eq!(event.dispatch_key.as_deref(), Some("stripe:evt_1"));
+    assert_eq!(event.status, OutboxStatus::Pending);
+    assert_eq!(event.retries, 0);
+    assert!(event.scheduled_at <= chrono::Utc::now());
+    assert_eq!((event.locked_until, event.processed_at), (None, None));
+    assert_eq!((&event.last_error, &event.target_queue), (&None, &None));
+}
+
+#[tokio::test]
+async fn rollback_leaves_neither_row_nor_event() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let result = conn
+        .transaction::<(), PublishError, _>(async |conn| {
+            insert_subscription(conn, 7).await?;
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(7)).await?;
+            // The business logic fails after publishing: everything goes.
+            insert_subscription(tx.conn(), 7).await?; // duplicate primary key
+            Ok(())
+        })
+        .await;
+
+    assert!(
+        matches!(result, Err(PublishError::Database(_))),
+        "{result:?}"
+    );
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        0
+    );
+    assert!(all_events(&mut conn).await.is_empty());
+}
+
+#[tokio::test]
+async fn duplicate_dispatch_key_in_the_same_transaction_keeps_it_usable() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let (first, second) = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            let first = publish_outbox_event(&mut tx, activated(1).dispatch_key("k-1")).await?;
+            let second = publish_outbox_event(&mut tx, activated(2).dispatch_key("k-1")).await?;
+            // The transaction is intact: a business write after the duplicate commits.
+            insert_subscription(tx.conn(), 1).await?;
+            Ok((first, second))
+        })
+        .await
+        .unwrap();
+
+    assert!(matches!(first, PublishOutcome::Published(_)));
+    assert_eq!(second, PublishOutcome::Duplicate(first.id()));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        1
+    );
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        events[0].payload["subscriptionId"], 1,
+        "the first event wins"
+    );
+}
+
+#[tokio::test]
+async fn duplicate_dispatch_key_across_transactions_returns_the_existing_id() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let publish = async |conn: &mut AsyncPgConnection, id: i64| {
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            insert_subscription(conn, id).await?;
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(id).dispatch_key("stripe:evt_9")).await
+        })
+        .await
+        .unwrap()
+    };
+    let first = publish(&mut conn, 1).await;
+    let second = publish(&mut conn, 2).await;
+
+    assert!(!first.is_duplicate());
+    assert_eq!(second, PublishOutcome::Duplicate(first.id()));
+    // The second business write still committed: only the event was deduplicated.
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        2
+    );
+    assert_eq!(all_events(&mut conn).await.len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_transactions_with_one_dispatch_key_write_one_event() {
+    let db = TestDatabase::new().await;
+    let mut a = db.conn().await;
+    let mut b = db.conn().await;
+    // Both transactions are open before either publishes.
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let run = async |conn: &mut AsyncPgConnection,
+                     barrier: std::sync::Arc<tokio::sync::Barrier>| {
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            barrier.wait().await;
+            publish_outbox_event(&mut tx, activated(1).dispatch_key("race")).await
+        })
+        .await
+        .unwrap()
+    };
+    let (x, y) = tokio::join!(run(&mut a, barrier.clone()), run(&mut b, barrier));
+    assert_eq!(x.id(), y.id());
+    assert_eq!(
+        [x, y].iter().filter(|o| o.is_duplicate()).count(),
+        1,
+        "{x:?} {y:?}"
+    );
+    assert_eq!(all_events(&mut a).await.len(), 1);
+}
+
+#[tokio::test]
+async fn invalid_event_types_are_rejected_with_their_reason() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let too_long = format!("audit.user.{}", "x".repeat(250));
+    let cases: Vec<(&str, EventTypeError)> = vec![
+        (
+            "Billing.subscription.updated",
+            EventTypeError::Uppercase {
+                ch: 'B',
+                position: 0,
+            },
+        ),
+        (
+            "billing.subscription.Updated",
+            EventTypeError::Uppercase {
+                ch: 'U',
+                position: 21,
+            },
+        ),
+        (
+            "billing.updated",
+            EventTypeError::TooFewSegments { found: 2 },
+        ),
+        (
+            "billing..updated",
+            EventTypeError::EmptySegment { segment: 1 },
+        ),
+        (
+            "billing.subscription.",
+            EventTypeError::EmptySegment { segment: 2 },
+        ),
+        ("", EventTypeError::Empty),
+        (
+            "billing.sub_scription.updated",
+            EventTypeError::InvalidCharacter {
+                ch: '_',
+                position: 11,
+            },
+        ),
+        (
+            "billing.subscription.up dated",
+            EventTypeError::InvalidCharacter {
+                ch: ' ',
+                position: 23,
+            },
+        ),
+        (
+            "billing.subscription.updated;",
+            EventTypeError::InvalidCharacter {
+                ch: ';',
+                position: 28,
+            },
+        ),
+        (
+            "billing.2subscription.updated",
+            EventTypeError::SegmentStartsWithNonLetter {
+                segment: 1,
+                text: "2subscription".into(),
+            },
+        ),
+        (
+            too_long.as_str(),
+            EventTypeError::TooLong {
+                len: too_long.len(),
+            },
+        ),
+    ];
+
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        for (raw, expected) in cases {
+            let event = NewOutboxEvent::new("tenant-1", raw, json!({}));
+            match publish_outbox_event(&mut tx, event).await {
+                Err(PublishError::InvalidEventType(got)) => {
+                    assert_eq!(got, expected, "for {raw:?}")
+                }
+                other => panic!("{raw:?}: expected InvalidEventType({expected:?}), got {other:?}"),
+            }
+        }
+        // Validation ran no SQL, so the transaction is still good.
+        publish_outbox_event(&mut tx, activated(1)).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].event_type, "billing.subscription.updated");
+}
+
+#[tokio::test]
+async fn bad_payloads_and_tenants_are_rejected_and_nothing_is_written() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+
+    // Just over the limit once serialized: {"blob":"xxx…"} is 11 bytes + the string.
+    let oversized = json!({ "blob": "x".repeat(MAX_PAYLOAD_BYTES - 10) });
+    let at_limit = json!({ "blob": "x".repeat(MAX_PAYLOAD_BYTES - 11) });
+    assert_eq!(
+        serde_json::to_vec(&at_limit).unwrap().len(),
+        MAX_PAYLOAD_BYTES
+    );
+
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        let publish = async |tx: &mut OutboxTx<'_>, payload| {
+            publish_outbox_event(
+                tx,
+                NewOutboxEvent::new("tenant-1", "audit.file.uploaded", payload),
+            )
+            .await
+        };
+        match publish(&mut tx, oversized).await {
+            Err(PublishError::PayloadTooLarge { size, max }) => {
+                assert_eq!((size, max), (MAX_PAYLOAD_BYTES + 1, MAX_PAYLOAD_BYTES));
+            }
+            other => panic!("expected PayloadTooLarge, got {other:?}"),
+        }
+        for (payload, kind) in [
+            (json!([1, 2]), "an array"),
+            (json!("text"), "a string"),
+            (json!(3), "a number"),
+            (json!(null), "null"),
+            (json!(true), "a boolean"),
+        ] {
+            match publish(&mut tx, payload).await {
+                Err(PublishError::PayloadNotObject { found }) => assert_eq!(found, kind),
+                other => panic!("expected PayloadNotObject({kind}), got {other:?}"),
+            }
+        }
+        let empty_tenant = publish_outbox_event(
+            &mut tx,
+            NewOutboxEvent::new("", "audit.file.uploaded", json!({})),
+        )
+        .await;
+        assert!(
+            matches!(empty_tenant, Err(PublishError::EmptyTenantId)),
+            "{empty_tenant:?}"
+        );
+        // Exactly at the limit is fine.
+        publish(&mut tx, at_limit).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1, "only the payload at the limit was written");
+    assert_eq!(
+        events[0].payload["blob"].as_str().map(str::len),
+        Some(MAX_PAYLOAD_BYTES - 11)
+    );
+}
+
+#[tokio::test]
+async fn publishing_outside_a_transaction_is_refused() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    assert_eq!(OutboxTx::new(&mut conn).err(), Some(NotInTransaction));
+    let err: PublishError = NotInTransaction.into();
+    assert!(err.to_string().contains("inside a transaction"), "{err}");
+}
+
+#[tokio::test]
+async fn batch_publish_writes_all_in_order_and_reports_duplicates() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let existing = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(0).dispatch_key("seen-before")).await
+        })
+        .await
+        .unwrap();
+
+    let mut batch: Vec<NewOutboxEvent> = (1..=250)
+        .map(|i| {
+            NewOutboxEvent::new(
+                "tenant-2",
+                "search.index.product.updated",
+                json!({ "sku": i }),
+            )
+        })
+        .collect();
+    batch.push(activated(1).dispatch_key("seen-before"));
+    batch.push(activated(2).dispatch_key("fresh"));
+    batch.push(activated(3).dispatch_key("fresh"));
+    let outcomes = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, batch).await
+        })
+        .await
+        .unwrap();
+
+    assert_eq!(outcomes.len(), 253);
+    assert!(
+        outcomes[..250]
+            .iter()
+            .all(|o| matches!(o, PublishOutcome::Published(_)))
+    );
+    assert_eq!(outcomes[250], PublishOutcome::Duplicate(existing.id()));
+    assert!(matches!(outcomes[251], PublishOutcome::Published(_)));
+    assert_eq!(outcomes[252], PublishOutcome::Duplicate(outcomes[251].id()));
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1 + 250 + 1);
+    // Each outcome names the row that holds the event.
+    for (i, outcome) in outcomes[..250].iter().enumerate() {
+        let row = events.iter().find(|e| e.id == outcome.id()).unwrap();
+        assert_eq!(row.payload["sku"], i + 1);
+    }
+}
+
+#[tokio::test]
+async fn batch_with_one_invalid_event_writes_nothing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let batch = vec![
+        activated(1),
+        NewOutboxEvent::new("tenant-1", "billing.Updated.now", json!({})),
+        activated(3),
+    ];
+    let result = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, batch).await
+        })
+        .await;
+    match result {
+        Err(PublishError::InvalidBatchItem { index: 1, source }) => {
+            assert!(matches!(
+                *source,
+                PublishError::InvalidEventType(EventTypeError::Uppercase { .. })
+            ));
+        }
+        other => panic!("expected InvalidBatchItem at 1, got {other:?}"),
+    }
+    assert!(all_events(&mut conn).await.is_empty());
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_publishers_all_land() {
+    let db = TestDatabase::with_pool_size(10).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let pool = db.pool().clone();
+            tokio::spawn(async move {
+                let mut conn = pool.get().await.unwrap();
+                conn.transaction::<_, PublishError, _>(async |conn| {
+                    let mut tx = OutboxTx::new(conn)?;
+                    let event = NewOutboxEvent::new(
+                        format!("tenant-{}", i % 7),
+                        "notification.user.mentioned",
+                        json!({ "n": i }),
+                    )
+                    .dispatch_key(format!("mention-{i}"));
+                    publish_outbox_event(&mut tx, event).await
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for task in tasks {
+        let outcome = task.await.unwrap();
+        assert!(!outcome.is_duplicate());
+        ids.push(outcome.id());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 200);
+
+    let mut conn = db.conn().await;
+    let mut stored: Vec<Uuid> = outbox_event::table
+        .select(outbox_event::id)
+        .load(&mut conn)
+        .await
+        .unwrap();
+    stored.sort();
+    assert_eq!(stored, ids);
+    let distinct_n = count(
+        &mut conn,
+        "SELECT count(DISTINCT payload->>'n') FROM outbox_event",
+    )
+    .await;
+    assert_eq!(distinct_n, 200);
+}
+
+#[tokio::test]
+async fn published_event_notifies_listeners_only_on_commit() {
+    use futures::StreamExt;
+    let db = TestDatabase::new().await;
+    let mut listener = db.conn().await;
+    listener.batch_execute("LISTEN outbox_event").await.unwrap();
+    let mut notifications = Box::pin(listener.notifications_stream());
+
+    let mut conn = db.conn().await;
+    let _ = conn
+        .transaction::<(), PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(1)).await?;
+            Err(PublishError::Database(
+                diesel::result::Error::RollbackTransaction,
+            ))
+        })
+        .await;
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&mut tx, vec![activated(2), activated(3)]).await
+    })
+    .await
+    .unwrap();
+
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), notifications.next())
+        .await
+        .expect("a notification within 10 s")
+        .expect("stream open")
+        .unwrap();
+    assert_eq!(first.channel, outbox_model::NOTIFY_CHANNEL);
+    // One statement, one notification; the rolled-back transaction sent none.
+    let more =
+        tokio::time::timeout(std::time::Duration::from_millis(300), notifications.next()).await;
+    assert!(more.is_err(), "unexpected second notification: {more:?}");
+}

@@ -1,0 +1,15 @@
+use diesel_async::AsyncPgConnection;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use outbox_publish::{publish_outbox_event, NewOutboxEvent};
+
+async fn publish_on_a_checked_out_connection() {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new("postgres://localhost/app");
+    let pool = bb8::Pool::builder().build_unchecked(manager);
+    let mut conn = pool.get().await.unwrap();
+    let event = NewOutboxEvent::new("tenant", "mail.user.welcome", serde_json::json!({}));
+    let _ = publish_outbox_event(&mut conn, event).await;
+}
+
+fn main() {
+    drop(publish_on_a_checked_out_connection());
+}

@@ -1,0 +1,76 @@
+//! The test harness itself: isolation between tests is what lets the suite
+//! run in parallel, so it is tested like any other feature.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails loudly by design
+
+use diesel::sql_types::BigInt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_test_support::{TestDatabase, TestRedis, database_server_url, with_database};
+use redis::AsyncCommands;
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+async fn database_count(name: &str) -> i64 {
+    let mut admin =
+        AsyncPgConnection::establish(&with_database(&database_server_url(), "postgres"))
+            .await
+            .unwrap();
+    diesel::sql_query("SELECT count(*) AS n FROM pg_database WHERE datname = $1")
+        .bind::<diesel::sql_types::Text, _>(name)
+        .get_result::<Count>(&mut admin)
+        .await
+        .unwrap()
+        .n
+}
+
+#[tokio::test]
+async fn each_test_database_is_isolated_and_dropped() {
+    let a = TestDatabase::new().await;
+    let b = TestDatabase::new().await;
+    assert_ne!(a.name(), b.name());
+    let mut conn_a = a.conn().await;
+    conn_a
+        .batch_execute("INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES ('t', 'audit.a.b', '{}')")
+        .await
+        .unwrap();
+    let mut conn_b = b.conn().await;
+    let in_b: Count = diesel::sql_query("SELECT count(*) AS n FROM outbox_event")
+        .get_result(&mut conn_b)
+        .await
+        .unwrap();
+    assert_eq!(
+        in_b.n, 0,
+        "a row written in one test database is not seen in another"
+    );
+
+    let name = a.name().to_owned();
+    assert_eq!(database_count(&name).await, 1);
+    drop(conn_a);
+    drop(a);
+    assert_eq!(
+        database_count(&name).await,
+        0,
+        "dropping the handle drops the database"
+    );
+}
+
+#[tokio::test]
+async fn redis_namespace_is_unique_and_cleaned_up() {
+    let a = TestRedis::new().await;
+    let b = TestRedis::new().await;
+    assert_ne!(a.prefix(), b.prefix());
+    let mut conn = a.conn().await;
+    let _: () = conn.set(a.key("one"), 1).await.unwrap();
+    let _: () = conn.set(a.key("two"), 2).await.unwrap();
+    assert_eq!(a.keys().await, vec![a.key("one"), a.key("two")]);
+    assert!(b.keys().await.is_empty(), "namespaces do not overlap");
+
+    let probe = a.key("one");
+    drop(a);
+    let exists: bool = conn.exists(&probe).await.unwrap();
+    assert!(!exists, "dropping the namespace deletes its keys");
+}
