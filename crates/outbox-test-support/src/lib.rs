@@ -6,6 +6,7 @@
 //!   and dropped when the value is dropped (also on panic).
 //! - [`TestRedis`]: a unique key prefix per test on a real Redis, whose keys
 //!   are deleted on drop.
+//! - [`RedisProcess`]: a private `redis-server` a test can stop and restart.
 //!
 //! The servers come from `OUTBOX_TEST_DATABASE_URL` / `DATABASE_URL` and
 //! `OUTBOX_TEST_REDIS_URL` / `REDIS_URL`, defaulting to the standard local
@@ -14,10 +15,12 @@
 
 mod database;
 mod redis_ns;
+mod redis_process;
 mod url;
 
 pub use database::TestDatabase;
 pub use redis_ns::TestRedis;
+pub use redis_process::RedisProcess;
 pub use url::{database_server_url, redis_server_url, with_database};
 
 /// Installs a tracing subscriber that writes through the test harness'

@@ -1,0 +1,165 @@
+//! Typed configuration of the dispatcher and of retention.
+
+use std::time::Duration;
+
+/// The seed's retry schedule: 1, 2, 4, 8, 16, 32 minutes.
+pub const DEFAULT_BACKOFF: [Duration; 6] = [
+    Duration::from_secs(60),
+    Duration::from_secs(2 * 60),
+    Duration::from_secs(4 * 60),
+    Duration::from_secs(8 * 60),
+    Duration::from_secs(16 * 60),
+    Duration::from_secs(32 * 60),
+];
+
+/// How the dispatcher runs. Binaries fill it from the environment
+/// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`);
+/// [`Default`] is the contract's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatcherConfig {
+    /// Poll cadence: the fallback when no insert notification arrives.
+    pub interval: Duration,
+    /// Most rows claimed per tick.
+    pub batch_size: u32,
+    /// Most queue pushes in flight at once within a tick.
+    pub concurrency: usize,
+    /// Failed hand-offs retried before a row is dead-lettered (FAILED).
+    pub max_retries: u32,
+    /// Lease of a claimed row; past it, another dispatcher may re-claim it.
+    pub lock_timeout: Duration,
+    /// Delay before retry n (1-based) is `backoff[min(n, len) - 1]`.
+    pub backoff: Vec<Duration>,
+    /// Wake on `NOTIFY outbox_event` (in addition to polling).
+    pub listen: bool,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(1000),
+            batch_size: 100,
+            concurrency: 10,
+            max_retries: 6,
+            lock_timeout: Duration::from_millis(300_000),
+            backoff: DEFAULT_BACKOFF.to_vec(),
+            listen: true,
+        }
+    }
+}
+
+/// A configuration value that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid dispatcher configuration: {field} {problem}")]
+pub struct ConfigError {
+    /// The field (named as its environment variable where there is one).
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub problem: &'static str,
+}
+
+impl DispatcherConfig {
+    /// Checks that every value can work.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`] found.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |field, problem| Err(ConfigError { field, problem });
+        if self.interval.is_zero() {
+            return fail("OUTBOX_DISPATCH_INTERVAL_MS", "must be greater than 0");
+        }
+        if self.batch_size == 0 {
+            return fail("OUTBOX_DISPATCH_BATCH_SIZE", "must be greater than 0");
+        }
+        if self.batch_size > 10_000 {
+            return fail("OUTBOX_DISPATCH_BATCH_SIZE", "must be at most 10000");
+        }
+        if self.concurrency == 0 {
+            return fail("OUTBOX_DISPATCH_CONCURRENCY", "must be greater than 0");
+        }
+        if self.lock_timeout < Duration::from_secs(1) {
+            return fail("OUTBOX_LOCK_TIMEOUT_MS", "must be at least 1000");
+        }
+        if self.backoff.is_empty() {
+            return fail("backoff", "must have at least one step");
+        }
+        Ok(())
+    }
+
+    /// The delay before retry number `retry` (1-based).
+    #[must_use]
+    pub fn backoff_for(&self, retry: u32) -> Duration {
+        let index = (retry.max(1) as usize - 1).min(self.backoff.len().saturating_sub(1));
+        self.backoff
+            .get(index)
+            .copied()
+            .unwrap_or(Duration::from_secs(60))
+    }
+}
+
+/// The `outbox-done-retention` maintenance job's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// DONE rows processed longer ago than this are deleted.
+    pub retention: Duration,
+    /// Rows deleted per statement; clamped to 1..=10000.
+    pub batch_size: u32,
+}
+
+impl RetentionConfig {
+    /// The largest batch accepted.
+    pub const MAX_BATCH: u32 = 10_000;
+
+    /// A configuration with `batch_size` clamped to 1..=10000.
+    #[must_use]
+    pub fn new(retention: Duration, batch_size: u32) -> Self {
+        Self {
+            retention,
+            batch_size: batch_size.clamp(1, Self::MAX_BATCH),
+        }
+    }
+}
+
+impl Default for RetentionConfig {
+    /// 720 hours, batches of 1000.
+    fn default() -> Self {
+        Self::new(Duration::from_secs(720 * 3600), 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_the_schedule_and_stays_at_the_last_step() {
+        let config = DispatcherConfig::default();
+        let minutes: Vec<u64> = (1..=8)
+            .map(|n| config.backoff_for(n).as_secs() / 60)
+            .collect();
+        assert_eq!(minutes, [1, 2, 4, 8, 16, 32, 32, 32]);
+    }
+
+    #[test]
+    fn validation_names_the_variable() {
+        let zero_batch = DispatcherConfig {
+            batch_size: 0,
+            ..DispatcherConfig::default()
+        };
+        assert_eq!(
+            zero_batch.validate().unwrap_err().field,
+            "OUTBOX_DISPATCH_BATCH_SIZE"
+        );
+        assert!(DispatcherConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn retention_batch_is_clamped() {
+        assert_eq!(RetentionConfig::new(Duration::ZERO, 0).batch_size, 1);
+        assert_eq!(
+            RetentionConfig::new(Duration::ZERO, 50_000).batch_size,
+            10_000
+        );
+        assert_eq!(RetentionConfig::default().batch_size, 1000);
+    }
+}

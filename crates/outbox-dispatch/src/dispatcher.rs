@@ -1,0 +1,406 @@
+//! The dispatcher: claim, route, hand off, record.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use outbox_model::{OutboxEvent, PgPool};
+use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
+use redis::aio::ConnectionManager;
+use tokio::sync::{Mutex, Notify};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, instrument};
+use uuid::Uuid;
+
+use crate::db::{self, Failure, Lease, Retry};
+use crate::{DispatchError, DispatcherConfig, Router};
+
+/// Most jobs sent to Redis in one push call.
+const MAX_JOBS_PER_PUSH: usize = 500;
+
+/// How often the pending gauge is refreshed at most.
+const GAUGE_REFRESH: Duration = Duration::from_secs(5);
+
+/// What one tick did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TickReport {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Rows handed off and marked DONE.
+    pub dispatched: usize,
+    /// Of those, jobs that already existed in Redis (a re-claim after a crash).
+    pub duplicates: usize,
+    /// Rows put back with backoff.
+    pub retried: usize,
+    /// Rows dead-lettered after their last retry.
+    pub failed: usize,
+    /// Rows dead-lettered for want of a route.
+    pub unrouted: usize,
+    /// Rows released unhanded because the dispatcher is stopping.
+    pub released: usize,
+    /// Rows whose lease expired and was taken over before the outcome was recorded.
+    pub lost_leases: usize,
+}
+
+/// Moves committed outbox rows onto their queues. Cheap to share: run one
+/// per process, as many processes as you like; `SKIP LOCKED` keeps them apart.
+pub struct Dispatcher {
+    pool: PgPool,
+    database_url: String,
+    redis: ConnectionManager,
+    namespace: QueueNamespace,
+    router: Router,
+    config: DispatcherConfig,
+    wake: Arc<Notify>,
+    gauge_refreshed: Mutex<Option<Instant>>,
+}
+
+/// One batch of jobs for one queue.
+struct PushUnit {
+    queue: String,
+    events: Vec<OutboxEvent>,
+}
+
+enum PushResult {
+    Pushed(PushUnit, usize),
+    Failed(PushUnit, String),
+    NotStarted(PushUnit),
+}
+
+impl Dispatcher {
+    /// A dispatcher over `pool` (Postgres) and `redis`, pushing into
+    /// `namespace`. `database_url` opens the dedicated listening connection.
+    ///
+    /// # Errors
+    ///
+    /// [`DispatchError::Config`] when `config` cannot work.
+    pub fn new(
+        pool: PgPool,
+        database_url: impl Into<String>,
+        redis: ConnectionManager,
+        namespace: QueueNamespace,
+        router: Router,
+        config: DispatcherConfig,
+    ) -> Result<Self, DispatchError> {
+        config.validate()?;
+        Ok(Self {
+            pool,
+            database_url: database_url.into(),
+            redis,
+            namespace,
+            router,
+            config,
+            wake: Arc::new(Notify::new()),
+            gauge_refreshed: Mutex::new(None),
+        })
+    }
+
+    /// The routing table in use.
+    #[must_use]
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The configuration in use.
+    #[must_use]
+    pub fn config(&self) -> &DispatcherConfig {
+        &self.config
+    }
+
+    /// Wakes the run loop now (as an insert notification would).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Runs until `shutdown` is cancelled: ticks on every insert notification
+    /// (when `config.listen`), every `config.interval`, and back to back
+    /// while full batches keep coming. On shutdown it claims nothing more,
+    /// finishes the pushes already started, releases the rest of its claim
+    /// back to `PENDING`, and returns.
+    ///
+    /// # Errors
+    ///
+    /// None so far: tick errors are logged and retried at the next tick.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), DispatchError> {
+        let listener = self.config.listen.then(|| {
+            tokio::spawn(crate::listener::listen(
+                self.database_url.clone(),
+                self.wake.clone(),
+                shutdown.child_token(),
+            ))
+        });
+        tracing::info!(
+            batch_size = self.config.batch_size,
+            concurrency = self.config.concurrency,
+            interval_ms = self.config.interval.as_millis() as u64,
+            namespace = self.namespace.prefix(),
+            "dispatcher started"
+        );
+        while !shutdown.is_cancelled() {
+            let full = match self.tick_until(&shutdown).await {
+                Ok(report) => report.claimed >= self.config.batch_size as usize,
+                Err(e) => {
+                    tracing::error!(error = %e, "dispatcher tick failed; claimed rows are re-claimed after their lease");
+                    false
+                }
+            };
+            if full {
+                continue;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(self.config.interval) => {}
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        tracing::info!("dispatcher stopped");
+        Ok(())
+    }
+
+    /// Spawns [`Dispatcher::run`] on the current runtime.
+    pub fn spawn(
+        self: Arc<Self>,
+        shutdown: CancellationToken,
+    ) -> tokio::task::JoinHandle<Result<(), DispatchError>> {
+        tokio::spawn(self.run(shutdown))
+    }
+
+    /// One claim-and-hand-off round.
+    ///
+    /// # Errors
+    ///
+    /// When Postgres fails. Redis failures are not errors: they are recorded
+    /// as retries on the rows.
+    pub async fn tick(&self) -> Result<TickReport, DispatchError> {
+        self.tick_until(&CancellationToken::new()).await
+    }
+
+    /// One round that stops handing off when `stop` fires: pushes already
+    /// started finish and are recorded; the rest of the claim is released
+    /// back to `PENDING` (what a graceful shutdown does mid-tick).
+    ///
+    /// # Errors
+    ///
+    /// As [`Dispatcher::tick`].
+    #[instrument(
+        name = "outbox.dispatch.tick",
+        skip_all,
+        fields(claimed, dispatched, retried, failed, unrouted)
+    )]
+    pub async fn tick_until(&self, stop: &CancellationToken) -> Result<TickReport, DispatchError> {
+        let mut conn = self.pool.get().await?;
+        self.refresh_pending_gauge(&mut conn).await;
+        let lease_ms = i64::try_from(self.config.lock_timeout.as_millis()).unwrap_or(i64::MAX);
+        let claimed = db::claim(&mut conn, self.config.batch_size, lease_ms).await?;
+        let mut report = TickReport {
+            claimed: claimed.len(),
+            ..TickReport::default()
+        };
+        if claimed.is_empty() {
+            return Ok(report);
+        }
+        metrics::counter!("outbox_dispatch_claimed_total").increment(claimed.len() as u64);
+
+        let (units, unrouted) = self.route(claimed);
+        let mut failures: Vec<Failure> = unrouted
+            .iter()
+            .filter_map(|event| {
+                tracing::error!(
+                    event_id = %event.id, tenant_id = %event.tenant_id, event_type = %event.event_type,
+                    "no routing rule matches the event type; dead-lettering it (add a rule, then requeue)"
+                );
+                Some(Failure {
+                    lease: Lease::of(event)?,
+                    retry_increment: 0,
+                    error: format!("no routing rule matches event type {:?}", event.event_type),
+                    queue: None,
+                })
+            })
+            .collect();
+        report.unrouted = failures.len();
+
+        let results = self.push_all(units, stop).await;
+        let mut done = Vec::new();
+        let mut retries = Vec::new();
+        let mut released = Vec::new();
+        let mut latencies = Vec::new();
+        for result in results {
+            match result {
+                PushResult::Pushed(unit, duplicates) => {
+                    report.duplicates += duplicates;
+                    for event in &unit.events {
+                        if let Some(lease) = Lease::of(event) {
+                            done.push((lease, unit.queue.clone()));
+                            latencies.push((event.id, unit.queue.clone(), event.created_at));
+                        }
+                    }
+                }
+                PushResult::Failed(unit, error) => {
+                    for event in &unit.events {
+                        let Some(lease) = Lease::of(event) else {
+                            continue;
+                        };
+                        let attempt = u32::try_from(event.retries).unwrap_or(0) + 1;
+                        if attempt > self.config.max_retries {
+                            tracing::error!(
+                                event_id = %event.id, tenant_id = %event.tenant_id, queue = %unit.queue,
+                                retries = attempt, error = %error, "hand-off failed for the last time; dead-lettering"
+                            );
+                            failures.push(Failure {
+                                lease,
+                                retry_increment: 1,
+                                error: format!("hand-off to {} failed: {error}", unit.queue),
+                                queue: Some(unit.queue.clone()),
+                            });
+                            report.failed += 1;
+                        } else {
+                            let delay = self.config.backoff_for(attempt);
+                            tracing::warn!(
+                                event_id = %event.id, tenant_id = %event.tenant_id, queue = %unit.queue,
+                                retry = attempt, delay_s = delay.as_secs(), error = %error, "hand-off failed; will retry"
+                            );
+                            retries.push(Retry {
+                                lease,
+                                delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
+                                error: format!("hand-off to {} failed: {error}", unit.queue),
+                                queue: unit.queue.clone(),
+                            });
+                        }
+                    }
+                }
+                PushResult::NotStarted(unit) => {
+                    released.extend(unit.events.iter().filter_map(Lease::of))
+                }
+            }
+        }
+
+        let done_ids = db::mark_done(&mut conn, &done).await?;
+        let retried_ids = db::mark_retry(&mut conn, &retries).await?;
+        let failed_ids = db::mark_failed(&mut conn, &failures).await?;
+        let released_ids = db::release(&mut conn, &released).await?;
+        report.dispatched = done_ids.len();
+        report.retried = retried_ids.len();
+        report.released = released_ids.len();
+        report.lost_leases = (done.len() - done_ids.len())
+            + (retries.len() - retried_ids.len())
+            + (failures.len() - failed_ids.len())
+            + (released.len() - released_ids.len());
+        if report.lost_leases > 0 {
+            tracing::warn!(
+                lost = report.lost_leases,
+                "leases expired before the outcome was recorded; another dispatcher owns those rows now"
+            );
+        }
+        self.record_metrics(&report, &latencies, &done_ids);
+        let span = tracing::Span::current();
+        span.record("claimed", report.claimed);
+        span.record("dispatched", report.dispatched);
+        span.record("retried", report.retried);
+        span.record("failed", report.failed);
+        span.record("unrouted", report.unrouted);
+        Ok(report)
+    }
+
+    /// Groups claimed rows by queue in push-sized units; returns the unrouted apart.
+    fn route(&self, claimed: Vec<OutboxEvent>) -> (Vec<PushUnit>, Vec<OutboxEvent>) {
+        let mut by_queue: BTreeMap<String, Vec<OutboxEvent>> = BTreeMap::new();
+        let mut unrouted = Vec::new();
+        for event in claimed {
+            match self.router.route(&event.event_type) {
+                Some(queue) => by_queue.entry(queue.to_owned()).or_default().push(event),
+                None => unrouted.push(event),
+            }
+        }
+        let mut units = Vec::new();
+        for (queue, events) in by_queue {
+            let mut events = events.into_iter().peekable();
+            while events.peek().is_some() {
+                units.push(PushUnit {
+                    queue: queue.clone(),
+                    events: events.by_ref().take(MAX_JOBS_PER_PUSH).collect(),
+                });
+            }
+        }
+        (units, unrouted)
+    }
+
+    /// Pushes every unit, at most `concurrency` at once; units not started
+    /// when `stop` fires are returned as such.
+    async fn push_all(&self, units: Vec<PushUnit>, stop: &CancellationToken) -> Vec<PushResult> {
+        futures::stream::iter(units)
+            .map(|unit| {
+                let mut redis = self.redis.clone();
+                let namespace = &self.namespace;
+                let span = tracing::info_span!("outbox.dispatch.push", queue = %unit.queue, jobs = unit.events.len());
+                async move {
+                    if stop.is_cancelled() {
+                        return PushResult::NotStarted(unit);
+                    }
+                    let jobs: Vec<OutboxJob> = unit.events.iter().map(OutboxJob::from_event).collect();
+                    match push_jobs(&mut redis, namespace, &unit.queue, &jobs).await {
+                        Ok(report) => PushResult::Pushed(unit, report.duplicates),
+                        Err(e) => PushResult::Failed(unit, e.to_string()),
+                    }
+                }
+                .instrument(span)
+            })
+            .buffer_unordered(self.config.concurrency)
+            .collect()
+            .await
+    }
+
+    fn record_metrics(
+        &self,
+        report: &TickReport,
+        handed_off: &[(Uuid, String, DateTime<Utc>)],
+        done_ids: &[Uuid],
+    ) {
+        let now = Utc::now();
+        let done: std::collections::HashSet<&Uuid> = done_ids.iter().collect();
+        let mut per_queue: BTreeMap<&str, u64> = BTreeMap::new();
+        for (_, queue, created_at) in handed_off.iter().filter(|(id, _, _)| done.contains(id)) {
+            *per_queue.entry(queue.as_str()).or_default() += 1;
+            let latency = (now - *created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            metrics::histogram!("outbox_dispatch_handoff_latency_seconds", "queue" => queue.clone()).record(latency);
+        }
+        for (queue, n) in per_queue {
+            metrics::counter!("outbox_dispatch_dispatched_total", "queue" => queue.to_owned())
+                .increment(n);
+        }
+        metrics::counter!("outbox_dispatch_duplicates_total").increment(report.duplicates as u64);
+        metrics::counter!("outbox_dispatch_retried_total").increment(report.retried as u64);
+        metrics::counter!("outbox_dispatch_failed_total", "reason" => "retries_exhausted")
+            .increment(report.failed as u64);
+        metrics::counter!("outbox_dispatch_failed_total", "reason" => "unrouted")
+            .increment(report.unrouted as u64);
+        metrics::counter!("outbox_dispatch_unrouted_total").increment(report.unrouted as u64);
+        metrics::counter!("outbox_dispatch_released_total").increment(report.released as u64);
+        metrics::counter!("outbox_dispatch_lost_leases_total").increment(report.lost_leases as u64);
+    }
+
+    async fn refresh_pending_gauge(&self, conn: &mut diesel_async::AsyncPgConnection) {
+        let mut refreshed = self.gauge_refreshed.lock().await;
+        if refreshed.is_some_and(|at| at.elapsed() < GAUGE_REFRESH) {
+            return;
+        }
+        match db::due_pending_count(conn).await {
+            Ok(n) => metrics::gauge!("outbox_pending_due").set(n as f64),
+            Err(e) => tracing::warn!(error = %e, "cannot count pending rows"),
+        }
+        *refreshed = Some(Instant::now());
+    }
+}
+
+impl std::fmt::Debug for Dispatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Dispatcher")
+            .field("namespace", &self.namespace)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,52 @@
+//! The heart of the outbox: the routing table ([`Router`]), the
+//! [`Dispatcher`] that moves committed `outbox_event` rows onto their apalis
+//! queues, and the `outbox-done-retention` job ([`purge_done`]).
+//!
+//! A tick claims due rows in one statement (`FOR UPDATE SKIP LOCKED`, lease
+//! in `locked_until`), routes each by the longest matching prefix of its
+//! event type, pushes each queue's jobs in one Redis round trip with the
+//! deterministic task id `outbox:<event id>`, and records the outcome with
+//! one fenced UPDATE per outcome kind: DONE, retry with backoff, FAILED
+//! (retries exhausted, or no route), or released (graceful stop).
+//!
+//! Crash safety follows from three facts: a row is only DONE after its job is
+//! in Redis; a row whose dispatcher died is re-claimed when its lease ends;
+//! and a re-pushed job with the same task id is a no-op. So every committed
+//! event becomes exactly one job, whichever process dies when.
+//!
+//! This crate holds no subscriber logic and reads no environment: binaries
+//! build a [`DispatcherConfig`] and hand it in.
+//!
+//! # Transactions and locks
+//!
+//! The claim and each outcome update are single autocommit statements; no
+//! transaction spans the Redis push. Row locks are held only for the
+//! duration of a statement; the lease is what keeps other dispatchers away
+//! in between. Retention deletes in batches with `SKIP LOCKED`, so it never
+//! waits for a dispatcher.
+//!
+//! # Metrics
+//!
+//! Counters `outbox_dispatch_claimed_total`, `outbox_dispatch_dispatched_total{queue}`,
+//! `outbox_dispatch_duplicates_total`, `outbox_dispatch_retried_total`,
+//! `outbox_dispatch_failed_total{reason}`, `outbox_dispatch_unrouted_total`,
+//! `outbox_dispatch_released_total`, `outbox_dispatch_lost_leases_total`,
+//! `outbox_dispatch_listener_reconnects_total`, `outbox_retention_deleted_total`;
+//! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
+//! gauge `outbox_pending_due`. They go to whatever `metrics` recorder the
+//! binary installs.
+
+mod config;
+pub mod db;
+mod dispatcher;
+mod error;
+mod listener;
+mod retention;
+mod router;
+
+pub use config::{ConfigError, DEFAULT_BACKOFF, DispatcherConfig, RetentionConfig};
+pub use dispatcher::{Dispatcher, TickReport};
+pub use error::DispatchError;
+pub use listener::LISTENER_APPLICATION_NAME;
+pub use retention::{RETENTION_JOB_NAME, purge_done, run_retention};
+pub use router::{RouteError, Router};

@@ -1,0 +1,70 @@
+//! The wake-up listener: `LISTEN outbox_event` on a dedicated connection.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use futures::StreamExt;
+use outbox_model::NOTIFY_CHANNEL;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The `application_name` of the listening connection (visible in
+/// `pg_stat_activity`).
+pub const LISTENER_APPLICATION_NAME: &str = "outbox-dispatcher-listener";
+
+/// Listens until `shutdown`, waking `wake` on every notification. When the
+/// connection drops it reconnects with backoff (100 ms doubling to 5 s), and
+/// after every (re)connect it wakes the dispatcher once to catch up on
+/// anything inserted while nobody listened. The poll interval stays the
+/// safety net throughout.
+pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let mut delay = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        match connect(&database_url).await {
+            Ok(mut conn) => {
+                tracing::info!(channel = NOTIFY_CHANNEL, "dispatcher listening for inserts");
+                delay = Duration::from_millis(100);
+                wake.notify_one();
+                let mut notifications = std::pin::pin!(conn.notifications_stream());
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        next = notifications.next() => match next {
+                            Some(Ok(_)) => wake.notify_one(),
+                            Some(Err(e)) => {
+                                tracing::warn!(error = %e, "listener connection failed; reconnecting");
+                                break;
+                            }
+                            None => {
+                                tracing::warn!("listener connection closed; reconnecting");
+                                break;
+                            }
+                        }
+                    }
+                }
+                metrics::counter!("outbox_dispatch_listener_reconnects_total").increment(1);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot LISTEN; polling only until it works")
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
+    let mut conn = AsyncPgConnection::establish(database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    conn.batch_execute(&format!(
+        "SET application_name = '{LISTENER_APPLICATION_NAME}'; LISTEN {NOTIFY_CHANNEL}"
+    ))
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(conn)
+}

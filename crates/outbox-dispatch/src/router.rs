@@ -1,0 +1,257 @@
+//! The routing table: event type → queue, longest matching prefix wins.
+
+use std::collections::BTreeMap;
+
+use outbox_queue::queues;
+
+/// Maps event types to queues by prefix; the longest matching prefix wins.
+///
+/// [`Router::standard`] is the contract's table. An application extends it
+/// with [`Router::with_rule`]; a rule whose prefix is already taken, or whose
+/// prefix or queue is malformed, is rejected there, at construction, never at
+/// dispatch time.
+///
+/// # Example
+///
+/// ```
+/// use outbox_dispatch::Router;
+///
+/// let router = Router::standard().with_rule("invoice.", "outbox.billing-docs").unwrap();
+/// assert_eq!(router.route("tenant.subscription.renewed"), Some("outbox.notification"));
+/// assert_eq!(router.route("invoice.pdf.rendered"), Some("outbox.billing-docs"));
+/// assert_eq!(router.route("legacy.report.generated"), None);
+/// assert!(Router::standard().with_rule("mail.", "outbox.other").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Router {
+    /// Rules sorted by descending prefix length, so the first match is the longest.
+    rules: Vec<(String, String)>,
+}
+
+/// Why a routing rule was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RouteError {
+    /// The prefix is not one or more event-type segments followed by a dot.
+    #[error(
+        "invalid routing prefix {0:?}: expected lowercase segments of [a-z0-9-] each starting with a letter, ending in '.' (like \"billing.\")"
+    )]
+    InvalidPrefix(String),
+    /// The queue name is malformed.
+    #[error(
+        "invalid queue name {0:?}: expected two or more dot-separated lowercase segments of [a-z0-9-] (like \"outbox.mail\")"
+    )]
+    InvalidQueue(String),
+    /// Another rule already has this prefix.
+    #[error(
+        "routing prefix {prefix:?} already routes to {existing:?}; refusing to also route it to {queue:?}"
+    )]
+    Collision {
+        /// The contested prefix.
+        prefix: String,
+        /// Where it routes now.
+        existing: String,
+        /// Where the new rule wanted it.
+        queue: String,
+    },
+}
+
+/// The contract's routing table.
+const STANDARD_RULES: [(&str, &str); 14] = [
+    ("tenant.subscription.", queues::NOTIFICATION),
+    ("mail.", queues::MAIL),
+    ("webhook.", queues::WEBHOOK),
+    ("notification.", queues::NOTIFICATION),
+    ("audit.", queues::AUDIT),
+    ("workflow.", queues::WORKFLOW),
+    ("search.index.", queues::SEARCH_INDEX),
+    ("rag.index.", queues::RAG_INDEX),
+    ("ai.cost.", queues::AI_COST),
+    ("marketing.lead.", queues::MARKETING),
+    ("form.submission.", queues::FORM_SUBMISSION_ROUTE),
+    ("billing.", queues::NOTIFICATION),
+    ("plugin.hook.", queues::PLUGIN_HOOK),
+    ("plugin.capability-use.", queues::PLUGIN_CAPABILITY_USE),
+];
+
+fn is_segment(segment: &str) -> bool {
+    let mut chars = segment.chars();
+    matches!(chars.next(), Some('a'..='z'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '-'))
+}
+
+fn valid_prefix(prefix: &str) -> bool {
+    prefix
+        .strip_suffix('.')
+        .is_some_and(|body| body.split('.').all(is_segment))
+}
+
+fn valid_queue(queue: &str) -> bool {
+    queue.split('.').count() >= 2 && queue.split('.').all(is_segment) && queue.len() <= 200
+}
+
+impl Router {
+    /// A table with no rules: every event is unroutable.
+    #[must_use]
+    pub fn empty() -> Self {
+        Self { rules: Vec::new() }
+    }
+
+    /// The contract's table.
+    #[must_use]
+    pub fn standard() -> Self {
+        let mut router = Self::empty();
+        for (prefix, queue) in STANDARD_RULES {
+            router.insert(prefix, queue);
+        }
+        router
+    }
+
+    /// Adds a rule.
+    ///
+    /// # Errors
+    ///
+    /// [`RouteError::InvalidPrefix`], [`RouteError::InvalidQueue`], or
+    /// [`RouteError::Collision`] when the prefix already has a rule.
+    pub fn with_rule(mut self, prefix: &str, queue: &str) -> Result<Self, RouteError> {
+        if !valid_prefix(prefix) {
+            return Err(RouteError::InvalidPrefix(prefix.to_owned()));
+        }
+        if !valid_queue(queue) {
+            return Err(RouteError::InvalidQueue(queue.to_owned()));
+        }
+        if let Some((_, existing)) = self.rules.iter().find(|(p, _)| p == prefix) {
+            return Err(RouteError::Collision {
+                prefix: prefix.to_owned(),
+                existing: existing.clone(),
+                queue: queue.to_owned(),
+            });
+        }
+        self.insert(prefix, queue);
+        Ok(self)
+    }
+
+    fn insert(&mut self, prefix: &str, queue: &str) {
+        self.rules.push((prefix.to_owned(), queue.to_owned()));
+        self.rules
+            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+    }
+
+    /// The queue for `event_type`, or `None` when no rule matches.
+    #[must_use]
+    pub fn route(&self, event_type: &str) -> Option<&str> {
+        self.rules
+            .iter()
+            .find(|(prefix, _)| event_type.starts_with(prefix.as_str()))
+            .map(|(_, queue)| queue.as_str())
+    }
+
+    /// Every distinct queue the table can target, sorted.
+    #[must_use]
+    pub fn queues(&self) -> Vec<&str> {
+        let mut queues: Vec<&str> = self.rules.iter().map(|(_, q)| q.as_str()).collect();
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
+    /// The rules as prefix → queue, sorted by prefix.
+    #[must_use]
+    pub fn rules(&self) -> BTreeMap<&str, &str> {
+        self.rules
+            .iter()
+            .map(|(p, q)| (p.as_str(), q.as_str()))
+            .collect()
+    }
+}
+
+impl Default for Router {
+    fn default() -> Self {
+        Self::standard()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standard_table_routes_as_the_contract_says() {
+        let router = Router::standard();
+        let cases = [
+            ("tenant.subscription.renewed", Some("outbox.notification")),
+            ("tenant.member.invited", None),
+            ("mail.user.welcome", Some("outbox.mail")),
+            ("webhook.order.created", Some("outbox.webhook")),
+            ("notification.user.mentioned", Some("outbox.notification")),
+            ("audit.user.login", Some("outbox.audit")),
+            ("workflow.trigger.event", Some("outbox.workflow")),
+            ("search.index.product.updated", Some("outbox.search-index")),
+            ("search.query.logged", None),
+            ("rag.index.doc.updated", Some("outbox.rag-index")),
+            ("ai.cost.tokens.used", Some("outbox.ai-cost")),
+            ("marketing.lead.created", Some("outbox.marketing")),
+            (
+                "form.submission.received",
+                Some("outbox.form-submission-route"),
+            ),
+            ("billing.subscription.updated", Some("outbox.notification")),
+            ("plugin.hook.workflow.executed", Some("outbox.plugin-hook")),
+            (
+                "plugin.capability-use.ai.call",
+                Some("outbox.plugin-capability-use"),
+            ),
+            ("plugin.installed.now", None),
+            ("mailbox.user.created", None),
+        ];
+        for (event_type, queue) in cases {
+            assert_eq!(router.route(event_type), queue, "{event_type}");
+        }
+        assert_eq!(router.queues().len(), 12);
+    }
+
+    #[test]
+    fn longest_prefix_wins() {
+        let router = Router::standard()
+            .with_rule("billing.invoice.", "outbox.billing-docs")
+            .unwrap();
+        assert_eq!(
+            router.route("billing.invoice.paid"),
+            Some("outbox.billing-docs")
+        );
+        assert_eq!(
+            router.route("billing.subscription.updated"),
+            Some("outbox.notification")
+        );
+    }
+
+    #[test]
+    fn bad_rules_are_rejected_at_construction() {
+        let base = Router::standard;
+        assert!(matches!(
+            base().with_rule("mail.", "outbox.mail"),
+            Err(RouteError::Collision { .. })
+        ));
+        for prefix in ["mail", "Mail.", ".mail.", "mail..", "", "1mail.", "ma_il."] {
+            assert_eq!(
+                base().with_rule(prefix, "outbox.x"),
+                Err(RouteError::InvalidPrefix(prefix.to_owned())),
+                "{prefix:?}"
+            );
+        }
+        for queue in [
+            "",
+            "outbox",
+            "outbox.",
+            "Outbox.mail",
+            "outbox mail.x",
+            "outbox..x",
+        ] {
+            assert_eq!(
+                base().with_rule("custom.", queue),
+                Err(RouteError::InvalidQueue(queue.to_owned())),
+                "{queue:?}"
+            );
+        }
+    }
+}

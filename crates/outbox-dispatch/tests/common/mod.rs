@@ -1,0 +1,177 @@
+//! Shared fixtures of the dispatcher tests: a database, a Redis namespace,
+//! and helpers that read what a user would look at (rows and Redis jobs).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_model::OutboxEvent;
+use outbox_model::schema::outbox_event;
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
+use outbox_queue::{QueueNamespace, RedisSettings};
+use outbox_test_support::{TestDatabase, TestRedis};
+use uuid::Uuid;
+
+pub struct Harness {
+    pub db: TestDatabase,
+    pub redis: TestRedis,
+    pub namespace: QueueNamespace,
+}
+
+impl Harness {
+    pub async fn new() -> Self {
+        Self::with_pool_size(4).await
+    }
+
+    pub async fn with_pool_size(pool_size: u32) -> Self {
+        outbox_test_support::init_tracing();
+        let db = TestDatabase::with_pool_size(pool_size).await;
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        Self {
+            db,
+            redis,
+            namespace,
+        }
+    }
+
+    /// A dispatcher on this database and Redis namespace.
+    pub fn dispatcher(&self, config: DispatcherConfig) -> Arc<Dispatcher> {
+        self.dispatcher_on(self.redis.url(), config)
+    }
+
+    /// A dispatcher pushing to the Redis at `redis_url`.
+    pub fn dispatcher_on(&self, redis_url: &str, config: DispatcherConfig) -> Arc<Dispatcher> {
+        let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
+        Arc::new(
+            Dispatcher::new(
+                self.db.pool().clone(),
+                self.db.url(),
+                redis,
+                self.namespace.clone(),
+                Router::standard(),
+                config,
+            )
+            .unwrap(),
+        )
+    }
+
+    pub async fn conn(&self) -> AsyncPgConnection {
+        self.db.conn().await
+    }
+
+    /// Publishes events in one committed transaction; returns their ids.
+    pub async fn publish(&self, events: Vec<NewOutboxEvent>) -> Vec<Uuid> {
+        let mut conn = self.conn().await;
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, events).await
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id())
+        .collect()
+    }
+
+    pub async fn rows(&self) -> Vec<OutboxEvent> {
+        let mut conn = self.conn().await;
+        outbox_event::table
+            .order(outbox_event::created_at)
+            .select(OutboxEvent::as_select())
+            .load(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    pub async fn row(&self, id: Uuid) -> OutboxEvent {
+        let mut conn = self.conn().await;
+        outbox_event::table
+            .find(id)
+            .select(OutboxEvent::as_select())
+            .first(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    pub async fn db_now(&self) -> DateTime<Utc> {
+        let mut conn = self.conn().await;
+        diesel::select(diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>())
+            .get_result(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    /// Task ids stored on `queue` (its data hash), sorted.
+    pub async fn task_ids(&self, queue: &str) -> Vec<String> {
+        let mut conn = self.redis.conn().await;
+        let mut ids: Vec<String> = redis::cmd("HKEYS")
+            .arg(format!("{}:data", self.namespace.queue(queue)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        ids.sort();
+        ids
+    }
+
+    /// The job body stored for `task_id` on `queue`.
+    pub async fn job_body(&self, queue: &str, task_id: &str) -> serde_json::Value {
+        let mut conn = self.redis.conn().await;
+        let raw: Vec<u8> = redis::cmd("HGET")
+            .arg(format!("{}:data", self.namespace.queue(queue)))
+            .arg(task_id)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        serde_json::from_slice(&raw).unwrap()
+    }
+
+    /// How many tasks per id exist across every standard queue.
+    pub async fn tasks_per_id(&self) -> HashMap<String, usize> {
+        let mut counts = HashMap::new();
+        for queue in Router::standard().queues() {
+            for id in self.task_ids(queue).await {
+                *counts.entry(id).or_default() += 1;
+            }
+        }
+        counts
+    }
+
+    /// Waits until `check` holds, polling every 50 ms, failing after `limit`.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        limit: Duration,
+        mut check: impl AsyncFnMut() -> bool,
+    ) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !check().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for: {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A config for tests: quick polling, no listener unless asked.
+pub fn quick_config() -> DispatcherConfig {
+    DispatcherConfig {
+        interval: Duration::from_millis(100),
+        listen: false,
+        ..DispatcherConfig::default()
+    }
+}
+
+pub async fn exec(conn: &mut AsyncPgConnection, sql: &str) {
+    diesel_async::SimpleAsyncConnection::batch_execute(conn, sql)
+        .await
+        .unwrap();
+}

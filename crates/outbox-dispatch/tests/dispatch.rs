@@ -1,0 +1,228 @@
+//! The dispatcher's everyday behaviour: hand-off, routing failures, what is
+//! never claimed, graceful stop, and the claim plan.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Harness, exec, quick_config};
+use diesel::sql_types::Text;
+use diesel_async::RunQueryDsl;
+use outbox_dispatch::TickReport;
+use outbox_model::OutboxStatus;
+use outbox_publish::NewOutboxEvent;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn tick_hands_each_event_to_its_queue_and_marks_it_done() {
+    let h = Harness::new().await;
+    let ids = h
+        .publish(vec![
+            NewOutboxEvent::new(
+                "acme",
+                "mail.user.welcome",
+                json!({ "to": "ada@example.com" }),
+            )
+            .dispatch_key("signup:1"),
+            NewOutboxEvent::new("acme", "audit.user.login", json!({ "userId": 1 })),
+            NewOutboxEvent::new(
+                "globex",
+                "billing.subscription.updated",
+                json!({ "plan": "pro" }),
+            ),
+        ])
+        .await;
+    let dispatcher = h.dispatcher(quick_config());
+
+    let report = dispatcher.tick().await.unwrap();
+
+    assert_eq!(
+        report,
+        TickReport {
+            claimed: 3,
+            dispatched: 3,
+            ..TickReport::default()
+        }
+    );
+    let expected_queues = ["outbox.mail", "outbox.audit", "outbox.notification"];
+    for (id, queue) in ids.iter().zip(expected_queues) {
+        let row = h.row(*id).await;
+        assert_eq!(row.status, OutboxStatus::Done);
+        assert_eq!(row.target_queue.as_deref(), Some(queue));
+        assert!(row.processed_at.is_some());
+        assert_eq!(
+            (row.locked_until, row.retries, row.last_error.clone()),
+            (None, 0, None)
+        );
+        let task_id = format!("outbox:{id}");
+        assert_eq!(h.task_ids(queue).await, vec![task_id.clone()]);
+        let body = h.job_body(queue, &task_id).await;
+        assert_eq!(body["outbox_event_id"], json!(id.to_string()));
+        assert_eq!(body["tenant_id"], json!(row.tenant_id));
+        assert_eq!(body["event_type"], json!(row.event_type));
+        assert_eq!(body["payload"], row.payload);
+        assert_eq!(body["dispatch_key"], json!(row.dispatch_key));
+        assert!(body["created_at"].is_string());
+    }
+    // Nothing left to do.
+    assert_eq!(dispatcher.tick().await.unwrap().claimed, 0);
+}
+
+#[tokio::test]
+async fn unrouted_events_fail_at_once_with_the_reason() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         VALUES ('globex', 'legacy.report.generated', '{}')",
+    )
+    .await;
+    let dispatcher = h.dispatcher(quick_config());
+
+    let report = dispatcher.tick().await.unwrap();
+
+    assert_eq!(
+        (report.claimed, report.unrouted, report.dispatched),
+        (1, 1, 0)
+    );
+    let row = &h.rows().await[0];
+    assert_eq!(row.status, OutboxStatus::Failed);
+    assert_eq!(row.retries, 0, "no attempt was made");
+    assert_eq!(row.target_queue, None);
+    let error = row.last_error.as_deref().unwrap();
+    assert!(
+        error.contains("no routing rule") && error.contains("legacy.report.generated"),
+        "{error}"
+    );
+    assert!(
+        h.redis.keys().await.is_empty(),
+        "no job was pushed anywhere"
+    );
+    assert_eq!(
+        dispatcher.tick().await.unwrap().claimed,
+        0,
+        "FAILED rows are not claimed again"
+    );
+}
+
+#[tokio::test]
+async fn future_and_cancelled_rows_are_never_claimed() {
+    let h = Harness::new().await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let ids = h
+        .publish(vec![
+            NewOutboxEvent::new("acme", "mail.order.reminder", json!({})).scheduled_at(later),
+        ])
+        .await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status)
+         VALUES ('acme', 'mail.order.cancelled', '{}', 'CANCELLED')",
+    )
+    .await;
+    let dispatcher = h.dispatcher(quick_config());
+
+    for _ in 0..3 {
+        assert_eq!(dispatcher.tick().await.unwrap().claimed, 0);
+    }
+    let rows = h.rows().await;
+    let scheduled = rows.iter().find(|r| r.id == ids[0]).unwrap();
+    assert_eq!(scheduled.status, OutboxStatus::Pending);
+    assert!(rows.iter().any(|r| r.status == OutboxStatus::Cancelled));
+    assert!(h.redis.keys().await.is_empty());
+}
+
+#[tokio::test]
+async fn stopping_mid_tick_releases_the_unhanded_claim() {
+    let h = Harness::new().await;
+    let events = (0..5)
+        .map(|i| NewOutboxEvent::new("acme", "webhook.order.created", json!({ "n": i })))
+        .collect();
+    h.publish(events).await;
+    let dispatcher = h.dispatcher(quick_config());
+    let stop = CancellationToken::new();
+    stop.cancel();
+
+    let report = dispatcher.tick_until(&stop).await.unwrap();
+
+    assert_eq!(
+        (report.claimed, report.released, report.dispatched),
+        (5, 5, 0)
+    );
+    for row in h.rows().await {
+        assert_eq!(row.status, OutboxStatus::Pending);
+        assert_eq!((row.locked_until, row.retries), (None, 0));
+    }
+    assert!(h.redis.keys().await.is_empty());
+    // Released rows are due at once for the next dispatcher.
+    assert_eq!(dispatcher.tick().await.unwrap().dispatched, 5);
+}
+
+#[tokio::test]
+async fn run_loop_dispatches_and_exits_on_shutdown() {
+    let h = Harness::new().await;
+    let dispatcher = h.dispatcher(quick_config());
+    let shutdown = CancellationToken::new();
+    let handle = dispatcher.spawn(shutdown.clone());
+    let ids = h
+        .publish(vec![NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({}),
+        )])
+        .await;
+
+    h.wait_for(
+        "the event to be DONE",
+        Duration::from_secs(30),
+        async || h.row(ids[0]).await.status == OutboxStatus::Done,
+    )
+    .await;
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(30), handle).await;
+    assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
+}
+
+#[derive(diesel::QueryableByName)]
+struct PlanLine {
+    #[diesel(sql_type = Text, column_name = "QUERY PLAN")]
+    line: String,
+}
+
+#[tokio::test]
+async fn claim_is_an_index_scan_on_a_table_full_of_done_rows() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         SELECT 't', 'audit.user.login', '{}', 'DONE', now() FROM generate_series(1, 50000);
+         INSERT INTO outbox_event (tenant_id, event_type, payload)
+         SELECT 't', 'audit.user.login', '{}' FROM generate_series(1, 200);
+         ANALYZE outbox_event",
+    )
+    .await;
+    let sql = format!(
+        "EXPLAIN {}",
+        outbox_dispatch::db::CLAIM_SQL
+            .replace("$1", "100")
+            .replace("$2", "300000")
+    );
+    let plan: Vec<PlanLine> = diesel::sql_query(sql).load(&mut conn).await.unwrap();
+    let plan: Vec<String> = plan.into_iter().map(|l| l.line).collect();
+    let text = plan.join("\n");
+    assert!(
+        text.contains("outbox_event_claimable_idx"),
+        "claim does not use the claim index:\n{text}"
+    );
+    assert!(!text.contains("Seq Scan"), "claim scans the table:\n{text}");
+    assert!(
+        !text.contains("Sort"),
+        "claim sorts instead of walking the index:\n{text}"
+    );
+}

@@ -1,0 +1,107 @@
+//! LISTEN/NOTIFY wake-ups: with a one-minute poll interval, a new event is
+//! still dispatched promptly, and again after the listening connection is
+//! killed.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Harness, exec};
+use diesel::sql_types::{Integer, Text};
+use diesel_async::RunQueryDsl;
+use outbox_dispatch::{DispatcherConfig, LISTENER_APPLICATION_NAME};
+use outbox_model::OutboxStatus;
+use outbox_publish::NewOutboxEvent;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+#[derive(diesel::QueryableByName)]
+struct Pid {
+    #[diesel(sql_type = Integer)]
+    pid: i32,
+}
+
+async fn listener_pid(h: &Harness) -> Option<i32> {
+    let mut conn = h.conn().await;
+    diesel::sql_query(
+        "SELECT pid FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1 AND query ILIKE '%LISTEN%'",
+    )
+    .bind::<Text, _>(LISTENER_APPLICATION_NAME)
+    .get_result::<Pid>(&mut conn)
+    .await
+    .ok()
+    .map(|row| row.pid)
+}
+
+#[tokio::test]
+async fn insert_notification_wakes_the_dispatcher_even_after_the_listener_is_killed() {
+    let h = Harness::new().await;
+    let config = DispatcherConfig {
+        interval: Duration::from_secs(60),
+        listen: true,
+        ..DispatcherConfig::default()
+    };
+    let dispatcher = h.dispatcher(config);
+    let shutdown = CancellationToken::new();
+    let handle = dispatcher.spawn(shutdown.clone());
+
+    // The deadlines below are far shorter than the 60 s poll interval: only
+    // a wake-up can meet them.
+    let deadline = Duration::from_secs(20);
+    let mut first_pid = None;
+    h.wait_for("the listener to connect", deadline, async || {
+        first_pid = listener_pid(&h).await;
+        first_pid.is_some()
+    })
+    .await;
+    // Plain SQL from "another language" wakes it just the same.
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES ('t', 'audit.user.login', '{}')",
+    )
+    .await;
+    h.wait_for(
+        "the plain-SQL event to be dispatched",
+        deadline,
+        async || {
+            h.rows()
+                .await
+                .iter()
+                .all(|r| r.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+
+    // Kill the listening connection; the dispatcher must reconnect and LISTEN again.
+    exec(
+        &mut conn,
+        &format!("SELECT pg_terminate_backend({})", first_pid.unwrap()),
+    )
+    .await;
+    h.wait_for("a new listener connection", deadline, async || {
+        listener_pid(&h)
+            .await
+            .is_some_and(|pid| Some(pid) != first_pid)
+    })
+    .await;
+    let ids = h
+        .publish(vec![NewOutboxEvent::new(
+            "acme",
+            "mail.user.welcome",
+            json!({}),
+        )])
+        .await;
+    h.wait_for(
+        "the event published after the reconnect to be dispatched",
+        deadline,
+        async || h.row(ids[0]).await.status == OutboxStatus::Done,
+    )
+    .await;
+
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}

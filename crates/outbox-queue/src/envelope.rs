@@ -1,0 +1,92 @@
+//! The job body every dispatched event becomes.
+
+use chrono::{DateTime, Utc};
+use outbox_model::OutboxEvent;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The JSON body of the apalis job for one outbox event (the contract's
+/// envelope). Field names are part of the contract; unknown fields are
+/// ignored so that producers can add fields before consumers know them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxJob {
+    /// The outbox row's id; also the receivers' idempotency key.
+    pub outbox_event_id: Uuid,
+    /// The tenant.
+    pub tenant_id: String,
+    /// The event type.
+    pub event_type: String,
+    /// The payload, a JSON object.
+    pub payload: serde_json::Value,
+    /// The producer's dispatch key, if any.
+    pub dispatch_key: Option<String>,
+    /// When the event was recorded.
+    pub created_at: DateTime<Utc>,
+}
+
+impl OutboxJob {
+    /// The envelope of a stored event.
+    #[must_use]
+    pub fn from_event(event: &OutboxEvent) -> Self {
+        Self {
+            outbox_event_id: event.id,
+            tenant_id: event.tenant_id.clone(),
+            event_type: event.event_type.clone(),
+            payload: event.payload.clone(),
+            dispatch_key: event.dispatch_key.clone(),
+            created_at: event.created_at,
+        }
+    }
+
+    /// The deterministic task id of this job, see [`task_id`].
+    #[must_use]
+    pub fn task_id(&self) -> String {
+        task_id(self.outbox_event_id)
+    }
+}
+
+/// `outbox:<event id>`: the apalis task id of an event's job. Pushing the
+/// same id twice never makes a second job (the push script uses `HSETNX` on
+/// the queue's data hash), which is what makes a re-claim after a crash safe.
+///
+/// ```
+/// let id = uuid::Uuid::nil();
+/// assert_eq!(outbox_queue::task_id(id), "outbox:00000000-0000-0000-0000-000000000000");
+/// ```
+#[must_use]
+pub fn task_id(event_id: Uuid) -> String {
+    format!("outbox:{event_id}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envelope_has_the_contract_fields() {
+        let job = OutboxJob {
+            outbox_event_id: Uuid::nil(),
+            tenant_id: "t".into(),
+            event_type: "mail.user.welcome".into(),
+            payload: serde_json::json!({"to": "a@b.c"}),
+            dispatch_key: None,
+            created_at: DateTime::from_timestamp(0, 0).unwrap(),
+        };
+        let value = serde_json::to_value(&job).unwrap();
+        let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "created_at",
+                "dispatch_key",
+                "event_type",
+                "outbox_event_id",
+                "payload",
+                "tenant_id"
+            ]
+        );
+        assert_eq!(serde_json::from_value::<OutboxJob>(value).unwrap(), job);
+        assert!(serde_json::from_str::<OutboxJob>("{\"outbox_event_id\": 1}").is_err());
+    }
+}

@@ -1,0 +1,68 @@
+//! What the dispatcher and the subscriber workers agree on: the job envelope
+//! ([`OutboxJob`]), the queue names ([`queues`]), the deterministic task id
+//! ([`task_id`]), and how an apalis-redis queue is addressed and connected
+//! ([`QueueNamespace`], [`connect`], [`push_jobs`]).
+//!
+//! This crate neither claims rows nor runs handlers: the dispatcher
+//! (`outbox-dispatch`) pushes with it, the workers consume with it.
+
+mod envelope;
+mod redis_queue;
+
+pub use envelope::{OutboxJob, task_id};
+pub use redis_queue::{
+    PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect, push_jobs,
+    storage,
+};
+
+/// Queue names of the contract. An outbox queue receives dispatched events;
+/// a downstream queue receives jobs that subscribers derive from them.
+pub mod queues {
+    /// Notifications, `tenant.subscription.*` and `billing.*`.
+    pub const NOTIFICATION: &str = "outbox.notification";
+    /// Mails (`mail.*`).
+    pub const MAIL: &str = "outbox.mail";
+    /// Signed webhooks (`webhook.*`).
+    pub const WEBHOOK: &str = "outbox.webhook";
+    /// The audit log (`audit.*`).
+    pub const AUDIT: &str = "outbox.audit";
+    /// Workflow triggers and executions (`workflow.*`).
+    pub const WORKFLOW: &str = "outbox.workflow";
+    /// Search indexing (`search.index.*`).
+    pub const SEARCH_INDEX: &str = "outbox.search-index";
+    /// RAG indexing (`rag.index.*`).
+    pub const RAG_INDEX: &str = "outbox.rag-index";
+    /// AI cost accounting (`ai.cost.*`).
+    pub const AI_COST: &str = "outbox.ai-cost";
+    /// Marketing leads (`marketing.lead.*`).
+    pub const MARKETING: &str = "outbox.marketing";
+    /// Form submission routing (`form.submission.*`).
+    pub const FORM_SUBMISSION_ROUTE: &str = "outbox.form-submission-route";
+    /// Plugin hook fan-out (`plugin.hook.*`).
+    pub const PLUGIN_HOOK: &str = "outbox.plugin-hook";
+    /// Plugin capability use (`plugin.capability-use.*`).
+    pub const PLUGIN_CAPABILITY_USE: &str = "outbox.plugin-capability-use";
+    /// Downstream: mails to send over SMTP.
+    pub const TOOLCTRL_EMAIL: &str = "toolctrl.email";
+    /// Downstream: one plugin invocation per subscription.
+    pub const TOOLCTRL_PLUGIN_INVOKE: &str = "toolctrl.plugin-invoke";
+
+    /// Every queue the standard routing table can target.
+    pub const OUTBOX_QUEUES: [&str; 12] = [
+        NOTIFICATION,
+        MAIL,
+        WEBHOOK,
+        AUDIT,
+        WORKFLOW,
+        SEARCH_INDEX,
+        RAG_INDEX,
+        AI_COST,
+        MARKETING,
+        FORM_SUBMISSION_ROUTE,
+        PLUGIN_HOOK,
+        PLUGIN_CAPABILITY_USE,
+    ];
+
+    /// Queues fed by subscribers rather than by the dispatcher.
+    pub const DOWNSTREAM_QUEUES: [&str; 2] = [TOOLCTRL_EMAIL, TOOLCTRL_PLUGIN_INVOKE];
+}

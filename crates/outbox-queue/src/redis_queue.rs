@@ -1,0 +1,186 @@
+//! Addressing, connecting to and pushing onto apalis-redis queues.
+
+use std::time::Duration;
+
+use apalis_core::task::builder::TaskBuilder;
+use apalis_core::task::task_id::TaskId;
+use apalis_redis::{Config, ConnectionManager, RedisStorage};
+use redis::aio::ConnectionManagerConfig;
+use tracing::instrument;
+
+use crate::OutboxJob;
+
+/// A key prefix put in front of every queue name. Production uses
+/// [`QueueNamespace::root`] (no prefix, so keys are `outbox.mail:…` as in
+/// the contract); tests use a unique prefix each, so that parallel tests
+/// share one Redis without seeing each other's jobs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueNamespace {
+    prefix: String,
+}
+
+impl QueueNamespace {
+    /// No prefix: queue `outbox.mail` lives under keys `outbox.mail:*`.
+    #[must_use]
+    pub fn root() -> Self {
+        Self::default()
+    }
+
+    /// Every queue name gets `prefix` in front of it.
+    #[must_use]
+    pub fn prefixed(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix (empty for the root namespace).
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The apalis queue name of `queue` in this namespace.
+    #[must_use]
+    pub fn queue(&self, queue: &str) -> String {
+        format!("{}{queue}", self.prefix)
+    }
+}
+
+/// Connection settings for Redis. The defaults follow the dependency notes:
+/// a response timeout of 5 s (apalis' own 500 ms turns load into fatal
+/// stream errors), a connect timeout of 2 s, and few quick reconnect retries
+/// so that an unreachable Redis fails a push promptly instead of stalling.
+#[derive(Debug, Clone)]
+pub struct RedisSettings {
+    /// `redis://host:port[/db]`.
+    pub url: String,
+    /// How long one command may take.
+    pub response_timeout: Duration,
+    /// How long connecting may take.
+    pub connection_timeout: Duration,
+    /// Reconnect attempts per failed command before it fails.
+    pub reconnect_retries: usize,
+}
+
+impl RedisSettings {
+    /// Defaults for `url`.
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            response_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(2),
+            reconnect_retries: 2,
+        }
+    }
+}
+
+/// Why a queue operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The Redis URL does not parse.
+    #[error("invalid Redis URL {url:?}: {source}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// The parser's reason.
+        source: redis::RedisError,
+    },
+    /// Redis refused or did not answer.
+    #[error("Redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The apalis-redis backend failed.
+    #[error("apalis-redis error: {0}")]
+    Backend(#[from] apalis_redis::Error),
+    /// A job could not be encoded.
+    #[error("cannot encode job: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+/// A reconnecting, multiplexed Redis connection. It connects lazily: it
+/// returns at once even when Redis is down, and each command (re)connects as
+/// needed, so a process can start before Redis and survive its restarts.
+///
+/// # Errors
+///
+/// [`QueueError::InvalidUrl`] when the URL does not parse.
+pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError> {
+    let client =
+        redis::Client::open(settings.url.as_str()).map_err(|source| QueueError::InvalidUrl {
+            url: settings.url.clone(),
+            source,
+        })?;
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(settings.response_timeout))
+        .set_connection_timeout(Some(settings.connection_timeout))
+        .set_number_of_retries(settings.reconnect_retries)
+        .set_min_delay(Duration::from_millis(100))
+        .set_max_delay(Duration::from_secs(1));
+    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+}
+
+/// The apalis-redis configuration of `queue` in `namespace`. The queue name
+/// is always set explicitly (apalis' default is the Rust type name, which
+/// would silently change on a rename).
+#[must_use]
+pub fn apalis_config(namespace: &QueueNamespace, queue: &str) -> Config {
+    Config::default().queue(namespace.queue(queue))
+}
+
+/// An apalis-redis storage for jobs of type `T` on `queue`, for workers.
+#[must_use]
+pub fn storage<T>(
+    conn: ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+) -> RedisStorage<T> {
+    RedisStorage::new(conn).with_config(apalis_config(namespace, queue))
+}
+
+/// What one push did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PushReport {
+    /// Jobs that were new.
+    pub new: usize,
+    /// Jobs whose task id already existed: nothing was written for them.
+    pub duplicates: usize,
+}
+
+/// Pushes `jobs` onto `queue` with one Redis round trip (apalis-redis' batch
+/// push script), each with its deterministic task id `outbox:<event id>`.
+/// A job whose id is already on the queue is skipped and counted as a
+/// duplicate.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] / [`QueueError::Backend`] when Redis fails; then
+/// none, some or all of the jobs may have been written, and pushing again is
+/// safe.
+#[instrument(name = "outbox.queue.push", skip(conn, jobs), fields(queue = %namespace.queue(queue), jobs = jobs.len()), err)]
+pub async fn push_jobs(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    jobs: &[OutboxJob],
+) -> Result<PushReport, QueueError> {
+    if jobs.is_empty() {
+        return Ok(PushReport::default());
+    }
+    let config = apalis_config(namespace, queue);
+    let tasks = jobs
+        .iter()
+        .map(|job| {
+            Ok(TaskBuilder::new(serde_json::to_vec(job)?)
+                .task_id(TaskId::from_string(job.task_id()))
+                .build())
+        })
+        .collect::<Result<Vec<_>, QueueError>>()?;
+    let (enqueued, scheduled) = apalis_redis::queries::push_tasks(conn, &config, &tasks).await?;
+    let new = (enqueued + scheduled) as usize;
+    Ok(PushReport {
+        new,
+        duplicates: jobs.len().saturating_sub(new),
+    })
+}
