@@ -1,0 +1,1 @@
+//! Receiver-side idempotency (work in progress).
