@@ -3,18 +3,21 @@
 //! Creates a fresh `outbox_demo` database, migrates it, runs a few business
 //! transactions that publish events (one of which rolls back, one repeats a
 //! dispatch key, one uses the batch form, one is plain SQL from "another
-//! language"), then prints the outbox rows by status.
+//! language"), prints the outbox rows by status, runs the dispatcher until
+//! nothing is due, and prints the rows and queue depths again.
 
 use anyhow::{Context, Result};
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
 use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
 };
+use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::with_database;
 use serde_json::json;
 
@@ -64,7 +67,65 @@ pub async fn run() -> Result<()> {
     reindex_catalog(&mut conn).await?;
     plain_sql_producer(&mut conn).await?;
 
-    print_rows(&mut conn).await
+    print_rows(&mut conn, "after publishing").await?;
+    dispatch(&url, &found.redis_url).await?;
+    print_rows(&mut conn, "after dispatching").await?;
+    println!(
+        "\nDONE means handed to the queue; subscribers (worker-general, worker-mail) do the work.\n\
+         The review reminders stay PENDING until tomorrow; legacy.report.generated has no route \
+         and is FAILED for an operator to look at."
+    );
+    Ok(())
+}
+
+/// The Redis key prefix of the demo's queues, so it never touches real ones.
+const DEMO_NAMESPACE: &str = "outbox-demo:";
+
+/// Runs a dispatcher until nothing is due, then shows the queues' depths.
+async fn dispatch(url: &str, redis_url: &str) -> Result<()> {
+    let redis = outbox_queue::connect(&RedisSettings::new(redis_url))?;
+    let mut cleaner = redis.clone();
+    let stale: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{DEMO_NAMESPACE}*"))
+        .query_async(&mut cleaner)
+        .await?;
+    if !stale.is_empty() {
+        redis::cmd("DEL")
+            .arg(&stale)
+            .query_async::<()>(&mut cleaner)
+            .await?;
+    }
+    let pool = outbox_model::connect_pool(url, 2).await?;
+    let namespace = QueueNamespace::prefixed(DEMO_NAMESPACE);
+    let dispatcher = Dispatcher::new(
+        pool,
+        url,
+        redis,
+        namespace.clone(),
+        Router::standard(),
+        DispatcherConfig::default(),
+    )?;
+    println!("\n-- dispatching (Redis {redis_url}, queues prefixed {DEMO_NAMESPACE:?}) --");
+    loop {
+        let report = dispatcher.tick().await?;
+        if report.claimed == 0 {
+            break;
+        }
+        println!(
+            "tick: claimed {}, dispatched {}, unrouted {}, retried {}, failed {}",
+            report.claimed, report.dispatched, report.unrouted, report.retried, report.failed
+        );
+    }
+    for queue in dispatcher.router().queues() {
+        let depth: i64 = redis::cmd("ZCARD")
+            .arg(format!("{}:scheduled", namespace.queue(queue)))
+            .query_async(&mut cleaner)
+            .await?;
+        if depth > 0 {
+            println!("queue {queue:<22} {depth} job(s) waiting for a subscriber");
+        }
+    }
+    Ok(())
 }
 
 #[derive(QueryableByName)]
@@ -232,7 +293,7 @@ async fn plain_sql_producer(conn: &mut AsyncPgConnection) -> Result<()> {
     Ok(())
 }
 
-async fn print_rows(conn: &mut AsyncPgConnection) -> Result<()> {
+async fn print_rows(conn: &mut AsyncPgConnection, when: &str) -> Result<()> {
     let rows: Vec<OutboxEvent> = outbox_event::table
         .order((outbox_event::status, outbox_event::created_at))
         .select(OutboxEvent::as_select())
@@ -242,7 +303,7 @@ async fn print_rows(conn: &mut AsyncPgConnection) -> Result<()> {
         .get_result(conn)
         .await?;
     println!(
-        "\n-- outbox_event ({} rows; {orders} orders) --",
+        "\n-- outbox_event {when} ({} rows; {orders} orders) --",
         rows.len()
     );
     let mut current = None;
@@ -252,23 +313,23 @@ async fn print_rows(conn: &mut AsyncPgConnection) -> Result<()> {
             let count = rows.iter().filter(|r| r.status == row.status).count();
             println!("\n{} ({count})", row.status);
             println!(
-                "  {:<36}  {:<7}  {:<30}  {:<20}  dispatch_key",
-                "id", "tenant", "event_type", "scheduled_at"
+                "  {:<36}  {:<7}  {:<30}  {:<20}  {:<16}  queue / last error",
+                "id", "tenant", "event_type", "scheduled_at", "dispatch_key"
             );
         }
         println!(
-            "  {:<36}  {:<7}  {:<30}  {:<20}  {}",
+            "  {:<36}  {:<7}  {:<30}  {:<20}  {:<16}  {}",
             row.id,
             row.tenant_id,
             row.event_type,
             short_time(row.scheduled_at),
             row.dispatch_key.as_deref().unwrap_or("-"),
+            row.last_error
+                .as_deref()
+                .or(row.target_queue.as_deref())
+                .unwrap_or("-"),
         );
     }
-    println!(
-        "\nNext: the dispatcher claims the due PENDING rows and hands each to its queue \
-         (outbox-dispatch)."
-    );
     Ok(())
 }
 

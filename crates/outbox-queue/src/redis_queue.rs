@@ -102,6 +102,7 @@ pub enum QueueError {
 /// A reconnecting, multiplexed Redis connection. It connects lazily: it
 /// returns at once even when Redis is down, and each command (re)connects as
 /// needed, so a process can start before Redis and survive its restarts.
+/// Call it inside a tokio runtime (it spawns the connection's driver task).
 ///
 /// # Errors
 ///
