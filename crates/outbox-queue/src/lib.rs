@@ -7,12 +7,14 @@
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
 mod envelope;
+mod inspect;
 mod redis_queue;
 
 pub use envelope::{OutboxJob, task_id};
+pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats};
 pub use redis_queue::{
     PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect, push_jobs,
-    storage,
+    push_raw, storage,
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;

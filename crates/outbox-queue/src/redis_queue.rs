@@ -166,18 +166,38 @@ pub async fn push_jobs(
     queue: &str,
     jobs: &[OutboxJob],
 ) -> Result<PushReport, QueueError> {
+    let bodies = jobs
+        .iter()
+        .map(|job| Ok((job.task_id(), serde_json::to_vec(job)?)))
+        .collect::<Result<Vec<_>, QueueError>>()?;
+    push_raw(conn, namespace, queue, &bodies).await
+}
+
+/// Pushes pre-encoded job bodies with the given task ids in one round trip;
+/// an id already on the queue is skipped (counted as a duplicate). Used for
+/// downstream jobs (`toolctrl.*`) whose ids derive from the event id too.
+///
+/// # Errors
+///
+/// As [`push_jobs`].
+pub async fn push_raw(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    jobs: &[(String, Vec<u8>)],
+) -> Result<PushReport, QueueError> {
     if jobs.is_empty() {
         return Ok(PushReport::default());
     }
     let config = apalis_config(namespace, queue);
-    let tasks = jobs
+    let tasks: Vec<_> = jobs
         .iter()
-        .map(|job| {
-            Ok(TaskBuilder::new(serde_json::to_vec(job)?)
-                .task_id(TaskId::from_string(job.task_id()))
-                .build())
+        .map(|(task_id, body)| {
+            TaskBuilder::new(body.clone())
+                .task_id(TaskId::from_string(task_id.clone()))
+                .build()
         })
-        .collect::<Result<Vec<_>, QueueError>>()?;
+        .collect();
     let (enqueued, scheduled) = apalis_redis::queries::push_tasks(conn, &config, &tasks).await?;
     let new = (enqueued + scheduled) as usize;
     Ok(PushReport {

@@ -1,0 +1,133 @@
+//! Reading a queue's state straight from its Redis keys (apalis' own stats
+//! are unreliable in 1.0, see the dependency notes).
+
+use std::time::Duration;
+
+use apalis_redis::ConnectionManager;
+
+use crate::{QueueError, QueueNamespace, apalis_config};
+
+/// One queue's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct QueueStats {
+    /// Jobs waiting: scheduled (pushes land there) plus the active list.
+    pub backlog: u64,
+    /// Of the backlog, jobs whose time has come.
+    pub due: u64,
+    /// Jobs being processed by a worker right now.
+    pub running: u64,
+    /// Jobs finished successfully and not yet vacuumed.
+    pub done: u64,
+    /// Jobs in the dead set (permanent failures, or out of attempts).
+    pub dead: u64,
+    /// Workers registered on the queue.
+    pub workers: u64,
+    /// Registered workers whose heartbeat is older than the stall threshold.
+    pub stalled_workers: u64,
+}
+
+/// A dead job and why it died.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadJob {
+    /// The task id.
+    pub task_id: String,
+    /// The recorded result (the error message), if any.
+    pub reason: Option<String>,
+    /// Attempts made.
+    pub attempts: Option<String>,
+}
+
+fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// Reads the figures of `queue`. A worker counts as stalled when its last
+/// heartbeat is older than `stall_after`.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn queue_stats(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    stall_after: Duration,
+) -> Result<QueueStats, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let now = now_secs();
+    let (scheduled, due, active, done, dead, workers): (
+        u64,
+        u64,
+        u64,
+        u64,
+        u64,
+        Vec<(String, f64)>,
+    ) = redis::pipe()
+        .zcard(config.scheduled_jobs_set())
+        .zcount(config.scheduled_jobs_set(), "-inf", now)
+        .llen(config.active_jobs_list())
+        .scard(config.done_jobs_set())
+        .scard(config.dead_jobs_set())
+        .zrange_withscores(config.workers_set(), 0, -1)
+        .query_async(conn)
+        .await?;
+    let mut running = 0;
+    let mut stalled_workers = 0;
+    for (worker, last_seen) in &workers {
+        let inflight: u64 = redis::cmd("SCARD")
+            .arg(format!("{}:{worker}", config.inflight_jobs_set()))
+            .query_async(conn)
+            .await?;
+        running += inflight;
+        if now - last_seen > stall_after.as_secs_f64() {
+            stalled_workers += 1;
+        }
+    }
+    Ok(QueueStats {
+        backlog: scheduled + active,
+        due: due + active,
+        running,
+        done,
+        dead,
+        workers: workers.len() as u64,
+        stalled_workers,
+    })
+}
+
+/// The jobs in `queue`'s dead set with their recorded reasons (at most `limit`).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn dead_jobs(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<DeadJob>, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let ids: Vec<String> = redis::cmd("SRANDMEMBER")
+        .arg(config.dead_jobs_set())
+        .arg(limit)
+        .query_async(conn)
+        .await?;
+    let mut jobs = Vec::with_capacity(ids.len());
+    for task_id in ids {
+        let (reason, attempts): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(format!("{}:{task_id}", config.job_meta_hash()))
+            .arg("result")
+            .arg("attempts")
+            .query_async(conn)
+            .await?;
+        jobs.push(DeadJob {
+            task_id,
+            reason,
+            attempts,
+        });
+    }
+    jobs.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    Ok(jobs)
+}

@@ -1,0 +1,1 @@
+//! outbox-subscriber-audit (work in progress).

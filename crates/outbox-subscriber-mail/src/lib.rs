@@ -1,0 +1,1 @@
+//! outbox-subscriber-mail (work in progress).

@@ -1,0 +1,1 @@
+//! outbox-subscriber-webhook (work in progress).

@@ -1,0 +1,22 @@
+//! The subscriber framework: one apalis-redis worker per queue, handlers
+//! registered into groups, receiver retries with exponential backoff, and a
+//! dead-letter path for jobs that will never succeed.
+//!
+//! A handler implements [`JobHandler`] for one queue and returns
+//! [`JobError::Retry`] for transient failures (retried in process with
+//! backoff, then rescheduled by the queue) or [`JobError::Permanent`] for
+//! failures that will not heal (the job goes to the queue's dead set with the
+//! reason). A job body that does not parse is permanent by construction and
+//! never stops the worker (see [`LenientRedis`]). Every job runs in a tracing
+//! span with its queue, task id, event id, tenant and attempt.
+//!
+//! This crate knows no concrete queue: the subscriber crates provide the
+//! handlers, the worker binaries assemble the groups.
+
+mod body;
+mod handler;
+mod runner;
+
+pub use body::{JobBody, LenientCodec, LenientRedis};
+pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
+pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};

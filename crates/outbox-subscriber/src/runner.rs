@@ -1,0 +1,286 @@
+//! Running handler groups as apalis workers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use apalis::layers::WorkerBuilderExt;
+use apalis::layers::retry::RetryPolicy;
+use apalis_core::error::{AbortError, BoxDynError};
+use apalis_core::task::attempt::Attempt;
+use apalis_core::task::data::Data;
+use apalis_core::task::task_id::TaskId;
+use apalis_core::worker::builder::WorkerBuilder;
+use apalis_redis::ConnectionManager;
+use outbox_queue::{QueueNamespace, apalis_config};
+use tokio_util::sync::CancellationToken;
+use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
+use tower::util::rng::HasherRng;
+use tracing::Instrument;
+
+use crate::{DynHandler, JobBody, JobError, JobMeta};
+
+/// How each queue's worker runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// Jobs of one queue processed at once.
+    pub concurrency: usize,
+    /// In-process retries of a failed job before it goes back to the queue.
+    pub retries: usize,
+    /// First retry delay.
+    pub min_backoff: Duration,
+    /// Largest retry delay.
+    pub max_backoff: Duration,
+    /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
+    /// is presumed dead and its in-flight jobs are redelivered.
+    pub heartbeat: Duration,
+    /// See `heartbeat`.
+    pub missed_heartbeats: usize,
+    /// Jobs fetched per poll.
+    pub fetch_batch: usize,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: 10,
+            retries: 3,
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(30),
+            missed_heartbeats: 4,
+            fetch_batch: 10,
+        }
+    }
+}
+
+/// Why a group could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubscriberError {
+    /// Two handlers claim the same queue.
+    #[error("queue {0} has two handlers")]
+    DuplicateQueue(String),
+    /// A retry setting cannot work.
+    #[error("invalid worker settings: {0}")]
+    Settings(String),
+    /// An apalis worker stopped with an error.
+    #[error("worker for queue {queue} failed: {source}")]
+    Worker {
+        /// The queue.
+        queue: String,
+        /// What apalis reported.
+        source: apalis_core::error::WorkerError,
+    },
+}
+
+/// A set of handlers that run together in one process (the contract's
+/// `general` and `mail` groups).
+#[derive(Clone, Default)]
+pub struct HandlerGroup {
+    handlers: Vec<Arc<dyn DynHandler>>,
+}
+
+impl HandlerGroup {
+    /// An empty group.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a handler.
+    ///
+    /// # Errors
+    ///
+    /// [`SubscriberError::DuplicateQueue`] when the queue already has one.
+    pub fn with(mut self, handler: impl DynHandler) -> Result<Self, SubscriberError> {
+        if self.queues().contains(&handler.queue()) {
+            return Err(SubscriberError::DuplicateQueue(handler.queue().to_owned()));
+        }
+        self.handlers.push(Arc::new(handler));
+        Ok(self)
+    }
+
+    /// The queues this group consumes.
+    #[must_use]
+    pub fn queues(&self) -> Vec<&str> {
+        self.handlers.iter().map(|h| h.queue()).collect()
+    }
+
+    /// Runs one apalis worker per handler until `shutdown`; then each
+    /// worker stops fetching, finishes the jobs in hand and returns.
+    ///
+    /// # Errors
+    ///
+    /// The first worker that failed.
+    pub async fn run(
+        &self,
+        conn: ConnectionManager,
+        namespace: &QueueNamespace,
+        settings: &WorkerSettings,
+        shutdown: CancellationToken,
+    ) -> Result<(), SubscriberError> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for handler in &self.handlers {
+            let queue = handler.queue().to_owned();
+            let run = run_queue(
+                handler.clone(),
+                conn.clone(),
+                namespace.clone(),
+                settings.clone(),
+                shutdown.clone(),
+            );
+            tasks.spawn(async move {
+                run.await
+                    .map_err(|source| SubscriberError::Worker { queue, source })
+            });
+        }
+        let mut first_error = None;
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "queue worker stopped with an error");
+                    shutdown.cancel();
+                    first_error.get_or_insert(e);
+                }
+                Err(e) => tracing::error!(error = %e, "queue worker task panicked"),
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl std::fmt::Debug for HandlerGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerGroup")
+            .field("queues", &self.queues())
+            .finish()
+    }
+}
+
+/// A unique worker name: queue, host, pid and a random suffix (apalis
+/// refuses a name still alive in the heartbeat window).
+fn worker_name(queue: &str) -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_owned());
+    let suffix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{queue}@{host}:{}:{suffix:08x}", std::process::id())
+}
+
+/// The error apalis sees for a retryable failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Retryable(String);
+
+/// The handler as apalis data (a concrete type keeps apalis' bounds simple).
+#[derive(Clone)]
+struct SharedHandler(Arc<dyn DynHandler>);
+
+/// A top-level string field of the body, for log fields.
+fn body_field(body: &JobBody, name: &str) -> String {
+    body.json()
+        .ok()
+        .and_then(|v| v.get(name))
+        .and_then(|v| v.as_str())
+        .unwrap_or("-")
+        .to_owned()
+}
+
+/// Retry in process unless the handler said the failure is permanent.
+fn is_retryable(error: &BoxDynError) -> bool {
+    error.downcast_ref::<AbortError>().is_none()
+}
+
+async fn run_job(
+    body: JobBody,
+    handler: Data<SharedHandler>,
+    task_id: TaskId,
+    attempt: Attempt,
+) -> Result<(), BoxDynError> {
+    let SharedHandler(handler) = (*handler).clone();
+    let event_id = body_field(&body, "outbox_event_id");
+    let tenant_id = body_field(&body, "tenant_id");
+    let meta = JobMeta {
+        queue: handler.queue().to_owned(),
+        task_id: task_id.to_string(),
+        attempt: attempt.current(),
+    };
+    let span = tracing::info_span!(
+        "outbox.job",
+        queue = %meta.queue,
+        task_id = %meta.task_id,
+        event_id = %event_id,
+        tenant_id = %tenant_id,
+        attempt = meta.attempt,
+    );
+    let started = Instant::now();
+    let result = handler.call(body, &meta).instrument(span.clone()).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let queue = meta.queue.clone();
+    metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
+        .record(elapsed);
+    let _entered = span.enter();
+    match result {
+        Ok(()) => {
+            tracing::info!("job done");
+            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "done").increment(1);
+            Ok(())
+        }
+        Err(JobError::Retry(reason)) => {
+            tracing::warn!(%reason, "job failed; will retry");
+            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "retry").increment(1);
+            Err(Box::new(Retryable(reason)))
+        }
+        Err(JobError::Permanent(reason)) => {
+            tracing::error!(%reason, "job failed permanently; moved to the dead set");
+            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead").increment(1);
+            Err(Box::new(AbortError::new(reason)))
+        }
+    }
+}
+
+async fn run_queue(
+    handler: Arc<dyn DynHandler>,
+    conn: ConnectionManager,
+    namespace: QueueNamespace,
+    settings: WorkerSettings,
+    shutdown: CancellationToken,
+) -> Result<(), apalis_core::error::WorkerError> {
+    let queue = handler.queue().to_owned();
+    let config = apalis_config(&namespace, &queue)
+        .heartbeat_interval(settings.heartbeat)
+        .missed_heartbeats(settings.missed_heartbeats)
+        .batch_size(settings.fetch_batch.max(1));
+    let backend = crate::LenientRedis::new(conn, config);
+    let backoff = ExponentialBackoffMaker::new(
+        settings.min_backoff,
+        settings.max_backoff,
+        0.5,
+        HasherRng::default(),
+    )
+    .map_err(|e| apalis_core::error::WorkerError::from(std::io::Error::other(e.to_string())))?
+    .make_backoff();
+    let policy = RetryPolicy::retries(settings.retries)
+        .with_backoff(backoff)
+        .retry_if(is_retryable);
+    let name = worker_name(&queue);
+    tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, "consuming queue");
+    let worker = WorkerBuilder::new(name)
+        .backend(backend)
+        .retry(policy)
+        .concurrency(settings.concurrency.max(1))
+        .data(SharedHandler(handler))
+        .build(run_job);
+    worker
+        .run_until(async move {
+            shutdown.cancelled().await;
+            Ok::<(), std::io::Error>(())
+        })
+        .await
+}

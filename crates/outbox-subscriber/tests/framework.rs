@@ -1,0 +1,193 @@
+//! The framework on a real Redis: jobs run, transient failures are retried,
+//! permanent failures and corrupt bodies go to the dead set with their reason,
+//! and the worker keeps serving throughout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_queue::{QueueNamespace, RedisSettings, dead_jobs, push_raw, queue_stats};
+use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
+use outbox_test_support::TestRedis;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Deserialize)]
+struct TestJob {
+    name: String,
+    mode: String,
+}
+
+#[derive(Default, Clone)]
+struct Recorder {
+    calls: Arc<Mutex<HashMap<String, usize>>>,
+    done: Arc<Mutex<Vec<String>>>,
+}
+
+impl JobHandler for Recorder {
+    type Job = TestJob;
+
+    fn queue(&self) -> &str {
+        "test.jobs"
+    }
+
+    async fn handle(&self, job: TestJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let calls = {
+            let mut calls = self.calls.lock().unwrap();
+            let n = calls.entry(job.name.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        match job.mode.as_str() {
+            "fail_once" if calls == 1 => Err(JobError::retry("peer answered 503")),
+            "permanent" => Err(JobError::permanent("peer answered 410 Gone")),
+            _ => {
+                self.done.lock().unwrap().push(job.name);
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
+    outbox_test_support::init_tracing();
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let recorder = Recorder::default();
+    let group = HandlerGroup::new().with(recorder.clone()).unwrap();
+    let settings = WorkerSettings {
+        concurrency: 4,
+        retries: 2,
+        min_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(200),
+        heartbeat: Duration::from_secs(1),
+        missed_heartbeats: 3,
+        fetch_batch: 10,
+    };
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (group, conn, namespace, settings, shutdown) = (
+            group.clone(),
+            conn.clone(),
+            namespace.clone(),
+            settings.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
+    };
+
+    let job = |name: &str, mode: &str| {
+        (
+            format!("test:{name}"),
+            serde_json::to_vec(&serde_json::json!({ "name": name, "mode": mode })).unwrap(),
+        )
+    };
+    let mut push = conn.clone();
+    push_raw(
+        &mut push,
+        &namespace,
+        "test.jobs",
+        &[
+            job("ok-1", "ok"),
+            job("flaky", "fail_once"),
+            job("gone", "permanent"),
+            (
+                "test:not-json".into(),
+                b"\x00\x01 definitely not json".to_vec(),
+            ),
+            (
+                "test:wrong-shape".into(),
+                br#"{"unexpected": true}"#.to_vec(),
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    wait_until("the first jobs", || {
+        recorder.done.lock().unwrap().len() >= 2
+    })
+    .await;
+    // The worker still serves after the corrupt bodies.
+    push_raw(&mut push, &namespace, "test.jobs", &[job("ok-2", "ok")])
+        .await
+        .unwrap();
+    wait_until("ok-2", || {
+        recorder.done.lock().unwrap().contains(&"ok-2".to_owned())
+    })
+    .await;
+
+    let mut done = recorder.done.lock().unwrap().clone();
+    done.sort();
+    assert_eq!(done, ["flaky", "ok-1", "ok-2"]);
+    {
+        let calls = recorder.calls.lock().unwrap();
+        assert_eq!(
+            calls["flaky"], 2,
+            "retried once after the transient failure"
+        );
+        assert_eq!(calls["gone"], 1, "a permanent failure is not retried");
+        assert_eq!(calls["ok-1"], 1);
+    }
+
+    let mut inspect = conn.clone();
+    let mut dead = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while dead.len() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "dead set: {dead:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        dead = dead_jobs(&mut inspect, &namespace, "test.jobs", 10)
+            .await
+            .unwrap();
+    }
+    let reasons: HashMap<String, String> = dead
+        .into_iter()
+        .map(|d| (d.task_id, d.reason.unwrap_or_default()))
+        .collect();
+    assert!(reasons["test:gone"].contains("410 Gone"), "{reasons:?}");
+    assert!(
+        reasons["test:not-json"].contains("corrupt job body"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons["test:wrong-shape"].contains("corrupt job body"),
+        "{reasons:?}"
+    );
+
+    let stats = queue_stats(
+        &mut inspect,
+        &namespace,
+        "test.jobs",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            stats.dead,
+            stats.backlog,
+            stats.workers,
+            stats.stalled_workers
+        ),
+        (3, 0, 1, 0),
+        "{stats:?}"
+    );
+
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), runner).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+}

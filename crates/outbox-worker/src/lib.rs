@@ -1,0 +1,1 @@
+//! outbox-worker (work in progress).
