@@ -7,6 +7,10 @@
 //! - [`TestRedis`]: a unique key prefix per test on a real Redis, whose keys
 //!   are deleted on drop.
 //! - [`RedisProcess`]: a private `redis-server` a test can stop and restart.
+//! - [`SmtpSink`]: a real SMTP server on 127.0.0.1 that records the mails it
+//!   accepts ([`ReceivedMail`]), or refuses recipients on demand.
+//! - [`HttpSink`]: a real HTTP server on 127.0.0.1 that records every request
+//!   ([`ReceivedRequest`]) and answers with scripted status codes.
 //!
 //! The servers come from `OUTBOX_TEST_DATABASE_URL` / `DATABASE_URL` and
 //! `OUTBOX_TEST_REDIS_URL` / `REDIS_URL`, defaulting to the standard local
@@ -14,13 +18,17 @@
 //! services. Nothing here mocks Postgres or Redis. Not for production code.
 
 mod database;
+mod http_sink;
 mod redis_ns;
 mod redis_process;
+mod smtp_sink;
 mod url;
 
 pub use database::TestDatabase;
+pub use http_sink::{HttpSink, ReceivedRequest};
 pub use redis_ns::TestRedis;
 pub use redis_process::RedisProcess;
+pub use smtp_sink::{ReceivedMail, SmtpSink};
 pub use url::{database_server_url, redis_server_url, with_database};
 
 /// Installs a tracing subscriber that writes through the test harness'
