@@ -2,6 +2,36 @@
 // change a migration, then run `cargo xtask schema`.
 
 diesel::table! {
+    /// Append-only audit log: one row per audit.* event; updates and deletes are refused.
+    audit_log (id) {
+        id -> Uuid,
+        outbox_event_id -> Uuid,
+        tenant_id -> Text,
+        event_type -> Text,
+        actor -> Nullable<Text>,
+        payload -> Jsonb,
+        occurred_at -> Timestamptz,
+        recorded_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// In-app notifications; user_id NULL means every member of the tenant.
+    notification (id) {
+        id -> Uuid,
+        outbox_event_id -> Uuid,
+        tenant_id -> Text,
+        user_id -> Nullable<Text>,
+        kind -> Text,
+        title -> Text,
+        body -> Nullable<Text>,
+        data -> Jsonb,
+        read_at -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// Side effects recorded in the same transaction as the business write that causes them.
     outbox_event (id) {
         /// UUIDv7 from the publisher; gen_random_uuid() for plain-SQL producers.
@@ -32,3 +62,50 @@ diesel::table! {
         created_at -> Timestamptz,
     }
 }
+
+diesel::table! {
+    /// Plugins subscribed to a hook; each gets a signed invocation per plugin.hook.<hook> event.
+    plugin_hook_subscription (id) {
+        id -> Uuid,
+        tenant_id -> Text,
+        plugin -> Text,
+        hook -> Text,
+        endpoint -> Text,
+        secret -> Text,
+        enabled -> Bool,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// Per-tenant mail settings: the sales inbox for marketing leads, an optional sender.
+    tenant_mail_settings (tenant_id) {
+        tenant_id -> Text,
+        sales_inbox -> Text,
+        from_address -> Nullable<Text>,
+    }
+}
+
+diesel::table! {
+    /// Where a tenant's webhook.* events are delivered, signed.
+    webhook_endpoint (id) {
+        id -> Uuid,
+        tenant_id -> Text,
+        url -> Text,
+        /// Standard Webhooks signing secret (`whsec_<base64>`, or raw text).
+        secret -> Text,
+        /// Filter: exact event types or prefixes ending in `.` or `*`; empty means every webhook.* event.
+        event_types -> Array<Text>,
+        enabled -> Bool,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::allow_tables_to_appear_in_same_query!(
+    audit_log,
+    notification,
+    outbox_event,
+    plugin_hook_subscription,
+    tenant_mail_settings,
+    webhook_endpoint,
+);

@@ -1,1 +1,23 @@
-//! outbox-subscriber-mail (work in progress).
+//! Mail subscribers.
+//!
+//! - [`MailRequestHandler`] (`outbox.mail`): validates a `mail.*` payload
+//!   (`to`, `subject` + `text`/`html`, or a named `template` with `vars`),
+//!   renders it, and enqueues one `toolctrl.email` job with the
+//!   deterministic id `email:<event id>`. Invalid requests are permanent
+//!   failures with the reason.
+//! - [`MarketingLeadHandler`] (`outbox.marketing`): `marketing.lead.*`
+//!   events become a mail to the tenant's sales inbox through the same path.
+//! - [`SmtpHandler`] (`toolctrl.email`): sends over SMTP with lettre, once
+//!   per event (idempotency store); permanent SMTP refusals (5xx) are
+//!   dead-lettered, transient ones (4xx, connection) retried.
+//!
+//! Rendering is split from sending so that a slow or failing SMTP server
+//! never blocks validation, and a mail is rendered exactly once.
+
+mod handlers;
+mod render;
+
+pub use handlers::{
+    MailRequestHandler, MarketingLeadHandler, SmtpConfigError, SmtpHandler, SmtpSettings,
+};
+pub use render::{EmailJob, MailError, Template, Templates, email_task_id, render_request};

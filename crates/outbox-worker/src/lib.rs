@@ -1,1 +1,283 @@
-//! outbox-worker (work in progress).
+//! The two worker processes, `worker-general` and `worker-mail`: thin mains
+//! around [`run`]. Each reads its environment once into a [`WorkerConfig`]
+//! (a bad value stops start-up with a message naming the variable), wires
+//! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
+//! the daily retention job when it is the general group, serves `/healthz`,
+//! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
+//! stops taking work, finishes what is in hand and exits 0.
+
+mod config;
+mod http;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use metrics_exporter_prometheus::PrometheusBuilder;
+use outbox_dispatch::{Dispatcher, Router, run_retention};
+use outbox_idempotency::RedisIdempotencyStore;
+use outbox_queue::{QueueNamespace, RedisSettings};
+use outbox_subscriber::HandlerGroup;
+use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
+use outbox_subscriber_mail::{
+    MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
+};
+use outbox_subscriber_webhook::{
+    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
+    WebhookHandler,
+};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, Group, WorkerConfig};
+pub use http::{HttpState, router};
+
+/// The entry point of both binaries: configuration, runtime, exit code.
+#[must_use]
+pub fn main_for(group: Group) -> ExitCode {
+    init_tracing();
+    let config = match WorkerConfig::from_env(group) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("worker-{}: {e}", group.as_str());
+            tracing::error!(variable = e.variable, "{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("worker-{}: cannot start the runtime: {e}", group.as_str());
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "worker failed");
+            eprintln!("worker-{}: {e:#}", group.as_str());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,apalis=warn,apalis_core=warn,apalis_redis=warn")
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .try_init();
+}
+
+/// The handlers of `group`.
+///
+/// # Errors
+///
+/// When a handler cannot be built (an invalid `SMTP_URL`, TLS set-up).
+pub fn handler_group(
+    group: Group,
+    config: &WorkerConfig,
+    pool: &outbox_model::PgPool,
+    redis: &redis::aio::ConnectionManager,
+    namespace: &QueueNamespace,
+) -> Result<HandlerGroup> {
+    let store = RedisIdempotencyStore::new(redis.clone())
+        .with_prefix(format!("{}outbox:idempotency:", namespace.prefix()));
+    let deliverer = Deliverer::new(DeliverySettings {
+        timeout: config.webhook_timeout,
+        allow_private_addresses: config.webhook_allow_private,
+        ..DeliverySettings::default()
+    })
+    .context("cannot build the HTTP client")?;
+    let once = OnceSettings {
+        lease: config.delivery_lease,
+        ..OnceSettings::default()
+    };
+    let group = match group {
+        Group::General => HandlerGroup::new()
+            .with(AuditHandler::new(pool.clone()))?
+            .with(NotificationHandler::new(pool.clone()))?
+            .with(PluginHookHandler::new(
+                pool.clone(),
+                redis.clone(),
+                namespace.clone(),
+            ))?
+            .with(PluginInvokeHandler::new(
+                pool.clone(),
+                deliverer,
+                store,
+                once,
+            ))?,
+        Group::Mail => {
+            let smtp_url = config
+                .smtp_url
+                .clone()
+                .context("SMTP_URL is required for the mail group")?;
+            let smtp = SmtpSettings {
+                default_from: config.mail_from.clone(),
+                lease: config.delivery_lease,
+                ..SmtpSettings::new(smtp_url)
+            };
+            HandlerGroup::new()
+                .with(MailRequestHandler::new(
+                    Templates::standard(),
+                    redis.clone(),
+                    namespace.clone(),
+                ))?
+                .with(WebhookHandler::new(
+                    pool.clone(),
+                    deliverer,
+                    store.clone(),
+                    once,
+                ))?
+                .with(MarketingLeadHandler::new(
+                    pool.clone(),
+                    Templates::standard(),
+                    redis.clone(),
+                    namespace.clone(),
+                ))?
+                .with(SmtpHandler::new(smtp, store)?)?
+        }
+    };
+    Ok(group)
+}
+
+/// Runs a worker process until SIGTERM / Ctrl-C.
+///
+/// # Errors
+///
+/// When Postgres or Redis cannot be set up at start, the HTTP address cannot
+/// be bound, or a queue worker fails.
+pub async fn run(config: WorkerConfig) -> Result<()> {
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the Prometheus recorder")?;
+    let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
+        .await
+        .context("cannot connect to Postgres (DATABASE_URL)")?;
+    let redis = outbox_queue::connect(&RedisSettings::new(&config.redis_url))
+        .context("invalid REDIS_URL")?;
+    let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
+    let group = handler_group(config.group, &config, &pool, &redis, &namespace)?;
+    let shutdown = CancellationToken::new();
+
+    let listener = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("cannot bind WORKER_HTTP_ADDR={}", config.http_addr))?;
+    let http_addr = listener.local_addr()?;
+    let app = router(HttpState {
+        pool: pool.clone(),
+        redis: redis.clone(),
+        metrics,
+    });
+    let http_shutdown = shutdown.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
+            .await
+    });
+    tracing::info!(
+        group = config.group.as_str(),
+        http = %http_addr,
+        queues = ?group.queues(),
+        queue_prefix = %config.queue_prefix,
+        dispatcher = config.group == Group::General && config.dispatcher_enabled,
+        "worker started"
+    );
+
+    let mut background = tokio::task::JoinSet::new();
+    if config.group == Group::General {
+        if config.dispatcher_enabled {
+            let dispatcher = Arc::new(Dispatcher::new(
+                pool.clone(),
+                config.database_url.clone(),
+                redis.clone(),
+                namespace.clone(),
+                Router::standard(),
+                config.dispatcher.clone(),
+            )?);
+            let token = shutdown.clone();
+            background.spawn(async move {
+                if let Err(e) = dispatcher.run(token).await {
+                    tracing::error!(error = %e, "dispatcher stopped");
+                }
+            });
+        } else {
+            tracing::info!("dispatcher disabled (OUTBOX_DISPATCHER_ENABLED=false)");
+        }
+        background.spawn(run_retention(
+            pool.clone(),
+            config.retention,
+            config.retention_every,
+            shutdown.clone(),
+        ));
+    }
+    let workers = {
+        let (redis, namespace, settings, token) = (
+            redis.clone(),
+            namespace.clone(),
+            config.worker.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move { group.run(redis, &namespace, &settings, token).await })
+    };
+
+    let stopped_by = tokio::select! {
+        signal = shutdown_signal() => signal,
+        () = shutdown.cancelled() => "a failing worker",
+    };
+    tracing::info!(
+        by = stopped_by,
+        grace_ms = config.shutdown_grace.as_millis() as u64,
+        "stopping: no new work; finishing what is in hand"
+    );
+    shutdown.cancel();
+    let drained = tokio::time::timeout(config.shutdown_grace, async {
+        let result = workers.await;
+        while background.join_next().await.is_some() {}
+        let _ = http.await;
+        result
+    })
+    .await;
+    match drained {
+        Ok(Ok(Ok(()))) => {
+            tracing::info!("worker stopped cleanly");
+            Ok(())
+        }
+        Ok(Ok(Err(e))) => Err(e.into()),
+        Ok(Err(e)) => Err(anyhow::anyhow!("queue workers panicked: {e}")),
+        Err(_) => {
+            tracing::warn!(
+                "grace period over; exiting with work unfinished (it will be redelivered)"
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn shutdown_signal() -> &'static str {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => "Ctrl-C",
+        () = terminate => "SIGTERM",
+    }
+}

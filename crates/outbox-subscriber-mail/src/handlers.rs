@@ -1,0 +1,344 @@
+//! The three mail handlers.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use lettre::message::{Mailbox, MultiPart, SinglePart, header::ContentType};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use outbox_idempotency::{Claim, IdempotencyStore, RedisIdempotencyStore};
+use outbox_model::PgPool;
+use outbox_model::schema::tenant_mail_settings;
+use outbox_queue::{OutboxJob, QueueNamespace, push_raw, queues};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use redis::aio::ConnectionManager;
+use serde_json::json;
+
+use crate::{EmailJob, MailError, Templates, email_task_id, render_request};
+
+async fn enqueue_email(
+    redis: &ConnectionManager,
+    namespace: &QueueNamespace,
+    mail: &EmailJob,
+) -> Result<(), JobError> {
+    let body = serde_json::to_vec(mail)
+        .map_err(|e| JobError::permanent(format!("cannot encode mail: {e}")))?;
+    let mut redis = redis.clone();
+    let report = push_raw(
+        &mut redis,
+        namespace,
+        queues::TOOLCTRL_EMAIL,
+        &[(email_task_id(mail.outbox_event_id), body)],
+    )
+    .await
+    .map_err(|e| JobError::retry(format!("cannot enqueue the mail: {e}")))?;
+    tracing::info!(to = ?mail.to, subject = %mail.subject, duplicate = report.duplicates > 0, "mail enqueued");
+    Ok(())
+}
+
+fn invalid(e: MailError) -> JobError {
+    JobError::permanent(e)
+}
+
+/// `outbox.mail`: validates and renders a `mail.*` event, then enqueues one
+/// `toolctrl.email` job (task id `email:<event id>`, so a redelivery adds none).
+#[derive(Clone)]
+pub struct MailRequestHandler {
+    templates: Templates,
+    redis: ConnectionManager,
+    namespace: QueueNamespace,
+}
+
+impl MailRequestHandler {
+    /// A handler rendering with `templates` and pushing into `namespace`.
+    #[must_use]
+    pub fn new(templates: Templates, redis: ConnectionManager, namespace: QueueNamespace) -> Self {
+        Self {
+            templates,
+            redis,
+            namespace,
+        }
+    }
+}
+
+impl JobHandler for MailRequestHandler {
+    type Job = OutboxJob;
+
+    fn queue(&self) -> &str {
+        queues::MAIL
+    }
+
+    async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let mail = render_request(
+            &self.templates,
+            job.outbox_event_id,
+            &job.tenant_id,
+            &job.payload,
+        )
+        .map_err(invalid)?;
+        enqueue_email(&self.redis, &self.namespace, &mail).await
+    }
+}
+
+/// `outbox.marketing`: a `marketing.lead.*` event becomes a mail to the
+/// tenant's sales inbox (`tenant_mail_settings.sales_inbox`), rendered with
+/// the `lead-notification` template from the lead's `name`, `email`,
+/// `company` and `message`.
+#[derive(Clone)]
+pub struct MarketingLeadHandler {
+    pool: PgPool,
+    templates: Templates,
+    redis: ConnectionManager,
+    namespace: QueueNamespace,
+}
+
+impl MarketingLeadHandler {
+    /// A handler reading tenant settings through `pool`.
+    #[must_use]
+    pub fn new(
+        pool: PgPool,
+        templates: Templates,
+        redis: ConnectionManager,
+        namespace: QueueNamespace,
+    ) -> Self {
+        Self {
+            pool,
+            templates,
+            redis,
+            namespace,
+        }
+    }
+}
+
+impl JobHandler for MarketingLeadHandler {
+    type Job = OutboxJob;
+
+    fn queue(&self) -> &str {
+        queues::MARKETING
+    }
+
+    async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let settings: Option<(String, Option<String>)> = {
+            let mut conn = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| JobError::retry(format!("database: {e}")))?;
+            tenant_mail_settings::table
+                .find(&job.tenant_id)
+                .select((
+                    tenant_mail_settings::sales_inbox,
+                    tenant_mail_settings::from_address,
+                ))
+                .first(&mut conn)
+                .await
+                .optional()
+                .map_err(|e| JobError::retry(format!("database: {e}")))?
+        };
+        let Some((sales_inbox, from)) = settings else {
+            return Err(JobError::permanent(format!(
+                "tenant {} has no sales inbox (tenant_mail_settings); the lead cannot be mailed",
+                job.tenant_id
+            )));
+        };
+        let lead = &job.payload;
+        let field = |name: &str| {
+            lead.get(name)
+                .and_then(|v| v.as_str())
+                .unwrap_or("-")
+                .to_owned()
+        };
+        let mut request = json!({
+            "to": sales_inbox,
+            "template": "lead-notification",
+            "vars": {
+                "name": field("name"),
+                "email": field("email"),
+                "company": field("company"),
+                "message": field("message"),
+            },
+        });
+        if let Some(from) = from {
+            request["from"] = json!(from);
+        }
+        if let Some(email) = lead.get("email").and_then(|v| v.as_str())
+            && email.parse::<lettre::Address>().is_ok()
+        {
+            request["replyTo"] = json!(email);
+        }
+        let mail = render_request(
+            &self.templates,
+            job.outbox_event_id,
+            &job.tenant_id,
+            &request,
+        )
+        .map_err(invalid)?;
+        enqueue_email(&self.redis, &self.namespace, &mail).await
+    }
+}
+
+/// SMTP settings of `toolctrl.email`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmtpSettings {
+    /// `smtp://host:port`, `smtps://…` or `smtp://…?tls=required`, with
+    /// optional `user:password@` (lettre's URL form).
+    pub url: String,
+    /// The sender when a mail names none.
+    pub default_from: String,
+    /// Per-command timeout.
+    pub timeout: Duration,
+    /// How long a send in progress holds its idempotency key.
+    pub lease: Duration,
+    /// How long a sent mail is remembered.
+    pub ttl: Duration,
+}
+
+impl SmtpSettings {
+    /// Defaults for `url`: sender `outbox@localhost`, 30 s timeout, 5 min lease, 24 h memory.
+    #[must_use]
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            default_from: "outbox@localhost".to_owned(),
+            timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(300),
+            ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// `toolctrl.email`: sends one rendered mail over SMTP, at most once per event.
+#[derive(Clone)]
+pub struct SmtpHandler {
+    transport: AsyncSmtpTransport<Tokio1Executor>,
+    settings: SmtpSettings,
+    store: RedisIdempotencyStore,
+}
+
+/// A configuration that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid SMTP_URL {url:?}: {reason}")]
+pub struct SmtpConfigError {
+    /// The URL.
+    pub url: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl SmtpHandler {
+    /// A handler sending through `settings.url`.
+    ///
+    /// # Errors
+    ///
+    /// [`SmtpConfigError`] when the URL or the default sender does not parse.
+    pub fn new(
+        settings: SmtpSettings,
+        store: RedisIdempotencyStore,
+    ) -> Result<Self, SmtpConfigError> {
+        let error = |reason: String| SmtpConfigError {
+            url: settings.url.clone(),
+            reason,
+        };
+        settings
+            .default_from
+            .parse::<Mailbox>()
+            .map_err(|e| error(format!("default sender {:?}: {e}", settings.default_from)))?;
+        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(&settings.url)
+            .map_err(|e| error(e.to_string()))?
+            .timeout(Some(settings.timeout))
+            .build();
+        Ok(Self {
+            transport,
+            settings,
+            store,
+        })
+    }
+
+    fn message(&self, mail: &EmailJob) -> Result<Message, JobError> {
+        let mailbox = |raw: &str| {
+            raw.parse::<Mailbox>()
+                .map_err(|e| JobError::permanent(format!("invalid address {raw:?}: {e}")))
+        };
+        let from = mail.from.as_deref().unwrap_or(&self.settings.default_from);
+        let mut builder = Message::builder()
+            .from(mailbox(from)?)
+            .subject(&mail.subject);
+        for to in &mail.to {
+            builder = builder.to(mailbox(to)?);
+        }
+        for cc in &mail.cc {
+            builder = builder.cc(mailbox(cc)?);
+        }
+        if let Some(reply_to) = &mail.reply_to {
+            builder = builder.reply_to(mailbox(reply_to)?);
+        }
+        let message = match (&mail.text, &mail.html) {
+            (Some(text), Some(html)) => builder.multipart(MultiPart::alternative_plain_html(
+                text.clone(),
+                html.clone(),
+            )),
+            (Some(text), None) => builder.singlepart(SinglePart::plain(text.clone())),
+            (None, Some(html)) => builder.singlepart(
+                SinglePart::builder()
+                    .header(ContentType::TEXT_HTML)
+                    .body(html.clone()),
+            ),
+            (None, None) => return Err(JobError::permanent("mail has no body")),
+        };
+        message.map_err(|e| JobError::permanent(format!("cannot build the mail: {e}")))
+    }
+}
+
+impl JobHandler for SmtpHandler {
+    type Job = EmailJob;
+
+    fn queue(&self) -> &str {
+        queues::TOOLCTRL_EMAIL
+    }
+
+    async fn handle(&self, mail: EmailJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let message = self.message(&mail)?;
+        let key = email_task_id(mail.outbox_event_id);
+        let token = match self
+            .store
+            .claim(&key, self.settings.lease)
+            .await
+            .map_err(|e| JobError::retry(format!("idempotency store: {e}")))?
+        {
+            Claim::Completed(_) => {
+                tracing::info!("mail was sent before; not sending again");
+                return Ok(());
+            }
+            Claim::InProgress => {
+                return Err(JobError::retry("the mail is being sent by another worker"));
+            }
+            Claim::Acquired(token) => token,
+        };
+        match self.transport.send(message).await {
+            Ok(response) => {
+                let recorded = json!({ "code": response.code().to_string() });
+                if let Err(e) = self
+                    .store
+                    .complete(&key, &token, &recorded, self.settings.ttl)
+                    .await
+                {
+                    tracing::warn!(error = %e, "mail sent but not recorded; a redelivery may send it again");
+                }
+                tracing::info!(to = ?mail.to, "mail sent");
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(release) = self.store.release(&key, &token).await {
+                    tracing::warn!(error = %release, "cannot release the send claim; it expires with its lease");
+                }
+                if e.is_permanent() {
+                    Err(JobError::permanent(format!(
+                        "SMTP server refused the mail: {e}"
+                    )))
+                } else {
+                    Err(JobError::retry(format!("SMTP failure: {e}")))
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! `outbox.webhook`: deliver each `webhook.*` event to every matching
+//! endpoint of its tenant.
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use outbox_idempotency::RedisIdempotencyStore;
+use outbox_model::PgPool;
+use outbox_model::schema::webhook_endpoint;
+use outbox_queue::{OutboxJob, queues};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Deliverer, Delivery, Once, OnceSettings, deliver_once};
+
+/// An endpoint as stored.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = webhook_endpoint)]
+#[diesel(check_for_backend(diesel::pg::Pg))]
+pub struct WebhookEndpoint {
+    /// Row id.
+    pub id: Uuid,
+    /// Where to POST.
+    pub url: String,
+    /// Signing secret.
+    pub secret: String,
+    /// Filter (see [`matches_filter`]).
+    pub event_types: Vec<String>,
+}
+
+/// True when `event_type` passes an endpoint's filter: an empty filter takes
+/// everything; an entry matches exactly, or as a prefix when it ends in `.`
+/// or `*` (`webhook.order.` and `webhook.order.*` both match
+/// `webhook.order.created`).
+#[must_use]
+pub fn matches_filter(filter: &[String], event_type: &str) -> bool {
+    filter.is_empty()
+        || filter.iter().any(|entry| {
+            if let Some(prefix) = entry.strip_suffix('*') {
+                event_type.starts_with(prefix)
+            } else if entry.ends_with('.') {
+                event_type.starts_with(entry.as_str())
+            } else {
+                entry == event_type
+            }
+        })
+}
+
+/// The JSON body receivers get (Standard Webhooks style).
+#[derive(Debug, Serialize)]
+pub struct WebhookBody<'a> {
+    /// The event type.
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    /// When the event was recorded.
+    pub timestamp: chrono::DateTime<chrono::Utc>,
+    /// The tenant.
+    pub tenant_id: &'a str,
+    /// The event payload.
+    pub data: &'a serde_json::Value,
+}
+
+/// The `outbox.webhook` handler.
+#[derive(Clone)]
+pub struct WebhookHandler {
+    pool: PgPool,
+    deliverer: Deliverer,
+    store: RedisIdempotencyStore,
+    once: OnceSettings,
+}
+
+impl WebhookHandler {
+    /// A handler reading endpoints through `pool` and remembering deliveries in `store`.
+    #[must_use]
+    pub fn new(
+        pool: PgPool,
+        deliverer: Deliverer,
+        store: RedisIdempotencyStore,
+        once: OnceSettings,
+    ) -> Self {
+        Self {
+            pool,
+            deliverer,
+            store,
+            once,
+        }
+    }
+}
+
+impl JobHandler for WebhookHandler {
+    type Job = OutboxJob;
+
+    fn queue(&self) -> &str {
+        queues::WEBHOOK
+    }
+
+    async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let endpoints: Vec<WebhookEndpoint> = {
+            let mut conn = self
+                .pool
+                .get()
+                .await
+                .map_err(|e| JobError::retry(format!("database: {e}")))?;
+            webhook_endpoint::table
+                .filter(webhook_endpoint::tenant_id.eq(&job.tenant_id))
+                .filter(webhook_endpoint::enabled.eq(true))
+                .order(webhook_endpoint::created_at)
+                .select(WebhookEndpoint::as_select())
+                .load(&mut conn)
+                .await
+                .map_err(|e| JobError::retry(format!("database: {e}")))?
+        };
+        let matching: Vec<&WebhookEndpoint> = endpoints
+            .iter()
+            .filter(|e| matches_filter(&e.event_types, &job.event_type))
+            .collect();
+        if matching.is_empty() {
+            tracing::info!("no webhook endpoint of the tenant matches; nothing to deliver");
+            return Ok(());
+        }
+        let body = WebhookBody {
+            kind: &job.event_type,
+            timestamp: job.created_at,
+            tenant_id: &job.tenant_id,
+            data: &job.payload,
+        };
+        let message_id = job.outbox_event_id.to_string();
+        let mut retry = Vec::new();
+        let mut permanent = Vec::new();
+        for endpoint in matching {
+            let key = format!("webhook:{}:{}", job.outbox_event_id, endpoint.id);
+            let outcome = deliver_once(&self.store, &key, self.once, async || {
+                self.deliverer
+                    .deliver(&endpoint.url, &endpoint.secret, &message_id, &body)
+                    .await
+            })
+            .await?;
+            match outcome {
+                Once::Delivered => {
+                    tracing::info!(endpoint_id = %endpoint.id, url = %endpoint.url, "webhook delivered")
+                }
+                Once::AlreadyDelivered => {
+                    tracing::info!(endpoint_id = %endpoint.id, "webhook was delivered before; not sent again");
+                }
+                Once::Failed(Delivery::Retry(reason)) => {
+                    retry.push(format!("{}: {reason}", endpoint.url))
+                }
+                Once::Failed(Delivery::Permanent(reason)) => {
+                    permanent.push(format!("{}: {reason}", endpoint.url))
+                }
+                Once::Failed(Delivery::Delivered { .. }) => {}
+            }
+        }
+        if !retry.is_empty() {
+            return Err(JobError::retry(retry.join("; ")));
+        }
+        if !permanent.is_empty() {
+            return Err(JobError::permanent(permanent.join("; ")));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_match_exactly_or_by_prefix() {
+        let f = |entries: &[&str]| entries.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert!(matches_filter(&[], "webhook.order.created"));
+        assert!(matches_filter(
+            &f(&["webhook.order.created"]),
+            "webhook.order.created"
+        ));
+        assert!(!matches_filter(
+            &f(&["webhook.order.created"]),
+            "webhook.order.paid"
+        ));
+        assert!(matches_filter(
+            &f(&["webhook.order."]),
+            "webhook.order.paid"
+        ));
+        assert!(matches_filter(
+            &f(&["webhook.order.*"]),
+            "webhook.order.paid"
+        ));
+        assert!(!matches_filter(
+            &f(&["webhook.user.*", "webhook.invoice."]),
+            "webhook.order.paid"
+        ));
+    }
+}

@@ -1,0 +1,331 @@
+//! The worker's configuration, read once from the environment.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use outbox_dispatch::{DispatcherConfig, RetentionConfig};
+use outbox_subscriber::WorkerSettings;
+
+/// The two deployable groups.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    /// Dispatcher, retention, outbox.workflow/audit/notification/plugin-hook, toolctrl.plugin-invoke.
+    General,
+    /// outbox.mail/webhook/marketing, toolctrl.email.
+    Mail,
+}
+
+impl Group {
+    /// The name used in `WORKER_QUEUE_GROUP`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::General => "general",
+            Self::Mail => "mail",
+        }
+    }
+}
+
+/// A variable that stops start-up; the message names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {variable}={value:?}: {problem}")]
+pub struct ConfigError {
+    /// The environment variable.
+    pub variable: &'static str,
+    /// Its value as found (empty when missing).
+    pub value: String,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// Everything a worker process needs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Which group this process runs.
+    pub group: Group,
+    /// `DATABASE_URL`.
+    pub database_url: String,
+    /// `REDIS_URL`.
+    pub redis_url: String,
+    /// `WORKER_HTTP_ADDR`.
+    pub http_addr: SocketAddr,
+    /// `OUTBOX_QUEUE_PREFIX`: a key prefix for every queue (empty in production).
+    pub queue_prefix: String,
+    /// `OUTBOX_DISPATCHER_ENABLED` (general group only).
+    pub dispatcher_enabled: bool,
+    /// The dispatcher's settings.
+    pub dispatcher: DispatcherConfig,
+    /// Retention of DONE rows.
+    pub retention: RetentionConfig,
+    /// `OUTBOX_DONE_RETENTION_INTERVAL_MS`: how often retention runs (daily).
+    pub retention_every: Duration,
+    /// Per-queue worker settings.
+    pub worker: WorkerSettings,
+    /// `DATABASE_POOL_SIZE`.
+    pub pool_size: u32,
+    /// `SMTP_URL` (mail group).
+    pub smtp_url: Option<String>,
+    /// `MAIL_FROM`: the default sender.
+    pub mail_from: String,
+    /// `WEBHOOK_TIMEOUT_MS`.
+    pub webhook_timeout: Duration,
+    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`.
+    pub webhook_allow_private: bool,
+    /// `WORKER_SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// `DELIVERY_LEASE_MS`: how long a delivery (webhook, plugin, mail) in
+    /// progress holds its idempotency key; a crashed worker's delivery is
+    /// retried after it. Keep it above the HTTP and SMTP timeouts.
+    pub delivery_lease: Duration,
+}
+
+/// Reads variables through `get` (the process environment in production).
+struct Env<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Env<'_> {
+    fn raw(&self, variable: &'static str) -> Option<String> {
+        (self.get)(variable).filter(|v| !v.trim().is_empty())
+    }
+
+    fn required(&self, variable: &'static str) -> Result<String, ConfigError> {
+        self.raw(variable).ok_or_else(|| ConfigError {
+            variable,
+            value: String::new(),
+            problem: "is required".into(),
+        })
+    }
+
+    fn number<T: std::str::FromStr + PartialOrd + Copy + std::fmt::Display>(
+        &self,
+        variable: &'static str,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, ConfigError> {
+        let Some(value) = self.raw(variable) else {
+            return Ok(default);
+        };
+        let parsed: T = value.trim().parse().map_err(|_| ConfigError {
+            variable,
+            value: value.clone(),
+            problem: "is not a whole number".into(),
+        })?;
+        if parsed < min || parsed > max {
+            return Err(ConfigError {
+                variable,
+                value,
+                problem: format!("must be between {min} and {max}"),
+            });
+        }
+        Ok(parsed)
+    }
+
+    fn millis(
+        &self,
+        variable: &'static str,
+        default: u64,
+        min: u64,
+    ) -> Result<Duration, ConfigError> {
+        self.number(variable, default, min, u64::MAX / 2)
+            .map(Duration::from_millis)
+    }
+
+    fn flag(&self, variable: &'static str, default: bool) -> Result<bool, ConfigError> {
+        let Some(value) = self.raw(variable) else {
+            return Ok(default);
+        };
+        match value.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(ConfigError {
+                variable,
+                value,
+                problem: "must be true or false".into(),
+            }),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// Reads the process environment for the binary of `group`.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`]: nothing starts half-configured.
+    pub fn from_env(group: Group) -> Result<Self, ConfigError> {
+        Self::from_lookup(group, &|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get`; see [`WorkerConfig::from_env`].
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`].
+    pub fn from_lookup(
+        binary_group: Group,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let env = Env { get };
+        let group = match env.raw("WORKER_QUEUE_GROUP") {
+            None => binary_group,
+            Some(value) => match value.trim() {
+                "general" => Group::General,
+                "mail" => Group::Mail,
+                _ => {
+                    return Err(ConfigError {
+                        variable: "WORKER_QUEUE_GROUP",
+                        value,
+                        problem: "must be general or mail".into(),
+                    });
+                }
+            },
+        };
+        if group != binary_group {
+            return Err(ConfigError {
+                variable: "WORKER_QUEUE_GROUP",
+                value: group.as_str().into(),
+                problem: format!("this binary runs the {} group", binary_group.as_str()),
+            });
+        }
+        let http_addr = match env.raw("WORKER_HTTP_ADDR") {
+            None => SocketAddr::from(([127, 0, 0, 1], 0)),
+            Some(value) => value.trim().parse().map_err(|_| ConfigError {
+                variable: "WORKER_HTTP_ADDR",
+                value: value.clone(),
+                problem: "must be host:port, like 127.0.0.1:9464".into(),
+            })?,
+        };
+        let dispatcher = DispatcherConfig {
+            interval: env.millis("OUTBOX_DISPATCH_INTERVAL_MS", 1000, 1)?,
+            batch_size: env.number("OUTBOX_DISPATCH_BATCH_SIZE", 100, 1, 10_000)?,
+            concurrency: env.number("OUTBOX_DISPATCH_CONCURRENCY", 10, 1, 1000)?,
+            max_retries: env.number("OUTBOX_MAX_RETRIES", 6, 0, 1000)?,
+            lock_timeout: env.millis("OUTBOX_LOCK_TIMEOUT_MS", 300_000, 1000)?,
+            ..DispatcherConfig::default()
+        };
+        let retention = RetentionConfig::new(
+            Duration::from_secs(
+                3600 * env.number("OUTBOX_DONE_RETENTION_HOURS", 720u64, 0, 1_000_000)?,
+            ),
+            // Out-of-range batch sizes are clamped, as the contract says; non-numbers are errors.
+            env.number("OUTBOX_DONE_RETENTION_BATCH_SIZE", 1000u32, 0, u32::MAX)?,
+        );
+        let worker = WorkerSettings {
+            concurrency: env.number("WORKER_CONCURRENCY", 10, 1, 1000)?,
+            retries: env.number("WORKER_RETRIES", 3, 0, 100)?,
+            heartbeat: env.millis("WORKER_HEARTBEAT_MS", 30_000, 100)?,
+            ..WorkerSettings::default()
+        };
+        let smtp_url = env.raw("SMTP_URL");
+        if group == Group::Mail && smtp_url.is_none() {
+            env.required("SMTP_URL")?;
+        }
+        Ok(Self {
+            group,
+            database_url: env.required("DATABASE_URL")?,
+            redis_url: env.required("REDIS_URL")?,
+            http_addr,
+            queue_prefix: env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default(),
+            dispatcher_enabled: env.flag("OUTBOX_DISPATCHER_ENABLED", false)?,
+            dispatcher,
+            retention,
+            retention_every: env.millis(
+                "OUTBOX_DONE_RETENTION_INTERVAL_MS",
+                24 * 3600 * 1000,
+                1000,
+            )?,
+            worker,
+            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
+            smtp_url,
+            mail_from: env
+                .raw("MAIL_FROM")
+                .unwrap_or_else(|| "outbox@localhost".into()),
+            webhook_timeout: env.millis("WEBHOOK_TIMEOUT_MS", 10_000, 100)?,
+            webhook_allow_private: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
+            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
+            delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn read(group: Group, vars: &[(&str, &str)]) -> Result<WorkerConfig, ConfigError> {
+        let mut map: HashMap<String, String> = [
+            ("DATABASE_URL", "postgres://x/y"),
+            ("REDIS_URL", "redis://x"),
+            ("SMTP_URL", "smtp://x:25"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        for (k, v) in vars {
+            map.insert((*k).to_owned(), (*v).to_owned());
+        }
+        WorkerConfig::from_lookup(group, &|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let config = read(Group::General, &[]).unwrap();
+        assert!(!config.dispatcher_enabled);
+        assert_eq!(config.dispatcher.batch_size, 100);
+        assert_eq!(config.dispatcher.concurrency, 10);
+        assert_eq!(config.dispatcher.max_retries, 6);
+        assert_eq!(
+            config.dispatcher.lock_timeout,
+            Duration::from_millis(300_000)
+        );
+        assert_eq!(config.dispatcher.interval, Duration::from_millis(1000));
+        assert_eq!(config.retention.retention, Duration::from_secs(720 * 3600));
+        assert_eq!(config.retention.batch_size, 1000);
+        assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_values_name_their_variable() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("OUTBOX_DISPATCH_BATCH_SIZE", "0", "between"),
+            ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
+            ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
+            ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
+            ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
+            ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
+            ("WORKER_HTTP_ADDR", "nine", "host:port"),
+            ("OUTBOX_DONE_RETENTION_BATCH_SIZE", "x", "whole number"),
+        ];
+        for (variable, value, problem) in cases {
+            let err = read(Group::General, &[(variable, value)]).unwrap_err();
+            assert_eq!(err.variable, *variable);
+            assert!(err.to_string().contains(problem), "{err}");
+        }
+        assert_eq!(
+            read(Group::General, &[("DATABASE_URL", "")])
+                .unwrap_err()
+                .variable,
+            "DATABASE_URL"
+        );
+    }
+
+    #[test]
+    fn retention_batch_is_clamped_and_mail_needs_smtp() {
+        let config = read(
+            Group::General,
+            &[("OUTBOX_DONE_RETENTION_BATCH_SIZE", "50000")],
+        )
+        .unwrap();
+        assert_eq!(config.retention.batch_size, 10_000);
+        let err = WorkerConfig::from_lookup(Group::Mail, &|name| match name {
+            "DATABASE_URL" => Some("postgres://x/y".into()),
+            "REDIS_URL" => Some("redis://x".into()),
+            _ => None,
+        })
+        .unwrap_err();
+        assert_eq!(err.variable, "SMTP_URL");
+    }
+}

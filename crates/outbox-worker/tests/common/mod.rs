@@ -1,0 +1,226 @@
+//! A running stack for end-to-end tests: a database, a Redis namespace, an
+//! SMTP sink, an HTTP sink, and the two worker binaries as real processes.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
+use outbox_queue::{QueueNamespace, QueueStats, RedisSettings};
+use outbox_test_support::{HttpSink, SmtpSink, TestDatabase, TestRedis};
+use uuid::Uuid;
+
+pub const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
+pub const MAIL: &str = env!("CARGO_BIN_EXE_worker-mail");
+
+pub fn free_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+pub struct Worker {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Worker {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit, failing after `limit`.
+    pub async fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "worker did not exit within {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Stack {
+    pub db: TestDatabase,
+    pub redis: TestRedis,
+    pub namespace: QueueNamespace,
+    pub smtp: SmtpSink,
+    pub http: HttpSink,
+}
+
+impl Stack {
+    pub async fn new() -> Self {
+        outbox_test_support::init_tracing();
+        let db = TestDatabase::new().await;
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        Self {
+            db,
+            redis,
+            namespace,
+            smtp: SmtpSink::start().await,
+            http: HttpSink::start().await,
+        }
+    }
+
+    /// The environment both binaries get.
+    pub fn env(&self) -> Vec<(String, String)> {
+        [
+            ("DATABASE_URL", self.db.url().to_owned()),
+            ("REDIS_URL", self.redis.url().to_owned()),
+            ("OUTBOX_QUEUE_PREFIX", self.namespace.prefix().to_owned()),
+            ("OUTBOX_DISPATCHER_ENABLED", "true".to_owned()),
+            ("OUTBOX_DISPATCH_INTERVAL_MS", "200".to_owned()),
+            ("SMTP_URL", self.smtp.url()),
+            ("MAIL_FROM", "outbox@example.test".to_owned()),
+            ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true".to_owned()),
+            ("WEBHOOK_TIMEOUT_MS", "2000".to_owned()),
+            ("DELIVERY_LEASE_MS", "3000".to_owned()),
+            ("WORKER_HEARTBEAT_MS", "500".to_owned()),
+            ("WORKER_RETRIES", "2".to_owned()),
+            ("DATABASE_POOL_SIZE", "3".to_owned()),
+            ("WORKER_SHUTDOWN_GRACE_MS", "10000".to_owned()),
+            (
+                "RUST_LOG",
+                "info,apalis=warn,apalis_core=warn,apalis_redis=warn".to_owned(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// Starts a binary with the stack's environment plus `extra`, and waits
+    /// until it is ready.
+    pub async fn start(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
+        let addr = free_addr();
+        let mut command = Command::new(binary);
+        command.envs(self.env()).env("WORKER_HTTP_ADDR", &addr);
+        for (k, v) in extra {
+            command.env(k, v);
+        }
+        let child = command
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut worker = Worker { child, addr };
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = client
+                .get(format!("http://{}/readyz", worker.addr))
+                .send()
+                .await
+                && response.status().is_success()
+            {
+                return worker;
+            }
+            if let Some(status) = worker.child.try_wait().unwrap() {
+                panic!("{binary} exited during start-up: {status}");
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{binary} not ready within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn publish(&self, event: NewOutboxEvent) -> Uuid {
+        let mut conn = self.db.conn().await;
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, event).await
+        })
+        .await
+        .unwrap()
+        .id()
+    }
+
+    pub async fn sql(&self, sql: &str) {
+        self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+
+    pub async fn stats(&self, queue: &str) -> QueueStats {
+        let mut conn = outbox_queue::connect(&RedisSettings::new(self.redis.url())).unwrap();
+        outbox_queue::queue_stats(&mut conn, &self.namespace, queue, Duration::from_secs(3600))
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `queue` has `done` finished jobs.
+    pub async fn wait_done(&self, queue: &str, done: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let stats = self.stats(queue).await;
+            if stats.done >= done {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue}: {stats:?}, waiting for {done} done"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until `queue` has `dead` dead jobs.
+    pub async fn wait_dead(&self, queue: &str, dead: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let stats = self.stats(queue).await;
+            if stats.dead >= dead {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{queue}: {stats:?}, waiting for {dead} dead"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the SQL count query returns `n`.
+    pub async fn wait_count(&self, sql: &str, n: i64) {
+        use diesel_async::RunQueryDsl;
+        let mut conn = self.db.conn().await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let count: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
+                .get_result(&mut conn)
+                .await
+                .unwrap();
+            if count == n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{sql}: {count}, waiting for {n}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
