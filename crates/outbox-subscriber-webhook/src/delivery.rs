@@ -139,7 +139,10 @@ impl Deliverer {
         let parsed = match url::Url::parse(url) {
             Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => parsed,
             Ok(parsed) => {
-                return Delivery::Permanent(format!("unsupported URL scheme {:?}", parsed.scheme()));
+                return Delivery::Permanent(format!(
+                    "unsupported URL scheme {:?}",
+                    parsed.scheme()
+                ));
             }
             Err(e) => return Delivery::Permanent(format!("invalid URL {url:?}: {e}")),
         };
