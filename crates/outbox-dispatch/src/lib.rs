@@ -43,6 +43,7 @@ mod error;
 mod listener;
 mod retention;
 mod router;
+pub mod stats;
 
 pub use config::{ConfigError, DEFAULT_BACKOFF, DispatcherConfig, RetentionConfig};
 pub use dispatcher::{Dispatcher, TickReport};

@@ -64,6 +64,21 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// History of operator requeues (outbox requeue): when, why, and what the row was before.
+    outbox_event_requeue (id) {
+        id -> Uuid,
+        outbox_event_id -> Uuid,
+        requeued_at -> Timestamptz,
+        reason -> Text,
+        requested_by -> Nullable<Text>,
+        previous_status -> Text,
+        previous_retries -> Int4,
+        previous_last_error -> Nullable<Text>,
+        replay -> Bool,
+    }
+}
+
+diesel::table! {
     /// Plugins subscribed to a hook; each gets a signed invocation per plugin.hook.<hook> event.
     plugin_hook_subscription (id) {
         id -> Uuid,
@@ -101,10 +116,13 @@ diesel::table! {
     }
 }
 
+diesel::joinable!(outbox_event_requeue -> outbox_event (outbox_event_id));
+
 diesel::allow_tables_to_appear_in_same_query!(
     audit_log,
     notification,
     outbox_event,
+    outbox_event_requeue,
     plugin_hook_subscription,
     tenant_mail_settings,
     webhook_endpoint,

@@ -1,0 +1,589 @@
+//! `outbox`: the operator CLI of the transactional outbox.
+//!
+//! `outbox migrate | stats | health | list | show ID | requeue`. Every
+//! command prints a table, or JSON with `--json`. Exit codes: 0 fine; 1 an
+//! alert fired or nothing matched; 2 a usage, configuration or connection
+//! error. The runbook in `docs/operations.md` says when to run what.
+
+mod filters;
+mod requeue;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_dispatch::Router;
+use outbox_model::schema::{outbox_event, outbox_event_requeue};
+use outbox_model::{OutboxEvent, OutboxStatus};
+use outbox_queue::{QueueNamespace, QueueStats, RedisSettings, queues};
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::filters::Filters;
+
+/// Operate the transactional outbox.
+#[derive(Parser)]
+#[command(
+    name = "outbox",
+    version,
+    about,
+    after_help = "Exit codes: 0 fine, 1 alert or nothing matched, 2 usage or connection error."
+)]
+struct Cli {
+    /// Postgres URL.
+    #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
+    database_url: Option<String>,
+    /// Redis URL (health, requeue --replay).
+    #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
+    redis_url: Option<String>,
+    /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
+    #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "")]
+    queue_prefix: String,
+    /// Machine-readable output.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply pending migrations.
+    Migrate,
+    /// Counts by status and queue, oldest due pending age, the pending alert.
+    Stats,
+    /// Backlog, due, running, done, dead and stalled workers of every queue.
+    Health(HealthArgs),
+    /// List outbox rows.
+    List(Filters),
+    /// One row with its payload and requeue history.
+    Show {
+        /// The event id.
+        id: Uuid,
+    },
+    /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING.
+    Requeue(RequeueArgs),
+}
+
+#[derive(Args)]
+struct HealthArgs {
+    /// Alert when a queue's backlog exceeds this.
+    #[arg(long, default_value_t = 1000)]
+    max_backlog: u64,
+    /// Alert when a queue has more dead jobs than this.
+    #[arg(long, default_value_t = 0)]
+    max_dead: u64,
+    /// A worker whose heartbeat is older than this many seconds is stalled.
+    #[arg(long, default_value_t = 120)]
+    stall_after_secs: u64,
+}
+
+#[derive(Args)]
+struct RequeueArgs {
+    /// One event id (instead of filters).
+    id: Option<Uuid>,
+    #[command(flatten)]
+    filters: Filters,
+    /// Also requeue DONE rows: their side effects run again.
+    #[arg(long)]
+    replay: bool,
+    /// Show what would change; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Confirm a bulk requeue above --confirm-above rows.
+    #[arg(long)]
+    yes: bool,
+    /// Bulk requeues of more rows than this need --yes.
+    #[arg(long, default_value_t = 100)]
+    confirm_above: usize,
+    /// Why (kept in the history).
+    #[arg(long, default_value = "requeued by operator")]
+    reason: String,
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: u8,
+    error: anyhow::Error,
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self {
+            code: 2,
+            error: error.into(),
+        }
+    }
+}
+
+type Outcome = std::result::Result<u8, Failure>;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("outbox: cannot start: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(Failure { code, error }) => {
+            eprintln!("outbox: error: {error:#}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+fn database_url(cli: &Cli) -> Result<&str> {
+    cli.database_url
+        .as_deref()
+        .context("no database: set DATABASE_URL or pass --database-url")
+}
+
+async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
+    let url = database_url(cli)?;
+    AsyncPgConnection::establish(url)
+        .await
+        .context("cannot connect to Postgres")
+}
+
+fn redis(cli: &Cli) -> Result<redis::aio::ConnectionManager> {
+    let url = cli
+        .redis_url
+        .as_deref()
+        .context("no Redis: set REDIS_URL or pass --redis-url")?;
+    Ok(outbox_queue::connect(&RedisSettings::new(url))?)
+}
+
+fn print_json(value: &impl Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Outcome {
+    match &cli.command {
+        Command::Migrate => migrate(&cli).await,
+        Command::Stats => stats(&cli).await,
+        Command::Health(args) => health(&cli, args).await,
+        Command::List(filters) => list(&cli, filters).await,
+        Command::Show { id } => show(&cli, *id).await,
+        Command::Requeue(args) => requeue_cmd(&cli, args).await,
+    }
+}
+
+async fn migrate(cli: &Cli) -> Outcome {
+    let applied = outbox_model::run_migrations(database_url(cli)?)
+        .await
+        .context("migration failed")?;
+    if cli.json {
+        print_json(&json!({ "applied": applied }))?;
+    } else if applied.is_empty() {
+        println!("schema is up to date");
+    } else {
+        println!(
+            "applied {} migration(s): {}",
+            applied.len(),
+            applied.join(", ")
+        );
+    }
+    Ok(0)
+}
+
+async fn stats(cli: &Cli) -> Outcome {
+    let mut conn = connect(cli).await?;
+    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &Router::standard()).await?;
+    if cli.json {
+        print_json(&stats)?;
+    } else {
+        println!("{:<12} {:>10}", "STATUS", "ROWS");
+        for (status, n) in &stats.by_status {
+            println!("{status:<12} {n:>10}");
+        }
+        println!();
+        println!(
+            "{:<32} {:>9} {:>10} {:>9} {:>9} {:>9}",
+            "QUEUE", "PENDING", "PROCESSING", "DONE", "FAILED", "CANCELLED"
+        );
+        for (queue, counts) in &stats.by_queue {
+            let n = |s: OutboxStatus| counts.get(s.as_str()).copied().unwrap_or(0);
+            println!(
+                "{queue:<32} {:>9} {:>10} {:>9} {:>9} {:>9}",
+                n(OutboxStatus::Pending),
+                n(OutboxStatus::Processing),
+                n(OutboxStatus::Done),
+                n(OutboxStatus::Failed),
+                n(OutboxStatus::Cancelled)
+            );
+        }
+        println!();
+        let age = stats
+            .pending
+            .oldest_due_age_secs
+            .map_or("-".to_owned(), |s| format!("{s:.0}s"));
+        println!(
+            "due pending: {} (over 60 s: {}), oldest due: {age}",
+            stats.pending.due, stats.pending.overdue
+        );
+        if stats.pending_alert {
+            println!(
+                "ALERT: {} rows PENDING and due for over 60 s (> {}): the dispatcher is behind or down",
+                stats.pending.overdue,
+                outbox_dispatch::stats::PENDING_ALERT_THRESHOLD
+            );
+        }
+    }
+    Ok(u8::from(stats.pending_alert))
+}
+
+#[derive(Serialize)]
+struct QueueHealth {
+    queue: String,
+    #[serde(flatten)]
+    stats: QueueStats,
+    alerts: Vec<String>,
+}
+
+async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
+    let mut redis = redis(cli)?;
+    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let router = Router::standard();
+    let mut names: Vec<&str> = router.queues();
+    names.extend(queues::DOWNSTREAM_QUEUES);
+    let mut report = Vec::new();
+    for queue in names {
+        let stats = outbox_queue::queue_stats(
+            &mut redis,
+            &namespace,
+            queue,
+            Duration::from_secs(args.stall_after_secs),
+        )
+        .await
+        .with_context(|| format!("cannot read queue {queue} from Redis"))?;
+        let mut alerts = Vec::new();
+        if stats.dead > args.max_dead {
+            alerts.push(format!("{} dead job(s)", stats.dead));
+        }
+        if stats.stalled_workers > 0 {
+            alerts.push(format!("{} stalled worker(s)", stats.stalled_workers));
+        }
+        if stats.backlog > args.max_backlog {
+            alerts.push(format!("backlog {} > {}", stats.backlog, args.max_backlog));
+        }
+        report.push(QueueHealth {
+            queue: queue.to_owned(),
+            stats,
+            alerts,
+        });
+    }
+    let alert = report.iter().any(|q| !q.alerts.is_empty());
+    if cli.json {
+        print_json(&json!({ "alert": alert, "queues": report }))?;
+    } else {
+        println!(
+            "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
+            "QUEUE", "BACKLOG", "DUE", "RUNNING", "DONE", "DEAD", "WORKERS", "STALLED"
+        );
+        for q in &report {
+            let s = q.stats;
+            println!(
+                "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  {}",
+                q.queue,
+                s.backlog,
+                s.due,
+                s.running,
+                s.done,
+                s.dead,
+                s.workers,
+                s.stalled_workers,
+                if q.alerts.is_empty() {
+                    "-".to_owned()
+                } else {
+                    q.alerts.join(", ")
+                }
+            );
+        }
+    }
+    Ok(u8::from(alert))
+}
+
+#[derive(Serialize)]
+struct ListRow<'a> {
+    id: Uuid,
+    tenant_id: &'a str,
+    event_type: &'a str,
+    status: OutboxStatus,
+    retries: i32,
+    created_at: chrono::DateTime<chrono::Utc>,
+    scheduled_at: chrono::DateTime<chrono::Utc>,
+    target_queue: Option<&'a str>,
+    last_error: Option<&'a str>,
+}
+
+async fn list(cli: &Cli, filters: &Filters) -> Outcome {
+    let mut conn = connect(cli).await?;
+    let rows: Vec<OutboxEvent> = filters
+        .query()
+        .select(OutboxEvent::as_select())
+        .load(&mut conn)
+        .await?;
+    let view: Vec<ListRow> = rows
+        .iter()
+        .map(|r| ListRow {
+            id: r.id,
+            tenant_id: &r.tenant_id,
+            event_type: &r.event_type,
+            status: r.status,
+            retries: r.retries,
+            created_at: r.created_at,
+            scheduled_at: r.scheduled_at,
+            target_queue: r.target_queue.as_deref(),
+            last_error: r.last_error.as_deref(),
+        })
+        .collect();
+    if cli.json {
+        print_json(&view)?;
+    } else {
+        println!(
+            "{:<36}  {:<10}  {:<12}  {:<32}  {:>7}  {:<20}  QUEUE / LAST ERROR",
+            "ID", "STATUS", "TENANT", "EVENT TYPE", "RETRIES", "CREATED"
+        );
+        for r in &view {
+            println!(
+                "{:<36}  {:<10}  {:<12}  {:<32}  {:>7}  {:<20}  {}",
+                r.id,
+                r.status,
+                r.tenant_id,
+                r.event_type,
+                r.retries,
+                r.created_at.format("%Y-%m-%d %H:%M:%S"),
+                r.last_error.or(r.target_queue).unwrap_or("-")
+            );
+        }
+        println!("{} row(s)", view.len());
+    }
+    Ok(u8::from(view.is_empty()))
+}
+
+#[derive(Serialize, Queryable)]
+struct History {
+    requeued_at: chrono::DateTime<chrono::Utc>,
+    reason: String,
+    requested_by: Option<String>,
+    previous_status: String,
+    previous_retries: i32,
+    previous_last_error: Option<String>,
+    replay: bool,
+}
+
+async fn show(cli: &Cli, id: Uuid) -> Outcome {
+    let mut conn = connect(cli).await?;
+    let Some(row) = outbox_event::table
+        .find(id)
+        .select(OutboxEvent::as_select())
+        .first(&mut conn)
+        .await
+        .optional()?
+    else {
+        if cli.json {
+            print_json(&json!({ "error": "not found", "id": id }))?;
+        } else {
+            println!("no outbox event {id}");
+        }
+        return Ok(1);
+    };
+    let history: Vec<History> = outbox_event_requeue::table
+        .filter(outbox_event_requeue::outbox_event_id.eq(id))
+        .order(outbox_event_requeue::requeued_at)
+        .select((
+            outbox_event_requeue::requeued_at,
+            outbox_event_requeue::reason,
+            outbox_event_requeue::requested_by,
+            outbox_event_requeue::previous_status,
+            outbox_event_requeue::previous_retries,
+            outbox_event_requeue::previous_last_error,
+            outbox_event_requeue::replay,
+        ))
+        .load(&mut conn)
+        .await?;
+    if cli.json {
+        print_json(&json!({ "event": row, "history": history }))?;
+        return Ok(0);
+    }
+    let time =
+        |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
+    println!("id            {}", row.id);
+    println!("tenant        {}", row.tenant_id);
+    println!("event type    {}", row.event_type);
+    println!("status        {}", row.status);
+    println!("retries       {}", row.retries);
+    println!("created       {}", row.created_at.to_rfc3339());
+    println!("scheduled     {}", row.scheduled_at.to_rfc3339());
+    println!("locked until  {}", time(row.locked_until));
+    println!("processed     {}", time(row.processed_at));
+    println!(
+        "target queue  {}",
+        row.target_queue.as_deref().unwrap_or("-")
+    );
+    println!(
+        "dispatch key  {}",
+        row.dispatch_key.as_deref().unwrap_or("-")
+    );
+    println!("last error    {}", row.last_error.as_deref().unwrap_or("-"));
+    println!("payload\n{}", serde_json::to_string_pretty(&row.payload)?);
+    if history.is_empty() {
+        println!("history       (never requeued)");
+    } else {
+        println!("history");
+        for h in &history {
+            println!(
+                "  {}  requeued from {} (retries {}, last error: {}){}: {}",
+                h.requeued_at.to_rfc3339(),
+                h.previous_status,
+                h.previous_retries,
+                h.previous_last_error.as_deref().unwrap_or("-"),
+                if h.replay { " as a replay" } else { "" },
+                h.reason
+            );
+        }
+    }
+    Ok(0)
+}
+
+async fn requeue_cmd(cli: &Cli, args: &RequeueArgs) -> Outcome {
+    if args.id.is_some() && !args.filters.is_empty() {
+        return Err(Failure::from(anyhow::anyhow!(
+            "give either an id or filters, not both"
+        )));
+    }
+    let mut filters = args.filters.clone();
+    if args.id.is_none() && filters.statuses.is_empty() {
+        // Without --status, a bulk requeue means the dead letters.
+        filters.statuses = vec![OutboxStatus::Failed];
+    }
+    let mut conn = connect(cli).await?;
+    let rows: Vec<OutboxEvent> = match args.id {
+        Some(id) => {
+            outbox_event::table
+                .find(id)
+                .select(OutboxEvent::as_select())
+                .load(&mut conn)
+                .await?
+        }
+        None => {
+            filters
+                .query()
+                .select(OutboxEvent::as_select())
+                .load(&mut conn)
+                .await?
+        }
+    };
+    let plan = requeue::plan(rows, args.replay);
+    let replays = plan.requeue.iter().filter(|r| r.replay).count();
+    if !args.dry_run && args.id.is_none() && plan.requeue.len() > args.confirm_above && !args.yes {
+        return Err(Failure::from(anyhow::anyhow!(
+            "refusing to requeue {} rows without --yes (more than --confirm-above {}); run with --dry-run to see them",
+            plan.requeue.len(),
+            args.confirm_above
+        )));
+    }
+    let mut requeued: Vec<Uuid> = Vec::new();
+    let mut cleared = 0;
+    if !args.dry_run && !plan.requeue.is_empty() {
+        let requested_by = std::env::var("USER").ok();
+        let done = requeue::execute(
+            &mut conn,
+            &plan,
+            &args.reason,
+            requested_by.as_deref(),
+            args.replay,
+        )
+        .await?;
+        let replayed: Vec<(Uuid, String)> = done
+            .iter()
+            .filter(|(_, _, replay)| *replay)
+            .filter_map(|(id, q, _)| Some((*id, q.clone()?)))
+            .collect();
+        if !replayed.is_empty() {
+            let mut redis =
+                redis(cli).context("a replay clears the finished jobs of the previous hand-off")?;
+            cleared = requeue::clear_finished_jobs(
+                &mut redis,
+                &QueueNamespace::prefixed(cli.queue_prefix.clone()),
+                &replayed,
+            )
+            .await?;
+        }
+        requeued = done.into_iter().map(|(id, _, _)| id).collect();
+    }
+    let warning = (replays > 0).then(|| {
+        format!(
+            "{replays} DONE row(s) replayed: their side effects (mails, webhooks, …) may run again"
+        )
+    });
+    if cli.json {
+        print_json(&json!({
+            "dry_run": args.dry_run,
+            "would_requeue": plan.requeue,
+            "refused": plan.refused,
+            "requeued": requeued,
+            "cleared_old_jobs": cleared,
+            "warning": warning,
+        }))?;
+    } else {
+        let verb = if args.dry_run {
+            "would requeue"
+        } else {
+            "requeue"
+        };
+        for r in &plan.requeue {
+            println!(
+                "{verb} {}  {:<32}  {} → PENDING (retries {} → 0, last error cleared: {})",
+                r.id,
+                r.event_type,
+                r.status,
+                r.retries,
+                r.last_error.as_deref().unwrap_or("-")
+            );
+        }
+        for r in &plan.refused {
+            println!(
+                "refused {}  {:<32}  {}",
+                r.id,
+                r.event_type,
+                r.refused.as_deref().unwrap_or("")
+            );
+        }
+        if let Some(warning) = &warning {
+            println!("WARNING: {warning}");
+        }
+        if args.dry_run {
+            println!(
+                "dry run: {} row(s) would be requeued, {} refused; nothing changed",
+                plan.requeue.len(),
+                plan.refused.len()
+            );
+        } else {
+            println!(
+                "requeued {} row(s), refused {}",
+                requeued.len(),
+                plan.refused.len()
+            );
+        }
+    }
+    let matched = if args.dry_run {
+        plan.requeue.len()
+    } else {
+        requeued.len()
+    };
+    Ok(u8::from(matched == 0))
+}

@@ -1,0 +1,637 @@
+//! The real `outbox` binary against real Postgres and Redis.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_model::schema::{outbox_event, outbox_event_requeue};
+use outbox_model::{OutboxEvent, OutboxStatus};
+use outbox_queue::{QueueNamespace, RedisSettings, push_raw, queues};
+use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
+use outbox_test_support::{TestDatabase, TestRedis};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))
+    }
+}
+
+struct Env {
+    db: TestDatabase,
+    redis: TestRedis,
+    namespace: QueueNamespace,
+}
+
+impl Env {
+    async fn new() -> Self {
+        let db = TestDatabase::new().await;
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        Self {
+            db,
+            redis,
+            namespace,
+        }
+    }
+
+    fn outbox(&self, args: &[&str]) -> Run {
+        let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(args)
+            .env("DATABASE_URL", self.db.url())
+            .env("REDIS_URL", self.redis.url())
+            .env("OUTBOX_QUEUE_PREFIX", self.namespace.prefix())
+            .env_remove("USER")
+            .output()
+            .unwrap();
+        Run {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    async fn sql(&self, sql: &str) {
+        self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+
+    async fn rows(&self) -> Vec<OutboxEvent> {
+        let mut conn = self.db.conn().await;
+        outbox_event::table
+            .order(outbox_event::created_at)
+            .select(OutboxEvent::as_select())
+            .load(&mut conn)
+            .await
+            .unwrap()
+    }
+
+    async fn insert(
+        &self,
+        tenant: &str,
+        event_type: &str,
+        status: &str,
+        last_error: Option<&str>,
+    ) -> Uuid {
+        let mut conn = self.db.conn().await;
+        let lease = if status == "PROCESSING" {
+            "now() + interval '5 minutes'"
+        } else {
+            "NULL"
+        };
+        let processed = if status == "DONE" { "now()" } else { "NULL" };
+        diesel::sql_query(format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, locked_until, processed_at)
+             VALUES ($1, $2, '{{\"n\": 1}}', $3, $4, $5, {lease}, {processed}) RETURNING id"
+        ))
+        .bind::<diesel::sql_types::Text, _>(tenant)
+        .bind::<diesel::sql_types::Text, _>(event_type)
+        .bind::<diesel::sql_types::Text, _>(status)
+        .bind::<diesel::sql_types::Integer, _>(if status == "FAILED" { 7 } else { 0 })
+        .bind::<diesel::sql_types::Nullable<diesel::sql_types::Text>, _>(last_error)
+        .get_result::<IdRow>(&mut conn)
+        .await
+        .unwrap()
+        .id
+    }
+
+    fn dispatcher(&self) -> Dispatcher {
+        let redis = outbox_queue::connect(&RedisSettings::new(self.redis.url())).unwrap();
+        let config = DispatcherConfig {
+            listen: false,
+            ..DispatcherConfig::default()
+        };
+        Dispatcher::new(
+            self.db.pool().clone(),
+            self.db.url(),
+            redis,
+            self.namespace.clone(),
+            Router::standard(),
+            config,
+        )
+        .unwrap()
+    }
+
+    async fn task_ids(&self, queue: &str) -> Vec<String> {
+        let mut conn = self.redis.conn().await;
+        let mut ids: Vec<String> = redis::cmd("HKEYS")
+            .arg(format!("{}:data", self.namespace.queue(queue)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        ids.sort();
+        ids
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    id: Uuid,
+}
+
+#[tokio::test]
+async fn requeue_of_one_failed_row_delivers_it_once() {
+    let env = Env::new().await;
+    let id = env
+        .insert(
+            "acme",
+            "audit.user.login",
+            "FAILED",
+            Some("hand-off to outbox.audit failed: timeout"),
+        )
+        .await;
+
+    let run = env.outbox(&["requeue", &id.to_string(), "--reason", "Redis is back"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("requeued 1 row(s)"), "{}", run.stdout);
+    let row = env.rows().await.remove(0);
+    assert_eq!(row.status, OutboxStatus::Pending);
+    assert_eq!(
+        (
+            row.retries,
+            row.last_error,
+            row.locked_until,
+            row.processed_at
+        ),
+        (0, None, None, None)
+    );
+
+    let report = env.dispatcher().tick().await.unwrap();
+    assert_eq!(report.dispatched, 1);
+    assert_eq!(env.rows().await[0].status, OutboxStatus::Done);
+    assert_eq!(
+        env.task_ids(queues::AUDIT).await,
+        vec![format!("outbox:{id}")]
+    );
+
+    let show = env.outbox(&["show", &id.to_string(), "--json"]).json();
+    assert_eq!(show["history"][0]["reason"], "Redis is back");
+    assert_eq!(show["history"][0]["previous_status"], "FAILED");
+    assert_eq!(show["history"][0]["previous_retries"], 7);
+    assert_eq!(
+        show["history"][0]["previous_last_error"],
+        "hand-off to outbox.audit failed: timeout"
+    );
+}
+
+#[tokio::test]
+async fn filtered_bulk_requeue_dry_run_changes_nothing_and_the_real_run_changes_exactly_those_rows()
+{
+    let env = Env::new().await;
+    let mut selected = Vec::new();
+    for i in 0..3 {
+        selected.push(
+            env.insert(
+                "acme",
+                "webhook.order.created",
+                "FAILED",
+                Some(&format!("peer answered 50{i}")),
+            )
+            .await,
+        );
+    }
+    selected.push(
+        env.insert("acme", "webhook.order.paid", "CANCELLED", None)
+            .await,
+    );
+    env.insert(
+        "globex",
+        "webhook.order.created",
+        "FAILED",
+        Some("other tenant"),
+    )
+    .await;
+    env.insert("acme", "audit.user.login", "FAILED", Some("other type"))
+        .await;
+    env.insert("acme", "webhook.order.created", "DONE", None)
+        .await;
+    let filters = [
+        "requeue",
+        "--status",
+        "failed",
+        "--status",
+        "cancelled",
+        "--type-prefix",
+        "webhook.order.",
+        "--tenant",
+        "acme",
+    ];
+    let before = env.rows().await;
+
+    let mut dry = filters.to_vec();
+    dry.extend(["--dry-run", "--json"]);
+    let run = env.outbox(&dry);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let plan = run.json();
+    let mut listed: Vec<String> = plan["would_requeue"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    let mut expected: Vec<String> = selected.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+    assert_eq!(plan["requeued"].as_array().unwrap().len(), 0);
+    assert_eq!(env.rows().await, before, "a dry run changes nothing");
+    let table = env.outbox(&[&filters[..], &["--dry-run"]].concat());
+    assert!(
+        table.stdout.contains("dry run: 4 row(s) would be requeued"),
+        "{}",
+        table.stdout
+    );
+
+    let mut real = filters.to_vec();
+    real.extend(["--reason", "webhook receiver fixed"]);
+    let run = env.outbox(&real);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let after = env.rows().await;
+    for (old, new) in before.iter().zip(&after) {
+        if selected.contains(&old.id) {
+            assert_eq!(new.status, OutboxStatus::Pending, "{}", old.event_type);
+            assert_eq!((new.retries, &new.last_error), (0, &None));
+        } else {
+            assert_eq!(old, new, "rows outside the filter are untouched");
+        }
+    }
+    let mut conn = env.db.conn().await;
+    let history: Vec<(Uuid, String, Option<String>, String)> = outbox_event_requeue::table
+        .select((
+            outbox_event_requeue::outbox_event_id,
+            outbox_event_requeue::previous_status,
+            outbox_event_requeue::previous_last_error,
+            outbox_event_requeue::reason,
+        ))
+        .load(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(history.len(), 4);
+    for (id, status, error, reason) in history {
+        assert!(selected.contains(&id));
+        assert_eq!(reason, "webhook receiver fixed");
+        let old = before.iter().find(|r| r.id == id).unwrap();
+        assert_eq!(status, old.status.as_str());
+        assert_eq!(error, old.last_error);
+    }
+}
+
+#[tokio::test]
+async fn pending_processing_and_done_rows_are_refused_with_the_reason() {
+    let env = Env::new().await;
+    let pending = env
+        .insert("acme", "mail.user.welcome", "PENDING", None)
+        .await;
+    let processing = env
+        .insert("acme", "mail.user.welcome", "PROCESSING", None)
+        .await;
+    let done = env.insert("acme", "mail.user.welcome", "DONE", None).await;
+    let before = env.rows().await;
+
+    for (id, reason) in [
+        (pending, "already PENDING"),
+        (processing, "PROCESSING"),
+        (done, "--replay"),
+    ] {
+        let run = env.outbox(&["requeue", &id.to_string()]);
+        assert_eq!(run.code, 1, "{}", run.stdout);
+        assert!(
+            run.stdout.contains("refused") && run.stdout.contains(reason),
+            "{}",
+            run.stdout
+        );
+    }
+    assert_eq!(env.rows().await, before);
+}
+
+#[tokio::test]
+async fn replaying_a_done_row_warns_and_makes_a_new_job() {
+    let env = Env::new().await;
+    let id = env
+        .insert("acme", "audit.user.login", "PENDING", None)
+        .await;
+    env.dispatcher().tick().await.unwrap();
+    // The job ran: apalis moves a finished task to the done set.
+    let mut redis = env.redis.conn().await;
+    let task = format!("outbox:{id}");
+    let q = env.namespace.queue(queues::AUDIT);
+    let _: () = redis::pipe()
+        .zrem(format!("{q}:scheduled"), &task)
+        .sadd(format!("{q}:done"), &task)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let run = env.outbox(&["requeue", &id.to_string(), "--replay", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let out = run.json();
+    assert!(out["warning"].as_str().unwrap().contains("may run again"));
+    assert_eq!(out["cleared_old_jobs"], 1);
+    assert_eq!(env.rows().await[0].status, OutboxStatus::Pending);
+
+    assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
+    let scheduled: Vec<String> = redis::cmd("ZRANGE")
+        .arg(format!("{q}:scheduled"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(scheduled, vec![task], "a new job waits for the subscriber");
+}
+
+#[tokio::test]
+async fn json_output_parses_and_matches_the_table_output() {
+    let env = Env::new().await;
+    env.insert("acme", "mail.user.welcome", "FAILED", Some("x"))
+        .await;
+    env.insert("acme", "webhook.order.created", "DONE", None)
+        .await;
+    env.insert("globex", "legacy.report.generated", "PENDING", None)
+        .await;
+
+    let json = env.outbox(&["list", "--json"]).json();
+    let table = env.outbox(&["list"]).stdout;
+    let rows = json.as_array().unwrap();
+    assert_eq!(rows.len(), 3);
+    for row in rows {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(row["id"].as_str().unwrap()))
+            .unwrap();
+        assert!(line.contains(row["status"].as_str().unwrap()), "{line}");
+        assert!(line.contains(row["event_type"].as_str().unwrap()), "{line}");
+        assert!(line.contains(row["tenant_id"].as_str().unwrap()), "{line}");
+    }
+
+    let stats = env.outbox(&["stats", "--json"]);
+    assert_eq!(stats.code, 0);
+    let stats = stats.json();
+    let table = env.outbox(&["stats"]).stdout;
+    for (status, n) in stats["by_status"].as_object().unwrap() {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>()
+                    == [status.as_str(), &n.to_string()]),
+            "{status}: {table}"
+        );
+    }
+    assert_eq!(stats["by_queue"]["outbox.mail"]["FAILED"], 1);
+    assert_eq!(stats["by_queue"]["(unrouted)"]["PENDING"], 1);
+    assert_eq!(stats["pending"]["due"], 1);
+    assert_eq!(stats["pending_alert"], false);
+}
+
+struct Doomed;
+
+impl JobHandler for Doomed {
+    type Job = Value;
+
+    fn queue(&self) -> &str {
+        queues::AUDIT
+    }
+
+    async fn handle(&self, _job: Value, _meta: &JobMeta) -> Result<(), JobError> {
+        Err(JobError::permanent("the audit store refuses this entry"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_exits_1_when_a_queue_has_dead_jobs_or_a_stalled_worker() {
+    let env = Env::new().await;
+    let healthy = env.outbox(&["health", "--json"]);
+    assert_eq!(healthy.code, 0, "{}{}", healthy.stdout, healthy.stderr);
+    assert_eq!(healthy.json()["alert"], false);
+
+    // A worker that dead-letters a job, then dies without deregistering.
+    let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
+    let mut push = conn.clone();
+    push_raw(
+        &mut push,
+        &env.namespace,
+        queues::AUDIT,
+        &[("job-1".into(), b"{}".to_vec())],
+    )
+    .await
+    .unwrap();
+    let group = HandlerGroup::new().with(Doomed).unwrap();
+    let settings = WorkerSettings {
+        heartbeat: Duration::from_millis(200),
+        ..WorkerSettings::default()
+    };
+    let (namespace, shutdown) = (env.namespace.clone(), CancellationToken::new());
+    let worker =
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await });
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let report = loop {
+        let run = env.outbox(&["health", "--json", "--stall-after-secs", "3600"]);
+        if run.code == 1 {
+            break run.json();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no dead job: {}",
+            run.stdout
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let audit = report["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "outbox.audit")
+        .unwrap();
+    assert_eq!(audit["dead"], 1);
+    assert!(audit["alerts"][0].as_str().unwrap().contains("dead"));
+    let table = env.outbox(&["health", "--stall-after-secs", "3600"]);
+    assert_eq!(table.code, 1);
+    assert!(
+        table
+            .stdout
+            .lines()
+            .any(|l| l.starts_with("outbox.audit") && l.contains("1 dead job(s)")),
+        "{}",
+        table.stdout
+    );
+
+    worker.abort(); // a crash: no deregistration, heartbeats stop
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let run = env.outbox(&[
+            "health",
+            "--json",
+            "--max-dead",
+            "5",
+            "--stall-after-secs",
+            "1",
+        ]);
+        let json = run.json();
+        let audit = json["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["queue"] == "outbox.audit")
+            .unwrap()
+            .clone();
+        if audit["stalled_workers"] == 1 {
+            assert_eq!(run.code, 1);
+            assert!(audit["alerts"][0].as_str().unwrap().contains("stalled"));
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker never stalled: {json}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn bad_flags_and_missing_configuration_exit_2_with_a_clear_message() {
+    let env = Env::new().await;
+    let run = env.outbox(&["list", "--limit", "lots"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("invalid value 'lots'") && run.stderr.contains("--limit"),
+        "{}",
+        run.stderr
+    );
+    let run = env.outbox(&["list", "--status", "lost"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("unknown outbox status"),
+        "{}",
+        run.stderr
+    );
+    let run = env.outbox(&["frobnicate"]);
+    assert_eq!(run.code, 2);
+    let run = env.outbox(&["list", "--created-after", "last tuesday"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("RFC 3339"), "{}", run.stderr);
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("stats")
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("DATABASE_URL"));
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .arg("stats")
+        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot connect to Postgres"));
+}
+
+#[tokio::test]
+async fn filter_values_full_of_quotes_and_semicolons_are_harmless() {
+    let env = Env::new().await;
+    let odd = env
+        .insert(
+            "o'brien; DROP TABLE x; --",
+            "audit.user.login",
+            "FAILED",
+            Some("x"),
+        )
+        .await;
+    env.insert("acme", "audit.user.login", "FAILED", Some("y"))
+        .await;
+    for hostile in [
+        "x'; DROP TABLE outbox_event; --",
+        "\"; DELETE FROM outbox_event; --",
+        "%' OR '1'='1",
+    ] {
+        for args in [
+            ["list", "--tenant", hostile],
+            ["list", "--type-prefix", hostile],
+        ] {
+            let run = env.outbox(&args);
+            assert_eq!(
+                run.code, 1,
+                "nothing matches {hostile:?}: {}{}",
+                run.stdout, run.stderr
+            );
+        }
+        let run = env.outbox(&["requeue", "--tenant", hostile]);
+        assert_eq!(run.code, 1);
+    }
+    assert_eq!(env.rows().await.len(), 2, "the table is intact");
+    let run = env.outbox(&["list", "--tenant", "o'brien; DROP TABLE x; --", "--json"]);
+    assert_eq!(run.code, 0);
+    assert_eq!(run.json()[0]["id"], odd.to_string());
+    let wildcard = env.outbox(&["list", "--type-prefix", "%"]);
+    assert_eq!(
+        wildcard.code, 1,
+        "a % in a prefix is a literal, not a wildcard"
+    );
+}
+
+#[tokio::test]
+async fn migrate_reports_an_up_to_date_schema_and_show_prints_the_payload() {
+    let env = Env::new().await;
+    let run = env.outbox(&["migrate"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("up to date"));
+    env.sql("INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES ('acme', 'mail.user.welcome', '{\"to\": \"ada@example.com\"}')").await;
+    let id = env.rows().await[0].id;
+    let run = env.outbox(&["show", &id.to_string()]);
+    assert_eq!(run.code, 0);
+    assert!(
+        run.stdout.contains("\"to\": \"ada@example.com\""),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("never requeued"));
+    let missing = env.outbox(&["show", &Uuid::nil().to_string()]);
+    assert_eq!(missing.code, 1);
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
+    let env = Env::new().await;
+    for _ in 0..3 {
+        env.insert("acme", "audit.user.login", "FAILED", Some("x"))
+            .await;
+    }
+    let run = env.outbox(&["requeue", "--status", "failed", "--confirm-above", "2"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("without --yes"), "{}", run.stderr);
+    assert!(
+        env.rows()
+            .await
+            .iter()
+            .all(|r| r.status == OutboxStatus::Failed),
+        "nothing changed"
+    );
+    let run = env.outbox(&[
+        "requeue",
+        "--status",
+        "failed",
+        "--confirm-above",
+        "2",
+        "--yes",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        env.rows()
+            .await
+            .iter()
+            .all(|r| r.status == OutboxStatus::Pending)
+    );
+}
