@@ -77,6 +77,9 @@ pub struct WorkerConfig {
     /// progress holds its idempotency key; a crashed worker's delivery is
     /// retried after it. Keep it above the HTTP and SMTP timeouts.
     pub delivery_lease: Duration,
+    /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
+    /// outbox and the queues are refreshed.
+    pub gauge_interval: Duration,
 }
 
 /// Reads variables through `get` (the process environment in production).
@@ -246,6 +249,7 @@ impl WorkerConfig {
             webhook_allow_private: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
             shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
+            gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
         })
     }
 }

@@ -7,6 +7,7 @@
 //! stops taking work, finishes what is in hand and exits 0.
 
 mod config;
+mod gauges;
 mod http;
 
 use std::process::ExitCode;
@@ -29,6 +30,7 @@ use outbox_subscriber_webhook::{
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, Group, WorkerConfig};
+pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
 
 /// The entry point of both binaries: configuration, runtime, exit code.
@@ -216,6 +218,34 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
             shutdown.clone(),
         ));
     }
+    let gauge_queues: Vec<String> = match config.group {
+        Group::General => {
+            let mut all: Vec<String> = Router::standard()
+                .queues()
+                .into_iter()
+                .map(str::to_owned)
+                .collect();
+            all.extend(
+                outbox_queue::queues::DOWNSTREAM_QUEUES
+                    .iter()
+                    .map(|q| (*q).to_owned()),
+            );
+            all
+        }
+        Group::Mail => group.queues().into_iter().map(str::to_owned).collect(),
+    };
+    background.spawn(refresh_gauges(
+        pool.clone(),
+        redis.clone(),
+        namespace.clone(),
+        GaugeSettings {
+            queues: gauge_queues,
+            outbox_table: config.group == Group::General,
+            every: config.gauge_interval,
+            stall_after: config.worker.heartbeat * 4,
+        },
+        shutdown.clone(),
+    ));
     let workers = {
         let (redis, namespace, settings, token) = (
             redis.clone(),

@@ -102,6 +102,7 @@ impl Stack {
             ("WORKER_RETRIES", "2".to_owned()),
             ("DATABASE_POOL_SIZE", "3".to_owned()),
             ("WORKER_SHUTDOWN_GRACE_MS", "10000".to_owned()),
+            ("WORKER_GAUGE_INTERVAL_MS", "200".to_owned()),
             (
                 "RUST_LOG",
                 "info,apalis=warn,apalis_core=warn,apalis_redis=warn".to_owned(),
@@ -169,6 +170,27 @@ impl Stack {
         outbox_queue::queue_stats(&mut conn, &self.namespace, queue, Duration::from_secs(3600))
             .await
             .unwrap()
+    }
+
+    /// Waits until the worker's /metrics has a line starting with `line`.
+    pub async fn wait_metric(&self, worker: &Worker, line: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let body = reqwest::get(format!("http://{}/metrics", worker.addr))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            if body.lines().any(|l| l.starts_with(line)) {
+                return body;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no metric {line:?} in:\n{body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits until `queue` has `done` finished jobs.
