@@ -74,7 +74,7 @@ CREATE TABLE plugin_hook_subscription (
     CONSTRAINT plugin_hook_subscription_secret_check CHECK (secret <> '')
 );
 CREATE INDEX plugin_hook_subscription_hook_idx ON plugin_hook_subscription (tenant_id, hook) WHERE enabled;
-COMMENT ON TABLE plugin_hook_subscription IS 'Plugins subscribed to a hook; each gets a signed invocation per plugin.hook.<hook> event.';
+COMMENT ON TABLE plugin_hook_subscription IS 'Plugins subscribed to a hook; each gets a signed invocation per `plugin.hook.<hook>` event.';
 
 -- Per-tenant mail settings (marketing leads go to the sales inbox).
 CREATE TABLE tenant_mail_settings (

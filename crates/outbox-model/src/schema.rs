@@ -79,7 +79,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// Plugins subscribed to a hook; each gets a signed invocation per plugin.hook.<hook> event.
+    /// Plugins subscribed to a hook; each gets a signed invocation per `plugin.hook.<hook>` event.
     plugin_hook_subscription (id) {
         id -> Uuid,
         tenant_id -> Text,
