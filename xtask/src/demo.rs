@@ -18,7 +18,7 @@ use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
 };
 use outbox_queue::{QueueNamespace, RedisSettings};
-use outbox_test_support::with_database;
+use outbox_test_support::{HttpSink, SmtpSink, with_database};
 use serde_json::json;
 
 use crate::services;
@@ -27,6 +27,14 @@ const DEMO_DB: &str = "outbox_demo";
 
 /// Runs the demo.
 pub async fn run() -> Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,apalis=error,apalis_core=error")
+            }),
+        )
+        .with_target(false)
+        .try_init();
     let found = services::ensure().await?;
     let admin_url = with_database(&found.database_url, "postgres");
     let mut admin = AsyncPgConnection::establish(&admin_url)
@@ -58,6 +66,23 @@ pub async fn run() -> Result<()> {
     )
     .await?;
 
+    // Real peers for the subscribers: an SMTP server and an HTTP server.
+    let smtp = SmtpSink::start().await;
+    let http = HttpSink::start().await;
+    conn.batch_execute(&format!(
+        "INSERT INTO webhook_endpoint (tenant_id, url, secret, event_types)
+             VALUES ('acme', '{}', 'whsec_ZGVtby1zZWNyZXQ=', '{{webhook.order.*}}');
+         INSERT INTO plugin_hook_subscription (tenant_id, plugin, hook, endpoint, secret)
+             VALUES ('acme', 'slack', 'workflow.executed', '{}', 'plugin-secret');
+         INSERT INTO tenant_mail_settings (tenant_id, sales_inbox) VALUES ('acme', 'sales@acme.test')",
+        http.url_for("/acme/webhooks"),
+        http.url_for("/plugins/slack"),
+    ))
+    .await?;
+    println!(
+        "tenant acme: a webhook endpoint, a Slack plugin on workflow.executed, sales inbox sales@acme.test"
+    );
+
     println!("\n-- business transactions --");
     place_order(&mut conn, "acme", "ada@example.com", 4_200).await?;
     place_order(&mut conn, "globex", "grace@example.com", 1_999).await?;
@@ -66,14 +91,58 @@ pub async fn run() -> Result<()> {
     rolled_back_order(&mut conn).await?;
     reindex_catalog(&mut conn).await?;
     plain_sql_producer(&mut conn).await?;
+    lead_and_hook(&mut conn).await?;
 
     print_rows(&mut conn, "after publishing").await?;
     dispatch(&url, &found.redis_url).await?;
     print_rows(&mut conn, "after dispatching").await?;
     println!(
-        "\nDONE means handed to the queue; subscribers (worker-general, worker-mail) do the work.\n\
-         The review reminders stay PENDING until tomorrow; legacy.report.generated has no route \
-         and is FAILED for an operator to look at."
+        "\nDONE means handed to the queue. The review reminders stay PENDING until tomorrow; \
+         legacy.report.generated has no route and is FAILED for an operator to look at."
+    );
+    crate::demo_subscribers::run(&url, &found.redis_url, DEMO_NAMESPACE, &smtp, &http).await?;
+    print_effects(&mut conn).await
+}
+
+/// A marketing lead and a plugin hook, both for acme.
+async fn lead_and_hook(conn: &mut AsyncPgConnection) -> Result<()> {
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        publish_outbox_events(
+            &mut tx,
+            vec![
+                NewOutboxEvent::new(
+                    "acme",
+                    "marketing.lead.created",
+                    json!({ "name": "Linus", "email": "linus@example.com", "company": "Initech", "message": "Call me" }),
+                ),
+                NewOutboxEvent::new(
+                    "acme",
+                    "plugin.hook.workflow.executed",
+                    json!({ "workflowId": "wf-7", "status": "success" }),
+                ),
+            ],
+        )
+        .await
+    })
+    .await?;
+    println!("published a marketing lead and a plugin hook for acme");
+    Ok(())
+}
+
+/// What the subscribers did, as rows in the database.
+async fn print_effects(conn: &mut AsyncPgConnection) -> Result<()> {
+    let audit: i64 = diesel::dsl::sql::<BigInt>("SELECT count(*) FROM audit_log")
+        .get_result(conn)
+        .await?;
+    let notifications: Vec<String> =
+        diesel::dsl::sql::<Text>("SELECT title FROM notification ORDER BY created_at")
+            .load(conn)
+            .await?;
+    println!("audit_log: {audit} row(s); notifications: {notifications:?}");
+    println!(
+        "\nThat is the whole path: business transaction → outbox row → dispatcher → Redis queue → \
+         subscriber → SMTP / HTTP / rows, each at most once."
     );
     Ok(())
 }

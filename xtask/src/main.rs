@@ -10,6 +10,7 @@
 
 mod cmd;
 mod demo;
+mod demo_subscribers;
 mod schema;
 mod services;
 mod test;

@@ -14,7 +14,7 @@ pub use envelope::{OutboxJob, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats};
 pub use redis_queue::{
     PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect, push_jobs,
-    push_raw, storage,
+    push_raw, storage, wake_channel,
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;

@@ -200,8 +200,25 @@ pub async fn push_raw(
         .collect();
     let (enqueued, scheduled) = apalis_redis::queries::push_tasks(conn, &config, &tasks).await?;
     let new = (enqueued + scheduled) as usize;
+    if new > 0 {
+        // Wake idle workers of this queue now rather than at their next poll.
+        if let Err(e) = redis::cmd("PUBLISH")
+            .arg(wake_channel(namespace, queue))
+            .arg(new)
+            .query_async::<i64>(conn)
+            .await
+        {
+            tracing::warn!(queue, error = %e, "jobs pushed, but the wake-up was not published");
+        }
+    }
     Ok(PushReport {
         new,
         duplicates: jobs.len().saturating_sub(new),
     })
+}
+
+/// The pub/sub channel that wakes the workers of `queue` after a push.
+#[must_use]
+pub fn wake_channel(namespace: &QueueNamespace, queue: &str) -> String {
+    format!("{}:wake", namespace.queue(queue))
 }

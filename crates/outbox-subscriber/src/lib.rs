@@ -16,7 +16,9 @@
 mod body;
 mod handler;
 mod runner;
+mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};
+pub use wake::{WakeStream, listen_for_wakeups};

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use apalis::layers::WorkerBuilderExt;
 use apalis::layers::retry::RetryPolicy;
+use apalis_core::backend::ext::poll_strategy::{PollWith, StreamStrategy};
 use apalis_core::error::{AbortError, BoxDynError};
 use apalis_core::task::attempt::Attempt;
 use apalis_core::task::data::Data;
@@ -37,6 +38,9 @@ pub struct WorkerSettings {
     pub missed_heartbeats: usize,
     /// Jobs fetched per poll.
     pub fetch_batch: usize,
+    /// How often an idle worker looks for due jobs (retries rescheduled by
+    /// the queue, and pushes whose wake-up was missed).
+    pub poll_interval: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -49,6 +53,7 @@ impl Default for WorkerSettings {
             heartbeat: Duration::from_secs(30),
             missed_heartbeats: 4,
             fetch_batch: 10,
+            poll_interval: Duration::from_secs(1),
         }
     }
 }
@@ -119,14 +124,37 @@ impl HandlerGroup {
         settings: &WorkerSettings,
         shutdown: CancellationToken,
     ) -> Result<(), SubscriberError> {
+        self.run_with_wakeups(conn, None, namespace, settings, shutdown)
+            .await
+    }
+
+    /// Like [`HandlerGroup::run`]; with `wake` (a client of the same Redis)
+    /// idle workers are woken by pub/sub as soon as jobs are pushed instead
+    /// of at their next poll.
+    ///
+    /// # Errors
+    ///
+    /// The first worker that failed.
+    pub async fn run_with_wakeups(
+        &self,
+        conn: ConnectionManager,
+        wake: Option<redis::Client>,
+        namespace: &QueueNamespace,
+        settings: &WorkerSettings,
+        shutdown: CancellationToken,
+    ) -> Result<(), SubscriberError> {
         let mut tasks = tokio::task::JoinSet::new();
+        let mut senders = std::collections::HashMap::new();
         for handler in &self.handlers {
             let queue = handler.queue().to_owned();
+            let (sender, wakeups) = tokio::sync::mpsc::channel(1);
+            senders.insert(outbox_queue::wake_channel(namespace, &queue), sender);
             let run = run_queue(
                 handler.clone(),
                 conn.clone(),
                 namespace.clone(),
                 settings.clone(),
+                crate::WakeStream::new(settings.poll_interval, wakeups),
                 shutdown.clone(),
             );
             tasks.spawn(async move {
@@ -134,6 +162,9 @@ impl HandlerGroup {
                     .map_err(|source| SubscriberError::Worker { queue, source })
             });
         }
+        let listener = wake.map(|client| {
+            tokio::spawn(crate::listen_for_wakeups(client, senders, shutdown.clone()))
+        });
         let mut first_error = None;
         while let Some(joined) = tasks.join_next().await {
             match joined {
@@ -145,6 +176,9 @@ impl HandlerGroup {
                 }
                 Err(e) => tracing::error!(error = %e, "queue worker task panicked"),
             }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -250,6 +284,7 @@ async fn run_queue(
     conn: ConnectionManager,
     namespace: QueueNamespace,
     settings: WorkerSettings,
+    wakeups: crate::WakeStream,
     shutdown: CancellationToken,
 ) -> Result<(), apalis_core::error::WorkerError> {
     let queue = handler.queue().to_owned();
@@ -257,7 +292,10 @@ async fn run_queue(
         .heartbeat_interval(settings.heartbeat)
         .missed_heartbeats(settings.missed_heartbeats)
         .batch_size(settings.fetch_batch.max(1));
-    let backend = crate::LenientRedis::new(conn, config);
+    let backend = PollWith::new(
+        crate::LenientRedis::new(conn, config),
+        StreamStrategy::new(wakeups),
+    );
     let backoff = ExponentialBackoffMaker::new(
         settings.min_backoff,
         settings.max_backoff,
@@ -273,8 +311,8 @@ async fn run_queue(
     tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, "consuming queue");
     let worker = WorkerBuilder::new(name)
         .backend(backend)
-        .retry(policy)
         .concurrency(settings.concurrency.max(1))
+        .retry(policy)
         .data(SharedHandler(handler))
         .build(run_job);
     worker

@@ -78,6 +78,7 @@ async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
         heartbeat: Duration::from_secs(1),
         missed_heartbeats: 3,
         fetch_batch: 10,
+        poll_interval: Duration::from_millis(100),
     };
     let shutdown = CancellationToken::new();
     let runner = {
@@ -190,4 +191,83 @@ async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
     shutdown.cancel();
     let stopped = tokio::time::timeout(Duration::from_secs(30), runner).await;
     assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+}
+
+#[tokio::test]
+async fn a_push_wakes_an_idle_worker_long_before_its_next_poll() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let recorder = Recorder::default();
+    let group = HandlerGroup::new().with(recorder.clone()).unwrap();
+    // Polling and heartbeats are an hour apart: only the wake-up can deliver in time.
+    let settings = WorkerSettings {
+        poll_interval: Duration::from_secs(3600),
+        heartbeat: Duration::from_secs(3600),
+        ..WorkerSettings::default()
+    };
+    let shutdown = CancellationToken::new();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let runner = {
+        let (group, conn, namespace, shutdown) = (
+            group.clone(),
+            conn.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move {
+            group
+                .run_with_wakeups(conn, Some(client), &namespace, &settings, shutdown)
+                .await
+        })
+    };
+    // Let the worker start, find nothing, and go idle.
+    let mut probe = conn.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while outbox_queue::queue_stats(&mut probe, &namespace, "test.jobs", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .workers
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "worker never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let channel = outbox_queue::wake_channel(&namespace, "test.jobs");
+    loop {
+        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut probe)
+            .await
+            .unwrap();
+        if subscribers > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nobody subscribed to {channel}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let body = serde_json::to_vec(&serde_json::json!({ "name": "woken", "mode": "ok" })).unwrap();
+    push_raw(
+        &mut probe,
+        &namespace,
+        "test.jobs",
+        &[("test:woken".into(), body)],
+    )
+    .await
+    .unwrap();
+    wait_until("the woken job", || {
+        recorder.done.lock().unwrap().contains(&"woken".to_owned())
+    })
+    .await;
+
+    shutdown.cancel();
+    runner.await.unwrap().unwrap();
 }

@@ -219,6 +219,7 @@ impl WorkerConfig {
             concurrency: env.number("WORKER_CONCURRENCY", 10, 1, 1000)?,
             retries: env.number("WORKER_RETRIES", 3, 0, 100)?,
             heartbeat: env.millis("WORKER_HEARTBEAT_MS", 30_000, 100)?,
+            poll_interval: env.millis("WORKER_POLL_INTERVAL_MS", 1000, 10)?,
             ..WorkerSettings::default()
         };
         let smtp_url = env.raw("SMTP_URL");

@@ -253,7 +253,12 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
             config.worker.clone(),
             shutdown.clone(),
         );
-        tokio::spawn(async move { group.run(redis, &namespace, &settings, token).await })
+        let wake = redis::Client::open(config.redis_url.as_str()).context("invalid REDIS_URL")?;
+        tokio::spawn(async move {
+            group
+                .run_with_wakeups(redis, Some(wake), &namespace, &settings, token)
+                .await
+        })
     };
 
     let stopped_by = tokio::select! {
