@@ -149,17 +149,17 @@ impl HandlerGroup {
             let queue = handler.queue().to_owned();
             let (sender, wakeups) = tokio::sync::mpsc::channel(1);
             senders.insert(outbox_queue::wake_channel(namespace, &queue), sender);
-            let run = run_queue(
+            let wakeups = std::sync::Arc::new(std::sync::Mutex::new(wakeups));
+            let (handler, conn, namespace, settings, shutdown) = (
                 handler.clone(),
                 conn.clone(),
                 namespace.clone(),
                 settings.clone(),
-                crate::WakeStream::new(settings.poll_interval, wakeups),
                 shutdown.clone(),
             );
             tasks.spawn(async move {
-                run.await
-                    .map_err(|source| SubscriberError::Worker { queue, source })
+                supervise(queue, handler, conn, namespace, settings, wakeups, shutdown).await;
+                Ok::<(), SubscriberError>(())
             });
         }
         let listener = wake.map(|client| {
@@ -189,6 +189,57 @@ impl std::fmt::Debug for HandlerGroup {
         f.debug_struct("HandlerGroup")
             .field("queues", &self.queues())
             .finish()
+    }
+}
+
+/// Runs a queue worker until `shutdown`, restarting it (under a new name,
+/// with backoff from 1 s to 30 s) whenever it stops on its own: apalis ends a
+/// worker on a backend error, such as Redis going away, and the process
+/// must outlive that.
+async fn supervise(
+    queue: String,
+    handler: Arc<dyn DynHandler>,
+    conn: ConnectionManager,
+    namespace: QueueNamespace,
+    settings: WorkerSettings,
+    wakeups: Arc<std::sync::Mutex<tokio::sync::mpsc::Receiver<()>>>,
+    shutdown: CancellationToken,
+) {
+    let queue = queue.as_str();
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let result = run_queue(
+            handler.clone(),
+            conn.clone(),
+            namespace.clone(),
+            settings.clone(),
+            crate::WakeStream::new(settings.poll_interval, wakeups.clone()),
+            shutdown.clone(),
+        )
+        .await;
+        if shutdown.is_cancelled() {
+            if let Err(e) = result {
+                tracing::warn!(queue, error = %e, "queue worker stopped with an error during shutdown");
+            }
+            return;
+        }
+        match result {
+            Ok(()) => tracing::warn!(
+                queue,
+                retry_in_s = delay.as_secs(),
+                "queue worker stopped; restarting"
+            ),
+            Err(e) => {
+                tracing::error!(queue, error = %e, retry_in_s = delay.as_secs(), "queue worker failed; restarting")
+            }
+        }
+        metrics::counter!("outbox_subscriber_worker_restarts_total", "queue" => queue.to_owned())
+            .increment(1);
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
     }
 }
 

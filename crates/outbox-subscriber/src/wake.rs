@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,16 +19,18 @@ use tokio_util::sync::CancellationToken;
 
 /// Yields whenever the worker should look for jobs: every poll interval, and
 /// on every wake-up message.
+/// The wake-up receiver is shared so that a restarted worker keeps
+/// receiving the same queue's wake-ups.
 #[derive(Debug)]
 pub struct WakeStream {
     interval: tokio::time::Interval,
-    wakeups: mpsc::Receiver<()>,
+    wakeups: Arc<Mutex<mpsc::Receiver<()>>>,
 }
 
 impl WakeStream {
     /// A stream ticking every `every` and on each message of `wakeups`.
     #[must_use]
-    pub fn new(every: Duration, wakeups: mpsc::Receiver<()>) -> Self {
+    pub fn new(every: Duration, wakeups: Arc<Mutex<mpsc::Receiver<()>>>) -> Self {
         let mut interval = tokio::time::interval(every.max(Duration::from_millis(10)));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Self { interval, wakeups }
@@ -41,7 +44,8 @@ impl Stream for WakeStream {
         if self.interval.poll_tick(cx).is_ready() {
             return Poll::Ready(Some(()));
         }
-        match self.wakeups.poll_recv(cx) {
+        let mut wakeups = self.wakeups.lock().unwrap_or_else(PoisonError::into_inner);
+        match wakeups.poll_recv(cx) {
             Poll::Ready(Some(())) => Poll::Ready(Some(())),
             // No more wake-ups (listener gone): the interval keeps us going.
             Poll::Ready(None) | Poll::Pending => Poll::Pending,

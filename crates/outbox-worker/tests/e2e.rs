@@ -410,3 +410,150 @@ async fn a_bad_batch_size_stops_start_up_with_a_clear_message() {
         assert!(stderr.contains(value), "{stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_back() {
+    let stack = Stack::new().await;
+    let mut redis = outbox_test_support::RedisProcess::start().await;
+    let redis_url = redis.url();
+    let general = stack.start(GENERAL, &[("REDIS_URL", &redis_url)]).await;
+    let readyz = async || {
+        let response = reqwest::get(format!("http://{}/readyz", general.addr))
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    };
+    assert_eq!(readyz().await.0, 200);
+
+    redis.stop();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, body) = readyz().await;
+        if status == 503 {
+            assert!(body.contains("\"postgres\":\"ok\""), "{body}");
+            assert!(!body.contains("\"redis\":\"ok\""), "{body}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz stayed {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Events published during the outage wait in Postgres.
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "actor": "during-outage" }),
+        ))
+        .await;
+
+    redis.restart().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while readyz().await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "readyz never recovered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "actor": "after-outage" }),
+        ))
+        .await;
+    // The dispatcher retries the first hand-off after its backoff; make it due now.
+    stack
+        .sql("UPDATE outbox_event SET scheduled_at = now() WHERE status = 'PENDING'")
+        .await;
+    stack.wait_count("SELECT count(*) FROM audit_log", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_marketing_lead_is_mailed_to_the_sales_inbox_and_a_tenant_without_one_is_dead_lettered() {
+    let stack = Stack::new().await;
+    stack.sql("INSERT INTO tenant_mail_settings (tenant_id, sales_inbox) VALUES ('acme', 'sales@acme.test')").await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let lead = json!({ "name": "Linus", "email": "linus@example.com", "company": "Initech", "message": "Call me" });
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "marketing.lead.created",
+            lead.clone(),
+        ))
+        .await;
+    stack
+        .publish(NewOutboxEvent::new(
+            "globex",
+            "marketing.lead.created",
+            lead,
+        ))
+        .await;
+
+    let mails = stack.smtp.wait_for_messages(1, WAIT).await;
+    assert_eq!(mails[0].to, vec!["sales@acme.test"]);
+    assert_eq!(
+        mails[0].header("subject").as_deref(),
+        Some("New lead: Linus")
+    );
+    assert_eq!(
+        mails[0].header("reply-to").as_deref(),
+        Some("linus@example.com")
+    );
+    assert!(
+        mails[0].body().contains("Company: Initech"),
+        "{}",
+        mails[0].data
+    );
+    stack.wait_dead(queues::MARKETING, 1).await;
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let dead = outbox_queue::dead_jobs(&mut redis, &stack.namespace, queues::MARKETING, 10)
+        .await
+        .unwrap();
+    assert!(
+        dead[0]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("no sales inbox"),
+        "{dead:?}"
+    );
+    assert_eq!(stack.smtp.messages().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_server_refusing_the_recipient_dead_letters_the_mail_with_its_reason() {
+    let stack = Stack::new().await;
+    let refusing = outbox_test_support::SmtpSink::start_failing(550).await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let _mail = stack.start(MAIL, &[("SMTP_URL", &refusing.url())]).await;
+
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "mail.user.welcome",
+            json!({ "to": "nobody@example.com", "subject": "Hi", "text": "Hello" }),
+        ))
+        .await;
+    stack.wait_dead(queues::TOOLCTRL_EMAIL, 1).await;
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let dead = outbox_queue::dead_jobs(&mut redis, &stack.namespace, queues::TOOLCTRL_EMAIL, 10)
+        .await
+        .unwrap();
+    let reason = dead[0].reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("refused") && reason.contains("550"),
+        "{reason}"
+    );
+    assert_eq!(
+        dead[0].attempts.as_deref(),
+        Some("1"),
+        "a permanent refusal is not retried"
+    );
+    assert!(refusing.messages().is_empty());
+}

@@ -103,6 +103,7 @@ impl Stack {
             ("DATABASE_POOL_SIZE", "3".to_owned()),
             ("WORKER_SHUTDOWN_GRACE_MS", "10000".to_owned()),
             ("WORKER_GAUGE_INTERVAL_MS", "200".to_owned()),
+            ("WORKER_POLL_INTERVAL_MS", "200".to_owned()),
             (
                 "RUST_LOG",
                 "info,apalis=warn,apalis_core=warn,apalis_redis=warn".to_owned(),
