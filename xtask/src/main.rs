@@ -4,10 +4,12 @@
 //!   their URLs;
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
 //! - `demo`: publish a realistic sample of events and show the rows;
+//! - `bench`: performance figures as JSON lines;
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies).
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
+mod bench;
 mod cmd;
 mod demo;
 mod demo_subscribers;
@@ -41,6 +43,8 @@ enum Command {
     Ci(test::TestArgs),
     /// Migrate a demo database, publish sample events, print the rows by status.
     Demo,
+    /// Performance figures as JSON lines on stdout.
+    Bench,
     /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
     Schema {
         /// Fail instead of writing when the file differs from the migrations.
@@ -79,6 +83,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
             Command::Demo => demo::run().await,
+            Command::Bench => bench::run().await,
             Command::Schema { check } => schema::run(check).await,
         }
     })

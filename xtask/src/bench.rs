@@ -1,0 +1,224 @@
+//! `cargo xtask bench`: performance figures as JSON lines on stdout.
+//!
+//! Runs against the services `cargo xtask services` finds, in a fresh
+//! `outbox_bench` database and a `outbox-bench:` Redis prefix (both removed
+//! first). Each line is one measurement: `{"bench": …, "events": …,
+//! "seconds": …, "per_second": …}` or latency percentiles in milliseconds.
+//! Numbers from a shared machine are noisy: compare runs on the same host.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use diesel::sql_types::BigInt;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_publish::{
+    NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
+};
+use outbox_queue::{QueueNamespace, RedisSettings};
+use outbox_test_support::with_database;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::services;
+
+const DB: &str = "outbox_bench";
+const PREFIX: &str = "outbox-bench:";
+
+fn line(value: serde_json::Value) {
+    println!("{value}");
+}
+
+fn rate(bench: &str, events: usize, elapsed: Duration) {
+    let seconds = elapsed.as_secs_f64();
+    line(
+        json!({ "bench": bench, "events": events, "seconds": (seconds * 1000.0).round() / 1000.0,
+                 "per_second": (events as f64 / seconds).round() }),
+    );
+}
+
+fn event(n: usize) -> NewOutboxEvent {
+    let types = [
+        "mail.user.welcome",
+        "webhook.order.created",
+        "audit.user.login",
+        "billing.invoice.paid",
+    ];
+    NewOutboxEvent::new(
+        format!("tenant-{}", n % 17),
+        types[n % types.len()],
+        json!({ "n": n, "note": "benchmark" }),
+    )
+}
+
+async fn count_open(conn: &mut AsyncPgConnection) -> Result<i64> {
+    Ok(
+        diesel::dsl::sql::<BigInt>("SELECT count(*) FROM outbox_event WHERE status <> 'DONE'")
+            .get_result(conn)
+            .await?,
+    )
+}
+
+async fn clear_redis(redis_url: &str) -> Result<()> {
+    let client = redis::Client::open(redis_url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{PREFIX}*"))
+        .query_async(&mut conn)
+        .await?;
+    for chunk in keys.chunks(1000) {
+        redis::cmd("DEL")
+            .arg(chunk)
+            .query_async::<()>(&mut conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Runs every benchmark.
+pub async fn run() -> Result<()> {
+    let found = services::ensure().await?;
+    let mut admin =
+        AsyncPgConnection::establish(&with_database(&found.database_url, "postgres")).await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {DB}"))
+        .await?;
+    let url = with_database(&found.database_url, DB);
+    outbox_model::run_migrations(&url).await?;
+    clear_redis(&found.redis_url).await?;
+    let mut conn = AsyncPgConnection::establish(&url).await?;
+
+    // 1. One event per business transaction, one connection.
+    let n = 2_000;
+    let started = Instant::now();
+    for i in 0..n {
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, event(i)).await
+        })
+        .await?;
+    }
+    rate("publish_one_per_transaction", n, started.elapsed());
+
+    // 2. Batches of 1000 events per transaction.
+    let batches = 40;
+    let started = Instant::now();
+    for b in 0..batches {
+        let events: Vec<_> = (0..1_000).map(|i| event(b * 1_000 + i)).collect();
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, events).await
+        })
+        .await?;
+    }
+    rate("publish_batch_1000", batches * 1_000, started.elapsed());
+    let pending = 2_000 + batches * 1_000;
+
+    // 3. Dispatch everything with four dispatchers.
+    let pool = outbox_model::connect_pool(&url, 8).await?;
+    let namespace = QueueNamespace::prefixed(PREFIX);
+    let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
+        let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;
+        Ok(Arc::new(Dispatcher::new(
+            pool.clone(),
+            url.clone(),
+            redis,
+            namespace.clone(),
+            Router::standard(),
+            config,
+        )?))
+    };
+    let config = DispatcherConfig {
+        batch_size: 500,
+        listen: false,
+        interval: Duration::from_millis(50),
+        ..DispatcherConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..4)
+        .map(|_| make(config.clone()).map(|d| d.spawn(shutdown.clone())))
+        .collect::<Result<_>>()?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while count_open(&mut conn).await? > 0 {
+        if Instant::now() > deadline {
+            bail!("dispatching did not finish within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rate(
+        "dispatch_4_dispatchers_batch_500",
+        pending,
+        started.elapsed(),
+    );
+    shutdown.cancel();
+    for handle in handles {
+        handle.await.context("dispatcher panicked")??;
+    }
+
+    // 4. The claim on a table full of DONE rows: one tick of 500 after 42,000 DONE.
+    let events: Vec<_> = (0..500).map(event).collect();
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&mut tx, events).await
+    })
+    .await?;
+    let single = make(DispatcherConfig {
+        batch_size: 500,
+        listen: false,
+        ..DispatcherConfig::default()
+    })?;
+    let started = Instant::now();
+    let report = single.tick().await?;
+    rate(
+        "tick_500_over_42000_done_rows",
+        report.dispatched,
+        started.elapsed(),
+    );
+
+    // 5. Wake-up latency: publish, then time until DONE, with a 60 s poll interval.
+    let listening = make(DispatcherConfig {
+        listen: true,
+        interval: Duration::from_secs(60),
+        ..DispatcherConfig::default()
+    })?;
+    let shutdown = CancellationToken::new();
+    let handle = listening.spawn(shutdown.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut latencies = Vec::new();
+    for i in 0..50 {
+        let started = Instant::now();
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, event(i)).await
+        })
+        .await?;
+        while count_open(&mut conn).await? > 0 {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("a published event was not dispatched within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        latencies.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    shutdown.cancel();
+    handle.await.context("dispatcher panicked")??;
+    latencies.sort_by(f64::total_cmp);
+    let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    line(
+        json!({ "bench": "publish_to_done_latency_ms", "samples": latencies.len(),
+                 "p50": (pct(0.5) * 10.0).round() / 10.0, "p95": (pct(0.95) * 10.0).round() / 10.0,
+                 "max": (pct(1.0) * 10.0).round() / 10.0 }),
+    );
+
+    clear_redis(&found.redis_url).await?;
+    drop(conn);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
+        .await?;
+    Ok(())
+}
