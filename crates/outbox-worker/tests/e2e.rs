@@ -112,7 +112,20 @@ async fn webhooks_reach_each_matching_endpoint_once_signed() {
         ))
         .await;
     let _general = stack.start(GENERAL, &[]).await;
-    let _mail = stack.start(MAIL, &[]).await;
+    // A proxy in the environment must not be used: it would resolve targets
+    // itself and sidestep the internal-address guard.
+    let proxy = outbox_test_support::HttpSink::start().await;
+    let proxy_url = proxy.url();
+    let _mail = stack
+        .start(
+            MAIL,
+            &[
+                ("HTTP_PROXY", proxy_url.as_str()),
+                ("http_proxy", proxy_url.as_str()),
+                ("ALL_PROXY", proxy_url.as_str()),
+            ],
+        )
+        .await;
 
     let id = stack
         .publish(NewOutboxEvent::new(
@@ -150,6 +163,10 @@ async fn webhooks_reach_each_matching_endpoint_once_signed() {
     assert!(
         stack.http.requests_to("/d").is_empty(),
         "another tenant's endpoint"
+    );
+    assert!(
+        proxy.requests().is_empty(),
+        "the proxy from the environment was used"
     );
 }
 
