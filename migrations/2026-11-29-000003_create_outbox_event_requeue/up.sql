@@ -1,7 +1,8 @@
--- Every operator requeue, kept as history of the row it touched.
+-- Every operator requeue, kept as history of the row it touched. No foreign
+-- key: the history is an audit trail and outlives the retention of DONE rows.
 CREATE TABLE outbox_event_requeue (
     id                  uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
-    outbox_event_id     uuid        NOT NULL REFERENCES outbox_event (id) ON DELETE CASCADE,
+    outbox_event_id     uuid        NOT NULL,
     requeued_at         timestamptz NOT NULL DEFAULT now(),
     reason              text        NOT NULL,
     requested_by        text        NULL,

@@ -49,5 +49,5 @@ pub use config::{ConfigError, DEFAULT_BACKOFF, DispatcherConfig, RetentionConfig
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
 pub use listener::LISTENER_APPLICATION_NAME;
-pub use retention::{RETENTION_JOB_NAME, purge_done, run_retention};
+pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};

@@ -20,12 +20,26 @@ pub const RETENTION_JOB_NAME: &str = "outbox-done-retention";
 /// # Errors
 ///
 /// When Postgres fails; rows deleted by earlier batches stay deleted.
-#[instrument(name = "outbox.retention", skip(pool), fields(job = RETENTION_JOB_NAME, deleted), err)]
 pub async fn purge_done(pool: &PgPool, config: RetentionConfig) -> Result<u64, DispatchError> {
+    purge_done_until(pool, config, &CancellationToken::new()).await
+}
+
+/// [`purge_done`] that stops between batches once `stop` fires, so a large
+/// first purge never holds up a shutdown.
+///
+/// # Errors
+///
+/// As [`purge_done`].
+#[instrument(name = "outbox.retention", skip(pool, stop), fields(job = RETENTION_JOB_NAME, deleted), err)]
+pub async fn purge_done_until(
+    pool: &PgPool,
+    config: RetentionConfig,
+    stop: &CancellationToken,
+) -> Result<u64, DispatchError> {
     let mut conn = pool.get().await?;
     let older_than = config.retention.as_secs_f64();
     let mut deleted = 0u64;
-    loop {
+    while !stop.is_cancelled() {
         let n = db::purge_done_batch(&mut conn, older_than, config.batch_size).await?;
         deleted += n as u64;
         metrics::counter!("outbox_retention_deleted_total").increment(n as u64);
@@ -51,7 +65,7 @@ pub async fn run_retention(
     shutdown: CancellationToken,
 ) {
     loop {
-        if let Err(e) = purge_done(&pool, config).await {
+        if let Err(e) = purge_done_until(&pool, config, &shutdown).await {
             tracing::error!(job = RETENTION_JOB_NAME, error = %e, "retention run failed");
         }
         tokio::select! {

@@ -33,8 +33,25 @@ async fn retention_deletes_only_done_rows_past_the_window() {
     )
     .await;
 
+    // An operator once replayed one of the old rows: its history must outlive it.
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event_requeue (outbox_event_id, reason, previous_status, previous_retries)
+         SELECT id, 'replayed during an incident', 'DONE', 0 FROM outbox_event WHERE tenant_id = 'old-done' LIMIT 1",
+    )
+    .await;
+
     // Batches of 3 (7 rows → 3 + 3 + 1 statements), 720 hours = 30 days.
     let config = RetentionConfig::new(Duration::from_secs(720 * 3600), 3);
+    let stopped = tokio_util::sync::CancellationToken::new();
+    stopped.cancel();
+    assert_eq!(
+        outbox_dispatch::purge_done_until(h.db.pool(), config, &stopped)
+            .await
+            .unwrap(),
+        0,
+        "a stopping worker starts no batch"
+    );
     let deleted = purge_done(h.db.pool(), config).await.unwrap();
 
     assert_eq!(deleted, 7);

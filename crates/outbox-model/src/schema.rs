@@ -116,8 +116,6 @@ diesel::table! {
     }
 }
 
-diesel::joinable!(outbox_event_requeue -> outbox_event (outbox_event_id));
-
 diesel::allow_tables_to_appear_in_same_query!(
     audit_log,
     notification,

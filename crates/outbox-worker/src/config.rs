@@ -218,7 +218,9 @@ impl WorkerConfig {
         let worker = WorkerSettings {
             concurrency: env.number("WORKER_CONCURRENCY", 10, 1, 1000)?,
             retries: env.number("WORKER_RETRIES", 3, 0, 100)?,
-            heartbeat: env.millis("WORKER_HEARTBEAT_MS", 30_000, 100)?,
+            // apalis-redis counts the orphan window in whole seconds: below
+            // 1 s it rounds to zero and workers would steal each other's jobs.
+            heartbeat: env.millis("WORKER_HEARTBEAT_MS", 30_000, 1000)?,
             poll_interval: env.millis("WORKER_POLL_INTERVAL_MS", 1000, 10)?,
             ..WorkerSettings::default()
         };
@@ -226,10 +228,39 @@ impl WorkerConfig {
         if group == Group::Mail && smtp_url.is_none() {
             env.required("SMTP_URL")?;
         }
+        if let Some(url) = &smtp_url {
+            check_smtp_url(url)?;
+        }
+        let mail_from = env
+            .raw("MAIL_FROM")
+            .unwrap_or_else(|| "outbox@localhost".into());
+        if let Err(e) = mail_from.parse::<lettre::message::Mailbox>() {
+            return Err(ConfigError {
+                variable: "MAIL_FROM",
+                value: mail_from,
+                problem: format!("is not a mail address: {e}"),
+            });
+        }
+        let database_url = env.required("DATABASE_URL")?;
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+            return Err(ConfigError {
+                variable: "DATABASE_URL",
+                value: database_url,
+                problem: "must start with postgres:// or postgresql://".into(),
+            });
+        }
+        let redis_url = env.required("REDIS_URL")?;
+        if let Err(e) = redis::Client::open(redis_url.as_str()) {
+            return Err(ConfigError {
+                variable: "REDIS_URL",
+                value: redis_url,
+                problem: format!("is not a Redis URL: {e}"),
+            });
+        }
         Ok(Self {
             group,
-            database_url: env.required("DATABASE_URL")?,
-            redis_url: env.required("REDIS_URL")?,
+            database_url,
+            redis_url,
             http_addr,
             queue_prefix: env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default(),
             dispatcher_enabled: env.flag("OUTBOX_DISPATCHER_ENABLED", false)?,
@@ -253,6 +284,22 @@ impl WorkerConfig {
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
         })
     }
+}
+
+fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
+    let problem = match url::Url::parse(url) {
+        Ok(parsed) if !matches!(parsed.scheme(), "smtp" | "smtps") => {
+            format!("scheme {:?} is not smtp or smtps", parsed.scheme())
+        }
+        Ok(parsed) if parsed.host_str().is_none_or(str::is_empty) => "has no host".to_owned(),
+        Ok(_) => return Ok(()),
+        Err(e) => format!("is not a URL: {e}"),
+    };
+    Err(ConfigError {
+        variable: "SMTP_URL",
+        value: url.to_owned(),
+        problem,
+    })
 }
 
 #[cfg(test)]
@@ -303,6 +350,12 @@ mod tests {
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),
             ("OUTBOX_DONE_RETENTION_BATCH_SIZE", "x", "whole number"),
+            ("WORKER_HEARTBEAT_MS", "500", "between"),
+            ("SMTP_URL", "bogus://x", "not smtp"),
+            ("SMTP_URL", "smtp://", "no host"),
+            ("MAIL_FROM", "not an address", "not a mail address"),
+            ("REDIS_URL", "notaurl", "not a Redis URL"),
+            ("DATABASE_URL", "mysql://x/y", "postgres://"),
         ];
         for (variable, value, problem) in cases {
             let err = read(Group::General, &[(variable, value)]).unwrap_err();

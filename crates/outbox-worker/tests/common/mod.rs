@@ -98,7 +98,7 @@ impl Stack {
             ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true".to_owned()),
             ("WEBHOOK_TIMEOUT_MS", "2000".to_owned()),
             ("DELIVERY_LEASE_MS", "3000".to_owned()),
-            ("WORKER_HEARTBEAT_MS", "500".to_owned()),
+            ("WORKER_HEARTBEAT_MS", "1000".to_owned()),
             ("WORKER_RETRIES", "2".to_owned()),
             ("DATABASE_POOL_SIZE", "3".to_owned()),
             ("WORKER_SHUTDOWN_GRACE_MS", "10000".to_owned()),
