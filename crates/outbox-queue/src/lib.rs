@@ -13,8 +13,8 @@ mod redis_queue;
 pub use envelope::{OutboxJob, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats};
 pub use redis_queue::{
-    PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect, push_jobs,
-    push_raw, storage, wake_channel,
+    PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect,
+    idempotency_prefix, push_jobs, push_raw, push_raw_at, storage, wake_channel,
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;

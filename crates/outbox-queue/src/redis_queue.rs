@@ -186,6 +186,21 @@ pub async fn push_raw(
     queue: &str,
     jobs: &[(String, Vec<u8>)],
 ) -> Result<PushReport, QueueError> {
+    push_raw_at(conn, namespace, queue, jobs, None).await
+}
+
+/// [`push_raw`] with the jobs due at `run_at` instead of now (delayed retries).
+///
+/// # Errors
+///
+/// As [`push_jobs`].
+pub async fn push_raw_at(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    jobs: &[(String, Vec<u8>)],
+    run_at: Option<std::time::SystemTime>,
+) -> Result<PushReport, QueueError> {
     if jobs.is_empty() {
         return Ok(PushReport::default());
     }
@@ -193,9 +208,13 @@ pub async fn push_raw(
     let tasks: Vec<_> = jobs
         .iter()
         .map(|(task_id, body)| {
-            TaskBuilder::new(body.clone())
-                .task_id(TaskId::from_string(task_id.clone()))
-                .build()
+            let builder =
+                TaskBuilder::new(body.clone()).task_id(TaskId::from_string(task_id.clone()));
+            match run_at {
+                Some(at) => builder.run_at_time(at),
+                None => builder,
+            }
+            .build()
         })
         .collect();
     let (enqueued, scheduled) = apalis_redis::queries::push_tasks(conn, &config, &tasks).await?;
@@ -221,4 +240,11 @@ pub async fn push_raw(
 #[must_use]
 pub fn wake_channel(namespace: &QueueNamespace, queue: &str) -> String {
     format!("{}:wake", namespace.queue(queue))
+}
+
+/// The key prefix of the receivers' idempotency records in `namespace`
+/// (shared by the workers and the CLI's replay).
+#[must_use]
+pub fn idempotency_prefix(namespace: &QueueNamespace) -> String {
+    format!("{}outbox:idempotency:", namespace.prefix())
 }

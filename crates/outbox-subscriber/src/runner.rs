@@ -4,18 +4,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use apalis::layers::WorkerBuilderExt;
-use apalis::layers::retry::RetryPolicy;
 use apalis_core::backend::ext::poll_strategy::{PollWith, StreamStrategy};
 use apalis_core::error::{AbortError, BoxDynError};
-use apalis_core::task::attempt::Attempt;
 use apalis_core::task::data::Data;
 use apalis_core::task::task_id::TaskId;
 use apalis_core::worker::builder::WorkerBuilder;
 use apalis_redis::ConnectionManager;
 use outbox_queue::{QueueNamespace, apalis_config};
 use tokio_util::sync::CancellationToken;
-use tower::retry::backoff::{ExponentialBackoffMaker, MakeBackoff};
-use tower::util::rng::HasherRng;
 use tracing::Instrument;
 
 use crate::{DynHandler, JobBody, JobError, JobMeta};
@@ -25,12 +21,18 @@ use crate::{DynHandler, JobBody, JobError, JobMeta};
 pub struct WorkerSettings {
     /// Jobs of one queue processed at once.
     pub concurrency: usize,
-    /// In-process retries of a failed job before it goes back to the queue.
+    /// In-process retries of a failed job (quick blips) before it is put
+    /// back on the queue for later.
     pub retries: usize,
-    /// First retry delay.
+    /// First in-process retry delay (doubling from there).
     pub min_backoff: Duration,
-    /// Largest retry delay.
+    /// Largest in-process retry delay.
     pub max_backoff: Duration,
+    /// Delays of the later rounds: after the in-process retries, a job that
+    /// still fails is pushed again (as `<task id>~retry<n>`) due after the
+    /// next delay; past the last one it goes to the dead set. The default,
+    /// 30 s to 4 h, spans about 8.5 hours of outage.
+    pub requeue_delays: Vec<Duration>,
     /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
     /// is presumed dead and its in-flight jobs are redelivered.
     pub heartbeat: Duration,
@@ -50,6 +52,10 @@ impl Default for WorkerSettings {
             retries: 3,
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
+            requeue_delays: [30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14_400]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
             heartbeat: Duration::from_secs(30),
             missed_heartbeats: 4,
             fetch_batch: 10,
@@ -263,9 +269,38 @@ fn worker_name(queue: &str) -> String {
 #[error("{0}")]
 struct Retryable(String);
 
-/// The handler as apalis data (a concrete type keeps apalis' bounds simple).
+/// What a job needs besides its body, as apalis data (a concrete type keeps
+/// apalis' bounds simple).
 #[derive(Clone)]
-struct SharedHandler(Arc<dyn DynHandler>);
+struct SharedHandler {
+    handler: Arc<dyn DynHandler>,
+    conn: ConnectionManager,
+    namespace: QueueNamespace,
+    settings: WorkerSettings,
+}
+
+/// The suffix of a retry round's task id.
+const RETRY_SUFFIX: &str = "~retry";
+
+/// Splits `outbox:<id>~retry<n>` into (`outbox:<id>`, n); a first delivery is round 0.
+fn retry_round(task_id: &str) -> (&str, usize) {
+    match task_id.rsplit_once(RETRY_SUFFIX) {
+        Some((base, n)) => n.parse().map_or((task_id, 0), |n| (base, n)),
+        None => (task_id, 0),
+    }
+}
+
+/// The in-process delay before retry `n` (from 0): doubling from the minimum,
+/// capped, with a little jitter so that failing workers do not align.
+fn in_process_delay(settings: &WorkerSettings, n: usize) -> Duration {
+    let doubled = settings.min_backoff.saturating_mul(1u32 << n.min(16));
+    let capped = doubled.min(settings.max_backoff);
+    let jitter = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::from(d.subsec_nanos()) % 1000)
+        .unwrap_or_default();
+    capped + capped.mul_f64(jitter as f64 / 10_000.0)
+}
 
 /// A top-level string field of the body, for log fields.
 fn body_field(body: &JobBody, name: &str) -> String {
@@ -277,55 +312,101 @@ fn body_field(body: &JobBody, name: &str) -> String {
         .to_owned()
 }
 
-/// Retry in process unless the handler said the failure is permanent.
-fn is_retryable(error: &BoxDynError) -> bool {
-    error.downcast_ref::<AbortError>().is_none()
-}
-
 async fn run_job(
     body: JobBody,
-    handler: Data<SharedHandler>,
+    shared: Data<SharedHandler>,
     task_id: TaskId,
-    attempt: Attempt,
 ) -> Result<(), BoxDynError> {
-    let SharedHandler(handler) = (*handler).clone();
+    let SharedHandler {
+        handler,
+        mut conn,
+        namespace,
+        settings,
+    } = (*shared).clone();
     let event_id = body_field(&body, "outbox_event_id");
     let tenant_id = body_field(&body, "tenant_id");
-    let meta = JobMeta {
-        queue: handler.queue().to_owned(),
-        task_id: task_id.to_string(),
-        attempt: attempt.current(),
-    };
+    let task_id = task_id.to_string();
+    let (base_id, round) = retry_round(&task_id);
+    let queue = handler.queue().to_owned();
     let span = tracing::info_span!(
         "outbox.job",
-        queue = %meta.queue,
-        task_id = %meta.task_id,
+        queue = %queue,
+        task_id = %task_id,
         event_id = %event_id,
         tenant_id = %tenant_id,
-        attempt = meta.attempt,
+        round,
+        attempt = tracing::field::Empty,
     );
-    let started = Instant::now();
-    let result = handler.call(body, &meta).instrument(span.clone()).await;
-    let elapsed = started.elapsed().as_secs_f64();
-    let queue = meta.queue.clone();
-    metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
-        .record(elapsed);
+    let mut last_reason = String::new();
+    for try_no in 0..=settings.retries {
+        let meta = JobMeta {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+            attempt: round * (settings.retries + 1) + try_no + 1,
+        };
+        span.record("attempt", meta.attempt);
+        let started = Instant::now();
+        let result = handler
+            .call(body.clone(), &meta)
+            .instrument(span.clone())
+            .await;
+        metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
+            .record(started.elapsed().as_secs_f64());
+        let _entered = span.enter();
+        match result {
+            Ok(()) => {
+                tracing::info!("job done");
+                metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "done").increment(1);
+                return Ok(());
+            }
+            Err(JobError::Permanent(reason)) => {
+                tracing::error!(%reason, "job failed permanently; moved to the dead set");
+                metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead").increment(1);
+                return Err(Box::new(AbortError::new(reason)));
+            }
+            Err(JobError::Retry(reason)) => {
+                if try_no < settings.retries {
+                    let delay = in_process_delay(&settings, try_no);
+                    tracing::warn!(%reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
+                    drop(_entered);
+                    tokio::time::sleep(delay).await;
+                }
+                last_reason = reason;
+            }
+        }
+    }
     let _entered = span.enter();
-    match result {
-        Ok(()) => {
-            tracing::info!("job done");
-            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "done").increment(1);
+    let Some(delay) = settings.requeue_delays.get(round).copied() else {
+        let reason = format!(
+            "gave up after {} attempts: {last_reason}",
+            (round + 1) * (settings.retries + 1)
+        );
+        tracing::error!(%reason, "job failed for the last time; moved to the dead set");
+        metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead")
+            .increment(1);
+        return Err(Box::new(AbortError::new(reason)));
+    };
+    // Put a copy back on the queue, due later; this copy is finished.
+    let next = format!("{base_id}{RETRY_SUFFIX}{}", round + 1);
+    let run_at = std::time::SystemTime::now() + delay;
+    match outbox_queue::push_raw_at(
+        &mut conn,
+        &namespace,
+        &queue,
+        &[(next.clone(), body.raw().to_vec())],
+        Some(run_at),
+    )
+    .await
+    {
+        Ok(_) => {
+            tracing::warn!(reason = %last_reason, retry_in_s = delay.as_secs(), next_task_id = %next, "job failed; retrying later");
+            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "retry").increment(1);
             Ok(())
         }
-        Err(JobError::Retry(reason)) => {
-            tracing::warn!(%reason, "job failed; will retry");
-            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "retry").increment(1);
-            Err(Box::new(Retryable(reason)))
-        }
-        Err(JobError::Permanent(reason)) => {
-            tracing::error!(%reason, "job failed permanently; moved to the dead set");
-            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead").increment(1);
-            Err(Box::new(AbortError::new(reason)))
+        Err(e) => {
+            // Without the copy, let the queue reschedule this one.
+            tracing::warn!(reason = %last_reason, error = %e, "job failed and cannot be put back; the queue reschedules it");
+            Err(Box::new(Retryable(last_reason)))
         }
     }
 }
@@ -343,28 +424,22 @@ async fn run_queue(
         .heartbeat_interval(settings.heartbeat)
         .missed_heartbeats(settings.missed_heartbeats)
         .batch_size(settings.fetch_batch.max(1));
+    let conn_for_jobs = conn.clone();
     let backend = PollWith::new(
         crate::LenientRedis::new(conn, config),
         StreamStrategy::new(wakeups),
     );
-    let backoff = ExponentialBackoffMaker::new(
-        settings.min_backoff,
-        settings.max_backoff,
-        0.5,
-        HasherRng::default(),
-    )
-    .map_err(|e| apalis_core::error::WorkerError::from(std::io::Error::other(e.to_string())))?
-    .make_backoff();
-    let policy = RetryPolicy::retries(settings.retries)
-        .with_backoff(backoff)
-        .retry_if(is_retryable);
     let name = worker_name(&queue);
     tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, "consuming queue");
     let worker = WorkerBuilder::new(name)
         .backend(backend)
         .concurrency(settings.concurrency.max(1))
-        .retry(policy)
-        .data(SharedHandler(handler))
+        .data(SharedHandler {
+            handler,
+            conn: conn_for_jobs,
+            namespace: namespace.clone(),
+            settings: settings.clone(),
+        })
         .build(run_job);
     worker
         .run_until(async move {

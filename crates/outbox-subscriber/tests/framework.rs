@@ -79,6 +79,7 @@ async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
         missed_heartbeats: 3,
         fetch_batch: 10,
         poll_interval: Duration::from_millis(100),
+        ..WorkerSettings::default()
     };
     let shutdown = CancellationToken::new();
     let runner = {
@@ -270,4 +271,134 @@ async fn a_push_wakes_an_idle_worker_long_before_its_next_poll() {
 
     shutdown.cancel();
     runner.await.unwrap().unwrap();
+}
+
+/// Fails with a transient error until its `n`-th call.
+#[derive(Clone, Default)]
+struct Stubborn {
+    calls: Arc<Mutex<Vec<String>>>,
+    succeed_on: usize,
+}
+
+impl JobHandler for Stubborn {
+    type Job = TestJob;
+
+    fn queue(&self) -> &str {
+        "test.stubborn"
+    }
+
+    async fn handle(&self, job: TestJob, meta: &JobMeta) -> Result<(), JobError> {
+        let mut calls = self.calls.lock().unwrap();
+        calls.push(format!("{}@{}#{}", job.name, meta.task_id, meta.attempt));
+        if calls.len() >= self.succeed_on {
+            Ok(())
+        } else {
+            Err(JobError::retry("peer answered 503"))
+        }
+    }
+}
+
+async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::DeadJob>, u64) {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let handler = Stubborn {
+        succeed_on,
+        ..Stubborn::default()
+    };
+    let group = HandlerGroup::new().with(handler.clone()).unwrap();
+    let settings = WorkerSettings {
+        retries: 1,
+        min_backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_millis(10),
+        requeue_delays: vec![Duration::from_millis(100), Duration::from_millis(100)],
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (group, conn, namespace, shutdown) = (
+            group.clone(),
+            conn.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
+    };
+    let mut push = conn.clone();
+    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
+    push_raw(
+        &mut push,
+        &namespace,
+        "test.stubborn",
+        &[("test:job".into(), body)],
+    )
+    .await
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stats = queue_stats(
+            &mut push,
+            &namespace,
+            "test.stubborn",
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        let calls = handler.calls.lock().unwrap().len();
+        if (calls >= succeed_on && stats.backlog == 0 && stats.running == 0) || stats.dead > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{stats:?} after {calls} calls"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    runner.await.unwrap().unwrap();
+    let dead = dead_jobs(&mut push, &namespace, "test.stubborn", 10)
+        .await
+        .unwrap();
+    let done = queue_stats(
+        &mut push,
+        &namespace,
+        "test.stubborn",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+    .done;
+    let calls = handler.calls.lock().unwrap().clone();
+    (calls, dead, done)
+}
+
+#[tokio::test]
+async fn a_job_failing_past_its_in_process_retries_comes_back_later_on_the_queue() {
+    // Two tries per round; success on the fifth call, in the third round.
+    let (calls, dead, _) = run_stubborn(5).await;
+    assert_eq!(
+        calls,
+        [
+            "job@test:job#1",
+            "job@test:job#2",
+            "job@test:job~retry1#3",
+            "job@test:job~retry1#4",
+            "job@test:job~retry2#5",
+        ]
+    );
+    assert!(dead.is_empty(), "{dead:?}");
+}
+
+#[tokio::test]
+async fn a_job_failing_every_round_goes_to_the_dead_set_with_the_last_reason() {
+    let (calls, dead, _) = run_stubborn(usize::MAX).await;
+    assert_eq!(calls.len(), 6, "three rounds of two tries: {calls:?}");
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].task_id, "test:job~retry2");
+    let reason = dead[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("gave up after 6 attempts") && reason.contains("503"),
+        "{reason}"
+    );
 }

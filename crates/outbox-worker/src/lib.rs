@@ -88,7 +88,7 @@ pub fn handler_group(
     namespace: &QueueNamespace,
 ) -> Result<HandlerGroup> {
     let store = RedisIdempotencyStore::new(redis.clone())
-        .with_prefix(format!("{}outbox:idempotency:", namespace.prefix()));
+        .with_prefix(outbox_queue::idempotency_prefix(namespace));
     let deliverer = Deliverer::new(DeliverySettings {
         timeout: config.webhook_timeout,
         allow_private_addresses: config.webhook_allow_private,
