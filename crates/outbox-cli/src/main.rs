@@ -500,30 +500,27 @@ async fn requeue_cmd(cli: &Cli, args: &RequeueArgs) -> Outcome {
     let mut cleared = 0;
     if !args.dry_run && !plan.requeue.is_empty() {
         let requested_by = std::env::var("USER").ok();
-        let done = requeue::execute(
+        let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+        let mut redis_conn = if replays > 0 {
+            Some(redis(cli).context("a replay must clear the previous run from Redis")?)
+        } else {
+            None
+        };
+        let replay_redis = redis_conn.as_mut().map(|conn| requeue::ReplayRedis {
+            conn,
+            namespace: &namespace,
+        });
+        let executed = requeue::execute(
             &mut conn,
             &plan,
             &args.reason,
             requested_by.as_deref(),
             args.replay,
+            replay_redis,
         )
         .await?;
-        let replayed: Vec<(Uuid, String)> = done
-            .iter()
-            .filter(|(_, _, replay)| *replay)
-            .filter_map(|(id, q, _)| Some((*id, q.clone()?)))
-            .collect();
-        if !replayed.is_empty() {
-            let mut redis =
-                redis(cli).context("a replay clears the finished jobs of the previous hand-off")?;
-            cleared = requeue::clear_finished_jobs(
-                &mut redis,
-                &QueueNamespace::prefixed(cli.queue_prefix.clone()),
-                &replayed,
-            )
-            .await?;
-        }
-        requeued = done.into_iter().map(|(id, _, _)| id).collect();
+        requeued = executed.requeued;
+        cleared = executed.cleared;
     }
     let warning = (replays > 0).then(|| {
         format!(

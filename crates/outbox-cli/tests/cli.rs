@@ -635,3 +635,89 @@ async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
             .all(|r| r.status == OutboxStatus::Pending)
     );
 }
+
+async fn run_mail_group_until(env: &Env, smtp: &outbox_test_support::SmtpSink, mails: usize) {
+    use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings, Templates};
+    let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
+    let store = outbox_idempotency::RedisIdempotencyStore::new(conn.clone())
+        .with_prefix(outbox_queue::idempotency_prefix(&env.namespace));
+    let group = HandlerGroup::new()
+        .with(MailRequestHandler::new(
+            Templates::standard(),
+            conn.clone(),
+            env.namespace.clone(),
+        ))
+        .unwrap()
+        .with(SmtpHandler::new(SmtpSettings::new(smtp.url()), store).unwrap())
+        .unwrap();
+    let settings = WorkerSettings {
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let (namespace, shutdown) = (env.namespace.clone(), CancellationToken::new());
+    let token = shutdown.clone();
+    let worker = tokio::spawn(async move { group.run(conn, &namespace, &settings, token).await });
+    smtp.wait_for_messages(mails, Duration::from_secs(30)).await;
+    // Let the send be recorded (the job acknowledged) before stopping.
+    let mut redis = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while outbox_queue::queue_stats(
+        &mut redis,
+        &env.namespace,
+        queues::TOOLCTRL_EMAIL,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+    .done
+        < 1
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_done_mail_event_sends_the_mail_again() {
+    let env = Env::new().await;
+    let smtp = outbox_test_support::SmtpSink::start().await;
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         VALUES ('acme', 'mail.user.welcome', '{\"to\": \"ada@example.com\", \"subject\": \"Hi\", \"text\": \"Hello\"}')",
+    )
+    .await;
+    let id = env.rows().await[0].id;
+    assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
+    run_mail_group_until(&env, &smtp, 1).await;
+
+    let run = env.outbox(&["requeue", &id.to_string(), "--replay", "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    // The outbox.mail job, the toolctrl.email job and the sent-mail record.
+    assert_eq!(run.json()["cleared_old_jobs"], 3, "{}", run.stdout);
+    assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
+    run_mail_group_until(&env, &smtp, 2).await;
+    assert_eq!(smtp.messages().len(), 2, "the replay sent the mail again");
+}
+
+#[tokio::test]
+async fn a_replay_without_redis_changes_nothing() {
+    let env = Env::new().await;
+    let id = env.insert("acme", "audit.user.login", "DONE", None).await;
+    let before = env.rows().await;
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["requeue", &id.to_string(), "--replay"])
+        .env("DATABASE_URL", env.db.url())
+        .env("REDIS_URL", "redis://127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    assert!(String::from_utf8_lossy(&output.stderr).contains("nothing was requeued"));
+    assert_eq!(env.rows().await, before);
+}
