@@ -131,3 +131,67 @@ pub async fn dead_jobs(
     jobs.sort_by(|a, b| a.task_id.cmp(&b.task_id));
     Ok(jobs)
 }
+
+/// Removes finished jobs from `queue`: jobs in the done set that finished
+/// more than `done_after` ago and jobs in the dead set that died more than
+/// `dead_after` ago (their body, their meta record and their set entry), at
+/// most `limit` of each per call. Nothing waiting or running is touched.
+/// Without this, every job body would stay in Redis forever.
+///
+/// Deduplication by task id only matters while an outbox row can still be
+/// re-claimed, which ends when it is DONE; a replay clears its own jobs.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn trim_finished(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    done_after: Duration,
+    dead_after: Duration,
+    limit: usize,
+) -> Result<usize, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let now = now_secs();
+    let mut removed = 0;
+    for (set, age) in [
+        (config.done_jobs_set(), done_after),
+        (config.dead_jobs_set(), dead_after),
+    ] {
+        let mut cursor: u64 = 0;
+        let mut seen = 0;
+        loop {
+            let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(&set)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(500)
+                .query_async(conn)
+                .await?;
+            for task in members {
+                seen += 1;
+                let meta = format!("{}:{task}", config.job_meta_hash());
+                let done_at: Option<f64> = redis::cmd("HGET")
+                    .arg(&meta)
+                    .arg("done_at")
+                    .query_async(conn)
+                    .await?;
+                if done_at.is_some_and(|at| now - at > age.as_secs_f64()) {
+                    let _: () = redis::pipe()
+                        .hdel(config.job_data_hash(), &task)
+                        .del(&meta)
+                        .srem(&set, &task)
+                        .query_async(conn)
+                        .await?;
+                    removed += 1;
+                }
+            }
+            if next == 0 || seen >= limit {
+                break;
+            }
+            cursor = next;
+        }
+    }
+    Ok(removed)
+}

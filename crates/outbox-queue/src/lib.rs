@@ -11,7 +11,7 @@ mod inspect;
 mod redis_queue;
 
 pub use envelope::{OutboxJob, task_id};
-pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats};
+pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
 pub use redis_queue::{
     PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect,
     idempotency_prefix, push_jobs, push_raw, push_raw_at, storage, wake_channel,

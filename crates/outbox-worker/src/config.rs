@@ -77,6 +77,11 @@ pub struct WorkerConfig {
     /// progress holds its idempotency key; a crashed worker's delivery is
     /// retried after it. Keep it above the HTTP and SMTP timeouts.
     pub delivery_lease: Duration,
+    /// `QUEUE_DONE_RETENTION_HOURS`: finished jobs are removed from Redis
+    /// after this (general group, with the daily retention run).
+    pub queue_done_retention: Duration,
+    /// `QUEUE_DEAD_RETENTION_HOURS`: dead jobs are removed from Redis after this.
+    pub queue_dead_retention: Duration,
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
     /// outbox and the queues are refreshed.
     pub gauge_interval: Duration,
@@ -282,6 +287,12 @@ impl WorkerConfig {
             shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
+            queue_done_retention: Duration::from_secs(
+                3600 * env.number("QUEUE_DONE_RETENTION_HOURS", 24u64, 1, 1_000_000)?,
+            ),
+            queue_dead_retention: Duration::from_secs(
+                3600 * env.number("QUEUE_DEAD_RETENTION_HOURS", 720u64, 1, 1_000_000)?,
+            ),
         })
     }
 }

@@ -217,6 +217,12 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
             config.retention_every,
             shutdown.clone(),
         ));
+        background.spawn(trim_queues(
+            redis.clone(),
+            namespace.clone(),
+            config.clone(),
+            shutdown.clone(),
+        ));
     }
     let gauge_queues: Vec<String> = match config.group {
         Group::General => {
@@ -290,6 +296,54 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
                 "grace period over; exiting with work unfinished (it will be redelivered)"
             );
             Ok(())
+        }
+    }
+}
+
+/// Removes old finished jobs from every queue, with the retention cadence.
+async fn trim_queues(
+    mut redis: redis::aio::ConnectionManager,
+    namespace: QueueNamespace,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) {
+    let mut queues: Vec<String> = Router::standard()
+        .queues()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    queues.extend(
+        outbox_queue::queues::DOWNSTREAM_QUEUES
+            .iter()
+            .map(|q| (*q).to_owned()),
+    );
+    loop {
+        for queue in &queues {
+            match outbox_queue::trim_finished(
+                &mut redis,
+                &namespace,
+                queue,
+                config.queue_done_retention,
+                config.queue_dead_retention,
+                100_000,
+            )
+            .await
+            {
+                Ok(0) => {}
+                Ok(removed) => {
+                    tracing::info!(queue, removed, "trimmed finished jobs");
+                    metrics::counter!("outbox_queue_trimmed_total", "queue" => queue.clone())
+                        .increment(removed as u64);
+                }
+                Err(e) => tracing::warn!(queue, error = %e, "cannot trim finished jobs"),
+            }
+            if shutdown.is_cancelled() {
+                return;
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(config.retention_every) => {}
         }
     }
 }

@@ -1,0 +1,84 @@
+//! Trimming finished jobs removes exactly the old done and dead jobs.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use outbox_queue::{QueueNamespace, RedisSettings, apalis_config, push_raw, trim_finished};
+use outbox_test_support::TestRedis;
+
+#[tokio::test]
+async fn only_old_finished_jobs_are_trimmed() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let jobs: Vec<(String, Vec<u8>)> = ["old-done", "new-done", "old-dead", "waiting"]
+        .iter()
+        .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+        .collect();
+    push_raw(&mut conn, &namespace, "q.jobs", &jobs)
+        .await
+        .unwrap();
+    let config = apalis_config(&namespace, "q.jobs");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // What apalis leaves behind when a job finishes: out of the schedule, in
+    // the done or dead set, with done_at in its meta record.
+    for (id, set, age) in [
+        ("old-done", config.done_jobs_set(), 7200),
+        ("new-done", config.done_jobs_set(), 10),
+        ("old-dead", config.dead_jobs_set(), 7200),
+    ] {
+        let _: () = redis::pipe()
+            .zrem(config.scheduled_jobs_set(), id)
+            .sadd(&set, id)
+            .hset(
+                format!("{}:{id}", config.job_meta_hash()),
+                "done_at",
+                now - age,
+            )
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    let removed = trim_finished(
+        &mut conn,
+        &namespace,
+        "q.jobs",
+        Duration::from_secs(3600),
+        Duration::from_secs(3600),
+        1000,
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(removed, 2);
+    let mut left: Vec<String> = redis::cmd("HKEYS")
+        .arg(config.job_data_hash())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    left.sort();
+    assert_eq!(left, ["new-done", "waiting"]);
+    let done: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(config.done_jobs_set())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(done, ["new-done"]);
+    let dead: i64 = redis::cmd("SCARD")
+        .arg(config.dead_jobs_set())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead, 0);
+    let meta_left: bool = redis::cmd("EXISTS")
+        .arg(format!("{}:old-done", config.job_meta_hash()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!meta_left);
+}
