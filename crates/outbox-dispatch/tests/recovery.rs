@@ -166,8 +166,16 @@ async fn a_tick_reports_leases_lost_while_it_pushed() {
     let mut conn = h.conn().await;
     let claimed = db::claim(&mut conn, 10, SHORT_LEASE_MS).await.unwrap();
     // Someone else re-claims after expiry: the original lease is now stale.
-    tokio::time::sleep(Duration::from_millis(SHORT_LEASE_MS as u64 + 200)).await;
-    let reclaimed = db::claim(&mut conn, 10, 60_000).await.unwrap();
+    let mut reclaimed = Vec::new();
+    h.wait_for(
+        "the lease to expire and the row to be re-claimed",
+        Duration::from_secs(30),
+        async || {
+            reclaimed = db::claim(&mut conn, 10, 60_000).await.unwrap();
+            !reclaimed.is_empty()
+        },
+    )
+    .await;
     assert_eq!(reclaimed.len(), 1);
     assert_ne!(reclaimed[0].locked_until, claimed[0].locked_until);
     let done = db::mark_done(
