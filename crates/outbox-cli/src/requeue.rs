@@ -6,7 +6,10 @@ use diesel::QueryableByName;
 use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, apalis_config, idempotency_prefix, queues, task_id};
+use outbox_queue::{
+    MAX_RETRY_ROUNDS, QueueNamespace, apalis_config, idempotency_prefix, queues, retry_task_id,
+    task_id,
+};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -81,10 +84,24 @@ pub fn plan(rows: Vec<OutboxEvent>, replay: bool) -> Plan {
 struct Locked {
     #[diesel(sql_type = SqlUuid)]
     id: Uuid,
+}
+
+#[derive(QueryableByName)]
+struct ReplayRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
     #[diesel(sql_type = Text)]
-    status: String,
+    tenant_id: String,
     #[diesel(sql_type = Nullable<Text>)]
     target_queue: Option<String>,
+}
+
+#[derive(QueryableByName)]
+struct TenantTarget {
+    #[diesel(sql_type = Text)]
+    tenant_id: String,
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
 }
 
 /// What [`execute`] did.
@@ -104,6 +121,19 @@ pub struct ReplayRedis<'a> {
     pub namespace: &'a QueueNamespace,
 }
 
+/// What one replayed event may have left in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayTarget {
+    /// The event.
+    pub id: Uuid,
+    /// The queue it was handed to.
+    pub target_queue: Option<String>,
+    /// The tenant's webhook endpoints (per-endpoint delivery records).
+    pub endpoints: Vec<Uuid>,
+    /// The tenant's plugin subscriptions (per-plugin invocations).
+    pub subscriptions: Vec<Uuid>,
+}
+
 /// Requeues the planned rows in one transaction: each row goes back to
 /// PENDING with retries 0, due now, no lease, no processed_at, no
 /// last_error, no target_queue; one `outbox_event_requeue` history row per
@@ -111,10 +141,12 @@ pub struct ReplayRedis<'a> {
 /// changed since the plan are skipped.
 ///
 /// For replayed (DONE) rows, what the previous run left in Redis is cleared
-/// *before* the commit (see [`clear_replayed`]); if Redis fails, nothing is
-/// committed. Otherwise the new hand-off would be deduplicated against the
-/// finished job, and the receivers' idempotency records would suppress the
-/// side effect.
+/// first (see [`clear_replayed`]); if Redis fails, nothing is committed.
+/// Otherwise the new hand-off would be deduplicated against the finished
+/// job, and the receivers' idempotency records would suppress the side
+/// effect. Clearing before the transaction keeps row locks short; it only
+/// removes finished jobs and completed records, so it is harmless if the
+/// requeue then does not happen.
 ///
 /// # Errors
 ///
@@ -125,36 +157,30 @@ pub async fn execute(
     reason: &str,
     requested_by: Option<&str>,
     replay: bool,
-    mut redis: Option<ReplayRedis<'_>>,
+    redis: Option<ReplayRedis<'_>>,
 ) -> Result<Executed> {
     let ids: Vec<Uuid> = plan.requeue.iter().map(|r| r.id).collect();
     let mut allowed = vec!["FAILED".to_owned(), "CANCELLED".to_owned()];
+    let mut cleared = 0;
     if replay {
         allowed.push("DONE".to_owned());
+        let targets = replay_targets(conn, &ids).await?;
+        if !targets.is_empty() {
+            let redis =
+                redis.context("a replay must clear the previous run from Redis: set REDIS_URL or pass --redis-url")?;
+            cleared = clear_replayed(redis.conn, redis.namespace, &targets)
+                .await
+                .context("cannot clear the previous run from Redis; nothing was requeued")?;
+        }
     }
     conn.transaction::<_, anyhow::Error, _>(async |conn| {
         let locked: Vec<Locked> = diesel::sql_query(
-            "SELECT id, status, target_queue FROM outbox_event
-             WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
+            "SELECT id FROM outbox_event WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
         )
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&allowed)
         .load(conn)
         .await?;
-        let replayed: Vec<(Uuid, Option<String>)> = locked
-            .iter()
-            .filter(|row| row.status == "DONE")
-            .map(|row| (row.id, row.target_queue.clone()))
-            .collect();
-        let mut cleared = 0;
-        if !replayed.is_empty() {
-            let redis = redis
-                .as_mut()
-                .context("a replay must clear the previous run from Redis: set REDIS_URL or pass --redis-url")?;
-            cleared = clear_replayed(redis.conn, redis.namespace, &replayed)
-                .await
-                .context("cannot clear the previous run from Redis; nothing was requeued")?;
-        }
         let locked_ids: Vec<Uuid> = locked.iter().map(|row| row.id).collect();
         diesel::sql_query(
             "INSERT INTO outbox_event_requeue
@@ -180,20 +206,70 @@ pub async fn execute(
         diesel::sql_query("SELECT pg_notify('outbox_event', 'requeue')")
             .execute(conn)
             .await?;
-        Ok(Executed { requeued: locked_ids, cleared })
+        Ok(Executed {
+            requeued: locked_ids,
+            cleared,
+        })
     })
     .await
 }
 
+/// The DONE rows among `ids`, with their tenants' endpoints and subscriptions.
+async fn replay_targets(conn: &mut AsyncPgConnection, ids: &[Uuid]) -> Result<Vec<ReplayTarget>> {
+    let rows: Vec<ReplayRow> =
+        diesel::sql_query("SELECT id, tenant_id, target_queue FROM outbox_event WHERE id = ANY($1) AND status = 'DONE'")
+            .bind::<Array<SqlUuid>, _>(ids)
+            .load(conn)
+            .await?;
+    let tenants: Vec<String> = rows.iter().map(|r| r.tenant_id.clone()).collect();
+    let endpoints: Vec<TenantTarget> =
+        diesel::sql_query("SELECT tenant_id, id FROM webhook_endpoint WHERE tenant_id = ANY($1)")
+            .bind::<Array<Text>, _>(&tenants)
+            .load(conn)
+            .await?;
+    let subscriptions: Vec<TenantTarget> = diesel::sql_query(
+        "SELECT tenant_id, id FROM plugin_hook_subscription WHERE tenant_id = ANY($1)",
+    )
+    .bind::<Array<Text>, _>(&tenants)
+    .load(conn)
+    .await?;
+    let of = |list: &[TenantTarget], tenant: &str| -> Vec<Uuid> {
+        list.iter()
+            .filter(|t| t.tenant_id == tenant)
+            .map(|t| t.id)
+            .collect()
+    };
+    Ok(rows
+        .into_iter()
+        .map(|row| ReplayTarget {
+            id: row.id,
+            endpoints: of(&endpoints, &row.tenant_id),
+            subscriptions: of(&subscriptions, &row.tenant_id),
+            target_queue: row.target_queue,
+        })
+        .collect())
+}
+
+/// Every task id a job and its retry rounds may have.
+fn with_retries(task: String) -> Vec<String> {
+    let mut all: Vec<String> = (1..=MAX_RETRY_ROUNDS)
+        .map(|round| retry_task_id(&task, round))
+        .collect();
+    all.push(task);
+    all
+}
+
 /// Removes from Redis what the previous run of each replayed event left
-/// behind, so that the replay runs again end to end:
+/// behind, so that the replay runs again end to end. It computes the exact
+/// keys (no scans):
 ///
-/// - its finished job on its queue (`outbox:<id>` and retry copies), and the
-///   finished downstream jobs derived from it (`email:<id>`,
-///   `plugin-invoke:<id>:<subscription>`), but only jobs in the done or dead
-///   set: a job still waiting or running is left alone (it will run anyway);
-/// - the receivers' completed idempotency records for the event (a record
-///   of a delivery still in progress is left alone).
+/// - the event's finished job on its queue (`outbox:<id>` and its retry
+///   copies) and the finished downstream jobs derived from it
+///   (`email:<id>`, `plugin-invoke:<id>:<subscription>`), but only jobs in
+///   the done or dead set: a job still waiting or running is left alone;
+/// - the receivers' completed idempotency records for the event
+///   (`email:<id>`, `webhook:<id>:<endpoint>`, `plugin-invoke:<id>:<sub>`,
+///   `<id>`); a record of a delivery still in progress is left alone.
 ///
 /// Returns how many entries were removed.
 ///
@@ -203,97 +279,78 @@ pub async fn execute(
 pub async fn clear_replayed(
     redis: &mut redis::aio::ConnectionManager,
     namespace: &QueueNamespace,
-    replayed: &[(Uuid, Option<String>)],
+    targets: &[ReplayTarget],
 ) -> Result<usize> {
     let mut cleared = 0;
-    for (id, queue) in replayed {
-        let mut targets: Vec<(String, String)> = vec![
-            (queues::TOOLCTRL_EMAIL.to_owned(), format!("email:{id}*")),
+    for target in targets {
+        let id = target.id;
+        let mut jobs: Vec<(String, Vec<String>)> = vec![
+            (
+                queues::TOOLCTRL_EMAIL.to_owned(),
+                with_retries(format!("email:{id}")),
+            ),
             (
                 queues::TOOLCTRL_PLUGIN_INVOKE.to_owned(),
-                format!("plugin-invoke:{id}:*"),
+                target
+                    .subscriptions
+                    .iter()
+                    .flat_map(|sub| with_retries(format!("plugin-invoke:{id}:{sub}")))
+                    .collect(),
             ),
         ];
-        if let Some(queue) = queue {
-            targets.push((queue.clone(), format!("{}*", task_id(*id))));
+        if let Some(queue) = &target.target_queue {
+            jobs.push((queue.clone(), with_retries(task_id(id))));
         }
-        for (queue, pattern) in targets {
+        for (queue, tasks) in jobs {
+            if tasks.is_empty() {
+                continue;
+            }
             let config = apalis_config(namespace, &queue);
-            let tasks: Vec<String> = hscan_keys(redis, &config.job_data_hash(), &pattern).await?;
-            for task in tasks {
-                let (in_done, in_dead): (bool, bool) = redis::pipe()
-                    .sismember(config.done_jobs_set(), &task)
-                    .sismember(config.dead_jobs_set(), &task)
-                    .query_async(redis)
-                    .await?;
-                if in_done || in_dead {
-                    let _: () = redis::pipe()
-                        .hdel(config.job_data_hash(), &task)
+            let mut check = redis::pipe();
+            for task in &tasks {
+                check
+                    .sismember(config.done_jobs_set(), task)
+                    .sismember(config.dead_jobs_set(), task);
+            }
+            let membership: Vec<bool> = check.query_async(redis).await?;
+            let mut clear = redis::pipe();
+            let mut n = 0;
+            for (task, member) in tasks.iter().zip(membership.chunks(2)) {
+                if member.iter().any(|m| *m) {
+                    clear
+                        .hdel(config.job_data_hash(), task)
                         .del(format!("{}:{task}", config.job_meta_hash()))
-                        .srem(config.done_jobs_set(), &task)
-                        .srem(config.dead_jobs_set(), &task)
-                        .query_async(redis)
-                        .await?;
-                    cleared += 1;
+                        .srem(config.done_jobs_set(), task)
+                        .srem(config.dead_jobs_set(), task);
+                    n += 1;
                 }
             }
+            if n > 0 {
+                let _: () = clear.query_async(redis).await?;
+                cleared += n;
+            }
         }
-        let pattern = format!("{}*{id}*", idempotency_prefix(namespace));
-        for key in scan_keys(redis, &pattern).await? {
-            let record: Option<String> = redis::cmd("GET").arg(&key).query_async(redis).await?;
+        let prefix = idempotency_prefix(namespace);
+        let mut keys = vec![format!("{prefix}email:{id}"), format!("{prefix}{id}")];
+        keys.extend(
+            target
+                .endpoints
+                .iter()
+                .map(|e| format!("{prefix}webhook:{id}:{e}")),
+        );
+        keys.extend(
+            target
+                .subscriptions
+                .iter()
+                .map(|s| format!("{prefix}plugin-invoke:{id}:{s}")),
+        );
+        let records: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(redis).await?;
+        for (key, record) in keys.iter().zip(records) {
             if record.is_some_and(|r| r.contains("\"completed\"")) {
-                let _: () = redis::cmd("DEL").arg(&key).query_async(redis).await?;
+                let _: () = redis::cmd("DEL").arg(key).query_async(redis).await?;
                 cleared += 1;
             }
         }
     }
     Ok(cleared)
-}
-
-async fn hscan_keys(
-    redis: &mut redis::aio::ConnectionManager,
-    hash: &str,
-    pattern: &str,
-) -> Result<Vec<String>> {
-    let mut cursor: u64 = 0;
-    let mut found = Vec::new();
-    loop {
-        let (next, chunk): (u64, Vec<(String, Vec<u8>)>) = redis::cmd("HSCAN")
-            .arg(hash)
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(redis)
-            .await?;
-        found.extend(chunk.into_iter().map(|(field, _)| field));
-        if next == 0 {
-            return Ok(found);
-        }
-        cursor = next;
-    }
-}
-
-async fn scan_keys(
-    redis: &mut redis::aio::ConnectionManager,
-    pattern: &str,
-) -> Result<Vec<String>> {
-    let mut cursor: u64 = 0;
-    let mut found = Vec::new();
-    loop {
-        let (next, chunk): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(redis)
-            .await?;
-        found.extend(chunk);
-        if next == 0 {
-            return Ok(found);
-        }
-        cursor = next;
-    }
 }

@@ -134,9 +134,11 @@ pub async fn dead_jobs(
 
 /// Removes finished jobs from `queue`: jobs in the done set that finished
 /// more than `done_after` ago and jobs in the dead set that died more than
-/// `dead_after` ago (their body, their meta record and their set entry), at
-/// most `limit` of each per call. Nothing waiting or running is touched.
-/// Without this, every job body would stay in Redis forever.
+/// `dead_after` ago (their body, their meta record and their set entry). One
+/// call walks each set completely (500 members per round trip), removing at
+/// most `limit` jobs per set. Nothing waiting or running is touched: apalis
+/// moves a job into the done or dead set only once it has finished. Without
+/// this, every job body would stay in Redis forever.
 ///
 /// Deduplication by task id only matters while an outbox row can still be
 /// re-claimed, which ends when it is DONE; a replay clears its own jobs.
@@ -160,7 +162,7 @@ pub async fn trim_finished(
         (config.dead_jobs_set(), dead_after),
     ] {
         let mut cursor: u64 = 0;
-        let mut seen = 0;
+        let mut removed_here = 0;
         loop {
             let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
                 .arg(&set)
@@ -169,29 +171,36 @@ pub async fn trim_finished(
                 .arg(500)
                 .query_async(conn)
                 .await?;
-            for task in members {
-                seen += 1;
-                let meta = format!("{}:{task}", config.job_meta_hash());
-                let done_at: Option<f64> = redis::cmd("HGET")
-                    .arg(&meta)
-                    .arg("done_at")
-                    .query_async(conn)
-                    .await?;
-                if done_at.is_some_and(|at| now - at > age.as_secs_f64()) {
-                    let _: () = redis::pipe()
-                        .hdel(config.job_data_hash(), &task)
-                        .del(&meta)
-                        .srem(&set, &task)
-                        .query_async(conn)
-                        .await?;
-                    removed += 1;
+            if !members.is_empty() {
+                let mut lookup = redis::pipe();
+                for task in &members {
+                    lookup.hget(format!("{}:{task}", config.job_meta_hash()), "done_at");
+                }
+                let finished_at: Vec<Option<f64>> = lookup.query_async(conn).await?;
+                let mut trim = redis::pipe();
+                let mut batch = 0;
+                for (task, done_at) in members.iter().zip(finished_at) {
+                    if removed_here + batch >= limit {
+                        break;
+                    }
+                    if done_at.is_some_and(|at| now - at > age.as_secs_f64()) {
+                        trim.hdel(config.job_data_hash(), task)
+                            .del(format!("{}:{task}", config.job_meta_hash()))
+                            .srem(&set, task);
+                        batch += 1;
+                    }
+                }
+                if batch > 0 {
+                    let _: () = trim.query_async(conn).await?;
+                    removed_here += batch;
                 }
             }
-            if next == 0 || seen >= limit {
+            if next == 0 || removed_here >= limit {
                 break;
             }
             cursor = next;
         }
+        removed += removed_here;
     }
     Ok(removed)
 }

@@ -13,8 +13,9 @@ mod redis_queue;
 pub use envelope::{OutboxJob, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
 pub use redis_queue::{
-    PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config, connect,
-    idempotency_prefix, push_jobs, push_raw, push_raw_at, storage, wake_channel,
+    MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
+    connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,
+    storage, wake_channel,
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;

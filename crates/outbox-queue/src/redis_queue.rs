@@ -248,3 +248,23 @@ pub fn wake_channel(namespace: &QueueNamespace, queue: &str) -> String {
 pub fn idempotency_prefix(namespace: &QueueNamespace) -> String {
     format!("{}outbox:idempotency:", namespace.prefix())
 }
+
+/// Most retry rounds a job goes through before the dead set; the receivers'
+/// retry copies are `<task id>~retry1` up to `~retry16`.
+pub const MAX_RETRY_ROUNDS: usize = 16;
+
+/// The task id of retry round `round` (from 1) of the job `task_id`.
+#[must_use]
+pub fn retry_task_id(task_id: &str, round: usize) -> String {
+    format!("{task_id}~retry{round}")
+}
+
+/// Splits a task id into the first delivery's id and its retry round (0 for
+/// the first delivery).
+#[must_use]
+pub fn retry_round(task_id: &str) -> (&str, usize) {
+    match task_id.rsplit_once("~retry") {
+        Some((base, n)) => n.parse().map_or((task_id, 0), |n| (base, n)),
+        None => (task_id, 0),
+    }
+}

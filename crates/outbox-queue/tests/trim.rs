@@ -82,3 +82,55 @@ async fn only_old_finished_jobs_are_trimmed() {
         .unwrap();
     assert!(!meta_left);
 }
+
+#[tokio::test]
+async fn one_call_walks_the_whole_set_and_the_limit_caps_removals() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let config = apalis_config(&namespace, "q.many");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // 1,500 finished jobs: more than one SSCAN round trip; a third of them recent.
+    let mut pipe = redis::pipe();
+    for i in 0..1_500 {
+        let id = format!("job-{i}");
+        let age = if i % 3 == 0 { 10 } else { 7200 };
+        pipe.hset(config.job_data_hash(), &id, "{}")
+            .sadd(config.done_jobs_set(), &id)
+            .hset(
+                format!("{}:{id}", config.job_meta_hash()),
+                "done_at",
+                now - age,
+            );
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+    let hour = Duration::from_secs(3600);
+
+    assert_eq!(
+        trim_finished(&mut conn, &namespace, "q.many", hour, hour, 300)
+            .await
+            .unwrap(),
+        300
+    );
+    assert_eq!(
+        trim_finished(&mut conn, &namespace, "q.many", hour, hour, 100_000)
+            .await
+            .unwrap(),
+        700
+    );
+    let left: i64 = redis::cmd("SCARD")
+        .arg(config.done_jobs_set())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 500, "only the recent third is left");
+    let bodies: i64 = redis::cmd("HLEN")
+        .arg(config.job_data_hash())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(bodies, 500);
+}

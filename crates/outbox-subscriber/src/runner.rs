@@ -30,8 +30,9 @@ pub struct WorkerSettings {
     pub max_backoff: Duration,
     /// Delays of the later rounds: after the in-process retries, a job that
     /// still fails is pushed again (as `<task id>~retry<n>`) due after the
-    /// next delay; past the last one it goes to the dead set. The default,
-    /// 30 s to 4 h, spans about 8.5 hours of outage.
+    /// next delay; past the last one (at most
+    /// [`outbox_queue::MAX_RETRY_ROUNDS`]) it goes to the dead set. The
+    /// default, 30 s to 4 h, spans about 8.5 hours of outage.
     pub requeue_delays: Vec<Duration>,
     /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
     /// is presumed dead and its in-flight jobs are redelivered.
@@ -214,6 +215,7 @@ async fn supervise(
     let queue = queue.as_str();
     let mut delay = Duration::from_secs(1);
     loop {
+        let started = Instant::now();
         let result = run_queue(
             handler.clone(),
             conn.clone(),
@@ -228,6 +230,10 @@ async fn supervise(
                 tracing::warn!(queue, error = %e, "queue worker stopped with an error during shutdown");
             }
             return;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            // It ran fine for a while: this is a new incident, start the backoff over.
+            delay = Duration::from_secs(1);
         }
         match result {
             Ok(()) => tracing::warn!(
@@ -277,17 +283,7 @@ struct SharedHandler {
     conn: ConnectionManager,
     namespace: QueueNamespace,
     settings: WorkerSettings,
-}
-
-/// The suffix of a retry round's task id.
-const RETRY_SUFFIX: &str = "~retry";
-
-/// Splits `outbox:<id>~retry<n>` into (`outbox:<id>`, n); a first delivery is round 0.
-fn retry_round(task_id: &str) -> (&str, usize) {
-    match task_id.rsplit_once(RETRY_SUFFIX) {
-        Some((base, n)) => n.parse().map_or((task_id, 0), |n| (base, n)),
-        None => (task_id, 0),
-    }
+    shutdown: CancellationToken,
 }
 
 /// The in-process delay before retry `n` (from 0): doubling from the minimum,
@@ -317,16 +313,28 @@ async fn run_job(
     shared: Data<SharedHandler>,
     task_id: TaskId,
 ) -> Result<(), BoxDynError> {
+    // The job runs in its own task: if apalis drops this future (its worker
+    // ends on a Redis error), the delivery in progress still completes and
+    // records its idempotency key, so the redelivery does not repeat it.
+    let shared = (*shared).clone();
+    let task_id = task_id.to_string();
+    match tokio::spawn(process(body, shared, task_id)).await {
+        Ok(result) => result,
+        Err(e) => Err(Box::new(AbortError::new(format!("handler panicked: {e}")))),
+    }
+}
+
+async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
     let SharedHandler {
         handler,
         mut conn,
         namespace,
         settings,
-    } = (*shared).clone();
+        shutdown,
+    } = shared;
     let event_id = body_field(&body, "outbox_event_id");
     let tenant_id = body_field(&body, "tenant_id");
-    let task_id = task_id.to_string();
-    let (base_id, round) = retry_round(&task_id);
+    let (base_id, round) = outbox_queue::retry_round(&task_id);
     let queue = handler.queue().to_owned();
     let span = tracing::info_span!(
         "outbox.job",
@@ -365,18 +373,27 @@ async fn run_job(
                 return Err(Box::new(AbortError::new(reason)));
             }
             Err(JobError::Retry(reason)) => {
+                last_reason = reason;
                 if try_no < settings.retries {
                     let delay = in_process_delay(&settings, try_no);
-                    tracing::warn!(%reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
+                    tracing::warn!(reason = %last_reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
                     drop(_entered);
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        // Stopping: hand the job back to the queue now instead.
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
                 }
-                last_reason = reason;
             }
         }
     }
     let _entered = span.enter();
-    let Some(delay) = settings.requeue_delays.get(round).copied() else {
+    let Some(delay) = settings
+        .requeue_delays
+        .get(round)
+        .copied()
+        .filter(|_| round < outbox_queue::MAX_RETRY_ROUNDS)
+    else {
         let reason = format!(
             "gave up after {} attempts: {last_reason}",
             (round + 1) * (settings.retries + 1)
@@ -387,7 +404,7 @@ async fn run_job(
         return Err(Box::new(AbortError::new(reason)));
     };
     // Put a copy back on the queue, due later; this copy is finished.
-    let next = format!("{base_id}{RETRY_SUFFIX}{}", round + 1);
+    let next = outbox_queue::retry_task_id(base_id, round + 1);
     let run_at = std::time::SystemTime::now() + delay;
     match outbox_queue::push_raw_at(
         &mut conn,
@@ -439,6 +456,7 @@ async fn run_queue(
             conn: conn_for_jobs,
             namespace: namespace.clone(),
             settings: settings.clone(),
+            shutdown: shutdown.clone(),
         })
         .build(run_job);
     worker

@@ -402,3 +402,69 @@ async fn a_job_failing_every_round_goes_to_the_dead_set_with_the_last_reason() {
         "{reason}"
     );
 }
+
+#[tokio::test]
+async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_queue() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let handler = Stubborn {
+        succeed_on: usize::MAX,
+        ..Stubborn::default()
+    };
+    let group = HandlerGroup::new().with(handler.clone()).unwrap();
+    // An hour between in-process retries: only the shutdown can end the wait.
+    let settings = WorkerSettings {
+        retries: 3,
+        min_backoff: Duration::from_secs(3600),
+        max_backoff: Duration::from_secs(3600),
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (group, conn, namespace, shutdown) = (
+            group.clone(),
+            conn.clone(),
+            namespace.clone(),
+            shutdown.clone(),
+        );
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
+    };
+    let mut push = conn.clone();
+    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
+    push_raw(
+        &mut push,
+        &namespace,
+        "test.stubborn",
+        &[("test:job".into(), body)],
+    )
+    .await
+    .unwrap();
+    wait_until("the first failure", || {
+        !handler.calls.lock().unwrap().is_empty()
+    })
+    .await;
+
+    shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), runner).await;
+    assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+    assert_eq!(
+        handler.calls.lock().unwrap().len(),
+        1,
+        "no further try after the shutdown"
+    );
+    let config = outbox_queue::apalis_config(&namespace, "test.stubborn");
+    let scheduled: Vec<String> = redis::cmd("ZRANGE")
+        .arg(config.scheduled_jobs_set())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut push)
+        .await
+        .unwrap();
+    assert_eq!(
+        scheduled,
+        ["test:job~retry1"],
+        "the job waits on the queue for its next round"
+    );
+}

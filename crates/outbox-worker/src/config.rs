@@ -229,6 +229,22 @@ impl WorkerConfig {
             poll_interval: env.millis("WORKER_POLL_INTERVAL_MS", 1000, 10)?,
             ..WorkerSettings::default()
         };
+        let shutdown_grace = env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?;
+        let orphan_window = worker.heartbeat * worker.missed_heartbeats as u32;
+        if shutdown_grace >= orphan_window {
+            // A draining worker sends no heartbeats: past this window other
+            // replicas would take over its jobs while it still runs them.
+            return Err(ConfigError {
+                variable: "WORKER_SHUTDOWN_GRACE_MS",
+                value: shutdown_grace.as_millis().to_string(),
+                problem: format!(
+                    "must be shorter than {} heartbeats (WORKER_HEARTBEAT_MS={}), i.e. below {} ms",
+                    worker.missed_heartbeats,
+                    worker.heartbeat.as_millis(),
+                    orphan_window.as_millis()
+                ),
+            });
+        }
         let smtp_url = env.raw("SMTP_URL");
         if group == Group::Mail && smtp_url.is_none() {
             env.required("SMTP_URL")?;
@@ -284,7 +300,7 @@ impl WorkerConfig {
                 .unwrap_or_else(|| "outbox@localhost".into()),
             webhook_timeout: env.millis("WEBHOOK_TIMEOUT_MS", 10_000, 100)?,
             webhook_allow_private: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
-            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
+            shutdown_grace,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
             queue_done_retention: Duration::from_secs(
@@ -367,6 +383,11 @@ mod tests {
             ("MAIL_FROM", "not an address", "not a mail address"),
             ("REDIS_URL", "notaurl", "not a Redis URL"),
             ("DATABASE_URL", "mysql://x/y", "postgres://"),
+            (
+                "WORKER_SHUTDOWN_GRACE_MS",
+                "120000",
+                "shorter than 4 heartbeats",
+            ),
         ];
         for (variable, value, problem) in cases {
             let err = read(Group::General, &[(variable, value)]).unwrap_err();

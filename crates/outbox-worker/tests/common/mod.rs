@@ -101,7 +101,7 @@ impl Stack {
             ("WORKER_HEARTBEAT_MS", "1000".to_owned()),
             ("WORKER_RETRIES", "2".to_owned()),
             ("DATABASE_POOL_SIZE", "3".to_owned()),
-            ("WORKER_SHUTDOWN_GRACE_MS", "10000".to_owned()),
+            ("WORKER_SHUTDOWN_GRACE_MS", "3000".to_owned()),
             ("WORKER_GAUGE_INTERVAL_MS", "200".to_owned()),
             ("WORKER_POLL_INTERVAL_MS", "200".to_owned()),
             (
