@@ -298,15 +298,37 @@ impl JobHandler for Stubborn {
     }
 }
 
-async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::DeadJob>, u64) {
-    let redis = TestRedis::new().await;
+/// A handler group running in the background on its own namespace.
+struct Running {
+    namespace: QueueNamespace,
+    conn: redis::aio::ConnectionManager,
+    shutdown: CancellationToken,
+    runner: tokio::task::JoinHandle<Result<(), outbox_subscriber::SubscriberError>>,
+}
+
+fn start(redis: &TestRedis, handler: impl JobHandler, settings: WorkerSettings) -> Running {
     let namespace = QueueNamespace::prefixed(redis.prefix());
     let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let group = HandlerGroup::new().with(handler).unwrap();
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (conn, namespace, shutdown) = (conn.clone(), namespace.clone(), shutdown.clone());
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
+    };
+    Running {
+        namespace,
+        conn,
+        shutdown,
+        runner,
+    }
+}
+
+async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::DeadJob>, u64) {
+    let redis = TestRedis::new().await;
     let handler = Stubborn {
         succeed_on,
         ..Stubborn::default()
     };
-    let group = HandlerGroup::new().with(handler.clone()).unwrap();
     let settings = WorkerSettings {
         retries: 1,
         min_backoff: Duration::from_millis(10),
@@ -315,16 +337,12 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
         poll_interval: Duration::from_millis(50),
         ..WorkerSettings::default()
     };
-    let shutdown = CancellationToken::new();
-    let runner = {
-        let (group, conn, namespace, shutdown) = (
-            group.clone(),
-            conn.clone(),
-            namespace.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
-    };
+    let Running {
+        namespace,
+        conn,
+        shutdown,
+        runner,
+    } = start(&redis, handler.clone(), settings);
     let mut push = conn.clone();
     let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
     push_raw(
@@ -406,13 +424,10 @@ async fn a_job_failing_every_round_goes_to_the_dead_set_with_the_last_reason() {
 #[tokio::test]
 async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_queue() {
     let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
     let handler = Stubborn {
         succeed_on: usize::MAX,
         ..Stubborn::default()
     };
-    let group = HandlerGroup::new().with(handler.clone()).unwrap();
     // An hour between in-process retries: only the shutdown can end the wait.
     let settings = WorkerSettings {
         retries: 3,
@@ -421,16 +436,12 @@ async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_qu
         poll_interval: Duration::from_millis(50),
         ..WorkerSettings::default()
     };
-    let shutdown = CancellationToken::new();
-    let runner = {
-        let (group, conn, namespace, shutdown) = (
-            group.clone(),
-            conn.clone(),
-            namespace.clone(),
-            shutdown.clone(),
-        );
-        tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await })
-    };
+    let Running {
+        namespace,
+        conn,
+        shutdown,
+        runner,
+    } = start(&redis, handler.clone(), settings);
     let mut push = conn.clone();
     let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
     push_raw(
