@@ -636,11 +636,19 @@ async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
     );
 }
 
-async fn run_mail_group_until(env: &Env, smtp: &outbox_test_support::SmtpSink, mails: usize) {
+/// The mail workers (outbox.mail and toolctrl.email) running in the background.
+fn start_mail_workers(
+    env: &Env,
+    smtp: &outbox_test_support::SmtpSink,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings, Templates};
     let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
     let store = outbox_idempotency::RedisIdempotencyStore::new(conn.clone())
         .with_prefix(outbox_queue::idempotency_prefix(&env.namespace));
+    let smtp_settings = SmtpSettings {
+        timeout: Duration::from_secs(5),
+        ..SmtpSettings::new(smtp.url())
+    };
     let group = HandlerGroup::new()
         .with(MailRequestHandler::new(
             Templates::standard(),
@@ -648,7 +656,7 @@ async fn run_mail_group_until(env: &Env, smtp: &outbox_test_support::SmtpSink, m
             env.namespace.clone(),
         ))
         .unwrap()
-        .with(SmtpHandler::new(SmtpSettings::new(smtp.url()), store).unwrap())
+        .with(SmtpHandler::new(smtp_settings, store).unwrap())
         .unwrap();
     let settings = WorkerSettings {
         poll_interval: Duration::from_millis(50),
@@ -656,31 +664,34 @@ async fn run_mail_group_until(env: &Env, smtp: &outbox_test_support::SmtpSink, m
     };
     let (namespace, shutdown) = (env.namespace.clone(), CancellationToken::new());
     let token = shutdown.clone();
-    let worker = tokio::spawn(async move { group.run(conn, &namespace, &settings, token).await });
-    smtp.wait_for_messages(mails, Duration::from_secs(30)).await;
-    // Let the send be recorded (the job acknowledged) before stopping.
+    let worker =
+        tokio::spawn(async move { group.run(conn, &namespace, &settings, token).await.unwrap() });
+    (shutdown, worker)
+}
+
+/// Waits until `queue` has `done` finished jobs.
+async fn wait_done(env: &Env, queue: &str, done: u64) {
     let mut redis = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while outbox_queue::queue_stats(
-        &mut redis,
-        &env.namespace,
-        queues::TOOLCTRL_EMAIL,
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap()
-    .done
-        < 1
-    {
-        assert!(tokio::time::Instant::now() < deadline);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats =
+            outbox_queue::queue_stats(&mut redis, &env.namespace, queue, Duration::from_secs(60))
+                .await
+                .unwrap();
+        if stats.done >= done {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue}: {stats:?}, waiting for {done} done"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    shutdown.cancel();
-    worker.await.unwrap().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaying_a_done_mail_event_sends_the_mail_again() {
+    outbox_test_support::init_tracing();
     let env = Env::new().await;
     let smtp = outbox_test_support::SmtpSink::start().await;
     env.sql(
@@ -689,16 +700,23 @@ async fn replaying_a_done_mail_event_sends_the_mail_again() {
     )
     .await;
     let id = env.rows().await[0].id;
+    let (shutdown, workers) = start_mail_workers(&env, &smtp);
     assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
-    run_mail_group_until(&env, &smtp, 1).await;
+    smtp.wait_for_messages(1, Duration::from_secs(60)).await;
+    // Both jobs acknowledged: the mail is recorded as sent.
+    wait_done(&env, queues::MAIL, 1).await;
+    wait_done(&env, queues::TOOLCTRL_EMAIL, 1).await;
 
     let run = env.outbox(&["requeue", &id.to_string(), "--replay", "--json"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     // The outbox.mail job, the toolctrl.email job and the sent-mail record.
     assert_eq!(run.json()["cleared_old_jobs"], 3, "{}", run.stdout);
     assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
-    run_mail_group_until(&env, &smtp, 2).await;
-    assert_eq!(smtp.messages().len(), 2, "the replay sent the mail again");
+    let mails = smtp.wait_for_messages(2, Duration::from_secs(60)).await;
+    assert_eq!(mails.len(), 2, "the replay sent the mail again");
+
+    shutdown.cancel();
+    workers.await.unwrap();
 }
 
 #[tokio::test]
