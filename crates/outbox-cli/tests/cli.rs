@@ -12,7 +12,7 @@ use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_queue::{QueueNamespace, RedisSettings, push_raw, queues};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
-use outbox_test_support::{TestDatabase, TestRedis};
+use outbox_test_support::{TestDatabase, TestRedis, eventually};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -437,19 +437,17 @@ async fn health_exits_1_when_a_queue_has_dead_jobs_or_a_stalled_worker() {
     let worker =
         tokio::spawn(async move { group.run(conn, &namespace, &settings, shutdown).await });
 
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let report = loop {
-        let run = env.outbox(&["health", "--json", "--stall-after-secs", "3600"]);
-        if run.code == 1 {
-            break run.json();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no dead job: {}",
-            run.stdout
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let mut run = env.outbox(&["health", "--json", "--stall-after-secs", "3600"]);
+    eventually(
+        "health to report the dead job",
+        Duration::from_secs(30),
+        async || {
+            run = env.outbox(&["health", "--json", "--stall-after-secs", "3600"]);
+            run.code == 1
+        },
+    )
+    .await;
+    let report = run.json();
     let audit = report["queues"]
         .as_array()
         .unwrap()
@@ -470,35 +468,42 @@ async fn health_exits_1_when_a_queue_has_dead_jobs_or_a_stalled_worker() {
     );
 
     worker.abort(); // a crash: no deregistration, heartbeats stop
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let run = env.outbox(&[
+    let health = || {
+        env.outbox(&[
             "health",
             "--json",
             "--max-dead",
             "5",
             "--stall-after-secs",
             "1",
-        ]);
-        let json = run.json();
-        let audit = json["queues"]
+        ])
+    };
+    let audit_of = |json: &Value| {
+        json["queues"]
             .as_array()
             .unwrap()
             .iter()
             .find(|q| q["queue"] == "outbox.audit")
             .unwrap()
-            .clone();
-        if audit["stalled_workers"] == 1 {
-            assert_eq!(run.code, 1);
-            assert!(audit["alerts"][0].as_str().unwrap().contains("stalled"));
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker never stalled: {json}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+            .clone()
+    };
+    let mut run = health();
+    eventually(
+        "the dead worker to count as stalled",
+        Duration::from_secs(30),
+        async || {
+            run = health();
+            audit_of(&run.json())["stalled_workers"] == 1
+        },
+    )
+    .await;
+    assert_eq!(run.code, 1);
+    assert!(
+        audit_of(&run.json())["alerts"][0]
+            .as_str()
+            .unwrap()
+            .contains("stalled")
+    );
 }
 
 #[tokio::test]
@@ -672,21 +677,22 @@ fn start_mail_workers(
 /// Waits until `queue` has `done` finished jobs.
 async fn wait_done(env: &Env, queue: &str, done: u64) {
     let mut redis = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats =
-            outbox_queue::queue_stats(&mut redis, &env.namespace, queue, Duration::from_secs(60))
-                .await
-                .unwrap();
-        if stats.done >= done {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{queue}: {stats:?}, waiting for {done} done"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        &format!("{done} done job(s) on {queue}"),
+        Duration::from_secs(60),
+        async || {
+            let stats = outbox_queue::queue_stats(
+                &mut redis,
+                &env.namespace,
+                queue,
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+            stats.done >= done
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_queue::{QueueNamespace, RedisSettings, dead_jobs, push_raw, queue_stats};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
-use outbox_test_support::TestRedis;
+use outbox_test_support::{TestRedis, eventually};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -52,15 +52,11 @@ impl JobHandler for Recorder {
 }
 
 async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !check() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(what, WAIT, async || check()).await;
 }
+
+/// How long a test waits for an effect.
+const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
@@ -148,14 +144,13 @@ async fn jobs_run_retry_and_dead_letter_while_the_worker_keeps_serving() {
 
     let mut inspect = conn.clone();
     let mut dead = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while dead.len() < 3 {
-        assert!(tokio::time::Instant::now() < deadline, "dead set: {dead:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    eventually("three dead jobs", WAIT, async || {
         dead = dead_jobs(&mut inspect, &namespace, "test.jobs", 10)
             .await
             .unwrap();
-    }
+        dead.len() >= 3
+    })
+    .await;
     let reasons: HashMap<String, String> = dead
         .into_iter()
         .map(|d| (d.task_id, d.reason.unwrap_or_default()))
@@ -224,36 +219,24 @@ async fn a_push_wakes_an_idle_worker_long_before_its_next_poll() {
     };
     // Let the worker start, find nothing, and go idle.
     let mut probe = conn.clone();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while outbox_queue::queue_stats(&mut probe, &namespace, "test.jobs", Duration::from_secs(60))
-        .await
-        .unwrap()
-        .workers
-        == 0
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "worker never registered"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the worker to register", WAIT, async || {
+        let stats = queue_stats(&mut probe, &namespace, "test.jobs", Duration::from_secs(60))
+            .await
+            .unwrap();
+        stats.workers > 0
+    })
+    .await;
     let channel = outbox_queue::wake_channel(&namespace, "test.jobs");
-    loop {
+    eventually(&format!("a subscriber on {channel}"), WAIT, async || {
         let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
             .arg(&channel)
             .query_async(&mut probe)
             .await
             .unwrap();
-        if subscribers > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "nobody subscribed to {channel}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        subscribers > 0
+    })
+    .await;
 
     let body = serde_json::to_vec(&serde_json::json!({ "name": "woken", "mode": "ok" })).unwrap();
     push_raw(
@@ -353,8 +336,7 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
     )
     .await
     .unwrap();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("the job to succeed or die", WAIT, async || {
         let stats = queue_stats(
             &mut push,
             &namespace,
@@ -364,15 +346,9 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
         .await
         .unwrap();
         let calls = handler.calls.lock().unwrap().len();
-        if (calls >= succeed_on && stats.backlog == 0 && stats.running == 0) || stats.dead > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{stats:?} after {calls} calls"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (calls >= succeed_on && stats.backlog == 0 && stats.running == 0) || stats.dead > 0
+    })
+    .await;
     shutdown.cancel();
     runner.await.unwrap().unwrap();
     let dead = dead_jobs(&mut push, &namespace, "test.stubborn", 10)

@@ -18,6 +18,7 @@
 //! services. Nothing here mocks Postgres or Redis. Not for production code.
 
 mod database;
+mod eventually;
 mod http_sink;
 mod redis_ns;
 mod redis_process;
@@ -25,6 +26,7 @@ mod smtp_sink;
 mod url;
 
 pub use database::TestDatabase;
+pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use redis_ns::TestRedis;
 pub use redis_process::RedisProcess;

@@ -12,6 +12,7 @@ use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{OutboxJob, RedisSettings, push_jobs, push_raw, queues};
 use outbox_subscriber_webhook::verify;
+use outbox_test_support::eventually;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -443,20 +444,15 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
     assert_eq!(readyz().await.0, 200);
 
     redis.stop();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (status, body) = readyz().await;
-        if status == 503 {
-            assert!(body.contains("\"postgres\":\"ok\""), "{body}");
-            assert!(!body.contains("\"redis\":\"ok\""), "{body}");
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "readyz stayed {status}: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let mut body = String::new();
+    eventually("readyz to answer 503", WAIT, async || {
+        let (status, text) = readyz().await;
+        body = text;
+        status == 503
+    })
+    .await;
+    assert!(body.contains("\"postgres\":\"ok\""), "{body}");
+    assert!(!body.contains("\"redis\":\"ok\""), "{body}");
     // Events published during the outage wait in Postgres.
     stack
         .publish(NewOutboxEvent::new(
@@ -467,14 +463,7 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
         .await;
 
     redis.restart().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while readyz().await.0 != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "readyz never recovered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("readyz to recover", WAIT, async || readyz().await.0 == 200).await;
     stack
         .publish(NewOutboxEvent::new(
             "acme",

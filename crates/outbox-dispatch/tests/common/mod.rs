@@ -144,20 +144,8 @@ impl Harness {
     }
 
     /// Waits until `check` holds, polling every 50 ms, failing after `limit`.
-    pub async fn wait_for(
-        &self,
-        what: &str,
-        limit: Duration,
-        mut check: impl AsyncFnMut() -> bool,
-    ) {
-        let deadline = tokio::time::Instant::now() + limit;
-        while !check().await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for: {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    pub async fn wait_for(&self, what: &str, limit: Duration, check: impl AsyncFnMut() -> bool) {
+        outbox_test_support::eventually(what, limit, check).await;
     }
 }
 

@@ -10,7 +10,10 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use outbox_queue::{QueueNamespace, QueueStats, RedisSettings};
-use outbox_test_support::{HttpSink, SmtpSink, TestDatabase, TestRedis};
+use outbox_test_support::{HttpSink, SmtpSink, TestDatabase, TestRedis, eventually};
+
+/// How long an end-to-end test waits for an effect.
+const WAIT: Duration = Duration::from_secs(60);
 use uuid::Uuid;
 
 pub const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
@@ -175,75 +178,43 @@ impl Stack {
 
     /// Waits until the worker's /metrics has a line starting with `line`.
     pub async fn wait_metric(&self, worker: &Worker, line: &str) -> String {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let body = reqwest::get(format!("http://{}/metrics", worker.addr))
+        let mut body = String::new();
+        eventually(&format!("metric {line:?}"), WAIT, async || {
+            body = reqwest::get(format!("http://{}/metrics", worker.addr))
                 .await
                 .unwrap()
                 .text()
                 .await
                 .unwrap();
-            if body.lines().any(|l| l.starts_with(line)) {
-                return body;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "no metric {line:?} in:\n{body}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            body.lines().any(|l| l.starts_with(line))
+        })
+        .await;
+        body
     }
 
     /// Waits until `queue` has `done` finished jobs.
     pub async fn wait_done(&self, queue: &str, done: u64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let stats = self.stats(queue).await;
-            if stats.done >= done {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{queue}: {stats:?}, waiting for {done} done"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{done} done job(s) on {queue}");
+        eventually(&what, WAIT, async || self.stats(queue).await.done >= done).await;
     }
 
     /// Waits until `queue` has `dead` dead jobs.
     pub async fn wait_dead(&self, queue: &str, dead: u64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let stats = self.stats(queue).await;
-            if stats.dead >= dead {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{queue}: {stats:?}, waiting for {dead} dead"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let what = format!("{dead} dead job(s) on {queue}");
+        eventually(&what, WAIT, async || self.stats(queue).await.dead >= dead).await;
     }
 
     /// Waits until the SQL count query returns `n`.
     pub async fn wait_count(&self, sql: &str, n: i64) {
         use diesel_async::RunQueryDsl;
         let mut conn = self.db.conn().await;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
+        eventually(&format!("{sql} = {n}"), WAIT, async || {
             let count: i64 = diesel::dsl::sql::<diesel::sql_types::BigInt>(sql)
                 .get_result(&mut conn)
                 .await
                 .unwrap();
-            if count == n {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{sql}: {count}, waiting for {n}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            count == n
+        })
+        .await;
     }
 }
