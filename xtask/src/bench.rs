@@ -24,13 +24,15 @@ use tokio_util::sync::CancellationToken;
 use crate::services;
 
 const DB: &str = "outbox_bench";
-const PREFIX: &str = "outbox-bench:";
+/// The Redis key prefix of every benchmark.
+pub const PREFIX: &str = "outbox-bench:";
 
 fn line(value: serde_json::Value) {
     println!("{value}");
 }
 
-fn rate(bench: &str, events: usize, elapsed: Duration) {
+/// Prints one throughput line.
+pub fn rate(bench: &str, events: usize, elapsed: Duration) {
     let seconds = elapsed.as_secs_f64();
     line(
         json!({ "bench": bench, "events": events, "seconds": (seconds * 1000.0).round() / 1000.0,
@@ -60,11 +62,12 @@ async fn count_open(conn: &mut AsyncPgConnection) -> Result<i64> {
     )
 }
 
-async fn clear_redis(redis_url: &str) -> Result<()> {
+/// Deletes every key under `prefix`.
+pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{PREFIX}*"))
+        .arg(format!("{prefix}*"))
         .query_async(&mut conn)
         .await?;
     for chunk in keys.chunks(1000) {
@@ -76,9 +79,29 @@ async fn clear_redis(redis_url: &str) -> Result<()> {
     Ok(())
 }
 
-/// Runs every benchmark.
-pub async fn run() -> Result<()> {
+/// The benchmarks of the dispatch pipeline; they run in this order, each on
+/// what the one before left.
+const PIPELINE: [&str; 5] = [
+    "publish_one_per_transaction",
+    "publish_batch_1000",
+    "dispatch_4_dispatchers_batch_500",
+    "tick_500_over_42000_done_rows",
+    "publish_to_done_latency_ms",
+];
+
+/// Runs every benchmark whose name starts with `only` (all without it).
+pub async fn run(only: Option<&str>) -> Result<()> {
     let found = services::ensure().await?;
+    let wants = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
+    if PIPELINE.iter().any(|name| wants(name)) {
+        pipeline(&found).await?;
+    }
+    crate::bench_drain::run(&found.redis_url, &wants).await?;
+    Ok(())
+}
+
+/// Publishing and dispatching, through Postgres and Redis.
+async fn pipeline(found: &services::Services) -> Result<()> {
     let mut admin =
         AsyncPgConnection::establish(&with_database(&found.database_url, "postgres")).await?;
     admin
@@ -89,7 +112,7 @@ pub async fn run() -> Result<()> {
         .await?;
     let url = with_database(&found.database_url, DB);
     outbox_model::run_migrations(&url).await?;
-    clear_redis(&found.redis_url).await?;
+    clear_redis(&found.redis_url, PREFIX).await?;
     let mut conn = AsyncPgConnection::establish(&url).await?;
 
     // 1. One event per business transaction, one connection.
@@ -215,7 +238,7 @@ pub async fn run() -> Result<()> {
                  "max": (pct(1.0) * 10.0).round() / 10.0 }),
     );
 
-    clear_redis(&found.redis_url).await?;
+    clear_redis(&found.redis_url, PREFIX).await?;
     drop(conn);
     admin
         .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))

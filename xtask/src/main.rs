@@ -10,6 +10,7 @@
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
 mod bench;
+mod bench_drain;
 mod cmd;
 mod demo;
 mod demo_subscribers;
@@ -44,7 +45,11 @@ enum Command {
     /// Migrate a demo database, publish sample events, print the rows by status.
     Demo,
     /// Performance figures as JSON lines on stdout.
-    Bench,
+    Bench {
+        /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
+        #[arg(long)]
+        only: Option<String>,
+    },
     /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
     Schema {
         /// Fail instead of writing when the file differs from the migrations.
@@ -83,7 +88,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
             Command::Demo => demo::run().await,
-            Command::Bench => bench::run().await,
+            Command::Bench { only } => bench::run(only.as_deref()).await,
             Command::Schema { check } => schema::run(check).await,
         }
     })

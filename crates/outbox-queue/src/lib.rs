@@ -9,6 +9,7 @@
 mod envelope;
 mod inspect;
 mod redis_queue;
+mod worker_store;
 
 pub use envelope::{OutboxJob, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
@@ -16,6 +17,9 @@ pub use redis_queue::{
     MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
     connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,
     storage, wake_channel,
+};
+pub use worker_store::{
+    QUEUE_RESCHEDULE_ATTEMPTS, ResponseCodec, ResponseCodecError, WorkerStore, retire_worker,
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;

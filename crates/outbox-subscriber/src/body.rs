@@ -3,17 +3,23 @@
 //!
 //! apalis decodes each fetched job with the backend's codec *before* any
 //! service sees it, and a decode error there is a fatal stream error that
-//! stops the worker. [`LenientRedis`] wraps apalis-redis' storage with a codec
-//! that never fails: it hands over the raw bytes together with the parse
-//! result, and the framework dead-letters what does not parse.
+//! stops the worker. [`LenientRedis`] is the apalis backend of a queue with a
+//! codec that never fails: it hands over the raw bytes together with the
+//! parse result, and the framework dead-letters what does not parse. Its
+//! Redis side is [`outbox_queue::WorkerStore`], whose scripts keep the work
+//! per fetch and per job bounded whatever the backlog.
 
 use std::convert::Infallible;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use apalis_core::backend::codec::Codec;
+use apalis_core::backend::persistence::{Persisted, TaskPersistLayer};
 use apalis_core::backend::{Backend, BackendConfig, WireFormatBackend};
+use apalis_core::task::Task;
 use apalis_core::worker::context::WorkerContext;
 use apalis_redis::{ConnectionManager, RedisStorage};
+use futures::future::BoxFuture;
+use outbox_queue::{ResponseCodec, WorkerStore};
 
 /// A job as fetched: its raw bytes and whether they are JSON.
 #[derive(Debug, Clone)]
@@ -63,34 +69,57 @@ impl Codec<JobBody> for LenientCodec {
     }
 }
 
-/// apalis-redis storage whose jobs arrive as [`JobBody`], parse errors included.
-#[derive(Debug, Clone)]
+/// An apalis backend on one apalis-redis queue whose jobs arrive as
+/// [`JobBody`], parse errors included. Its Redis side is
+/// [`outbox_queue::WorkerStore`]: fetching, acknowledging and recovering
+/// jobs in bounded work per call, so a queue drains from any backlog.
 pub struct LenientRedis {
-    inner: RedisStorage<JobBody>,
+    persisted: Persisted<WorkerStore>,
     codec: LenientCodec,
+    retire: Option<BoxFuture<'static, Result<(), apalis_redis::Error>>>,
+}
+
+impl std::fmt::Debug for LenientRedis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LenientRedis")
+            .field("queue", &self.persisted.config().queue)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Clone for LenientRedis {
+    fn clone(&self) -> Self {
+        Self {
+            persisted: self.persisted.clone(),
+            codec: self.codec,
+            retire: None,
+        }
+    }
 }
 
 impl LenientRedis {
-    /// The storage of the apalis queue `config.queue`.
+    /// The backend of the apalis queue `config.queue`.
     #[must_use]
     pub fn new(conn: ConnectionManager, config: apalis_redis::Config) -> Self {
         Self {
-            inner: RedisStorage::new(conn).with_config(config),
+            persisted: Persisted::new(WorkerStore::new(conn, config)),
             codec: LenientCodec,
+            retire: None,
         }
     }
 }
 
 impl Backend for LenientRedis {
-    type Task = <RedisStorage<JobBody> as Backend>::Task;
-    type Error = <RedisStorage<JobBody> as Backend>::Error;
+    type Task = Task<Vec<u8>>;
+    type Error = apalis_redis::Error;
 
     fn poll_ready(
         &mut self,
         cx: &mut Context<'_>,
         worker: &WorkerContext,
     ) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx, worker)
+        let heartbeat = self.persisted.config().heartbeat_interval;
+        self.persisted.poll_ready(cx, worker, heartbeat)
     }
 
     fn poll_next(
@@ -98,7 +127,7 @@ impl Backend for LenientRedis {
         cx: &mut Context<'_>,
         worker: &WorkerContext,
     ) -> Poll<Option<Result<Self::Task, Self::Error>>> {
-        self.inner.poll_next(cx, worker)
+        self.persisted.poll_next(cx, worker)
     }
 
     fn poll_close(
@@ -106,7 +135,21 @@ impl Backend for LenientRedis {
         cx: &mut Context<'_>,
         worker: &WorkerContext,
     ) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_close(cx, worker)
+        if self.retire.is_none() {
+            ready!(self.persisted.poll_close(cx, worker))?;
+            let mut conn = self.persisted.connection();
+            let config = self.persisted.config().clone();
+            let worker = worker.clone();
+            self.retire = Some(Box::pin(async move {
+                outbox_queue::retire_worker(&mut conn, &config, &worker)
+                    .await
+                    .map(|_| ())
+            }));
+        }
+        match self.retire.as_mut() {
+            Some(retire) => retire.as_mut().poll(cx),
+            None => Poll::Ready(Ok(())),
+        }
     }
 }
 
@@ -114,15 +157,21 @@ impl BackendConfig for LenientRedis {
     type Args = JobBody;
     type Id = <RedisStorage<JobBody> as BackendConfig>::Id;
     type Kind = <RedisStorage<JobBody> as BackendConfig>::Kind;
-    type Config = <RedisStorage<JobBody> as BackendConfig>::Config;
-    type Layer = <RedisStorage<JobBody> as BackendConfig>::Layer;
+    type Config = apalis_redis::Config;
+    type Layer = TaskPersistLayer<ResponseCodec, serde_json::Value>;
 
     fn config(&self) -> &Self::Config {
-        self.inner.config()
+        self.persisted.config()
     }
 
-    fn middleware(&mut self, worker: &mut WorkerContext) -> Self::Layer {
-        self.inner.middleware(worker)
+    fn middleware(&mut self, _worker: &mut WorkerContext) -> Self::Layer {
+        // Fetching marks a job running, so no lock events are needed; the
+        // results are what records done, rescheduled and dead jobs.
+        let batch = self.persisted.config().batch_size;
+        self.persisted
+            .layer(ResponseCodec, batch)
+            .persist_results(true)
+            .lock_tasks(false)
     }
 }
 

@@ -325,6 +325,25 @@ async fn run_job(
 }
 
 async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
+    let event_id = body_field(&body, "outbox_event_id");
+    let tenant_id = body_field(&body, "tenant_id");
+    let (_, round) = outbox_queue::retry_round(&task_id);
+    let span = tracing::info_span!(
+        "outbox.job",
+        queue = %shared.handler.queue(),
+        task_id = %task_id,
+        event_id = %event_id,
+        tenant_id = %tenant_id,
+        round,
+        attempt = tracing::field::Empty,
+    );
+    // The whole delivery runs inside the span as an instrumented future: a
+    // guard from `span.enter()` held across an await can resume on another
+    // thread and corrupt the subscriber's span stack.
+    deliver(body, shared, task_id).instrument(span).await
+}
+
+async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
     let SharedHandler {
         handler,
         mut conn,
@@ -332,19 +351,8 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
         settings,
         shutdown,
     } = shared;
-    let event_id = body_field(&body, "outbox_event_id");
-    let tenant_id = body_field(&body, "tenant_id");
     let (base_id, round) = outbox_queue::retry_round(&task_id);
     let queue = handler.queue().to_owned();
-    let span = tracing::info_span!(
-        "outbox.job",
-        queue = %queue,
-        task_id = %task_id,
-        event_id = %event_id,
-        tenant_id = %tenant_id,
-        round,
-        attempt = tracing::field::Empty,
-    );
     let mut last_reason = String::new();
     for try_no in 0..=settings.retries {
         let meta = JobMeta {
@@ -352,15 +360,11 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
             task_id: task_id.clone(),
             attempt: round * (settings.retries + 1) + try_no + 1,
         };
-        span.record("attempt", meta.attempt);
+        tracing::Span::current().record("attempt", meta.attempt);
         let started = Instant::now();
-        let result = handler
-            .call(body.clone(), &meta)
-            .instrument(span.clone())
-            .await;
+        let result = handler.call(body.clone(), &meta).await;
         metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
             .record(started.elapsed().as_secs_f64());
-        let _entered = span.enter();
         match result {
             Ok(()) => {
                 tracing::info!("job done");
@@ -377,7 +381,6 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
                 if try_no < settings.retries {
                     let delay = in_process_delay(&settings, try_no);
                     tracing::warn!(reason = %last_reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
-                    drop(_entered);
                     tokio::select! {
                         // Stopping: hand the job back to the queue now instead.
                         () = shutdown.cancelled() => break,
@@ -387,7 +390,6 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
             }
         }
     }
-    let _entered = span.enter();
     let Some(delay) = settings
         .requeue_delays
         .get(round)

@@ -455,3 +455,69 @@ async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_qu
         "the job waits on the queue for its next round"
     );
 }
+
+#[tokio::test]
+async fn a_job_whose_body_is_gone_is_dropped_and_the_worker_keeps_serving() {
+    outbox_test_support::init_tracing();
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let config = outbox_queue::apalis_config(&namespace, "test.jobs");
+    let mut push = conn.clone();
+    let job = |name: &str| {
+        (
+            format!("test:{name}"),
+            serde_json::to_vec(&serde_json::json!({ "name": name, "mode": "ok" })).unwrap(),
+        )
+    };
+    push_raw(
+        &mut push,
+        &namespace,
+        "test.jobs",
+        &[job("trimmed"), job("kept")],
+    )
+    .await
+    .unwrap();
+    // The body went missing while the id still waits (trimmed, or deleted by hand).
+    let () = redis::cmd("HDEL")
+        .arg(config.job_data_hash())
+        .arg("test:trimmed")
+        .query_async::<i64>(&mut push)
+        .await
+        .map(|_| ())
+        .unwrap();
+
+    let recorder = Recorder::default();
+    let Running {
+        namespace,
+        conn: _,
+        shutdown,
+        runner,
+    } = start(&redis, recorder.clone(), WorkerSettings::default());
+    wait_until("the job with a body", || {
+        recorder.done.lock().unwrap().contains(&"kept".to_owned())
+    })
+    .await;
+    push_raw(&mut push, &namespace, "test.jobs", &[job("later")])
+        .await
+        .unwrap();
+    wait_until("a job pushed afterwards", || {
+        recorder.done.lock().unwrap().contains(&"later".to_owned())
+    })
+    .await;
+    assert_eq!(*recorder.done.lock().unwrap(), ["kept", "later"]);
+    // Acknowledgements are batched: wait for both, then nothing is left over.
+    eventually("both acknowledgements", WAIT, async || {
+        let stats = queue_stats(&mut push, &namespace, "test.jobs", Duration::from_secs(60))
+            .await
+            .unwrap();
+        stats.done == 2 && stats.running == 0
+    })
+    .await;
+    let stats = queue_stats(&mut push, &namespace, "test.jobs", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!((stats.backlog, stats.dead), (0, 0), "{stats:?}");
+    shutdown.cancel();
+    runner.await.unwrap().unwrap();
+}
