@@ -34,7 +34,7 @@ async fn plain_sql_insert_gets_defaults_and_is_a_valid_event() {
     let row = &rows[0];
     assert_eq!(row.status, OutboxStatus::Pending);
     assert_eq!(row.retries, 0);
-    assert_eq!(row.payload, json!({ "userId": 7 }));
+    assert_eq!(row.payload.value().unwrap(), json!({ "userId": 7 }));
     assert_eq!(row.id.get_version_num(), 4, "gen_random_uuid() default");
     assert!(row.scheduled_at <= chrono::Utc::now());
     assert_eq!(

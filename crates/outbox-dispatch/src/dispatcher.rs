@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use outbox_model::{OutboxEvent, PgPool};
+use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent, PgPool};
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
 use redis::aio::ConnectionManager;
 use tokio::sync::{Mutex, Notify};
@@ -38,6 +38,9 @@ pub struct TickReport {
     pub failed: usize,
     /// Rows dead-lettered for want of a route.
     pub unrouted: usize,
+    /// Rows dead-lettered because their payload exceeds
+    /// [`outbox_model::MAX_PAYLOAD_BYTES`] (written by plain SQL).
+    pub oversized: usize,
     /// Rows released unhanded because the dispatcher is stopping.
     pub released: usize,
     /// Rows whose lease expired and was taken over before the outcome was recorded.
@@ -206,8 +209,10 @@ impl Dispatcher {
         }
         metrics::counter!("outbox_dispatch_claimed_total").increment(claimed.len() as u64);
 
+        let (claimed, mut failures) = refuse_oversized(claimed);
+        report.oversized = failures.len();
         let (units, unrouted) = self.route(claimed);
-        let mut failures: Vec<Failure> = unrouted
+        let unrouted_failures: Vec<Failure> = unrouted
             .iter()
             .filter_map(|event| {
                 tracing::error!(
@@ -222,7 +227,8 @@ impl Dispatcher {
                 })
             })
             .collect();
-        report.unrouted = failures.len();
+        report.unrouted = unrouted_failures.len();
+        failures.extend(unrouted_failures);
 
         let results = self.push_all(units, stop).await;
         let mut done = Vec::new();
@@ -378,6 +384,8 @@ impl Dispatcher {
             .increment(report.failed as u64);
         metrics::counter!("outbox_dispatch_failed_total", "reason" => "unrouted")
             .increment(report.unrouted as u64);
+        metrics::counter!("outbox_dispatch_failed_total", "reason" => "oversized")
+            .increment(report.oversized as u64);
         metrics::counter!("outbox_dispatch_unrouted_total").increment(report.unrouted as u64);
         metrics::counter!("outbox_dispatch_released_total").increment(report.released as u64);
         metrics::counter!("outbox_dispatch_lost_leases_total").increment(report.lost_leases as u64);
@@ -394,6 +402,37 @@ impl Dispatcher {
         }
         *refreshed = Some(Instant::now());
     }
+}
+
+/// Separates rows whose payload is too large to hand off (plain-SQL
+/// producers bypass the publisher's limit): each fails alone, with its size
+/// in the reason, and the rest of the claim proceeds.
+fn refuse_oversized(claimed: Vec<OutboxEvent>) -> (Vec<OutboxEvent>, Vec<Failure>) {
+    let mut failures = Vec::new();
+    let mut kept = Vec::with_capacity(claimed.len());
+    for event in claimed {
+        let size = event.payload.get().len();
+        if size <= MAX_PAYLOAD_BYTES {
+            kept.push(event);
+            continue;
+        }
+        tracing::error!(
+            event_id = %event.id, tenant_id = %event.tenant_id, event_type = %event.event_type,
+            payload_bytes = size, limit = MAX_PAYLOAD_BYTES,
+            "payload too large to hand off; dead-lettering the event"
+        );
+        if let Some(lease) = Lease::of(&event) {
+            failures.push(Failure {
+                lease,
+                retry_increment: 0,
+                error: format!(
+                    "payload of {size} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit; not handed off"
+                ),
+                queue: None,
+            });
+        }
+    }
+    (kept, failures)
 }
 
 impl std::fmt::Debug for Dispatcher {

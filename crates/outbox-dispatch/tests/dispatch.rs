@@ -63,7 +63,7 @@ async fn tick_hands_each_event_to_its_queue_and_marks_it_done() {
         assert_eq!(body["outbox_event_id"], json!(id.to_string()));
         assert_eq!(body["tenant_id"], json!(row.tenant_id));
         assert_eq!(body["event_type"], json!(row.event_type));
-        assert_eq!(body["payload"], row.payload);
+        assert_eq!(body["payload"], row.payload.value().unwrap());
         assert_eq!(body["dispatch_key"], json!(row.dispatch_key));
         assert!(body["created_at"].is_string());
     }
@@ -224,5 +224,118 @@ async fn claim_is_an_index_scan_on_a_table_full_of_done_rows() {
     assert!(
         !text.contains("Sort"),
         "claim sorts instead of walking the index:\n{text}"
+    );
+}
+
+/// Payloads Postgres accepts but `serde_json::Value` cannot hold or would
+/// change: 200 levels of nesting, a number outside f64, an integer past 64
+/// bits, a long decimal.
+fn awkward_payloads() -> Vec<String> {
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    vec![
+        format!(r#"{{"deep": {deep}}}"#),
+        r#"{"huge": 1e400}"#.to_owned(),
+        r#"{"id": 123456789012345678901234567, "amount": 0.1000000000000000055511151231257827}"#
+            .to_owned(),
+    ]
+}
+
+#[tokio::test]
+async fn payloads_travel_as_the_exact_text_postgres_holds_and_none_stalls_its_claim() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    // Plain-SQL producers: an ordinary row first and last, the awkward ones between.
+    let mut payloads = vec![r#"{"userId": 1}"#.to_owned()];
+    payloads.extend(awkward_payloads());
+    payloads.push(r#"{"userId": 2}"#.to_owned());
+    for payload in &payloads {
+        diesel::sql_query(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload)
+             VALUES ('acme', 'audit.user.login', $1::jsonb)",
+        )
+        .bind::<Text, _>(payload)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+
+    let report = h.dispatcher(quick_config()).tick().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.dispatched, report.failed),
+        (payloads.len(), payloads.len(), 0),
+        "{report:?}"
+    );
+    #[derive(diesel::QueryableByName)]
+    struct Stored {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        id: uuid::Uuid,
+        #[diesel(sql_type = Text)]
+        status: String,
+        #[diesel(sql_type = Text)]
+        payload: String,
+    }
+    let stored: Vec<Stored> =
+        diesel::sql_query("SELECT id, status, payload::text AS payload FROM outbox_event")
+            .load(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(stored.len(), payloads.len());
+    for row in stored {
+        assert_eq!(row.status, "DONE");
+        let body = h
+            .job_text("outbox.audit", &format!("outbox:{}", row.id))
+            .await;
+        assert!(
+            body.contains(&format!(r#""payload":{}"#, row.payload)),
+            "the job carries the payload text unchanged:\nrow: {}\njob: {body}",
+            row.payload
+        );
+    }
+    // The CLI and tests load such rows too.
+    assert_eq!(h.rows().await.len(), payloads.len());
+}
+
+#[tokio::test]
+async fn an_oversized_plain_sql_payload_fails_alone_with_its_size() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    let big = format!(
+        r#"{{"blob": "{}"}}"#,
+        "x".repeat(outbox_model::MAX_PAYLOAD_BYTES)
+    );
+    for payload in [r#"{"n": 1}"#, big.as_str(), r#"{"n": 2}"#] {
+        diesel::sql_query(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload)
+             VALUES ('acme', 'audit.user.login', $1::jsonb)",
+        )
+        .bind::<Text, _>(payload)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    let report = h.dispatcher(quick_config()).tick().await.unwrap();
+    assert_eq!(
+        (report.claimed, report.dispatched, report.oversized),
+        (3, 2, 1),
+        "{report:?}"
+    );
+    let rows = h.rows().await;
+    let failed: Vec<_> = rows
+        .iter()
+        .filter(|r| r.status == OutboxStatus::Failed)
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0].payload.get().len() > outbox_model::MAX_PAYLOAD_BYTES);
+    let reason = failed[0].last_error.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("exceeds the 1048576-byte limit"),
+        "{reason}"
+    );
+    assert_eq!(failed[0].retries, 0);
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.status == OutboxStatus::Done)
+            .count(),
+        2
     );
 }

@@ -8,6 +8,7 @@
 //! in `outbox-publish`, claiming and routing in `outbox-dispatch`.
 
 mod event_type;
+mod json;
 mod migrations;
 mod pool;
 mod row;
@@ -19,6 +20,7 @@ mod status;
 pub mod schema;
 
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
+pub use json::RawJson;
 pub use migrations::{MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations};
 pub use pool::{PgPool, PooledPg, connect_pool};
 pub use row::{NewOutboxEventRow, OutboxEvent};

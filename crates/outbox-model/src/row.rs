@@ -5,8 +5,8 @@ use diesel::prelude::*;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::OutboxStatus;
 use crate::schema::outbox_event;
+use crate::{OutboxStatus, RawJson};
 
 /// One `outbox_event` row as stored.
 #[derive(
@@ -21,8 +21,8 @@ pub struct OutboxEvent {
     pub tenant_id: String,
     /// The event type (valid by the table's CHECK constraint).
     pub event_type: String,
-    /// The payload, a JSON object.
-    pub payload: serde_json::Value,
+    /// The payload, a JSON object, as the exact text stored (see [`RawJson`]).
+    pub payload: RawJson,
     /// The producer's idempotency key, if any.
     pub dispatch_key: Option<String>,
     /// Where the row stands.

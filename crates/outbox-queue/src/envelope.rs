@@ -1,7 +1,7 @@
 //! The job body every dispatched event becomes.
 
 use chrono::{DateTime, Utc};
-use outbox_model::OutboxEvent;
+use outbox_model::{OutboxEvent, RawJson};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -16,8 +16,9 @@ pub struct OutboxJob {
     pub tenant_id: String,
     /// The event type.
     pub event_type: String,
-    /// The payload, a JSON object.
-    pub payload: serde_json::Value,
+    /// The payload, a JSON object, as the exact text the row holds: numbers
+    /// keep their digits and nesting its depth (see [`RawJson`]).
+    pub payload: RawJson,
     /// The producer's dispatch key, if any.
     pub dispatch_key: Option<String>,
     /// When the event was recorded.
@@ -68,7 +69,8 @@ mod tests {
             outbox_event_id: Uuid::nil(),
             tenant_id: "t".into(),
             event_type: "mail.user.welcome".into(),
-            payload: serde_json::json!({"to": "a@b.c"}),
+            payload: RawJson::from_text(r#"{"to":"a@b.c","n":123456789012345678901234567}"#)
+                .unwrap(),
             dispatch_key: None,
             created_at: DateTime::from_timestamp(0, 0).unwrap(),
         };
@@ -86,7 +88,12 @@ mod tests {
                 "tenant_id"
             ]
         );
-        assert_eq!(serde_json::from_value::<OutboxJob>(value).unwrap(), job);
+        let text = serde_json::to_string(&job).unwrap();
+        assert!(
+            text.contains(r#""payload":{"to":"a@b.c","n":123456789012345678901234567}"#),
+            "the payload is carried as its exact text: {text}"
+        );
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), job);
         assert!(serde_json::from_str::<OutboxJob>("{\"outbox_event_id\": 1}").is_err());
     }
 }

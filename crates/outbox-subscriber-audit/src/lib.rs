@@ -7,7 +7,8 @@
 //!   `notification` row per event.
 //!
 //! Both are idempotent by a unique constraint on the event id: a redelivered
-//! job inserts nothing (`ON CONFLICT DO NOTHING`). Database errors are
+//! job inserts nothing (`ON CONFLICT DO NOTHING`). Both store the payload as
+//! the exact text the outbox row holds (numbers keep every digit). Database errors are
 //! retried; nothing here talks to the outside world.
 
 use diesel::prelude::*;
@@ -19,11 +20,19 @@ use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use serde_json::Value;
 
 /// The first string field of `payload` among `names`.
-fn text_field(payload: &Value, names: &[&str]) -> Option<String> {
+fn text_field(payload: Option<&Value>, names: &[&str]) -> Option<String> {
+    let payload = payload?;
     names
         .iter()
         .find_map(|name| payload.get(*name).and_then(Value::as_str))
         .map(str::to_owned)
+}
+
+/// The payload decoded for reading fields; `None` when `Value` cannot hold
+/// it (a number outside `f64`, very deep nesting). The row still stores the
+/// exact text.
+fn fields(job: &OutboxJob) -> Option<Value> {
+    job.payload.value().ok()
 }
 
 fn db_error(e: impl std::fmt::Display) -> JobError {
@@ -53,7 +62,8 @@ impl JobHandler for AuditHandler {
 
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
         let mut conn = self.pool.get().await.map_err(db_error)?;
-        let actor = text_field(&job.payload, &["actor", "actorId", "userId", "user_id"]);
+        let fields = fields(&job);
+        let actor = text_field(fields.as_ref(), &["actor", "actorId", "userId", "user_id"]);
         let inserted = diesel::insert_into(audit_log::table)
             .values((
                 audit_log::outbox_event_id.eq(job.outbox_event_id),
@@ -116,16 +126,17 @@ impl JobHandler for NotificationHandler {
 
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
         let mut conn = self.pool.get().await.map_err(db_error)?;
-        let title =
-            text_field(&job.payload, &["title"]).unwrap_or_else(|| default_title(&job.event_type));
+        let fields = fields(&job);
+        let title = text_field(fields.as_ref(), &["title"])
+            .unwrap_or_else(|| default_title(&job.event_type));
         diesel::insert_into(notification::table)
             .values((
                 notification::outbox_event_id.eq(job.outbox_event_id),
                 notification::tenant_id.eq(&job.tenant_id),
-                notification::user_id.eq(text_field(&job.payload, &["userId", "user_id"])),
+                notification::user_id.eq(text_field(fields.as_ref(), &["userId", "user_id"])),
                 notification::kind.eq(&job.event_type),
                 notification::title.eq(title),
-                notification::body.eq(text_field(&job.payload, &["body", "message"])),
+                notification::body.eq(text_field(fields.as_ref(), &["body", "message"])),
                 notification::data.eq(&job.payload),
             ))
             .on_conflict(notification::outbox_event_id)

@@ -61,6 +61,15 @@ impl MailRequestHandler {
     }
 }
 
+/// The payload decoded for reading its fields. A payload `serde_json` cannot
+/// hold (a number outside `f64`, nesting past 128 levels) cannot be rendered:
+/// a permanent failure naming the problem.
+fn payload_fields(job: &OutboxJob) -> Result<serde_json::Value, JobError> {
+    job.payload
+        .value()
+        .map_err(|e| JobError::permanent(format!("the mail request payload cannot be read: {e}")))
+}
+
 impl JobHandler for MailRequestHandler {
     type Job = OutboxJob;
 
@@ -69,11 +78,12 @@ impl JobHandler for MailRequestHandler {
     }
 
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let payload = payload_fields(&job)?;
         let mail = render_request(
             &self.templates,
             job.outbox_event_id,
             &job.tenant_id,
-            &job.payload,
+            &payload,
         )
         .map_err(invalid)?;
         enqueue_email(&self.redis, &self.namespace, &mail).await
@@ -141,7 +151,7 @@ impl JobHandler for MarketingLeadHandler {
                 job.tenant_id
             )));
         };
-        let lead = &job.payload;
+        let lead = payload_fields(&job)?;
         let field = |name: &str| {
             lead.get(name)
                 .and_then(|v| v.as_str())

@@ -36,8 +36,8 @@ pub struct PluginInvokeJob {
     pub hook: String,
     /// The full event type.
     pub event_type: String,
-    /// The event payload.
-    pub payload: serde_json::Value,
+    /// The event payload, as the exact text of the outbox row.
+    pub payload: outbox_model::RawJson,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
 }
@@ -146,7 +146,7 @@ struct PluginBody<'a> {
     plugin: &'a str,
     tenant_id: &'a str,
     timestamp: DateTime<Utc>,
-    data: &'a serde_json::Value,
+    data: &'a outbox_model::RawJson,
 }
 
 /// `toolctrl.plugin-invoke`: one signed delivery to one subscribed plugin.

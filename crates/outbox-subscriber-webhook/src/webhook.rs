@@ -57,7 +57,7 @@ pub struct WebhookBody<'a> {
     /// The tenant.
     pub tenant_id: &'a str,
     /// The event payload.
-    pub data: &'a serde_json::Value,
+    pub data: &'a outbox_model::RawJson,
 }
 
 /// The `outbox.webhook` handler.

@@ -21,34 +21,56 @@ use apalis_redis::{ConnectionManager, RedisStorage};
 use futures::future::BoxFuture;
 use outbox_queue::{ResponseCodec, WorkerStore};
 
-/// A job as fetched: its raw bytes and whether they are JSON.
+/// A job as fetched: its raw bytes, never decoded as a whole here. Handlers
+/// decode their job type straight from the bytes, so a payload carried as
+/// exact text (`outbox_model::RawJson`) keeps its numbers and nesting.
 #[derive(Debug, Clone)]
 pub struct JobBody {
     raw: Vec<u8>,
-    parsed: Result<serde_json::Value, String>,
+}
+
+/// The top-level fields read for log lines; everything else is skipped
+/// without being decoded (so any nesting or number is fine).
+#[derive(serde::Deserialize)]
+struct Head {
+    #[serde(default)]
+    outbox_event_id: Option<Box<serde_json::value::RawValue>>,
+    #[serde(default)]
+    tenant_id: Option<Box<serde_json::value::RawValue>>,
+}
+
+/// A top-level field's value as text: strings without their quotes.
+fn field_text(raw: Option<&serde_json::value::RawValue>) -> Option<String> {
+    let raw = raw?;
+    serde_json::from_str::<String>(raw.get())
+        .ok()
+        .or_else(|| Some(raw.get().to_owned()))
 }
 
 impl JobBody {
-    /// Wraps raw bytes, parsing them as JSON.
+    /// Wraps raw bytes.
     #[must_use]
     pub fn from_bytes(raw: Vec<u8>) -> Self {
-        let parsed = serde_json::from_slice(&raw).map_err(|e| e.to_string());
-        Self { raw, parsed }
-    }
-
-    /// The JSON value, or why the bytes are not JSON.
-    ///
-    /// # Errors
-    ///
-    /// The parser's message when the body is not JSON.
-    pub fn json(&self) -> Result<&serde_json::Value, &str> {
-        self.parsed.as_ref().map_err(String::as_str)
+        Self { raw }
     }
 
     /// The raw bytes.
     #[must_use]
     pub fn raw(&self) -> &[u8] {
         &self.raw
+    }
+
+    /// The `outbox_event_id` and `tenant_id` fields, for log lines (`None`
+    /// each when absent or when the body is not a JSON object).
+    #[must_use]
+    pub fn ids(&self) -> (Option<String>, Option<String>) {
+        match serde_json::from_slice::<Head>(&self.raw) {
+            Ok(head) => (
+                field_text(head.outbox_event_id.as_deref()),
+                field_text(head.tenant_id.as_deref()),
+            ),
+            Err(_) => (None, None),
+        }
     }
 }
 

@@ -83,15 +83,19 @@ impl<H: JobHandler> DynHandler for H {
 
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>> {
         Box::pin(async move {
-            let value = body
-                .json()
-                .map_err(|e| JobError::permanent(format!("corrupt job body (not JSON): {e}")))?;
-            let job = H::Job::deserialize(value).map_err(|e| {
-                JobError::permanent(format!("corrupt job body (not a {} job): {e}", meta.queue))
+            let job: H::Job = serde_json::from_slice(body.raw()).map_err(|e| {
+                use serde_json::error::Category;
+                match e.classify() {
+                    Category::Data => JobError::permanent(format!(
+                        "corrupt job body (not a {} job): {e}",
+                        meta.queue
+                    )),
+                    Category::Syntax | Category::Eof | Category::Io => {
+                        JobError::permanent(format!("corrupt job body (not JSON): {e}"))
+                    }
+                }
             })?;
             self.handle(job, meta).await
         })
     }
 }
-
-use serde::Deserialize as _;

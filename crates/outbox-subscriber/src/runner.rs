@@ -298,16 +298,6 @@ fn in_process_delay(settings: &WorkerSettings, n: usize) -> Duration {
     capped + capped.mul_f64(jitter as f64 / 10_000.0)
 }
 
-/// A top-level string field of the body, for log fields.
-fn body_field(body: &JobBody, name: &str) -> String {
-    body.json()
-        .ok()
-        .and_then(|v| v.get(name))
-        .and_then(|v| v.as_str())
-        .unwrap_or("-")
-        .to_owned()
-}
-
 async fn run_job(
     body: JobBody,
     shared: Data<SharedHandler>,
@@ -325,8 +315,11 @@ async fn run_job(
 }
 
 async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
-    let event_id = body_field(&body, "outbox_event_id");
-    let tenant_id = body_field(&body, "tenant_id");
+    let (event_id, tenant_id) = body.ids();
+    let (event_id, tenant_id) = (
+        event_id.unwrap_or_else(|| "-".to_owned()),
+        tenant_id.unwrap_or_else(|| "-".to_owned()),
+    );
     let (_, round) = outbox_queue::retry_round(&task_id);
     let span = tracing::info_span!(
         "outbox.job",

@@ -120,6 +120,17 @@ impl Harness {
         ids
     }
 
+    /// The job body stored for `task_id` on `queue`, as stored.
+    pub async fn job_text(&self, queue: &str, task_id: &str) -> String {
+        let mut conn = self.redis.conn().await;
+        redis::cmd("HGET")
+            .arg(format!("{}:data", self.namespace.queue(queue)))
+            .arg(task_id)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
+
     /// The job body stored for `task_id` on `queue`.
     pub async fn job_body(&self, queue: &str, task_id: &str) -> serde_json::Value {
         let mut conn = self.redis.conn().await;
