@@ -41,6 +41,8 @@ pub struct OutboxEvent {
     pub target_queue: Option<String>,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
+    /// Delivery generation: 0 for the first delivery, n after the n-th replay.
+    pub generation: i32,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.

@@ -60,6 +60,8 @@ diesel::table! {
         target_queue -> Nullable<Text>,
         /// When the event was recorded.
         created_at -> Timestamptz,
+        /// Delivery generation: 0 for the first delivery, n after the n-th replay (outbox requeue --replay). Task ids and receiver idempotency keys include it from 1 on.
+        generation -> Int4,
     }
 }
 
@@ -75,6 +77,8 @@ diesel::table! {
         previous_retries -> Int4,
         previous_last_error -> Nullable<Text>,
         replay -> Bool,
+        /// The generation a replay started; NULL for a requeue of a FAILED or CANCELLED row (same generation).
+        generation -> Nullable<Int4>,
     }
 }
 

@@ -23,6 +23,15 @@ pub struct OutboxJob {
     pub dispatch_key: Option<String>,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
+    /// The delivery generation: 0 for the first delivery (then the field is
+    /// left out of the body, which is the contract's envelope), n after the
+    /// n-th operator replay.
+    #[serde(default, skip_serializing_if = "is_first_generation")]
+    pub generation: u32,
+}
+
+fn is_first_generation(generation: &u32) -> bool {
+    *generation == 0
 }
 
 impl OutboxJob {
@@ -36,14 +45,57 @@ impl OutboxJob {
             payload: event.payload.clone(),
             dispatch_key: event.dispatch_key.clone(),
             created_at: event.created_at,
+            generation: u32::try_from(event.generation).unwrap_or(0),
         }
     }
 
-    /// The deterministic task id of this job, see [`task_id`].
+    /// The deterministic task id of this job, see [`generation_task_id`].
     #[must_use]
     pub fn task_id(&self) -> String {
-        task_id(self.outbox_event_id)
+        generation_task_id(self.outbox_event_id, self.generation)
     }
+
+    /// The id receivers derive their idempotency keys from, see [`delivery_id`].
+    #[must_use]
+    pub fn delivery_id(&self) -> String {
+        delivery_id(self.outbox_event_id, self.generation)
+    }
+}
+
+/// The id of one delivery generation of an event: the event id for
+/// generation 0, `<event id>:g<n>` for the n-th replay. Receivers build
+/// their idempotency keys (`email:<delivery id>`, `webhook:<delivery
+/// id>:<endpoint>`, …) and message ids from it, so a replay runs each side
+/// effect once more and a redelivery within a generation does not.
+///
+/// ```
+/// let id = uuid::Uuid::nil();
+/// assert_eq!(outbox_queue::delivery_id(id, 0), "00000000-0000-0000-0000-000000000000");
+/// assert_eq!(outbox_queue::delivery_id(id, 2), "00000000-0000-0000-0000-000000000000:g2");
+/// ```
+#[must_use]
+pub fn delivery_id(event_id: Uuid, generation: u32) -> String {
+    if generation == 0 {
+        event_id.to_string()
+    } else {
+        format!("{event_id}:g{generation}")
+    }
+}
+
+/// The task id of generation `generation` of an event's job:
+/// `outbox:<delivery id>` ([`task_id`] for generation 0).
+///
+/// ```
+/// let id = uuid::Uuid::nil();
+/// assert_eq!(outbox_queue::generation_task_id(id, 0), outbox_queue::task_id(id));
+/// assert_eq!(
+///     outbox_queue::generation_task_id(id, 1),
+///     "outbox:00000000-0000-0000-0000-000000000000:g1"
+/// );
+/// ```
+#[must_use]
+pub fn generation_task_id(event_id: Uuid, generation: u32) -> String {
+    format!("outbox:{}", delivery_id(event_id, generation))
 }
 
 /// `outbox:<event id>`: the apalis task id of an event's job. Pushing the
@@ -73,6 +125,7 @@ mod tests {
                 .unwrap(),
             dispatch_key: None,
             created_at: DateTime::from_timestamp(0, 0).unwrap(),
+            generation: 0,
         };
         let value = serde_json::to_value(&job).unwrap();
         let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();
@@ -94,6 +147,17 @@ mod tests {
             "the payload is carried as its exact text: {text}"
         );
         assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), job);
+        let replayed = OutboxJob {
+            generation: 3,
+            ..job.clone()
+        };
+        let text = serde_json::to_string(&replayed).unwrap();
+        assert!(text.contains(r#""generation":3"#), "{text}");
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), replayed);
+        assert_eq!(
+            replayed.task_id(),
+            "outbox:00000000-0000-0000-0000-000000000000:g3"
+        );
         assert!(serde_json::from_str::<OutboxJob>("{\"outbox_event_id\": 1}").is_err());
     }
 }

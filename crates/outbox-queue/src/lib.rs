@@ -11,7 +11,7 @@ mod inspect;
 mod redis_queue;
 mod worker_store;
 
-pub use envelope::{OutboxJob, task_id};
+pub use envelope::{OutboxJob, delivery_id, generation_task_id, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
 pub use redis_queue::{
     MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
