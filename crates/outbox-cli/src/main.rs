@@ -1,10 +1,11 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
-//! `outbox migrate | stats | health | list | show ID | requeue`. Every
+//! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue`. Every
 //! command prints a table, or JSON with `--json`. Exit codes: 0 fine; 1 an
 //! alert fired or nothing matched; 2 a usage, configuration or connection
 //! error. The runbook in `docs/operations.md` says when to run what.
 
+mod dead;
 mod filters;
 mod requeue;
 
@@ -18,7 +19,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_dispatch::Router;
 use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, QueueStats, RedisSettings, queues};
+use outbox_queue::{QueueNamespace, QueueStats, RedisSettings, queues, redact_url};
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
@@ -58,6 +59,8 @@ enum Command {
     Stats,
     /// Backlog, due, running, done, dead and stalled workers of every queue.
     Health(HealthArgs),
+    /// The dead jobs of a queue and why each failed.
+    Dead(dead::DeadArgs),
     /// List outbox rows.
     List(Filters),
     /// One row with its payload and requeue history.
@@ -154,7 +157,7 @@ async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
     let url = database_url(cli)?;
     AsyncPgConnection::establish(url)
         .await
-        .context("cannot connect to Postgres")
+        .with_context(|| format!("cannot connect to Postgres at {}", redact_url(url)))
 }
 
 fn redis(cli: &Cli) -> Result<redis::aio::ConnectionManager> {
@@ -175,6 +178,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Migrate => migrate(&cli).await,
         Command::Stats => stats(&cli).await,
         Command::Health(args) => health(&cli, args).await,
+        Command::Dead(args) => dead_cmd(&cli, args).await,
         Command::List(filters) => list(&cli, filters).await,
         Command::Show { id } => show(&cli, *id).await,
         Command::Requeue(args) => requeue_cmd(&cli, args).await,
@@ -268,7 +272,12 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             Duration::from_secs(args.stall_after_secs),
         )
         .await
-        .with_context(|| format!("cannot read queue {queue} from Redis"))?;
+        .with_context(|| {
+            format!(
+                "cannot read queue {queue} from Redis at {}",
+                redact_url(cli.redis_url.as_deref().unwrap_or_default())
+            )
+        })?;
         let mut alerts = Vec::new();
         if stats.dead > args.max_dead {
             alerts.push(format!("{} dead job(s)", stats.dead));
@@ -314,6 +323,27 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
         }
     }
     Ok(u8::from(alert))
+}
+
+async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
+    dead::check_queue(&args.queue)?;
+    let mut redis = redis(cli)?;
+    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let jobs = dead::dead_jobs(&mut redis, &namespace, args)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot read the dead jobs of {} from Redis at {}",
+                args.queue,
+                redact_url(cli.redis_url.as_deref().unwrap_or_default())
+            )
+        })?;
+    if cli.json {
+        print_json(&json!({ "queue": args.queue, "dead": jobs }))?;
+    } else {
+        dead::print_table(&args.queue, &jobs);
+    }
+    Ok(u8::from(jobs.is_empty()))
 }
 
 #[derive(Serialize)]

@@ -1,18 +1,22 @@
 //! What the dispatcher and the subscriber workers agree on: the job envelope
 //! ([`OutboxJob`]), the queue names ([`queues`]), the deterministic task id
 //! ([`task_id`]), and how an apalis-redis queue is addressed and connected
-//! ([`QueueNamespace`], [`connect`], [`push_jobs`]).
+//! ([`QueueNamespace`], [`connect`], [`push_jobs`]), and how URLs are shown
+//! without their secrets ([`redact_url`], [`endpoint_origin`],
+//! [`redact_urls_in`]), which every crate above this one uses.
 //!
 //! This crate neither claims rows nor runs handlers: the dispatcher
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
 mod envelope;
 mod inspect;
+mod redact;
 mod redis_queue;
 mod worker_store;
 
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
+pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{
     MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
     connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,

@@ -51,7 +51,8 @@ impl QueueNamespace {
 /// a response timeout of 5 s (apalis' own 500 ms turns load into fatal
 /// stream errors), a connect timeout of 2 s, and few quick reconnect retries
 /// so that an unreachable Redis fails a push promptly instead of stalling.
-#[derive(Debug, Clone)]
+/// Its `Debug` output shows the URL without its password.
+#[derive(Clone)]
 pub struct RedisSettings {
     /// `redis://host:port[/db]`.
     pub url: String,
@@ -76,6 +77,17 @@ impl RedisSettings {
     }
 }
 
+impl std::fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &crate::redact_url(&self.url))
+            .field("response_timeout", &self.response_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("reconnect_retries", &self.reconnect_retries)
+            .finish()
+    }
+}
+
 /// Why a queue operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -83,7 +95,7 @@ pub enum QueueError {
     /// The Redis URL does not parse.
     #[error("invalid Redis URL {url:?}: {source}")]
     InvalidUrl {
-        /// The URL as given.
+        /// The URL as given, with its password hidden ([`crate::redact_url`]).
         url: String,
         /// The parser's reason.
         source: redis::RedisError,
@@ -110,7 +122,7 @@ pub enum QueueError {
 pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError> {
     let client =
         redis::Client::open(settings.url.as_str()).map_err(|source| QueueError::InvalidUrl {
-            url: settings.url.clone(),
+            url: crate::redact_url(&settings.url),
             source,
         })?;
     let config = ConnectionManagerConfig::new()
@@ -266,5 +278,26 @@ pub fn retry_round(task_id: &str) -> (&str, usize) {
     match task_id.rsplit_once("~retry") {
         Some((base, n)) => n.parse().map_or((task_id, 0), |n| (base, n)),
         None => (task_id, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_url_error_and_the_settings_hide_the_password() {
+        let settings = RedisSettings::new("redis://:s3cr3t-redis@cache:notaport/0");
+        let Err(error) = connect(&settings) else {
+            panic!("the URL should not parse");
+        };
+        for shown in [
+            error.to_string(),
+            format!("{error:?}"),
+            format!("{settings:?}"),
+        ] {
+            assert!(!shown.contains("s3cr3t-redis"), "{shown}");
+            assert!(shown.contains("redis://:***@cache:notaport/0"), "{shown}");
+        }
     }
 }

@@ -187,8 +187,9 @@ impl JobHandler for MarketingLeadHandler {
     }
 }
 
-/// SMTP settings of `toolctrl.email`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// SMTP settings of `toolctrl.email`. Its `Debug` output shows the URL
+/// without its password.
+#[derive(Clone, PartialEq, Eq)]
 pub struct SmtpSettings {
     /// `smtp://host:port`, `smtps://…` or `smtp://…?tls=required`, with
     /// optional `user:password@` (lettre's URL form).
@@ -217,6 +218,18 @@ impl SmtpSettings {
     }
 }
 
+impl std::fmt::Debug for SmtpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SmtpSettings")
+            .field("url", &outbox_queue::redact_url(&self.url))
+            .field("default_from", &self.default_from)
+            .field("timeout", &self.timeout)
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
 /// `toolctrl.email`: sends one rendered mail over SMTP, at most once per event.
 #[derive(Clone)]
 pub struct SmtpHandler {
@@ -229,7 +242,7 @@ pub struct SmtpHandler {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid SMTP_URL {url:?}: {reason}")]
 pub struct SmtpConfigError {
-    /// The URL.
+    /// The URL, with its password hidden ([`outbox_queue::redact_url`]).
     pub url: String,
     /// Why.
     pub reason: String,
@@ -246,7 +259,7 @@ impl SmtpHandler {
         store: RedisIdempotencyStore,
     ) -> Result<Self, SmtpConfigError> {
         let error = |reason: String| SmtpConfigError {
-            url: settings.url.clone(),
+            url: outbox_queue::redact_url(&settings.url),
             reason,
         };
         settings
@@ -349,6 +362,38 @@ impl JobHandler for SmtpHandler {
                     Err(JobError::retry(format!("SMTP failure: {e}")))
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_smtp_password_never_shows_in_errors_or_settings() {
+        let redis =
+            outbox_queue::connect(&outbox_queue::RedisSettings::new("redis://127.0.0.1:6379"))
+                .unwrap();
+        let store = RedisIdempotencyStore::new(redis);
+        let settings = SmtpSettings::new("bogus://mailer:s3cr3t-smtp-pw@mail.example.com");
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        assert!(
+            debug.contains("bogus://mailer:***@mail.example.com"),
+            "{debug}"
+        );
+        let Err(error) = SmtpHandler::new(settings, store) else {
+            panic!("an unknown scheme should be refused");
+        };
+        for text in [error.to_string(), format!("{error:?}")] {
+            assert!(!text.contains("s3cr3t"), "{text}");
+            assert!(
+                text.contains("bogus://mailer:***@mail.example.com"),
+                "{text}"
+            );
         }
     }
 }

@@ -33,7 +33,10 @@ impl Default for DeliverySettings {
     }
 }
 
-/// The verdict on one delivery attempt.
+/// The verdict on one delivery attempt. The reasons end up in logs and in
+/// the dead set, so they never contain the endpoint URL (its path or query
+/// may hold a token); callers name the endpoint with
+/// [`outbox_queue::endpoint_origin`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Delivery {
     /// The peer answered 2xx.
@@ -161,7 +164,8 @@ impl Deliverer {
     }
 
     /// POSTs `body` as JSON to `url`, signed with `secret` under message id
-    /// `id` (Standard Webhooks headers), and classifies the outcome.
+    /// `id` (Standard Webhooks headers), and classifies the outcome. The
+    /// reasons of the verdict never contain `url`.
     pub async fn deliver(
         &self,
         url: &str,
@@ -177,7 +181,7 @@ impl Deliverer {
                     parsed.scheme()
                 ));
             }
-            Err(e) => return Delivery::Permanent(format!("invalid URL {url:?}: {e}")),
+            Err(e) => return Delivery::Permanent(format!("invalid URL: {e}")),
         };
         if !self.settings.allow_private_addresses
             && let Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) = parsed.host()
@@ -214,7 +218,8 @@ impl Deliverer {
                 Delivery::Retry(format!("timed out after {:?}", self.settings.timeout))
             }
             Err(e) => {
-                let text = error_chain(&e);
+                // reqwest names the full URL in its message; leave it out.
+                let text = outbox_queue::redact_urls_in(&error_chain(&e.without_url()));
                 if text.contains("internal addresses; refused") {
                     Delivery::Permanent(text)
                 } else {
@@ -300,6 +305,34 @@ mod tests {
             "2002:808:808::1",
         ] {
             assert!(!is_internal(public.parse().unwrap()), "{public}");
+        }
+    }
+
+    #[tokio::test]
+    async fn reasons_never_contain_the_endpoint_url() {
+        let deliverer = Deliverer::new(DeliverySettings {
+            allow_private_addresses: true,
+            connect_timeout: Duration::from_secs(2),
+            ..DeliverySettings::default()
+        })
+        .unwrap();
+        // A port nobody listens on: the connection is refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        for url in [
+            format!("http://{closed}/hook/tok-9f8e7d?token=tok-9f8e7d"),
+            "http://hooks example.com/tok-9f8e7d".to_owned(),
+            "ftp://u:tok-9f8e7d@example.com/tok-9f8e7d".to_owned(),
+        ] {
+            let verdict = deliverer
+                .deliver(&url, "secret", "id", &serde_json::json!({}))
+                .await;
+            let (Delivery::Retry(reason) | Delivery::Permanent(reason)) = &verdict else {
+                panic!("{url}: {verdict:?}");
+            };
+            assert!(!reason.contains("tok-9f8e7d"), "{reason}");
         }
     }
 

@@ -8,7 +8,7 @@ use diesel_async::RunQueryDsl;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::PgPool;
 use outbox_model::schema::plugin_hook_subscription;
-use outbox_queue::{OutboxJob, QueueNamespace, push_raw, queues};
+use outbox_queue::{OutboxJob, QueueNamespace, endpoint_origin, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
@@ -212,6 +212,8 @@ impl JobHandler for PluginInvokeHandler {
         };
         let key = invoke_task_id(job.outbox_event_id, job.subscription_id);
         let message_id = job.outbox_event_id.to_string();
+        // The endpoint's path and query may hold a token: show its origin only.
+        let shown = endpoint_origin(&endpoint);
         match deliver_once(&self.store, &key, self.once, async || {
             self.deliverer
                 .deliver(&endpoint, &secret, &message_id, &body)
@@ -220,12 +222,16 @@ impl JobHandler for PluginInvokeHandler {
         .await?
         {
             Once::Delivered => {
-                tracing::info!(plugin = %job.plugin, hook = %job.hook, "plugin invoked");
+                tracing::info!(plugin = %job.plugin, hook = %job.hook, endpoint = %shown, "plugin invoked");
                 Ok(())
             }
             Once::AlreadyDelivered => Ok(()),
-            Once::Failed(Delivery::Retry(reason)) => Err(JobError::retry(reason)),
-            Once::Failed(Delivery::Permanent(reason)) => Err(JobError::permanent(reason)),
+            Once::Failed(Delivery::Retry(reason)) => {
+                Err(JobError::retry(format!("{shown}: {reason}")))
+            }
+            Once::Failed(Delivery::Permanent(reason)) => {
+                Err(JobError::permanent(format!("{shown}: {reason}")))
+            }
             Once::Failed(Delivery::Delivered { .. }) => Ok(()),
         }
     }

@@ -6,15 +6,16 @@ use diesel_async::RunQueryDsl;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::PgPool;
 use outbox_model::schema::webhook_endpoint;
-use outbox_queue::{OutboxJob, queues};
+use outbox_queue::{OutboxJob, endpoint_origin, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use serde::Serialize;
 use uuid::Uuid;
 
 use crate::{Deliverer, Delivery, Once, OnceSettings, deliver_once};
 
-/// An endpoint as stored.
-#[derive(Debug, Clone, Queryable, Selectable)]
+/// An endpoint as stored. Its `Debug` output shows the URL as
+/// [`endpoint_origin`] and hides the secret.
+#[derive(Clone, Queryable, Selectable)]
 #[diesel(table_name = webhook_endpoint)]
 #[diesel(check_for_backend(diesel::pg::Pg))]
 pub struct WebhookEndpoint {
@@ -26,6 +27,17 @@ pub struct WebhookEndpoint {
     pub secret: String,
     /// Filter (see [`matches_filter`]).
     pub event_types: Vec<String>,
+}
+
+impl std::fmt::Debug for WebhookEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookEndpoint")
+            .field("id", &self.id)
+            .field("url", &endpoint_origin(&self.url))
+            .field("secret", &outbox_queue::REDACTED)
+            .field("event_types", &self.event_types)
+            .finish()
+    }
 }
 
 /// True when `event_type` passes an endpoint's filter: an empty filter takes
@@ -129,6 +141,13 @@ impl JobHandler for WebhookHandler {
         let mut permanent = Vec::new();
         for endpoint in matching {
             let key = format!("webhook:{}:{}", job.outbox_event_id, endpoint.id);
+            // The URL's path and query may hold a token: logs and reasons
+            // name the endpoint by id and origin only.
+            let shown = format!(
+                "endpoint {} ({})",
+                endpoint.id,
+                endpoint_origin(&endpoint.url)
+            );
             let outcome = deliver_once(&self.store, &key, self.once, async || {
                 self.deliverer
                     .deliver(&endpoint.url, &endpoint.secret, &message_id, &body)
@@ -137,16 +156,14 @@ impl JobHandler for WebhookHandler {
             .await?;
             match outcome {
                 Once::Delivered => {
-                    tracing::info!(endpoint_id = %endpoint.id, url = %endpoint.url, "webhook delivered")
+                    tracing::info!(endpoint_id = %endpoint.id, endpoint = %endpoint_origin(&endpoint.url), "webhook delivered")
                 }
                 Once::AlreadyDelivered => {
                     tracing::info!(endpoint_id = %endpoint.id, "webhook was delivered before; not sent again");
                 }
-                Once::Failed(Delivery::Retry(reason)) => {
-                    retry.push(format!("{}: {reason}", endpoint.url))
-                }
+                Once::Failed(Delivery::Retry(reason)) => retry.push(format!("{shown}: {reason}")),
                 Once::Failed(Delivery::Permanent(reason)) => {
-                    permanent.push(format!("{}: {reason}", endpoint.url))
+                    permanent.push(format!("{shown}: {reason}"))
                 }
                 Once::Failed(Delivery::Delivered { .. }) => {}
             }

@@ -5,9 +5,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A `redis-server` child process on its own port, for tests of what happens
-/// when Redis goes away and comes back. Killed on drop.
+/// when Redis goes away and comes back, or of a Redis that requires a
+/// password. Killed on drop.
 pub struct RedisProcess {
     port: u16,
+    password: Option<String>,
     child: Option<Child>,
 }
 
@@ -18,19 +20,41 @@ impl RedisProcess {
     ///
     /// When `redis-server` is not installed or does not come up.
     pub async fn start() -> Self {
+        Self::spawn(None).await
+    }
+
+    /// Starts a server that requires `password` (`requirepass`) for the
+    /// default user; [`RedisProcess::url`] carries it
+    /// (`redis://:<password>@127.0.0.1:<port>`).
+    ///
+    /// # Panics
+    ///
+    /// As [`RedisProcess::start`].
+    pub async fn start_with_password(password: &str) -> Self {
+        Self::spawn(Some(password.to_owned())).await
+    }
+
+    async fn spawn(password: Option<String>) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .unwrap_or_else(|e| panic!("no free port: {e}"));
-        let mut process = Self { port, child: None };
+        let mut process = Self {
+            port,
+            password,
+            child: None,
+        };
         process.restart().await;
         process
     }
 
-    /// The server's URL.
+    /// The server's URL, with the password when there is one.
     #[must_use]
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Kills the server (connections to it start failing).
@@ -48,9 +72,14 @@ impl RedisProcess {
     /// When `redis-server` is not installed or does not answer within 10 s.
     pub async fn restart(&mut self) {
         self.stop();
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"]);
+        if let Some(password) = &self.password {
+            command.args(["--requirepass", password]);
+        }
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,17 +1,20 @@
 //! [`SmtpSink`]: a small SMTP server on 127.0.0.1 that records every message
 //! it accepts, for tests of code that sends mail.
 //!
-//! It speaks the part of RFC 5321 that a client without TLS or authentication
-//! uses (what `lettre`'s `builder_dangerous` transport sends): `EHLO`/`HELO`,
+//! It speaks the part of RFC 5321 that a client without TLS uses (what
+//! `lettre`'s `builder_dangerous` transport sends): `EHLO`/`HELO`,
 //! `MAIL FROM`, `RCPT TO`, `DATA` with dot-unstuffing, `RSET`, `NOOP` and
 //! `QUIT`. It advertises `8BITMIME`, `SMTPUTF8` and `PIPELINING`, never
-//! `STARTTLS` or `AUTH`. It is not a mail server: it never relays, and it
-//! checks neither addresses nor sizes.
+//! `STARTTLS`; started with [`SmtpSink::start_with_auth`] it also advertises
+//! `AUTH PLAIN` (RFC 4954) and accepts mail only after a successful login.
+//! It is not a mail server: it never relays, and it checks neither addresses
+//! nor sizes.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
 use tokio::io::{self, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -119,7 +122,24 @@ impl SmtpSink {
     ///
     /// When no port on 127.0.0.1 can be bound.
     pub async fn start() -> Self {
-        Self::spawn(None).await
+        Self::spawn(Behaviour::default()).await
+    }
+
+    /// Starts a sink that advertises `AUTH PLAIN`, answers `530` to a
+    /// `MAIL FROM` before a successful login and `535` to other
+    /// credentials than `user` / `password`. A client that has the
+    /// credentials (`smtp://user:password@127.0.0.1:<port>`) gets its mail
+    /// accepted as with [`SmtpSink::start`].
+    ///
+    /// # Panics
+    ///
+    /// When no port on 127.0.0.1 can be bound.
+    pub async fn start_with_auth(user: &str, password: &str) -> Self {
+        Self::spawn(Behaviour {
+            credentials: Some((user.to_owned(), password.to_owned())),
+            ..Behaviour::default()
+        })
+        .await
     }
 
     /// Starts a sink that answers every `RCPT TO` with `code` (for example
@@ -134,10 +154,14 @@ impl SmtpSink {
             (400..=599).contains(&code),
             "SmtpSink::start_failing: {code} is not a 4xx/5xx SMTP failure code"
         );
-        Self::spawn(Some(code)).await
+        Self::spawn(Behaviour {
+            rcpt_failure: Some(code),
+            ..Behaviour::default()
+        })
+        .await
     }
 
-    async fn spawn(rcpt_failure: Option<u16>) -> Self {
+    async fn spawn(behaviour: Behaviour) -> Self {
         let listener = TcpListener::bind((HOST, 0))
             .await
             .unwrap_or_else(|e| panic!("SmtpSink: cannot bind {HOST}:0: {e}"));
@@ -145,7 +169,11 @@ impl SmtpSink {
             .local_addr()
             .unwrap_or_else(|e| panic!("SmtpSink: no local address: {e}"));
         let messages = Arc::new(watch::Sender::new(Vec::new()));
-        let task = tokio::spawn(accept_loop(listener, Arc::clone(&messages), rcpt_failure));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            Arc::clone(&messages),
+            Arc::new(behaviour),
+        ));
         Self {
             addr,
             messages,
@@ -216,17 +244,26 @@ impl Drop for SmtpSink {
     }
 }
 
+/// How a sink answers, beyond the plain protocol.
+#[derive(Debug, Default)]
+struct Behaviour {
+    /// Every `RCPT TO` is refused with this code.
+    rcpt_failure: Option<u16>,
+    /// `AUTH PLAIN` with these credentials is required before `MAIL FROM`.
+    credentials: Option<(String, String)>,
+}
+
 async fn accept_loop(
     listener: TcpListener,
     messages: Arc<watch::Sender<Vec<ReceivedMail>>>,
-    rcpt_failure: Option<u16>,
+    behaviour: Arc<Behaviour>,
 ) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(serve_connection(stream, Arc::clone(&messages), rcpt_failure));
+                    connections.spawn(serve_connection(stream, Arc::clone(&messages), Arc::clone(&behaviour)));
                 }
                 // Out of file descriptors and the like: back off, keep serving.
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
@@ -240,6 +277,7 @@ async fn accept_loop(
 #[derive(Default)]
 struct Session {
     greeted: bool,
+    authenticated: bool,
     from: Option<String>,
     to: Vec<String>,
 }
@@ -255,13 +293,15 @@ impl Session {
 enum Step {
     Reply(String),
     ReadData,
+    /// `AUTH PLAIN` without an initial response: the next line carries it.
+    ReadAuth,
     Quit,
 }
 
 async fn serve_connection(
     stream: TcpStream,
     messages: Arc<watch::Sender<Vec<ReceivedMail>>>,
-    rcpt_failure: Option<u16>,
+    behaviour: Arc<Behaviour>,
 ) -> io::Result<()> {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
@@ -279,9 +319,19 @@ async fn serve_connection(
         match command(
             &mut session,
             text.trim_end_matches(['\r', '\n']),
-            rcpt_failure,
+            &behaviour,
         ) {
             Step::Reply(reply) => write.write_all(reply.as_bytes()).await?,
+            Step::ReadAuth => {
+                write.write_all(b"334 \r\n").await?;
+                line.clear();
+                if reader.read_until(b'\n', &mut line).await? == 0 {
+                    return Ok(());
+                }
+                let response = String::from_utf8_lossy(&line);
+                let reply = login(&mut session, response.trim(), &behaviour);
+                write.write_all(reply.as_bytes()).await?;
+            }
             Step::Quit => {
                 write.write_all(b"221 2.0.0 Bye\r\n").await?;
                 return write.shutdown().await;
@@ -332,8 +382,31 @@ where
     }
 }
 
+/// Checks an `AUTH PLAIN` response (base64 of `authzid NUL user NUL
+/// password`) and answers it.
+fn login(session: &mut Session, response: &str, behaviour: &Behaviour) -> String {
+    let Some((user, password)) = &behaviour.credentials else {
+        return "503 5.5.1 AUTH not advertised\r\n".to_owned();
+    };
+    if response == "*" {
+        return "501 5.0.0 Authentication cancelled\r\n".to_owned();
+    }
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(response)
+        .unwrap_or_default();
+    let mut parts = decoded.split(|b| *b == 0);
+    let (_authzid, given_user, given_password) = (parts.next(), parts.next(), parts.next());
+    if given_user == Some(user.as_bytes()) && given_password == Some(password.as_bytes()) {
+        session.authenticated = true;
+        "235 2.7.0 Authentication successful\r\n".to_owned()
+    } else {
+        "535 5.7.8 Authentication credentials invalid\r\n".to_owned()
+    }
+}
+
 /// Answers one command line (without its line ending).
-fn command(session: &mut Session, line: &str, rcpt_failure: Option<u16>) -> Step {
+fn command(session: &mut Session, line: &str, behaviour: &Behaviour) -> Step {
+    let needs_auth = behaviour.credentials.is_some() && !session.authenticated;
     let (verb, argument) = line.split_once(' ').unwrap_or((line, ""));
     let argument = argument.trim();
     let reply = |text: &str| Step::Reply(format!("{text}\r\n"));
@@ -342,9 +415,27 @@ fn command(session: &mut Session, line: &str, rcpt_failure: Option<u16>) -> Step
         "EHLO" => {
             session.greeted = true;
             session.reset();
+            let auth = if behaviour.credentials.is_some() {
+                "250-AUTH PLAIN\r\n"
+            } else {
+                ""
+            };
             Step::Reply(format!(
-                "250-{HOST} greets {argument}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250 PIPELINING\r\n"
+                "250-{HOST} greets {argument}\r\n{auth}250-8BITMIME\r\n250-SMTPUTF8\r\n250 PIPELINING\r\n"
             ))
+        }
+        "AUTH" if behaviour.credentials.is_none() => reply("502 5.5.1 AUTH not advertised"),
+        "AUTH" if !session.greeted => reply("503 5.5.1 Send EHLO first"),
+        "AUTH" if session.authenticated => reply("503 5.5.1 Already authenticated"),
+        "AUTH" => {
+            let (mechanism, initial) = argument.split_once(' ').unwrap_or((argument, ""));
+            if !mechanism.eq_ignore_ascii_case("PLAIN") {
+                reply("504 5.5.4 Only PLAIN is supported")
+            } else if initial.trim().is_empty() {
+                Step::ReadAuth
+            } else {
+                Step::Reply(login(session, initial.trim(), behaviour))
+            }
         }
         "HELO" => {
             session.greeted = true;
@@ -352,6 +443,7 @@ fn command(session: &mut Session, line: &str, rcpt_failure: Option<u16>) -> Step
             Step::Reply(format!("250 {HOST} greets {argument}\r\n"))
         }
         "MAIL" if !session.greeted => reply("503 5.5.1 Send EHLO or HELO first"),
+        "MAIL" if needs_auth => reply("530 5.7.0 Authentication required"),
         "MAIL" if session.from.is_some() => reply("503 5.5.1 Sender already given"),
         "MAIL" => match path_after(argument, "FROM:") {
             Some(from) => {
@@ -361,7 +453,7 @@ fn command(session: &mut Session, line: &str, rcpt_failure: Option<u16>) -> Step
             None => reply("501 5.5.4 Syntax: MAIL FROM:<address>"),
         },
         "RCPT" if session.from.is_none() => reply("503 5.5.1 Send MAIL first"),
-        "RCPT" => match (path_after(argument, "TO:"), rcpt_failure) {
+        "RCPT" => match (path_after(argument, "TO:"), behaviour.rcpt_failure) {
             (None, _) => reply("501 5.5.4 Syntax: RCPT TO:<address>"),
             (Some(_), Some(code)) => Step::Reply(format!(
                 "{code} {}.0.0 Recipient refused (SmtpSink::start_failing)\r\n",

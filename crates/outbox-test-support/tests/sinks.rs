@@ -166,6 +166,50 @@ async fn smtp_refuses_out_of_order_and_unknown_commands() {
 }
 
 #[tokio::test]
+async fn smtp_with_auth_accepts_mail_only_after_a_plain_login_with_its_credentials() {
+    use base64::Engine as _;
+    let plain = |user: &str, password: &str| {
+        base64::engine::general_purpose::STANDARD.encode(format!("\0{user}\0{password}"))
+    };
+    let sink = SmtpSink::start_with_auth("mailer", "pw").await;
+    let mut client = SmtpClient::connect(&sink).await;
+    let (code, lines) = client.command("EHLO client.test").await;
+    assert_eq!(code, 250);
+    assert!(lines.iter().any(|l| l == "AUTH PLAIN"), "{lines:?}");
+    assert_eq!(client.code("MAIL FROM:<a@shop.test>").await, 530);
+    assert_eq!(client.code("AUTH LOGIN").await, 504);
+    assert_eq!(
+        client
+            .code(&format!("AUTH PLAIN {}", plain("mailer", "wrong")))
+            .await,
+        535
+    );
+    // Without an initial response: the server asks for it with 334.
+    assert_eq!(client.code("AUTH PLAIN").await, 334);
+    assert_eq!(client.code(&plain("mailer", "pw")).await, 235);
+    assert_eq!(client.code("MAIL FROM:<a@shop.test>").await, 250);
+    assert_eq!(client.code("RCPT TO:<b@example.test>").await, 250);
+    assert_eq!(client.code("DATA").await, 354);
+    client.send("Subject: hi\r\n\r\nx\r\n.\r\n").await;
+    assert_eq!(client.reply().await.0, 250);
+    assert_eq!(client.code("QUIT").await, 221);
+    assert_eq!(
+        sink.wait_for_messages(1, WAIT).await[0].to,
+        ["b@example.test"]
+    );
+
+    let mut other = SmtpClient::connect(&sink).await;
+    assert_eq!(other.code("EHLO client.test").await, 250);
+    assert_eq!(
+        other
+            .code(&format!("AUTH PLAIN {}", plain("mailer", "pw")))
+            .await,
+        235
+    );
+    assert_eq!(other.code("MAIL FROM:<a@shop.test>").await, 250);
+}
+
+#[tokio::test]
 async fn smtp_failing_sink_answers_rcpt_with_the_given_code() {
     for code in [550, 451] {
         let sink = SmtpSink::start_failing(code).await;

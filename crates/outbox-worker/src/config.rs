@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use outbox_dispatch::{DispatcherConfig, RetentionConfig};
+use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
 
 /// The two deployable groups.
@@ -32,14 +33,17 @@ impl Group {
 pub struct ConfigError {
     /// The environment variable.
     pub variable: &'static str,
-    /// Its value as found (empty when missing).
+    /// Its value as found (empty when missing); for the URL variables
+    /// (`DATABASE_URL`, `REDIS_URL`, `SMTP_URL`) with the password hidden
+    /// ([`outbox_queue::redact_url`]).
     pub value: String,
     /// What is wrong.
     pub problem: String,
 }
 
-/// Everything a worker process needs.
-#[derive(Debug, Clone)]
+/// Everything a worker process needs. Its `Debug` output shows the URLs
+/// without their passwords.
+#[derive(Clone)]
 pub struct WorkerConfig {
     /// Which group this process runs.
     pub group: Group,
@@ -85,6 +89,56 @@ pub struct WorkerConfig {
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
     /// outbox and the queues are refreshed.
     pub gauge_interval: Duration,
+}
+
+impl std::fmt::Debug for WorkerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so that a new field cannot be forgotten here.
+        let Self {
+            group,
+            database_url,
+            redis_url,
+            http_addr,
+            queue_prefix,
+            dispatcher_enabled,
+            dispatcher,
+            retention,
+            retention_every,
+            worker,
+            pool_size,
+            smtp_url,
+            mail_from,
+            webhook_timeout,
+            webhook_allow_private,
+            shutdown_grace,
+            delivery_lease,
+            queue_done_retention,
+            queue_dead_retention,
+            gauge_interval,
+        } = self;
+        f.debug_struct("WorkerConfig")
+            .field("group", group)
+            .field("database_url", &redact_url(database_url))
+            .field("redis_url", &redact_url(redis_url))
+            .field("http_addr", http_addr)
+            .field("queue_prefix", queue_prefix)
+            .field("dispatcher_enabled", dispatcher_enabled)
+            .field("dispatcher", dispatcher)
+            .field("retention", retention)
+            .field("retention_every", retention_every)
+            .field("worker", worker)
+            .field("pool_size", pool_size)
+            .field("smtp_url", &smtp_url.as_deref().map(redact_url))
+            .field("mail_from", mail_from)
+            .field("webhook_timeout", webhook_timeout)
+            .field("webhook_allow_private", webhook_allow_private)
+            .field("shutdown_grace", shutdown_grace)
+            .field("delivery_lease", delivery_lease)
+            .field("queue_done_retention", queue_done_retention)
+            .field("queue_dead_retention", queue_dead_retention)
+            .field("gauge_interval", gauge_interval)
+            .finish()
+    }
 }
 
 /// Reads variables through `get` (the process environment in production).
@@ -266,7 +320,7 @@ impl WorkerConfig {
         if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
             return Err(ConfigError {
                 variable: "DATABASE_URL",
-                value: database_url,
+                value: redact_url(&database_url),
                 problem: "must start with postgres:// or postgresql://".into(),
             });
         }
@@ -274,7 +328,7 @@ impl WorkerConfig {
         if let Err(e) = redis::Client::open(redis_url.as_str()) {
             return Err(ConfigError {
                 variable: "REDIS_URL",
-                value: redis_url,
+                value: redact_url(&redis_url),
                 problem: format!("is not a Redis URL: {e}"),
             });
         }
@@ -324,7 +378,7 @@ fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
     };
     Err(ConfigError {
         variable: "SMTP_URL",
-        value: url.to_owned(),
+        value: redact_url(url),
         problem,
     })
 }
@@ -400,6 +454,54 @@ mod tests {
                 .variable,
             "DATABASE_URL"
         );
+    }
+
+    #[test]
+    fn passwords_in_urls_never_show() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "DATABASE_URL",
+                "mysql://app:s3cr3t-db-pw@db/x",
+                "mysql://app:***@db/x",
+            ),
+            (
+                "REDIS_URL",
+                "redis://:s3cr3t-redis-pw@cache:notaport",
+                "redis://:***@cache:notaport",
+            ),
+            (
+                "SMTP_URL",
+                "bogus://mailer:s3cr3t-smtp-pw@mail",
+                "bogus://mailer:***@mail",
+            ),
+        ];
+        for (variable, value, shown) in cases {
+            let err = read(Group::Mail, &[(variable, value)]).unwrap_err();
+            assert_eq!(err.variable, *variable);
+            for text in [err.to_string(), format!("{err:?}")] {
+                assert!(!text.contains("s3cr3t"), "{text}");
+                assert!(text.contains(shown), "{text}");
+            }
+        }
+        let config = read(
+            Group::Mail,
+            &[
+                ("DATABASE_URL", "postgres://app:s3cr3t-db-pw@db/x"),
+                ("REDIS_URL", "redis://:s3cr3t-redis-pw@cache:6379"),
+                ("SMTP_URL", "smtps://mailer:s3cr3t-smtp-pw@mail"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.database_url, "postgres://app:s3cr3t-db-pw@db/x");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("s3cr3t"), "{debug}");
+        for shown in [
+            "postgres://app:***@db/x",
+            "redis://:***@cache:6379",
+            "smtps://mailer:***@mail",
+        ] {
+            assert!(debug.contains(shown), "{debug}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use outbox_dispatch::{Dispatcher, Router, run_retention};
 use outbox_idempotency::RedisIdempotencyStore;
-use outbox_queue::{QueueNamespace, RedisSettings};
+use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::HandlerGroup;
 use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
 use outbox_subscriber_mail::{
@@ -160,7 +160,12 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         .context("cannot install the Prometheus recorder")?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
-        .context("cannot connect to Postgres (DATABASE_URL)")?;
+        .with_context(|| {
+            format!(
+                "cannot connect to Postgres at {} (DATABASE_URL)",
+                redact_url(&config.database_url)
+            )
+        })?;
     let redis = outbox_queue::connect(&RedisSettings::new(&config.redis_url))
         .context("invalid REDIS_URL")?;
     let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
@@ -188,6 +193,9 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         queues = ?group.queues(),
         queue_prefix = %config.queue_prefix,
         dispatcher = config.group == Group::General && config.dispatcher_enabled,
+        database = %redact_url(&config.database_url),
+        redis = %redact_url(&config.redis_url),
+        smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
         "worker started"
     );
 

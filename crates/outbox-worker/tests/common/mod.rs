@@ -4,6 +4,7 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -27,9 +28,29 @@ pub fn free_addr() -> String {
 pub struct Worker {
     pub child: Child,
     pub addr: String,
+    /// The file that receives stdout and stderr when started with
+    /// [`Stack::start_captured`]; removed on drop.
+    pub log: Option<PathBuf>,
 }
 
 impl Worker {
+    /// What the process wrote to stdout and stderr so far (captured workers only).
+    pub fn output(&self) -> String {
+        let path = self
+            .log
+            .as_ref()
+            .expect("output() needs a worker started with start_captured");
+        String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned()
+    }
+
+    /// Waits until the captured output contains `text`.
+    pub async fn wait_output(&self, text: &str) {
+        eventually(&format!("output containing {text:?}"), WAIT, async || {
+            self.output().contains(text)
+        })
+        .await;
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -62,6 +83,9 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(log) = &self.log {
+            let _ = std::fs::remove_file(log);
+        }
     }
 }
 
@@ -118,20 +142,37 @@ impl Stack {
     }
 
     /// Starts a binary with the stack's environment plus `extra`, and waits
-    /// until it is ready.
+    /// until it is ready. Its output goes to the test's own.
     pub async fn start(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
+        self.start_with(binary, extra, false).await
+    }
+
+    /// As [`Stack::start`], with stdout and stderr captured in a file that
+    /// [`Worker::output`] reads.
+    pub async fn start_captured(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
+        self.start_with(binary, extra, true).await
+    }
+
+    async fn start_with(&self, binary: &str, extra: &[(&str, &str)], capture: bool) -> Worker {
         let addr = free_addr();
         let mut command = Command::new(binary);
         command.envs(self.env()).env("WORKER_HTTP_ADDR", &addr);
         for (k, v) in extra {
             command.env(k, v);
         }
-        let child = command
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut worker = Worker { child, addr };
+        let log = capture
+            .then(|| std::env::temp_dir().join(format!("outbox-worker-{}.log", Uuid::new_v4())));
+        let (stdout, stderr) = match &log {
+            // One file for both streams: the two handles share one offset,
+            // so lines interleave in the order they were written.
+            Some(path) => {
+                let file = std::fs::File::create(path).unwrap();
+                (Stdio::from(file.try_clone().unwrap()), Stdio::from(file))
+            }
+            None => (Stdio::inherit(), Stdio::inherit()),
+        };
+        let child = command.stdout(stdout).stderr(stderr).spawn().unwrap();
+        let mut worker = Worker { child, addr, log };
         let client = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -144,7 +185,12 @@ impl Stack {
                 return worker;
             }
             if let Some(status) = worker.child.try_wait().unwrap() {
-                panic!("{binary} exited during start-up: {status}");
+                let output = worker
+                    .log
+                    .as_ref()
+                    .map(|_| worker.output())
+                    .unwrap_or_default();
+                panic!("{binary} exited during start-up: {status}\n{output}");
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
