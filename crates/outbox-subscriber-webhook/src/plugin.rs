@@ -40,12 +40,26 @@ pub struct PluginInvokeJob {
     pub payload: outbox_model::RawJson,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
+    /// The event's delivery generation (see [`outbox_queue::delivery_id`]).
+    #[serde(default)]
+    pub generation: u32,
 }
 
-/// The deterministic task id of one plugin invocation.
+impl PluginInvokeJob {
+    /// The id of this delivery generation of the event.
+    #[must_use]
+    pub fn delivery_id(&self) -> String {
+        outbox_queue::delivery_id(self.outbox_event_id, self.generation)
+    }
+}
+
+/// The deterministic task id (and idempotency key) of one plugin
+/// invocation: `plugin-invoke:<delivery id>:<subscription id>`, where the
+/// delivery id is the event id for generation 0 (see
+/// [`outbox_queue::delivery_id`]).
 #[must_use]
-pub fn invoke_task_id(event_id: Uuid, subscription_id: Uuid) -> String {
-    format!("plugin-invoke:{event_id}:{subscription_id}")
+pub fn invoke_task_id(delivery_id: &str, subscription_id: Uuid) -> String {
+    format!("plugin-invoke:{delivery_id}:{subscription_id}")
 }
 
 fn db(e: impl std::fmt::Display) -> JobError {
@@ -112,9 +126,10 @@ impl JobHandler for PluginHookHandler {
                     event_type: job.event_type.clone(),
                     payload: job.payload.clone(),
                     created_at: job.created_at,
+                    generation: job.generation,
                 };
                 serde_json::to_vec(&invoke)
-                    .map(|body| (invoke_task_id(job.outbox_event_id, subscription_id), body))
+                    .map(|body| (invoke_task_id(&job.delivery_id(), subscription_id), body))
                     .map_err(|e| JobError::permanent(format!("cannot encode invocation: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -210,8 +225,8 @@ impl JobHandler for PluginInvokeHandler {
             timestamp: job.created_at,
             data: &job.payload,
         };
-        let key = invoke_task_id(job.outbox_event_id, job.subscription_id);
-        let message_id = job.outbox_event_id.to_string();
+        let message_id = job.delivery_id();
+        let key = invoke_task_id(&message_id, job.subscription_id);
         // The endpoint's path and query may hold a token: show its origin only.
         let shown = endpoint_origin(&endpoint);
         match deliver_once(&self.store, &key, self.once, async || {

@@ -136,11 +136,13 @@ impl JobHandler for WebhookHandler {
             tenant_id: &job.tenant_id,
             data: &job.payload,
         };
-        let message_id = job.outbox_event_id.to_string();
+        // The webhook-id: the event id, with the generation after a replay,
+        // so a redelivery is recognisably the same message and a replay is not.
+        let message_id = job.delivery_id();
         let mut retry = Vec::new();
         let mut permanent = Vec::new();
         for endpoint in matching {
-            let key = format!("webhook:{}:{}", job.outbox_event_id, endpoint.id);
+            let key = format!("webhook:{message_id}:{}", endpoint.id);
             // The URL's path and query may hold a token: logs and reasons
             // name the endpoint by id and origin only.
             let shown = format!(
