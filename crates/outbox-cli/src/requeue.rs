@@ -136,7 +136,7 @@ pub struct ReplayTarget {
 
 /// Requeues the planned rows in one transaction: each row goes back to
 /// PENDING with retries 0, due now, no lease, no processed_at, no
-/// last_error, no target_queue; one `outbox_event_requeue` history row per
+/// failed_at, no last_error, no target_queue; one `outbox_event_requeue` history row per
 /// requeued row; and a NOTIFY that wakes the dispatchers. Rows whose status
 /// changed since the plan are skipped.
 ///
@@ -197,7 +197,7 @@ pub async fn execute(
         diesel::sql_query(
             "UPDATE outbox_event
              SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
-                 processed_at = NULL, last_error = NULL, target_queue = NULL
+                 processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL
              WHERE id = ANY($1)",
         )
         .bind::<Array<SqlUuid>, _>(&locked_ids)

@@ -41,6 +41,10 @@ pub struct OutboxEvent {
     pub target_queue: Option<String>,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
+    /// When the row went FAILED (dead-lettered by the dispatcher); `None`
+    /// for any other row, and again after a requeue. Last, as in the table,
+    /// so that positional loading matches the column order.
+    pub failed_at: Option<DateTime<Utc>>,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.

@@ -60,6 +60,8 @@ diesel::table! {
         target_queue -> Nullable<Text>,
         /// When the event was recorded.
         created_at -> Timestamptz,
+        /// When the row went FAILED: set by the dispatcher, cleared by a requeue.
+        failed_at -> Nullable<Timestamptz>,
     }
 }
 
