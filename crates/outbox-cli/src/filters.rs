@@ -1,11 +1,16 @@
-//! Row selection shared by `list` and `requeue`.
+//! Row selection shared by `list` and `requeue`: the filter flags, their
+//! parsers, and the query they build.
+//!
+//! Every parser returns a [`FilterValueError`]; clap reports it with the
+//! flag's name and exits with code 2. No value, however long or strange,
+//! makes a parser panic (see the property tests below).
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use diesel::pg::Pg;
 use diesel::prelude::*;
-use outbox_model::OutboxStatus;
 use outbox_model::schema::outbox_event;
+use outbox_model::{OutboxStatus, UnknownStatus};
 
 /// Which rows a command works on.
 #[derive(Debug, Clone, Args, Default)]
@@ -36,37 +41,76 @@ pub struct Filters {
     pub limit: i64,
 }
 
+/// Why a filter value was refused. clap prints it after the flag's name
+/// (`invalid value '5é' for '--created-after <CREATED_AFTER>': …`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilterValueError {
+    /// Not one of the five statuses.
+    #[error(transparent)]
+    Status(#[from] UnknownStatus),
+    /// Neither RFC 3339 nor `<whole number><unit>`.
+    #[error("{0:?} is neither RFC 3339 (2026-11-29T10:00:00Z) nor an age (30s, 90m, 6h, 7d)")]
+    NotATime(String),
+    /// An age whose unit is not s, m, h or d.
+    #[error("{0:?}: the unit of an age must be s, m, h or d")]
+    UnknownUnit(String),
+    /// An age so large that the time it names cannot be represented.
+    #[error("{0:?} reaches back further than a date can go")]
+    AgeOutOfRange(String),
+}
+
 /// Parses a status, case-insensitively.
 ///
 /// # Errors
 ///
-/// The list of valid statuses.
-pub fn parse_status(raw: &str) -> Result<OutboxStatus, String> {
-    raw.parse::<OutboxStatus>().map_err(|e| e.to_string())
+/// [`FilterValueError::Status`], listing the valid statuses.
+pub fn parse_status(raw: &str) -> Result<OutboxStatus, FilterValueError> {
+    Ok(raw.parse::<OutboxStatus>()?)
 }
 
 /// Parses RFC 3339, or an age like `30s`, `90m`, `6h`, `7d` (that long ago).
 ///
 /// # Errors
 ///
-/// What was expected.
-pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+/// What was expected, or that the age is out of range.
+pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, FilterValueError> {
+    parse_time_at(raw, Utc::now())
+}
+
+/// [`parse_time`] with ages counted back from `now`.
+///
+/// # Errors
+///
+/// As [`parse_time`].
+pub fn parse_time_at(raw: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, FilterValueError> {
     if let Ok(at) = DateTime::parse_from_rfc3339(raw) {
         return Ok(at.with_timezone(&Utc));
     }
-    let raw = raw.trim();
-    let (number, unit) = raw.split_at(raw.len().saturating_sub(1));
-    let amount: i64 = number.parse().map_err(|_| {
-        format!("{raw:?} is neither RFC 3339 (2026-11-29T10:00:00Z) nor an age (30s, 90m, 6h, 7d)")
-    })?;
-    let age = match unit {
-        "s" => Duration::seconds(amount),
-        "m" => Duration::minutes(amount),
-        "h" => Duration::hours(amount),
-        "d" => Duration::days(amount),
-        _ => return Err(format!("{raw:?}: the unit must be s, m, h or d")),
+    let trimmed = raw.trim();
+    // The unit is the last character, which need not be one byte long.
+    let Some((split, unit)) = trimmed.char_indices().next_back() else {
+        return Err(FilterValueError::NotATime(raw.to_owned()));
     };
-    Ok(Utc::now() - age)
+    let number = &trimmed[..split];
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(FilterValueError::NotATime(raw.to_owned()));
+    }
+    let age = |of: fn(i64) -> Option<TimeDelta>| {
+        number
+            .parse::<i64>()
+            .ok()
+            .and_then(of)
+            .and_then(|age| now.checked_sub_signed(age))
+            .ok_or_else(|| FilterValueError::AgeOutOfRange(raw.to_owned()))
+    };
+    match unit {
+        's' => age(TimeDelta::try_seconds),
+        'm' => age(TimeDelta::try_minutes),
+        'h' => age(TimeDelta::try_hours),
+        'd' => age(TimeDelta::try_days),
+        _ => Err(FilterValueError::UnknownUnit(raw.to_owned())),
+    }
 }
 
 fn like_escape(text: &str) -> String {
@@ -130,6 +174,11 @@ impl Filters {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn now() -> DateTime<Utc> {
+        parse_time("2026-11-29T10:00:00Z").unwrap()
+    }
 
     #[test]
     fn times_parse_as_rfc3339_or_ages() {
@@ -137,19 +186,94 @@ mod tests {
             parse_time("2026-11-29T10:00:00Z").unwrap().to_rfc3339(),
             "2026-11-29T10:00:00+00:00"
         );
-        let six_hours_ago = parse_time("6h").unwrap();
-        assert!(
-            (Utc::now() - six_hours_ago - Duration::hours(6))
-                .num_seconds()
-                .abs()
-                < 5
+        assert_eq!(
+            parse_time_at("6h", now()).unwrap().to_rfc3339(),
+            "2026-11-29T04:00:00+00:00"
         );
-        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
-        assert!(parse_time("5y").unwrap_err().contains("unit"));
+        assert_eq!(
+            parse_time_at(" 90m ", now()).unwrap().to_rfc3339(),
+            "2026-11-29T08:30:00+00:00"
+        );
+        assert!(matches!(
+            parse_time("yesterday"),
+            Err(FilterValueError::NotATime(_))
+        ));
+        assert!(
+            parse_time("yesterday")
+                .unwrap_err()
+                .to_string()
+                .contains("RFC 3339")
+        );
+        assert_eq!(
+            parse_time("5y"),
+            Err(FilterValueError::UnknownUnit("5y".into()))
+        );
+    }
+
+    #[test]
+    fn values_that_used_to_panic_are_errors() {
+        assert_eq!(
+            parse_time("5é"),
+            Err(FilterValueError::UnknownUnit("5é".into()))
+        );
+        assert_eq!(
+            parse_time("99999999999999d"),
+            Err(FilterValueError::AgeOutOfRange("99999999999999d".into()))
+        );
+        assert_eq!(
+            parse_time("99999999999999999999999s"),
+            Err(FilterValueError::AgeOutOfRange(
+                "99999999999999999999999s".into()
+            ))
+        );
+        for raw in ["", " ", "é", "d", "-5h", "+5h", "5 h", "٥h", "5.5h"] {
+            assert!(
+                matches!(parse_time(raw), Err(FilterValueError::NotATime(_))),
+                "{raw:?}: {:?}",
+                parse_time(raw)
+            );
+        }
+        assert!(matches!(
+            parse_status("FAİLED"),
+            Err(FilterValueError::Status(_))
+        ));
     }
 
     #[test]
     fn like_wildcards_are_escaped() {
         assert_eq!(like_escape("a_b%c\\"), "a\\_b\\%c\\\\");
+    }
+
+    /// Strings a user could type, weighted towards what parsers trip on:
+    /// anything at all, non-ASCII, digits with any trailing character, and
+    /// numbers far beyond every integer type.
+    fn nasty() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "\\PC{0,40}",
+            "[0-9]{0,40}\\PC?",
+            "[+-]?[0-9]{1,30}[smhdé ]",
+            (any::<u64>(), "[smhd]").prop_map(|(n, unit)| format!("{n}{unit}")),
+            (any::<i64>(), "[smhd]").prop_map(|(n, unit)| format!("{n}{unit}")),
+            "[0-9+-]{1,7}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,12})?(Z|[+-][0-9]{2}:[0-9]{2})",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn parse_time_never_panics(raw in nasty()) {
+            // Returning at all is the property; an age is never in the future.
+            if let Ok(at) = parse_time_at(&raw, now()) {
+                let rfc3339 = DateTime::parse_from_rfc3339(&raw).is_ok();
+                prop_assert!(rfc3339 || at <= now(), "{raw:?} gave {at}");
+            }
+        }
+
+        #[test]
+        fn parse_status_never_panics(raw in nasty()) {
+            if let Ok(status) = parse_status(&raw) {
+                prop_assert!(status.as_str().eq_ignore_ascii_case(&raw));
+            }
+        }
     }
 }

@@ -3,7 +3,8 @@
 //! `outbox migrate | stats | health | list | show ID | requeue`. Every
 //! command prints a table, or JSON with `--json`. Exit codes: 0 fine; 1 an
 //! alert fired or nothing matched; 2 a usage, configuration or connection
-//! error. The runbook in `docs/operations.md` says when to run what.
+//! error, or a value no flag accepts. The runbook in `docs/operations.md`
+//! says when to run what.
 
 mod filters;
 mod requeue;
@@ -25,13 +26,17 @@ use uuid::Uuid;
 
 use crate::filters::Filters;
 
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired or nothing matched; 2 a usage, \
+    configuration or connection error, or a value no flag accepts (the message names the flag).";
+
 /// Operate the transactional outbox.
 #[derive(Parser)]
 #[command(
     name = "outbox",
     version,
     about,
-    after_help = "Exit codes: 0 fine, 1 alert or nothing matched, 2 usage or connection error."
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// Postgres URL.
@@ -53,19 +58,25 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Apply pending migrations.
+    #[command(after_help = EXIT_CODES)]
     Migrate,
     /// Counts by status and queue, oldest due pending age, the pending alert.
+    #[command(after_help = EXIT_CODES)]
     Stats,
     /// Backlog, due, running, done, dead and stalled workers of every queue.
+    #[command(after_help = EXIT_CODES)]
     Health(HealthArgs),
     /// List outbox rows.
+    #[command(after_help = EXIT_CODES)]
     List(Filters),
     /// One row with its payload and requeue history.
+    #[command(after_help = EXIT_CODES)]
     Show {
         /// The event id.
         id: Uuid,
     },
     /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING.
+    #[command(after_help = EXIT_CODES)]
     Requeue(RequeueArgs),
 }
 

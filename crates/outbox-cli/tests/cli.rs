@@ -641,6 +641,33 @@ async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
     );
 }
 
+#[tokio::test]
+async fn no_filter_value_makes_the_cli_panic() {
+    let env = Env::new().await;
+    let huge_age = "99999999999999d";
+    let huger = "99999999999999999999999s";
+    let cases: [(&[&str], &str); 9] = [
+        (&["list", "--created-after", "5é"], "--created-after"),
+        (&["list", "--created-before", huge_age], "--created-before"),
+        (&["list", "--failed-after", huger], "--failed-after"),
+        (&["list", "--failed-before", "٣d"], "--failed-before"),
+        (&["list", "--status", "FAİLED"], "--status"),
+        (&["list", "--limit", "99999999999999999999"], "--limit"),
+        (&["requeue", "--created-after", "é"], "--created-after"),
+        (
+            &["requeue", "--failed-after", huge_age, "--dry-run"],
+            "--failed-after",
+        ),
+        (&["requeue", "--limit", "0"], "--limit"),
+    ];
+    for (args, flag) in cases {
+        let run = env.outbox(args);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains(flag), "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{args:?}: {}", run.stderr);
+    }
+}
+
 /// The mail workers (outbox.mail and toolctrl.email) running in the background.
 fn start_mail_workers(
     env: &Env,
