@@ -30,10 +30,10 @@ pub struct Filters {
     /// Created before: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub created_before: Option<DateTime<Utc>>,
-    /// FAILED rows whose last attempt was at or after this time (RFC 3339 or an age).
+    /// FAILED rows that went FAILED (failed_at) at or after this time: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub failed_after: Option<DateTime<Utc>>,
-    /// FAILED rows whose last attempt was before this time.
+    /// FAILED rows that went FAILED (failed_at) before this time: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub failed_before: Option<DateTime<Utc>>,
     /// At most this many rows, oldest first.
@@ -158,12 +158,11 @@ impl Filters {
         if self.failed_after.is_some() || self.failed_before.is_some() {
             query = query.filter(outbox_event::status.eq(OutboxStatus::Failed));
         }
-        // A FAILED row's scheduled_at is the time of its last attempt.
         if let Some(at) = self.failed_after {
-            query = query.filter(outbox_event::scheduled_at.ge(at));
+            query = query.filter(outbox_event::failed_at.ge(at));
         }
         if let Some(at) = self.failed_before {
-            query = query.filter(outbox_event::scheduled_at.lt(at));
+            query = query.filter(outbox_event::failed_at.lt(at));
         }
         query
             .order((outbox_event::created_at, outbox_event::id))

@@ -336,6 +336,7 @@ struct ListRow<'a> {
     retries: i32,
     created_at: chrono::DateTime<chrono::Utc>,
     scheduled_at: chrono::DateTime<chrono::Utc>,
+    failed_at: Option<chrono::DateTime<chrono::Utc>>,
     target_queue: Option<&'a str>,
     last_error: Option<&'a str>,
 }
@@ -357,6 +358,7 @@ async fn list(cli: &Cli, filters: &Filters) -> Outcome {
             retries: r.retries,
             created_at: r.created_at,
             scheduled_at: r.scheduled_at,
+            failed_at: r.failed_at,
             target_queue: r.target_queue.as_deref(),
             last_error: r.last_error.as_deref(),
         })
@@ -441,6 +443,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("scheduled     {}", row.scheduled_at.to_rfc3339());
     println!("locked until  {}", time(row.locked_until));
     println!("processed     {}", time(row.processed_at));
+    println!("failed        {}", time(row.failed_at));
     println!(
         "target queue  {}",
         row.target_queue.as_deref().unwrap_or("-")

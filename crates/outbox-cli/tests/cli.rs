@@ -92,9 +92,10 @@ impl Env {
             "NULL"
         };
         let processed = if status == "DONE" { "now()" } else { "NULL" };
+        let failed = if status == "FAILED" { "now()" } else { "NULL" };
         diesel::sql_query(format!(
-            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, locked_until, processed_at)
-             VALUES ($1, $2, '{{\"n\": 1}}', $3, $4, $5, {lease}, {processed}) RETURNING id"
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, locked_until, processed_at, failed_at)
+             VALUES ($1, $2, '{{\"n\": 1}}', $3, $4, $5, {lease}, {processed}, {failed}) RETURNING id"
         ))
         .bind::<diesel::sql_types::Text, _>(tenant)
         .bind::<diesel::sql_types::Text, _>(event_type)
@@ -164,9 +165,10 @@ async fn requeue_of_one_failed_row_delivers_it_once() {
             row.retries,
             row.last_error,
             row.locked_until,
-            row.processed_at
+            row.processed_at,
+            row.failed_at
         ),
-        (0, None, None, None)
+        (0, None, None, None, None)
     );
 
     let report = env.dispatcher().tick().await.unwrap();
@@ -639,6 +641,67 @@ async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
             .iter()
             .all(|r| r.status == OutboxStatus::Pending)
     );
+}
+
+#[tokio::test]
+async fn failed_after_and_before_select_by_when_the_row_went_failed() {
+    let env = Env::new().await;
+    // Due recently but failed long ago: scheduled_at must not be what counts.
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, scheduled_at, failed_at, last_error)
+         VALUES ('acme', 'audit.user.login', '{}', 'FAILED', now(), now() - interval '3 hours', 'old'),
+                ('acme', 'audit.user.login', '{}', 'FAILED', now() - interval '3 hours', now() - interval '1 hour', 'recent'),
+                ('acme', 'audit.user.login', '{}', 'CANCELLED', now(), NULL, 'cancelled')",
+    )
+    .await;
+    let errors = |run: Run| -> Vec<String> {
+        run.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["last_error"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        errors(env.outbox(&["list", "--failed-after", "2h", "--json"])),
+        ["recent"]
+    );
+    assert_eq!(
+        errors(env.outbox(&["list", "--failed-before", "2h", "--json"])),
+        ["old"]
+    );
+    let before = env.rows().await;
+    let by_error = |error: &str| {
+        before
+            .iter()
+            .find(|r| r.last_error.as_deref() == Some(error))
+            .unwrap()
+            .clone()
+    };
+    let recent = by_error("recent");
+    let listed = env
+        .outbox(&["list", "--failed-after", "2h", "--json"])
+        .json();
+    let failed_at = listed[0]["failed_at"].as_str().unwrap();
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(failed_at).unwrap(),
+        recent.failed_at.unwrap()
+    );
+    let show = env
+        .outbox(&["show", &recent.id.to_string(), "--json"])
+        .json();
+    assert_eq!(show["event"]["failed_at"], listed[0]["failed_at"]);
+    let table = env.outbox(&["show", &recent.id.to_string()]).stdout;
+    let failed_line = format!("failed        {}", recent.failed_at.unwrap().to_rfc3339());
+    assert!(table.contains(&failed_line), "{table}");
+
+    let run = env.outbox(&["requeue", "--failed-after", "2h"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let after = env.rows().await;
+    let status_of = |id: Uuid| after.iter().find(|r| r.id == id).unwrap().status;
+    assert_eq!(status_of(recent.id), OutboxStatus::Pending);
+    assert_eq!(status_of(by_error("old").id), OutboxStatus::Failed);
+    assert_eq!(status_of(by_error("cancelled").id), OutboxStatus::Cancelled);
 }
 
 #[tokio::test]
