@@ -1,5 +1,5 @@
 //! Row selection shared by `list` and `requeue`: the filter flags, their
-//! parsers, and the query they build.
+//! parsers, and the queries they build.
 //!
 //! Every parser returns a [`FilterValueError`]; clap reports it with the
 //! flag's name and exits with code 2. No value, however long or strange,
@@ -9,6 +9,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::outbox_event;
 use outbox_model::{OutboxStatus, UnknownStatus};
 
@@ -36,9 +37,6 @@ pub struct Filters {
     /// FAILED rows that went FAILED (failed_at) before this time: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub failed_before: Option<DateTime<Utc>>,
-    /// At most this many rows, oldest first.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
-    pub limit: i64,
 }
 
 /// Why a filter value was refused. clap prints it after the flag's name
@@ -132,8 +130,28 @@ impl Filters {
             && self.failed_before.is_none()
     }
 
-    /// The filtered query, oldest first, limited. Every value is a bind
+    /// The same filters, further narrowed to rows whose status is one of
+    /// `statuses`; `None` when no status is left (nothing can match).
+    #[must_use]
+    pub fn only(&self, statuses: &[OutboxStatus]) -> Option<Self> {
+        let kept: Vec<OutboxStatus> = if self.statuses.is_empty() {
+            statuses.to_vec()
+        } else {
+            self.statuses
+                .iter()
+                .copied()
+                .filter(|s| statuses.contains(s))
+                .collect()
+        };
+        (!kept.is_empty()).then(|| Self {
+            statuses: kept,
+            ..self.clone()
+        })
+    }
+
+    /// Every matching row, in no particular order. Every value is a bind
     /// parameter: quotes and semicolons in filters are just text.
+    #[must_use]
     pub fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
         let mut query = outbox_event::table.into_boxed::<Pg>();
         if !self.statuses.is_empty() {
@@ -165,8 +183,25 @@ impl Filters {
             query = query.filter(outbox_event::failed_at.lt(at));
         }
         query
+    }
+
+    /// The first `limit` matching rows, oldest first (the order of `list`
+    /// and of requeue batches).
+    #[must_use]
+    pub fn oldest_first(&self, limit: i64) -> outbox_event::BoxedQuery<'static, Pg> {
+        self.query()
             .order((outbox_event::created_at, outbox_event::id))
-            .limit(self.limit)
+            .limit(limit)
+    }
+
+    /// How many rows match.
+    ///
+    /// # Errors
+    ///
+    /// When Postgres fails.
+    pub async fn count(&self, conn: &mut AsyncPgConnection) -> QueryResult<u64> {
+        let n: i64 = self.query().count().get_result(conn).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }
 
@@ -241,6 +276,22 @@ mod tests {
     #[test]
     fn like_wildcards_are_escaped() {
         assert_eq!(like_escape("a_b%c\\"), "a\\_b\\%c\\\\");
+    }
+
+    #[test]
+    fn narrowing_to_statuses_intersects() {
+        let any = Filters::default();
+        let failed_or_done = Filters {
+            statuses: vec![OutboxStatus::Failed, OutboxStatus::Done],
+            ..Filters::default()
+        };
+        let allowed = [OutboxStatus::Failed, OutboxStatus::Cancelled];
+        assert_eq!(any.only(&allowed).unwrap().statuses, allowed);
+        assert_eq!(
+            failed_or_done.only(&allowed).unwrap().statuses,
+            [OutboxStatus::Failed]
+        );
+        assert!(failed_or_done.only(&[OutboxStatus::Pending]).is_none());
     }
 
     /// Strings a user could type, weighted towards what parsers trip on:
