@@ -1,11 +1,17 @@
-//! Row selection shared by `list` and `requeue`.
+//! Row selection shared by `list` and `requeue`: the filter flags, their
+//! parsers, and the queries they build.
+//!
+//! Every parser returns a [`FilterValueError`]; clap reports it with the
+//! flag's name and exits with code 2. No value, however long or strange,
+//! makes a parser panic (see the property tests below).
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use diesel::pg::Pg;
 use diesel::prelude::*;
-use outbox_model::OutboxStatus;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::outbox_event;
+use outbox_model::{OutboxStatus, UnknownStatus};
 
 /// Which rows a command works on.
 #[derive(Debug, Clone, Args, Default)]
@@ -25,48 +31,84 @@ pub struct Filters {
     /// Created before: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub created_before: Option<DateTime<Utc>>,
-    /// FAILED rows whose last attempt was at or after this time (RFC 3339 or an age).
+    /// FAILED rows that went FAILED (failed_at) at or after this time: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub failed_after: Option<DateTime<Utc>>,
-    /// FAILED rows whose last attempt was before this time.
+    /// FAILED rows that went FAILED (failed_at) before this time: RFC 3339 or an age.
     #[arg(long, value_parser = parse_time)]
     pub failed_before: Option<DateTime<Utc>>,
-    /// At most this many rows, oldest first.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=100_000))]
-    pub limit: i64,
+}
+
+/// Why a filter value was refused. clap prints it after the flag's name
+/// (`invalid value '5é' for '--created-after <CREATED_AFTER>': …`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FilterValueError {
+    /// Not one of the five statuses.
+    #[error(transparent)]
+    Status(#[from] UnknownStatus),
+    /// Neither RFC 3339 nor `<whole number><unit>`.
+    #[error("{0:?} is neither RFC 3339 (2026-11-29T10:00:00Z) nor an age (30s, 90m, 6h, 7d)")]
+    NotATime(String),
+    /// An age whose unit is not s, m, h or d.
+    #[error("{0:?}: the unit of an age must be s, m, h or d")]
+    UnknownUnit(String),
+    /// An age so large that the time it names cannot be represented.
+    #[error("{0:?} reaches back further than a date can go")]
+    AgeOutOfRange(String),
 }
 
 /// Parses a status, case-insensitively.
 ///
 /// # Errors
 ///
-/// The list of valid statuses.
-pub fn parse_status(raw: &str) -> Result<OutboxStatus, String> {
-    raw.parse::<OutboxStatus>().map_err(|e| e.to_string())
+/// [`FilterValueError::Status`], listing the valid statuses.
+pub fn parse_status(raw: &str) -> Result<OutboxStatus, FilterValueError> {
+    Ok(raw.parse::<OutboxStatus>()?)
 }
 
 /// Parses RFC 3339, or an age like `30s`, `90m`, `6h`, `7d` (that long ago).
 ///
 /// # Errors
 ///
-/// What was expected.
-pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, String> {
+/// What was expected, or that the age is out of range.
+pub fn parse_time(raw: &str) -> Result<DateTime<Utc>, FilterValueError> {
+    parse_time_at(raw, Utc::now())
+}
+
+/// [`parse_time`] with ages counted back from `now`.
+///
+/// # Errors
+///
+/// As [`parse_time`].
+pub fn parse_time_at(raw: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, FilterValueError> {
     if let Ok(at) = DateTime::parse_from_rfc3339(raw) {
         return Ok(at.with_timezone(&Utc));
     }
-    let raw = raw.trim();
-    let (number, unit) = raw.split_at(raw.len().saturating_sub(1));
-    let amount: i64 = number.parse().map_err(|_| {
-        format!("{raw:?} is neither RFC 3339 (2026-11-29T10:00:00Z) nor an age (30s, 90m, 6h, 7d)")
-    })?;
-    let age = match unit {
-        "s" => Duration::seconds(amount),
-        "m" => Duration::minutes(amount),
-        "h" => Duration::hours(amount),
-        "d" => Duration::days(amount),
-        _ => return Err(format!("{raw:?}: the unit must be s, m, h or d")),
+    let trimmed = raw.trim();
+    // The unit is the last character, which need not be one byte long.
+    let Some((split, unit)) = trimmed.char_indices().next_back() else {
+        return Err(FilterValueError::NotATime(raw.to_owned()));
     };
-    Ok(Utc::now() - age)
+    let number = &trimmed[..split];
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(FilterValueError::NotATime(raw.to_owned()));
+    }
+    let age = |of: fn(i64) -> Option<TimeDelta>| {
+        number
+            .parse::<i64>()
+            .ok()
+            .and_then(of)
+            .and_then(|age| now.checked_sub_signed(age))
+            .ok_or_else(|| FilterValueError::AgeOutOfRange(raw.to_owned()))
+    };
+    match unit {
+        's' => age(TimeDelta::try_seconds),
+        'm' => age(TimeDelta::try_minutes),
+        'h' => age(TimeDelta::try_hours),
+        'd' => age(TimeDelta::try_days),
+        _ => Err(FilterValueError::UnknownUnit(raw.to_owned())),
+    }
 }
 
 fn like_escape(text: &str) -> String {
@@ -88,8 +130,28 @@ impl Filters {
             && self.failed_before.is_none()
     }
 
-    /// The filtered query, oldest first, limited. Every value is a bind
+    /// The same filters, further narrowed to rows whose status is one of
+    /// `statuses`; `None` when no status is left (nothing can match).
+    #[must_use]
+    pub fn only(&self, statuses: &[OutboxStatus]) -> Option<Self> {
+        let kept: Vec<OutboxStatus> = if self.statuses.is_empty() {
+            statuses.to_vec()
+        } else {
+            self.statuses
+                .iter()
+                .copied()
+                .filter(|s| statuses.contains(s))
+                .collect()
+        };
+        (!kept.is_empty()).then(|| Self {
+            statuses: kept,
+            ..self.clone()
+        })
+    }
+
+    /// Every matching row, in no particular order. Every value is a bind
     /// parameter: quotes and semicolons in filters are just text.
+    #[must_use]
     pub fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
         let mut query = outbox_event::table.into_boxed::<Pg>();
         if !self.statuses.is_empty() {
@@ -114,22 +176,43 @@ impl Filters {
         if self.failed_after.is_some() || self.failed_before.is_some() {
             query = query.filter(outbox_event::status.eq(OutboxStatus::Failed));
         }
-        // A FAILED row's scheduled_at is the time of its last attempt.
         if let Some(at) = self.failed_after {
-            query = query.filter(outbox_event::scheduled_at.ge(at));
+            query = query.filter(outbox_event::failed_at.ge(at));
         }
         if let Some(at) = self.failed_before {
-            query = query.filter(outbox_event::scheduled_at.lt(at));
+            query = query.filter(outbox_event::failed_at.lt(at));
         }
         query
+    }
+
+    /// The first `limit` matching rows, oldest first (the order of `list`
+    /// and of requeue batches).
+    #[must_use]
+    pub fn oldest_first(&self, limit: i64) -> outbox_event::BoxedQuery<'static, Pg> {
+        self.query()
             .order((outbox_event::created_at, outbox_event::id))
-            .limit(self.limit)
+            .limit(limit)
+    }
+
+    /// How many rows match.
+    ///
+    /// # Errors
+    ///
+    /// When Postgres fails.
+    pub async fn count(&self, conn: &mut AsyncPgConnection) -> QueryResult<u64> {
+        let n: i64 = self.query().count().get_result(conn).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn now() -> DateTime<Utc> {
+        parse_time("2026-11-29T10:00:00Z").unwrap()
+    }
 
     #[test]
     fn times_parse_as_rfc3339_or_ages() {
@@ -137,19 +220,110 @@ mod tests {
             parse_time("2026-11-29T10:00:00Z").unwrap().to_rfc3339(),
             "2026-11-29T10:00:00+00:00"
         );
-        let six_hours_ago = parse_time("6h").unwrap();
-        assert!(
-            (Utc::now() - six_hours_ago - Duration::hours(6))
-                .num_seconds()
-                .abs()
-                < 5
+        assert_eq!(
+            parse_time_at("6h", now()).unwrap().to_rfc3339(),
+            "2026-11-29T04:00:00+00:00"
         );
-        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
-        assert!(parse_time("5y").unwrap_err().contains("unit"));
+        assert_eq!(
+            parse_time_at(" 90m ", now()).unwrap().to_rfc3339(),
+            "2026-11-29T08:30:00+00:00"
+        );
+        assert!(matches!(
+            parse_time("yesterday"),
+            Err(FilterValueError::NotATime(_))
+        ));
+        assert!(
+            parse_time("yesterday")
+                .unwrap_err()
+                .to_string()
+                .contains("RFC 3339")
+        );
+        assert_eq!(
+            parse_time("5y"),
+            Err(FilterValueError::UnknownUnit("5y".into()))
+        );
+    }
+
+    #[test]
+    fn values_that_used_to_panic_are_errors() {
+        assert_eq!(
+            parse_time("5é"),
+            Err(FilterValueError::UnknownUnit("5é".into()))
+        );
+        assert_eq!(
+            parse_time("99999999999999d"),
+            Err(FilterValueError::AgeOutOfRange("99999999999999d".into()))
+        );
+        assert_eq!(
+            parse_time("99999999999999999999999s"),
+            Err(FilterValueError::AgeOutOfRange(
+                "99999999999999999999999s".into()
+            ))
+        );
+        for raw in ["", " ", "é", "d", "-5h", "+5h", "5 h", "٥h", "5.5h"] {
+            assert!(
+                matches!(parse_time(raw), Err(FilterValueError::NotATime(_))),
+                "{raw:?}: {:?}",
+                parse_time(raw)
+            );
+        }
+        assert!(matches!(
+            parse_status("FAİLED"),
+            Err(FilterValueError::Status(_))
+        ));
     }
 
     #[test]
     fn like_wildcards_are_escaped() {
         assert_eq!(like_escape("a_b%c\\"), "a\\_b\\%c\\\\");
+    }
+
+    #[test]
+    fn narrowing_to_statuses_intersects() {
+        let any = Filters::default();
+        let failed_or_done = Filters {
+            statuses: vec![OutboxStatus::Failed, OutboxStatus::Done],
+            ..Filters::default()
+        };
+        let allowed = [OutboxStatus::Failed, OutboxStatus::Cancelled];
+        assert_eq!(any.only(&allowed).unwrap().statuses, allowed);
+        assert_eq!(
+            failed_or_done.only(&allowed).unwrap().statuses,
+            [OutboxStatus::Failed]
+        );
+        assert!(failed_or_done.only(&[OutboxStatus::Pending]).is_none());
+    }
+
+    /// Strings a user could type, weighted towards what parsers trip on:
+    /// anything at all, non-ASCII, digits with any trailing character, and
+    /// numbers far beyond every integer type.
+    fn nasty() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "\\PC{0,40}",
+            "[0-9]{0,40}\\PC?",
+            "[+-]?[0-9]{1,30}[smhdé ]",
+            (any::<u64>(), "[smhd]").prop_map(|(n, unit)| format!("{n}{unit}")),
+            (any::<i64>(), "[smhd]").prop_map(|(n, unit)| format!("{n}{unit}")),
+            "[0-9+-]{1,7}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\\.[0-9]{1,12})?(Z|[+-][0-9]{2}:[0-9]{2})",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn parse_time_never_panics(raw in nasty()) {
+            // Returning at all is the property; an age is never in the future.
+            if let Ok(at) = parse_time_at(&raw, now()) {
+                let rfc3339 = DateTime::parse_from_rfc3339(&raw).is_ok();
+                prop_assert!(rfc3339 || at <= now(), "{raw:?} gave {at}");
+            }
+        }
+
+        #[test]
+        fn parse_status_never_panics(raw in nasty()) {
+            if let Ok(status) = parse_status(&raw) {
+                prop_assert!(status.as_str().eq_ignore_ascii_case(&raw));
+            }
+        }
     }
 }

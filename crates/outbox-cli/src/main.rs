@@ -3,10 +3,13 @@
 //! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue`. Every
 //! command prints a table, or JSON with `--json`. Exit codes: 0 fine; 1 an
 //! alert fired or nothing matched; 2 a usage, configuration or connection
-//! error. The runbook in `docs/operations.md` says when to run what.
+//! error, a value no flag accepts, or a bulk requeue above `--confirm-above`
+//! without `--yes` (nothing changed). The runbook in `docs/operations.md`
+//! says when to run what.
 
 mod dead;
 mod filters;
+mod render;
 mod requeue;
 
 use std::process::ExitCode;
@@ -25,6 +28,18 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::filters::Filters;
+use crate::render::showing;
+use crate::requeue::command::RequeueArgs;
+
+/// The exit codes, as `--help` shows them.
+const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired or nothing matched; 2 a usage, \
+    configuration or connection error, a value no flag accepts (the message names the flag), or a \
+    bulk requeue above --confirm-above without --yes (nothing changed).";
+
+/// Default of `list --limit`.
+const DEFAULT_LIST_LIMIT: u64 = 100;
+/// Largest `list --limit`.
+const MAX_LIST_LIMIT: u64 = 100_000;
 
 /// Operate the transactional outbox.
 #[derive(Parser)]
@@ -32,7 +47,7 @@ use crate::filters::Filters;
     name = "outbox",
     version,
     about,
-    after_help = "Exit codes: 0 fine, 1 alert or nothing matched, 2 usage or connection error."
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// Postgres URL.
@@ -54,22 +69,38 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Apply pending migrations.
+    #[command(after_help = EXIT_CODES)]
     Migrate,
     /// Counts by status and queue, oldest due pending age, the pending alert.
+    #[command(after_help = EXIT_CODES)]
     Stats,
     /// Backlog, due, running, done, dead and stalled workers of every queue.
+    #[command(after_help = EXIT_CODES)]
     Health(HealthArgs),
     /// The dead jobs of a queue and why each failed.
+    #[command(after_help = EXIT_CODES)]
     Dead(dead::DeadArgs),
-    /// List outbox rows.
-    List(Filters),
+    /// List outbox rows, oldest first; says how many match when it shows fewer.
+    #[command(after_help = EXIT_CODES)]
+    List(ListArgs),
     /// One row with its payload and requeue history.
+    #[command(after_help = EXIT_CODES)]
     Show {
         /// The event id.
         id: Uuid,
     },
-    /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING.
+    /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING: one id, or every row the filters match (FAILED without --status), in batches.
+    #[command(after_help = EXIT_CODES)]
     Requeue(RequeueArgs),
+}
+
+#[derive(Args)]
+struct ListArgs {
+    #[command(flatten)]
+    filters: Filters,
+    /// At most this many rows, oldest first.
+    #[arg(long, default_value_t = DEFAULT_LIST_LIMIT, value_parser = clap::value_parser!(u64).range(1..=MAX_LIST_LIMIT))]
+    limit: u64,
 }
 
 #[derive(Args)]
@@ -83,29 +114,6 @@ struct HealthArgs {
     /// A worker whose heartbeat is older than this many seconds is stalled.
     #[arg(long, default_value_t = 120)]
     stall_after_secs: u64,
-}
-
-#[derive(Args)]
-struct RequeueArgs {
-    /// One event id (instead of filters).
-    id: Option<Uuid>,
-    #[command(flatten)]
-    filters: Filters,
-    /// Also requeue DONE rows: their side effects run again.
-    #[arg(long)]
-    replay: bool,
-    /// Show what would change; change nothing.
-    #[arg(long)]
-    dry_run: bool,
-    /// Confirm a bulk requeue above --confirm-above rows.
-    #[arg(long)]
-    yes: bool,
-    /// Bulk requeues of more rows than this need --yes.
-    #[arg(long, default_value_t = 100)]
-    confirm_above: usize,
-    /// Why (kept in the history).
-    #[arg(long, default_value = "requeued by operator")]
-    reason: String,
 }
 
 /// A failure with its exit code.
@@ -179,9 +187,9 @@ async fn run(cli: Cli) -> Outcome {
         Command::Stats => stats(&cli).await,
         Command::Health(args) => health(&cli, args).await,
         Command::Dead(args) => dead_cmd(&cli, args).await,
-        Command::List(filters) => list(&cli, filters).await,
+        Command::List(args) => list(&cli, args).await,
         Command::Show { id } => show(&cli, *id).await,
-        Command::Requeue(args) => requeue_cmd(&cli, args).await,
+        Command::Requeue(args) => requeue::command::run(&cli, args).await,
     }
 }
 
@@ -355,17 +363,26 @@ struct ListRow<'a> {
     retries: i32,
     created_at: chrono::DateTime<chrono::Utc>,
     scheduled_at: chrono::DateTime<chrono::Utc>,
+    failed_at: Option<chrono::DateTime<chrono::Utc>>,
     target_queue: Option<&'a str>,
     last_error: Option<&'a str>,
 }
 
-async fn list(cli: &Cli, filters: &Filters) -> Outcome {
+async fn list(cli: &Cli, args: &ListArgs) -> Outcome {
     let mut conn = connect(cli).await?;
-    let rows: Vec<OutboxEvent> = filters
-        .query()
+    let rows: Vec<OutboxEvent> = args
+        .filters
+        .oldest_first(i64::try_from(args.limit).unwrap_or(i64::MAX))
         .select(OutboxEvent::as_select())
         .load(&mut conn)
         .await?;
+    let shown = rows.len() as u64;
+    // Only a full page can hide more rows; count them then.
+    let matching = if shown == args.limit {
+        args.filters.count(&mut conn).await?
+    } else {
+        shown
+    };
     let view: Vec<ListRow> = rows
         .iter()
         .map(|r| ListRow {
@@ -376,12 +393,17 @@ async fn list(cli: &Cli, filters: &Filters) -> Outcome {
             retries: r.retries,
             created_at: r.created_at,
             scheduled_at: r.scheduled_at,
+            failed_at: r.failed_at,
             target_queue: r.target_queue.as_deref(),
             last_error: r.last_error.as_deref(),
         })
         .collect();
     if cli.json {
+        // stdout stays a plain array of rows; the note is for the operator.
         print_json(&view)?;
+        if let Some(showing) = showing(shown, matching) {
+            eprintln!("outbox: {showing}");
+        }
     } else {
         println!(
             "{:<36}  {:<10}  {:<12}  {:<32}  {:>7}  {:<20}  QUEUE / LAST ERROR",
@@ -399,7 +421,10 @@ async fn list(cli: &Cli, filters: &Filters) -> Outcome {
                 r.last_error.or(r.target_queue).unwrap_or("-")
             );
         }
-        println!("{} row(s)", view.len());
+        match showing(shown, matching) {
+            Some(showing) => println!("{showing}"),
+            None => println!("{} row(s)", view.len()),
+        }
     }
     Ok(u8::from(view.is_empty()))
 }
@@ -460,6 +485,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("scheduled     {}", row.scheduled_at.to_rfc3339());
     println!("locked until  {}", time(row.locked_until));
     println!("processed     {}", time(row.processed_at));
+    println!("failed        {}", time(row.failed_at));
     println!(
         "target queue  {}",
         row.target_queue.as_deref().unwrap_or("-")
@@ -487,130 +513,4 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
         }
     }
     Ok(0)
-}
-
-async fn requeue_cmd(cli: &Cli, args: &RequeueArgs) -> Outcome {
-    if args.id.is_some() && !args.filters.is_empty() {
-        return Err(Failure::from(anyhow::anyhow!(
-            "give either an id or filters, not both"
-        )));
-    }
-    let mut filters = args.filters.clone();
-    if args.id.is_none() && filters.statuses.is_empty() {
-        // Without --status, a bulk requeue means the dead letters.
-        filters.statuses = vec![OutboxStatus::Failed];
-    }
-    let mut conn = connect(cli).await?;
-    let rows: Vec<OutboxEvent> = match args.id {
-        Some(id) => {
-            outbox_event::table
-                .find(id)
-                .select(OutboxEvent::as_select())
-                .load(&mut conn)
-                .await?
-        }
-        None => {
-            filters
-                .query()
-                .select(OutboxEvent::as_select())
-                .load(&mut conn)
-                .await?
-        }
-    };
-    let plan = requeue::plan(rows, args.replay);
-    let replays = plan.requeue.iter().filter(|r| r.replay).count();
-    if !args.dry_run && args.id.is_none() && plan.requeue.len() > args.confirm_above && !args.yes {
-        return Err(Failure::from(anyhow::anyhow!(
-            "refusing to requeue {} rows without --yes (more than --confirm-above {}); run with --dry-run to see them",
-            plan.requeue.len(),
-            args.confirm_above
-        )));
-    }
-    let mut requeued: Vec<Uuid> = Vec::new();
-    let mut cleared = 0;
-    if !args.dry_run && !plan.requeue.is_empty() {
-        let requested_by = std::env::var("USER").ok();
-        let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-        let mut redis_conn = if replays > 0 {
-            Some(redis(cli).context("a replay must clear the previous run from Redis")?)
-        } else {
-            None
-        };
-        let replay_redis = redis_conn.as_mut().map(|conn| requeue::ReplayRedis {
-            conn,
-            namespace: &namespace,
-        });
-        let executed = requeue::execute(
-            &mut conn,
-            &plan,
-            &args.reason,
-            requested_by.as_deref(),
-            args.replay,
-            replay_redis,
-        )
-        .await?;
-        requeued = executed.requeued;
-        cleared = executed.cleared;
-    }
-    let warning = (replays > 0).then(|| {
-        format!(
-            "{replays} DONE row(s) replayed: their side effects (mails, webhooks, …) may run again"
-        )
-    });
-    if cli.json {
-        print_json(&json!({
-            "dry_run": args.dry_run,
-            "would_requeue": plan.requeue,
-            "refused": plan.refused,
-            "requeued": requeued,
-            "cleared_old_jobs": cleared,
-            "warning": warning,
-        }))?;
-    } else {
-        let verb = if args.dry_run {
-            "would requeue"
-        } else {
-            "requeue"
-        };
-        for r in &plan.requeue {
-            println!(
-                "{verb} {}  {:<32}  {} → PENDING (retries {} → 0, last error cleared: {})",
-                r.id,
-                r.event_type,
-                r.status,
-                r.retries,
-                r.last_error.as_deref().unwrap_or("-")
-            );
-        }
-        for r in &plan.refused {
-            println!(
-                "refused {}  {:<32}  {}",
-                r.id,
-                r.event_type,
-                r.refused.as_deref().unwrap_or("")
-            );
-        }
-        if let Some(warning) = &warning {
-            println!("WARNING: {warning}");
-        }
-        if args.dry_run {
-            println!(
-                "dry run: {} row(s) would be requeued, {} refused; nothing changed",
-                plan.requeue.len(),
-                plan.refused.len()
-            );
-        } else {
-            println!(
-                "requeued {} row(s), refused {}",
-                requeued.len(),
-                plan.refused.len()
-            );
-        }
-    }
-    let matched = if args.dry_run {
-        plan.requeue.len()
-    } else {
-        requeued.len()
-    };
-    Ok(u8::from(matched == 0))
 }

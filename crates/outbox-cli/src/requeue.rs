@@ -1,11 +1,19 @@
 //! `outbox requeue`: put FAILED / CANCELLED (and, on request, DONE) rows back
 //! to PENDING, consistently and with history.
+//!
+//! This module holds the policy ([`refusal`], [`plan`]) and one transaction
+//! of requeues ([`execute`]); [`bulk`] selects by filters and runs in
+//! batches; [`command`] is the `outbox requeue` command itself.
+
+pub mod bulk;
+pub mod command;
 
 use anyhow::{Context, Result};
-use diesel::QueryableByName;
 use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
+use diesel::{Queryable, QueryableByName, Selectable};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_model::{OutboxEvent, OutboxStatus};
+use outbox_model::OutboxStatus;
+use outbox_model::schema::outbox_event;
 use outbox_queue::{
     MAX_RETRY_ROUNDS, QueueNamespace, apalis_config, idempotency_prefix, queues, retry_task_id,
     task_id,
@@ -43,24 +51,55 @@ pub struct Plan {
     pub refused: Vec<PlanRow>,
 }
 
-/// Classifies `rows`: PENDING and PROCESSING are refused, DONE only with `replay`.
+/// The columns the requeue policy looks at: no payload, so that a batch of
+/// thousands of rows stays small.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = outbox_event)]
+#[diesel(check_for_backend(diesel::pg::Pg))]
+pub struct Candidate {
+    /// The row.
+    pub id: Uuid,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// Its event type.
+    pub event_type: String,
+    /// Its status.
+    pub status: OutboxStatus,
+    /// Its retries.
+    pub retries: i32,
+    /// Its last error.
+    pub last_error: Option<String>,
+}
+
+/// Why a row with `status` is not requeued, or `None` when it is: PENDING
+/// and PROCESSING are refused, DONE only without `replay`.
 #[must_use]
-pub fn plan(rows: Vec<OutboxEvent>, replay: bool) -> Plan {
+pub fn refusal(status: OutboxStatus, replay: bool) -> Option<&'static str> {
+    match status {
+        OutboxStatus::Pending => Some("already PENDING: it will be dispatched as it is"),
+        OutboxStatus::Processing => Some("PROCESSING: a dispatcher holds it right now"),
+        OutboxStatus::Done if !replay => {
+            Some("DONE: its side effect was handed off already; pass --replay to run it again")
+        }
+        _ => None,
+    }
+}
+
+/// The statuses a requeue changes ([`refusal`] is `None`).
+#[must_use]
+pub fn requeueable(replay: bool) -> Vec<OutboxStatus> {
+    OutboxStatus::ALL
+        .into_iter()
+        .filter(|status| refusal(*status, replay).is_none())
+        .collect()
+}
+
+/// Classifies `rows` by [`refusal`].
+#[must_use]
+pub fn plan(rows: Vec<Candidate>, replay: bool) -> Plan {
     let mut plan = Plan::default();
     for row in rows {
-        let refused = match row.status {
-            OutboxStatus::Pending => {
-                Some("already PENDING: it will be dispatched as it is".to_owned())
-            }
-            OutboxStatus::Processing => {
-                Some("PROCESSING: a dispatcher holds it right now".to_owned())
-            }
-            OutboxStatus::Done if !replay => Some(
-                "DONE: its side effect was handed off already; pass --replay to run it again"
-                    .to_owned(),
-            ),
-            _ => None,
-        };
+        let refused = refusal(row.status, replay).map(str::to_owned);
         let entry = PlanRow {
             id: row.id,
             tenant_id: row.tenant_id,
@@ -136,7 +175,7 @@ pub struct ReplayTarget {
 
 /// Requeues the planned rows in one transaction: each row goes back to
 /// PENDING with retries 0, due now, no lease, no processed_at, no
-/// last_error, no target_queue; one `outbox_event_requeue` history row per
+/// failed_at, no last_error, no target_queue; one `outbox_event_requeue` history row per
 /// requeued row; and a NOTIFY that wakes the dispatchers. Rows whose status
 /// changed since the plan are skipped.
 ///
@@ -160,10 +199,12 @@ pub async fn execute(
     redis: Option<ReplayRedis<'_>>,
 ) -> Result<Executed> {
     let ids: Vec<Uuid> = plan.requeue.iter().map(|r| r.id).collect();
-    let mut allowed = vec!["FAILED".to_owned(), "CANCELLED".to_owned()];
+    let allowed: Vec<&str> = requeueable(replay)
+        .into_iter()
+        .map(OutboxStatus::as_str)
+        .collect();
     let mut cleared = 0;
     if replay {
-        allowed.push("DONE".to_owned());
         let targets = replay_targets(conn, &ids).await?;
         if !targets.is_empty() {
             let redis =
@@ -197,7 +238,7 @@ pub async fn execute(
         diesel::sql_query(
             "UPDATE outbox_event
              SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
-                 processed_at = NULL, last_error = NULL, target_queue = NULL
+                 processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL
              WHERE id = ANY($1)",
         )
         .bind::<Array<SqlUuid>, _>(&locked_ids)

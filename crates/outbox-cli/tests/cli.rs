@@ -92,9 +92,10 @@ impl Env {
             "NULL"
         };
         let processed = if status == "DONE" { "now()" } else { "NULL" };
+        let failed = if status == "FAILED" { "now()" } else { "NULL" };
         diesel::sql_query(format!(
-            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, locked_until, processed_at)
-             VALUES ($1, $2, '{{\"n\": 1}}', $3, $4, $5, {lease}, {processed}) RETURNING id"
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, locked_until, processed_at, failed_at)
+             VALUES ($1, $2, '{{\"n\": 1}}', $3, $4, $5, {lease}, {processed}, {failed}) RETURNING id"
         ))
         .bind::<diesel::sql_types::Text, _>(tenant)
         .bind::<diesel::sql_types::Text, _>(event_type)
@@ -164,9 +165,10 @@ async fn requeue_of_one_failed_row_delivers_it_once() {
             row.retries,
             row.last_error,
             row.locked_until,
-            row.processed_at
+            row.processed_at,
+            row.failed_at
         ),
-        (0, None, None, None)
+        (0, None, None, None, None)
     );
 
     let report = env.dispatcher().tick().await.unwrap();
@@ -639,6 +641,241 @@ async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
             .iter()
             .all(|r| r.status == OutboxStatus::Pending)
     );
+}
+
+fn statuses(rows: &[OutboxEvent]) -> (usize, usize) {
+    let pending = rows
+        .iter()
+        .filter(|r| r.status == OutboxStatus::Pending)
+        .count();
+    let failed = rows
+        .iter()
+        .filter(|r| r.status == OutboxStatus::Failed)
+        .count();
+    (pending, failed)
+}
+
+#[tokio::test]
+async fn a_bulk_requeue_changes_every_matching_row_and_the_guard_counts_them_all() {
+    let env = Env::new().await;
+    // 250 dead letters, created a second apart, oldest first.
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, failed_at, created_at)
+         SELECT 'acme', 'webhook.order.created', '{}', 'FAILED', 7, 'peer answered 503', now(),
+                now() - make_interval(secs => 1000 - n)
+         FROM generate_series(1, 250) AS n",
+    )
+    .await;
+
+    let run = env.outbox(&["requeue", "--status", "failed"]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr
+            .contains("refusing to requeue 250 rows without --yes"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(statuses(&env.rows().await), (0, 250), "nothing changed");
+
+    let dry = env.outbox(&["requeue", "--status", "failed", "--dry-run"]);
+    assert_eq!(dry.code, 0, "{}{}", dry.stdout, dry.stderr);
+    assert!(
+        dry.stdout.contains("showing 100 of 250 matching rows"),
+        "{}",
+        dry.stdout
+    );
+    assert!(
+        dry.stdout
+            .contains("dry run: 250 row(s) would be requeued, 0 refused; nothing changed"),
+        "{}",
+        dry.stdout
+    );
+    assert_eq!(
+        dry.stdout
+            .lines()
+            .filter(|l| l.starts_with("would requeue"))
+            .count(),
+        100
+    );
+    let json = env
+        .outbox(&["requeue", "--status", "failed", "--dry-run", "--json"])
+        .json();
+    assert_eq!(
+        (json["matching"].as_u64(), json["to_requeue"].as_u64()),
+        (Some(250), Some(250))
+    );
+    assert_eq!(
+        statuses(&env.rows().await),
+        (0, 250),
+        "a dry run changes nothing"
+    );
+
+    let run = env.outbox(&[
+        "requeue",
+        "--status",
+        "failed",
+        "--yes",
+        "--batch-size",
+        "100",
+        "--reason",
+        "peer fixed",
+    ]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout
+            .contains("requeued 250 row(s) in 3 batch(es), refused 0"),
+        "{}",
+        run.stdout
+    );
+    let rows = env.rows().await;
+    assert_eq!(statuses(&rows), (250, 0));
+    for row in &rows {
+        assert_eq!(
+            (row.retries, &row.last_error, row.failed_at),
+            (0, &None, None),
+            "{}",
+            row.id
+        );
+    }
+    let mut conn = env.db.conn().await;
+    let history: i64 = outbox_event_requeue::table
+        .filter(outbox_event_requeue::reason.eq("peer fixed"))
+        .count()
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(history, 250, "one history row per requeued row");
+
+    // Dead again; this time only the ten oldest go back.
+    env.sql("UPDATE outbox_event SET status = 'FAILED', failed_at = now()")
+        .await;
+    let run = env.outbox(&["requeue", "--status", "failed", "--limit", "10"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("requeued 10 row(s)"), "{}", run.stdout);
+    let rows = env.rows().await;
+    assert_eq!(statuses(&rows), (10, 240));
+    assert!(
+        rows[..10].iter().all(|r| r.status == OutboxStatus::Pending),
+        "the oldest first"
+    );
+}
+
+#[tokio::test]
+async fn failed_after_and_before_select_by_when_the_row_went_failed() {
+    let env = Env::new().await;
+    // Due recently but failed long ago: scheduled_at must not be what counts.
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, scheduled_at, failed_at, last_error)
+         VALUES ('acme', 'audit.user.login', '{}', 'FAILED', now(), now() - interval '3 hours', 'old'),
+                ('acme', 'audit.user.login', '{}', 'FAILED', now() - interval '3 hours', now() - interval '1 hour', 'recent'),
+                ('acme', 'audit.user.login', '{}', 'CANCELLED', now(), NULL, 'cancelled')",
+    )
+    .await;
+    let errors = |run: Run| -> Vec<String> {
+        run.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["last_error"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        errors(env.outbox(&["list", "--failed-after", "2h", "--json"])),
+        ["recent"]
+    );
+    assert_eq!(
+        errors(env.outbox(&["list", "--failed-before", "2h", "--json"])),
+        ["old"]
+    );
+    let before = env.rows().await;
+    let by_error = |error: &str| {
+        before
+            .iter()
+            .find(|r| r.last_error.as_deref() == Some(error))
+            .unwrap()
+            .clone()
+    };
+    let recent = by_error("recent");
+    let listed = env
+        .outbox(&["list", "--failed-after", "2h", "--json"])
+        .json();
+    let failed_at = listed[0]["failed_at"].as_str().unwrap();
+    assert_eq!(
+        chrono::DateTime::parse_from_rfc3339(failed_at).unwrap(),
+        recent.failed_at.unwrap()
+    );
+    let show = env
+        .outbox(&["show", &recent.id.to_string(), "--json"])
+        .json();
+    assert_eq!(show["event"]["failed_at"], listed[0]["failed_at"]);
+    let table = env.outbox(&["show", &recent.id.to_string()]).stdout;
+    let failed_line = format!("failed        {}", recent.failed_at.unwrap().to_rfc3339());
+    assert!(table.contains(&failed_line), "{table}");
+
+    let run = env.outbox(&["requeue", "--failed-after", "2h"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let after = env.rows().await;
+    let status_of = |id: Uuid| after.iter().find(|r| r.id == id).unwrap().status;
+    assert_eq!(status_of(recent.id), OutboxStatus::Pending);
+    assert_eq!(status_of(by_error("old").id), OutboxStatus::Failed);
+    assert_eq!(status_of(by_error("cancelled").id), OutboxStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn list_says_how_many_rows_match_when_it_shows_fewer() {
+    let env = Env::new().await;
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status)
+         SELECT 'acme', 'audit.user.login', '{}', 'CANCELLED' FROM generate_series(1, 1234)",
+    )
+    .await;
+    let run = env.outbox(&["list", "--limit", "50"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("showing 50 of 1,234 matching rows"),
+        "{}",
+        run.stdout
+    );
+    let json = env.outbox(&["list", "--json"]);
+    assert_eq!(
+        json.json().as_array().unwrap().len(),
+        100,
+        "the default limit"
+    );
+    assert!(
+        json.stderr.contains("showing 100 of 1,234 matching rows"),
+        "{}",
+        json.stderr
+    );
+    let all = env.outbox(&["list", "--limit", "2000"]);
+    assert!(all.stdout.contains("1234 row(s)"), "{}", all.stdout);
+}
+
+#[tokio::test]
+async fn no_filter_value_makes_the_cli_panic() {
+    let env = Env::new().await;
+    let huge_age = "99999999999999d";
+    let huger = "99999999999999999999999s";
+    let cases: [(&[&str], &str); 9] = [
+        (&["list", "--created-after", "5é"], "--created-after"),
+        (&["list", "--created-before", huge_age], "--created-before"),
+        (&["list", "--failed-after", huger], "--failed-after"),
+        (&["list", "--failed-before", "٣d"], "--failed-before"),
+        (&["list", "--status", "FAİLED"], "--status"),
+        (&["list", "--limit", "99999999999999999999"], "--limit"),
+        (&["requeue", "--created-after", "é"], "--created-after"),
+        (
+            &["requeue", "--failed-after", huge_age, "--dry-run"],
+            "--failed-after",
+        ),
+        (&["requeue", "--limit", "0"], "--limit"),
+    ];
+    for (args, flag) in cases {
+        let run = env.outbox(args);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains(flag), "{args:?}: {}", run.stderr);
+        assert!(!run.stderr.contains("panicked"), "{args:?}: {}", run.stderr);
+    }
 }
 
 /// The mail workers (outbox.mail and toolctrl.email) running in the background.

@@ -170,7 +170,9 @@ pub struct Failure {
     pub queue: Option<String>,
 }
 
-/// Moves rows to `FAILED` (one statement). Returns the ids actually updated.
+/// Moves rows to `FAILED` (one statement), stamping `failed_at = now()`:
+/// this is the only statement that dead-letters a row, whether unroutable or
+/// out of retries. Returns the ids actually updated.
 pub async fn mark_failed(
     conn: &mut AsyncPgConnection,
     failures: &[Failure],
@@ -182,7 +184,7 @@ pub async fn mark_failed(
     diesel::sql_query(
         "UPDATE outbox_event e
          SET status = 'FAILED', retries = e.retries + v.increment, locked_until = NULL,
-             last_error = v.error, target_queue = v.queue
+             last_error = v.error, target_queue = v.queue, failed_at = now()
          FROM unnest($1::uuid[], $2::timestamptz[], $3::int[], $4::text[], $5::text[])
               AS v(id, lease, increment, error, queue)
          WHERE e.id = v.id AND e.status = 'PROCESSING' AND e.locked_until = v.lease

@@ -41,6 +41,10 @@ pub struct OutboxEvent {
     pub target_queue: Option<String>,
     /// When the event was recorded.
     pub created_at: DateTime<Utc>,
+    /// When the row went FAILED (dead-lettered by the dispatcher); `None`
+    /// for any other row, and again after a requeue. The fields follow the
+    /// table's column order, so that positional loading matches it.
+    pub failed_at: Option<DateTime<Utc>>,
     /// Delivery generation: 0 for the first delivery, n after the n-th replay.
     pub generation: i32,
 }

@@ -60,6 +60,8 @@ diesel::table! {
         target_queue -> Nullable<Text>,
         /// When the event was recorded.
         created_at -> Timestamptz,
+        /// When the row went FAILED: set by the dispatcher, cleared by a requeue.
+        failed_at -> Nullable<Timestamptz>,
         /// Delivery generation: 0 for the first delivery, n after the n-th replay (outbox requeue --replay). Task ids and receiver idempotency keys include it from 1 on.
         generation -> Int4,
     }

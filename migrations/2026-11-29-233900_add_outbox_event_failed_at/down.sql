@@ -1,0 +1,1 @@
+ALTER TABLE outbox_event DROP COLUMN IF EXISTS failed_at;
