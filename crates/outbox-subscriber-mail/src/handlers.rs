@@ -14,7 +14,7 @@ use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;
 use serde_json::json;
 
-use crate::{EmailJob, MailError, Templates, email_task_id, render_request};
+use crate::{EmailJob, MailError, Templates, email_task_id, message_id, render_request};
 
 async fn enqueue_email(
     redis: &ConnectionManager,
@@ -207,12 +207,15 @@ impl SmtpSettings {
     }
 }
 
-/// `toolctrl.email`: sends one rendered mail over SMTP, at most once per event.
+/// `toolctrl.email`: sends one rendered mail over SMTP, at most once per
+/// event, with the stable `Message-ID` of [`message_id`].
 #[derive(Clone)]
 pub struct SmtpHandler {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     settings: SmtpSettings,
     store: RedisIdempotencyStore,
+    /// The domain of `settings.default_from`, for `Message-ID`s.
+    message_id_domain: String,
 }
 
 /// A configuration that cannot work.
@@ -239,7 +242,7 @@ impl SmtpHandler {
             url: settings.url.clone(),
             reason,
         };
-        settings
+        let default_from = settings
             .default_from
             .parse::<Mailbox>()
             .map_err(|e| error(format!("default sender {:?}: {e}", settings.default_from)))?;
@@ -249,6 +252,7 @@ impl SmtpHandler {
             .build();
         Ok(Self {
             transport,
+            message_id_domain: default_from.email.domain().to_owned(),
             settings,
             store,
         })
@@ -261,6 +265,11 @@ impl SmtpHandler {
         };
         let from = mail.from.as_deref().unwrap_or(&self.settings.default_from);
         let mut builder = Message::builder()
+            .message_id(Some(message_id(
+                mail.outbox_event_id,
+                mail.generation,
+                &self.message_id_domain,
+            )))
             .from(mailbox(from)?)
             .subject(&mail.subject);
         for to in &mail.to {
@@ -340,5 +349,51 @@ impl JobHandler for SmtpHandler {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_test_support::TestRedis;
+    use uuid::Uuid;
+
+    fn message_id_line(message: &Message) -> Option<String> {
+        String::from_utf8(message.formatted())
+            .unwrap()
+            .lines()
+            .find(|line| line.to_ascii_lowercase().starts_with("message-id:"))
+            .map(str::to_owned)
+    }
+
+    #[tokio::test]
+    async fn every_mail_carries_the_message_id_of_its_event_with_the_senders_domain() {
+        let redis = TestRedis::new().await;
+        let store = RedisIdempotencyStore::new(redis.conn().await).with_prefix(redis.prefix());
+        let settings = SmtpSettings {
+            default_from: "Acme Shop <shop@acme.test>".to_owned(),
+            ..SmtpSettings::new("smtp://127.0.0.1:25")
+        };
+        let handler = SmtpHandler::new(settings, store).unwrap();
+        let id = Uuid::now_v7();
+        // A mail naming its own sender still takes the domain of MAIL_FROM:
+        // the id stays the same whatever the mail's sender.
+        let mail = render_request(
+            &Templates::standard(),
+            id,
+            "acme",
+            &json!({ "to": "ada@example.com", "from": "sales@elsewhere.test", "subject": "Hi", "text": "Hello" }),
+        )
+        .unwrap();
+
+        let expected = format!("Message-ID: <{id}.0@acme.test>");
+        let first = handler.message(&mail).unwrap();
+        assert_eq!(message_id_line(&first), Some(expected.clone()));
+        let again = handler.message(&mail).unwrap();
+        assert_eq!(
+            message_id_line(&again),
+            Some(expected),
+            "the same every time"
+        );
     }
 }

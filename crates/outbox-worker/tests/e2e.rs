@@ -11,6 +11,7 @@ use common::{GENERAL, MAIL, Stack};
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{OutboxJob, RedisSettings, push_jobs, push_raw, queues};
+use outbox_subscriber_mail::{Templates, email_task_id, render_request};
 use outbox_subscriber_webhook::verify;
 use outbox_test_support::eventually;
 use serde_json::json;
@@ -47,6 +48,12 @@ async fn a_mail_event_is_sent_once_even_when_its_job_is_pushed_again() {
     let mails = stack.smtp.wait_for_messages(1, WAIT).await;
     assert_eq!(mails[0].to, vec!["ada@example.com"]);
     assert_eq!(mails[0].from, "outbox@example.test");
+    // <event id>.<generation>@<domain of MAIL_FROM>
+    let message_id = format!("<{id}.0@example.test>");
+    assert_eq!(
+        mails[0].header("message-id").as_deref(),
+        Some(message_id.as_str())
+    );
     assert_eq!(mails[0].header("subject").as_deref(), Some("Welcome, Ada!"));
     assert!(
         mails[0].data.contains("welcome aboard"),
@@ -93,6 +100,39 @@ async fn a_mail_event_is_sent_once_even_when_its_job_is_pushed_again() {
     // The rendered mail's job id is deterministic, so no second send job exists.
     assert_eq!(stack.stats(queues::TOOLCTRL_EMAIL).await.done, 1);
     assert_eq!(stack.smtp.messages().len(), 1, "the mail went out once");
+
+    // The at-least-once window: a worker that sent the mail and died before
+    // recording it leaves no idempotency record, and the send job comes back.
+    // The mail goes out again, recognisably the same message.
+    let sent_record = format!(
+        "{}{}",
+        outbox_queue::idempotency_prefix(&stack.namespace),
+        email_task_id(id)
+    );
+    let removed: u32 = redis::cmd("DEL")
+        .arg(&sent_record)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the send was recorded under {sent_record}");
+    let rendered = render_request(&Templates::standard(), id, "acme", &event.payload).unwrap();
+    push_raw(
+        &mut redis,
+        &stack.namespace,
+        queues::TOOLCTRL_EMAIL,
+        &[(
+            "email-redelivery-1".into(),
+            serde_json::to_vec(&rendered).unwrap(),
+        )],
+    )
+    .await
+    .unwrap();
+    let mails = stack.smtp.wait_for_messages(2, WAIT).await;
+    assert_eq!(
+        mails[1].header("message-id").as_deref(),
+        Some(message_id.as_str()),
+        "a duplicate send carries the same Message-ID"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,7 +419,7 @@ async fn a_handler_killed_mid_delivery_is_rerun_on_redelivery() {
         .await;
     let _general = stack.start(GENERAL, &[]).await;
     let mut mail = stack.start(MAIL, &[("WEBHOOK_TIMEOUT_MS", "60000")]).await;
-    stack
+    let id = stack
         .publish(NewOutboxEvent::new(
             "acme",
             "webhook.order.created",
@@ -400,6 +440,10 @@ async fn a_handler_killed_mid_delivery_is_rerun_on_redelivery() {
         2,
         "the killed delivery ran again after the restart"
     );
+    // Standard Webhooks: the redelivery is the same message to the receiver.
+    for request in &requests {
+        assert_eq!(request.header("webhook-id"), Some(id.to_string().as_str()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
