@@ -5,9 +5,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A `redis-server` child process on its own port, for tests of what happens
-/// when Redis goes away and comes back. Killed on drop.
+/// when Redis goes away and comes back, or of a server configured in a way
+/// the shared one is not. Killed on drop.
 pub struct RedisProcess {
     port: u16,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -18,11 +20,26 @@ impl RedisProcess {
     ///
     /// When `redis-server` is not installed or does not come up.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts a server with extra `redis-server` arguments (configuration
+    /// directives such as `["--maxmemory-policy", "allkeys-lru"]`, which
+    /// override the defaults), kept across [`RedisProcess::restart`].
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` is not installed or does not come up.
+    pub async fn start_with(args: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .unwrap_or_else(|e| panic!("no free port: {e}"));
-        let mut process = Self { port, child: None };
+        let mut process = Self {
+            port,
+            args: args.iter().map(|&arg| arg.to_owned()).collect(),
+            child: None,
+        };
         process.restart().await;
         process
     }
@@ -51,6 +68,7 @@ impl RedisProcess {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -90,6 +108,7 @@ impl std::fmt::Debug for RedisProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisProcess")
             .field("port", &self.port)
+            .field("args", &self.args)
             .finish_non_exhaustive()
     }
 }

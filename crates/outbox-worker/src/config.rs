@@ -6,6 +6,8 @@ use std::time::Duration;
 use outbox_dispatch::{DispatcherConfig, RetentionConfig};
 use outbox_subscriber::WorkerSettings;
 
+use crate::redis_check::ALLOW_EVICTION_VARIABLE;
+
 /// The two deployable groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Group {
@@ -85,6 +87,11 @@ pub struct WorkerConfig {
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
     /// outbox and the queues are refreshed.
     pub gauge_interval: Duration,
+    /// `OUTBOX_ALLOW_REDIS_EVICTION`: start (with a warning) even though
+    /// Redis' `maxmemory-policy` is not `noeviction`, i.e. Redis may drop
+    /// queued jobs and idempotency keys. Off by default: such a Redis stops
+    /// start-up with exit code 2.
+    pub allow_redis_eviction: bool,
 }
 
 /// Reads variables through `get` (the process environment in production).
@@ -303,6 +310,7 @@ impl WorkerConfig {
             shutdown_grace,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
+            allow_redis_eviction: env.flag(ALLOW_EVICTION_VARIABLE, false)?,
             queue_done_retention: Duration::from_secs(
                 3600 * env.number("QUEUE_DONE_RETENTION_HOURS", 24u64, 1, 1_000_000)?,
             ),
@@ -364,6 +372,12 @@ mod tests {
         assert_eq!(config.retention.retention, Duration::from_secs(720 * 3600));
         assert_eq!(config.retention.batch_size, 1000);
         assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
+        assert!(!config.allow_redis_eviction);
+        assert!(
+            read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])
+                .unwrap()
+                .allow_redis_eviction
+        );
     }
 
     #[test]
@@ -373,6 +387,7 @@ mod tests {
             ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
             ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
+            ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps", "true or false"),
             ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),

@@ -523,6 +523,89 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_keys_stops_start_up_unless_explicitly_allowed() {
+    let stack = Stack::new().await;
+    let redis =
+        outbox_test_support::RedisProcess::start_with(&["--maxmemory-policy", "allkeys-lru"]).await;
+    let url = redis.url();
+    for binary in [GENERAL, MAIL] {
+        let mut worker = stack.spawn(binary, &[("REDIS_URL", &url)]);
+        let status = worker.wait_exit(WAIT).await;
+        assert_eq!(status.code(), Some(2), "{binary}: {status}");
+        let output = worker.wait_output("to start anyway").await;
+        for why in [
+            "maxmemory-policy is \"allkeys-lru\"",
+            "silently drop queued jobs and idempotency keys",
+            "maxmemory-policy noeviction",
+            "OUTBOX_ALLOW_REDIS_EVICTION=true",
+        ] {
+            assert!(output.contains(why), "{binary}: {why:?} in {output}");
+        }
+    }
+
+    // The override is validated like every variable.
+    let mut malformed = stack.spawn(
+        GENERAL,
+        &[
+            ("REDIS_URL", &url),
+            ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps"),
+        ],
+    );
+    assert_eq!(malformed.wait_exit(WAIT).await.code(), Some(2));
+    malformed
+        .wait_output("OUTBOX_ALLOW_REDIS_EVICTION=\"perhaps\": must be true or false")
+        .await;
+
+    // With it, the worker starts and says what it risks.
+    let allowed = stack
+        .start(
+            GENERAL,
+            &[("REDIS_URL", &url), ("OUTBOX_ALLOW_REDIS_EVICTION", "true")],
+        )
+        .await;
+    allowed
+        .wait_output("starting anyway because OUTBOX_ALLOW_REDIS_EVICTION=true")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_config_get_is_used_with_a_warning() {
+    let stack = Stack::new().await;
+    // As on managed services: every command but CONFIG.
+    let redis = outbox_test_support::RedisProcess::start_with(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-config",
+    ])
+    .await;
+    let general = stack.start(GENERAL, &[("REDIS_URL", &redis.url())]).await;
+    let output = general
+        .wait_output("maxmemory-policy could not be checked")
+        .await;
+    assert!(output.contains("no permissions"), "{output}");
+    // It works normally on that Redis.
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "actor": "ada" }),
+        ))
+        .await;
+    stack.wait_count("SELECT count(*) FROM audit_log", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_starting_while_redis_is_down_skips_the_check_and_serves_when_redis_comes() {
+    let stack = Stack::new().await;
+    let mut redis = outbox_test_support::RedisProcess::start().await;
+    redis.stop();
+    let mut general = stack.spawn(GENERAL, &[("REDIS_URL", &redis.url())]);
+    general
+        .wait_output("maxmemory-policy could not be checked (Redis does not answer at start)")
+        .await;
+    redis.restart().await;
+    general.wait_ready().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_marketing_lead_is_mailed_to_the_sales_inbox_and_a_tenant_without_one_is_dead_lettered() {
     let stack = Stack::new().await;
     stack.sql("INSERT INTO tenant_mail_settings (tenant_id, sales_inbox) VALUES ('acme', 'sales@acme.test')").await;
