@@ -266,7 +266,14 @@ async fn start_private_redis(dir: &Path) -> Result<String> {
         "redis-server",
         Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "yes"])
+            // What the workers require of any Redis (docs/operations.md,
+            // "Redis must keep what it is given"): never evict, and keep
+            // queued jobs across a restart (append-only file, fsync every
+            // second; no RDB snapshots on top).
+            .args(["--maxmemory-policy", "noeviction"])
+            .args(["--appendonly", "yes", "--appendfsync", "everysec"])
+            .args(["--save", ""])
+            .args(["--daemonize", "yes"])
             .arg("--dir")
             .arg(&data)
             .arg("--logfile")

@@ -13,9 +13,25 @@ pub enum PublishError {
     /// `tenant_id` is empty: every event belongs to a tenant.
     #[error("tenant_id is empty: every outbox event belongs to a tenant")]
     EmptyTenantId,
+    /// `tenant_id` contains a NUL character, which Postgres `text` refuses.
+    #[error(
+        "tenant_id contains a NUL character (U+0000) at byte {position}; Postgres text cannot store it"
+    )]
+    TenantIdContainsNul {
+        /// Byte offset of the first NUL.
+        position: usize,
+    },
     /// The event type breaks the naming rule.
     #[error("invalid event type: {0}")]
     InvalidEventType(#[from] EventTypeError),
+    /// `dispatch_key` contains a NUL character, which Postgres `text` refuses.
+    #[error(
+        "dispatch_key contains a NUL character (U+0000) at byte {position}; Postgres text cannot store it"
+    )]
+    DispatchKeyContainsNul {
+        /// Byte offset of the first NUL.
+        position: usize,
+    },
     /// The payload is JSON but not an object.
     #[error("payload must be a JSON object, got {found}")]
     PayloadNotObject {
@@ -28,6 +44,33 @@ pub enum PublishError {
         /// Serialized size in bytes.
         size: usize,
         /// The limit in bytes.
+        max: usize,
+    },
+    /// A string value in the payload contains a NUL character (`\u0000`),
+    /// which Postgres `jsonb` refuses ("unsupported Unicode escape sequence").
+    #[error(
+        "payload string at {path:?} contains a NUL character (\\u0000), which Postgres jsonb refuses"
+    )]
+    PayloadStringContainsNul {
+        /// JSON Pointer (RFC 6901) of the string, `""` being the payload itself.
+        path: String,
+    },
+    /// An object key in the payload contains a NUL character (`\u0000`),
+    /// which Postgres `jsonb` refuses in keys as in values.
+    #[error(
+        "payload key at {path:?} contains a NUL character (\\u0000), which Postgres jsonb refuses"
+    )]
+    PayloadKeyContainsNul {
+        /// JSON Pointer (RFC 6901) of the member whose key holds the NUL
+        /// (its last segment is that key).
+        path: String,
+    },
+    /// Arrays and objects are nested deeper than [`crate::MAX_PAYLOAD_DEPTH`].
+    #[error(
+        "payload nests arrays and objects more than {max} levels deep; readers of the event refuse it"
+    )]
+    PayloadTooDeep {
+        /// The limit, [`crate::MAX_PAYLOAD_DEPTH`].
         max: usize,
     },
     /// One event of a batch is invalid; nothing of the batch was written.
@@ -55,9 +98,14 @@ impl PublishError {
         matches!(
             self,
             Self::EmptyTenantId
+                | Self::TenantIdContainsNul { .. }
                 | Self::InvalidEventType(_)
+                | Self::DispatchKeyContainsNul { .. }
                 | Self::PayloadNotObject { .. }
                 | Self::PayloadTooLarge { .. }
+                | Self::PayloadStringContainsNul { .. }
+                | Self::PayloadKeyContainsNul { .. }
+                | Self::PayloadTooDeep { .. }
                 | Self::InvalidBatchItem { .. }
         )
     }

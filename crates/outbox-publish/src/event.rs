@@ -7,18 +7,31 @@ use uuid::Uuid;
 
 use crate::PublishError;
 
+/// The deepest nesting of arrays and objects a payload may have, the payload
+/// object itself being level 1.
+///
+/// Every reader of an event parses it with `serde_json`, which stops at 128
+/// levels: the dispatcher reading the row, the workers reading the job
+/// envelope (the payload one level down), webhook receivers reading
+/// `{"data": <payload>}`. 100 leaves room for such envelopes; real events
+/// stay far below it. The limit also keeps the publisher's own walk over the
+/// payload, and serializing it, off deep recursion.
+pub const MAX_PAYLOAD_DEPTH: usize = 100;
+
 /// An event to publish. Only `tenant_id`, `event_type` and `payload` are
 /// required; see [`NewOutboxEvent::new`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewOutboxEvent {
-    /// The tenant the event belongs to; must not be empty.
+    /// The tenant the event belongs to; must not be empty or contain NUL.
     pub tenant_id: String,
     /// `<domain>.<entity>.<verb>[.<more>]`, validated by [`EventType`].
     pub event_type: String,
-    /// A JSON object of at most 1 MiB serialized.
+    /// A JSON object of at most 1 MiB serialized, nested at most
+    /// [`MAX_PAYLOAD_DEPTH`] levels, with no NUL character (`\u0000`) in
+    /// any string or key.
     pub payload: Value,
     /// Producer idempotency key: a second event with the same key is not
-    /// written; the first one's id is returned instead.
+    /// written; the first one's id is returned instead. Must not contain NUL.
     pub dispatch_key: Option<String>,
     /// Not dispatched before this instant; `None` means now.
     pub scheduled_at: Option<DateTime<Utc>>,
@@ -55,31 +68,178 @@ impl NewOutboxEvent {
     }
 
     /// Validates the event and gives it a fresh UUIDv7.
+    ///
+    /// A refused event's payload is dropped without recursion, so a payload
+    /// nested too deep to drop recursively cannot overflow the stack here.
     pub(crate) fn into_row(self) -> Result<NewOutboxEventRow, PublishError> {
-        if self.tenant_id.is_empty() {
-            return Err(PublishError::EmptyTenantId);
+        let Self {
+            tenant_id,
+            event_type,
+            payload,
+            dispatch_key,
+            scheduled_at,
+        } = self;
+        match validate(&tenant_id, event_type, &payload, dispatch_key.as_deref()) {
+            Ok(event_type) => Ok(NewOutboxEventRow {
+                id: Uuid::now_v7(),
+                tenant_id,
+                event_type: event_type.into_string(),
+                payload,
+                dispatch_key,
+                scheduled_at,
+            }),
+            Err(e) => {
+                drop_without_recursion(payload);
+                Err(e)
+            }
         }
-        let event_type = EventType::parse(self.event_type)?;
-        if !self.payload.is_object() {
-            return Err(PublishError::PayloadNotObject {
-                found: json_kind(&self.payload),
+    }
+}
+
+/// Every rule of the publisher, in the order they are checked. No SQL runs
+/// before all of them pass.
+fn validate(
+    tenant_id: &str,
+    event_type: String,
+    payload: &Value,
+    dispatch_key: Option<&str>,
+) -> Result<EventType, PublishError> {
+    if tenant_id.is_empty() {
+        return Err(PublishError::EmptyTenantId);
+    }
+    if let Some(position) = tenant_id.find('\0') {
+        return Err(PublishError::TenantIdContainsNul { position });
+    }
+    // The event type's character rule already refuses NUL.
+    let event_type = EventType::parse(event_type)?;
+    if let Some(position) = dispatch_key.and_then(|key| key.find('\0')) {
+        return Err(PublishError::DispatchKeyContainsNul { position });
+    }
+    if !payload.is_object() {
+        return Err(PublishError::PayloadNotObject {
+            found: json_kind(payload),
+        });
+    }
+    // Before the size: serializing to count the bytes recurses, so the depth
+    // must be known to be bounded first.
+    check_payload_contents(payload)?;
+    let size = serialized_len(payload);
+    if size > MAX_PAYLOAD_BYTES {
+        return Err(PublishError::PayloadTooLarge {
+            size,
+            max: MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(event_type)
+}
+
+/// How a value was reached from its parent: an array index or an object key.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Index(usize),
+    Key(&'a str),
+}
+
+/// The members of one array or object still to visit.
+enum Members<'a> {
+    Array(std::iter::Enumerate<std::slice::Iter<'a, Value>>),
+    Object(serde_json::map::Iter<'a>),
+}
+
+impl<'a> Members<'a> {
+    fn of(value: &'a Value) -> Option<Self> {
+        match value {
+            Value::Array(items) => Some(Self::Array(items.iter().enumerate())),
+            Value::Object(map) => Some(Self::Object(map.iter())),
+            _ => None,
+        }
+    }
+
+    fn next(&mut self) -> Option<(Step<'a>, &'a Value)> {
+        match self {
+            Self::Array(items) => items.next().map(|(i, v)| (Step::Index(i), v)),
+            Self::Object(members) => members.next().map(|(k, v)| (Step::Key(k.as_str()), v)),
+        }
+    }
+}
+
+/// Walks the payload without recursion: refuses a NUL in any string or key
+/// (Postgres `jsonb` cannot store `\u0000`) and nesting deeper than
+/// [`MAX_PAYLOAD_DEPTH`]. Allocates nothing unless it refuses.
+fn check_payload_contents(payload: &Value) -> Result<(), PublishError> {
+    if let Value::String(text) = payload
+        && text.contains('\0')
+    {
+        return Err(PublishError::PayloadStringContainsNul {
+            path: String::new(),
+        });
+    }
+    let Some(root) = Members::of(payload) else {
+        return Ok(());
+    };
+    // One entry per open container: the step that led into it (none for the
+    // root) and its members still to visit. Its length is the depth.
+    let mut open: Vec<(Option<Step<'_>>, Members<'_>)> = vec![(None, root)];
+    while let Some((_, members)) = open.last_mut() {
+        let Some((step, value)) = members.next() else {
+            open.pop();
+            continue;
+        };
+        if let Step::Key(key) = step
+            && key.contains('\0')
+        {
+            return Err(PublishError::PayloadKeyContainsNul {
+                path: pointer(&open, step),
             });
         }
-        let size = serialized_len(&self.payload);
-        if size > MAX_PAYLOAD_BYTES {
-            return Err(PublishError::PayloadTooLarge {
-                size,
-                max: MAX_PAYLOAD_BYTES,
-            });
+        match value {
+            Value::String(text) if text.contains('\0') => {
+                return Err(PublishError::PayloadStringContainsNul {
+                    path: pointer(&open, step),
+                });
+            }
+            Value::Array(_) | Value::Object(_) => {
+                if open.len() >= MAX_PAYLOAD_DEPTH {
+                    return Err(PublishError::PayloadTooDeep {
+                        max: MAX_PAYLOAD_DEPTH,
+                    });
+                }
+                if let Some(members) = Members::of(value) {
+                    open.push((Some(step), members));
+                }
+            }
+            _ => {}
         }
-        Ok(NewOutboxEventRow {
-            id: Uuid::now_v7(),
-            tenant_id: self.tenant_id,
-            event_type: event_type.into_string(),
-            payload: self.payload,
-            dispatch_key: self.dispatch_key,
-            scheduled_at: self.scheduled_at,
-        })
+    }
+    Ok(())
+}
+
+/// The JSON Pointer (RFC 6901) of the value reached by `last` from the
+/// innermost open container.
+fn pointer(open: &[(Option<Step<'_>>, Members<'_>)], last: Step<'_>) -> String {
+    let mut path = String::new();
+    for step in open.iter().filter_map(|(step, _)| *step).chain([last]) {
+        path.push('/');
+        match step {
+            Step::Index(i) => path.push_str(&i.to_string()),
+            Step::Key(key) => path.push_str(&key.replace('~', "~0").replace('/', "~1")),
+        }
+    }
+    path
+}
+
+/// Drops `value` one container at a time: the default drop recurses once
+/// per level and would overflow the stack on a deep enough value.
+pub(crate) fn drop_without_recursion(value: Value) {
+    let mut pending = vec![value];
+    while let Some(mut value) = pending.pop() {
+        match &mut value {
+            Value::Array(items) => pending.append(items),
+            Value::Object(map) => {
+                pending.extend(std::mem::take(map).into_iter().map(|(_, v)| v));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -137,6 +297,65 @@ mod tests {
         assert!(matches!(
             array.into_row(),
             Err(PublishError::PayloadNotObject { found: "an array" })
+        ));
+    }
+
+    /// An object nested `levels` deep, the outermost object being level 1.
+    fn nested(levels: usize) -> Value {
+        // Built by hand: `json!` would copy `value` through serde, recursively.
+        let mut value = Value::Object(serde_json::Map::new());
+        for _ in 1..levels {
+            let mut outer = serde_json::Map::new();
+            outer.insert("a".to_owned(), value);
+            value = Value::Object(outer);
+        }
+        value
+    }
+
+    #[test]
+    fn nul_paths_are_json_pointers() {
+        let nul_at = |payload: Value| match check_payload_contents(&payload) {
+            Err(PublishError::PayloadStringContainsNul { path }) => ("string", path),
+            Err(PublishError::PayloadKeyContainsNul { path }) => ("key", path),
+            other => panic!("expected a NUL refusal, got {other:?}"),
+        };
+        assert_eq!(nul_at(json!({ "a": "x\0" })), ("string", "/a".into()));
+        assert_eq!(
+            nul_at(json!({ "a/b": [1, { "c~d": ["ok", "\0"] }] })),
+            ("string", "/a~1b/1/c~0d/1".into())
+        );
+        assert_eq!(
+            nul_at(json!({ "ok": {}, "list": [{ "k\0": 1 }] })),
+            ("key", "/list/0/k\u{0}".into())
+        );
+        assert_eq!(nul_at(json!("\0")), ("string", String::new()));
+        check_payload_contents(&json!({ "fine": ["\\u0000 as text", { "x": null }] })).unwrap();
+    }
+
+    #[test]
+    fn depth_counts_the_payload_object_as_level_one() {
+        check_payload_contents(&nested(MAX_PAYLOAD_DEPTH)).unwrap();
+        assert!(matches!(
+            check_payload_contents(&nested(MAX_PAYLOAD_DEPTH + 1)),
+            Err(PublishError::PayloadTooDeep {
+                max: MAX_PAYLOAD_DEPTH
+            })
+        ));
+        // Arrays are levels too: {"a": [ <object nested n deep> ]} is n + 2 deep.
+        check_payload_contents(&json!({ "a": [nested(MAX_PAYLOAD_DEPTH - 2)] })).unwrap();
+        assert!(matches!(
+            check_payload_contents(&json!({ "a": [nested(MAX_PAYLOAD_DEPTH - 1)] })),
+            Err(PublishError::PayloadTooDeep { .. })
+        ));
+    }
+
+    #[test]
+    fn a_payload_too_deep_to_drop_recursively_is_refused_and_dropped() {
+        // Deep enough that a recursive walk or drop would overflow the stack.
+        let event = NewOutboxEvent::new("t", "mail.user.welcome", nested(500_000));
+        assert!(matches!(
+            event.into_row(),
+            Err(PublishError::PayloadTooDeep { .. })
         ));
     }
 }

@@ -11,6 +11,34 @@
 //!
 //! This crate only writes rows. It does not route, enqueue or deliver.
 //!
+//! # What the publisher refuses, before any SQL
+//!
+//! Every event is checked before a statement is sent, so a refused event
+//! leaves the caller's transaction untouched and usable: handle the error
+//! and go on, or roll back, as the business logic decides. Postgres would
+//! refuse most of these itself, but a refusal by Postgres aborts the whole
+//! transaction. In the order checked:
+//!
+//! | refusal | rule |
+//! |---|---|
+//! | [`PublishError::EmptyTenantId`] | `tenant_id` is empty |
+//! | [`PublishError::TenantIdContainsNul`] | `tenant_id` contains NUL (U+0000); Postgres `text` cannot store it |
+//! | [`PublishError::InvalidEventType`] | the event type breaks the naming rule ([`outbox_model::EventType`]; NUL is an invalid character) |
+//! | [`PublishError::DispatchKeyContainsNul`] | `dispatch_key` contains NUL |
+//! | [`PublishError::PayloadNotObject`] | the payload is not a JSON object |
+//! | [`PublishError::PayloadKeyContainsNul`] | an object key anywhere in the payload contains NUL: Postgres `jsonb` refuses `\u0000` ("unsupported Unicode escape sequence") |
+//! | [`PublishError::PayloadStringContainsNul`] | a string anywhere in the payload contains NUL, for the same reason |
+//! | [`PublishError::PayloadTooDeep`] | arrays and objects nest deeper than [`MAX_PAYLOAD_DEPTH`] |
+//! | [`PublishError::PayloadTooLarge`] | the payload is over [`outbox_model::MAX_PAYLOAD_BYTES`] serialized |
+//! | [`PublishError::InvalidBatchItem`] | one event of a batch breaks one of the rules above; nothing of the batch is written |
+//! | [`PublishError::NotInTransaction`] | [`OutboxTx::new`] got a connection without an open transaction |
+//!
+//! The NUL errors name the place with a JSON Pointer (RFC 6901), e.g.
+//! `/items/2/name`. The payload is walked without recursion, and a refused
+//! payload is dropped without recursion, so a payload built in code and
+//! nested far too deep is refused rather than overflowing the stack. Only
+//! [`PublishError::Database`] means the transaction is aborted.
+//!
 //! # Transactions and locks
 //!
 //! Publishing is one `INSERT … ON CONFLICT (dispatch_key) DO NOTHING`, so a
@@ -28,7 +56,7 @@ mod publish;
 mod tx;
 
 pub use error::PublishError;
-pub use event::NewOutboxEvent;
+pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
 pub use tx::{NotInTransaction, OutboxTx};
 

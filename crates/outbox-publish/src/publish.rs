@@ -9,6 +9,7 @@ use outbox_model::schema::outbox_event;
 use tracing::instrument;
 use uuid::Uuid;
 
+use crate::event::drop_without_recursion;
 use crate::{NewOutboxEvent, OutboxTx, PublishError};
 
 /// Rows per INSERT statement in a batch: 6 bind parameters a row stays well
@@ -44,9 +45,10 @@ impl PublishOutcome {
 
 /// Records one event in the caller's transaction.
 ///
-/// The event is validated first (tenant, event type, payload kind and size);
-/// an invalid event returns an error without running any SQL. The id is a
-/// fresh UUIDv7.
+/// The event is validated first (tenant, event type, dispatch key, payload
+/// kind, contents, depth and size; see the crate documentation for every
+/// refusal); an invalid event returns an error without running any SQL, so
+/// the caller's transaction stays usable. The id is a fresh UUIDv7.
 ///
 /// # Errors
 ///
@@ -127,18 +129,24 @@ pub async fn publish_outbox_events(
     tx: &mut OutboxTx<'_>,
     events: impl IntoIterator<Item = NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
-    let rows = events
-        .into_iter()
-        .enumerate()
-        .map(|(index, event)| {
-            event
-                .into_row()
-                .map_err(|e| PublishError::InvalidBatchItem {
+    let mut events = events.into_iter().enumerate();
+    let mut rows = Vec::with_capacity(events.size_hint().0);
+    for (index, event) in events.by_ref() {
+        match event.into_row() {
+            Ok(row) => rows.push(row),
+            Err(e) => {
+                // The events after it are dropped unchecked: their payloads
+                // may be nested too deep to drop recursively.
+                for (_, rest) in events {
+                    drop_without_recursion(rest.payload);
+                }
+                return Err(PublishError::InvalidBatchItem {
                     index,
                     source: Box::new(e),
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+                });
+            }
+        }
+    }
     tracing::Span::current().record("events", rows.len());
 
     let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());

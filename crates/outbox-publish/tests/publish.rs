@@ -6,13 +6,15 @@ use diesel::prelude::*;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_model::schema::outbox_event;
-use outbox_model::{EventTypeError, MAX_PAYLOAD_BYTES, OutboxEvent, OutboxStatus};
+use outbox_model::{
+    EventTypeError, MAX_PAYLOAD_BYTES, NewOutboxEventRow, OutboxEvent, OutboxStatus,
+};
 use outbox_publish::{
-    NewOutboxEvent, NotInTransaction, OutboxTx, PublishError, PublishOutcome, publish_outbox_event,
-    publish_outbox_events,
+    MAX_PAYLOAD_DEPTH, NewOutboxEvent, NotInTransaction, OutboxTx, PublishError, PublishOutcome,
+    publish_outbox_event, publish_outbox_events,
 };
 use outbox_test_support::TestDatabase;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 async fn with_business_table(db: &TestDatabase) -> AsyncPgConnection {
@@ -303,13 +305,148 @@ async fn invalid_event_types_are_rejected_with_their_reason() {
     assert_eq!(events[0].event_type, "billing.subscription.updated");
 }
 
-#[tokio::test]
-async fn bad_payloads_and_tenants_are_rejected_and_nothing_is_written() {
-    let db = TestDatabase::new().await;
-    let mut conn = db.conn().await;
+/// An object nested `levels` deep, the outermost being level 1. Built by
+/// hand: `json!` would copy the inner value through serde, recursively.
+fn nested(levels: usize) -> Value {
+    let mut value = Value::Object(serde_json::Map::new());
+    for _ in 1..levels {
+        let mut outer = serde_json::Map::new();
+        outer.insert("a".to_owned(), value);
+        value = Value::Object(outer);
+    }
+    value
+}
 
+/// One refusal of the publisher: an event it must refuse, and the error.
+struct Refusal {
+    rule: &'static str,
+    event: NewOutboxEvent,
+    expected: fn(&PublishError) -> bool,
+}
+
+/// Every refusal an event can get (`NotInTransaction`, a refusal of the
+/// handle rather than of an event, is `publishing_outside_a_transaction_is_refused`).
+fn refusals() -> Vec<Refusal> {
+    let event = |tenant: &str, event_type: &str, payload: Value| {
+        NewOutboxEvent::new(tenant, event_type, payload)
+    };
+    let ty = "audit.file.uploaded";
     // Just over the limit once serialized: {"blob":"xxx…"} is 11 bytes + the string.
     let oversized = json!({ "blob": "x".repeat(MAX_PAYLOAD_BYTES - 10) });
+    vec![
+        Refusal {
+            rule: "empty tenant",
+            event: event("", ty, json!({})),
+            expected: |e| matches!(e, PublishError::EmptyTenantId),
+        },
+        Refusal {
+            rule: "NUL in the tenant",
+            event: event("acme\0", ty, json!({})),
+            expected: |e| matches!(e, PublishError::TenantIdContainsNul { position: 4 }),
+        },
+        Refusal {
+            rule: "event type breaks the naming rule",
+            event: event("acme", "Audit.file.uploaded", json!({})),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::InvalidEventType(EventTypeError::Uppercase { .. })
+                )
+            },
+        },
+        Refusal {
+            rule: "NUL in the event type",
+            event: event("acme", "audit.file\0.uploaded", json!({})),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::InvalidEventType(EventTypeError::InvalidCharacter {
+                        ch: '\0',
+                        position: 10
+                    })
+                )
+            },
+        },
+        Refusal {
+            rule: "NUL in the dispatch key",
+            event: event("acme", ty, json!({})).dispatch_key("upload-\0-7"),
+            expected: |e| matches!(e, PublishError::DispatchKeyContainsNul { position: 7 }),
+        },
+        Refusal {
+            rule: "payload is an array",
+            event: event("acme", ty, json!([1, 2])),
+            expected: |e| matches!(e, PublishError::PayloadNotObject { found: "an array" }),
+        },
+        Refusal {
+            rule: "payload is a string",
+            event: event("acme", ty, json!("text")),
+            expected: |e| matches!(e, PublishError::PayloadNotObject { found: "a string" }),
+        },
+        Refusal {
+            rule: "payload is a number",
+            event: event("acme", ty, json!(3)),
+            expected: |e| matches!(e, PublishError::PayloadNotObject { found: "a number" }),
+        },
+        Refusal {
+            rule: "payload is null",
+            event: event("acme", ty, json!(null)),
+            expected: |e| matches!(e, PublishError::PayloadNotObject { found: "null" }),
+        },
+        Refusal {
+            rule: "payload is a boolean",
+            event: event("acme", ty, json!(true)),
+            expected: |e| matches!(e, PublishError::PayloadNotObject { found: "a boolean" }),
+        },
+        Refusal {
+            rule: "NUL in a string of the payload",
+            event: event("acme", ty, json!({ "name": "report\0.pdf" })),
+            expected: |e| matches!(e, PublishError::PayloadStringContainsNul { path } if path == "/name"),
+        },
+        Refusal {
+            rule: "NUL in a string nested in arrays and objects",
+            event: event(
+                "acme",
+                ty,
+                json!({ "files": [{ "name": "a" }, { "name": "b", "tags/labels": ["ok", "\0"] }] }),
+            ),
+            expected: |e| matches!(e, PublishError::PayloadStringContainsNul { path } if path == "/files/1/tags~1labels/1"),
+        },
+        Refusal {
+            rule: "NUL in a key of the payload",
+            event: event("acme", ty, json!({ "na\0me": "report.pdf" })),
+            expected: |e| matches!(e, PublishError::PayloadKeyContainsNul { path } if path == "/na\0me"),
+        },
+        Refusal {
+            rule: "NUL in a nested key",
+            event: event("acme", ty, json!({ "meta": { "tags": [{ "\0": 1 }] } })),
+            expected: |e| matches!(e, PublishError::PayloadKeyContainsNul { path } if path == "/meta/tags/0/\0"),
+        },
+        Refusal {
+            rule: "payload nested one level too deep",
+            event: event("acme", ty, nested(MAX_PAYLOAD_DEPTH + 1)),
+            expected: |e| matches!(e, PublishError::PayloadTooDeep { max } if *max == MAX_PAYLOAD_DEPTH),
+        },
+        Refusal {
+            // Deep enough that a recursive walk (or drop) would overflow the stack.
+            rule: "payload nested 200,000 levels deep",
+            event: event("acme", ty, nested(200_000)),
+            expected: |e| matches!(e, PublishError::PayloadTooDeep { .. }),
+        },
+        Refusal {
+            rule: "payload over 1 MiB serialized",
+            event: event("acme", ty, oversized),
+            expected: |e| {
+                matches!(e, PublishError::PayloadTooLarge { size, max }
+                    if (*size, *max) == (MAX_PAYLOAD_BYTES + 1, MAX_PAYLOAD_BYTES))
+            },
+        },
+    ]
+}
+
+#[tokio::test]
+async fn every_refusal_comes_before_any_sql_alone_or_in_a_batch() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
     let at_limit = json!({ "blob": "x".repeat(MAX_PAYLOAD_BYTES - 11) });
     assert_eq!(
         serde_json::to_vec(&at_limit).unwrap().len(),
@@ -318,6 +455,31 @@ async fn bad_payloads_and_tenants_are_rejected_and_nothing_is_written() {
 
     conn.transaction::<_, PublishError, _>(async |conn| {
         let mut tx = OutboxTx::new(conn)?;
+        for Refusal {
+            rule,
+            event,
+            expected,
+        } in refusals()
+        {
+            match publish_outbox_event(&mut tx, event).await {
+                Err(e) if expected(&e) => assert!(e.is_invalid_event(), "{rule}: {e}"),
+                other => panic!("{rule}: got {other:?}"),
+            }
+        }
+        for Refusal {
+            rule,
+            event,
+            expected,
+        } in refusals()
+        {
+            let batch = vec![activated(1), event, activated(3)];
+            match publish_outbox_events(&mut tx, batch).await {
+                Err(PublishError::InvalidBatchItem { index: 1, source }) if expected(&source) => {}
+                other => panic!("{rule} in a batch: got {other:?}"),
+            }
+        }
+        // Validation ran no SQL, so the transaction is still good; exactly at
+        // the limits is fine.
         let publish = async |tx: &mut OutboxTx<'_>, payload| {
             publish_outbox_event(
                 tx,
@@ -325,48 +487,123 @@ async fn bad_payloads_and_tenants_are_rejected_and_nothing_is_written() {
             )
             .await
         };
-        match publish(&mut tx, oversized).await {
-            Err(PublishError::PayloadTooLarge { size, max }) => {
-                assert_eq!((size, max), (MAX_PAYLOAD_BYTES + 1, MAX_PAYLOAD_BYTES));
-            }
-            other => panic!("expected PayloadTooLarge, got {other:?}"),
-        }
-        for (payload, kind) in [
-            (json!([1, 2]), "an array"),
-            (json!("text"), "a string"),
-            (json!(3), "a number"),
-            (json!(null), "null"),
-            (json!(true), "a boolean"),
-        ] {
-            match publish(&mut tx, payload).await {
-                Err(PublishError::PayloadNotObject { found }) => assert_eq!(found, kind),
-                other => panic!("expected PayloadNotObject({kind}), got {other:?}"),
-            }
-        }
-        let empty_tenant = publish_outbox_event(
-            &mut tx,
-            NewOutboxEvent::new("", "audit.file.uploaded", json!({})),
-        )
-        .await;
-        assert!(
-            matches!(empty_tenant, Err(PublishError::EmptyTenantId)),
-            "{empty_tenant:?}"
-        );
-        // Exactly at the limit is fine.
         publish(&mut tx, at_limit).await?;
+        publish(&mut tx, nested(MAX_PAYLOAD_DEPTH)).await?;
         Ok(())
     })
     .await
     .unwrap();
 
+    // Read back (and so parsed by serde_json, as the dispatcher does): only
+    // the two events at the limits were written.
     let events = all_events(&mut conn).await;
-    assert_eq!(events.len(), 1, "only the payload at the limit was written");
+    assert_eq!(events.len(), 2);
     assert_eq!(
         events[0].payload.value().unwrap()["blob"]
             .as_str()
             .map(str::len),
         Some(MAX_PAYLOAD_BYTES - 11)
     );
+    assert_eq!(
+        events[1].payload.value().unwrap(),
+        nested(MAX_PAYLOAD_DEPTH)
+    );
+}
+
+#[tokio::test]
+async fn a_refused_event_leaves_the_callers_transaction_usable() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let good = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            insert_subscription(conn, 5).await?;
+            let mut tx = OutboxTx::new(conn)?;
+            let pasted = NewOutboxEvent::new(
+                "tenant-1",
+                "billing.subscription.updated",
+                json!({ "subscriptionId": 5, "note": "pasted\0text" }),
+            );
+            let err = publish_outbox_event(&mut tx, pasted).await.unwrap_err();
+            assert!(
+                matches!(&err, PublishError::PayloadStringContainsNul { path } if path == "/note"),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("\"/note\""), "{err}");
+            // The caller handles the refusal and goes on in the same transaction.
+            insert_subscription(tx.conn(), 6).await?;
+            publish_outbox_event(&mut tx, activated(5)).await
+        })
+        .await
+        .unwrap();
+
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        2
+    );
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].id, good.id());
+    assert_eq!(
+        events[0].payload.value().unwrap(),
+        json!({ "subscriptionId": 5, "status": "active" })
+    );
+}
+
+/// Why the NUL refusals exist: the same rows written past the publisher make
+/// Postgres fail the statement, which aborts the caller's transaction.
+#[tokio::test]
+async fn postgres_aborts_the_transaction_on_what_the_publisher_refuses() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let row = |tenant_id: &str, payload: Value, dispatch_key: Option<&str>| NewOutboxEventRow {
+        id: Uuid::now_v7(),
+        tenant_id: tenant_id.to_owned(),
+        event_type: "audit.file.uploaded".to_owned(),
+        payload,
+        dispatch_key: dispatch_key.map(str::to_owned),
+        scheduled_at: None,
+    };
+    let unicode = "unsupported Unicode escape sequence";
+    let utf8 = "invalid byte sequence";
+    let cases = [
+        (
+            "NUL in a string",
+            row("acme", json!({ "a": "\0" }), None),
+            unicode,
+        ),
+        (
+            "NUL in a key",
+            row("acme", json!({ "a\0": 1 }), None),
+            unicode,
+        ),
+        ("NUL in the tenant", row("ac\0me", json!({}), None), utf8),
+        (
+            "NUL in the dispatch key",
+            row("acme", json!({}), Some("k\0")),
+            utf8,
+        ),
+    ];
+    for (case, row, refusal) in cases {
+        let result = conn
+            .transaction::<(), diesel::result::Error, _>(async |conn| {
+                let insert = diesel::insert_into(outbox_event::table)
+                    .values(&row)
+                    .execute(conn)
+                    .await;
+                let message = insert.unwrap_err().to_string();
+                assert!(message.contains(refusal), "{case}: {message}");
+                // The transaction is aborted: the next statement fails too.
+                diesel::sql_query("SELECT 1").execute(conn).await.map(drop)
+            })
+            .await;
+        let message = result.unwrap_err().to_string();
+        assert!(
+            message.contains("current transaction is aborted"),
+            "{case}: {message}"
+        );
+    }
+    assert!(all_events(&mut conn).await.is_empty());
 }
 
 #[tokio::test]

@@ -14,7 +14,7 @@ use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;
 use serde_json::json;
 
-use crate::{EmailJob, MailError, Templates, email_task_id, render_request};
+use crate::{EmailJob, MailError, Templates, email_task_id, message_id, render_request};
 
 async fn enqueue_email(
     redis: &ConnectionManager,
@@ -28,7 +28,7 @@ async fn enqueue_email(
         &mut redis,
         namespace,
         queues::TOOLCTRL_EMAIL,
-        &[(email_task_id(mail.outbox_event_id), body)],
+        &[(email_task_id(&mail.delivery_id()), body)],
     )
     .await
     .map_err(|e| JobError::retry(format!("cannot enqueue the mail: {e}")))?;
@@ -79,13 +79,14 @@ impl JobHandler for MailRequestHandler {
 
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
         let payload = payload_fields(&job)?;
-        let mail = render_request(
+        let mut mail = render_request(
             &self.templates,
             job.outbox_event_id,
             &job.tenant_id,
             &payload,
         )
         .map_err(invalid)?;
+        mail.generation = job.generation;
         enqueue_email(&self.redis, &self.namespace, &mail).await
     }
 }
@@ -176,13 +177,14 @@ impl JobHandler for MarketingLeadHandler {
         {
             request["replyTo"] = json!(email);
         }
-        let mail = render_request(
+        let mut mail = render_request(
             &self.templates,
             job.outbox_event_id,
             &job.tenant_id,
             &request,
         )
         .map_err(invalid)?;
+        mail.generation = job.generation;
         enqueue_email(&self.redis, &self.namespace, &mail).await
     }
 }
@@ -230,12 +232,15 @@ impl std::fmt::Debug for SmtpSettings {
     }
 }
 
-/// `toolctrl.email`: sends one rendered mail over SMTP, at most once per event.
+/// `toolctrl.email`: sends one rendered mail over SMTP, at most once per
+/// event, with the stable `Message-ID` of [`message_id`].
 #[derive(Clone)]
 pub struct SmtpHandler {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     settings: SmtpSettings,
     store: RedisIdempotencyStore,
+    /// The domain of `settings.default_from`, for `Message-ID`s.
+    message_id_domain: String,
 }
 
 /// A configuration that cannot work.
@@ -262,7 +267,7 @@ impl SmtpHandler {
             url: outbox_queue::redact_url(&settings.url),
             reason,
         };
-        settings
+        let default_from = settings
             .default_from
             .parse::<Mailbox>()
             .map_err(|e| error(format!("default sender {:?}: {e}", settings.default_from)))?;
@@ -272,6 +277,7 @@ impl SmtpHandler {
             .build();
         Ok(Self {
             transport,
+            message_id_domain: default_from.email.domain().to_owned(),
             settings,
             store,
         })
@@ -284,6 +290,11 @@ impl SmtpHandler {
         };
         let from = mail.from.as_deref().unwrap_or(&self.settings.default_from);
         let mut builder = Message::builder()
+            .message_id(Some(message_id(
+                mail.outbox_event_id,
+                mail.generation,
+                &self.message_id_domain,
+            )))
             .from(mailbox(from)?)
             .subject(&mail.subject);
         for to in &mail.to {
@@ -321,7 +332,7 @@ impl JobHandler for SmtpHandler {
 
     async fn handle(&self, mail: EmailJob, _meta: &JobMeta) -> Result<(), JobError> {
         let message = self.message(&mail)?;
-        let key = email_task_id(mail.outbox_event_id);
+        let key = email_task_id(&mail.delivery_id());
         let token = match self
             .store
             .claim(&key, self.settings.lease)
@@ -371,6 +382,47 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use outbox_test_support::TestRedis;
+    use uuid::Uuid;
+
+    fn message_id_line(message: &Message) -> Option<String> {
+        String::from_utf8(message.formatted())
+            .unwrap()
+            .lines()
+            .find(|line| line.to_ascii_lowercase().starts_with("message-id:"))
+            .map(str::to_owned)
+    }
+
+    #[tokio::test]
+    async fn every_mail_carries_the_message_id_of_its_event_with_the_senders_domain() {
+        let redis = TestRedis::new().await;
+        let store = RedisIdempotencyStore::new(redis.conn().await).with_prefix(redis.prefix());
+        let settings = SmtpSettings {
+            default_from: "Acme Shop <shop@acme.test>".to_owned(),
+            ..SmtpSettings::new("smtp://127.0.0.1:25")
+        };
+        let handler = SmtpHandler::new(settings, store).unwrap();
+        let id = Uuid::now_v7();
+        // A mail naming its own sender still takes the domain of MAIL_FROM:
+        // the id stays the same whatever the mail's sender.
+        let mail = render_request(
+            &Templates::standard(),
+            id,
+            "acme",
+            &json!({ "to": "ada@example.com", "from": "sales@elsewhere.test", "subject": "Hi", "text": "Hello" }),
+        )
+        .unwrap();
+
+        let expected = format!("Message-ID: <{id}.0@acme.test>");
+        let first = handler.message(&mail).unwrap();
+        assert_eq!(message_id_line(&first), Some(expected.clone()));
+        let again = handler.message(&mail).unwrap();
+        assert_eq!(
+            message_id_line(&again),
+            Some(expected),
+            "the same every time"
+        );
+    }
 
     #[tokio::test]
     async fn the_smtp_password_never_shows_in_errors_or_settings() {

@@ -9,7 +9,9 @@
 //!   events become a mail to the tenant's sales inbox through the same path.
 //! - [`SmtpHandler`] (`toolctrl.email`): sends over SMTP with lettre, once
 //!   per event (idempotency store); permanent SMTP refusals (5xx) are
-//!   dead-lettered, transient ones (4xx, connection) retried.
+//!   dead-lettered, transient ones (4xx, connection) retried. Every mail
+//!   carries the stable `Message-ID` [`message_id`] derives from the event
+//!   id, so a duplicate send is recognisably the same message.
 //!
 //! Rendering is split from sending so that a slow or failing SMTP server
 //! never blocks validation, and a mail is rendered exactly once.
@@ -20,4 +22,7 @@ mod render;
 pub use handlers::{
     MailRequestHandler, MarketingLeadHandler, SmtpConfigError, SmtpHandler, SmtpSettings,
 };
-pub use render::{EmailJob, MailError, Template, Templates, email_task_id, render_request};
+pub use render::{
+    EmailJob, MESSAGE_ID_FALLBACK_DOMAIN, MailError, Template, Templates, email_task_id,
+    message_id, render_request,
+};

@@ -28,12 +28,51 @@ pub struct EmailJob {
     pub text: Option<String>,
     /// HTML body.
     pub html: Option<String>,
+    /// The delivery generation of the event this mail belongs to (0 for the
+    /// first delivery, n after the n-th operator replay; jobs written before
+    /// the field existed read as 0); part of its task id, idempotency key and
+    /// `Message-ID` (see [`message_id`]), so that a replay's mail is a new
+    /// message rather than a duplicate of the first.
+    #[serde(default)]
+    pub generation: u32,
 }
 
-/// The deterministic task id of the mail of an event.
+impl EmailJob {
+    /// The id of the event's delivery generation (see
+    /// [`outbox_queue::delivery_id`]).
+    #[must_use]
+    pub fn delivery_id(&self) -> String {
+        outbox_queue::delivery_id(self.outbox_event_id, self.generation)
+    }
+}
+
+/// The deterministic task id (and idempotency key) of the mail of one
+/// delivery of an event: `email:<delivery id>`, i.e. `email:<event id>` for
+/// generation 0.
 #[must_use]
-pub fn email_task_id(event_id: Uuid) -> String {
-    format!("email:{event_id}")
+pub fn email_task_id(delivery_id: &str) -> String {
+    format!("email:{delivery_id}")
+}
+
+/// The `Message-ID` domain when the sender's address has none.
+pub const MESSAGE_ID_FALLBACK_DOMAIN: &str = "outbox.invalid";
+
+/// The `Message-ID` of the mail of an event: `<{event id}.{generation}@{domain}>`,
+/// `domain` being the domain of the worker's sender address (`MAIL_FROM`), or
+/// [`MESSAGE_ID_FALLBACK_DOMAIN`] when it is empty.
+///
+/// It depends on nothing else, so every send of the same mail carries the
+/// same id: a duplicate inside the at-least-once window (sent, then the
+/// worker died before recording it) is recognisably the same message to
+/// receivers and mail clients.
+#[must_use]
+pub fn message_id(event_id: Uuid, generation: u32, domain: &str) -> String {
+    let domain = if domain.is_empty() {
+        MESSAGE_ID_FALLBACK_DOMAIN
+    } else {
+        domain
+    };
+    format!("<{event_id}.{generation}@{domain}>")
 }
 
 /// Why a mail request cannot become a mail. Always permanent: the same
@@ -287,6 +326,7 @@ pub fn render_request(
         subject,
         text,
         html,
+        generation: 0,
     })
 }
 
@@ -365,5 +405,41 @@ mod tests {
             let err = render(payload.clone()).unwrap_err().to_string();
             assert!(err.contains(expected), "{payload}: {err}");
         }
+    }
+
+    #[test]
+    fn message_ids_are_stable_per_event_and_generation() {
+        let id = Uuid::parse_str("0190c7a2-5b1e-7c3d-8e4f-a1b2c3d4e5f6").unwrap();
+        assert_eq!(
+            message_id(id, 0, "example.test"),
+            "<0190c7a2-5b1e-7c3d-8e4f-a1b2c3d4e5f6.0@example.test>"
+        );
+        assert_eq!(
+            message_id(id, 0, "example.test"),
+            message_id(id, 0, "example.test"),
+            "the same mail, the same id"
+        );
+        assert_ne!(
+            message_id(id, 1, "example.test"),
+            message_id(id, 0, "example.test")
+        );
+        assert_ne!(
+            message_id(Uuid::nil(), 0, "example.test"),
+            message_id(id, 0, "example.test")
+        );
+        assert_eq!(
+            message_id(id, 2, ""),
+            "<0190c7a2-5b1e-7c3d-8e4f-a1b2c3d4e5f6.2@outbox.invalid>"
+        );
+    }
+
+    #[test]
+    fn rendered_mails_are_generation_zero_and_old_jobs_read_as_zero() {
+        let mail = render(json!({ "to": "a@example.com", "subject": "x", "text": "y" })).unwrap();
+        assert_eq!(mail.generation, 0);
+        let mut old = serde_json::to_value(&mail).unwrap();
+        old.as_object_mut().unwrap().remove("generation");
+        let read: EmailJob = serde_json::from_value(old).unwrap();
+        assert_eq!(read, mail);
     }
 }

@@ -5,11 +5,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 /// A `redis-server` child process on its own port, for tests of what happens
-/// when Redis goes away and comes back, or of a Redis that requires a
-/// password. Killed on drop.
+/// when Redis goes away and comes back, of a Redis that requires a
+/// password, or of a server configured in a way the shared one is not.
+/// Killed on drop.
 pub struct RedisProcess {
     port: u16,
     password: Option<String>,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
@@ -20,7 +22,7 @@ impl RedisProcess {
     ///
     /// When `redis-server` is not installed or does not come up.
     pub async fn start() -> Self {
-        Self::spawn(None).await
+        Self::spawn(None, &[]).await
     }
 
     /// Starts a server that requires `password` (`requirepass`) for the
@@ -31,10 +33,21 @@ impl RedisProcess {
     ///
     /// As [`RedisProcess::start`].
     pub async fn start_with_password(password: &str) -> Self {
-        Self::spawn(Some(password.to_owned())).await
+        Self::spawn(Some(password.to_owned()), &[]).await
     }
 
-    async fn spawn(password: Option<String>) -> Self {
+    /// Starts a server with extra `redis-server` arguments (configuration
+    /// directives such as `["--maxmemory-policy", "allkeys-lru"]`, which
+    /// override the defaults), kept across [`RedisProcess::restart`].
+    ///
+    /// # Panics
+    ///
+    /// When `redis-server` is not installed or does not come up.
+    pub async fn start_with(args: &[&str]) -> Self {
+        Self::spawn(None, args).await
+    }
+
+    async fn spawn(password: Option<String>, args: &[&str]) -> Self {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -42,6 +55,7 @@ impl RedisProcess {
         let mut process = Self {
             port,
             password,
+            args: args.iter().map(|&arg| arg.to_owned()).collect(),
             child: None,
         };
         process.restart().await;
@@ -75,7 +89,8 @@ impl RedisProcess {
         let mut command = Command::new("redis-server");
         command
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"]);
+            .args(["--save", "", "--appendonly", "no", "--dir", "/tmp"])
+            .args(&self.args);
         if let Some(password) = &self.password {
             command.args(["--requirepass", password]);
         }
@@ -119,6 +134,7 @@ impl std::fmt::Debug for RedisProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisProcess")
             .field("port", &self.port)
+            .field("args", &self.args)
             .finish_non_exhaustive()
     }
 }

@@ -7,6 +7,8 @@ use outbox_dispatch::{DispatcherConfig, RetentionConfig};
 use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
 
+use crate::redis_check::ALLOW_EVICTION_VARIABLE;
+
 /// The two deployable groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Group {
@@ -89,6 +91,11 @@ pub struct WorkerConfig {
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
     /// outbox and the queues are refreshed.
     pub gauge_interval: Duration,
+    /// `OUTBOX_ALLOW_REDIS_EVICTION`: start (with a warning) even though
+    /// Redis' `maxmemory-policy` is not `noeviction`, i.e. Redis may drop
+    /// queued jobs and idempotency keys. Off by default: such a Redis stops
+    /// start-up with exit code 2.
+    pub allow_redis_eviction: bool,
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -115,6 +122,7 @@ impl std::fmt::Debug for WorkerConfig {
             queue_done_retention,
             queue_dead_retention,
             gauge_interval,
+            allow_redis_eviction,
         } = self;
         f.debug_struct("WorkerConfig")
             .field("group", group)
@@ -137,6 +145,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("queue_done_retention", queue_done_retention)
             .field("queue_dead_retention", queue_dead_retention)
             .field("gauge_interval", gauge_interval)
+            .field("allow_redis_eviction", allow_redis_eviction)
             .finish()
     }
 }
@@ -357,6 +366,7 @@ impl WorkerConfig {
             shutdown_grace,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
+            allow_redis_eviction: env.flag(ALLOW_EVICTION_VARIABLE, false)?,
             queue_done_retention: Duration::from_secs(
                 3600 * env.number("QUEUE_DONE_RETENTION_HOURS", 24u64, 1, 1_000_000)?,
             ),
@@ -418,6 +428,12 @@ mod tests {
         assert_eq!(config.retention.retention, Duration::from_secs(720 * 3600));
         assert_eq!(config.retention.batch_size, 1000);
         assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
+        assert!(!config.allow_redis_eviction);
+        assert!(
+            read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])
+                .unwrap()
+                .allow_redis_eviction
+        );
     }
 
     #[test]
@@ -427,6 +443,7 @@ mod tests {
             ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
             ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
+            ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps", "true or false"),
             ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),

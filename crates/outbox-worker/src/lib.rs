@@ -5,10 +5,18 @@
 //! the daily retention job when it is the general group, serves `/healthz`,
 //! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
 //! stops taking work, finishes what is in hand and exits 0.
+//!
+//! Redis must keep what it is given: at start the worker asks for its
+//! `maxmemory-policy` and exits with code 2 unless it is `noeviction` (an
+//! evicting Redis silently drops queued jobs and idempotency keys), or
+//! `OUTBOX_ALLOW_REDIS_EVICTION=true` says to start anyway. When Redis does
+//! not allow `CONFIG GET` or does not answer at start, it warns and starts.
+//! Every variable is listed in `docs/operations.md`.
 
 mod config;
 mod gauges;
 mod http;
+mod redis_check;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -32,6 +40,14 @@ use tokio_util::sync::CancellationToken;
 pub use config::{ConfigError, Group, WorkerConfig};
 pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
+pub use redis_check::{
+    ALLOW_EVICTION_VARIABLE, EVICTION_CHECK_TIMEOUT, EvictionPolicy, NO_EVICTION, RedisMayEvict,
+    enforce_eviction_policy, read_eviction_policy,
+};
+
+/// The exit code of a worker stopped by its configuration: a malformed
+/// variable, or a Redis that may evict keys (see [`RedisMayEvict`]).
+pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: configuration, runtime, exit code.
 #[must_use]
@@ -42,7 +58,7 @@ pub fn main_for(group: Group) -> ExitCode {
         Err(e) => {
             eprintln!("worker-{}: {e}", group.as_str());
             tracing::error!(variable = e.variable, "{e}");
-            return ExitCode::from(2);
+            return ExitCode::from(EXIT_CONFIGURATION);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -60,7 +76,11 @@ pub fn main_for(group: Group) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "worker failed");
             eprintln!("worker-{}: {e:#}", group.as_str());
-            ExitCode::FAILURE
+            if e.downcast_ref::<RedisMayEvict>().is_some() {
+                ExitCode::from(EXIT_CONFIGURATION)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -150,10 +170,17 @@ pub fn handler_group(
 
 /// Runs a worker process until SIGTERM / Ctrl-C.
 ///
+/// At start it asks Redis for its `maxmemory-policy` (see
+/// [`read_eviction_policy`]): anything but `noeviction` stops it with
+/// [`RedisMayEvict`] unless `OUTBOX_ALLOW_REDIS_EVICTION=true`; a Redis that
+/// refuses `CONFIG` or does not answer is only warned about, so the worker
+/// still starts before Redis, as it always did.
+///
 /// # Errors
 ///
-/// When Postgres or Redis cannot be set up at start, the HTTP address cannot
-/// be bound, or a queue worker fails.
+/// When Postgres or Redis cannot be set up at start, Redis may evict keys
+/// ([`RedisMayEvict`]), the HTTP address cannot be bound, or a queue worker
+/// fails.
 pub async fn run(config: WorkerConfig) -> Result<()> {
     let metrics = PrometheusBuilder::new()
         .install_recorder()
@@ -168,6 +195,10 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         })?;
     let redis = outbox_queue::connect(&RedisSettings::new(&config.redis_url))
         .context("invalid REDIS_URL")?;
+    enforce_eviction_policy(
+        &read_eviction_policy(&config.redis_url).await,
+        config.allow_redis_eviction,
+    )?;
     let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
     let group = handler_group(config.group, &config, &pool, &redis, &namespace)?;
     let shutdown = CancellationToken::new();

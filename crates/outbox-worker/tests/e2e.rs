@@ -11,6 +11,7 @@ use common::{GENERAL, MAIL, Stack};
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{OutboxJob, RedisSettings, push_jobs, push_raw, queues};
+use outbox_subscriber_mail::{Templates, email_task_id, render_request};
 use outbox_subscriber_webhook::verify;
 use outbox_test_support::eventually;
 use serde_json::json;
@@ -47,6 +48,12 @@ async fn a_mail_event_is_sent_once_even_when_its_job_is_pushed_again() {
     let mails = stack.smtp.wait_for_messages(1, WAIT).await;
     assert_eq!(mails[0].to, vec!["ada@example.com"]);
     assert_eq!(mails[0].from, "outbox@example.test");
+    // <event id>.<generation>@<domain of MAIL_FROM>
+    let message_id = format!("<{id}.0@example.test>");
+    assert_eq!(
+        mails[0].header("message-id").as_deref(),
+        Some(message_id.as_str())
+    );
     assert_eq!(mails[0].header("subject").as_deref(), Some("Welcome, Ada!"));
     assert!(
         mails[0].data.contains("welcome aboard"),
@@ -93,6 +100,45 @@ async fn a_mail_event_is_sent_once_even_when_its_job_is_pushed_again() {
     // The rendered mail's job id is deterministic, so no second send job exists.
     assert_eq!(stack.stats(queues::TOOLCTRL_EMAIL).await.done, 1);
     assert_eq!(stack.smtp.messages().len(), 1, "the mail went out once");
+
+    // The at-least-once window: a worker that sent the mail and died before
+    // recording it leaves no idempotency record, and the send job comes back.
+    // The mail goes out again, recognisably the same message.
+    let sent_record = format!(
+        "{}{}",
+        outbox_queue::idempotency_prefix(&stack.namespace),
+        email_task_id(&id.to_string())
+    );
+    let removed: u32 = redis::cmd("DEL")
+        .arg(&sent_record)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the send was recorded under {sent_record}");
+    let rendered = render_request(
+        &Templates::standard(),
+        id,
+        "acme",
+        &event.payload.value().unwrap(),
+    )
+    .unwrap();
+    push_raw(
+        &mut redis,
+        &stack.namespace,
+        queues::TOOLCTRL_EMAIL,
+        &[(
+            "email-redelivery-1".into(),
+            serde_json::to_vec(&rendered).unwrap(),
+        )],
+    )
+    .await
+    .unwrap();
+    let mails = stack.smtp.wait_for_messages(2, WAIT).await;
+    assert_eq!(
+        mails[1].header("message-id").as_deref(),
+        Some(message_id.as_str()),
+        "a duplicate send carries the same Message-ID"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,7 +425,7 @@ async fn a_handler_killed_mid_delivery_is_rerun_on_redelivery() {
         .await;
     let _general = stack.start(GENERAL, &[]).await;
     let mut mail = stack.start(MAIL, &[("WEBHOOK_TIMEOUT_MS", "60000")]).await;
-    stack
+    let id = stack
         .publish(NewOutboxEvent::new(
             "acme",
             "webhook.order.created",
@@ -400,6 +446,10 @@ async fn a_handler_killed_mid_delivery_is_rerun_on_redelivery() {
         2,
         "the killed delivery ran again after the restart"
     );
+    // Standard Webhooks: the redelivery is the same message to the receiver.
+    for request in &requests {
+        assert_eq!(request.header("webhook-id"), Some(id.to_string().as_str()));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -476,6 +526,89 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
         .sql("UPDATE outbox_event SET scheduled_at = now() WHERE status = 'PENDING'")
         .await;
     stack.wait_count("SELECT count(*) FROM audit_log", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_keys_stops_start_up_unless_explicitly_allowed() {
+    let stack = Stack::new().await;
+    let redis =
+        outbox_test_support::RedisProcess::start_with(&["--maxmemory-policy", "allkeys-lru"]).await;
+    let url = redis.url();
+    for binary in [GENERAL, MAIL] {
+        let mut worker = stack.spawn(binary, &[("REDIS_URL", &url)]);
+        let status = worker.wait_exit(WAIT).await;
+        assert_eq!(status.code(), Some(2), "{binary}: {status}");
+        let output = worker.wait_output("to start anyway").await;
+        for why in [
+            "maxmemory-policy is \"allkeys-lru\"",
+            "silently drop queued jobs and idempotency keys",
+            "maxmemory-policy noeviction",
+            "OUTBOX_ALLOW_REDIS_EVICTION=true",
+        ] {
+            assert!(output.contains(why), "{binary}: {why:?} in {output}");
+        }
+    }
+
+    // The override is validated like every variable.
+    let mut malformed = stack.spawn(
+        GENERAL,
+        &[
+            ("REDIS_URL", &url),
+            ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps"),
+        ],
+    );
+    assert_eq!(malformed.wait_exit(WAIT).await.code(), Some(2));
+    malformed
+        .wait_output("OUTBOX_ALLOW_REDIS_EVICTION=\"perhaps\": must be true or false")
+        .await;
+
+    // With it, the worker starts and says what it risks.
+    let allowed = stack
+        .start(
+            GENERAL,
+            &[("REDIS_URL", &url), ("OUTBOX_ALLOW_REDIS_EVICTION", "true")],
+        )
+        .await;
+    allowed
+        .wait_output("starting anyway because OUTBOX_ALLOW_REDIS_EVICTION=true")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_refuses_config_get_is_used_with_a_warning() {
+    let stack = Stack::new().await;
+    // As on managed services: every command but CONFIG.
+    let redis = outbox_test_support::RedisProcess::start_with(&[
+        "--user", "default", "on", "nopass", "~*", "&*", "+@all", "-config",
+    ])
+    .await;
+    let general = stack.start(GENERAL, &[("REDIS_URL", &redis.url())]).await;
+    let output = general
+        .wait_output("maxmemory-policy could not be checked")
+        .await;
+    assert!(output.contains("no permissions"), "{output}");
+    // It works normally on that Redis.
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "actor": "ada" }),
+        ))
+        .await;
+    stack.wait_count("SELECT count(*) FROM audit_log", 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_starting_while_redis_is_down_skips_the_check_and_serves_when_redis_comes() {
+    let stack = Stack::new().await;
+    let mut redis = outbox_test_support::RedisProcess::start().await;
+    redis.stop();
+    let mut general = stack.spawn(GENERAL, &[("REDIS_URL", &redis.url())]);
+    general
+        .wait_output("maxmemory-policy could not be checked (Redis does not answer at start)")
+        .await;
+    redis.restart().await;
+    general.wait_ready().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

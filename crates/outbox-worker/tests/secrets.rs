@@ -152,8 +152,8 @@ async fn no_secret_reaches_the_output_redis_or_postgres() {
         ("REDIS_URL", redis_url.as_str()),
         ("SMTP_URL", smtp_url.as_str()),
     ];
-    let mut general = stack.start_captured(GENERAL, &secret_env).await;
-    let mut mail = stack.start_captured(MAIL, &secret_env).await;
+    let mut general = stack.start(GENERAL, &secret_env).await;
+    let mut mail = stack.start(MAIL, &secret_env).await;
 
     for (tenant, event_type, payload) in [
         ("acme", "webhook.invoice.paid", json!({ "n": 1 })),

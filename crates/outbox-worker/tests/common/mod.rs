@@ -3,9 +3,10 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
@@ -28,27 +29,69 @@ pub fn free_addr() -> String {
 pub struct Worker {
     pub child: Child,
     pub addr: String,
-    /// The file that receives stdout and stderr when started with
-    /// [`Stack::start_captured`]; removed on drop.
-    pub log: Option<PathBuf>,
+    /// The binary's path, for messages.
+    binary: String,
+    /// Everything the process wrote to stdout and stderr, line by line.
+    output: Arc<Mutex<String>>,
+}
+
+/// Copies `stream` line by line into `output`, echoing it to the test's
+/// stderr (so a failing test still shows the worker's log).
+fn collect(stream: impl Read + Send + 'static, output: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        // Bytes, not `lines()`: a line that is not UTF-8 must not stop the
+        // reader (the child would block on a full pipe).
+        for line in BufReader::new(stream).split(b'\n') {
+            let Ok(line) = line else { return };
+            let line = String::from_utf8_lossy(&line);
+            eprintln!("{line}");
+            let mut output = output.lock().unwrap();
+            output.push_str(&line);
+            output.push('\n');
+        }
+    });
 }
 
 impl Worker {
-    /// What the process wrote to stdout and stderr so far (captured workers only).
+    /// What the process has written to stdout and stderr so far.
     pub fn output(&self) -> String {
-        let path = self
-            .log
-            .as_ref()
-            .expect("output() needs a worker started with start_captured");
-        String::from_utf8_lossy(&std::fs::read(path).unwrap()).into_owned()
+        self.output.lock().unwrap().clone()
     }
 
-    /// Waits until the captured output contains `text`.
-    pub async fn wait_output(&self, text: &str) {
-        eventually(&format!("output containing {text:?}"), WAIT, async || {
-            self.output().contains(text)
-        })
+    /// Waits until the process has written `text` (a log line, a message).
+    pub async fn wait_output(&self, text: &str) -> String {
+        eventually(
+            &format!("worker output containing {text:?}"),
+            WAIT,
+            async || self.output().contains(text),
+        )
         .await;
+        self.output()
+    }
+
+    /// Waits until `/readyz` answers 200, failing if the process exits first.
+    pub async fn wait_ready(&mut self) {
+        let client = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(response) = client
+                .get(format!("http://{}/readyz", self.addr))
+                .send()
+                .await
+                && response.status().is_success()
+            {
+                return;
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("{} exited during start-up: {status}", self.binary);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} not ready within 30 s",
+                self.binary
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -83,9 +126,6 @@ impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(log) = &self.log {
-            let _ = std::fs::remove_file(log);
-        }
     }
 }
 
@@ -141,63 +181,38 @@ impl Stack {
         .collect()
     }
 
-    /// Starts a binary with the stack's environment plus `extra`, and waits
-    /// until it is ready. Its output goes to the test's own.
-    pub async fn start(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
-        self.start_with(binary, extra, false).await
-    }
-
-    /// As [`Stack::start`], with stdout and stderr captured in a file that
-    /// [`Worker::output`] reads.
-    pub async fn start_captured(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
-        self.start_with(binary, extra, true).await
-    }
-
-    async fn start_with(&self, binary: &str, extra: &[(&str, &str)], capture: bool) -> Worker {
+    /// Starts a binary with the stack's environment plus `extra`, without
+    /// waiting for it to be ready; its output is collected (see
+    /// [`Worker::output`]).
+    pub fn spawn(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
         let addr = free_addr();
         let mut command = Command::new(binary);
         command.envs(self.env()).env("WORKER_HTTP_ADDR", &addr);
         for (k, v) in extra {
             command.env(k, v);
         }
-        let log = capture
-            .then(|| std::env::temp_dir().join(format!("outbox-worker-{}.log", Uuid::new_v4())));
-        let (stdout, stderr) = match &log {
-            // One file for both streams: the two handles share one offset,
-            // so lines interleave in the order they were written.
-            Some(path) => {
-                let file = std::fs::File::create(path).unwrap();
-                (Stdio::from(file.try_clone().unwrap()), Stdio::from(file))
-            }
-            None => (Stdio::inherit(), Stdio::inherit()),
-        };
-        let child = command.stdout(stdout).stderr(stderr).spawn().unwrap();
-        let mut worker = Worker { child, addr, log };
-        let client = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(response) = client
-                .get(format!("http://{}/readyz", worker.addr))
-                .send()
-                .await
-                && response.status().is_success()
-            {
-                return worker;
-            }
-            if let Some(status) = worker.child.try_wait().unwrap() {
-                let output = worker
-                    .log
-                    .as_ref()
-                    .map(|_| worker.output())
-                    .unwrap_or_default();
-                panic!("{binary} exited during start-up: {status}\n{output}");
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{binary} not ready within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let output = Arc::new(Mutex::new(String::new()));
+        collect(child.stdout.take().unwrap(), output.clone());
+        collect(child.stderr.take().unwrap(), output.clone());
+        Worker {
+            child,
+            addr,
+            binary: binary.to_owned(),
+            output,
         }
+    }
+
+    /// Starts a binary with the stack's environment plus `extra`, and waits
+    /// until it is ready.
+    pub async fn start(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
+        let mut worker = self.spawn(binary, extra);
+        worker.wait_ready().await;
+        worker
     }
 
     pub async fn publish(&self, event: NewOutboxEvent) -> Uuid {

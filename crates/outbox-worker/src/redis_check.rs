@@ -1,0 +1,196 @@
+//! The start-up check that Redis keeps what it is given.
+//!
+//! Queued jobs and idempotency keys live only in Redis. A server whose
+//! `maxmemory-policy` evicts keys drops some of them, without an error to
+//! anyone, once it reaches `maxmemory`: jobs vanish (a mail or webhook never
+//! goes out although its outbox row is `DONE`) and idempotency keys vanish
+//! (a redelivery repeats a side effect). So a worker refuses to start
+//! against such a server unless told otherwise.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// The only `maxmemory-policy` that never drops keys.
+pub const NO_EVICTION: &str = "noeviction";
+
+/// How long the start-up check waits for Redis before it gives up (and the
+/// worker starts without the check, as it starts with Redis down).
+pub const EVICTION_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The environment variable that lets a worker start against a Redis that
+/// may evict keys.
+pub const ALLOW_EVICTION_VARIABLE: &str = "OUTBOX_ALLOW_REDIS_EVICTION";
+
+/// What `CONFIG GET maxmemory-policy` told at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// `noeviction`: Redis refuses writes when full instead of dropping keys.
+    NoEviction,
+    /// Any other policy (`allkeys-lru`, `volatile-ttl`, …): Redis drops keys
+    /// when full.
+    Evicts {
+        /// The policy as Redis reported it.
+        policy: String,
+    },
+    /// Redis answered, but not with the policy: `CONFIG` is refused (managed
+    /// services often disable or rename it) or reports nothing.
+    NotReported {
+        /// Redis' answer.
+        reason: String,
+    },
+    /// Redis did not answer (down, unreachable, refusing the credentials,
+    /// or slower than [`EVICTION_CHECK_TIMEOUT`]).
+    Unreachable {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Redis may evict keys, and [`ALLOW_EVICTION_VARIABLE`] does not allow it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "Redis may evict keys: its maxmemory-policy is {policy:?}, not \"noeviction\". \
+     Under memory pressure it would silently drop queued jobs and idempotency keys \
+     (mails and webhooks never sent, or sent twice). Set `maxmemory-policy noeviction` \
+     on the Redis server, or set {variable}=true to start anyway",
+    variable = ALLOW_EVICTION_VARIABLE
+)]
+pub struct RedisMayEvict {
+    /// The policy Redis reported.
+    pub policy: String,
+}
+
+/// Asks the Redis at `redis_url` for its `maxmemory-policy`, on a connection
+/// of its own, within [`EVICTION_CHECK_TIMEOUT`]. Never fails: what it
+/// could not find out is in the answer.
+pub async fn read_eviction_policy(redis_url: &str) -> EvictionPolicy {
+    let ask = async {
+        let client = redis::Client::open(redis_url).map_err(|e| EvictionPolicy::Unreachable {
+            reason: e.to_string(),
+        })?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| EvictionPolicy::Unreachable {
+                reason: e.to_string(),
+            })?;
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async::<HashMap<String, String>>(&mut conn)
+            .await
+            .map_err(|e| {
+                if matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+                ) {
+                    EvictionPolicy::NotReported {
+                        reason: e.to_string(),
+                    }
+                } else {
+                    EvictionPolicy::Unreachable {
+                        reason: e.to_string(),
+                    }
+                }
+            })
+    };
+    match tokio::time::timeout(EVICTION_CHECK_TIMEOUT, ask).await {
+        Err(_) => EvictionPolicy::Unreachable {
+            reason: format!("no answer within {EVICTION_CHECK_TIMEOUT:?}"),
+        },
+        Ok(Err(unknown)) => unknown,
+        Ok(Ok(config)) => match config.get("maxmemory-policy") {
+            None => EvictionPolicy::NotReported {
+                reason: "CONFIG GET maxmemory-policy returned nothing".to_owned(),
+            },
+            Some(policy) if policy.eq_ignore_ascii_case(NO_EVICTION) => EvictionPolicy::NoEviction,
+            Some(policy) => EvictionPolicy::Evicts {
+                policy: policy.clone(),
+            },
+        },
+    }
+}
+
+/// Decides whether a worker may start with what [`read_eviction_policy`]
+/// found, and logs a warning for every case it lets through unchecked or
+/// allowed by `allow_eviction` ([`ALLOW_EVICTION_VARIABLE`]).
+///
+/// # Errors
+///
+/// [`RedisMayEvict`] when Redis evicts and `allow_eviction` is false.
+pub fn enforce_eviction_policy(
+    found: &EvictionPolicy,
+    allow_eviction: bool,
+) -> Result<(), RedisMayEvict> {
+    match found {
+        EvictionPolicy::NoEviction => {
+            tracing::info!(policy = NO_EVICTION, "Redis keeps what it is given");
+            Ok(())
+        }
+        EvictionPolicy::Evicts { policy } if allow_eviction => {
+            tracing::warn!(
+                policy = %policy,
+                "Redis may evict keys (maxmemory-policy {policy:?}); starting anyway because \
+                 {ALLOW_EVICTION_VARIABLE}=true: under memory pressure queued jobs and \
+                 idempotency keys can be silently lost"
+            );
+            Ok(())
+        }
+        EvictionPolicy::Evicts { policy } => Err(RedisMayEvict {
+            policy: policy.clone(),
+        }),
+        EvictionPolicy::NotReported { reason } => {
+            tracing::warn!(
+                reason = %reason,
+                "Redis' maxmemory-policy could not be checked (CONFIG GET was refused); \
+                 starting anyway. Make sure the server runs with maxmemory-policy noeviction, \
+                 or queued jobs and idempotency keys can be silently lost"
+            );
+            Ok(())
+        }
+        EvictionPolicy::Unreachable { reason } => {
+            tracing::warn!(
+                reason = %reason,
+                "Redis' maxmemory-policy could not be checked (Redis does not answer at start); \
+                 starting anyway. Make sure the server runs with maxmemory-policy noeviction, \
+                 or queued jobs and idempotency keys can be silently lost"
+            );
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_evicting_redis_stops_start_up_and_the_override_lets_it_start() {
+        let evicts = EvictionPolicy::Evicts {
+            policy: "allkeys-lru".into(),
+        };
+        let err = enforce_eviction_policy(&evicts, false).unwrap_err();
+        let message = err.to_string();
+        for expected in [
+            "\"allkeys-lru\"",
+            "queued jobs and idempotency keys",
+            "noeviction",
+            "OUTBOX_ALLOW_REDIS_EVICTION=true",
+        ] {
+            assert!(message.contains(expected), "{expected:?} in {message}");
+        }
+        assert!(message.contains(ALLOW_EVICTION_VARIABLE));
+        enforce_eviction_policy(&evicts, true).unwrap();
+        for unchecked in [
+            EvictionPolicy::NoEviction,
+            EvictionPolicy::NotReported {
+                reason: "NOPERM".into(),
+            },
+            EvictionPolicy::Unreachable {
+                reason: "connection refused".into(),
+            },
+        ] {
+            enforce_eviction_policy(&unchecked, false).unwrap();
+        }
+    }
+}
