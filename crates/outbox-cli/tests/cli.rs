@@ -135,6 +135,17 @@ impl Env {
         ids.sort();
         ids
     }
+
+    /// The stored body of `task` on `queue`.
+    async fn task_body(&self, queue: &str, task: &str) -> Vec<u8> {
+        let mut conn = self.redis.conn().await;
+        redis::cmd("HGET")
+            .arg(format!("{}:data", self.namespace.queue(queue)))
+            .arg(task)
+            .query_async(&mut conn)
+            .await
+            .unwrap()
+    }
 }
 
 #[derive(diesel::QueryableByName)]
@@ -320,7 +331,7 @@ async fn pending_processing_and_done_rows_are_refused_with_the_reason() {
 }
 
 #[tokio::test]
-async fn replaying_a_done_row_warns_and_makes_a_new_job() {
+async fn replaying_a_done_row_starts_a_new_generation_with_its_own_job() {
     let env = Env::new().await;
     let id = env
         .insert("acme", "audit.user.login", "PENDING", None)
@@ -336,13 +347,31 @@ async fn replaying_a_done_row_warns_and_makes_a_new_job() {
         .query_async(&mut redis)
         .await
         .unwrap();
+    let keys_before = env.redis.keys().await;
 
     let run = env.outbox(&["requeue", &id.to_string(), "--replay", "--json"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let out = run.json();
     assert!(out["warning"].as_str().unwrap().contains("may run again"));
-    assert_eq!(out["cleared_old_jobs"], 1);
-    assert_eq!(env.rows().await[0].status, OutboxStatus::Pending);
+    assert_eq!(out["replayed"], 1);
+    let row = &env.rows().await[0];
+    assert_eq!((row.status, row.generation), (OutboxStatus::Pending, 1));
+    assert_eq!(
+        env.redis.keys().await,
+        keys_before,
+        "a replay removes nothing from Redis"
+    );
+    {
+        use diesel::{ExpressionMethods, QueryDsl};
+        let mut conn = env.db.conn().await;
+        let started: Vec<Option<i32>> = outbox_event_requeue::table
+            .filter(outbox_event_requeue::outbox_event_id.eq(id))
+            .select(outbox_event_requeue::generation)
+            .load(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(started, [Some(1)], "the history records the generation");
+    }
 
     assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
     let scheduled: Vec<String> = redis::cmd("ZRANGE")
@@ -352,7 +381,17 @@ async fn replaying_a_done_row_warns_and_makes_a_new_job() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    assert_eq!(scheduled, vec![task], "a new job waits for the subscriber");
+    assert_eq!(
+        scheduled,
+        vec![format!("outbox:{id}:g1")],
+        "the new generation's job waits for the subscriber"
+    );
+    let done: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(format!("{q}:done"))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(done, vec![task], "generation 0's job is still recorded");
 }
 
 #[tokio::test]
@@ -952,21 +991,42 @@ async fn replaying_a_done_mail_event_sends_the_mail_again() {
 
     let run = env.outbox(&["requeue", &id.to_string(), "--replay", "--json"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    // The outbox.mail job, the toolctrl.email job and the sent-mail record.
-    assert_eq!(run.json()["cleared_old_jobs"], 3, "{}", run.stdout);
+    assert_eq!(run.json()["replayed"], 1, "{}", run.stdout);
     assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
     let mails = smtp.wait_for_messages(2, Duration::from_secs(60)).await;
     assert_eq!(mails.len(), 2, "the replay sent the mail again");
+    // The replay's mail is a new message: its Message-ID names generation 1.
+    let ids: Vec<String> = mails
+        .iter()
+        .map(|m| m.header("message-id").unwrap_or_default())
+        .collect();
+    assert!(ids[0].starts_with(&format!("<{id}.0@")), "{ids:?}");
+    assert!(ids[1].starts_with(&format!("<{id}.1@")), "{ids:?}");
+    // A redelivery of the replay's jobs sends nothing more.
+    wait_done(&env, queues::TOOLCTRL_EMAIL, 2).await;
+    let mut redis = env.redis.conn().await;
+    let job = env
+        .task_body(queues::TOOLCTRL_EMAIL, &format!("email:{id}:g1"))
+        .await;
+    outbox_queue::push_raw(
+        &mut redis,
+        &env.namespace,
+        queues::TOOLCTRL_EMAIL,
+        &[("redelivery-of-g1".into(), job)],
+    )
+    .await
+    .unwrap();
+    wait_done(&env, queues::TOOLCTRL_EMAIL, 3).await;
+    assert_eq!(smtp.messages().len(), 2, "the redelivery sent nothing");
 
     shutdown.cancel();
     workers.await.unwrap();
 }
 
 #[tokio::test]
-async fn a_replay_without_redis_changes_nothing() {
+async fn a_replay_needs_no_redis_it_only_changes_the_row() {
     let env = Env::new().await;
     let id = env.insert("acme", "audit.user.login", "DONE", None).await;
-    let before = env.rows().await;
     let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
         .args(["requeue", &id.to_string(), "--replay"])
         .env("DATABASE_URL", env.db.url())
@@ -975,10 +1035,42 @@ async fn a_replay_without_redis_changes_nothing() {
         .unwrap();
     assert_eq!(
         output.status.code(),
-        Some(2),
-        "{}",
-        String::from_utf8_lossy(&output.stdout)
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
     );
-    assert!(String::from_utf8_lossy(&output.stderr).contains("nothing was requeued"));
-    assert_eq!(env.rows().await, before);
+    let row = &env.rows().await[0];
+    assert_eq!((row.status, row.generation), (OutboxStatus::Pending, 1));
+}
+
+#[tokio::test]
+async fn rows_whose_payload_serde_json_cannot_hold_are_listed_and_shown_as_stored() {
+    let env = Env::new().await;
+    let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+    env.sql(&format!(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES
+           ('acme', 'audit.user.login', '{{\"huge\": 1e400, \"id\": 123456789012345678901234567}}'),
+           ('acme', 'audit.user.login', '{{\"deep\": {deep}}}')"
+    ))
+    .await;
+    let list = env.outbox(&["list", "--json"]);
+    assert_eq!(list.code, 0, "{}{}", list.stdout, list.stderr);
+    assert_eq!(list.json().as_array().map(Vec::len), Some(2));
+    for row in env.rows().await {
+        let show = env.outbox(&["show", &row.id.to_string()]);
+        assert_eq!(show.code, 0, "{}{}", show.stdout, show.stderr);
+        assert!(
+            show.stdout.contains(row.payload.get()),
+            "the payload is shown exactly as stored:\n{}",
+            show.stdout
+        );
+    }
+    assert!(
+        env.rows()
+            .await
+            .iter()
+            .any(|r| r.payload.get().contains("123456789012345678901234567")),
+        "no digit is lost"
+    );
 }

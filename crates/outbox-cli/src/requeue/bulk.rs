@@ -12,7 +12,7 @@ use outbox_model::OutboxStatus;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Candidate, Plan, ReplayRedis, execute, plan, refusal, requeueable};
+use super::{Candidate, Plan, execute, plan, refusal, requeueable};
 use crate::filters::Filters;
 use crate::render::thousands;
 
@@ -162,10 +162,8 @@ pub async fn preview(
 pub struct Requeued {
     /// Every row requeued, in the order of the batches.
     pub ids: Vec<Uuid>,
-    /// Of those, DONE rows replayed.
+    /// Of those, DONE rows replayed (each started a new delivery generation).
     pub replayed: usize,
-    /// Finished jobs and idempotency records of replayed rows removed from Redis.
-    pub cleared: usize,
     /// Transactions committed.
     pub batches: usize,
 }
@@ -201,7 +199,6 @@ pub async fn run(
     conn: &mut AsyncPgConnection,
     filters: &Filters,
     request: &Request<'_>,
-    mut redis: Option<ReplayRedis<'_>>,
 ) -> Result<Requeued> {
     let mut done = Requeued::default();
     let Some(eligible) = filters.only(&requeueable(request.replay)) else {
@@ -223,17 +220,12 @@ pub async fn run(
             break;
         }
         let batch = plan(rows, request.replay);
-        let redis = redis.as_mut().map(|r| ReplayRedis {
-            conn: &mut *r.conn,
-            namespace: r.namespace,
-        });
         let executed = execute(
             conn,
             &batch,
             request.reason,
             request.requested_by,
             request.replay,
-            redis,
         )
         .await
         .map_err(|e| {
@@ -244,7 +236,6 @@ pub async fn run(
             ))
         })?;
         done.batches += 1;
-        done.cleared += executed.cleared;
         done.replayed += batch
             .requeue
             .iter()

@@ -1,23 +1,22 @@
 //! `outbox requeue`: its arguments, the run (one id, or filters in
 //! batches), and what it prints.
 
-use anyhow::{Context, anyhow};
+use anyhow::anyhow;
 use clap::Args;
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxStatus;
 use outbox_model::schema::outbox_event;
-use outbox_queue::QueueNamespace;
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::bulk::{
     self, DEFAULT_BATCH_SIZE, DEFAULT_CONFIRM_ABOVE, MAX_BATCH_SIZE, Request, SHOWN_ROWS, Selection,
 };
-use super::{Candidate, Plan, PlanRow, ReplayRedis, execute, plan};
+use super::{Candidate, Plan, PlanRow, execute, plan};
 use crate::filters::Filters;
 use crate::render::{showing, thousands};
-use crate::{Cli, Failure, Outcome, connect, print_json, redis};
+use crate::{Cli, Failure, Outcome, connect, print_json};
 
 /// Default of `--reason`.
 pub const DEFAULT_REASON: &str = "requeued by operator";
@@ -70,7 +69,8 @@ struct Report {
     requeued: Vec<Uuid>,
     /// Transactions committed.
     batches: usize,
-    cleared_old_jobs: usize,
+    /// DONE rows that started a new delivery generation.
+    replayed: usize,
     warning: Option<String>,
 }
 
@@ -83,22 +83,9 @@ pub async fn run(cli: &Cli, args: &RequeueArgs) -> Outcome {
     }
     let mut conn = connect(cli).await?;
     let requested_by = std::env::var("USER").ok();
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    // A replay clears the previous run from Redis, but only DONE rows need
-    // it: without REDIS_URL, a replay that finds none still works.
-    let mut redis_conn = match (&cli.redis_url, args.replay && !args.dry_run) {
-        (Some(_), true) => {
-            Some(redis(cli).context("a replay must clear the previous run from Redis")?)
-        }
-        _ => None,
-    };
-    let replay_redis = redis_conn.as_mut().map(|conn| ReplayRedis {
-        conn,
-        namespace: &namespace,
-    });
     let report = match args.id {
-        Some(id) => one(&mut conn, id, args, requested_by.as_deref(), replay_redis).await?,
-        None => many(&mut conn, args, requested_by.as_deref(), replay_redis).await?,
+        Some(id) => one(&mut conn, id, args, requested_by.as_deref()).await?,
+        None => many(&mut conn, args, requested_by.as_deref()).await?,
     };
     if cli.json {
         print_json(&report)?;
@@ -119,7 +106,6 @@ async fn one(
     id: Uuid,
     args: &RequeueArgs,
     requested_by: Option<&str>,
-    redis: Option<ReplayRedis<'_>>,
 ) -> Result<Report, Failure> {
     let rows: Vec<Candidate> = outbox_event::table
         .find(id)
@@ -137,9 +123,9 @@ async fn one(
         ..Report::default()
     };
     if !args.dry_run && !plan.requeue.is_empty() {
-        let executed = execute(conn, &plan, &args.reason, requested_by, args.replay, redis).await?;
+        let executed = execute(conn, &plan, &args.reason, requested_by, args.replay).await?;
         report.requeued = executed.requeued;
-        report.cleared_old_jobs = executed.cleared;
+        report.replayed = executed.replayed;
         report.batches = 1;
     }
     report.would_requeue = plan.requeue;
@@ -152,7 +138,6 @@ async fn many(
     conn: &mut AsyncPgConnection,
     args: &RequeueArgs,
     requested_by: Option<&str>,
-    redis: Option<ReplayRedis<'_>>,
 ) -> Result<Report, Failure> {
     let mut filters = args.filters.clone();
     if filters.statuses.is_empty() {
@@ -194,11 +179,11 @@ async fn many(
         total: selection.to_requeue,
         batch_size: args.batch_size,
     };
-    let done = bulk::run(conn, &filters, &request, redis).await?;
+    let done = bulk::run(conn, &filters, &request).await?;
     report.to_requeue = done.ids.len() as u64;
     report.requeued = done.ids;
     report.batches = done.batches;
-    report.cleared_old_jobs = done.cleared;
+    report.replayed = done.replayed;
     report.warning = replay_warning(done.replayed, args);
     Ok(report)
 }
