@@ -86,6 +86,19 @@ impl DispatcherConfig {
         Ok(())
     }
 
+    /// The longest time after a first push in which this dispatcher may push
+    /// the same event generation again: a lease that expires before the
+    /// outcome is recorded (the row is claimed again), plus every retry of
+    /// the ladder (a push reported failed may have landed). A finished job
+    /// must stay in Redis at least this long for the second push to be a
+    /// no-op.
+    #[must_use]
+    pub fn repush_window(&self) -> Duration {
+        (1..=self.max_retries)
+            .map(|retry| self.backoff_for(retry) + self.lock_timeout)
+            .fold(self.lock_timeout, |total, step| total.saturating_add(step))
+    }
+
     /// The delay before retry number `retry` (1-based).
     #[must_use]
     pub fn backoff_for(&self, retry: u32) -> Duration {

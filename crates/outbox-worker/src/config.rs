@@ -86,6 +86,12 @@ pub struct WorkerConfig {
     /// `QUEUE_DONE_RETENTION_HOURS`: finished jobs are removed from Redis
     /// after this (general group, with the daily retention run).
     pub queue_done_retention: Duration,
+    /// How long receivers remember a completed delivery (a sent mail, a
+    /// delivered webhook or plugin call), `DELIVERY_RECORD_TTL_HOURS`
+    /// ([`DEFAULT_DELIVERY_RECORD_TTL_HOURS`]). At least
+    /// `QUEUE_DONE_RETENTION_HOURS`: a job pushed again after its first copy
+    /// was trimmed is still recognised by the receivers.
+    pub delivery_record_ttl: Duration,
     /// `QUEUE_DEAD_RETENTION_HOURS`: dead jobs are removed from Redis after this.
     pub queue_dead_retention: Duration,
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
@@ -120,6 +126,7 @@ impl std::fmt::Debug for WorkerConfig {
             shutdown_grace,
             delivery_lease,
             queue_done_retention,
+            delivery_record_ttl,
             queue_dead_retention,
             gauge_interval,
             allow_redis_eviction,
@@ -143,6 +150,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("shutdown_grace", shutdown_grace)
             .field("delivery_lease", delivery_lease)
             .field("queue_done_retention", queue_done_retention)
+            .field("delivery_record_ttl", delivery_record_ttl)
             .field("queue_dead_retention", queue_dead_retention)
             .field("gauge_interval", gauge_interval)
             .field("allow_redis_eviction", allow_redis_eviction)
@@ -333,6 +341,7 @@ impl WorkerConfig {
                 problem: "must start with postgres:// or postgresql://".into(),
             });
         }
+        let (queue_done_retention, delivery_record_ttl) = dedupe_window(&env, &dispatcher)?;
         let redis_url = env.required("REDIS_URL")?;
         if let Err(e) = redis::Client::open(redis_url.as_str()) {
             return Err(ConfigError {
@@ -367,14 +376,67 @@ impl WorkerConfig {
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
             allow_redis_eviction: env.flag(ALLOW_EVICTION_VARIABLE, false)?,
-            queue_done_retention: Duration::from_secs(
-                3600 * env.number("QUEUE_DONE_RETENTION_HOURS", 24u64, 1, 1_000_000)?,
-            ),
+            queue_done_retention,
+            delivery_record_ttl,
             queue_dead_retention: Duration::from_secs(
                 3600 * env.number("QUEUE_DEAD_RETENTION_HOURS", 720u64, 1, 1_000_000)?,
             ),
         })
     }
+}
+
+/// Default of `DELIVERY_RECORD_TTL_HOURS`.
+pub const DEFAULT_DELIVERY_RECORD_TTL_HOURS: u64 = 48;
+
+/// Default of `QUEUE_DONE_RETENTION_HOURS`.
+pub const DEFAULT_QUEUE_DONE_RETENTION_HOURS: u64 = 24;
+
+/// Reads `QUEUE_DONE_RETENTION_HOURS` and `DELIVERY_RECORD_TTL_HOURS` and
+/// checks that deduplication outlives every way an event generation can be
+/// pushed again: a finished job must stay in Redis (so a second push of its
+/// task id is a no-op) at least as long as the dispatcher may push the same
+/// row again (its lease plus its whole retry ladder), and receivers must
+/// remember a completed delivery at least as long as the job stays.
+fn dedupe_window(
+    env: &Env<'_>,
+    dispatcher: &outbox_dispatch::DispatcherConfig,
+) -> Result<(Duration, Duration), ConfigError> {
+    let hours = |h: u64| Duration::from_secs(3600 * h);
+    let retention = env.number(
+        "QUEUE_DONE_RETENTION_HOURS",
+        DEFAULT_QUEUE_DONE_RETENTION_HOURS,
+        1,
+        1_000_000,
+    )?;
+    let ttl = env.number(
+        "DELIVERY_RECORD_TTL_HOURS",
+        DEFAULT_DELIVERY_RECORD_TTL_HOURS,
+        1,
+        1_000_000,
+    )?;
+    let repush = dispatcher.repush_window();
+    if hours(retention) < repush {
+        return Err(ConfigError {
+            variable: "QUEUE_DONE_RETENTION_HOURS",
+            value: retention.to_string(),
+            problem: format!(
+                "must cover the time in which the dispatcher may push an event again                  (OUTBOX_LOCK_TIMEOUT_MS={} plus {} retries with backoff, OUTBOX_MAX_RETRIES):                  at least {} hours; raise it, or lower OUTBOX_LOCK_TIMEOUT_MS / OUTBOX_MAX_RETRIES",
+                dispatcher.lock_timeout.as_millis(),
+                dispatcher.max_retries,
+                repush.as_secs().div_ceil(3600)
+            ),
+        });
+    }
+    if ttl < retention {
+        return Err(ConfigError {
+            variable: "DELIVERY_RECORD_TTL_HOURS",
+            value: ttl.to_string(),
+            problem: format!(
+                "must be at least QUEUE_DONE_RETENTION_HOURS ({retention}): receivers must                  remember a delivery as long as its job can be pushed again"
+            ),
+        });
+    }
+    Ok((hours(retention), hours(ttl)))
 }
 
 fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
@@ -433,6 +495,56 @@ mod tests {
             read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])
                 .unwrap()
                 .allow_redis_eviction
+        );
+    }
+
+    #[test]
+    fn deduplication_must_outlive_every_way_back() {
+        let defaults = read(Group::General, &[]).unwrap();
+        assert_eq!(
+            defaults.queue_done_retention,
+            Duration::from_secs(24 * 3600)
+        );
+        assert_eq!(defaults.delivery_record_ttl, Duration::from_secs(48 * 3600));
+        // Lease 5 min + 6 retries (1..32 min backoff, each under a new lease).
+        assert!(defaults.dispatcher.repush_window() < defaults.queue_done_retention);
+
+        let short = read(Group::General, &[("QUEUE_DONE_RETENTION_HOURS", "1")]).unwrap_err();
+        assert_eq!(short.variable, "QUEUE_DONE_RETENTION_HOURS");
+        let text = short.to_string();
+        assert!(
+            text.contains("OUTBOX_LOCK_TIMEOUT_MS") && text.contains("OUTBOX_MAX_RETRIES"),
+            "{text}"
+        );
+        // A long lease pushes the window past the default retention too.
+        let lease = read(Group::General, &[("OUTBOX_LOCK_TIMEOUT_MS", "86400000")]).unwrap_err();
+        assert_eq!(lease.variable, "QUEUE_DONE_RETENTION_HOURS");
+        assert!(
+            read(
+                Group::General,
+                &[
+                    ("OUTBOX_MAX_RETRIES", "0"),
+                    ("QUEUE_DONE_RETENTION_HOURS", "1")
+                ]
+            )
+            .is_ok(),
+            "without retries the lease alone must be covered"
+        );
+
+        let forgetful = read(
+            Group::Mail,
+            &[
+                ("QUEUE_DONE_RETENTION_HOURS", "72"),
+                ("DELIVERY_RECORD_TTL_HOURS", "48"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(forgetful.variable, "DELIVERY_RECORD_TTL_HOURS");
+        assert!(
+            forgetful
+                .to_string()
+                .contains("QUEUE_DONE_RETENTION_HOURS (72)"),
+            "{forgetful}"
         );
     }
 

@@ -117,7 +117,7 @@ pub fn handler_group(
     .context("cannot build the HTTP client")?;
     let once = OnceSettings {
         lease: config.delivery_lease,
-        ..OnceSettings::default()
+        ttl: config.delivery_record_ttl,
     };
     let group = match group {
         Group::General => HandlerGroup::new()
@@ -142,6 +142,7 @@ pub fn handler_group(
             let smtp = SmtpSettings {
                 default_from: config.mail_from.clone(),
                 lease: config.delivery_lease,
+                ttl: config.delivery_record_ttl,
                 ..SmtpSettings::new(smtp_url)
             };
             HandlerGroup::new()
