@@ -37,7 +37,10 @@ use outbox_subscriber_webhook::{
 };
 use tokio_util::sync::CancellationToken;
 
-pub use config::{ConfigError, Group, WorkerConfig};
+pub use config::{
+    ConfigError, DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group,
+    WorkerConfig,
+};
 pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
 pub use redis_check::{
