@@ -438,6 +438,7 @@ struct History {
     previous_retries: i32,
     previous_last_error: Option<String>,
     replay: bool,
+    generation: Option<i32>,
 }
 
 async fn show(cli: &Cli, id: Uuid) -> Outcome {
@@ -467,6 +468,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             outbox_event_requeue::previous_retries,
             outbox_event_requeue::previous_last_error,
             outbox_event_requeue::replay,
+            outbox_event_requeue::generation,
         ))
         .load(&mut conn)
         .await?;
@@ -481,6 +483,11 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("event type    {}", row.event_type);
     println!("status        {}", row.status);
     println!("retries       {}", row.retries);
+    println!(
+        "generation    {} (task id {})",
+        row.generation,
+        outbox_queue::generation_task_id(row.id, u32::try_from(row.generation).unwrap_or(0))
+    );
     println!("created       {}", row.created_at.to_rfc3339());
     println!("scheduled     {}", row.scheduled_at.to_rfc3339());
     println!("locked until  {}", time(row.locked_until));
@@ -507,7 +514,11 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
                 h.previous_status,
                 h.previous_retries,
                 h.previous_last_error.as_deref().unwrap_or("-"),
-                if h.replay { " as a replay" } else { "" },
+                match (h.replay, h.generation) {
+                    (true, Some(n)) => format!(" as a replay (generation {n})"),
+                    (true, None) => " as a replay".to_owned(),
+                    (false, _) => String::new(),
+                },
                 h.reason
             );
         }

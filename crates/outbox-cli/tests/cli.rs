@@ -372,6 +372,14 @@ async fn replaying_a_done_row_starts_a_new_generation_with_its_own_job() {
             .unwrap();
         assert_eq!(started, [Some(1)], "the history records the generation");
     }
+    let show = env.outbox(&["show", &id.to_string()]);
+    assert!(
+        show.stdout
+            .contains(&format!("generation    1 (task id outbox:{id}:g1)"))
+            && show.stdout.contains("as a replay (generation 1)"),
+        "{}",
+        show.stdout
+    );
 
     assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 1);
     let scheduled: Vec<String> = redis::cmd("ZRANGE")
