@@ -135,3 +135,41 @@ async fn webhook_bodies_carry_the_exact_payload() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mail_request_serde_json_cannot_read_is_dead_lettered_with_the_reason() {
+    let stack = Stack::new().await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let _mail = stack.start(MAIL, &[]).await;
+    insert(
+        &stack,
+        "mail.user.welcome",
+        r#"{"to": "ada@example.com", "subject": "Hi", "text": "Hello", "n": 1e400}"#,
+    )
+    .await;
+    insert(
+        &stack,
+        "mail.user.welcome",
+        r#"{"to": "bob@example.com", "subject": "Hi", "text": "Hello"}"#,
+    )
+    .await;
+    stack.wait_dead(queues::MAIL, 1).await;
+    let mails = stack.smtp.wait_for_messages(1, WAIT).await;
+    assert_eq!(
+        mails[0].to,
+        vec!["bob@example.com"],
+        "the readable one went out"
+    );
+    let mut redis =
+        outbox_queue::connect(&outbox_queue::RedisSettings::new(stack.redis.url())).unwrap();
+    let dead = outbox_queue::dead_jobs(&mut redis, &stack.namespace, queues::MAIL, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let reason = dead[0].reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.contains("mail request payload cannot be read")
+            && reason.contains("number out of range"),
+        "{reason}"
+    );
+}
