@@ -67,11 +67,53 @@ impl NewOutboxEvent {
         self
     }
 
+    /// Checks the event against every rule of the publisher, in the order
+    /// of the crate documentation's table, without touching a database:
+    /// tenant id, event type, dispatch key, then the payload (an object; no
+    /// NUL in any string or key; at most [`MAX_PAYLOAD_DEPTH`] levels; at
+    /// most [`outbox_model::MAX_PAYLOAD_BYTES`] serialized). The publishing
+    /// functions run exactly this before any SQL; call it to refuse an event
+    /// early, e.g. in a request handler.
+    ///
+    /// The payload is walked without recursion, so any nesting is refused
+    /// rather than overflowing the stack (dropping such a value recursively
+    /// is another matter: the publisher drops refused payloads one container
+    /// at a time).
+    ///
+    /// # Errors
+    ///
+    /// The first rule broken, as a validation variant of [`PublishError`].
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use outbox_publish::{NewOutboxEvent, PublishError};
+    /// use serde_json::json;
+    ///
+    /// assert!(NewOutboxEvent::new("t1", "mail.user.welcome", json!({"to": "a@b.c"})).validate().is_ok());
+    /// assert!(matches!(
+    ///     NewOutboxEvent::new("t1", "mail.user.welcome", json!({"name": "a\0b"})).validate(),
+    ///     Err(PublishError::PayloadStringContainsNul { path }) if path == "/name"
+    /// ));
+    /// ```
+    pub fn validate(&self) -> Result<(), PublishError> {
+        validate(
+            &self.tenant_id,
+            &self.event_type,
+            &self.payload,
+            self.dispatch_key.as_deref(),
+        )
+    }
+
     /// Validates the event and gives it a fresh UUIDv7.
     ///
     /// A refused event's payload is dropped without recursion, so a payload
     /// nested too deep to drop recursively cannot overflow the stack here.
     pub(crate) fn into_row(self) -> Result<NewOutboxEventRow, PublishError> {
+        if let Err(e) = self.validate() {
+            drop_without_recursion(self.payload);
+            return Err(e);
+        }
         let Self {
             tenant_id,
             event_type,
@@ -79,20 +121,14 @@ impl NewOutboxEvent {
             dispatch_key,
             scheduled_at,
         } = self;
-        match validate(&tenant_id, event_type, &payload, dispatch_key.as_deref()) {
-            Ok(event_type) => Ok(NewOutboxEventRow {
-                id: Uuid::now_v7(),
-                tenant_id,
-                event_type: event_type.into_string(),
-                payload,
-                dispatch_key,
-                scheduled_at,
-            }),
-            Err(e) => {
-                drop_without_recursion(payload);
-                Err(e)
-            }
-        }
+        Ok(NewOutboxEventRow {
+            id: Uuid::now_v7(),
+            tenant_id,
+            event_type,
+            payload,
+            dispatch_key,
+            scheduled_at,
+        })
     }
 }
 
@@ -100,10 +136,10 @@ impl NewOutboxEvent {
 /// before all of them pass.
 fn validate(
     tenant_id: &str,
-    event_type: String,
+    event_type: &str,
     payload: &Value,
     dispatch_key: Option<&str>,
-) -> Result<EventType, PublishError> {
+) -> Result<(), PublishError> {
     if tenant_id.is_empty() {
         return Err(PublishError::EmptyTenantId);
     }
@@ -111,7 +147,7 @@ fn validate(
         return Err(PublishError::TenantIdContainsNul { position });
     }
     // The event type's character rule already refuses NUL.
-    let event_type = EventType::parse(event_type)?;
+    EventType::parse(event_type)?;
     if let Some(position) = dispatch_key.and_then(|key| key.find('\0')) {
         return Err(PublishError::DispatchKeyContainsNul { position });
     }
@@ -130,7 +166,7 @@ fn validate(
             max: MAX_PAYLOAD_BYTES,
         });
     }
-    Ok(event_type)
+    Ok(())
 }
 
 /// How a value was reached from its parent: an array index or an object key.

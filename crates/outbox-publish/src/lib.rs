@@ -17,7 +17,8 @@
 //! leaves the caller's transaction untouched and usable: handle the error
 //! and go on, or roll back, as the business logic decides. Postgres would
 //! refuse most of these itself, but a refusal by Postgres aborts the whole
-//! transaction. In the order checked:
+//! transaction. [`NewOutboxEvent::validate`] is that check, callable on its
+//! own. In the order checked:
 //!
 //! | refusal | rule |
 //! |---|---|

@@ -61,9 +61,18 @@ impl JobBody {
     }
 
     /// The `outbox_event_id` and `tenant_id` fields, for log lines (`None`
-    /// each when absent or when the body is not a JSON object).
+    /// each when absent or `null`, or when the body is not a JSON object).
     #[must_use]
     pub fn ids(&self) -> (Option<String>, Option<String>) {
+        // Serde also reads a struct from a JSON array, by position: `["a",
+        // "b"]` would give ids "a" and "b". Only an object has these fields.
+        let first = self
+            .raw
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+        if first != Some(&b'{') {
+            return (None, None);
+        }
         match serde_json::from_slice::<Head>(&self.raw) {
             Ok(head) => (
                 field_text(head.outbox_event_id.as_deref()),
@@ -203,5 +212,25 @@ impl WireFormatBackend for LenientRedis {
 
     fn codec(&self) -> &Self::Codec {
         &self.codec
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_come_from_an_object_only() {
+        let ids = |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).ids();
+        assert_eq!(
+            ids(r#" {"tenant_id": 7, "outbox_event_id": "e\u0031", "x": [[]]}"#),
+            (Some("e1".to_owned()), Some("7".to_owned()))
+        );
+        assert_eq!(ids(r#"{"outbox_event_id": null}"#), (None, None));
+        // A struct also deserializes from an array, by position.
+        assert_eq!(ids(r#"["e1", "t1"]"#), (None, None));
+        assert_eq!(ids(r#" [""]"#), (None, None));
+        assert_eq!(ids("\"e1\""), (None, None));
+        assert_eq!(ids("{"), (None, None));
     }
 }

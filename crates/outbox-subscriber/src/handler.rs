@@ -85,17 +85,84 @@ impl<H: JobHandler> DynHandler for H {
         Box::pin(async move {
             let job: H::Job = serde_json::from_slice(body.raw()).map_err(|e| {
                 use serde_json::error::Category;
-                match e.classify() {
-                    Category::Data => JobError::permanent(format!(
-                        "corrupt job body (not a {} job): {e}",
-                        meta.queue
-                    )),
-                    Category::Syntax | Category::Eof | Category::Io => {
-                        JobError::permanent(format!("corrupt job body (not JSON): {e}"))
-                    }
+                // serde_json also reports valid JSON it cannot hold as a
+                // syntax error (`1e400`: "number out of range"), so the text
+                // itself decides whether the body is JSON.
+                let not_json = match e.classify() {
+                    Category::Data => false,
+                    Category::Syntax | Category::Eof | Category::Io => !is_json(body.raw()),
+                };
+                if not_json {
+                    JobError::permanent(format!("corrupt job body (not JSON): {e}"))
+                } else {
+                    JobError::permanent(format!("corrupt job body (not a {} job): {e}", meta.queue))
                 }
             })?;
             self.handle(job, meta).await
         })
+    }
+}
+
+/// Whether `raw` is one JSON value (UTF-8 text; any number, any nesting).
+fn is_json(raw: &[u8]) -> bool {
+    // `from_slice` does not check the UTF-8 of strings it skips.
+    std::str::from_utf8(raw)
+        .is_ok_and(|text| serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_text_that_is_not_json_is_called_so() {
+        for json in ["1e400", "[1E310]", r#"{"a": -1e999}"#, "\"x\"", "[[[[]]]]"] {
+            assert!(is_json(json.as_bytes()), "{json}");
+        }
+        for not_json in ["", "{", "[1,]", "1e", "\"\\ud800", "nul"] {
+            assert!(!is_json(not_json.as_bytes()), "{not_json}");
+        }
+        assert!(!is_json(b"\"\xff\""));
+        let deep = format!("{}{}", "[".repeat(1000), "]".repeat(1000));
+        assert!(is_json(deep.as_bytes()));
+    }
+
+    struct Unit;
+
+    impl JobHandler for Unit {
+        type Job = ();
+
+        fn queue(&self) -> &str {
+            "test.unit"
+        }
+
+        async fn handle(&self, (): (), _meta: &JobMeta) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn corrupt_bodies_are_permanent_failures_named_by_what_they_are() {
+        let meta = JobMeta {
+            queue: "test.unit".into(),
+            task_id: "t".into(),
+            attempt: 1,
+        };
+        let call = |raw: &str| {
+            futures::executor::block_on(DynHandler::call(
+                &Unit,
+                JobBody::from_bytes(raw.as_bytes().to_vec()),
+                &meta,
+            ))
+        };
+        assert_eq!(call("null"), Ok(()));
+        let reason = |raw: &str| match call(raw) {
+            Err(JobError::Permanent(reason)) => reason,
+            other => panic!("{raw}: {other:?}"),
+        };
+        // Valid JSON serde_json cannot hold is reported as a syntax error.
+        assert!(reason("1e400").starts_with("corrupt job body (not a test.unit job): "));
+        assert!(reason("[1]").starts_with("corrupt job body (not a test.unit job): "));
+        assert!(reason("nul").starts_with("corrupt job body (not JSON): "));
     }
 }
