@@ -44,7 +44,7 @@ pub enum EventTypeError {
     #[error("event type is empty; expected `<domain>.<entity>.<verb>`")]
     Empty,
     /// The string is longer than [`MAX_EVENT_TYPE_LEN`].
-    #[error("event type is {len} characters long; at most {MAX_EVENT_TYPE_LEN} are allowed")]
+    #[error("event type is {len} bytes long; at most {MAX_EVENT_TYPE_LEN} are allowed")]
     TooLong {
         /// The length of the rejected string in bytes.
         len: usize,
