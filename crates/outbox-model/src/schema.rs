@@ -2,6 +2,23 @@
 // change a migration, then run `cargo xtask schema`.
 
 diesel::table! {
+    /// Events of the application (`row.created`, custom names) that eventTrigger workflows match.
+    application_event (id) {
+        id -> Uuid,
+        tenant_id -> Text,
+        /// The entity the event is about.
+        entity -> Text,
+        /// `row.created`, `row.updated`, `row.deleted` or a custom event name.
+        event -> Text,
+        /// The entity_row concerned, for row.* events.
+        row_id -> Nullable<Uuid>,
+        /// The event's payload: the trigger input of the workflows it starts.
+        data -> Jsonb,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// Append-only audit log: one row per audit.* event; updates and deletes are refused.
     audit_log (id) {
         id -> Uuid,
@@ -12,6 +29,22 @@ diesel::table! {
         payload -> Jsonb,
         occurred_at -> Timestamptz,
         recorded_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// Generic entity rows of a tenant, read and written by the row blocks.
+    entity_row (id) {
+        id -> Uuid,
+        tenant_id -> Text,
+        /// The entity (an identifier, e.g. `order`).
+        entity -> Text,
+        /// The row's fields, a JSON object.
+        data -> Jsonb,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        /// Set by rowDelete; a deleted row is kept but no longer found.
+        deleted_at -> Nullable<Timestamptz>,
     }
 }
 
@@ -122,12 +155,105 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    /// A tenant's named workflow; its definitions are in workflow_version.
+    workflow (id) {
+        id -> Uuid,
+        /// The tenant the workflow belongs to.
+        tenant_id -> Text,
+        /// Unique within the tenant.
+        name -> Text,
+        /// `draft` (never triggered) or `live` (triggers start runs).
+        status -> Text,
+        /// The version new executions start on (a row of workflow_version).
+        current_version -> Int4,
+        created_at -> Timestamptz,
+        /// The last save or status change.
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// One row per block run of an execution, written with the block's result.
+    workflow_block_execution (execution_id, block_id, sequence) {
+        execution_id -> Uuid,
+        /// The block's id in the definition.
+        block_id -> Text,
+        /// The block's run number within the execution: 1, then 2 after a retry or a resumed wait.
+        sequence -> Int4,
+        /// `success`, `error` or `waiting`.
+        status -> Text,
+        /// The block's output (`blocks.<id>.output`).
+        output -> Nullable<Jsonb>,
+        /// Why the block failed.
+        error -> Nullable<Text>,
+        started_at -> Timestamptz,
+        finished_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    /// One run of a workflow, on the version it started on.
+    workflow_execution (id) {
+        id -> Uuid,
+        tenant_id -> Text,
+        workflow_id -> Uuid,
+        /// The version the run started on; later saves do not change it.
+        workflow_version -> Int4,
+        /// `manual`, `api`, `event` or `stream`.
+        trigger_kind -> Text,
+        /// `queued`, `running`, `waiting`, `success`, `error` or `rejected`.
+        status -> Text,
+        /// The trigger's data, read by blocks as `input…`.
+        input -> Jsonb,
+        /// The last block's output once the run succeeded.
+        output -> Nullable<Jsonb>,
+        /// Why the run ended in `error` or `rejected`.
+        error -> Nullable<Text>,
+        /// The block a `waiting` run waits in; set exactly when status is `waiting`.
+        waiting_block -> Nullable<Text>,
+        /// The run's variables (`vars…`), a JSON object.
+        vars -> Jsonb,
+        /// The outbox event that started the run; unique per workflow so a redelivered trigger starts it once.
+        trigger_event_id -> Nullable<Uuid>,
+        created_at -> Timestamptz,
+        /// The last change of status; recovery looks for old queued or running runs by it.
+        updated_at -> Timestamptz,
+        /// When the runner first picked the run up.
+        started_at -> Nullable<Timestamptz>,
+        /// When the run reached success, error or rejected.
+        finished_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    /// The saved definitions of a workflow, one row per version.
+    workflow_version (workflow_id, version) {
+        workflow_id -> Uuid,
+        /// 1, 2, …: saving a live workflow appends the next version.
+        version -> Int4,
+        /// The definition as validated when saved (blocks and edges).
+        definition -> Jsonb,
+        /// When the version was (last) saved.
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::joinable!(workflow_block_execution -> workflow_execution (execution_id));
+diesel::joinable!(workflow_version -> workflow (workflow_id));
+
 diesel::allow_tables_to_appear_in_same_query!(
+    application_event,
     audit_log,
+    entity_row,
     notification,
     outbox_event,
     outbox_event_requeue,
     plugin_hook_subscription,
     tenant_mail_settings,
     webhook_endpoint,
+    workflow,
+    workflow_block_execution,
+    workflow_execution,
+    workflow_version,
 );

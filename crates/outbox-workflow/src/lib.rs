@@ -17,9 +17,13 @@
 //!   topological order, and [`ValidatedWorkflow::preflight`] to choose
 //!   between the native runner and the signed HTTP bridge.
 //!
-//! What it is not: this crate runs nothing. It has no database, no Redis, no
-//! HTTP and no clock; the tables, the producers of `workflow.*` events, the
-//! subscriber and the native runner build on it. The user documentation of
+//! - [`store`] holds the workflow tables' row types and the functions that
+//!   save versioned definitions, match event triggers and create
+//!   executions, each on a caller's `&mut AsyncPgConnection`.
+//!
+//! What it is not: this crate runs nothing. Apart from [`store`] it has no
+//! database, and it has no Redis, no HTTP and no clock; the producers of
+//! `workflow.*` events, the subscriber and the native runner build on it. The user documentation of
 //! blocks, conditions and rules is `docs/workflows.md`.
 //!
 //! ```
@@ -51,6 +55,7 @@ mod operand;
 mod params;
 mod path;
 mod registry;
+pub mod store;
 mod template;
 mod validate;
 mod workflow;
