@@ -20,11 +20,16 @@
 //! - [`store`] holds the workflow tables' row types and the functions that
 //!   save versioned definitions, match event triggers and create
 //!   executions, each on a caller's `&mut AsyncPgConnection`.
+//! - [`producers`] write the `workflow.*` outbox events in the caller's
+//!   transaction (row mutations with their application events, manual and
+//!   API run requests, continuations of waiting runs); [`events`] holds
+//!   their type names and payloads, which the subscriber parses.
 //!
-//! What it is not: this crate runs nothing. Apart from [`store`] it has no
-//! database, and it has no Redis, no HTTP and no clock; the producers of
-//! `workflow.*` events, the subscriber and the native runner build on it. The user documentation of
-//! blocks, conditions and rules is `docs/workflows.md`.
+//! What it is not: this crate runs nothing. Apart from [`store`] and
+//! [`producers`] it has no database, and it has no Redis, no HTTP and no
+//! clock; the subscriber and the native runner build on it. The user
+//! documentation of blocks, conditions, rules and producers is
+//! `docs/workflows.md`.
 //!
 //! ```
 //! use outbox_workflow::{ValidatedWorkflow, labels};
@@ -50,10 +55,12 @@
 mod condition;
 mod definition;
 mod error;
+pub mod events;
 mod names;
 mod operand;
 mod params;
 mod path;
+pub mod producers;
 mod registry;
 pub mod store;
 mod template;
