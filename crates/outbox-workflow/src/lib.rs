@@ -25,10 +25,12 @@
 //!   API run requests, continuations of waiting runs); [`events`] holds
 //!   their type names and payloads, which the subscriber parses.
 //!
-//! What it is not: this crate runs nothing. Apart from [`store`] and
-//! [`producers`] it has no database, and it has no Redis, no HTTP and no
-//! clock; the subscriber and the native runner build on it. The user
-//! documentation of blocks, conditions, rules and producers is
+//! - [`runner`] runs an execution natively, block by block, each block's
+//!   effect and record in one transaction, and ends it with its plugin
+//!   hook.
+//!
+//! The subscriber (the `outbox.workflow` queue) calls the runner. The user
+//! documentation of blocks, conditions, rules, producers and the runner is
 //! `docs/workflows.md`.
 //!
 //! ```
@@ -62,6 +64,7 @@ mod params;
 mod path;
 pub mod producers;
 mod registry;
+pub mod runner;
 pub mod store;
 mod template;
 mod validate;

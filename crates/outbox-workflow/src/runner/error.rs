@@ -1,0 +1,67 @@
+//! [`RunError`]: why the runner could not advance an execution.
+
+use uuid::Uuid;
+
+use crate::producers::ProducerError;
+use crate::store::{StoreError, UnknownValue};
+
+/// Why [`run_execution`](super::run_execution) or
+/// [`resume_execution`](super::resume_execution) could not advance an
+/// execution. A block that fails is not a `RunError`: it ends the run in
+/// `error`, recorded. A `RunError` leaves the execution where its last
+/// committed block left it, so running it again resumes there.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// There is no such execution.
+    #[error("no execution {execution_id}")]
+    ExecutionNotFound {
+        /// The id asked for.
+        execution_id: Uuid,
+    },
+    /// A stored status is unknown to this version.
+    #[error(transparent)]
+    UnknownValue(#[from] UnknownValue),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A producer (row blocks, continuations, events) failed.
+    #[error(transparent)]
+    Producer(#[from] ProducerError),
+    /// A value could not be turned into JSON.
+    #[error("cannot serialize: {0}")]
+    Serialize(#[from] serde_json::Error),
+    /// The database refused a statement or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] diesel::result::Error),
+}
+
+impl RunError {
+    /// Whether running the execution again later may succeed (database
+    /// trouble), as opposed to a state no retry changes.
+    #[must_use]
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(_) | Self::Store(StoreError::Database(_)) => true,
+            Self::Producer(error) => {
+                matches!(
+                    error,
+                    ProducerError::Database(_) | ProducerError::Store(StoreError::Database(_))
+                ) || matches!(error, ProducerError::Publish(e) if !e.is_invalid_event())
+            }
+            _ => false,
+        }
+    }
+}
+
+impl From<outbox_publish::PublishError> for RunError {
+    fn from(error: outbox_publish::PublishError) -> Self {
+        Self::Producer(ProducerError::Publish(error))
+    }
+}
+
+impl From<outbox_publish::NotInTransaction> for RunError {
+    fn from(error: outbox_publish::NotInTransaction) -> Self {
+        Self::Producer(error.into())
+    }
+}

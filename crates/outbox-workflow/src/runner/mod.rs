@@ -1,0 +1,403 @@
+//! The native runner: runs an execution block by block, each block durable.
+//!
+//! Every block's effect, its `workflow_block_execution` row and the
+//! execution's variables commit in one transaction. Running an execution
+//! again (a redelivered job, a worker that died mid-run) walks the path
+//! from the trigger, skips every block that has a success row (reading its
+//! recorded output) and continues at the first unfinished one, so no
+//! block's effect happens twice. The one exception is `httpRequest`: its
+//! call happens before the transaction that records it, so it is at least
+//! once.
+//!
+//! A run ends in `success` (the last block's output), `error` (a block
+//! failed, or cannot run natively), or `rejected` (the preflight refused
+//! the workflow before its first block: a `code` or `aiAgent` block, or a
+//! credential the native runner does not have). The terminal write
+//! publishes `plugin.hook.workflow.executed` or `plugin.hook.workflow.failed`
+//! in the same transaction. See `docs/workflows.md`, "Runner and
+//! subscriber".
+
+mod blocks;
+mod db;
+mod error;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use outbox_publish::OutboxTx;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+pub use blocks::EMAIL_EVENT;
+pub use db::{HOOK_EXECUTED, HOOK_FAILED};
+pub use error::RunError;
+
+use self::blocks::{Effect, StepError, apply, label_of};
+use crate::events::ContinueKind;
+use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
+use crate::{Block, BlockParams, HttpRequestParams, ValidatedWorkflow};
+
+/// What a call of the runner left the execution in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunOutcome {
+    /// The run ended now with this status (`success`, `error` or
+    /// `rejected`).
+    Finished(ExecutionStatus),
+    /// The run waits in this `waitForInput` block.
+    Waiting(String),
+    /// Nothing to do: the execution was already in this status (finished,
+    /// or waiting and not continued), or it no longer waits in the block a
+    /// continuation named.
+    Unchanged(ExecutionStatus),
+    /// The run stopped after [`Runner::stop_after`] blocks (tests).
+    Paused,
+}
+
+/// Runs executions natively. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Runner {
+    http: reqwest::Client,
+    allow_private_addresses: bool,
+    stop_after: Option<usize>,
+}
+
+impl Runner {
+    /// A runner whose `httpRequest` blocks refuse internal addresses
+    /// (loopback, private, link-local…, as the webhook subscriber does).
+    ///
+    /// # Errors
+    ///
+    /// The HTTP client cannot be built (no TLS backend).
+    pub fn new() -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self {
+            http,
+            allow_private_addresses: false,
+            stop_after: None,
+        })
+    }
+
+    /// Lets `httpRequest` blocks call internal addresses (tests, trusted
+    /// deployments).
+    #[must_use]
+    pub fn allow_private_addresses(mut self, allow: bool) -> Self {
+        self.allow_private_addresses = allow;
+        self
+    }
+
+    /// Stops each call after `blocks` newly run blocks, as a crash would
+    /// (tests of resumption); the execution stays `running`.
+    #[must_use]
+    pub fn stop_after(mut self, blocks: usize) -> Self {
+        self.stop_after = Some(blocks);
+        self
+    }
+
+    /// Runs execution `id` from where it stands: a `queued` run is
+    /// preflighted and started, a `running` one resumes at its first
+    /// unfinished block; a waiting or finished one is left alone.
+    ///
+    /// # Errors
+    ///
+    /// [`RunError`] when the database fails (the execution stays where its
+    /// last committed block left it) or there is no such execution.
+    pub async fn run(
+        &self,
+        conn: &mut AsyncPgConnection,
+        id: Uuid,
+    ) -> Result<RunOutcome, RunError> {
+        let execution = store::get_execution(conn, id)
+            .await?
+            .ok_or(RunError::ExecutionNotFound { execution_id: id })?;
+        let status = execution.status;
+        if !matches!(status, ExecutionStatus::Queued | ExecutionStatus::Running) {
+            return Ok(RunOutcome::Unchanged(status));
+        }
+        let workflow = match store::load_version(
+            conn,
+            execution.workflow_id,
+            execution.workflow_version,
+        )
+        .await
+        {
+            Ok(workflow) => workflow,
+            Err(
+                error @ (StoreError::StoredDefinition { .. } | StoreError::VersionNotFound { .. }),
+            ) => {
+                let reason = error.to_string();
+                return finish(
+                    conn,
+                    &execution,
+                    ExecutionStatus::Error,
+                    None,
+                    Some(&reason),
+                    None,
+                )
+                .await;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if status == ExecutionStatus::Queued {
+            // No credential store yet: a block naming a credential cannot
+            // run natively.
+            if let Err(error) = workflow.preflight(true, &|_| false) {
+                let reason = error.to_string();
+                return finish(
+                    conn,
+                    &execution,
+                    ExecutionStatus::Rejected,
+                    None,
+                    Some(&reason),
+                    None,
+                )
+                .await;
+            }
+            db::start(conn, id).await?;
+        }
+        self.walk(conn, execution, &workflow).await
+    }
+
+    /// Continues execution `id`, waiting in `waiting_block`: with the
+    /// answer `input` (output `input`) or, for [`ContinueKind::Timeout`],
+    /// along output `timeout`. The first continuation wins; when the
+    /// execution no longer waits in that block, nothing changes.
+    ///
+    /// # Errors
+    ///
+    /// As [`run`](Self::run).
+    pub async fn resume(
+        &self,
+        conn: &mut AsyncPgConnection,
+        id: Uuid,
+        waiting_block: &str,
+        kind: ContinueKind,
+        input: &Value,
+    ) -> Result<RunOutcome, RunError> {
+        let output = json!({ "kind": kind.as_str(), "answer": input });
+        let resumed = conn
+            .transaction::<_, RunError, _>(async |conn| {
+                let execution = db::lock_execution(conn, id)
+                    .await?
+                    .ok_or(RunError::ExecutionNotFound { execution_id: id })?;
+                if execution.status != ExecutionStatus::Waiting
+                    || execution.waiting_block.as_deref() != Some(waiting_block)
+                {
+                    return Ok(Err(execution.status));
+                }
+                let success = BlockExecutionStatus::Success;
+                db::record_block(conn, id, waiting_block, success, Some(&output), None).await?;
+                db::set_state(conn, id, ExecutionStatus::Running, None, &execution.vars).await?;
+                Ok(Ok(()))
+            })
+            .await?;
+        match resumed {
+            Ok(()) => self.run(conn, id).await,
+            Err(status) => Ok(RunOutcome::Unchanged(status)),
+        }
+    }
+
+    async fn walk(
+        &self,
+        conn: &mut AsyncPgConnection,
+        execution: WorkflowExecution,
+        workflow: &ValidatedWorkflow,
+    ) -> Result<RunOutcome, RunError> {
+        let done = db::completed_blocks(conn, execution.id).await?;
+        let mut vars = match &execution.vars {
+            Value::Object(map) => map.clone(),
+            _ => Map::new(),
+        };
+        let mut outputs = Map::new();
+        let mut last = Value::Null;
+        let mut ran = 0;
+        let mut current = Some(workflow.trigger());
+        while let Some(block) = current {
+            let (output, label) = if let Some(output) = done.get(&block.id) {
+                (output.clone(), label_of(block, output))
+            } else {
+                if self.stop_after.is_some_and(|n| ran >= n) {
+                    return Ok(RunOutcome::Paused);
+                }
+                let ctx = json!({ "input": execution.input, "vars": vars, "blocks": outputs });
+                let http = match &block.params {
+                    BlockParams::HttpRequest(p) => Some(self.call(p, &ctx).await),
+                    _ => None,
+                };
+                let step = conn
+                    .transaction::<_, StepError, _>(async |conn| {
+                        step(conn, execution.id, block, &ctx, vars.clone(), http).await
+                    })
+                    .await;
+                ran += 1;
+                match step {
+                    Ok(Some((Effect::Next { output, label }, new_vars))) => {
+                        vars = new_vars;
+                        (output, label)
+                    }
+                    Ok(Some((Effect::Wait, _))) => {
+                        return Ok(RunOutcome::Waiting(block.id.clone()));
+                    }
+                    // Another runner got there first: start over.
+                    Ok(None) => return Box::pin(self.run(conn, execution.id)).await,
+                    Err(StepError::Run(error)) => return Err(error),
+                    Err(StepError::Block(reason)) => {
+                        let reason = format!("block {}: {reason}", block.id);
+                        let failed = Some(block.id.as_str());
+                        return finish(
+                            conn,
+                            &execution,
+                            ExecutionStatus::Error,
+                            None,
+                            Some(&reason),
+                            failed,
+                        )
+                        .await;
+                    }
+                }
+            };
+            outputs.insert(block.id.clone(), json!({ "output": output }));
+            last = output;
+            current = workflow.next(&block.id, &label);
+        }
+        finish(
+            conn,
+            &execution,
+            ExecutionStatus::Success,
+            Some(&last),
+            None,
+            None,
+        )
+        .await
+    }
+
+    /// The HTTP call of an `httpRequest` block: its output
+    /// `{status, headers, body}`, or why it failed.
+    async fn call(&self, params: &HttpRequestParams, ctx: &Value) -> Result<Value, String> {
+        let url = params.url.render(ctx);
+        let parsed = url::Url::parse(&url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        let host = parsed.host_str().ok_or(format!("{url:?} has no host"))?;
+        if !self.allow_private_addresses {
+            let port = parsed.port_or_known_default().unwrap_or(443);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let addrs: Vec<IpAddr> = tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|e| format!("cannot resolve {host}: {e}"))?
+                .map(|a| a.ip())
+                .collect();
+            if addrs.is_empty()
+                || addrs
+                    .iter()
+                    .any(|ip| outbox_subscriber_webhook::is_internal(*ip))
+            {
+                return Err(format!("{host} resolves to an internal address; refused"));
+            }
+        }
+        let method = reqwest::Method::from_bytes(
+            serde_json::to_value(params.method)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+                .as_bytes(),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut request = self
+            .http
+            .request(method, parsed)
+            .timeout(Duration::from_millis(params.timeout_ms()));
+        for (name, value) in &params.headers {
+            request = request.header(name, value.render(ctx));
+        }
+        if let Some(body) = &params.body {
+            request = request.json(body.resolve(ctx));
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        let status = response.status().as_u16();
+        let headers: Map<String, Value> = response
+            .headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
+            .collect();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| format!("reading the body: {e}"))?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(json!({ "status": status, "headers": headers, "body": body }))
+    }
+}
+
+/// One block in its transaction: `None` when the execution is no longer
+/// running or the block already completed (another runner).
+async fn step(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+    block: &Block,
+    ctx: &Value,
+    mut vars: Map<String, Value>,
+    http: Option<Result<Value, String>>,
+) -> Result<Option<(Effect, Map<String, Value>)>, StepError> {
+    let Some(execution) = db::lock_execution(conn, id).await? else {
+        return Ok(None);
+    };
+    if execution.status != ExecutionStatus::Running
+        || db::block_completed(conn, id, &block.id).await?
+    {
+        return Ok(None);
+    }
+    let mut tx = OutboxTx::new(conn).map_err(RunError::from)?;
+    let effect = apply(&mut tx, &execution, block, ctx, &mut vars, http).await?;
+    let state = Value::Object(vars.clone());
+    match &effect {
+        Effect::Next { output, .. } => {
+            let success = BlockExecutionStatus::Success;
+            db::record_block(tx.conn(), id, &block.id, success, Some(output), None).await?;
+            db::set_state(tx.conn(), id, ExecutionStatus::Running, None, &state).await?;
+        }
+        Effect::Wait => {
+            let waiting = BlockExecutionStatus::Waiting;
+            db::record_block(tx.conn(), id, &block.id, waiting, None, None).await?;
+        }
+    }
+    Ok(Some((effect, vars)))
+}
+
+/// Ends the run (unless it already ended), recording `failed_block`'s
+/// error row with the reason, in one transaction with the hook.
+async fn finish(
+    conn: &mut AsyncPgConnection,
+    execution: &WorkflowExecution,
+    status: ExecutionStatus,
+    output: Option<&Value>,
+    error: Option<&str>,
+    failed_block: Option<&str>,
+) -> Result<RunOutcome, RunError> {
+    conn.transaction::<_, RunError, _>(async |conn| {
+        let current =
+            db::lock_execution(conn, execution.id)
+                .await?
+                .ok_or(RunError::ExecutionNotFound {
+                    execution_id: execution.id,
+                })?;
+        if !matches!(
+            current.status,
+            ExecutionStatus::Queued | ExecutionStatus::Running
+        ) {
+            return Ok(RunOutcome::Unchanged(current.status));
+        }
+        if let Some(block) = failed_block {
+            let failed = BlockExecutionStatus::Error;
+            db::record_block(conn, execution.id, block, failed, None, error).await?;
+        }
+        let mut tx = OutboxTx::new(conn)?;
+        db::finish(&mut tx, &current, status, output, error).await?;
+        Ok(RunOutcome::Finished(status))
+    })
+    .await
+}

@@ -1,0 +1,435 @@
+//! The native runner on real Postgres: what a run leaves in the database
+//! (outbox rows, entity rows, block rows, the execution), reruns, crashes,
+//! failures and waits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_model::schema::{entity_row, outbox_event, workflow_block_execution};
+use outbox_publish::OutboxTx;
+use outbox_test_support::TestDatabase;
+use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::events::{CONTINUE_REQUESTED, ContinueKind};
+use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
+use outbox_workflow::runner::{EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, RunOutcome, Runner};
+use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// (event type, payload, dispatch key) of every outbox row, oldest first.
+async fn outbox(conn: &mut AsyncPgConnection) -> Vec<(String, Value, Option<String>)> {
+    outbox_event::table
+        .select((
+            outbox_event::event_type,
+            outbox_event::payload,
+            outbox_event::dispatch_key,
+        ))
+        .order(outbox_event::id)
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+/// (block, sequence, status) of the execution's block rows, in run order.
+async fn block_rows(conn: &mut AsyncPgConnection, id: Uuid) -> Vec<(String, i32, String)> {
+    workflow_block_execution::table
+        .filter(workflow_block_execution::execution_id.eq(id))
+        .select((
+            workflow_block_execution::block_id,
+            workflow_block_execution::sequence,
+            workflow_block_execution::status,
+        ))
+        .order((
+            workflow_block_execution::started_at,
+            workflow_block_execution::sequence,
+        ))
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+async fn execution(conn: &mut AsyncPgConnection, id: Uuid) -> WorkflowExecution {
+    store::get_execution(conn, id).await.unwrap().unwrap()
+}
+
+/// Saves `definition` live and requests a manual run with `input`; the
+/// outbox is emptied so the run's own events are all that remain.
+async fn queued(conn: &mut AsyncPgConnection, definition: Value, input: Value) -> Uuid {
+    let definition = WorkflowDefinition::from_value(definition).unwrap();
+    let workflow = store::save_workflow(conn, "t1", "wf", WorkflowStatus::Live, &definition)
+        .await
+        .unwrap()
+        .workflow
+        .id;
+    let id = conn
+        .transaction::<_, ProducerError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            producers::request_execution(&mut tx, "t1", workflow, RunTrigger::Manual, &input).await
+        })
+        .await
+        .unwrap();
+    diesel::delete(outbox_event::table)
+        .execute(conn)
+        .await
+        .unwrap();
+    id
+}
+
+async fn order(conn: &mut AsyncPgConnection, total: i64) -> Uuid {
+    conn.transaction::<_, ProducerError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        let data = json!({ "total": total });
+        producers::create_row(&mut tx, "t1", "order", &data, &EventContext::None).await
+    })
+    .await
+    .unwrap()
+    .row
+    .id
+}
+
+/// manualTrigger → if total > 100 → email → rowUpdate → log.
+fn order_workflow() -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "big", "type": "if", "params": { "condition":
+                { "left": { "var": "input.total" }, "op": "gt", "right": 100 } } },
+            { "id": "thank", "type": "email", "params": {
+                "to": ["{{ input.email }}"], "subject": "Order {{ input.id }}",
+                "text": "Total {{ input.total }}" } },
+            { "id": "mark", "type": "rowUpdate", "params": {
+                "entity": "order", "id": { "var": "input.id" }, "patch": { "vip": true } } },
+            { "id": "note", "type": "log", "params": { "message": "done {{ input.id }}" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "big" },
+            { "from": "big", "to": "thank", "label": "true" },
+            { "from": "thank", "to": "mark" },
+            { "from": "mark", "to": "note" }
+        ]
+    })
+}
+
+fn one_success_each(blocks: &[&str]) -> Vec<(String, i32, String)> {
+    blocks
+        .iter()
+        .map(|b| ((*b).to_owned(), 1, "success".to_owned()))
+        .collect()
+}
+
+async fn assert_order_run_done(conn: &mut AsyncPgConnection, id: Uuid, order_id: Uuid) {
+    let run = execution(conn, id).await;
+    assert_eq!(run.status, ExecutionStatus::Success);
+    assert!(run.started_at.is_some() && run.finished_at.is_some());
+    assert_eq!(
+        block_rows(conn, id).await,
+        one_success_each(&["start", "big", "thank", "mark", "note"])
+    );
+    let data: Value = entity_row::table
+        .find(order_id)
+        .select(entity_row::data)
+        .get_result(conn)
+        .await
+        .unwrap();
+    assert_eq!(data, json!({ "total": 150, "vip": true }));
+    let events = outbox(conn).await;
+    let types: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    // The row update's trigger event, the mail, the hook: once each.
+    assert_eq!(types.iter().filter(|t| **t == EMAIL_EVENT).count(), 1);
+    assert_eq!(types.iter().filter(|t| **t == HOOK_EXECUTED).count(), 1);
+    assert_eq!(
+        types
+            .iter()
+            .filter(|t| **t == "workflow.trigger.event")
+            .count(),
+        1
+    );
+    assert_eq!(events.len(), 3);
+    let mail = events.iter().find(|e| e.0 == EMAIL_EVENT).unwrap();
+    assert_eq!(
+        mail.1,
+        json!({ "to": ["a@example.test"], "subject": format!("Order {order_id}"), "text": "Total 150" })
+    );
+    assert_eq!(mail.2, Some(format!("wf-email:{id}:thank")));
+    let hook = events.iter().find(|e| e.0 == HOOK_EXECUTED).unwrap();
+    assert_eq!(
+        hook.1,
+        json!({ "executionId": id, "workflowId": run.workflow_id, "status": "success" })
+    );
+    assert_eq!(hook.2, Some(format!("wf-hook:{id}")));
+    let trigger = events
+        .iter()
+        .find(|e| e.0 == "workflow.trigger.event")
+        .unwrap();
+    assert_eq!(
+        trigger.1["origin"],
+        json!({ "executionId": id, "blockId": "mark" })
+    );
+}
+
+#[tokio::test]
+async fn a_run_sends_the_mail_once_updates_the_row_and_a_rerun_changes_nothing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let order_id = order(&mut conn, 150).await;
+    let input = json!({ "id": order_id, "total": 150, "email": "a@example.test" });
+    let id = queued(&mut conn, order_workflow(), input).await;
+    let runner = Runner::new().unwrap();
+
+    let outcome = runner.run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    assert_order_run_done(&mut conn, id, order_id).await;
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.output.unwrap()["message"], format!("done {order_id}"));
+
+    // A redelivered job runs it again: nothing changes.
+    let again = runner.run(&mut conn, id).await.unwrap();
+    assert_eq!(again, RunOutcome::Unchanged(ExecutionStatus::Success));
+    assert_order_run_done(&mut conn, id, order_id).await;
+}
+
+#[tokio::test]
+async fn a_run_cut_short_resumes_at_the_first_unfinished_block() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let order_id = order(&mut conn, 150).await;
+    let input = json!({ "id": order_id, "total": 150, "email": "a@example.test" });
+    let id = queued(&mut conn, order_workflow(), input).await;
+
+    // The worker "dies" after the trigger, the if and the email.
+    let crashing = Runner::new().unwrap().stop_after(3);
+    assert_eq!(
+        crashing.run(&mut conn, id).await.unwrap(),
+        RunOutcome::Paused
+    );
+    assert_eq!(
+        execution(&mut conn, id).await.status,
+        ExecutionStatus::Running
+    );
+    assert_eq!(
+        block_rows(&mut conn, id).await,
+        one_success_each(&["start", "big", "thank"])
+    );
+    let types: Vec<String> = outbox(&mut conn).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(types, vec![EMAIL_EVENT.to_owned()]);
+
+    // The redelivery resumes at `mark`; the mail is not sent again.
+    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    assert_order_run_done(&mut conn, id, order_id).await;
+}
+
+#[tokio::test]
+async fn a_small_order_takes_the_false_output_and_ends_there() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let order_id = order(&mut conn, 50).await;
+    let input = json!({ "id": order_id, "total": 50, "email": "a@example.test" });
+    let id = queued(&mut conn, order_workflow(), input).await;
+    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    assert_eq!(
+        block_rows(&mut conn, id).await,
+        one_success_each(&["start", "big"])
+    );
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.output, Some(json!({ "result": false })));
+    let types: Vec<String> = outbox(&mut conn).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(types, vec![HOOK_EXECUTED.to_owned()]);
+}
+
+#[tokio::test]
+async fn a_bridge_only_block_rejects_the_run_before_its_first_block() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let definition = json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "note", "type": "log", "params": { "message": "before" } },
+            { "id": "js", "type": "code", "params": { "language": "javascript", "source": "return 1" } }
+        ],
+        "edges": [{ "from": "start", "to": "note" }, { "from": "note", "to": "js" }]
+    });
+    let id = queued(&mut conn, definition, json!({})).await;
+    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Rejected));
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.status, ExecutionStatus::Rejected);
+    let reason = run.error.unwrap();
+    assert!(reason.contains("js"), "{reason}");
+    assert!(block_rows(&mut conn, id).await.is_empty());
+    let events = outbox(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, HOOK_FAILED);
+    assert_eq!(
+        events[0].1,
+        json!({ "executionId": id, "workflowId": run.workflow_id, "status": "rejected", "error": reason })
+    );
+}
+
+#[tokio::test]
+async fn a_failing_block_ends_the_run_in_error_with_the_hook() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    // The id is not a UUID: the rowUpdate block fails.
+    let input = json!({ "id": "not-a-row", "total": 150, "email": "a@example.test" });
+    let id = queued(&mut conn, order_workflow(), input).await;
+    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Error));
+    let run = execution(&mut conn, id).await;
+    let reason = run.error.unwrap();
+    assert!(reason.starts_with("block mark:"), "{reason}");
+    let mut expected = one_success_each(&["start", "big", "thank"]);
+    expected.push(("mark".into(), 1, "error".into()));
+    assert_eq!(block_rows(&mut conn, id).await, expected);
+    let types: Vec<String> = outbox(&mut conn).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(types, vec![EMAIL_EVENT.to_owned(), HOOK_FAILED.to_owned()]);
+    // Rerunning a failed run does nothing.
+    let again = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(again, RunOutcome::Unchanged(ExecutionStatus::Error));
+}
+
+fn wait_workflow() -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "ask", "type": "waitForInput", "params": { "prompt": "ok?", "timeoutMs": 60000 } },
+            { "id": "keep", "type": "variable", "params": { "name": "answer",
+                "value": { "var": "blocks.ask.output.answer.approved" } } },
+            { "id": "late", "type": "log", "params": { "message": "timed out" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "ask" },
+            { "from": "ask", "to": "keep", "label": "input" },
+            { "from": "ask", "to": "late", "label": "timeout" }
+        ]
+    })
+}
+
+#[tokio::test]
+async fn wait_for_input_stops_the_run_and_the_first_continuation_resumes_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let id = queued(&mut conn, wait_workflow(), json!({})).await;
+    let runner = Runner::new().unwrap();
+
+    let outcome = runner.run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Waiting("ask".into()));
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.status, ExecutionStatus::Waiting);
+    assert_eq!(run.waiting_block.as_deref(), Some("ask"));
+    let events = outbox(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].0, CONTINUE_REQUESTED);
+    assert_eq!(events[0].1["kind"], "timeout");
+    // Running a waiting execution again does nothing.
+    assert_eq!(
+        runner.run(&mut conn, id).await.unwrap(),
+        RunOutcome::Unchanged(ExecutionStatus::Waiting)
+    );
+    // A continuation for another block changes nothing.
+    let other = runner
+        .resume(&mut conn, id, "keep", ContinueKind::Input, &json!({}))
+        .await
+        .unwrap();
+    assert_eq!(other, RunOutcome::Unchanged(ExecutionStatus::Waiting));
+
+    let answer = json!({ "approved": true });
+    let outcome = runner
+        .resume(&mut conn, id, "ask", ContinueKind::Input, &answer)
+        .await
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.vars, json!({ "answer": true }));
+    assert_eq!(run.waiting_block, None);
+    assert_eq!(
+        block_rows(&mut conn, id).await,
+        vec![
+            ("start".into(), 1, "success".into()),
+            ("ask".into(), 1, "waiting".into()),
+            ("ask".into(), 2, "success".into()),
+            ("keep".into(), 1, "success".into()),
+        ]
+    );
+    // The timeout arrives later: the first continuation won.
+    let late = runner
+        .resume(&mut conn, id, "ask", ContinueKind::Timeout, &Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(late, RunOutcome::Unchanged(ExecutionStatus::Success));
+}
+
+#[tokio::test]
+async fn a_timeout_continuation_takes_the_timeout_output() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let id = queued(&mut conn, wait_workflow(), json!({})).await;
+    let runner = Runner::new().unwrap();
+    runner.run(&mut conn, id).await.unwrap();
+    let outcome = runner
+        .resume(&mut conn, id, "ask", ContinueKind::Timeout, &Value::Null)
+        .await
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let blocks: Vec<String> = block_rows(&mut conn, id)
+        .await
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(blocks, vec!["start", "ask", "ask", "late"]);
+}
+
+fn http_workflow(url: &str) -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "call", "type": "httpRequest", "params": {
+                "method": "POST", "url": url, "headers": { "X-Source": "workflow" },
+                "body": { "var": "input" }, "timeoutMs": 5000 } },
+            { "id": "check", "type": "if", "params": { "condition":
+                { "left": { "var": "blocks.call.output.status" }, "op": "eq", "right": 503 } } }
+        ],
+        "edges": [{ "from": "start", "to": "call" }, { "from": "call", "to": "check" }]
+    })
+}
+
+#[tokio::test]
+async fn http_request_records_the_status_and_a_later_block_reads_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    sink.respond("/hook", vec![503]);
+    let id = queued(
+        &mut conn,
+        http_workflow(&sink.url_for("/hook")),
+        json!({ "n": 1 }),
+    )
+    .await;
+    let runner = Runner::new().unwrap().allow_private_addresses(true);
+    let outcome = runner.run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let requests = sink.requests_to("/hook");
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].json(), json!({ "n": 1 }));
+    assert_eq!(requests[0].header("x-source"), Some("workflow"));
+    // The non-2xx status is the block's output, not a failure.
+    assert_eq!(
+        execution(&mut conn, id).await.output,
+        Some(json!({ "result": true }))
+    );
+}
+
+#[tokio::test]
+async fn http_request_to_an_internal_address_fails_the_run_without_calling() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    let id = queued(&mut conn, http_workflow(&sink.url_for("/hook")), json!({})).await;
+    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Error));
+    let reason = execution(&mut conn, id).await.error.unwrap();
+    assert!(reason.contains("internal address"), "{reason}");
+    assert!(sink.requests().is_empty());
+}
