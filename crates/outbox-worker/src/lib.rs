@@ -35,6 +35,8 @@ use outbox_subscriber_webhook::{
     Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
     WebhookHandler,
 };
+use outbox_subscriber_workflow::WorkflowHandler;
+use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
@@ -125,6 +127,12 @@ pub fn handler_group(
     let group = match group {
         Group::General => HandlerGroup::new()
             .with(AuditHandler::new(pool.clone()))?
+            .with(WorkflowHandler::new(
+                pool.clone(),
+                Runner::new()
+                    .context("cannot build the workflow runner's HTTP client")?
+                    .allow_private_addresses(config.webhook_allow_private),
+            ))?
             .with(NotificationHandler::new(pool.clone()))?
             .with(PluginHookHandler::new(
                 pool.clone(),

@@ -3,13 +3,14 @@
 use diesel::dsl::{exists, now};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::{workflow, workflow_execution, workflow_version};
+use outbox_model::schema::{application_event, workflow, workflow_execution, workflow_version};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
 use super::{
     ExecutionStatus, StoreError, TriggerKind, Workflow, WorkflowExecution, WorkflowStatus,
 };
+use crate::events::TriggerEventPayload;
 use crate::{BlockParams, ValidatedWorkflow, WorkflowDefinition};
 
 /// What [`save_workflow`] did.
@@ -413,4 +414,66 @@ pub async fn list_executions(
         query = query.limit(limit);
     }
     Ok(query.load(conn).await?)
+}
+
+/// The executions that the trigger event `trigger_event_id` starts: for
+/// each live workflow of `payload`'s tenant whose `eventTrigger` matches its
+/// entity and event, the execution created now (`queued`, input the
+/// application event's data) or, when the event was delivered before, the
+/// one it created then. A workflow never starts on an event its own row
+/// blocks caused (`payload.origin`), so it cannot trigger itself in a loop.
+///
+/// # Errors
+///
+/// [`StoreError::StoredDefinition`] when a candidate's definition no longer
+/// validates; [`StoreError::Database`].
+pub async fn event_executions(
+    conn: &mut AsyncPgConnection,
+    payload: &TriggerEventPayload,
+    trigger_event_id: Uuid,
+) -> Result<Vec<WorkflowExecution>, StoreError> {
+    let tenant = payload.tenant_id.as_str();
+    let workflows = live_event_workflows(conn, tenant, &payload.entity, &payload.event).await?;
+    if workflows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let origin_workflow: Option<Uuid> = match &payload.origin {
+        Some(origin) => get_execution(conn, origin.execution_id)
+            .await?
+            .map(|e| e.workflow_id),
+        None => None,
+    };
+    let input: Value = application_event::table
+        .find(payload.application_event_id)
+        .select(application_event::data)
+        .get_result(conn)
+        .await
+        .optional()?
+        .unwrap_or_else(|| json!({ payload.entity.clone(): payload.row }));
+    let mut executions = Vec::with_capacity(workflows.len());
+    for live in workflows {
+        if origin_workflow == Some(live.workflow.id) {
+            continue;
+        }
+        let new = NewExecution {
+            tenant_id: tenant,
+            workflow_id: live.workflow.id,
+            trigger_kind: TriggerKind::Event,
+            input: &input,
+            trigger_event_id: Some(trigger_event_id),
+        };
+        let execution = match create_execution(conn, &new).await? {
+            Some(created) => created,
+            None => {
+                workflow_execution::table
+                    .filter(workflow_execution::workflow_id.eq(live.workflow.id))
+                    .filter(workflow_execution::trigger_event_id.eq(trigger_event_id))
+                    .select(WorkflowExecution::as_select())
+                    .get_result(conn)
+                    .await?
+            }
+        };
+        executions.push(execution);
+    }
+    Ok(executions)
 }

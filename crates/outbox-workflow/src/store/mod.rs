@@ -20,8 +20,9 @@ mod error;
 mod row;
 
 pub use db::{
-    ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, create_execution, get_execution,
-    list_executions, live_event_workflows, load_version, publish, save_workflow, set_status,
+    ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, create_execution, event_executions,
+    get_execution, list_executions, live_event_workflows, load_version, publish, save_workflow,
+    set_status,
 };
 pub use error::StoreError;
 pub use row::{

@@ -1,0 +1,134 @@
+//! The `outbox.workflow` subscriber: [`WorkflowHandler`] consumes the
+//! `workflow.*` events and drives the native
+//! [`Runner`](outbox_workflow::runner::Runner).
+//!
+//! - `workflow.trigger.event`: for each of the tenant's live workflows whose
+//!   `eventTrigger` matches the entity and event, creates an execution (the
+//!   outbox event id is the fan-out key, so a redelivery creates none and
+//!   finishes the ones it created) and runs it.
+//! - `workflow.execution.requested`: runs the queued execution.
+//! - `workflow.execution.continue.requested`: resumes the waiting execution
+//!   at its waiting block, with the input (kind `input`) or along output
+//!   `timeout` (kind `timeout`). The first continuation wins; when the
+//!   execution no longer waits in that block, the job does nothing.
+//!
+//! Any other event type, a payload that does not parse, or a missing
+//! execution fails the job permanently with the reason; database errors
+//! are retried (the runner resumes at the first unfinished block).
+
+use outbox_model::PgPool;
+use outbox_queue::{OutboxJob, queues};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use outbox_workflow::events::{
+    CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
+    TRIGGER_EVENT, TriggerEventPayload,
+};
+use outbox_workflow::runner::{RunError, RunOutcome, Runner};
+use outbox_workflow::store::{self, StoreError};
+
+/// `outbox.workflow`: runs workflows natively.
+#[derive(Clone)]
+pub struct WorkflowHandler {
+    pool: PgPool,
+    runner: Runner,
+}
+
+impl WorkflowHandler {
+    /// A handler running executions through `pool` with `runner`.
+    #[must_use]
+    pub fn new(pool: PgPool, runner: Runner) -> Self {
+        Self { pool, runner }
+    }
+}
+
+fn run_error(error: &RunError) -> JobError {
+    if error.is_transient() {
+        JobError::retry(error)
+    } else {
+        JobError::permanent(error)
+    }
+}
+
+fn store_error(error: &StoreError) -> JobError {
+    match error {
+        StoreError::Database(_) => JobError::retry(error),
+        _ => JobError::permanent(error),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(job: &OutboxJob) -> Result<T, JobError> {
+    job.payload
+        .parse::<T>()
+        .map_err(|e| JobError::permanent(format!("invalid {} payload: {e}", job.event_type)))
+}
+
+fn log_outcome(execution: uuid::Uuid, outcome: &RunOutcome) {
+    tracing::info!(%execution, outcome = ?outcome, "workflow execution advanced");
+}
+
+impl JobHandler for WorkflowHandler {
+    type Job = OutboxJob;
+
+    fn queue(&self) -> &str {
+        queues::WORKFLOW
+    }
+
+    async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+        let mut conn = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| JobError::retry(format!("database error: {e}")))?;
+        match job.event_type.as_str() {
+            TRIGGER_EVENT => {
+                let payload: TriggerEventPayload = parse(&job)?;
+                if payload.tenant_id != job.tenant_id {
+                    return Err(JobError::permanent(
+                        "the payload's tenant is not the event's",
+                    ));
+                }
+                let executions = store::event_executions(&mut conn, &payload, job.outbox_event_id)
+                    .await
+                    .map_err(|e| store_error(&e))?;
+                for execution in executions {
+                    let outcome = self
+                        .runner
+                        .run(&mut conn, execution.id)
+                        .await
+                        .map_err(|e| run_error(&e))?;
+                    log_outcome(execution.id, &outcome);
+                }
+                Ok(())
+            }
+            EXECUTION_REQUESTED => {
+                let payload: ExecutionRequestedPayload = parse(&job)?;
+                let outcome = self
+                    .runner
+                    .run(&mut conn, payload.execution_id)
+                    .await
+                    .map_err(|e| run_error(&e))?;
+                log_outcome(payload.execution_id, &outcome);
+                Ok(())
+            }
+            CONTINUE_REQUESTED => {
+                let payload: ContinueRequestedPayload = parse(&job)?;
+                let outcome = self
+                    .runner
+                    .resume(
+                        &mut conn,
+                        payload.execution_id,
+                        &payload.waiting_block,
+                        payload.kind,
+                        &payload.input,
+                    )
+                    .await
+                    .map_err(|e| run_error(&e))?;
+                log_outcome(payload.execution_id, &outcome);
+                Ok(())
+            }
+            other => Err(JobError::permanent(format!(
+                "{other} is not a workflow event (expected {TRIGGER_EVENT}, {EXECUTION_REQUESTED} or {CONTINUE_REQUESTED})"
+            ))),
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The `outbox.workflow` handler called directly with the jobs the
+//! producers' outbox rows become, on real Postgres: what each job kind
+//! leaves in the database, and what a redelivery changes (nothing).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_model::OutboxEvent;
+use outbox_model::schema::{outbox_event, workflow_execution};
+use outbox_publish::OutboxTx;
+use outbox_queue::OutboxJob;
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use outbox_subscriber_workflow::WorkflowHandler;
+use outbox_test_support::TestDatabase;
+use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
+use outbox_workflow::runner::{EMAIL_EVENT, HOOK_EXECUTED, Runner};
+use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+fn meta() -> JobMeta {
+    JobMeta {
+        queue: "outbox.workflow".into(),
+        task_id: "t".into(),
+        attempt: 1,
+    }
+}
+
+/// The job of the newest outbox row of `event_type`.
+async fn job(conn: &mut AsyncPgConnection, event_type: &str) -> OutboxJob {
+    let event: OutboxEvent = outbox_event::table
+        .filter(outbox_event::event_type.eq(event_type))
+        .order(outbox_event::id.desc())
+        .select(OutboxEvent::as_select())
+        .first(conn)
+        .await
+        .unwrap();
+    OutboxJob::from_event(&event)
+}
+
+async fn count(conn: &mut AsyncPgConnection, event_type: &str) -> i64 {
+    outbox_event::table
+        .filter(outbox_event::event_type.eq(event_type))
+        .count()
+        .get_result(conn)
+        .await
+        .unwrap()
+}
+
+async fn executions(conn: &mut AsyncPgConnection) -> Vec<WorkflowExecution> {
+    store::list_executions(conn, &store::ExecutionFilter::default())
+        .await
+        .unwrap()
+}
+
+async fn save(conn: &mut AsyncPgConnection, definition: Value) -> Uuid {
+    let definition = WorkflowDefinition::from_value(definition).unwrap();
+    store::save_workflow(conn, "t1", "wf", WorkflowStatus::Live, &definition)
+        .await
+        .unwrap()
+        .workflow
+        .id
+}
+
+fn handler(db: &TestDatabase) -> WorkflowHandler {
+    WorkflowHandler::new(db.pool().clone(), Runner::new().unwrap())
+}
+
+macro_rules! in_tx {
+    ($conn:expr, |$tx:ident| $body:expr) => {
+        $conn
+            .transaction::<_, ProducerError, _>(async |conn| {
+                let mut $tx = OutboxTx::new(conn)?;
+                let $tx = &mut $tx;
+                $body
+            })
+            .await
+            .unwrap()
+    };
+}
+
+#[tokio::test]
+async fn a_trigger_event_starts_each_matching_workflow_once() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    save(
+        &mut conn,
+        json!({
+            "blocks": [
+                { "id": "created", "type": "eventTrigger",
+                  "params": { "entity": "order", "event": "row.created" } },
+                { "id": "big", "type": "if", "params": { "condition":
+                    { "left": { "var": "input.order.total" }, "op": "gt", "right": 100 } } },
+                { "id": "thank", "type": "email", "params": {
+                    "to": ["{{ input.order.email }}"], "subject": "Thanks", "text": "{{ input.order.total }}" } }
+            ],
+            "edges": [
+                { "from": "created", "to": "big" },
+                { "from": "big", "to": "thank", "label": "true" }
+            ]
+        }),
+    )
+    .await;
+    let data = json!({ "total": 150, "email": "a@example.test" });
+    in_tx!(conn, |tx| {
+        producers::create_row(
+            tx,
+            "t1",
+            "order",
+            &data,
+            &EventContext::Request { actor: None },
+        )
+        .await
+    });
+    let trigger = job(&mut conn, "workflow.trigger.event").await;
+    let handler = handler(&db);
+
+    handler.handle(trigger.clone(), &meta()).await.unwrap();
+    let runs = executions(&mut conn).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, ExecutionStatus::Success);
+    assert_eq!(runs[0].trigger_event_id, Some(trigger.outbox_event_id));
+    assert_eq!(runs[0].input["order"]["total"], 150);
+    assert_eq!(count(&mut conn, EMAIL_EVENT).await, 1);
+    assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
+
+    // Redelivered: no new execution, no second mail.
+    handler.handle(trigger, &meta()).await.unwrap();
+    assert_eq!(executions(&mut conn).await.len(), 1);
+    assert_eq!(count(&mut conn, EMAIL_EVENT).await, 1);
+    assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
+}
+
+#[tokio::test]
+async fn an_execution_request_runs_the_queued_execution_and_a_continuation_resumes_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let workflow = save(
+        &mut conn,
+        json!({
+            "blocks": [
+                { "id": "start", "type": "manualTrigger" },
+                { "id": "ask", "type": "waitForInput", "params": { "prompt": "ok?", "timeoutMs": 60000 } },
+                { "id": "note", "type": "log", "params": { "message": "ok" } }
+            ],
+            "edges": [
+                { "from": "start", "to": "ask" },
+                { "from": "ask", "to": "note", "label": "input" }
+            ]
+        }),
+    )
+    .await;
+    let id = in_tx!(conn, |tx| {
+        producers::request_execution(tx, "t1", workflow, RunTrigger::Api, &json!({})).await
+    });
+    let handler = handler(&db);
+    let requested = job(&mut conn, "workflow.execution.requested").await;
+    handler.handle(requested.clone(), &meta()).await.unwrap();
+    let run = store::get_execution(&mut conn, id).await.unwrap().unwrap();
+    assert_eq!(run.status, ExecutionStatus::Waiting);
+    // The timeout continuation is scheduled; hold on to it.
+    let timeout = job(&mut conn, "workflow.execution.continue.requested").await;
+
+    in_tx!(conn, |tx| {
+        producers::request_continuation(tx, "t1", id, &json!({ "ok": true }), None).await
+    });
+    let answer = job(&mut conn, "workflow.execution.continue.requested").await;
+    assert_ne!(answer.outbox_event_id, timeout.outbox_event_id);
+    handler.handle(answer.clone(), &meta()).await.unwrap();
+    let run = store::get_execution(&mut conn, id).await.unwrap().unwrap();
+    assert_eq!(run.status, ExecutionStatus::Success);
+    assert_eq!(
+        run.output,
+        Some(json!({ "level": "info", "message": "ok" }))
+    );
+
+    // Late timeout, redelivered answer and request: no-ops.
+    for late in [timeout, answer, requested] {
+        handler.handle(late, &meta()).await.unwrap();
+    }
+    assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
+    let status: String = workflow_execution::table
+        .find(id)
+        .select(workflow_execution::status)
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(status, "success");
+}
+
+#[tokio::test]
+async fn other_event_types_bad_payloads_and_unknown_executions_fail_permanently() {
+    let db = TestDatabase::new().await;
+    let handler = handler(&db);
+    let base = |event_type: &str, payload: Value| {
+        let mut job: OutboxJob = serde_json::from_value(json!({
+            "outbox_event_id": Uuid::now_v7(), "tenant_id": "t1", "event_type": event_type,
+            "payload": payload, "dispatch_key": null, "created_at": chrono::Utc::now(),
+        }))
+        .unwrap();
+        job.generation = 0;
+        job
+    };
+    let cases = [
+        base("workflow.other", json!({})),
+        base("workflow.execution.requested", json!({ "executionId": 5 })),
+        base(
+            "workflow.execution.requested",
+            json!({ "executionId": Uuid::now_v7(), "tenantId": "t1", "workflowId": Uuid::now_v7() }),
+        ),
+    ];
+    for job in cases {
+        let event_type = job.event_type.clone();
+        match handler.handle(job, &meta()).await {
+            Err(JobError::Permanent(reason)) => assert!(!reason.is_empty(), "{event_type}"),
+            other => panic!("{event_type}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_workflow_is_not_started_by_the_events_of_its_own_row_blocks() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    save(
+        &mut conn,
+        json!({
+            "blocks": [
+                { "id": "updated", "type": "eventTrigger",
+                  "params": { "entity": "order", "event": "row.updated" } },
+                { "id": "touch", "type": "rowUpdate", "params": { "entity": "order",
+                    "id": { "var": "input.order.id" }, "patch": { "seen": true } } }
+            ],
+            "edges": [{ "from": "updated", "to": "touch" }]
+        }),
+    )
+    .await;
+    let row = in_tx!(conn, |tx| {
+        producers::create_row(tx, "t1", "order", &json!({ "n": 1 }), &EventContext::None).await
+    })
+    .row;
+    in_tx!(conn, |tx| {
+        let context = EventContext::Request { actor: None };
+        producers::update_row(tx, "t1", "order", row.id, &json!({ "n": 2 }), &context).await
+    });
+    let handler = handler(&db);
+    let first = job(&mut conn, "workflow.trigger.event").await;
+    handler.handle(first.clone(), &meta()).await.unwrap();
+    assert_eq!(executions(&mut conn).await.len(), 1);
+    // The run's own update produced a trigger event: it starts nothing.
+    let own = job(&mut conn, "workflow.trigger.event").await;
+    assert_ne!(own.outbox_event_id, first.outbox_event_id);
+    assert!(own.payload.value().unwrap().get("origin").is_some());
+    handler.handle(own, &meta()).await.unwrap();
+    let runs = executions(&mut conn).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, ExecutionStatus::Success);
+}
