@@ -1,6 +1,6 @@
 //! The `outbox.workflow` subscriber: [`WorkflowHandler`] consumes the
 //! `workflow.*` events and drives the native
-//! [`Runner`](outbox_workflow::runner::Runner).
+//! [`outbox_workflow::runner::Runner`].
 //!
 //! - `workflow.trigger.event`: for each of the tenant's live workflows whose
 //!   `eventTrigger` matches the entity and event, creates an execution (the

@@ -5,8 +5,8 @@ use uuid::Uuid;
 use crate::producers::ProducerError;
 use crate::store::{StoreError, UnknownValue};
 
-/// Why [`run_execution`](super::run_execution) or
-/// [`resume_execution`](super::resume_execution) could not advance an
+/// Why [`Runner::run`](super::Runner::run) or
+/// [`Runner::resume`](super::Runner::resume) could not advance an
 /// execution. A block that fails is not a `RunError`: it ends the run in
 /// `error`, recorded. A `RunError` leaves the execution where its last
 /// committed block left it, so running it again resumes there.
