@@ -100,9 +100,24 @@ async fn a_created_order_runs_its_live_workflow_and_the_mail_arrives_once() {
             3,
         )
         .await;
-    // Nothing else comes: one execution, one mail.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Once every queue on the way is idle, nothing else can come: one
+    // execution, one mail.
+    stack.wait_done(queues::TOOLCTRL_EMAIL, 1).await;
+    outbox_test_support::eventually(
+        "the mail and workflow queues to be idle",
+        WAIT,
+        async || {
+            let mut idle = true;
+            for queue in [queues::WORKFLOW, queues::MAIL, queues::TOOLCTRL_EMAIL] {
+                let stats = stack.stats(queue).await;
+                idle &= stats.backlog == 0 && stats.running == 0;
+            }
+            idle
+        },
+    )
+    .await;
     assert_eq!(stack.smtp.messages().len(), 1);
+    assert_eq!(stack.stats(queues::TOOLCTRL_EMAIL).await.done, 1);
     stack
         .wait_count("SELECT count(*) FROM workflow_execution", 1)
         .await;
