@@ -47,7 +47,18 @@ impl TestDatabase {
     ///
     /// As [`TestDatabase::new`].
     pub async fn with_pool_size(pool_size: u32) -> Self {
-        let server = database_server_url();
+        Self::on_server(&database_server_url(), pool_size).await
+    }
+
+    /// A new database with a pool of `pool_size` connections on the
+    /// Postgres server of `server` (only its server part matters), for
+    /// suites that take their server from their own variable.
+    ///
+    /// # Panics
+    ///
+    /// As [`TestDatabase::new`].
+    pub async fn on_server(server: &str, pool_size: u32) -> Self {
+        let server = server.to_owned();
         let admin_url = with_database(&server, "postgres");
         let template = ensure_template(&admin_url).await;
         let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());

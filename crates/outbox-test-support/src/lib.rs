@@ -31,7 +31,7 @@ pub use http_sink::{HttpSink, ReceivedRequest};
 pub use redis_ns::TestRedis;
 pub use redis_process::RedisProcess;
 pub use smtp_sink::{ReceivedMail, SmtpSink};
-pub use url::{database_server_url, redis_server_url, with_database};
+pub use url::{database_server_url, redis_server_url, with_database, workflow_e2e_server_url};
 
 /// Installs a tracing subscriber that writes through the test harness'
 /// capture (shown for failing tests). Honors `RUST_LOG`; safe to call from

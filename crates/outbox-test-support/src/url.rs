@@ -10,6 +10,17 @@ pub fn database_server_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The Postgres server of the workflow end-to-end suite:
+/// `WORKFLOW_TRIGGER_E2E_DATABASE_URL`, else `OUTBOX_E2E_DATABASE_URL`,
+/// else [`database_server_url`]. Only the server part matters; each test
+/// gets its own database there.
+#[must_use]
+pub fn workflow_e2e_server_url() -> String {
+    std::env::var("WORKFLOW_TRIGGER_E2E_DATABASE_URL")
+        .or_else(|_| std::env::var("OUTBOX_E2E_DATABASE_URL"))
+        .unwrap_or_else(|_| database_server_url())
+}
+
 /// The Redis server tests use: `OUTBOX_TEST_REDIS_URL`, else `REDIS_URL`,
 /// else `redis://127.0.0.1:6379`.
 #[must_use]

@@ -139,8 +139,12 @@ pub struct Stack {
 
 impl Stack {
     pub async fn new() -> Self {
+        Self::with_database(TestDatabase::new().await).await
+    }
+
+    /// A stack around `db` (a database on a server of the suite's choice).
+    pub async fn with_database(db: TestDatabase) -> Self {
         outbox_test_support::init_tracing();
-        let db = TestDatabase::new().await;
         let redis = TestRedis::new().await;
         let namespace = QueueNamespace::prefixed(redis.prefix());
         Self {
