@@ -193,6 +193,13 @@ diesel::table! {
 }
 
 diesel::table! {
+    workflow_bridge_request (request_id) {
+        request_id -> Uuid,
+        received_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// One run of a workflow, on the version it started on.
     workflow_execution (id) {
         id -> Uuid,
@@ -254,6 +261,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     webhook_endpoint,
     workflow,
     workflow_block_execution,
+    workflow_bridge_request,
     workflow_execution,
     workflow_version,
 );

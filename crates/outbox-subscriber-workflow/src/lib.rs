@@ -1,6 +1,7 @@
 //! The `outbox.workflow` subscriber: [`WorkflowHandler`] consumes the
-//! `workflow.*` events and drives the native
-//! [`outbox_workflow::runner::Runner`].
+//! `workflow.*` events and runs executions through an
+//! [`outbox_workflow::executor::Executor`]: natively, on the signed bridge,
+//! or either (`WORKFLOW_EXECUTOR=native|http|hybrid`).
 //!
 //! - `workflow.trigger.event`: for each of the tenant's live workflows whose
 //!   `eventTrigger` matches the entity and event, creates an execution (the
@@ -14,7 +15,8 @@
 //!
 //! Any other event type, a payload that does not parse, or a missing
 //! execution fails the job permanently with the reason; database errors
-//! are retried (the runner resumes at the first unfinished block).
+//! and an unreachable bridge are retried (the run resumes at the first
+//! unfinished block).
 
 use outbox_model::PgPool;
 use outbox_queue::{OutboxJob, queues};
@@ -23,25 +25,26 @@ use outbox_workflow::events::{
     CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
     TRIGGER_EVENT, TriggerEventPayload,
 };
-use outbox_workflow::runner::{RunError, RunOutcome, Runner};
+use outbox_workflow::executor::{ExecuteError, Executor};
+use outbox_workflow::runner::RunOutcome;
 use outbox_workflow::store::{self, StoreError};
 
-/// `outbox.workflow`: runs workflows natively.
+/// `outbox.workflow`: runs workflows where the executor says.
 #[derive(Clone)]
 pub struct WorkflowHandler {
     pool: PgPool,
-    runner: Runner,
+    executor: Executor,
 }
 
 impl WorkflowHandler {
-    /// A handler running executions through `pool` with `runner`.
+    /// A handler running executions through `pool` with `executor`.
     #[must_use]
-    pub fn new(pool: PgPool, runner: Runner) -> Self {
-        Self { pool, runner }
+    pub fn new(pool: PgPool, executor: Executor) -> Self {
+        Self { pool, executor }
     }
 }
 
-fn run_error(error: &RunError) -> JobError {
+fn run_error(error: &ExecuteError) -> JobError {
     if error.is_transient() {
         JobError::retry(error)
     } else {
@@ -92,7 +95,7 @@ impl JobHandler for WorkflowHandler {
                     .map_err(|e| store_error(&e))?;
                 for execution in executions {
                     let outcome = self
-                        .runner
+                        .executor
                         .run(&mut conn, execution.id)
                         .await
                         .map_err(|e| run_error(&e))?;
@@ -103,7 +106,7 @@ impl JobHandler for WorkflowHandler {
             EXECUTION_REQUESTED => {
                 let payload: ExecutionRequestedPayload = parse(&job)?;
                 let outcome = self
-                    .runner
+                    .executor
                     .run(&mut conn, payload.execution_id)
                     .await
                     .map_err(|e| run_error(&e))?;
@@ -113,7 +116,7 @@ impl JobHandler for WorkflowHandler {
             CONTINUE_REQUESTED => {
                 let payload: ContinueRequestedPayload = parse(&job)?;
                 let outcome = self
-                    .runner
+                    .executor
                     .resume(
                         &mut conn,
                         payload.execution_id,

@@ -14,6 +14,7 @@ use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_test_support::TestDatabase;
 use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::executor::Executor;
 use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
 use outbox_workflow::runner::{EMAIL_EVENT, HOOK_EXECUTED, Runner};
 use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
@@ -65,7 +66,7 @@ async fn save(conn: &mut AsyncPgConnection, definition: Value) -> Uuid {
 }
 
 fn handler(db: &TestDatabase) -> WorkflowHandler {
-    WorkflowHandler::new(db.pool().clone(), Runner::new().unwrap())
+    WorkflowHandler::new(db.pool().clone(), Executor::native(Runner::new().unwrap()))
 }
 
 macro_rules! in_tx {

@@ -6,6 +6,8 @@ use std::time::Duration;
 use outbox_dispatch::{DispatcherConfig, RetentionConfig};
 use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
+use outbox_workflow::bridge::BridgeSecret;
+use outbox_workflow::executor::{ExecutorMode, UnknownExecutor};
 
 use crate::redis_check::ALLOW_EVICTION_VARIABLE;
 
@@ -102,6 +104,29 @@ pub struct WorkerConfig {
     /// queued jobs and idempotency keys. Off by default: such a Redis stops
     /// start-up with exit code 2.
     pub allow_redis_eviction: bool,
+    /// `WORKFLOW_EXECUTOR`: where workflow executions run (`native` by
+    /// default).
+    pub workflow_executor: ExecutorMode,
+    /// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: required for the
+    /// `hybrid` and `http` executors.
+    pub workflow_bridge: Option<BridgeSettings>,
+}
+
+/// Where the signed workflow bridge is, and the key to sign with.
+#[derive(Clone)]
+pub struct BridgeSettings {
+    /// `WORKFLOW_BRIDGE_URL`: the bridge's base URL.
+    pub url: String,
+    /// `WORKFLOW_BRIDGE_SECRET`.
+    pub secret: BridgeSecret,
+}
+
+impl std::fmt::Debug for BridgeSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeSettings")
+            .field("url", &redact_url(&self.url))
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for WorkerConfig {
@@ -130,6 +155,8 @@ impl std::fmt::Debug for WorkerConfig {
             queue_dead_retention,
             gauge_interval,
             allow_redis_eviction,
+            workflow_executor,
+            workflow_bridge,
         } = self;
         f.debug_struct("WorkerConfig")
             .field("group", group)
@@ -154,6 +181,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("queue_dead_retention", queue_dead_retention)
             .field("gauge_interval", gauge_interval)
             .field("allow_redis_eviction", allow_redis_eviction)
+            .field("workflow_executor", workflow_executor)
+            .field("workflow_bridge", workflow_bridge)
             .finish()
     }
 }
@@ -350,7 +379,10 @@ impl WorkerConfig {
                 problem: format!("is not a Redis URL: {e}"),
             });
         }
+        let (workflow_executor, workflow_bridge) = workflow_executor(&env)?;
         Ok(Self {
+            workflow_executor,
+            workflow_bridge,
             group,
             database_url,
             redis_url,
@@ -383,6 +415,66 @@ impl WorkerConfig {
             ),
         })
     }
+}
+
+/// Reads `WORKFLOW_EXECUTOR`, `WORKFLOW_BRIDGE_URL` and
+/// `WORKFLOW_BRIDGE_SECRET`: `hybrid` and `http` need both bridge
+/// variables; a secret, when given, must be long enough, and a URL must be
+/// http(s), whatever the mode.
+fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettings>), ConfigError> {
+    let mode = match env.raw("WORKFLOW_EXECUTOR") {
+        None => ExecutorMode::default(),
+        Some(value) => value
+            .trim()
+            .parse()
+            .map_err(|e: UnknownExecutor| ConfigError {
+                variable: "WORKFLOW_EXECUTOR",
+                value: value.clone(),
+                problem: format!("is not an executor: {e}"),
+            })?,
+    };
+    let url = env.raw("WORKFLOW_BRIDGE_URL");
+    if let Some(url) = &url {
+        let parsed = url::Url::parse(url.trim());
+        if !parsed
+            .as_ref()
+            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
+        {
+            return Err(ConfigError {
+                variable: "WORKFLOW_BRIDGE_URL",
+                value: redact_url(url),
+                problem: "must be an http:// or https:// URL with a host".into(),
+            });
+        }
+    }
+    let secret = match env.raw("WORKFLOW_BRIDGE_SECRET") {
+        None => None,
+        Some(value) => Some(BridgeSecret::new(&value).map_err(|e| ConfigError {
+            variable: "WORKFLOW_BRIDGE_SECRET",
+            value: "<redacted>".into(),
+            problem: e.to_string(),
+        })?),
+    };
+    let bridge = match (url, secret) {
+        (Some(url), Some(secret)) => Some(BridgeSettings {
+            url: url.trim().to_owned(),
+            secret,
+        }),
+        (url, _) if mode.needs_bridge() => {
+            let variable = if url.is_none() {
+                "WORKFLOW_BRIDGE_URL"
+            } else {
+                "WORKFLOW_BRIDGE_SECRET"
+            };
+            return Err(ConfigError {
+                variable,
+                value: String::new(),
+                problem: format!("is required with WORKFLOW_EXECUTOR={mode}"),
+            });
+        }
+        _ => None,
+    };
+    Ok((mode, bridge))
 }
 
 /// Default of `DELIVERY_RECORD_TTL_HOURS`.
@@ -648,5 +740,100 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(err.variable, "SMTP_URL");
+    }
+}
+
+/// Default of `WORKFLOW_BRIDGE_ADDR`: loopback only.
+pub const DEFAULT_BRIDGE_ADDR: &str = "127.0.0.1:8787";
+
+/// Everything the `workflow-bridge` process needs.
+#[derive(Clone)]
+pub struct BridgeConfig {
+    /// `DATABASE_URL`.
+    pub database_url: String,
+    /// `WORKFLOW_BRIDGE_ADDR` ([`DEFAULT_BRIDGE_ADDR`]): the bridge and its
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub addr: SocketAddr,
+    /// `WORKFLOW_BRIDGE_SECRET`, then `WORKFLOW_BRIDGE_PREVIOUS_SECRET` when
+    /// set (accepted during a key rotation).
+    pub secrets: Vec<BridgeSecret>,
+    /// `DATABASE_POOL_SIZE`.
+    pub pool_size: u32,
+    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`: `httpRequest` blocks may call
+    /// internal addresses.
+    pub allow_private_addresses: bool,
+    /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
+    /// after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl std::fmt::Debug for BridgeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("addr", &self.addr)
+            .field("secrets", &self.secrets.len())
+            .field("pool_size", &self.pool_size)
+            .field("allow_private_addresses", &self.allow_private_addresses)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+impl BridgeConfig {
+    /// Reads the process environment.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(&|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get`.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`].
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env { get };
+        let database_url = env.required("DATABASE_URL")?;
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+            return Err(ConfigError {
+                variable: "DATABASE_URL",
+                value: redact_url(&database_url),
+                problem: "must start with postgres:// or postgresql://".into(),
+            });
+        }
+        let addr_text = env
+            .raw("WORKFLOW_BRIDGE_ADDR")
+            .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
+        let addr = addr_text.trim().parse().map_err(|_| ConfigError {
+            variable: "WORKFLOW_BRIDGE_ADDR",
+            value: addr_text.clone(),
+            problem: "is not an address like 127.0.0.1:8787".into(),
+        })?;
+        let secret = |variable: &'static str, value: String| {
+            BridgeSecret::new(&value).map_err(|e| ConfigError {
+                variable,
+                value: "<redacted>".into(),
+                problem: e.to_string(),
+            })
+        };
+        let mut secrets = vec![secret(
+            "WORKFLOW_BRIDGE_SECRET",
+            env.required("WORKFLOW_BRIDGE_SECRET")?,
+        )?];
+        if let Some(previous) = env.raw("WORKFLOW_BRIDGE_PREVIOUS_SECRET") {
+            secrets.push(secret("WORKFLOW_BRIDGE_PREVIOUS_SECRET", previous)?);
+        }
+        Ok(Self {
+            database_url,
+            addr,
+            secrets,
+            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
+            allow_private_addresses: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
+            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
+        })
     }
 }

@@ -1,5 +1,7 @@
 //! The two worker processes, `worker-general` and `worker-mail`: thin mains
-//! around [`run`]. Each reads its environment once into a [`WorkerConfig`]
+//! around [`run`]; and `workflow-bridge` ([`bridge_main`], [`run_bridge`]),
+//! the signed bridge that runs workflow executions for workers in `hybrid`
+//! and `http` mode. Each reads its environment once into a [`WorkerConfig`]
 //! (a bad value stops start-up with a message naming the variable), wires
 //! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
 //! the daily retention job when it is the general group, serves `/healthz`,
@@ -13,6 +15,7 @@
 //! not allow `CONFIG GET` or does not answer at start, it warns and starts.
 //! Every variable is listed in `docs/operations.md`.
 
+mod bridge;
 mod config;
 mod gauges;
 mod http;
@@ -36,12 +39,15 @@ use outbox_subscriber_webhook::{
     WebhookHandler,
 };
 use outbox_subscriber_workflow::WorkflowHandler;
+use outbox_workflow::bridge::BridgeClient;
+use outbox_workflow::executor::Executor;
 use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
+pub use bridge::{bridge_main, run_bridge};
 pub use config::{
-    ConfigError, DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group,
-    WorkerConfig,
+    BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
+    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group, WorkerConfig,
 };
 pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
@@ -90,7 +96,7 @@ pub fn main_for(group: Group) -> ExitCode {
     }
 }
 
-fn init_tracing() {
+pub(crate) fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,apalis=warn,apalis_core=warn,apalis_redis=warn")
     });
@@ -98,6 +104,24 @@ fn init_tracing() {
         .with_env_filter(filter)
         .with_target(false)
         .try_init();
+}
+
+/// The workflow executor `WORKFLOW_EXECUTOR` asks for.
+///
+/// # Errors
+///
+/// When the runner's or the bridge client's HTTP client cannot be built.
+pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
+    let runner = Runner::new()
+        .context("cannot build the workflow runner's HTTP client")?
+        .allow_private_addresses(config.webhook_allow_private);
+    let bridge = config
+        .workflow_bridge
+        .as_ref()
+        .map(|bridge| BridgeClient::new(&bridge.url, bridge.secret.clone()))
+        .transpose()
+        .context("WORKFLOW_BRIDGE_URL")?;
+    Ok(Executor::new(config.workflow_executor, runner, bridge)?)
 }
 
 /// The handlers of `group`.
@@ -129,9 +153,7 @@ pub fn handler_group(
             .with(AuditHandler::new(pool.clone()))?
             .with(WorkflowHandler::new(
                 pool.clone(),
-                Runner::new()
-                    .context("cannot build the workflow runner's HTTP client")?
-                    .allow_private_addresses(config.webhook_allow_private),
+                workflow_executor(config)?,
             ))?
             .with(NotificationHandler::new(pool.clone()))?
             .with(PluginHookHandler::new(
@@ -237,6 +259,7 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         queue_prefix = %config.queue_prefix,
         dispatcher = config.group == Group::General && config.dispatcher_enabled,
         database = %redact_url(&config.database_url),
+        workflow_executor = %config.workflow_executor,
         redis = %redact_url(&config.redis_url),
         smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
         "worker started"
@@ -399,7 +422,7 @@ async fn trim_queues(
     }
 }
 
-async fn shutdown_signal() -> &'static str {
+pub(crate) async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

@@ -29,7 +29,12 @@
 //!   effect and record in one transaction, and ends it with its plugin
 //!   hook.
 //!
-//! The subscriber (the `outbox.workflow` queue) calls the runner. The user
+//! - [`executor`] chooses where a run goes (`native`, `hybrid`, `http`);
+//!   [`bridge`] is the signed HTTP service that runs what the native runner
+//!   cannot, and the only place that creates and runs an execution in one
+//!   step (a stream run).
+//!
+//! The subscriber (the `outbox.workflow` queue) calls the executor. The user
 //! documentation of blocks, conditions, rules, producers and the runner is
 //! `docs/workflows.md`.
 //!
@@ -54,10 +59,12 @@
 //! assert!(workflow.preflight(true, &|_| false).is_ok());
 //! ```
 
+pub mod bridge;
 mod condition;
 mod definition;
 mod error;
 pub mod events;
+pub mod executor;
 mod names;
 mod operand;
 mod params;

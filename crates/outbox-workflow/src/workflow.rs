@@ -153,25 +153,70 @@ impl ValidatedWorkflow {
         credentials_available: &dyn Fn(&str) -> bool,
     ) -> Result<(), PreflightError> {
         for block in self.topological_order() {
-            let kind = block.kind();
-            if native && !kind.runs_natively() {
-                return Err(PreflightError::NotNative {
-                    block: block.id.clone(),
-                    kind,
-                });
+            check_block(block, native, credentials_available)?;
+        }
+        Ok(())
+    }
+
+    /// [`preflight`](Self::preflight) for a continuation of a run waiting in
+    /// `waiting_block`: only the blocks the run can still reach from there
+    /// are checked (the waiting block itself, the boundary the run already
+    /// crossed, is not), in topological order. So a run whose finished part
+    /// needed the bridge can continue natively when what is left runs
+    /// natively.
+    ///
+    /// # Errors
+    ///
+    /// As [`preflight`](Self::preflight), for the first reachable block
+    /// that cannot run.
+    pub fn preflight_continuation(
+        &self,
+        waiting_block: &str,
+        native: bool,
+        credentials_available: &dyn Fn(&str) -> bool,
+    ) -> Result<(), PreflightError> {
+        let mut reachable = std::collections::HashSet::new();
+        let mut todo = vec![waiting_block];
+        while let Some(id) = todo.pop() {
+            for (_, block) in self.successors(id) {
+                if reachable.insert(block.id.as_str()) {
+                    todo.push(block.id.as_str());
+                }
             }
-            if let Some(credential) = block.params.credential_id()
-                && !credentials_available(credential)
-            {
-                return Err(PreflightError::MissingCredential {
-                    block: block.id.clone(),
-                    kind,
-                    credential: credential.to_owned(),
-                });
+        }
+        for block in self.topological_order() {
+            if block.id != waiting_block && reachable.contains(block.id.as_str()) {
+                check_block(block, native, credentials_available)?;
             }
         }
         Ok(())
     }
+}
+
+/// One block of a preflight: runs natively when `native`, and has its
+/// credential.
+fn check_block(
+    block: &Block,
+    native: bool,
+    credentials_available: &dyn Fn(&str) -> bool,
+) -> Result<(), PreflightError> {
+    let kind = block.kind();
+    if native && !kind.runs_natively() {
+        return Err(PreflightError::NotNative {
+            block: block.id.clone(),
+            kind,
+        });
+    }
+    if let Some(credential) = block.params.credential_id()
+        && !credentials_available(credential)
+    {
+        return Err(PreflightError::MissingCredential {
+            block: block.id.clone(),
+            kind,
+            credential: credential.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 impl TryFrom<WorkflowDefinition> for ValidatedWorkflow {

@@ -61,6 +61,23 @@ pub struct Runner {
     http: reqwest::Client,
     allow_private_addresses: bool,
     stop_after: Option<usize>,
+    progress: Option<tokio::sync::mpsc::UnboundedSender<BlockProgress>>,
+}
+
+/// A block the runner just ran (committed), for an observer: the bridge's
+/// stream runs report these as they happen.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockProgress {
+    /// The block's id.
+    pub block_id: String,
+    /// Its type.
+    pub kind: crate::BlockKind,
+    /// `success`, `error` or `waiting`.
+    pub status: BlockExecutionStatus,
+    /// The output it took (`success`).
+    pub output: Option<Value>,
+    /// Why it failed (`error`).
+    pub error: Option<String>,
 }
 
 impl Runner {
@@ -78,6 +95,7 @@ impl Runner {
             http,
             allow_private_addresses: false,
             stop_after: None,
+            progress: None,
         })
     }
 
@@ -95,6 +113,35 @@ impl Runner {
     pub fn stop_after(mut self, blocks: usize) -> Self {
         self.stop_after = Some(blocks);
         self
+    }
+
+    /// Reports each block this runner runs to `progress`, once its result
+    /// committed (a closed receiver is ignored).
+    #[must_use]
+    pub fn with_progress(
+        mut self,
+        progress: tokio::sync::mpsc::UnboundedSender<BlockProgress>,
+    ) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    fn report(
+        &self,
+        block: &Block,
+        status: BlockExecutionStatus,
+        output: Option<&Value>,
+        error: Option<&str>,
+    ) {
+        if let Some(progress) = &self.progress {
+            let _ = progress.send(BlockProgress {
+                block_id: block.id.clone(),
+                kind: block.kind(),
+                status,
+                output: output.cloned(),
+                error: error.map(str::to_owned),
+            });
+        }
     }
 
     /// Runs execution `id` from where it stands: a `queued` run is
@@ -235,16 +282,19 @@ impl Runner {
                 ran += 1;
                 match step {
                     Ok(Some((Effect::Next { output, label }, new_vars))) => {
+                        self.report(block, BlockExecutionStatus::Success, Some(&output), None);
                         vars = new_vars;
                         (output, label)
                     }
                     Ok(Some((Effect::Wait, _))) => {
+                        self.report(block, BlockExecutionStatus::Waiting, None, None);
                         return Ok(RunOutcome::Waiting(block.id.clone()));
                     }
                     // Another runner got there first: start over.
                     Ok(None) => return Box::pin(self.run(conn, execution.id)).await,
                     Err(StepError::Run(error)) => return Err(error),
                     Err(StepError::Block(reason)) => {
+                        self.report(block, BlockExecutionStatus::Error, None, Some(&reason));
                         let reason = format!("block {}: {reason}", block.id);
                         let failed = Some(block.id.as_str());
                         return finish(

@@ -1,0 +1,192 @@
+//! The `workflow-bridge` process: the signed workflow bridge
+//! ([`outbox_workflow::bridge::router`]) with `/healthz`, `/readyz`
+//! (Postgres) and `/metrics`, pruning of old request ids, and a graceful
+//! stop on SIGTERM.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use diesel_async::RunQueryDsl;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use outbox_model::PgPool;
+use outbox_queue::redact_url;
+use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
+use outbox_workflow::runner::Runner;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::BridgeConfig;
+use crate::{EXIT_CONFIGURATION, init_tracing, shutdown_signal};
+
+/// How often request ids older than the signature window are deleted.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
+
+/// The entry point of `workflow-bridge`.
+#[must_use]
+pub fn bridge_main() -> ExitCode {
+    init_tracing();
+    let config = match BridgeConfig::from_env() {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("workflow-bridge: {e}");
+            tracing::error!(variable = e.variable, "{e}");
+            return ExitCode::from(EXIT_CONFIGURATION);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("workflow-bridge: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_bridge(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "bridge failed");
+            eprintln!("workflow-bridge: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Health {
+    pool: PgPool,
+    metrics: PrometheusHandle,
+}
+
+async fn readyz(State(health): State<Health>) -> impl IntoResponse {
+    let check = async {
+        let mut conn = health.pool.get().await.map_err(|e| e.to_string())?;
+        diesel::sql_query("SELECT 1")
+            .execute(&mut conn)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(3), check).await {
+        Ok(Ok(_)) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({ "postgres": "ok" })),
+        ),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "postgres": e })),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({ "postgres": "timed out" })),
+        ),
+    }
+}
+
+async fn metrics(State(health): State<Health>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        health.metrics.render(),
+    )
+}
+
+/// Serves the bridge until SIGTERM or Ctrl-C, then lets requests in
+/// progress finish within the grace period.
+///
+/// # Errors
+///
+/// When Postgres cannot be reached at start, the address cannot be bound,
+/// or the runner cannot be built.
+pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
+    let metrics_handle = PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the Prometheus recorder")?;
+    let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to Postgres at {} (DATABASE_URL)",
+                redact_url(&config.database_url)
+            )
+        })?;
+    let runner = Runner::new()
+        .context("cannot build the workflow runner's HTTP client")?
+        .allow_private_addresses(config.allow_private_addresses);
+    let app = router(BridgeState::new(
+        pool.clone(),
+        runner,
+        config.secrets.clone(),
+    ))
+    .merge(
+        axum::Router::new()
+            .route("/healthz", get(|| async { "ok\n" }))
+            .route("/readyz", get(readyz))
+            .route("/metrics", get(metrics))
+            .with_state(Health {
+                pool: pool.clone(),
+                metrics: metrics_handle,
+            }),
+    );
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .with_context(|| format!("cannot bind WORKFLOW_BRIDGE_ADDR={}", config.addr))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(
+        addr = %addr,
+        database = %redact_url(&config.database_url),
+        secrets = config.secrets.len(),
+        "workflow bridge started"
+    );
+    let shutdown = CancellationToken::new();
+    let pruner = {
+        let (pool, shutdown) = (pool.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            loop {
+                if let Ok(mut conn) = pool.get().await {
+                    match prune_request_ids(&mut conn).await {
+                        Ok(0) => {}
+                        Ok(n) => tracing::debug!(removed = n, "pruned bridge request ids"),
+                        Err(e) => tracing::warn!(error = %e, "cannot prune bridge request ids"),
+                    }
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(PRUNE_EVERY) => {}
+                }
+            }
+        })
+    };
+    let http_shutdown = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
+            .await
+    });
+    let by = shutdown_signal().await;
+    tracing::info!(
+        by,
+        grace_ms = config.shutdown_grace.as_millis() as u64,
+        "stopping: no new requests; finishing those in progress"
+    );
+    shutdown.cancel();
+    let _ = pruner.await;
+    match tokio::time::timeout(config.shutdown_grace, server).await {
+        Ok(Ok(Ok(()))) => {
+            tracing::info!("bridge stopped cleanly");
+            Ok(())
+        }
+        Ok(Ok(Err(e))) => Err(e.into()),
+        Ok(Err(e)) => Err(anyhow::anyhow!("the server panicked: {e}")),
+        Err(_) => {
+            tracing::warn!("grace period over; exiting with requests unfinished");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The signed internal bridge: an HTTP service that runs executions with a
+//! runner able to run every block, including those the native runner
+//! cannot (`code`).
+//!
+//! - [`signing`]: HMAC-SHA256 over request id, timestamp and body; a
+//!   five-minute window; constant-time comparison. A replayed request id is
+//!   refused (the ids are kept in `workflow_bridge_request`).
+//! - [`router`]: `POST /v1/executions/run` and `/v1/executions/continue`
+//!   (what a worker in `http` or `hybrid` mode sends instead of running
+//!   natively; the answer is the outcome), and `/v1/executions/stream`, a
+//!   stream run answered with server-sent events.
+//! - [`execute_trigger`]: the one entry point that creates and runs an
+//!   execution in one step, without the outbox. Only the bridge calls it.
+//! - [`BridgeClient`]: the workers' side.
+//!
+//! The `workflow-bridge` binary serves the router with health, metrics and
+//! graceful shutdown; `docs/workflows.md` ("Executors and the bridge")
+//! describes deployment and key rotation.
+
+mod client;
+mod server;
+pub mod signing;
+pub mod wire;
+
+pub use client::{BRIDGE_CALL_TIMEOUT, BridgeCallError, BridgeClient, BridgeUrlError};
+pub use server::{
+    BridgeState, StreamEvent, TriggerError, execute_trigger, prune_request_ids, router,
+};
+pub use signing::{BridgeSecret, SignatureError, WeakSecret};
