@@ -547,6 +547,101 @@ fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
     })
 }
 
+/// Default of `WORKFLOW_BRIDGE_ADDR`: loopback only.
+pub const DEFAULT_BRIDGE_ADDR: &str = "127.0.0.1:8787";
+
+/// Everything the `workflow-bridge` process needs.
+#[derive(Clone)]
+pub struct BridgeConfig {
+    /// `DATABASE_URL`.
+    pub database_url: String,
+    /// `WORKFLOW_BRIDGE_ADDR` ([`DEFAULT_BRIDGE_ADDR`]): the bridge and its
+    /// `/healthz`, `/readyz`, `/metrics`.
+    pub addr: SocketAddr,
+    /// `WORKFLOW_BRIDGE_SECRET`, then `WORKFLOW_BRIDGE_PREVIOUS_SECRET` when
+    /// set (accepted during a key rotation).
+    pub secrets: Vec<BridgeSecret>,
+    /// `DATABASE_POOL_SIZE`.
+    pub pool_size: u32,
+    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`: `httpRequest` blocks may call
+    /// internal addresses.
+    pub allow_private_addresses: bool,
+    /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
+    /// after SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+impl std::fmt::Debug for BridgeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BridgeConfig")
+            .field("database_url", &redact_url(&self.database_url))
+            .field("addr", &self.addr)
+            .field("secrets", &self.secrets.len())
+            .field("pool_size", &self.pool_size)
+            .field("allow_private_addresses", &self.allow_private_addresses)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+impl BridgeConfig {
+    /// Reads the process environment.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(&|name| std::env::var(name).ok())
+    }
+
+    /// Reads variables through `get`.
+    ///
+    /// # Errors
+    ///
+    /// The first [`ConfigError`].
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let env = Env { get };
+        let database_url = env.required("DATABASE_URL")?;
+        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
+            return Err(ConfigError {
+                variable: "DATABASE_URL",
+                value: redact_url(&database_url),
+                problem: "must start with postgres:// or postgresql://".into(),
+            });
+        }
+        let addr_text = env
+            .raw("WORKFLOW_BRIDGE_ADDR")
+            .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
+        let addr = addr_text.trim().parse().map_err(|_| ConfigError {
+            variable: "WORKFLOW_BRIDGE_ADDR",
+            value: addr_text.clone(),
+            problem: "is not an address like 127.0.0.1:8787".into(),
+        })?;
+        let secret = |variable: &'static str, value: String| {
+            BridgeSecret::new(&value).map_err(|e| ConfigError {
+                variable,
+                value: "<redacted>".into(),
+                problem: e.to_string(),
+            })
+        };
+        let mut secrets = vec![secret(
+            "WORKFLOW_BRIDGE_SECRET",
+            env.required("WORKFLOW_BRIDGE_SECRET")?,
+        )?];
+        if let Some(previous) = env.raw("WORKFLOW_BRIDGE_PREVIOUS_SECRET") {
+            secrets.push(secret("WORKFLOW_BRIDGE_PREVIOUS_SECRET", previous)?);
+        }
+        Ok(Self {
+            database_url,
+            addr,
+            secrets,
+            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
+            allow_private_addresses: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
+            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -741,99 +836,84 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.variable, "SMTP_URL");
     }
-}
 
-/// Default of `WORKFLOW_BRIDGE_ADDR`: loopback only.
-pub const DEFAULT_BRIDGE_ADDR: &str = "127.0.0.1:8787";
-
-/// Everything the `workflow-bridge` process needs.
-#[derive(Clone)]
-pub struct BridgeConfig {
-    /// `DATABASE_URL`.
-    pub database_url: String,
-    /// `WORKFLOW_BRIDGE_ADDR` ([`DEFAULT_BRIDGE_ADDR`]): the bridge and its
-    /// `/healthz`, `/readyz`, `/metrics`.
-    pub addr: SocketAddr,
-    /// `WORKFLOW_BRIDGE_SECRET`, then `WORKFLOW_BRIDGE_PREVIOUS_SECRET` when
-    /// set (accepted during a key rotation).
-    pub secrets: Vec<BridgeSecret>,
-    /// `DATABASE_POOL_SIZE`.
-    pub pool_size: u32,
-    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`: `httpRequest` blocks may call
-    /// internal addresses.
-    pub allow_private_addresses: bool,
-    /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
-    /// after SIGTERM.
-    pub shutdown_grace: Duration,
-}
-
-impl std::fmt::Debug for BridgeConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BridgeConfig")
-            .field("database_url", &redact_url(&self.database_url))
-            .field("addr", &self.addr)
-            .field("secrets", &self.secrets.len())
-            .field("pool_size", &self.pool_size)
-            .field("allow_private_addresses", &self.allow_private_addresses)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .finish()
-    }
-}
-
-impl BridgeConfig {
-    /// Reads the process environment.
-    ///
-    /// # Errors
-    ///
-    /// The first [`ConfigError`].
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(&|name| std::env::var(name).ok())
-    }
-
-    /// Reads variables through `get`.
-    ///
-    /// # Errors
-    ///
-    /// The first [`ConfigError`].
-    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env { get };
-        let database_url = env.required("DATABASE_URL")?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
-            return Err(ConfigError {
-                variable: "DATABASE_URL",
-                value: redact_url(&database_url),
-                problem: "must start with postgres:// or postgresql://".into(),
-            });
+    #[test]
+    fn the_workflow_executor_is_native_unless_told_and_a_bridge_mode_needs_the_bridge() {
+        let config = read(Group::General, &[]).unwrap();
+        assert_eq!(config.workflow_executor, ExecutorMode::Native);
+        assert!(config.workflow_bridge.is_none());
+        let secret = "s".repeat(32);
+        for mode in ["hybrid", "http"] {
+            let missing = read(Group::General, &[("WORKFLOW_EXECUTOR", mode)]).unwrap_err();
+            assert_eq!(missing.variable, "WORKFLOW_BRIDGE_URL");
+            assert!(missing.problem.contains(mode), "{missing}");
+            let no_secret = read(
+                Group::General,
+                &[
+                    ("WORKFLOW_EXECUTOR", mode),
+                    ("WORKFLOW_BRIDGE_URL", "http://bridge:8787"),
+                ],
+            )
+            .unwrap_err();
+            assert_eq!(no_secret.variable, "WORKFLOW_BRIDGE_SECRET");
+            let config = read(
+                Group::General,
+                &[
+                    ("WORKFLOW_EXECUTOR", mode),
+                    ("WORKFLOW_BRIDGE_URL", "http://bridge:8787"),
+                    ("WORKFLOW_BRIDGE_SECRET", &secret),
+                ],
+            )
+            .unwrap();
+            assert_eq!(config.workflow_executor.as_str(), mode);
+            let debug = format!("{config:?}");
+            assert!(
+                debug.contains("bridge:8787") && !debug.contains(&secret),
+                "{debug}"
+            );
         }
-        let addr_text = env
-            .raw("WORKFLOW_BRIDGE_ADDR")
-            .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
-        let addr = addr_text.trim().parse().map_err(|_| ConfigError {
-            variable: "WORKFLOW_BRIDGE_ADDR",
-            value: addr_text.clone(),
-            problem: "is not an address like 127.0.0.1:8787".into(),
-        })?;
-        let secret = |variable: &'static str, value: String| {
-            BridgeSecret::new(&value).map_err(|e| ConfigError {
-                variable,
-                value: "<redacted>".into(),
-                problem: e.to_string(),
-            })
+        let bad = read(Group::General, &[("WORKFLOW_EXECUTOR", "remote")]).unwrap_err();
+        assert_eq!(bad.variable, "WORKFLOW_EXECUTOR");
+        assert!(bad.problem.contains("native, hybrid or http"), "{bad}");
+        let weak = read(Group::General, &[("WORKFLOW_BRIDGE_SECRET", "short")]).unwrap_err();
+        assert_eq!(weak.variable, "WORKFLOW_BRIDGE_SECRET");
+        assert!(!weak.to_string().contains("short"), "{weak}");
+        let url = read(Group::General, &[("WORKFLOW_BRIDGE_URL", "bridge:8787")]).unwrap_err();
+        assert_eq!(url.variable, "WORKFLOW_BRIDGE_URL");
+    }
+
+    #[test]
+    fn the_bridge_listens_on_loopback_by_default_and_needs_a_strong_secret() {
+        let secret = "s".repeat(32);
+        let read_bridge = |vars: &[(&str, &str)]| {
+            let map: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            BridgeConfig::from_lookup(&|name| map.get(name).cloned())
         };
-        let mut secrets = vec![secret(
-            "WORKFLOW_BRIDGE_SECRET",
-            env.required("WORKFLOW_BRIDGE_SECRET")?,
-        )?];
-        if let Some(previous) = env.raw("WORKFLOW_BRIDGE_PREVIOUS_SECRET") {
-            secrets.push(secret("WORKFLOW_BRIDGE_PREVIOUS_SECRET", previous)?);
-        }
-        Ok(Self {
-            database_url,
-            addr,
-            secrets,
-            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
-            allow_private_addresses: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
-            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
-        })
+        let base = [
+            ("DATABASE_URL", "postgres://x/y"),
+            ("WORKFLOW_BRIDGE_SECRET", secret.as_str()),
+        ];
+        let config = read_bridge(&base).unwrap();
+        assert!(config.addr.ip().is_loopback());
+        assert_eq!(config.addr, DEFAULT_BRIDGE_ADDR.parse().unwrap());
+        assert_eq!(config.secrets.len(), 1);
+        assert!(!format!("{config:?}").contains(&secret));
+        let missing = read_bridge(&base[..1]).unwrap_err();
+        assert_eq!(missing.variable, "WORKFLOW_BRIDGE_SECRET");
+        let weak = read_bridge(&[base[0], ("WORKFLOW_BRIDGE_SECRET", "short")]).unwrap_err();
+        assert_eq!(weak.variable, "WORKFLOW_BRIDGE_SECRET");
+        let rotated = read_bridge(&[
+            base[0],
+            base[1],
+            ("WORKFLOW_BRIDGE_PREVIOUS_SECRET", &"p".repeat(40)),
+        ])
+        .unwrap();
+        assert_eq!(rotated.secrets.len(), 2);
+        let addr =
+            read_bridge(&[base[0], base[1], ("WORKFLOW_BRIDGE_ADDR", "everywhere")]).unwrap_err();
+        assert_eq!(addr.variable, "WORKFLOW_BRIDGE_ADDR");
     }
 }

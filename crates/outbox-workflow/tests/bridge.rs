@@ -42,7 +42,11 @@ async fn request(conn: &mut AsyncPgConnection, tenant: &str, workflow: Uuid, inp
 }
 
 async fn status(conn: &mut AsyncPgConnection, id: Uuid) -> ExecutionStatus {
-    store::get_execution(conn, id).await.unwrap().unwrap().status
+    store::get_execution(conn, id)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
 }
 
 async fn blocks(conn: &mut AsyncPgConnection, id: Uuid) -> Vec<String> {
@@ -156,7 +160,11 @@ async fn forged_tampered_expired_and_replayed_requests_are_refused() {
         .await
         .unwrap();
     assert_eq!(response.status().as_u16(), 401);
-    assert_eq!(status(&mut conn, id).await, ExecutionStatus::Queued, "nothing ran");
+    assert_eq!(
+        status(&mut conn, id).await,
+        ExecutionStatus::Queued,
+        "nothing ran"
+    );
 
     // A valid request, then the same request again.
     let request_id = Uuid::new_v4().to_string();
@@ -176,7 +184,12 @@ async fn during_a_key_rotation_the_previous_secret_is_accepted() {
     let workflow = save(&mut conn, "t1", steps()).await;
     let id = request(&mut conn, "t1", workflow, json!({ "n": 1 })).await;
     let previous = "the-previous-secret-also-32-bytes-long";
-    let url = serve_bridge(db.pool().clone(), Runner::new().unwrap(), &[SECRET, previous]).await;
+    let url = serve_bridge(
+        db.pool().clone(),
+        Runner::new().unwrap(),
+        &[SECRET, previous],
+    )
+    .await;
     let outcome = client(&url, previous).run("t1", id).await.unwrap();
     assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
 }
@@ -315,7 +328,11 @@ async fn a_stream_run_reports_each_block_in_order_as_server_sent_events() {
     assert_eq!(order, ["start", "double", "note"]);
     assert_eq!(events[2].1["output"], json!(3));
     assert_eq!(events[4].1["status"], "success");
-    let id: Uuid = events[0].1["executionId"].as_str().unwrap().parse().unwrap();
+    let id: Uuid = events[0].1["executionId"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let run = store::get_execution(&mut conn, id).await.unwrap().unwrap();
     assert_eq!(run.trigger_kind, TriggerKind::Stream);
     assert_eq!(run.status, ExecutionStatus::Success);
@@ -362,7 +379,11 @@ async fn a_stream_run_that_waits_ends_its_stream_and_is_continued_through_the_ou
     let last = &events.last().unwrap().1;
     assert_eq!(last["status"], "waiting");
     assert_eq!(last["waitingBlock"], "ask");
-    let id: Uuid = events[0].1["executionId"].as_str().unwrap().parse().unwrap();
+    let id: Uuid = events[0].1["executionId"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
 
     conn.transaction::<_, ProducerError, _>(async |conn| {
         let mut tx = OutboxTx::new(conn)?;

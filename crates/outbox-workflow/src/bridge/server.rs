@@ -225,7 +225,11 @@ async fn continue_run(
 /// What a stream run reports, in order: `started`, a `block` per block
 /// run, and `ended`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase", rename_all_fields = "camelCase", tag = "event")]
+#[serde(
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    tag = "event"
+)]
 #[non_exhaustive]
 pub enum StreamEvent {
     /// The execution exists and runs.
