@@ -36,7 +36,7 @@ use outbox_subscriber_webhook::{
     WebhookHandler,
 };
 use outbox_subscriber_workflow::WorkflowHandler;
-use outbox_workflow::runner::Runner;
+use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
@@ -129,9 +129,10 @@ pub fn handler_group(
             .with(AuditHandler::new(pool.clone()))?
             .with(WorkflowHandler::new(
                 pool.clone(),
-                Runner::new()
-                    .context("cannot build the workflow runner's HTTP client")?
-                    .allow_private_addresses(config.webhook_allow_private),
+                Runner::with_address_policy(AddressPolicy::allow_internal(
+                    config.webhook_allow_private,
+                ))
+                .context("cannot build the workflow runner's HTTP client")?,
             ))?
             .with(NotificationHandler::new(pool.clone()))?
             .with(PluginHookHandler::new(
