@@ -21,7 +21,9 @@ pub mod schema;
 
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
 pub use json::RawJson;
-pub use migrations::{MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations};
+pub use migrations::{
+    MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations, schema_fingerprint,
+};
 pub use pool::{PgPool, PooledPg, connect_pool};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};

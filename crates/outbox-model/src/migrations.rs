@@ -13,6 +13,25 @@ pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations")
 /// test harnesses name their template databases after it.
 pub const MIGRATIONS_FINGERPRINT: &str = env!("OUTBOX_MIGRATIONS_FINGERPRINT");
 
+/// [`MIGRATIONS_FINGERPRINT`] followed by a hash of the names of the
+/// migrations actually embedded in this build. The build-time fingerprint
+/// alone can be fresh while the embedded list is stale (the compiler does
+/// not always see a migration directory added or renamed); naming templates
+/// after both keeps a stale build from claiming a new schema's name.
+#[must_use]
+pub fn schema_fingerprint() -> String {
+    use diesel::migration::MigrationSource;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let names = MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+        .map(|all| all.iter().map(|m| m.name().to_string()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for byte in names.iter().flat_map(|n| n.bytes().chain([0])) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{MIGRATIONS_FINGERPRINT}_{:08x}", hash >> 32)
+}
+
 /// Why migrations did not run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

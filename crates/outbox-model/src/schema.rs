@@ -230,6 +230,8 @@ diesel::table! {
         started_at -> Nullable<Timestamptz>,
         /// When the run reached success, error or rejected.
         finished_at -> Nullable<Timestamptz>,
+        /// False for runs started by an event a workflow's own row block caused: their httpRequest blocks fail instead of calling out.
+        allow_external_callouts -> Bool,
     }
 }
 

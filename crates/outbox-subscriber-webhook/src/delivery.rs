@@ -1,11 +1,9 @@
 //! Signed HTTP delivery with timeouts, an address guard and a verdict per
 //! response: success, retry, or permanent failure.
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
-use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+use outbox_http_guard::{AddressPolicy, GuardError, GuardedClient};
 use serde::Serialize;
 
 use crate::sign;
@@ -17,9 +15,10 @@ pub struct DeliverySettings {
     pub timeout: Duration,
     /// Connect timeout.
     pub connect_timeout: Duration,
-    /// Allow loopback, private, link-local and other internal addresses.
-    /// Off in production (it would let a tenant aim webhooks at internal
-    /// services); tests and the demo turn it on.
+    /// Allow loopback, private, link-local and other internal addresses
+    /// ([`outbox_http_guard::is_internal`]). Off in production (it would
+    /// let a tenant aim webhooks at internal services); tests and the demo
+    /// turn it on.
     pub allow_private_addresses: bool,
 }
 
@@ -50,92 +49,10 @@ pub enum Delivery {
     Permanent(String),
 }
 
-/// True for addresses a public webhook must not reach: loopback, private,
-/// link-local, shared (CGNAT), benchmarking, documentation, reserved,
-/// multicast and unspecified ranges, and IPv6 addresses that embed an IPv4
-/// address (mapped, compatible, NAT64, 6to4) whose IPv4 part is internal.
-#[must_use]
-pub fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, c, _] = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || v4.is_documentation()
-                || a == 0
-                || a >= 240 // reserved
-                || (a == 100 && (64..=127).contains(&b)) // shared address space (CGNAT)
-                || (a == 198 && (b == 18 || b == 19)) // benchmarking
-                || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
-        }
-        IpAddr::V6(v6) => {
-            if let Some(v4) = embedded_ipv4(v6) {
-                return is_internal(IpAddr::V4(v4));
-            }
-            let first = v6.segments()[0];
-            v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (first & 0xfe00) == 0xfc00 // unique local
-                || (first & 0xffc0) == 0xfe80 // link local
-                || (first & 0xffc0) == 0xfec0 // site local (deprecated)
-                || first == 0x2001 && v6.segments()[1] == 0x0db8 // documentation
-        }
-    }
-}
-
-/// The IPv4 address an IPv6 address carries, for the forms that route to it:
-/// IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`), NAT64
-/// (`64:ff9b::/96`, `64:ff9b:1::/48`) and 6to4 (`2002::/16`).
-fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
-    let s = v6.segments();
-    let from = |hi: u16, lo: u16| {
-        std::net::Ipv4Addr::new((hi >> 8) as u8, hi as u8, (lo >> 8) as u8, lo as u8)
-    };
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(v4);
-    }
-    if s[..6] == [0, 0, 0, 0, 0, 0] && !(s[6] == 0 && s[7] <= 1) {
-        return Some(from(s[6], s[7])); // IPv4-compatible (not :: or ::1)
-    }
-    if s[0] == 0x0064 && s[1] == 0xff9b {
-        return Some(from(s[6], s[7])); // NAT64
-    }
-    if s[0] == 0x2002 {
-        return Some(from(s[1], s[2])); // 6to4
-    }
-    None
-}
-
-/// A resolver that drops internal addresses, so a hostname cannot smuggle a
-/// request to an internal service (the check happens on the addresses
-/// actually connected to, which also defeats DNS rebinding).
-struct GuardedResolver;
-
-impl Resolve for GuardedResolver {
-    fn resolve(&self, name: Name) -> Resolving {
-        let host = name.as_str().to_owned();
-        Box::pin(async move {
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let public: Vec<SocketAddr> =
-                addrs.into_iter().filter(|a| !is_internal(a.ip())).collect();
-            if public.is_empty() {
-                return Err(format!("{host} resolves only to internal addresses; refused").into());
-            }
-            Ok(Box::new(public.into_iter()) as Addrs)
-        })
-    }
-}
-
 /// Sends signed JSON to peers.
 #[derive(Clone)]
 pub struct Deliverer {
-    client: reqwest::Client,
+    client: GuardedClient,
     settings: DeliverySettings,
 }
 
@@ -146,21 +63,14 @@ impl Deliverer {
     ///
     /// When the HTTP client cannot be built (TLS initialisation).
     pub fn new(settings: DeliverySettings) -> Result<Self, reqwest::Error> {
-        let mut builder = reqwest::Client::builder()
-            .timeout(settings.timeout)
-            .connect_timeout(settings.connect_timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            // A proxy from the environment would resolve targets itself and
-            // bypass the address guard below.
-            .no_proxy()
-            .user_agent(concat!("outbox-webhooks/", env!("CARGO_PKG_VERSION")));
-        if !settings.allow_private_addresses {
-            builder = builder.dns_resolver(Arc::new(GuardedResolver));
-        }
-        Ok(Self {
-            client: builder.build()?,
-            settings,
-        })
+        let policy = AddressPolicy::allow_internal(settings.allow_private_addresses);
+        let client = GuardedClient::with_builder(policy, |builder| {
+            builder
+                .timeout(settings.timeout)
+                .connect_timeout(settings.connect_timeout)
+                .user_agent(concat!("outbox-webhooks/", env!("CARGO_PKG_VERSION")))
+        })?;
+        Ok(Self { client, settings })
     }
 
     /// POSTs `body` as JSON to `url`, signed with `secret` under message id
@@ -174,27 +84,15 @@ impl Deliverer {
         body: &impl Serialize,
     ) -> Delivery {
         let parsed = match url::Url::parse(url) {
-            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => parsed,
-            Ok(parsed) => {
-                return Delivery::Permanent(format!(
-                    "unsupported URL scheme {:?}",
-                    parsed.scheme()
-                ));
-            }
+            Ok(parsed) => parsed,
             Err(e) => return Delivery::Permanent(format!("invalid URL: {e}")),
         };
-        if !self.settings.allow_private_addresses
-            && let Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) = parsed.host()
-        {
-            let ip = match parsed.host() {
-                Some(url::Host::Ipv4(v4)) => IpAddr::V4(v4),
-                Some(url::Host::Ipv6(v6)) => IpAddr::V6(v6),
-                _ => return Delivery::Permanent("unreachable".into()),
-            };
-            if is_internal(ip) {
-                return Delivery::Permanent(format!("{ip} is an internal address; refused"));
-            }
-        }
+        // The scheme and an IP-literal host are checked here; a host name
+        // when it is resolved, on the address connected to.
+        let request = match self.client.request(reqwest::Method::POST, parsed) {
+            Ok(request) => request,
+            Err(refused) => return Delivery::Permanent(refused.to_string()),
+        };
         let payload = match serde_json::to_vec(body) {
             Ok(payload) => payload,
             Err(e) => return Delivery::Permanent(format!("cannot encode body: {e}")),
@@ -204,9 +102,7 @@ impl Deliverer {
             Ok(signature) => signature,
             Err(e) => return Delivery::Permanent(e.to_string()),
         };
-        let request = self
-            .client
-            .post(parsed)
+        let request = request
             .header("content-type", "application/json")
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp.to_string())
@@ -219,8 +115,9 @@ impl Deliverer {
             }
             Err(e) => {
                 // reqwest names the full URL in its message; leave it out.
+                let refused = GuardError::find(&e).is_some();
                 let text = outbox_queue::redact_urls_in(&error_chain(&e.without_url()));
-                if text.contains("internal addresses; refused") {
+                if refused {
                     Delivery::Permanent(text)
                 } else {
                     Delivery::Retry(text)
@@ -277,34 +174,6 @@ mod tests {
                 matches!(classify(permanent), Delivery::Permanent(_)),
                 "{permanent}"
             );
-        }
-    }
-
-    #[test]
-    fn internal_addresses_are_recognised() {
-        for internal in [
-            "127.0.0.1",
-            "10.1.2.3",
-            "172.16.0.1",
-            "192.168.1.1",
-            "169.254.169.254",
-            "0.0.0.0",
-            "100.64.0.1",
-            "::1",
-            "fc00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(is_internal(internal.parse().unwrap()), "{internal}");
-        }
-        for public in [
-            "93.184.216.34",
-            "2606:4700::1111",
-            "8.8.8.8",
-            "64:ff9b::808:808",
-            "2002:808:808::1",
-        ] {
-            assert!(!is_internal(public.parse().unwrap()), "{public}");
         }
     }
 
@@ -372,5 +241,56 @@ mod tests {
             )
             .await;
         assert!(matches!(verdict, Delivery::Permanent(_)));
+    }
+
+    /// The verdict on a delivery to the sink's `/hook`, addressed by
+    /// `host` (`localhost`, `[::ffff:127.0.0.1]`…).
+    async fn deliver_to_sink(
+        deliverer: &Deliverer,
+        sink: &outbox_test_support::HttpSink,
+        host: &str,
+    ) -> Delivery {
+        let url = format!("http://{host}:{}/hook", sink.port());
+        deliverer
+            .deliver(&url, "secret", "id", &serde_json::json!({}))
+            .await
+    }
+
+    #[tokio::test]
+    async fn internal_targets_get_no_request_unless_private_addresses_are_allowed() {
+        let sink = outbox_test_support::HttpSink::start().await;
+        let guarded = Deliverer::new(DeliverySettings::default()).unwrap();
+        for (host, reason) in [
+            // A name: refused on the resolution the connection would use.
+            (
+                "localhost",
+                "localhost resolves only to internal addresses; refused",
+            ),
+            ("127.0.0.1", "127.0.0.1 is an internal address; refused"),
+            (
+                "[::ffff:127.0.0.1]",
+                "::ffff:127.0.0.1 is an internal address; refused",
+            ),
+        ] {
+            let verdict = deliver_to_sink(&guarded, &sink, host).await;
+            let Delivery::Permanent(text) = &verdict else {
+                panic!("{host}: {verdict:?}");
+            };
+            assert!(text.ends_with(reason), "{host}: {text}");
+        }
+        assert!(sink.requests().is_empty());
+
+        let open = Deliverer::new(DeliverySettings {
+            allow_private_addresses: true,
+            ..DeliverySettings::default()
+        })
+        .unwrap();
+        for host in ["localhost", "127.0.0.1"] {
+            let verdict = deliver_to_sink(&open, &sink, host).await;
+            assert_eq!(verdict, Delivery::Delivered { status: 200 }, "{host}");
+        }
+        let received = sink.requests_to("/hook");
+        assert_eq!(received.len(), 2);
+        assert_eq!(received[0].header("webhook-id"), Some("id"));
     }
 }

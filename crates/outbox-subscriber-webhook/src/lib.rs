@@ -12,7 +12,8 @@
 //! (`v1,<base64 HMAC-SHA256>`). 2xx succeeds; 408, 429, 5xx, timeouts and
 //! connection failures are retried; other 4xx and redirects are permanent
 //! (the job goes to the dead set with the reason). Loopback, private and
-//! link-local targets are refused unless [`DeliverySettings`] allows them.
+//! link-local targets are refused by the address guard of
+//! [`outbox_http_guard`] unless [`DeliverySettings`] allows them.
 //! Each (event, endpoint) pair is delivered at most once successfully,
 //! remembered in the idempotency store, so a retry after a partial failure
 //! only sends to the endpoints that have not answered yet.
@@ -23,7 +24,7 @@ mod plugin;
 mod signing;
 mod webhook;
 
-pub use delivery::{Deliverer, Delivery, DeliverySettings, classify, is_internal};
+pub use delivery::{Deliverer, Delivery, DeliverySettings, classify};
 pub use once::{Once, OnceSettings, deliver_once};
 pub use plugin::{
     HOOK_PREFIX, PluginHookHandler, PluginInvokeHandler, PluginInvokeJob, invoke_task_id,

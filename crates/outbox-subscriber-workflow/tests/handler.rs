@@ -16,7 +16,7 @@ use outbox_test_support::TestDatabase;
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::executor::Executor;
 use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
-use outbox_workflow::runner::{EMAIL_EVENT, HOOK_EXECUTED, Runner};
+use outbox_workflow::runner::{AddressPolicy, EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, Runner};
 use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -57,8 +57,12 @@ async fn executions(conn: &mut AsyncPgConnection) -> Vec<WorkflowExecution> {
 }
 
 async fn save(conn: &mut AsyncPgConnection, definition: Value) -> Uuid {
+    save_as(conn, "wf", definition).await
+}
+
+async fn save_as(conn: &mut AsyncPgConnection, name: &str, definition: Value) -> Uuid {
     let definition = WorkflowDefinition::from_value(definition).unwrap();
-    store::save_workflow(conn, "t1", "wf", WorkflowStatus::Live, &definition)
+    store::save_workflow(conn, "t1", name, WorkflowStatus::Live, &definition)
         .await
         .unwrap()
         .workflow
@@ -258,4 +262,92 @@ async fn a_workflow_is_not_started_by_the_events_of_its_own_row_blocks() {
     let runs = executions(&mut conn).await;
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].status, ExecutionStatus::Success);
+}
+
+#[tokio::test]
+async fn a_run_started_by_a_workflows_row_event_makes_no_external_call() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    // A opens a ticket; B posts every new ticket to the sink.
+    let a = save_as(
+        &mut conn,
+        "a",
+        json!({
+            "blocks": [
+                { "id": "start", "type": "manualTrigger" },
+                { "id": "open", "type": "rowCreate", "params": {
+                    "entity": "ticket", "values": { "title": "from A" } } }
+            ],
+            "edges": [{ "from": "start", "to": "open" }]
+        }),
+    )
+    .await;
+    let b = save_as(
+        &mut conn,
+        "b",
+        json!({
+            "blocks": [
+                { "id": "created", "type": "eventTrigger",
+                  "params": { "entity": "ticket", "event": "row.created" } },
+                { "id": "post", "type": "httpRequest", "params": {
+                    "method": "POST", "url": sink.url_for("/tickets"),
+                    "body": { "var": "input.ticket" } } }
+            ],
+            "edges": [{ "from": "created", "to": "post" }]
+        }),
+    )
+    .await;
+    // The sink is on 127.0.0.1: the guard is lifted, as in the demo.
+    let runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
+    let handler = WorkflowHandler::new(db.pool().clone(), Executor::native(runner));
+    let runs_of_b = async |conn: &mut AsyncPgConnection| -> Vec<WorkflowExecution> {
+        let mut runs: Vec<WorkflowExecution> = executions(conn)
+            .await
+            .into_iter()
+            .filter(|run| run.workflow_id == b)
+            .collect();
+        runs.sort_by_key(|run| run.created_at);
+        runs
+    };
+
+    in_tx!(conn, |tx| {
+        producers::request_execution(tx, "t1", a, RunTrigger::Manual, &json!({})).await
+    });
+    let requested = job(&mut conn, "workflow.execution.requested").await;
+    handler.handle(requested, &meta()).await.unwrap();
+    let from_a = job(&mut conn, "workflow.trigger.event").await;
+    assert_eq!(
+        from_a.payload.value().unwrap()["allowExternalCallouts"],
+        false
+    );
+    handler.handle(from_a, &meta()).await.unwrap();
+    let runs = runs_of_b(&mut conn).await;
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, ExecutionStatus::Error);
+    let reason = "block post: external callouts are disabled for runs started by a workflow's own row events";
+    assert_eq!(runs[0].error.as_deref(), Some(reason));
+    let failed = job(&mut conn, HOOK_FAILED).await;
+    assert_eq!(failed.payload.value().unwrap()["error"], reason);
+    assert!(sink.requests().is_empty());
+
+    // The same B, started by the application's own request, calls out.
+    in_tx!(conn, |tx| {
+        let context = EventContext::Request { actor: None };
+        let data = json!({ "title": "from the app" });
+        producers::create_row(tx, "t1", "ticket", &data, &context).await
+    });
+    let from_app = job(&mut conn, "workflow.trigger.event").await;
+    handler.handle(from_app, &meta()).await.unwrap();
+    let runs = runs_of_b(&mut conn).await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        runs[1].status,
+        ExecutionStatus::Success,
+        "{:?}",
+        runs[1].error
+    );
+    let calls = sink.requests_to("/tickets");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].json()["title"], "from the app");
 }

@@ -2,7 +2,7 @@
 
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_model::{MIGRATIONS_FINGERPRINT, PgPool};
+use outbox_model::PgPool;
 
 use crate::url::{database_server_url, with_database};
 
@@ -153,7 +153,7 @@ async fn connect(url: &str) -> AsyncPgConnection {
 
 /// Makes sure the template for the current migrations exists; returns its name.
 async fn ensure_template(admin_url: &str) -> String {
-    let template = format!("outbox_tpl_{MIGRATIONS_FINGERPRINT}");
+    let template = format!("outbox_tpl_{}", outbox_model::schema_fingerprint());
     let mut admin = connect(admin_url).await;
     if database_exists(&mut admin, &template).await {
         return template;

@@ -16,7 +16,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use outbox_model::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
-use outbox_workflow::runner::Runner;
+use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
@@ -116,9 +116,10 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
                 redact_url(&config.database_url)
             )
         })?;
-    let runner = Runner::new()
-        .context("cannot build the workflow runner's HTTP client")?
-        .allow_private_addresses(config.allow_private_addresses);
+    let runner = Runner::with_address_policy(AddressPolicy::allow_internal(
+        config.allow_private_addresses,
+    ))
+    .context("cannot build the workflow runner's HTTP client")?;
     let app = router(BridgeState::new(
         pool.clone(),
         runner,

@@ -41,7 +41,7 @@ use outbox_subscriber_webhook::{
 use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_workflow::bridge::BridgeClient;
 use outbox_workflow::executor::Executor;
-use outbox_workflow::runner::Runner;
+use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{bridge_main, run_bridge};
@@ -112,9 +112,9 @@ pub(crate) fn init_tracing() {
 ///
 /// When the runner's or the bridge client's HTTP client cannot be built.
 pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
-    let runner = Runner::new()
-        .context("cannot build the workflow runner's HTTP client")?
-        .allow_private_addresses(config.webhook_allow_private);
+    let runner =
+        Runner::with_address_policy(AddressPolicy::allow_internal(config.webhook_allow_private))
+            .context("cannot build the workflow runner's HTTP client")?;
     let bridge = config
         .workflow_bridge
         .as_ref()

@@ -271,6 +271,7 @@ pub async fn request_execution(
         trigger_kind: trigger.into(),
         input,
         trigger_event_id: None,
+        allow_external_callouts: true,
     };
     // Without a trigger event, create_execution always inserts.
     let execution = store::create_execution(tx.conn(), &new)

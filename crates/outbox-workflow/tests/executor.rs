@@ -19,7 +19,7 @@ use outbox_workflow::bridge::BridgeSecret;
 use outbox_workflow::events::ContinueKind;
 use outbox_workflow::executor::{Executor, ExecutorMode, MissingBridge, Route};
 use outbox_workflow::producers::{self, ProducerError, RunTrigger};
-use outbox_workflow::runner::{RunOutcome, Runner};
+use outbox_workflow::runner::{AddressPolicy, RunOutcome, Runner};
 use outbox_workflow::store::{self, ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -57,7 +57,7 @@ fn worker_runner() -> Runner {
 
 /// A bridge that may call the sink; an executor of `mode` using it.
 async fn executor(db: &TestDatabase, mode: ExecutorMode) -> Executor {
-    let bridge_runner = Runner::new().unwrap().allow_private_addresses(true);
+    let bridge_runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
     let url = serve_bridge(db.pool().clone(), bridge_runner, &[SECRET]).await;
     Executor::new(mode, worker_runner(), Some(client(&url, SECRET))).unwrap()
 }

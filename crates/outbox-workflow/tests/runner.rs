@@ -10,9 +10,13 @@ use outbox_model::schema::{entity_row, outbox_event, workflow_block_execution};
 use outbox_publish::OutboxTx;
 use outbox_test_support::TestDatabase;
 use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::events::{CONTINUE_REQUESTED, ContinueKind};
+use outbox_workflow::events::{
+    CONTINUE_REQUESTED, ContinueKind, TRIGGER_EVENT, TriggerEventPayload,
+};
 use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
-use outbox_workflow::runner::{EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, RunOutcome, Runner};
+use outbox_workflow::runner::{
+    AddressPolicy, EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, RunOutcome, Runner,
+};
 use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -53,15 +57,20 @@ async fn execution(conn: &mut AsyncPgConnection, id: Uuid) -> WorkflowExecution 
     store::get_execution(conn, id).await.unwrap().unwrap()
 }
 
-/// Saves `definition` live and requests a manual run with `input`; the
-/// outbox is emptied so the run's own events are all that remain.
-async fn queued(conn: &mut AsyncPgConnection, definition: Value, input: Value) -> Uuid {
+/// Saves `definition` live as `name`; returns the workflow's id.
+async fn live(conn: &mut AsyncPgConnection, name: &str, definition: Value) -> Uuid {
     let definition = WorkflowDefinition::from_value(definition).unwrap();
-    let workflow = store::save_workflow(conn, "t1", "wf", WorkflowStatus::Live, &definition)
+    store::save_workflow(conn, "t1", name, WorkflowStatus::Live, &definition)
         .await
         .unwrap()
         .workflow
-        .id;
+        .id
+}
+
+/// Saves `definition` live and requests a manual run with `input`; the
+/// outbox is emptied so the run's own events are all that remain.
+async fn queued(conn: &mut AsyncPgConnection, definition: Value, input: Value) -> Uuid {
+    let workflow = live(conn, "wf", definition).await;
     let id = conn
         .transaction::<_, ProducerError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
@@ -407,7 +416,7 @@ async fn http_request_records_the_status_and_a_later_block_reads_it() {
         json!({ "n": 1 }),
     )
     .await;
-    let runner = Runner::new().unwrap().allow_private_addresses(true);
+    let runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
     let outcome = runner.run(&mut conn, id).await.unwrap();
     assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
     let requests = sink.requests_to("/hook");
@@ -426,10 +435,124 @@ async fn http_request_to_an_internal_address_fails_the_run_without_calling() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
     let sink = outbox_test_support::HttpSink::start().await;
-    let id = queued(&mut conn, http_workflow(&sink.url_for("/hook")), json!({})).await;
-    let outcome = Runner::new().unwrap().run(&mut conn, id).await.unwrap();
+    let port = sink.port();
+    let runner = Runner::new().unwrap();
+    for (url, reason) in [
+        // A name: refused on the resolution the connection would use, so
+        // a second lookup cannot answer differently (DNS rebinding).
+        (
+            format!("http://localhost:{port}/hook"),
+            "localhost resolves only to internal addresses; refused",
+        ),
+        // IP literals, which no resolver sees: refused before the request.
+        (
+            sink.url_for("/hook"),
+            "127.0.0.1 is an internal address; refused",
+        ),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}/hook"),
+            "::ffff:127.0.0.1 is an internal address; refused",
+        ),
+    ] {
+        let id = queued(&mut conn, http_workflow(&url), json!({})).await;
+        let outcome = runner.run(&mut conn, id).await.unwrap();
+        assert_eq!(
+            outcome,
+            RunOutcome::Finished(ExecutionStatus::Error),
+            "{url}"
+        );
+        let run = execution(&mut conn, id).await;
+        assert_eq!(run.error.unwrap(), format!("block call: {reason}"));
+        assert_eq!(
+            block_rows(&mut conn, id).await.last().unwrap(),
+            &("call".to_owned(), 1, "error".to_owned())
+        );
+    }
+    assert!(sink.requests().is_empty());
+
+    // WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true: the same name reaches the sink.
+    let open = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
+    let url = format!("http://localhost:{port}/hook");
+    let id = queued(&mut conn, http_workflow(&url), json!({ "n": 2 })).await;
+    let outcome = open.run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let requests = sink.requests_to("/hook");
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].json(), json!({ "n": 2 }));
+}
+
+#[tokio::test]
+async fn a_run_started_by_a_workflows_row_event_makes_no_callout_even_after_a_wait() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    // A creates a ticket; B, on every new ticket, waits for an answer and
+    // then calls the sink.
+    let creator = json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "open", "type": "rowCreate", "params": {
+                "entity": "ticket", "values": { "title": "from A" } } }
+        ],
+        "edges": [{ "from": "start", "to": "open" }]
+    });
+    let id_a = queued(&mut conn, creator, json!({})).await;
+    live(
+        &mut conn,
+        "b",
+        json!({
+            "blocks": [
+                { "id": "created", "type": "eventTrigger",
+                  "params": { "entity": "ticket", "event": "row.created" } },
+                { "id": "ask", "type": "waitForInput", "params": { "prompt": "call?" } },
+                { "id": "call", "type": "httpRequest", "params": {
+                    "method": "POST", "url": sink.url_for("/hook"), "body": { "var": "input" } } }
+            ],
+            "edges": [
+                { "from": "created", "to": "ask" },
+                { "from": "ask", "to": "call", "label": "input" }
+            ]
+        }),
+    )
+    .await;
+    let runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
+    assert_eq!(
+        runner.run(&mut conn, id_a).await.unwrap(),
+        RunOutcome::Finished(ExecutionStatus::Success)
+    );
+
+    // A's row event starts B, as the workflow subscriber does.
+    let (event_id, payload): (Uuid, Value) = outbox_event::table
+        .filter(outbox_event::event_type.eq(TRIGGER_EVENT))
+        .select((outbox_event::id, outbox_event::payload))
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(payload["allowExternalCallouts"], false);
+    let payload: TriggerEventPayload = serde_json::from_value(payload).unwrap();
+    let started = store::event_executions(&mut conn, &payload, event_id)
+        .await
+        .unwrap();
+    assert_eq!(started.len(), 1);
+    let id_b = started[0].id;
+    assert!(!started[0].allow_external_callouts);
+
+    // The flag outlives the wait: the resumed run still may not call.
+    assert_eq!(
+        runner.run(&mut conn, id_b).await.unwrap(),
+        RunOutcome::Waiting("ask".into())
+    );
+    let outcome = runner
+        .resume(&mut conn, id_b, "ask", ContinueKind::Input, &json!({}))
+        .await
+        .unwrap();
     assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Error));
-    let reason = execution(&mut conn, id).await.error.unwrap();
-    assert!(reason.contains("internal address"), "{reason}");
+    let run = execution(&mut conn, id_b).await;
+    assert_eq!(
+        run.error.as_deref(),
+        Some(
+            "block call: external callouts are disabled for runs started by a workflow's own row events"
+        )
+    );
     assert!(sink.requests().is_empty());
 }

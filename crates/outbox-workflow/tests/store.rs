@@ -71,6 +71,7 @@ async fn run(
             },
             input: &input,
             trigger_event_id: event,
+            allow_external_callouts: true,
         },
     )
     .await
@@ -419,6 +420,7 @@ async fn a_redelivered_trigger_event_starts_each_workflow_once() {
             trigger_kind: TriggerKind::Api,
             input: &json!({}),
             trigger_event_id: None,
+            allow_external_callouts: true,
         },
     )
     .await

@@ -336,6 +336,8 @@ pub async fn execute_trigger(
         trigger_kind: TriggerKind::Stream,
         input: &request.input,
         trigger_event_id: None,
+        // Started by a signed request, not by a workflow's own row event.
+        allow_external_callouts: true,
     };
     let execution =
         store::create_execution(&mut conn, &new)

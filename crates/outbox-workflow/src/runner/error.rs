@@ -1,5 +1,7 @@
-//! [`RunError`]: why the runner could not advance an execution.
+//! [`RunError`]: why the runner could not advance an execution;
+//! [`HttpRequestError`]: why an `httpRequest` block failed.
 
+use outbox_http_guard::GuardError;
 use uuid::Uuid;
 
 use crate::producers::ProducerError;
@@ -64,4 +66,39 @@ impl From<outbox_publish::NotInTransaction> for RunError {
     fn from(error: outbox_publish::NotInTransaction) -> Self {
         Self::Producer(error.into())
     }
+}
+
+/// Why an `httpRequest` block failed: the run ends in `error`, and the
+/// execution's `error` is `block <id>: ` followed by this message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpRequestError {
+    /// The run was started by an event a workflow's own row block caused
+    /// (`allowExternalCallouts: false`): it makes no external calls.
+    #[error("external callouts are disabled for runs started by a workflow's own row events")]
+    CalloutsDisabled,
+    /// The rendered URL does not parse.
+    #[error("{url:?} is not a URL: {source}")]
+    InvalidUrl {
+        /// The rendered URL.
+        url: String,
+        /// Why it does not parse.
+        source: url::ParseError,
+    },
+    /// The method is not an HTTP method.
+    #[error("invalid HTTP method {method:?}")]
+    InvalidMethod {
+        /// The method as given.
+        method: String,
+    },
+    /// The address guard refused the target: an internal address (unless
+    /// the runner allows them), or a scheme other than `http` / `https`.
+    #[error(transparent)]
+    Refused(#[from] GuardError),
+    /// The request failed: no connection, a timeout, a broken response.
+    #[error("request failed: {0}")]
+    Request(#[source] reqwest::Error),
+    /// The response's body could not be read.
+    #[error("reading the body: {0}")]
+    Body(#[source] reqwest::Error),
 }

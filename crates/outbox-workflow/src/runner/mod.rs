@@ -9,6 +9,15 @@
 //! call happens before the transaction that records it, so it is at least
 //! once.
 //!
+//! `httpRequest` calls go through the address guard of
+//! [`outbox_http_guard`] (the webhook subscriber's): internal addresses are
+//! refused on the resolution the connection uses, unless the runner was
+//! built with [`AddressPolicy::AllowInternal`]. A run started by an event
+//! a workflow's own row block caused
+//! ([`WorkflowExecution::allow_external_callouts`] false) makes no calls at
+//! all: its `httpRequest` blocks fail with
+//! [`HttpRequestError::CalloutsDisabled`].
+//!
 //! A run ends in `success` (the last block's output), `error` (a block
 //! failed, or cannot run natively), or `rejected` (the preflight refused
 //! the workflow before its first block: a `code` or `aiAgent` block, or a
@@ -21,17 +30,18 @@ mod blocks;
 mod db;
 mod error;
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+use outbox_http_guard::{GuardError, GuardedClient};
 use outbox_publish::OutboxTx;
 use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 pub use blocks::EMAIL_EVENT;
 pub use db::{HOOK_EXECUTED, HOOK_FAILED};
-pub use error::RunError;
+pub use error::{HttpRequestError, RunError};
+pub use outbox_http_guard::AddressPolicy;
 
 use self::blocks::{Effect, StepError, apply, label_of};
 use crate::events::ContinueKind;
@@ -58,8 +68,7 @@ pub enum RunOutcome {
 /// Runs executions natively. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Runner {
-    http: reqwest::Client,
-    allow_private_addresses: bool,
+    http: GuardedClient,
     stop_after: Option<usize>,
     progress: Option<tokio::sync::mpsc::UnboundedSender<BlockProgress>>,
 }
@@ -88,23 +97,22 @@ impl Runner {
     ///
     /// The HTTP client cannot be built (no TLS backend).
     pub fn new() -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
+        Self::with_address_policy(AddressPolicy::PublicOnly)
+    }
+
+    /// A runner whose `httpRequest` blocks follow `policy`:
+    /// [`AddressPolicy::AllowInternal`] lets them call internal addresses
+    /// (tests, trusted deployments; `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`).
+    ///
+    /// # Errors
+    ///
+    /// The HTTP client cannot be built (no TLS backend).
+    pub fn with_address_policy(policy: AddressPolicy) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http,
-            allow_private_addresses: false,
+            http: GuardedClient::new(policy)?,
             stop_after: None,
             progress: None,
         })
-    }
-
-    /// Lets `httpRequest` blocks call internal addresses (tests, trusted
-    /// deployments).
-    #[must_use]
-    pub fn allow_private_addresses(mut self, allow: bool) -> Self {
-        self.allow_private_addresses = allow;
-        self
     }
 
     /// Stops each call after `blocks` newly run blocks, as a crash would
@@ -271,7 +279,11 @@ impl Runner {
                 }
                 let ctx = json!({ "input": execution.input, "vars": vars, "blocks": outputs });
                 let http = match &block.params {
-                    BlockParams::HttpRequest(p) => Some(self.call(p, &ctx).await),
+                    BlockParams::HttpRequest(p) => Some(
+                        self.call(&execution, p, &ctx)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    ),
                     _ => None,
                 };
                 let step = conn
@@ -325,38 +337,29 @@ impl Runner {
     }
 
     /// The HTTP call of an `httpRequest` block: its output
-    /// `{status, headers, body}`, or why it failed.
-    async fn call(&self, params: &HttpRequestParams, ctx: &Value) -> Result<Value, String> {
-        let url = params.url.render(ctx);
-        let parsed = url::Url::parse(&url).map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-        let host = parsed.host_str().ok_or(format!("{url:?} has no host"))?;
-        if !self.allow_private_addresses {
-            let port = parsed.port_or_known_default().unwrap_or(443);
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let addrs: Vec<IpAddr> = tokio::net::lookup_host((host, port))
-                .await
-                .map_err(|e| format!("cannot resolve {host}: {e}"))?
-                .map(|a| a.ip())
-                .collect();
-            if addrs.is_empty()
-                || addrs
-                    .iter()
-                    .any(|ip| outbox_subscriber_webhook::is_internal(*ip))
-            {
-                return Err(format!("{host} resolves to an internal address; refused"));
-            }
+    /// `{status, headers, body}`, or why it failed. A run that may not call
+    /// out fails before anything is rendered or sent.
+    async fn call(
+        &self,
+        execution: &WorkflowExecution,
+        params: &HttpRequestParams,
+        ctx: &Value,
+    ) -> Result<Value, HttpRequestError> {
+        if !execution.allow_external_callouts {
+            return Err(HttpRequestError::CalloutsDisabled);
         }
-        let method = reqwest::Method::from_bytes(
-            serde_json::to_value(params.method)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default()
-                .as_bytes(),
-        )
-        .map_err(|e| e.to_string())?;
+        let url = params.url.render(ctx);
+        let parsed =
+            url::Url::parse(&url).map_err(|source| HttpRequestError::InvalidUrl { url, source })?;
+        let method = serde_json::to_value(params.method)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let method = reqwest::Method::from_bytes(method.as_bytes())
+            .map_err(|_| HttpRequestError::InvalidMethod { method })?;
         let mut request = self
             .http
-            .request(method, parsed)
+            .request(method, parsed)?
             .timeout(Duration::from_millis(params.timeout_ms()));
         for (name, value) in &params.headers {
             request = request.header(name, value.render(ctx));
@@ -367,17 +370,17 @@ impl Runner {
         let response = request
             .send()
             .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .map_err(|e| match GuardError::find(&e) {
+                Some(refused) => HttpRequestError::Refused(refused.clone()),
+                None => HttpRequestError::Request(e),
+            })?;
         let status = response.status().as_u16();
         let headers: Map<String, Value> = response
             .headers()
             .iter()
             .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
             .collect();
-        let text = response
-            .text()
-            .await
-            .map_err(|e| format!("reading the body: {e}"))?;
+        let text = response.text().await.map_err(HttpRequestError::Body)?;
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok(json!({ "status": status, "headers": headers, "body": body }))
     }

@@ -313,6 +313,9 @@ pub struct NewExecution<'a> {
     pub input: &'a Value,
     /// The outbox event that starts it, if any: the fan-out key.
     pub trigger_event_id: Option<Uuid>,
+    /// Whether its `httpRequest` blocks may call out: the trigger event's
+    /// `allowExternalCallouts`; true for manual and API runs.
+    pub allow_external_callouts: bool,
 }
 
 /// Creates a `queued` execution of the workflow's current version.
@@ -347,6 +350,7 @@ pub async fn create_execution(
             workflow_execution::status.eq(ExecutionStatus::Queued.as_str()),
             workflow_execution::input.eq(new.input),
             workflow_execution::trigger_event_id.eq(new.trigger_event_id),
+            workflow_execution::allow_external_callouts.eq(new.allow_external_callouts),
         ))
         .on_conflict((
             workflow_execution::workflow_id,
@@ -419,9 +423,10 @@ pub async fn list_executions(
 /// The executions that the trigger event `trigger_event_id` starts: for
 /// each live workflow of `payload`'s tenant whose `eventTrigger` matches its
 /// entity and event, the execution created now (`queued`, input the
-/// application event's data) or, when the event was delivered before, the
-/// one it created then. A workflow never starts on an event its own row
-/// blocks caused (`payload.origin`), so it cannot trigger itself in a loop.
+/// application event's data, `allow_external_callouts` the payload's) or,
+/// when the event was delivered before, the one it created then. A workflow
+/// never starts on an event its own row blocks caused (`payload.origin`), so
+/// it cannot trigger itself in a loop.
 ///
 /// # Errors
 ///
@@ -461,6 +466,7 @@ pub async fn event_executions(
             trigger_kind: TriggerKind::Event,
             input: &input,
             trigger_event_id: Some(trigger_event_id),
+            allow_external_callouts: payload.allow_external_callouts,
         };
         let execution = match create_execution(conn, &new).await? {
             Some(created) => created,

@@ -205,6 +205,9 @@ pub struct WorkflowExecution {
     pub started_at: Option<DateTime<Utc>>,
     /// When it ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// Whether its `httpRequest` blocks may call out: false for a run
+    /// started by an event a workflow's own row block caused.
+    pub allow_external_callouts: bool,
 }
 
 /// A `workflow_block_execution` row: one block run of an execution.

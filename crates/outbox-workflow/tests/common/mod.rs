@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used)]
 
 use outbox_workflow::{DefinitionError, ValidatedWorkflow, WorkflowDefinition};
 use serde_json::{Value, json};

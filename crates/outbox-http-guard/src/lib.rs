@@ -1,0 +1,32 @@
+//! The outbound-HTTP address guard: requests a tenant can aim (webhook and
+//! plugin deliveries, workflow `httpRequest` blocks) must not reach the
+//! deployment's internal services.
+//!
+//! - [`is_internal`]: the rule, loopback, private, link-local and other
+//!   non-public ranges, IPv4 addresses embedded in IPv6 included.
+//! - [`GuardedResolver`]: a resolver that drops internal addresses.
+//! - [`GuardedClient`]: a `reqwest` client built so that the address
+//!   checked is the address connected to. Its resolver is the
+//!   [`GuardedResolver`] and is the only resolution a request makes, so a
+//!   name cannot answer a public address to a check and an internal one to
+//!   the connection (DNS rebinding). URLs whose host is an IP literal never
+//!   reach a resolver; [`GuardedClient::request`] checks them with
+//!   [`check_url`] before any request is built. The client ignores proxies
+//!   from the environment (a proxy would resolve the target itself) and
+//!   follows no redirects (a redirect would name a target nobody checked).
+//!
+//! [`AddressPolicy::AllowInternal`] lifts the address checks (tests,
+//! demos, trusted deployments); proxies and redirects stay off.
+//!
+//! Why the guard refused is a [`GuardError`]; [`GuardError::find`] finds it
+//! in the error of a failed request (a refusal by the resolver).
+
+mod address;
+mod client;
+mod error;
+mod resolver;
+
+pub use address::is_internal;
+pub use client::{AddressPolicy, GuardedClient, check_url};
+pub use error::GuardError;
+pub use resolver::GuardedResolver;

@@ -1,0 +1,1 @@
+ALTER TABLE workflow_execution DROP COLUMN allow_external_callouts;
