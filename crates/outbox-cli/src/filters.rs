@@ -1,5 +1,6 @@
 //! Row selection shared by `list` and `requeue`: the filter flags, their
-//! parsers, and the queries they build.
+//! parsers, and the queries they build; and the parser of lengths of time
+//! (`15m`) that ages and `health --stuck-after` share.
 //!
 //! Every parser returns a [`FilterValueError`]; clap reports it with the
 //! flag's name and exits with code 2. No value, however long or strange,
@@ -50,11 +51,15 @@ pub enum FilterValueError {
     /// Neither RFC 3339 nor `<whole number><unit>`.
     #[error("{0:?} is neither RFC 3339 (2026-11-29T10:00:00Z) nor an age (30s, 90m, 6h, 7d)")]
     NotATime(String),
+    /// Not `<whole number><unit>` where only a length of time is accepted.
+    #[error("{0:?} is not a length of time (30s, 90m, 6h, 7d)")]
+    NotAnAge(String),
     /// An age whose unit is not s, m, h or d.
     #[error("{0:?}: the unit of an age must be s, m, h or d")]
     UnknownUnit(String),
-    /// An age so large that the time it names cannot be represented.
-    #[error("{0:?} reaches back further than a date can go")]
+    /// An age so large that the time it names, or the span itself, cannot
+    /// be represented.
+    #[error("{0:?} is longer than a date or a time span can go")]
     AgeOutOfRange(String),
 }
 
@@ -85,30 +90,59 @@ pub fn parse_time_at(raw: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, Fil
     if let Ok(at) = DateTime::parse_from_rfc3339(raw) {
         return Ok(at.with_timezone(&Utc));
     }
+    let age = parse_age(raw).map_err(|e| match e {
+        FilterValueError::NotAnAge(_) => FilterValueError::NotATime(raw.to_owned()),
+        other => other,
+    })?;
+    now.checked_sub_signed(age)
+        .ok_or_else(|| FilterValueError::AgeOutOfRange(raw.to_owned()))
+}
+
+/// Parses a length of time: `<whole number><unit>`, the unit `s`, `m`, `h`
+/// or `d` (`30s`, `90m`, `6h`, `7d`); surrounding spaces are ignored. The
+/// ages of [`parse_time`] and the thresholds of `health` are written so.
+///
+/// # Errors
+///
+/// [`FilterValueError::NotAnAge`], [`FilterValueError::UnknownUnit`], or
+/// [`FilterValueError::AgeOutOfRange`] for a number no time span holds.
+pub fn parse_age(raw: &str) -> Result<TimeDelta, FilterValueError> {
     let trimmed = raw.trim();
     // The unit is the last character, which need not be one byte long.
     let Some((split, unit)) = trimmed.char_indices().next_back() else {
-        return Err(FilterValueError::NotATime(raw.to_owned()));
+        return Err(FilterValueError::NotAnAge(raw.to_owned()));
     };
     let number = &trimmed[..split];
     if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(FilterValueError::NotATime(raw.to_owned()));
+        return Err(FilterValueError::NotAnAge(raw.to_owned()));
     }
-    let age = |of: fn(i64) -> Option<TimeDelta>| {
+    let span = |of: fn(i64) -> Option<TimeDelta>| {
         number
             .parse::<i64>()
             .ok()
             .and_then(of)
-            .and_then(|age| now.checked_sub_signed(age))
             .ok_or_else(|| FilterValueError::AgeOutOfRange(raw.to_owned()))
     };
     match unit {
-        's' => age(TimeDelta::try_seconds),
-        'm' => age(TimeDelta::try_minutes),
-        'h' => age(TimeDelta::try_hours),
-        'd' => age(TimeDelta::try_days),
+        's' => span(TimeDelta::try_seconds),
+        'm' => span(TimeDelta::try_minutes),
+        'h' => span(TimeDelta::try_hours),
+        'd' => span(TimeDelta::try_days),
         _ => Err(FilterValueError::UnknownUnit(raw.to_owned())),
     }
+}
+
+/// [`parse_age`] as a [`std::time::Duration`] (for thresholds such as
+/// `health --stuck-after`).
+///
+/// # Errors
+///
+/// As [`parse_age`].
+pub fn parse_duration(raw: &str) -> Result<std::time::Duration, FilterValueError> {
+    // A span of digits is never negative; to_std fails on nothing else.
+    parse_age(raw)?
+        .to_std()
+        .map_err(|_| FilterValueError::AgeOutOfRange(raw.to_owned()))
 }
 
 fn like_escape(text: &str) -> String {
@@ -274,6 +308,38 @@ mod tests {
     }
 
     #[test]
+    fn durations_are_whole_numbers_with_a_unit() {
+        use std::time::Duration;
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration(" 2h "), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        for raw in ["soon", "", "-5m", "1.5h", "2026-11-29T10:00:00Z"] {
+            assert_eq!(
+                parse_duration(raw),
+                Err(FilterValueError::NotAnAge(raw.into())),
+                "{raw:?}"
+            );
+        }
+        assert!(
+            parse_duration("soon")
+                .unwrap_err()
+                .to_string()
+                .contains("length of time")
+        );
+        assert_eq!(
+            parse_duration("5y"),
+            Err(FilterValueError::UnknownUnit("5y".into()))
+        );
+        assert_eq!(
+            parse_duration("99999999999999999999999s"),
+            Err(FilterValueError::AgeOutOfRange(
+                "99999999999999999999999s".into()
+            ))
+        );
+    }
+
+    #[test]
     fn like_wildcards_are_escaped() {
         assert_eq!(like_escape("a_b%c\\"), "a\\_b\\%c\\\\");
     }
@@ -317,6 +383,11 @@ mod tests {
                 let rfc3339 = DateTime::parse_from_rfc3339(&raw).is_ok();
                 prop_assert!(rfc3339 || at <= now(), "{raw:?} gave {at}");
             }
+        }
+
+        #[test]
+        fn parse_duration_never_panics(raw in nasty()) {
+            let _ = parse_duration(&raw);
         }
 
         #[test]

@@ -1,7 +1,9 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
-//! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue`. Every
-//! command prints a table, or JSON with `--json`. Exit codes: 0 fine; 1 an
+//! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue |
+//! workflow executions | workflow show ID`. Every command prints a table, or
+//! JSON with `--json`. `health` covers the queues (Redis) and the workflow
+//! executions stuck in `queued` or `running` (Postgres). Exit codes: 0 fine; 1 an
 //! alert fired or nothing matched; 2 a usage, configuration or connection
 //! error, a value no flag accepts, or a bulk requeue above `--confirm-above`
 //! without `--yes` (nothing changed). The runbook in `docs/operations.md`
@@ -11,6 +13,7 @@ mod dead;
 mod filters;
 mod render;
 mod requeue;
+mod workflow;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,9 +39,9 @@ const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired or nothing matche
     configuration or connection error, a value no flag accepts (the message names the flag), or a \
     bulk requeue above --confirm-above without --yes (nothing changed).";
 
-/// Default of `list --limit`.
+/// Default of `list --limit` and `workflow executions --limit`.
 const DEFAULT_LIST_LIMIT: u64 = 100;
-/// Largest `list --limit`.
+/// Largest `list --limit` and `workflow executions --limit`.
 const MAX_LIST_LIMIT: u64 = 100_000;
 
 /// Operate the transactional outbox.
@@ -53,7 +56,7 @@ struct Cli {
     /// Postgres URL.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
-    /// Redis URL (health, requeue --replay).
+    /// Redis URL (health, dead).
     #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
     redis_url: Option<String>,
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
@@ -74,7 +77,7 @@ enum Command {
     /// Counts by status and queue, oldest due pending age, the pending alert.
     #[command(after_help = EXIT_CODES)]
     Stats,
-    /// Backlog, due, running, done, dead and stalled workers of every queue.
+    /// Backlog, due, running, done, dead and stalled workers of every queue; workflow executions stuck in queued or running.
     #[command(after_help = EXIT_CODES)]
     Health(HealthArgs),
     /// The dead jobs of a queue and why each failed.
@@ -92,6 +95,9 @@ enum Command {
     /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING: one id, or every row the filters match (FAILED without --status), in batches.
     #[command(after_help = EXIT_CODES)]
     Requeue(RequeueArgs),
+    /// Workflow executions: the recent ones, or one with its block runs.
+    #[command(after_help = EXIT_CODES)]
+    Workflow(workflow::WorkflowArgs),
 }
 
 #[derive(Args)]
@@ -114,6 +120,9 @@ struct HealthArgs {
     /// A worker whose heartbeat is older than this many seconds is stalled.
     #[arg(long, default_value_t = 120)]
     stall_after_secs: u64,
+    /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
+    #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
+    stuck_after: Duration,
 }
 
 /// A failure with its exit code.
@@ -190,6 +199,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::List(args) => list(&cli, args).await,
         Command::Show { id } => show(&cli, *id).await,
         Command::Requeue(args) => requeue::command::run(&cli, args).await,
+        Command::Workflow(args) => workflow::run(&cli, args).await,
     }
 }
 
@@ -302,9 +312,13 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             alerts,
         });
     }
-    let alert = report.iter().any(|q| !q.alerts.is_empty());
+    let mut conn = connect(cli).await?;
+    let workflows = workflow::health(&mut conn, args.stuck_after)
+        .await
+        .context("cannot read the workflow executions")?;
+    let alert = report.iter().any(|q| !q.alerts.is_empty()) || !workflows.alerts.is_empty();
     if cli.json {
-        print_json(&json!({ "alert": alert, "queues": report }))?;
+        print_json(&json!({ "alert": alert, "queues": report, "workflows": workflows }))?;
     } else {
         println!(
             "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
@@ -329,6 +343,8 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
                 }
             );
         }
+        println!();
+        workflow::print_health(&workflows);
     }
     Ok(u8::from(alert))
 }

@@ -2,72 +2,26 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::process::Command;
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::RunQueryDsl;
 use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
 use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, RedisSettings, push_raw, queues};
+use outbox_queue::{RedisSettings, push_raw, queues};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
-use outbox_test_support::{TestDatabase, TestRedis, eventually};
+use outbox_test_support::eventually;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))
-    }
-}
-
-struct Env {
-    db: TestDatabase,
-    redis: TestRedis,
-    namespace: QueueNamespace,
-}
+use crate::common::{Env, Run};
 
 impl Env {
-    async fn new() -> Self {
-        let db = TestDatabase::new().await;
-        let redis = TestRedis::new().await;
-        let namespace = QueueNamespace::prefixed(redis.prefix());
-        Self {
-            db,
-            redis,
-            namespace,
-        }
-    }
-
-    fn outbox(&self, args: &[&str]) -> Run {
-        let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
-            .args(args)
-            .env("DATABASE_URL", self.db.url())
-            .env("REDIS_URL", self.redis.url())
-            .env("OUTBOX_QUEUE_PREFIX", self.namespace.prefix())
-            .env_remove("USER")
-            .output()
-            .unwrap();
-        Run {
-            code: output.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
-    }
-
-    async fn sql(&self, sql: &str) {
-        self.db.conn().await.batch_execute(sql).await.unwrap();
-    }
-
     async fn rows(&self) -> Vec<OutboxEvent> {
         let mut conn = self.db.conn().await;
         outbox_event::table

@@ -18,6 +18,14 @@ pub const TRIGGER_EVENT: &str = "workflow.trigger.event";
 /// Payload: [`ExecutionRequestedPayload`].
 pub const EXECUTION_REQUESTED: &str = "workflow.execution.requested";
 
+/// The dispatch key of the [`EXECUTION_REQUESTED`] event of execution
+/// `execution_id`: `wf-run:<execution>`. It finds the outbox row that asked
+/// for a manual or API run, while retention has not deleted it.
+#[must_use]
+pub fn execution_requested_key(execution_id: Uuid) -> String {
+    format!("wf-run:{execution_id}")
+}
+
 /// A `waiting` execution should resume: its answer arrived, or its timeout
 /// passed. Payload: [`ContinueRequestedPayload`].
 pub const CONTINUE_REQUESTED: &str = "workflow.execution.continue.requested";

@@ -19,7 +19,9 @@
 //!
 //! - [`store`] holds the workflow tables' row types and the functions that
 //!   save versioned definitions, match event triggers and create
-//!   executions, each on a caller's `&mut AsyncPgConnection`.
+//!   executions, each on a caller's `&mut AsyncPgConnection`; and the reads
+//!   the operator CLI uses (executions listed and counted, block runs in
+//!   order, executions stuck in `queued` or `running`).
 //! - [`producers`] write the `workflow.*` outbox events in the caller's
 //!   transaction (row mutations with their application events, manual and
 //!   API run requests, continuations of waiting runs); [`events`] holds

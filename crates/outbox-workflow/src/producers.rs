@@ -27,6 +27,7 @@ use uuid::Uuid;
 use crate::events::{
     CONTINUE_REQUESTED, ContinueKind, ContinueRequestedPayload, EXECUTION_REQUESTED,
     ExecutionRequestedPayload, TRIGGER_EVENT, TriggerEventPayload, WorkflowOrigin,
+    execution_requested_key,
 };
 use crate::is_identifier;
 use crate::store::{
@@ -283,7 +284,7 @@ pub async fn request_execution(
         workflow_id,
     };
     let event = NewOutboxEvent::new(tenant_id, EXECUTION_REQUESTED, to_json(&payload)?)
-        .dispatch_key(format!("wf-run:{}", execution.id));
+        .dispatch_key(execution_requested_key(execution.id));
     publish_outbox_event(tx, event).await?;
     Ok(execution.id)
 }

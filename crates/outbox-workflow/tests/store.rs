@@ -379,7 +379,8 @@ async fn a_redelivered_trigger_event_starts_each_workflow_once() {
         &mut conn,
         &ExecutionFilter {
             tenant_id: Some("t1"),
-            status: Some(ExecutionStatus::Queued),
+            workflow_id: None,
+            statuses: &[ExecutionStatus::Queued],
             limit: None,
         },
     )
@@ -394,7 +395,7 @@ async fn a_redelivered_trigger_event_starts_each_workflow_once() {
     let running = store::list_executions(
         &mut conn,
         &ExecutionFilter {
-            status: Some(ExecutionStatus::Running),
+            statuses: &[ExecutionStatus::Running],
             ..Default::default()
         },
     )
@@ -482,5 +483,98 @@ async fn a_waiting_execution_must_name_its_block_and_only_a_waiting_one() {
             .await
             .unwrap()
             .is_none()
+    );
+}
+
+/// (status, count, oldest) of the executions stuck for over `minutes`.
+async fn stuck(conn: &mut AsyncPgConnection, minutes: u64) -> Vec<(ExecutionStatus, i64, Uuid)> {
+    store::stuck_executions(conn, std::time::Duration::from_secs(minutes * 60))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.status, s.count, s.oldest_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn stuck_executions_are_old_queued_or_running_ones_never_waiting_ones() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let saved = store::save_workflow(
+        &mut conn,
+        "t1",
+        "w",
+        WorkflowStatus::Live,
+        &manual_workflow("x"),
+    )
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            run(&mut conn, "t1", saved.workflow.id, None)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    // (status, waiting block, unchanged for this many minutes)
+    let states = [
+        ("queued", None, 120),
+        ("queued", None, 50),
+        ("running", None, 60),
+        ("waiting", Some("note"), 180),
+        ("queued", None, 0),
+    ];
+    for (id, (status, block, minutes)) in ids.iter().zip(states) {
+        diesel::sql_query(
+            "UPDATE workflow_execution SET status = $2, waiting_block = $3,
+                    updated_at = now() - make_interval(mins => $4) WHERE id = $1",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(id)
+        .bind::<diesel::sql_types::Text, _>(status)
+        .bind::<diesel::sql_types::Nullable<diesel::sql_types::Text>, _>(block)
+        .bind::<diesel::sql_types::Integer, _>(minutes)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+
+    assert_eq!(
+        stuck(&mut conn, 30).await,
+        [
+            (ExecutionStatus::Queued, 2, ids[0]),
+            (ExecutionStatus::Running, 1, ids[2]),
+        ]
+    );
+    assert_eq!(
+        stuck(&mut conn, 90).await,
+        [(ExecutionStatus::Queued, 1, ids[0])]
+    );
+    assert_eq!(stuck(&mut conn, 600).await, []);
+
+    let queued = ExecutionFilter {
+        statuses: &[ExecutionStatus::Queued],
+        limit: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::count_executions(&mut conn, &queued).await.unwrap(),
+        3
+    );
+    assert_eq!(
+        store::list_executions(&mut conn, &queued)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let of_other = ExecutionFilter {
+        workflow_id: Some(Uuid::new_v4()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::count_executions(&mut conn, &of_other).await.unwrap(),
+        0
     );
 }

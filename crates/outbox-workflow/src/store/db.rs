@@ -1,6 +1,7 @@
 //! The SQL of the workflow store, in diesel's DSL.
 
 use diesel::dsl::{exists, now};
+use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::{application_event, workflow, workflow_execution, workflow_version};
@@ -381,15 +382,34 @@ pub async fn get_execution(
         .optional()?)
 }
 
-/// Which executions [`list_executions`] returns.
+/// Which executions [`list_executions`] and [`count_executions`] select.
 #[derive(Debug, Clone, Default)]
 pub struct ExecutionFilter<'a> {
     /// Only this tenant's.
     pub tenant_id: Option<&'a str>,
-    /// Only those with this status.
-    pub status: Option<ExecutionStatus>,
-    /// At most this many (all when `None`).
+    /// Only this workflow's.
+    pub workflow_id: Option<Uuid>,
+    /// Only those with one of these statuses (any status when empty).
+    pub statuses: &'a [ExecutionStatus],
+    /// At most this many (all when `None`); [`count_executions`] ignores it.
     pub limit: Option<i64>,
+}
+
+/// The executions `filter` selects, in no particular order and without its
+/// limit.
+fn filtered<'a>(filter: &ExecutionFilter<'a>) -> workflow_execution::BoxedQuery<'a, Pg> {
+    let mut query = workflow_execution::table.into_boxed();
+    if let Some(tenant_id) = filter.tenant_id {
+        query = query.filter(workflow_execution::tenant_id.eq(tenant_id));
+    }
+    if let Some(workflow_id) = filter.workflow_id {
+        query = query.filter(workflow_execution::workflow_id.eq(workflow_id));
+    }
+    if !filter.statuses.is_empty() {
+        let statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+        query = query.filter(workflow_execution::status.eq_any(statuses));
+    }
+    query
 }
 
 /// Executions matching `filter`, newest first.
@@ -401,23 +421,30 @@ pub async fn list_executions(
     conn: &mut AsyncPgConnection,
     filter: &ExecutionFilter<'_>,
 ) -> Result<Vec<WorkflowExecution>, StoreError> {
-    let mut query = workflow_execution::table
+    let mut query = filtered(filter)
         .select(WorkflowExecution::as_select())
         .order((
             workflow_execution::created_at.desc(),
             workflow_execution::id.desc(),
-        ))
-        .into_boxed();
-    if let Some(tenant_id) = filter.tenant_id {
-        query = query.filter(workflow_execution::tenant_id.eq(tenant_id));
-    }
-    if let Some(status) = filter.status {
-        query = query.filter(workflow_execution::status.eq(status.as_str()));
-    }
+        ));
     if let Some(limit) = filter.limit {
         query = query.limit(limit);
     }
     Ok(query.load(conn).await?)
+}
+
+/// How many executions match `filter`, whatever its `limit` (so a listing
+/// cut at the limit can say how many it left out).
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn count_executions(
+    conn: &mut AsyncPgConnection,
+    filter: &ExecutionFilter<'_>,
+) -> Result<u64, StoreError> {
+    let n: i64 = filtered(filter).count().get_result(conn).await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 /// The executions that the trigger event `trigger_event_id` starts: for

@@ -1,6 +1,7 @@
 //! The workflow tables and their store: row types, and the functions that
 //! save definitions, read versions, match event triggers and create
-//! executions.
+//! executions; and the reads operators need (listing and counting
+//! executions, block runs in order, stuck executions).
 //!
 //! Every function takes `&mut AsyncPgConnection`, so the caller chooses the
 //! transaction: create an execution in the same transaction as the business
@@ -17,14 +18,18 @@
 
 mod db;
 mod error;
+mod inspect;
 mod row;
 
 pub use db::{
-    ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, create_execution, event_executions,
-    get_execution, list_executions, live_event_workflows, load_version, publish, save_workflow,
-    set_status,
+    ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, count_executions, create_execution,
+    event_executions, get_execution, list_executions, live_event_workflows, load_version, publish,
+    save_workflow, set_status,
 };
 pub use error::StoreError;
+pub use inspect::{
+    StuckExecutions, block_executions, block_types, stuck_executions, workflow_names,
+};
 pub use row::{
     ApplicationEvent, BlockExecutionStatus, EntityRow, ExecutionStatus, TriggerKind, UnknownValue,
     Workflow, WorkflowBlockExecution, WorkflowExecution, WorkflowStatus, WorkflowVersion,

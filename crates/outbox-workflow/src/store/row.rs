@@ -67,9 +67,11 @@ macro_rules! text_enum {
             }
         }
 
+        /// The stored text; honours width and alignment (`{:<8}`), so
+        /// tables line up.
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
     };

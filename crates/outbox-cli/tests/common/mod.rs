@@ -1,0 +1,84 @@
+//! What the tests of the real `outbox` binary share: running it against a
+//! test database and Redis namespace, and reading what it printed.
+
+// Each test file uses the part it needs.
+#![allow(dead_code, clippy::unwrap_used, missing_docs)]
+
+use std::process::Command;
+
+use diesel_async::SimpleAsyncConnection;
+use outbox_queue::QueueNamespace;
+use outbox_test_support::{TestDatabase, TestRedis};
+use serde_json::Value;
+
+/// A test database and a Redis namespace of their own, and the binary run
+/// on them.
+pub struct Env {
+    pub db: TestDatabase,
+    pub redis: TestRedis,
+    pub namespace: QueueNamespace,
+}
+
+impl Env {
+    pub async fn new() -> Self {
+        let db = TestDatabase::new().await;
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        Self {
+            db,
+            redis,
+            namespace,
+        }
+    }
+
+    /// Runs `outbox args` on this database and these queues.
+    pub fn outbox(&self, args: &[&str]) -> Run {
+        outbox(&self.db, &self.redis, &self.namespace, args)
+    }
+
+    /// Runs `sql` (any number of statements) on the test database.
+    pub async fn sql(&self, sql: &str) {
+        self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+}
+
+/// One run of `outbox`: its exit code and output.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// stdout as JSON; panics with the output when it is not.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}{}", self.stdout, self.stderr))
+    }
+
+    /// The first line of stdout that starts with `start`, leading spaces
+    /// aside; panics with the output when there is none.
+    pub fn line(&self, start: &str) -> &str {
+        self.stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no line starting with {start:?}:\n{}", self.stdout))
+    }
+}
+
+/// Runs `outbox args` on `db` and the queues of `namespace` in `redis`.
+fn outbox(db: &TestDatabase, redis: &TestRedis, namespace: &QueueNamespace, args: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .env("REDIS_URL", redis.url())
+        .env("OUTBOX_QUEUE_PREFIX", namespace.prefix())
+        .env_remove("USER")
+        .output()
+        .unwrap();
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
