@@ -28,6 +28,8 @@
 //! - [`runner`] runs an execution natively, block by block, each block's
 //!   effect and record in one transaction, and ends it with its plugin
 //!   hook.
+//! - [`code`] runs a `code` block's JavaScript in a sandbox (embedded
+//!   QuickJS with memory, stack and time limits, no IO).
 //!
 //! The subscriber (the `outbox.workflow` queue) calls the runner. The user
 //! documentation of blocks, conditions, rules, producers and the runner is
@@ -54,6 +56,7 @@
 //! assert!(workflow.preflight(true, &|_| false).is_ok());
 //! ```
 
+pub mod code;
 mod condition;
 mod definition;
 mod error;
