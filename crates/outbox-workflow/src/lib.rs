@@ -29,7 +29,9 @@
 //!   effect and record in one transaction, and ends it with its plugin
 //!   hook.
 //! - [`code`] runs a `code` block's JavaScript in a sandbox (embedded
-//!   QuickJS with memory, stack and time limits, no IO).
+//!   QuickJS with memory, stack and time limits, no IO); only a runner made
+//!   [`with_bridge_blocks`](runner::Runner::with_bridge_blocks), the bridge
+//!   process's, uses it.
 //!
 //! The subscriber (the `outbox.workflow` queue) calls the runner. The user
 //! documentation of blocks, conditions, rules, producers and the runner is

@@ -16,6 +16,11 @@
 //! publishes `plugin.hook.workflow.executed` or `plugin.hook.workflow.failed`
 //! in the same transaction. See `docs/workflows.md`, "Runner and
 //! subscriber".
+//!
+//! A runner made [`with_bridge_blocks`](Runner::with_bridge_blocks) (the
+//! bridge process's) also runs `code` blocks, in the sandbox of
+//! [`crate::code`], computed before the block's transaction like an HTTP
+//! call.
 
 mod blocks;
 mod db;
@@ -37,6 +42,10 @@ use self::blocks::{Effect, StepError, apply, label_of};
 use crate::events::ContinueKind;
 use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
 use crate::{Block, BlockParams, HttpRequestParams, ValidatedWorkflow};
+
+/// Why an `aiAgent` block fails in a bridge runner
+/// ([`Runner::with_bridge_blocks`]): there is no model provider integration.
+pub const NO_MODEL_PROVIDER: &str = "aiAgent needs a model provider; none is configured";
 
 /// What a call of the runner left the execution in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +70,7 @@ pub struct Runner {
     http: reqwest::Client,
     allow_private_addresses: bool,
     stop_after: Option<usize>,
+    bridge_blocks: bool,
 }
 
 impl Runner {
@@ -78,6 +88,7 @@ impl Runner {
             http,
             allow_private_addresses: false,
             stop_after: None,
+            bridge_blocks: false,
         })
     }
 
@@ -86,6 +97,17 @@ impl Runner {
     #[must_use]
     pub fn allow_private_addresses(mut self, allow: bool) -> Self {
         self.allow_private_addresses = allow;
+        self
+    }
+
+    /// Runs the bridge-only blocks too, for the bridge process only: the
+    /// preflight no longer refuses `code` and `aiAgent`, and a `code` block
+    /// runs its JavaScript in the sandbox ([`crate::code::run`]) before its
+    /// transaction, which records the output. `aiAgent` fails its block
+    /// ([`NO_MODEL_PROVIDER`]).
+    #[must_use]
+    pub fn with_bridge_blocks(mut self) -> Self {
+        self.bridge_blocks = true;
         self
     }
 
@@ -144,7 +166,7 @@ impl Runner {
         if status == ExecutionStatus::Queued {
             // No credential store yet: a block naming a credential cannot
             // run natively.
-            if let Err(error) = workflow.preflight(true, &|_| false) {
+            if let Err(error) = workflow.preflight(!self.bridge_blocks, &|_| false) {
                 let reason = error.to_string();
                 return finish(
                     conn,
@@ -225,6 +247,12 @@ impl Runner {
                 let ctx = json!({ "input": execution.input, "vars": vars, "blocks": outputs });
                 let http = match &block.params {
                     BlockParams::HttpRequest(p) => Some(self.call(p, &ctx).await),
+                    BlockParams::Code(p) if self.bridge_blocks => {
+                        Some(crate::code::run(p, &ctx).await.map_err(|e| e.to_string()))
+                    }
+                    BlockParams::AiAgent(_) if self.bridge_blocks => {
+                        Some(Err(NO_MODEL_PROVIDER.to_owned()))
+                    }
                     _ => None,
                 };
                 let step = conn
