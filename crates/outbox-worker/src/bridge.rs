@@ -119,7 +119,8 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
     let runner = Runner::with_address_policy(AddressPolicy::allow_internal(
         config.allow_private_addresses,
     ))
-    .context("cannot build the workflow runner's HTTP client")?;
+    .context("cannot build the workflow runner's HTTP client")?
+    .with_bridge_blocks();
     let app = router(BridgeState::new(
         pool.clone(),
         runner,

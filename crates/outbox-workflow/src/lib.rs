@@ -30,6 +30,10 @@
 //! - [`runner`] runs an execution natively, block by block, each block's
 //!   effect and record in one transaction, and ends it with its plugin
 //!   hook.
+//! - [`code`] runs a `code` block's JavaScript in a sandbox (embedded
+//!   QuickJS with memory, stack and time limits, no IO); only a runner made
+//!   [`with_bridge_blocks`](runner::Runner::with_bridge_blocks), the bridge
+//!   process's, uses it.
 //!
 //! - [`executor`] chooses where a run goes (`native`, `hybrid`, `http`);
 //!   [`bridge`] is the signed HTTP service that runs what the native runner
@@ -62,6 +66,7 @@
 //! ```
 
 pub mod bridge;
+pub mod code;
 mod condition;
 mod definition;
 mod error;

@@ -73,7 +73,7 @@ fn examples() -> Vec<(&'static str, Value, &'static [&'static str])> {
         ),
         (
             "code",
-            json!({ "language": "typescript", "source": "return input.total * 2;" }),
+            json!({ "language": "javascript", "source": "return input.total * 2;" }),
             &["next"],
         ),
         (
@@ -256,6 +256,32 @@ fn bad_params_name_the_field() {
             }
             other => panic!("{params}: {other:?}"),
         }
+    }
+}
+
+#[test]
+fn code_runs_javascript_only() {
+    let definition = with(
+        json!({ "id": "js", "type": "code",
+                "params": { "language": "typescript", "source": "return 1" } }),
+        json!({ "from": "start", "to": "js" }),
+    );
+    match error(definition) {
+        DefinitionError::BadParams {
+            block,
+            kind,
+            field,
+            message,
+        } => {
+            assert_eq!(block, "js");
+            assert_eq!(kind, BlockKind::Code);
+            assert_eq!(field.as_deref(), Some("language"));
+            assert!(
+                message.contains("unknown variant `typescript`, expected `javascript`"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
     }
 }
 

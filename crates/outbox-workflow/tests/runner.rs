@@ -4,58 +4,25 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod runs;
+
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::{entity_row, outbox_event, workflow_block_execution};
+use outbox_model::schema::{entity_row, outbox_event};
 use outbox_publish::OutboxTx;
 use outbox_test_support::TestDatabase;
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::events::{
     CONTINUE_REQUESTED, ContinueKind, TRIGGER_EVENT, TriggerEventPayload,
 };
-use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
+use outbox_workflow::producers::{self, EventContext, ProducerError};
 use outbox_workflow::runner::{
     AddressPolicy, EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, RunOutcome, Runner,
 };
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use outbox_workflow::store::{self, ExecutionStatus, WorkflowStatus};
+use runs::{block_rows, execution, outbox, queued};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-/// (event type, payload, dispatch key) of every outbox row, oldest first.
-async fn outbox(conn: &mut AsyncPgConnection) -> Vec<(String, Value, Option<String>)> {
-    outbox_event::table
-        .select((
-            outbox_event::event_type,
-            outbox_event::payload,
-            outbox_event::dispatch_key,
-        ))
-        .order(outbox_event::id)
-        .load(conn)
-        .await
-        .unwrap()
-}
-
-/// (block, sequence, status) of the execution's block rows, in run order.
-async fn block_rows(conn: &mut AsyncPgConnection, id: Uuid) -> Vec<(String, i32, String)> {
-    workflow_block_execution::table
-        .filter(workflow_block_execution::execution_id.eq(id))
-        .select((
-            workflow_block_execution::block_id,
-            workflow_block_execution::sequence,
-            workflow_block_execution::status,
-        ))
-        .order((
-            workflow_block_execution::started_at,
-            workflow_block_execution::sequence,
-        ))
-        .load(conn)
-        .await
-        .unwrap()
-}
-
-async fn execution(conn: &mut AsyncPgConnection, id: Uuid) -> WorkflowExecution {
-    store::get_execution(conn, id).await.unwrap().unwrap()
-}
 
 /// Saves `definition` live as `name`; returns the workflow's id.
 async fn live(conn: &mut AsyncPgConnection, name: &str, definition: Value) -> Uuid {
@@ -65,24 +32,6 @@ async fn live(conn: &mut AsyncPgConnection, name: &str, definition: Value) -> Uu
         .unwrap()
         .workflow
         .id
-}
-
-/// Saves `definition` live and requests a manual run with `input`; the
-/// outbox is emptied so the run's own events are all that remain.
-async fn queued(conn: &mut AsyncPgConnection, definition: Value, input: Value) -> Uuid {
-    let workflow = live(conn, "wf", definition).await;
-    let id = conn
-        .transaction::<_, ProducerError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            producers::request_execution(&mut tx, "t1", workflow, RunTrigger::Manual, &input).await
-        })
-        .await
-        .unwrap();
-    diesel::delete(outbox_event::table)
-        .execute(conn)
-        .await
-        .unwrap();
-    id
 }
 
 async fn order(conn: &mut AsyncPgConnection, total: i64) -> Uuid {

@@ -9,18 +9,18 @@ use crate::{TextTemplate, VarPath};
 /// The largest `code` source: 64 KiB.
 pub const MAX_CODE_SOURCE_BYTES: usize = 64 * 1024;
 
-/// The language of a `code` block.
+/// The language of a `code` block: only `javascript` (what the sandbox,
+/// [`crate::code`], runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum CodeLanguage {
     /// `javascript`.
     Javascript,
-    /// `typescript`.
-    Typescript,
 }
 
-/// `code`: user code, run by the bridge in its sandbox with the execution
-/// context as input. Output: what the code returns. Never native.
+/// `code`: user JavaScript, run by the bridge's runner in its sandbox
+/// ([`crate::code::run`]) with the execution context as input. Output: what
+/// the code returns. Never native.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CodeParams {

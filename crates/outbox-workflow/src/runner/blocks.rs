@@ -130,11 +130,14 @@ pub(super) fn email_payload(params: &EmailParams, ctx: &Value) -> Value {
 }
 
 /// Runs `block` in the caller's transaction. `http` is the result of the
-/// block's HTTP call, made before the transaction (`httpRequest` only).
+/// block's work made before the transaction: the HTTP call of
+/// `httpRequest`, or, in a bridge runner, the sandboxed script of `code`
+/// (and the refusal of `aiAgent`).
 ///
 /// Outputs: triggers, the input; `if`, `{"result": bool}`; `switch`,
 /// `{"case": label}`; `log`, `{"level", "message"}`; `variable`, the
-/// value; row blocks as documented; `email`, the mail event's id.
+/// value; row blocks as documented; `email`, the mail event's id; `code`,
+/// what the script returned.
 pub(super) async fn apply(
     tx: &mut OutboxTx<'_>,
     execution: &WorkflowExecution,
@@ -257,12 +260,18 @@ pub(super) async fn apply(
             }
             Effect::Wait
         }
-        BlockParams::Code(_) | BlockParams::AiAgent(_) => {
-            return Err(StepError::Block(format!(
-                "block type {} does not run natively",
-                block.kind().id()
-            )));
-        }
+        // A bridge runner ran the code (or refused `aiAgent`) before the
+        // transaction; a native one did not.
+        BlockParams::Code(_) | BlockParams::AiAgent(_) => match http {
+            Some(Ok(output)) => next(output),
+            Some(Err(reason)) => return Err(StepError::Block(reason)),
+            None => {
+                return Err(StepError::Block(format!(
+                    "block type {} does not run natively",
+                    block.kind().id()
+                )));
+            }
+        },
     };
     Ok(effect)
 }

@@ -25,6 +25,11 @@
 //! publishes `plugin.hook.workflow.executed` or `plugin.hook.workflow.failed`
 //! in the same transaction. See `docs/workflows.md`, "Runner and
 //! subscriber".
+//!
+//! A runner made [`with_bridge_blocks`](Runner::with_bridge_blocks) (the
+//! bridge process's) also runs `code` blocks, in the sandbox of
+//! [`crate::code`], computed before the block's transaction like an HTTP
+//! call.
 
 mod blocks;
 mod db;
@@ -47,6 +52,10 @@ use self::blocks::{Effect, StepError, apply, label_of};
 use crate::events::ContinueKind;
 use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
 use crate::{Block, BlockParams, HttpRequestParams, ValidatedWorkflow};
+
+/// Why an `aiAgent` block fails in a bridge runner
+/// ([`Runner::with_bridge_blocks`]): there is no model provider integration.
+pub const NO_MODEL_PROVIDER: &str = "aiAgent needs a model provider; none is configured";
 
 /// What a call of the runner left the execution in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +80,7 @@ pub struct Runner {
     http: GuardedClient,
     stop_after: Option<usize>,
     progress: Option<tokio::sync::mpsc::UnboundedSender<BlockProgress>>,
+    bridge_blocks: bool,
 }
 
 /// A block the runner just ran (committed), for an observer: the bridge's
@@ -112,7 +122,19 @@ impl Runner {
             http: GuardedClient::new(policy)?,
             stop_after: None,
             progress: None,
+            bridge_blocks: false,
         })
+    }
+
+    /// Runs the bridge-only blocks too, for the bridge process only: the
+    /// preflight no longer refuses `code` and `aiAgent`, and a `code` block
+    /// runs its JavaScript in the sandbox ([`crate::code::run`]) before its
+    /// transaction, which records the output. `aiAgent` fails its block
+    /// ([`NO_MODEL_PROVIDER`]).
+    #[must_use]
+    pub fn with_bridge_blocks(mut self) -> Self {
+        self.bridge_blocks = true;
+        self
     }
 
     /// Stops each call after `blocks` newly run blocks, as a crash would
@@ -199,7 +221,7 @@ impl Runner {
         if status == ExecutionStatus::Queued {
             // No credential store yet: a block naming a credential cannot
             // run natively.
-            if let Err(error) = workflow.preflight(true, &|_| false) {
+            if let Err(error) = workflow.preflight(!self.bridge_blocks, &|_| false) {
                 let reason = error.to_string();
                 return finish(
                     conn,
@@ -284,6 +306,12 @@ impl Runner {
                             .await
                             .map_err(|e| e.to_string()),
                     ),
+                    BlockParams::Code(p) if self.bridge_blocks => {
+                        Some(crate::code::run(p, &ctx).await.map_err(|e| e.to_string()))
+                    }
+                    BlockParams::AiAgent(_) if self.bridge_blocks => {
+                        Some(Err(NO_MODEL_PROVIDER.to_owned()))
+                    }
                     _ => None,
                 };
                 let step = conn
