@@ -5,7 +5,10 @@
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
 //! - `demo`: publish a realistic sample of events and show the rows;
 //! - `bench`: performance figures as JSON lines;
-//! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies).
+//! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
+//! - `inventory`: check the production sources against the workflow
+//!   boundary's rules;
+//! - `verify-workflow-outbox-native`: the workflow readiness gate.
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
@@ -14,9 +17,11 @@ mod bench_drain;
 mod cmd;
 mod demo;
 mod demo_subscribers;
+mod inventory;
 mod schema;
 mod services;
 mod test;
+mod verify_workflow;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -56,6 +61,13 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Check the production sources against the workflow boundary's rules
+    /// (runs are published, only the bridge executes triggers); exit 1 on
+    /// any violation.
+    Inventory,
+    /// The workflow readiness gate: run the focused tests of each claim and
+    /// print a pass/fail table; exit 0 only when every part passes.
+    VerifyWorkflowOutboxNative,
 }
 
 fn main() -> std::process::ExitCode {
@@ -90,6 +102,8 @@ fn run(cli: Cli) -> Result<()> {
             Command::Demo => demo::run().await,
             Command::Bench { only } => bench::run(only.as_deref()).await,
             Command::Schema { check } => schema::run(check).await,
+            Command::Inventory => inventory::run(),
+            Command::VerifyWorkflowOutboxNative => verify_workflow::run().await,
         }
     })
 }

@@ -12,9 +12,21 @@ pub struct TestArgs {
     /// Skip fmt, clippy and docs (tests and the schema check only).
     #[arg(long)]
     pub quick: bool,
-    /// Arguments passed on to the test runner (a filter, for example).
+    /// Arguments passed on to the test runner (a filter, for example); with
+    /// any, the workflow readiness gate is skipped.
     #[arg(last = true)]
     pub runner_args: Vec<String>,
+}
+
+/// The environment of test processes: the services' URLs under the names
+/// the test suites read.
+pub fn test_env(found: &services::Services) -> [(&'static str, String); 4] {
+    [
+        ("DATABASE_URL", found.database_url.clone()),
+        ("REDIS_URL", found.redis_url.clone()),
+        ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
+        ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
+    ]
 }
 
 /// Runs the pipeline; the first failing step fails the command.
@@ -25,12 +37,7 @@ pub async fn run(args: TestArgs) -> Result<()> {
         found.database_url, found.redis_url
     );
     // Passed to each child rather than set on this process.
-    let env = [
-        ("DATABASE_URL", found.database_url.clone()),
-        ("REDIS_URL", found.redis_url.clone()),
-        ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
-        ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
-    ];
+    let env = test_env(&found);
 
     if !args.quick {
         step(
@@ -69,6 +76,15 @@ pub async fn run(args: TestArgs) -> Result<()> {
                 .args(&args.runner_args)
                 .envs(env.iter().cloned()),
         )?;
+    }
+    if nextest && args.runner_args.is_empty() {
+        // Only the gate's tests again, already built: cheap.
+        eprintln!("\n==> workflow readiness gate");
+        crate::verify_workflow::verify(&env)?;
+    } else if nextest {
+        eprintln!("\nxtask: workflow readiness gate skipped (the tests were filtered)");
+    } else {
+        eprintln!("\nxtask: workflow readiness gate skipped (it needs cargo-nextest)");
     }
     if nextest {
         // nextest does not run doctests; plain `cargo test` above already did.

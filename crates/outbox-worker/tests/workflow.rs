@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{GENERAL, MAIL, Stack};
@@ -22,6 +23,7 @@ use outbox_model::schema::{outbox_event, workflow_block_execution};
 use outbox_publish::OutboxTx;
 use outbox_queue::{OutboxJob, RedisSettings, push_raw, queues};
 use outbox_test_support::{TestDatabase, eventually, workflow_e2e_server_url};
+use outbox_worker::{Group, WorkerConfig, handler_group};
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
 use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
@@ -183,6 +185,36 @@ fn order_workflow(crm: &str) -> Value {
             { "from": "crm", "to": "mark" }
         ]
     })
+}
+
+/// `outbox.workflow` is consumed by the general group: its handler group,
+/// built from the configuration as the binary builds it, has the queue (the
+/// mail group's has not), and worker-general lists it among its queues when
+/// it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_general_group_starts_the_workflow_subscriber_and_the_mail_group_does_not() {
+    let stack = stack().await;
+    let env: HashMap<String, String> = stack.env().into_iter().collect();
+    let redis = stack.redis.conn().await;
+    for (group, consumes) in [(Group::General, true), (Group::Mail, false)] {
+        let config = WorkerConfig::from_lookup(group, &|name| env.get(name).cloned()).unwrap();
+        let handlers =
+            handler_group(group, &config, stack.db.pool(), &redis, &stack.namespace).unwrap();
+        assert_eq!(
+            handlers.queues().contains(&queues::WORKFLOW),
+            consumes,
+            "{}: {:?}",
+            group.as_str(),
+            handlers.queues()
+        );
+    }
+    let general = stack.start(GENERAL, &[]).await;
+    let output = general.wait_output("worker started").await;
+    let started = output
+        .lines()
+        .find(|line| line.contains("worker started"))
+        .unwrap();
+    assert!(started.contains(queues::WORKFLOW), "{started}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -59,7 +59,7 @@
 //!     { "from": "check", "to": "note", "label": "true" }
 //!   ]
 //! }"#).unwrap();
-//! assert_eq!(workflow.trigger().id, "start");
+//! assert_eq!(workflow.trigger_block().id, "start");
 //! assert_eq!(workflow.next("check", labels::TRUE).map(|b| b.id.as_str()), Some("note"));
 //! assert!(workflow.next("check", labels::FALSE).is_none()); // the run ends
 //! assert!(workflow.preflight(true, &|_| false).is_ok());

@@ -36,7 +36,7 @@ pub(crate) struct Graph {
 /// trigger, every block reachable from it, no cycle, every edge leaving an
 /// output its source has, each output leading to at most one block.
 ///
-/// A run starts at [`ValidatedWorkflow::trigger`]; after a block takes an
+/// A run starts at [`ValidatedWorkflow::trigger_block`]; after a block takes an
 /// output, [`ValidatedWorkflow::next`] gives the block to run, and `None`
 /// ends the run. Several edges may lead into one block (branches joining);
 /// no block has two successors on one output, so a run is a single path.
@@ -88,7 +88,7 @@ impl ValidatedWorkflow {
 
     /// The trigger block, where every run starts.
     #[must_use]
-    pub fn trigger(&self) -> &Block {
+    pub fn trigger_block(&self) -> &Block {
         &self.definition.blocks[self.graph.trigger]
     }
 

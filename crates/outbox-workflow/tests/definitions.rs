@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 #[test]
 fn the_realistic_workflow_is_valid_and_walkable() {
     let wf = check(realistic()).unwrap();
-    assert_eq!(wf.trigger().id, "created");
-    let BlockParams::EventTrigger(trigger) = &wf.trigger().params else {
+    assert_eq!(wf.trigger_block().id, "created");
+    let BlockParams::EventTrigger(trigger) = &wf.trigger_block().params else {
         panic!()
     };
     assert!(trigger.matches("order", "row.created"));

@@ -291,7 +291,7 @@ impl Runner {
         let mut outputs = Map::new();
         let mut last = Value::Null;
         let mut ran = 0;
-        let mut current = Some(workflow.trigger());
+        let mut current = Some(workflow.trigger_block());
         while let Some(block) = current {
             let (output, label) = if let Some(output) = done.get(&block.id) {
                 (output.clone(), label_of(block, output))

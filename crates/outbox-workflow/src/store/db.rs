@@ -287,7 +287,7 @@ pub async fn live_event_workflows(
         let version = workflow.current_version;
         let definition = validate_stored(workflow.id, version, definition)?;
         let fires = matches!(
-            &definition.trigger().params,
+            &definition.trigger_block().params,
             BlockParams::EventTrigger(trigger) if trigger.matches(entity, event)
         );
         if fires {
