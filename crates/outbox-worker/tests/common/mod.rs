@@ -20,6 +20,9 @@ use uuid::Uuid;
 
 pub const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
 pub const MAIL: &str = env!("CARGO_BIN_EXE_worker-mail");
+pub const BRIDGE: &str = env!("CARGO_BIN_EXE_workflow-bridge");
+/// The bridge secret of the tests.
+pub const BRIDGE_SECRET: &str = "e2e-bridge-secret-of-at-least-32-bytes";
 
 pub fn free_addr() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -191,7 +194,11 @@ impl Stack {
     pub fn spawn(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
         let addr = free_addr();
         let mut command = Command::new(binary);
-        command.envs(self.env()).env("WORKER_HTTP_ADDR", &addr);
+        // Workers serve on WORKER_HTTP_ADDR, the bridge on WORKFLOW_BRIDGE_ADDR.
+        command
+            .envs(self.env())
+            .env("WORKER_HTTP_ADDR", &addr)
+            .env("WORKFLOW_BRIDGE_ADDR", &addr);
         for (k, v) in extra {
             command.env(k, v);
         }

@@ -184,8 +184,9 @@ async fn owned(
     }
 }
 
-fn outcome(execution_id: Uuid, outcome: &RunOutcome) -> Response {
-    tracing::info!(execution = %execution_id, outcome = ?outcome, "bridge advanced the execution");
+fn outcome(endpoint: &'static str, execution_id: Uuid, outcome: &RunOutcome) -> Response {
+    tracing::info!(execution = %execution_id, endpoint, outcome = ?outcome, "bridge advanced the execution");
+    metrics::counter!("workflow_bridge_requests_total", "endpoint" => endpoint).increment(1);
     axum::Json(OutcomeBody::from(outcome)).into_response()
 }
 
@@ -198,7 +199,7 @@ async fn run(
     let mut conn = state.pool.get().await.map_err(unavailable)?;
     owned(&mut conn, &request.tenant_id, request.execution_id).await?;
     let result = state.runner.run(&mut conn, request.execution_id).await?;
-    Ok(outcome(request.execution_id, &result))
+    Ok(outcome("run", request.execution_id, &result))
 }
 
 async fn continue_run(
@@ -219,7 +220,7 @@ async fn continue_run(
             &request.input,
         )
         .await?;
-    Ok(outcome(request.execution_id, &result))
+    Ok(outcome("continue", request.execution_id, &result))
 }
 
 /// What a stream run reports, in order: `started`, a `block` per block
@@ -398,6 +399,7 @@ async fn stream(
             .into());
         }
     }
+    metrics::counter!("workflow_bridge_requests_total", "endpoint" => "stream").increment(1);
     let (events, mut received) = unbounded_channel::<StreamEvent>();
     tokio::spawn(async move {
         if let Err(error) = execute_trigger(&state.pool, &state.runner, &request, events).await {
