@@ -103,7 +103,6 @@ async fn a_hybrid_worker_hands_a_code_workflow_to_the_bridge_and_runs_the_rest_n
         .await;
     // The bridge ran exactly the run that needed it.
     let discounts: String = {
-        use diesel::prelude::*;
         use diesel_async::RunQueryDsl;
         diesel::sql_query(
             "SELECT e.id::text AS id FROM workflow_execution e JOIN workflow w ON w.id = e.workflow_id
@@ -136,7 +135,9 @@ struct IdRow {
 #[tokio::test]
 async fn bad_executor_or_bridge_settings_stop_start_up_with_exit_code_2() {
     let stack = Stack::new().await;
-    let cases: [(&str, &[(&str, &str)], &str); 4] = [
+    // (binary, extra variables, the variable the message must name)
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 4] = [
         (BRIDGE, &[], "WORKFLOW_BRIDGE_SECRET"),
         (
             BRIDGE,
