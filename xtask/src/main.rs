@@ -8,7 +8,8 @@
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
 //! - `inventory`: check the production sources against the workflow
 //!   boundary's rules;
-//! - `verify-workflow-outbox-native`: the workflow readiness gate.
+//! - `verify-workflow-outbox-native`: the workflow readiness gate;
+//! - `mutants`: mutation testing with a time budget, caught ratio per crate.
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
@@ -18,6 +19,7 @@ mod cmd;
 mod demo;
 mod demo_subscribers;
 mod inventory;
+mod mutants;
 mod schema;
 mod services;
 mod test;
@@ -68,6 +70,10 @@ enum Command {
     /// The workflow readiness gate: run the focused tests of each claim and
     /// print a pass/fail table; exit 0 only when every part passes.
     VerifyWorkflowOutboxNative,
+    /// Mutation testing (cargo-mutants) of the dispatcher, queue,
+    /// idempotency, subscriber and CLI crates, with a time budget; prints
+    /// the caught ratio per crate and the mutants no test noticed.
+    Mutants(mutants::MutantsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -104,6 +110,7 @@ fn run(cli: Cli) -> Result<()> {
             Command::Schema { check } => schema::run(check).await,
             Command::Inventory => inventory::run(),
             Command::VerifyWorkflowOutboxNative => verify_workflow::run().await,
+            Command::Mutants(args) => mutants::run(args).await,
         }
     })
 }

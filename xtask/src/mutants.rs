@@ -1,0 +1,277 @@
+//! `cargo xtask mutants`: mutation testing of the crates whose promises
+//! matter most, with a time budget, and a caught ratio per crate.
+//!
+//! cargo-mutants changes the code one small way at a time (a condition
+//! inverted, a function body replaced by a default) and runs the tests; a
+//! mutant no test notices ("missed") is a behaviour no test pins down. The
+//! results land in `target/mutants/mutants.out/` (`caught.txt`,
+//! `missed.txt`, `timeout.txt`, `unviable.txt`, one mutant per line,
+//! written as the run goes), which this command summarises, also after the
+//! budget cut a run short.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::cmd::{probe, target_dir, workspace_root};
+use crate::services;
+
+/// The crates mutation runs cover by default.
+pub const DEFAULT_CRATES: &[&str] = &[
+    "outbox-dispatch",
+    "outbox-queue",
+    "outbox-idempotency",
+    "outbox-subscriber",
+    "outbox-subscriber-audit",
+    "outbox-subscriber-mail",
+    "outbox-subscriber-webhook",
+    "outbox-subscriber-workflow",
+    "outbox-cli",
+];
+
+/// Options of `cargo xtask mutants`.
+#[derive(Args, Debug)]
+pub struct MutantsArgs {
+    /// A crate to mutate (repeatable); default: the dispatcher, queue,
+    /// idempotency, subscriber and CLI crates.
+    #[arg(long = "crate", value_name = "CRATE")]
+    pub crates: Vec<String>,
+    /// Stop starting new mutants after this many minutes and report what
+    /// ran.
+    #[arg(long, default_value_t = 120)]
+    pub budget_minutes: u64,
+    /// Only mutate files whose path contains this (e.g. `claim.rs`).
+    #[arg(long)]
+    pub file: Option<String>,
+    /// Only summarise the last run's results.
+    #[arg(long)]
+    pub report_only: bool,
+}
+
+/// Runs cargo-mutants (when not `--report-only`) and prints the summary;
+/// fails when cargo-mutants is not installed.
+pub async fn run(args: MutantsArgs) -> Result<()> {
+    let out = target_dir().join("mutants");
+    if !args.report_only {
+        if !probe("cargo", &["mutants", "--version"]) {
+            bail!(
+                "cargo-mutants is not installed; install it with\n    cargo install cargo-mutants --locked\nand run again"
+            );
+        }
+        let found = services::ensure().await?;
+        let crates: Vec<String> = if args.crates.is_empty() {
+            DEFAULT_CRATES.iter().map(|c| (*c).to_owned()).collect()
+        } else {
+            args.crates.clone()
+        };
+        let mut command = Command::new("cargo");
+        command
+            .current_dir(workspace_root())
+            .args(["mutants", "--test-tool", "nextest", "--no-shuffle"])
+            .arg("--output")
+            .arg(&out)
+            .envs([
+                ("DATABASE_URL", found.database_url.clone()),
+                ("REDIS_URL", found.redis_url.clone()),
+                ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
+                ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
+            ]);
+        for name in &crates {
+            command.args(["--package", name]);
+        }
+        if let Some(file) = &args.file {
+            command.args(["--file", &format!("**/*{file}*")]);
+        }
+        eprintln!(
+            "==> cargo mutants on {} (budget {} min)",
+            crates.join(", "),
+            args.budget_minutes
+        );
+        let mut child = command.spawn().context("cannot start cargo mutants")?;
+        let deadline = Instant::now() + Duration::from_secs(args.budget_minutes * 60);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                // cargo-mutants exits 2 when mutants were missed, 3 on
+                // timeouts: results, not failures of this command.
+                eprintln!("cargo mutants finished: {status}");
+                break;
+            }
+            if Instant::now() >= deadline {
+                eprintln!("budget reached: stopping cargo mutants; the summary covers what ran");
+                let _ = child.kill();
+                let _ = child.wait();
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+    let summary = summarise(&out.join("mutants.out"))?;
+    print!("{}", render(&summary));
+    Ok(())
+}
+
+/// Outcomes of one crate's mutants.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CrateOutcome {
+    /// Noticed by a failing test.
+    pub caught: usize,
+    /// Not noticed.
+    pub missed: Vec<String>,
+    /// The tests did not finish in time (counted as caught by
+    /// cargo-mutants' convention: the behaviour changed).
+    pub timeout: usize,
+    /// Did not compile.
+    pub unviable: usize,
+}
+
+impl CrateOutcome {
+    /// caught / (caught + missed), timeouts counted as caught; `None` when
+    /// no viable mutant ran.
+    #[must_use]
+    pub fn ratio(&self) -> Option<f64> {
+        let caught = self.caught + self.timeout;
+        let total = caught + self.missed.len();
+        (total > 0).then(|| caught as f64 / total as f64)
+    }
+}
+
+/// The crate a mutant line (`crates/<crate>/src/...:line:col: ...`) is in.
+fn crate_of(line: &str) -> String {
+    let mut parts = line.split('/');
+    match (parts.next(), parts.next()) {
+        (Some("crates"), Some(name)) => name.to_owned(),
+        (Some(first), _) => first.split(':').next().unwrap_or(first).to_owned(),
+        _ => "?".to_owned(),
+    }
+}
+
+/// Reads the outcome files of `dir` (missing files count as empty).
+///
+/// # Errors
+///
+/// When a file exists but cannot be read.
+pub fn summarise(dir: &Path) -> Result<BTreeMap<String, CrateOutcome>> {
+    let mut by_crate: BTreeMap<String, CrateOutcome> = BTreeMap::new();
+    for (file, kind) in [
+        ("caught.txt", 0),
+        ("missed.txt", 1),
+        ("timeout.txt", 2),
+        ("unviable.txt", 3),
+    ] {
+        let path = dir.join(file);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let outcome = by_crate.entry(crate_of(line)).or_default();
+            match kind {
+                0 => outcome.caught += 1,
+                1 => outcome.missed.push(line.to_owned()),
+                2 => outcome.timeout += 1,
+                _ => outcome.unviable += 1,
+            }
+        }
+    }
+    Ok(by_crate)
+}
+
+/// The summary table and the missed mutants.
+#[must_use]
+pub fn render(summary: &BTreeMap<String, CrateOutcome>) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<30} {:>7} {:>7} {:>8} {:>9} {:>7}",
+        "crate", "caught", "missed", "timeout", "unviable", "ratio"
+    );
+    let mut all = CrateOutcome::default();
+    for (name, outcome) in summary {
+        let ratio = outcome
+            .ratio()
+            .map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", r * 100.0));
+        let _ = writeln!(
+            out,
+            "{:<30} {:>7} {:>7} {:>8} {:>9} {:>7}",
+            name,
+            outcome.caught,
+            outcome.missed.len(),
+            outcome.timeout,
+            outcome.unviable,
+            ratio
+        );
+        all.caught += outcome.caught;
+        all.timeout += outcome.timeout;
+        all.unviable += outcome.unviable;
+        all.missed.extend(outcome.missed.iter().cloned());
+    }
+    let ratio = all
+        .ratio()
+        .map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", r * 100.0));
+    let _ = writeln!(
+        out,
+        "{:<30} {:>7} {:>7} {:>8} {:>9} {:>7}",
+        "total",
+        all.caught,
+        all.missed.len(),
+        all.timeout,
+        all.unviable,
+        ratio
+    );
+    if !all.missed.is_empty() {
+        let _ = writeln!(out, "\nmissed (no test noticed):");
+        for line in &all.missed {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_counted_per_crate_with_timeouts_as_caught() {
+        let dir = std::env::temp_dir().join(format!("mutants-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("caught.txt"),
+            "crates/outbox-dispatch/src/claim.rs:10:5: replace a with b\n\
+             crates/outbox-dispatch/src/claim.rs:12:5: replace c with d\n\
+             crates/outbox-cli/src/main.rs:3:1: replace e with f\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("missed.txt"),
+            "crates/outbox-dispatch/src/lease.rs:7:9: replace == with !=\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("timeout.txt"),
+            "crates/outbox-cli/src/main.rs:9:1: x\n",
+        )
+        .unwrap();
+        let summary = summarise(&dir).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let dispatch = &summary["outbox-dispatch"];
+        assert_eq!(dispatch.caught, 2);
+        assert_eq!(dispatch.missed.len(), 1);
+        assert!((dispatch.ratio().unwrap() - 2.0 / 3.0).abs() < 1e-9);
+        assert_eq!(summary["outbox-cli"].ratio(), Some(1.0));
+        let table = render(&summary);
+        assert!(table.contains("lease.rs:7:9"), "{table}");
+        assert!(table.contains("80.0%"), "{table}");
+    }
+
+    #[test]
+    fn no_results_is_no_ratio() {
+        let summary = summarise(Path::new("/nonexistent/mutants.out")).unwrap();
+        assert!(summary.is_empty());
+        assert!(render(&summary).contains("total"));
+    }
+}
