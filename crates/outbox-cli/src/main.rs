@@ -1,16 +1,21 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
 //! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue |
-//! workflow executions | workflow show ID`. Every command prints a table, or
-//! JSON with `--json`. `health` covers the queues (Redis) and the workflow
-//! executions stuck in `queued` or `running` (Postgres). Exit codes: 0 fine; 1 an
-//! alert fired or nothing matched; 2 a usage, configuration or connection
-//! error, a value no flag accepts, or a bulk requeue above `--confirm-above`
-//! without `--yes` (nothing changed). The runbook in `docs/operations.md`
-//! says when to run what.
+//! workflow executions | workflow show ID | probe`. Every command prints a
+//! table, or JSON with `--json`. `health` covers the queues (Redis) and the
+//! workflow executions stuck in `queued` or `running` (Postgres). `probe`
+//! publishes a probe event (and with `--workflow` requests a run of the
+//! probe workflow) on the live environment and waits until it is handed off
+//! and handled (and the run succeeded), naming what is missing on timeout
+//! (see the `probe` module). Exit codes: 0 fine; 1 an alert fired, nothing
+//! matched or the probe did not get through; 2 a usage, configuration or
+//! connection error, a value no flag accepts, or a bulk requeue above
+//! `--confirm-above` without `--yes` (nothing changed). The runbook in
+//! `docs/operations.md` says when to run what.
 
 mod dead;
 mod filters;
+mod probe;
 mod render;
 mod requeue;
 mod workflow;
@@ -35,7 +40,7 @@ use crate::render::showing;
 use crate::requeue::command::RequeueArgs;
 
 /// The exit codes, as `--help` shows them.
-const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired or nothing matched; 2 a usage, \
+const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired, nothing matched or the probe did not get through; 2 a usage, \
     configuration or connection error, a value no flag accepts (the message names the flag), or a \
     bulk requeue above --confirm-above without --yes (nothing changed).";
 
@@ -98,6 +103,9 @@ enum Command {
     /// Workflow executions: the recent ones, or one with its block runs.
     #[command(after_help = EXIT_CODES)]
     Workflow(workflow::WorkflowArgs),
+    /// Publish a probe event (and with --workflow run the probe workflow) and wait until a dispatcher hands it off and a worker handles it; names what is missing on timeout.
+    #[command(after_help = EXIT_CODES)]
+    Probe(probe::ProbeArgs),
 }
 
 #[derive(Args)]
@@ -200,6 +208,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Show { id } => show(&cli, *id).await,
         Command::Requeue(args) => requeue::command::run(&cli, args).await,
         Command::Workflow(args) => workflow::run(&cli, args).await,
+        Command::Probe(args) => probe::run(&cli, args).await,
     }
 }
 

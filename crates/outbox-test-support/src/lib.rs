@@ -11,12 +11,15 @@
 //!   accepts ([`ReceivedMail`]), or refuses recipients on demand.
 //! - [`HttpSink`]: a real HTTP server on 127.0.0.1 that records every request
 //!   ([`ReceivedRequest`]) and answers with scripted status codes.
+//! - [`ChildOutput`]: the output of a child process (a worker binary),
+//!   collected line by line and echoed to the test's stderr.
 //!
 //! The servers come from `OUTBOX_TEST_DATABASE_URL` / `DATABASE_URL` and
 //! `OUTBOX_TEST_REDIS_URL` / `REDIS_URL`, defaulting to the standard local
 //! ports; `cargo xtask test` sets them after finding or starting the
 //! services. Nothing here mocks Postgres or Redis. Not for production code.
 
+mod child_output;
 mod database;
 mod eventually;
 mod http_sink;
@@ -25,6 +28,7 @@ mod redis_process;
 mod smtp_sink;
 mod url;
 
+pub use child_output::ChildOutput;
 pub use database::TestDatabase;
 pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};

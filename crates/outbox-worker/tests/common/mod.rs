@@ -3,16 +3,14 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use outbox_queue::{QueueNamespace, QueueStats, RedisSettings};
-use outbox_test_support::{HttpSink, SmtpSink, TestDatabase, TestRedis, eventually};
+use outbox_test_support::{ChildOutput, HttpSink, SmtpSink, TestDatabase, TestRedis, eventually};
 
 /// How long an end-to-end test waits for an effect.
 const WAIT: Duration = Duration::from_secs(60);
@@ -35,30 +33,13 @@ pub struct Worker {
     /// The binary's path, for messages.
     binary: String,
     /// Everything the process wrote to stdout and stderr, line by line.
-    output: Arc<Mutex<String>>,
-}
-
-/// Copies `stream` line by line into `output`, echoing it to the test's
-/// stderr (so a failing test still shows the worker's log).
-fn collect(stream: impl Read + Send + 'static, output: Arc<Mutex<String>>) {
-    std::thread::spawn(move || {
-        // Bytes, not `lines()`: a line that is not UTF-8 must not stop the
-        // reader (the child would block on a full pipe).
-        for line in BufReader::new(stream).split(b'\n') {
-            let Ok(line) = line else { return };
-            let line = String::from_utf8_lossy(&line);
-            eprintln!("{line}");
-            let mut output = output.lock().unwrap();
-            output.push_str(&line);
-            output.push('\n');
-        }
-    });
+    output: ChildOutput,
 }
 
 impl Worker {
     /// What the process has written to stdout and stderr so far.
     pub fn output(&self) -> String {
-        self.output.lock().unwrap().clone()
+        self.output.text()
     }
 
     /// Waits until the process has written `text` (a log line, a message).
@@ -207,9 +188,7 @@ impl Stack {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let output = Arc::new(Mutex::new(String::new()));
-        collect(child.stdout.take().unwrap(), output.clone());
-        collect(child.stderr.take().unwrap(), output.clone());
+        let output = ChildOutput::capture(&mut child);
         Worker {
             child,
             addr,
