@@ -71,6 +71,10 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
         let mut command = Command::new("cargo");
         command
             .current_dir(workspace_root())
+            // cargo-mutants builds each copy of the tree in its own target
+            // directory; a shared CARGO_TARGET_DIR would make the copies
+            // overwrite each other's builds.
+            .env_remove("CARGO_TARGET_DIR")
             .args(["mutants", "--test-tool", "nextest", "--no-shuffle"])
             .arg("--output")
             .arg(&out)
