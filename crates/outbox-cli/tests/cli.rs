@@ -1036,3 +1036,246 @@ async fn rows_whose_payload_serde_json_cannot_hold_are_listed_and_shown_as_store
         "no digit is lost"
     );
 }
+
+/// Inserts `n` PENDING rows due since `due_for` (an SQL interval).
+async fn insert_due(env: &Env, n: u32, due_for: &str) {
+    env.sql(&format!(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, scheduled_at)
+         SELECT 'acme', 'audit.user.login', '{{}}', now() - interval '{due_for}'
+         FROM generate_series(1, {n})"
+    ))
+    .await;
+}
+
+// Breaks checked: `stats` returning 0 whatever the alert fails with "left: 0,
+// right: 1" (1001 overdue rows); the alert firing at 1000 (`>=`) fails with
+// "left: 1, right: 0" at exactly 1000; the alert counting every due row
+// instead of those due for over 60 s fails the same way (1500 due).
+#[tokio::test]
+async fn stats_exits_1_once_more_than_1000_rows_have_waited_over_a_minute() {
+    let env = Env::new().await;
+    // Exactly at the threshold: 1000 rows overdue, 500 more due just now,
+    // and old rows that are not PENDING.
+    insert_due(&env, 1000, "2 minutes").await;
+    insert_due(&env, 500, "0 seconds").await;
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, scheduled_at, failed_at)
+         SELECT 'acme', 'audit.user.login', '{}', 'FAILED', now() - interval '1 day', now()
+         FROM generate_series(1, 200)",
+    )
+    .await;
+
+    let quiet = env.outbox(&["stats"]);
+    assert_eq!(quiet.code, 0, "{}{}", quiet.stdout, quiet.stderr);
+    assert!(!quiet.stdout.contains("ALERT"), "{}", quiet.stdout);
+    let json = env.outbox(&["stats", "--json"]);
+    assert_eq!(json.code, 0);
+    let figures = json.json();
+    assert_eq!(
+        (
+            &figures["pending"]["due"],
+            &figures["pending"]["overdue"],
+            &figures["pending_alert"]
+        ),
+        (&Value::from(1500), &Value::from(1000), &Value::from(false))
+    );
+
+    insert_due(&env, 1, "2 minutes").await;
+    let alert = env.outbox(&["stats"]);
+    assert_eq!(alert.code, 1, "{}{}", alert.stdout, alert.stderr);
+    assert!(
+        alert
+            .line("ALERT:")
+            .starts_with("ALERT: 1001 rows PENDING and due for over 60 s (> 1000)"),
+        "{}",
+        alert.stdout
+    );
+    let json = env.outbox(&["stats", "--json"]);
+    assert_eq!(json.code, 1, "--json exits the same way");
+    assert_eq!(json.json()["pending_alert"], true);
+}
+
+/// The queues that `health --json` flags, with their alerts.
+fn flagged_queues(run: &Run) -> Vec<(String, Vec<String>)> {
+    run.json()["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|q| !q["alerts"].as_array().unwrap().is_empty())
+        .map(|q| {
+            let alerts = q["alerts"].as_array().unwrap();
+            (
+                q["queue"].as_str().unwrap().to_owned(),
+                alerts
+                    .iter()
+                    .map(|a| a.as_str().unwrap().to_owned())
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+// Breaks checked: the backlog alert dropped from `health` fails with "left:
+// 0, right: 1" (backlog 1000 over --max-backlog 999); firing at the threshold
+// (`>=`) fails with "left: 1, right: 0" at 1000 jobs; `health` exiting 0 on
+// an alert fails with "left: 0, right: 1".
+#[tokio::test]
+async fn health_exits_1_naming_the_queue_whose_backlog_is_over_the_threshold() {
+    let env = Env::new().await;
+    let mut redis = env.redis.conn().await;
+    let jobs = |from: u32, to: u32| -> Vec<(String, Vec<u8>)> {
+        (from..to)
+            .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+            .collect()
+    };
+    // Nobody consumes outbox.webhook: 1000 jobs wait, the default threshold.
+    push_raw(&mut redis, &env.namespace, queues::WEBHOOK, &jobs(0, 1000))
+        .await
+        .unwrap();
+
+    let at_threshold = env.outbox(&["health", "--json"]);
+    assert_eq!(
+        at_threshold.code, 0,
+        "{}{}",
+        at_threshold.stdout, at_threshold.stderr
+    );
+    assert_eq!(flagged_queues(&at_threshold), []);
+
+    let lower = env.outbox(&["health", "--max-backlog", "999"]);
+    assert_eq!(lower.code, 1, "{}{}", lower.stdout, lower.stderr);
+    assert!(
+        lower.line(queues::WEBHOOK).ends_with("backlog 1000 > 999"),
+        "{}",
+        lower.stdout
+    );
+    assert_eq!(
+        flagged_queues(&env.outbox(&["health", "--json", "--max-backlog", "999"])),
+        [(
+            queues::WEBHOOK.to_owned(),
+            vec!["backlog 1000 > 999".to_owned()]
+        )],
+        "only the queue over the threshold is named"
+    );
+
+    push_raw(
+        &mut redis,
+        &env.namespace,
+        queues::WEBHOOK,
+        &jobs(1000, 1001),
+    )
+    .await
+    .unwrap();
+    let over = env.outbox(&["health"]);
+    assert_eq!(over.code, 1, "{}{}", over.stdout, over.stderr);
+    assert!(
+        over.line(queues::WEBHOOK).ends_with("backlog 1001 > 1000"),
+        "{}",
+        over.stdout
+    );
+}
+
+/// Three FAILED rows whose `column` (`created_at` or `failed_at`) is an
+/// hour before, exactly at, and an hour after `at`; each row's `last_error`
+/// says which. The other column runs the other way, so that a filter that
+/// reads the wrong column selects the wrong rows.
+async fn rows_around(env: &Env, column: &str, at: &str) {
+    let other = if column == "failed_at" {
+        "created_at"
+    } else {
+        "failed_at"
+    };
+    env.sql(&format!(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, retries, last_error, {column}, {other})
+         SELECT 'acme', 'audit.user.login', '{{}}', 'FAILED', 7, name,
+                TIMESTAMPTZ '{at}' + make_interval(hours => offset_hours),
+                TIMESTAMPTZ '{at}' - make_interval(hours => offset_hours)
+         FROM (VALUES ('before', -1), ('at', 0), ('after', 1)) AS v(name, offset_hours)"
+    ))
+    .await;
+}
+
+/// The `last_error` of the rows `outbox list ARGS --json` shows, sorted.
+fn listed(env: &Env, args: &[&str]) -> Vec<String> {
+    let run = env.outbox(&[&["list", "--json"], args].concat());
+    assert_eq!(run.code, 0, "{args:?}: {}{}", run.stdout, run.stderr);
+    let mut errors: Vec<String> = run
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["last_error"].as_str().unwrap().to_owned())
+        .collect();
+    errors.sort();
+    errors
+}
+
+/// The `last_error` of every row requeued so far, sorted: a requeue clears
+/// the row's `last_error`, its history keeps it.
+async fn requeued(env: &Env) -> Vec<String> {
+    let mut conn = env.db.conn().await;
+    let mut errors: Vec<String> = outbox_event_requeue::table
+        .select(outbox_event_requeue::previous_last_error)
+        .load::<Option<String>>(&mut conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .collect();
+    errors.sort();
+    errors
+}
+
+/// `list` and `requeue` with `--<flag>-after AT` / `--<flag>-before AT`:
+/// after means at or after, before means strictly before.
+async fn check_time_filter_boundary(column: &str, flag: &str) {
+    let env = Env::new().await;
+    let at = "2026-01-10T10:00:00Z";
+    rows_around(&env, column, at).await;
+    let (after, before) = (format!("--{flag}-after"), format!("--{flag}-before"));
+
+    assert_eq!(listed(&env, &[&after, at]), ["after", "at"], "{after}");
+    assert_eq!(listed(&env, &[&before, at]), ["before"], "{before}");
+    assert_eq!(
+        listed(&env, &[&after, at, &before, "2026-01-10T10:30:00Z"]),
+        ["at"],
+        "{after} with {before}"
+    );
+
+    let run = env.outbox(&["requeue", &before, at, "--reason", "before"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(requeued(&env).await, ["before"], "requeue {before}");
+    let run = env.outbox(&["requeue", &after, at, "--reason", "after"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert_eq!(
+        requeued(&env).await,
+        ["after", "at", "before"],
+        "requeue {after}"
+    );
+    assert!(
+        env.rows()
+            .await
+            .iter()
+            .all(|r| r.status == OutboxStatus::Pending)
+    );
+}
+
+// Breaks checked: `--created-after` exclusive (`gt`) fails with "left:
+// [\"after\"], right: [\"after\", \"at\"]"; `--created-before` inclusive
+// (`le`) fails with "left: [\"at\", \"before\"], right: [\"before\"]";
+// `Filters::only` dropping the time filters (requeue only) fails with
+// "left: [\"after\", \"at\", \"before\"], right: [\"before\"]: requeue
+// --created-before".
+#[tokio::test]
+async fn created_after_and_before_split_list_and_requeue_at_the_exact_time() {
+    check_time_filter_boundary("created_at", "created").await;
+}
+
+// Breaks checked: `--failed-after` exclusive (`gt`) and `--failed-before`
+// inclusive (`le`) fail as for the created filters (neither is caught by
+// `failed_after_and_before_select_by_when_the_row_went_failed`, whose rows
+// are hours from the boundary); the failed filters reading `created_at`
+// fails with "--failed-after left: [\"at\", \"before\"], right: [\"after\", \"at\"]".
+#[tokio::test]
+async fn failed_after_and_before_split_list_and_requeue_at_the_exact_time() {
+    check_time_filter_boundary("failed_at", "failed").await;
+}

@@ -339,3 +339,42 @@ async fn an_oversized_plain_sql_payload_fails_alone_with_its_size() {
         2
     );
 }
+
+// Break checked: with `SKIP LOCKED` deleted from `db::CLAIM_SQL` (plain
+// `FOR UPDATE`), or the whole `FOR UPDATE SKIP LOCKED` deleted, the claim
+// waits for the other session and this fails with "the claim waited for the
+// row another session holds".
+#[tokio::test]
+async fn a_row_locked_by_another_session_does_not_hold_up_the_others() {
+    let h = Harness::new().await;
+    let events = (0..3)
+        .map(|i| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": i })))
+        .collect();
+    let ids = h.publish(events).await;
+    // An operator's session holds one due row in an open transaction.
+    let mut operator = h.conn().await;
+    exec(
+        &mut operator,
+        &format!(
+            "BEGIN; SELECT id FROM outbox_event WHERE id = '{}' FOR UPDATE",
+            ids[1]
+        ),
+    )
+    .await;
+    let dispatcher = h.dispatcher(quick_config());
+
+    let report = tokio::time::timeout(Duration::from_secs(10), dispatcher.tick())
+        .await
+        .expect("the claim waited for the row another session holds")
+        .unwrap();
+
+    assert_eq!((report.claimed, report.dispatched), (2, 2), "{report:?}");
+    assert_eq!(h.row(ids[1]).await.status, OutboxStatus::Pending);
+    for id in [ids[0], ids[2]] {
+        assert_eq!(h.row(id).await.status, OutboxStatus::Done);
+    }
+    // Once the session lets go, the row is dispatched like any other.
+    exec(&mut operator, "ROLLBACK").await;
+    assert_eq!(dispatcher.tick().await.unwrap().dispatched, 1);
+    assert_eq!(h.row(ids[1]).await.status, OutboxStatus::Done);
+}

@@ -1,16 +1,25 @@
 //! The dispatcher's metrics, as a Prometheus scrape would see them: recorded
 //! through the `metrics` facade into a recorder installed for this test.
+//! Each counter is checked where its event happens: a lease taken over, a
+//! job already in Redis, a claim given back on stop, a listener reconnect.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use common::{Harness, exec, quick_config};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use outbox_dispatch::DispatcherConfig;
+use outbox_dispatch::db;
+use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
+use outbox_queue::push_raw;
+use outbox_test_support::RedisProcess;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 /// name{labels} → value, for counters and gauges; histograms give their sample count.
 fn snapshot(recorder: &DebuggingRecorder) -> HashMap<String, f64> {
@@ -92,4 +101,211 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
         "two samples"
     );
     assert_eq!(m["outbox_pending_due"], 4.0, "gauge read before the claim");
+}
+
+/// Runs `body` on a current-thread runtime with `recorder` installed for this
+/// thread, so that everything it spawns (the run loop, the listener) records
+/// into it too.
+fn recording<T>(recorder: &DebuggingRecorder, body: impl AsyncFnOnce() -> T) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(recorder, || runtime.block_on(body()))
+}
+
+/// A counter's value in a snapshot; 0 when it was never recorded.
+fn counter(snapshot: &HashMap<String, f64>, name: &str) -> f64 {
+    snapshot.get(name).copied().unwrap_or(0.0)
+}
+
+// Breaks checked: `report.lost_leases` left at 0 in `tick_until` fails with
+// "the taken-over row is counted as lost ... left: (1, 0, 0) right: (1, 0, 1)";
+// `outbox_dispatch_lost_leases_total` incremented by 0 fails with "left: 0.0,
+// right: 1.0".
+#[test]
+fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
+    let recorder = DebuggingRecorder::new();
+    recording(&recorder, async || {
+        let h = Harness::new().await;
+        // A Redis of its own, to pause without disturbing other tests.
+        let redis = RedisProcess::start().await;
+        let id = h.publish_one("audit.user.login").await;
+        let dispatcher = h.dispatcher_on(
+            &redis.url(),
+            DispatcherConfig {
+                lock_timeout: Duration::from_secs(1),
+                ..quick_config()
+            },
+        );
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(60_000)
+            .arg("WRITE")
+            .query_async::<()>(&mut admin)
+            .await
+            .unwrap();
+
+        // The tick claims the row, then its push waits on the paused Redis.
+        let tick = tokio::spawn({
+            let dispatcher = dispatcher.clone();
+            async move { dispatcher.tick().await }
+        });
+        h.wait_for(
+            "the tick to claim the row",
+            Duration::from_secs(30),
+            async || h.row(id).await.status == OutboxStatus::Processing,
+        )
+        .await;
+        // Its lease runs out; another dispatcher takes the row over.
+        let mut other = h.conn().await;
+        h.wait_for(
+            "the lease to expire and the row to be taken over",
+            Duration::from_secs(30),
+            async || !db::claim(&mut other, 10, 60_000).await.unwrap().is_empty(),
+        )
+        .await;
+        let taken_over = h.row(id).await;
+        redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async::<()>(&mut admin)
+            .await
+            .unwrap();
+
+        let report = tick.await.unwrap().unwrap();
+        assert_eq!(
+            (report.claimed, report.dispatched, report.lost_leases),
+            (1, 0, 1),
+            "the taken-over row is counted as lost, not as dispatched: {report:?}"
+        );
+        assert_eq!(
+            h.row(id).await,
+            taken_over,
+            "the new owner's row is untouched"
+        );
+    });
+    let m = snapshot(&recorder);
+    assert_eq!(counter(&m, "outbox_dispatch_lost_leases_total"), 1.0);
+    assert_eq!(
+        counter(&m, "outbox_dispatch_dispatched_total{queue=outbox.audit}"),
+        0.0
+    );
+}
+
+// Break checked: `outbox_dispatch_duplicates_total` incremented by 0 fails
+// with "left: 0.0, right: 1.0". (`TickReport.duplicates` itself is asserted
+// by recovery.rs `a_crash_after_the_push_but_before_done_makes_no_second_job`.)
+#[test]
+fn a_job_already_in_redis_is_counted_as_a_duplicate_hand_off() {
+    let recorder = DebuggingRecorder::new();
+    let report = recording(&recorder, async || {
+        let h = Harness::new().await;
+        let ids = h
+            .publish(vec![
+                NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": 1 })),
+                NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": 2 })),
+            ])
+            .await;
+        // A dispatcher that died after its push left the first job in Redis.
+        let mut redis = h.redis.conn().await;
+        push_raw(
+            &mut redis,
+            &h.namespace,
+            "outbox.audit",
+            &[(format!("outbox:{}", ids[0]), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+        h.dispatcher(quick_config()).tick().await.unwrap()
+    });
+    let m = snapshot(&recorder);
+    assert_eq!((report.dispatched, report.duplicates), (2, 1), "{report:?}");
+    assert_eq!(counter(&m, "outbox_dispatch_duplicates_total"), 1.0);
+    assert_eq!(
+        counter(&m, "outbox_dispatch_dispatched_total{queue=outbox.audit}"),
+        2.0
+    );
+}
+
+// Break checked: `outbox_dispatch_released_total` incremented by 0 fails with
+// "left: 0.0, right: 5.0". (`TickReport.released` itself is asserted by
+// dispatch.rs `stopping_mid_tick_releases_the_unhanded_claim`.)
+#[test]
+fn a_stopping_dispatcher_counts_the_claims_it_gives_back() {
+    let recorder = DebuggingRecorder::new();
+    let report = recording(&recorder, async || {
+        let h = Harness::new().await;
+        let events = (0..5)
+            .map(|i| NewOutboxEvent::new("acme", "webhook.order.created", json!({ "n": i })))
+            .collect();
+        h.publish(events).await;
+        let stop = CancellationToken::new();
+        stop.cancel();
+        h.dispatcher(quick_config())
+            .tick_until(&stop)
+            .await
+            .unwrap()
+    });
+    let m = snapshot(&recorder);
+    assert_eq!((report.claimed, report.released), (5, 5), "{report:?}");
+    assert_eq!(counter(&m, "outbox_dispatch_released_total"), 5.0);
+    assert_eq!(counter(&m, "outbox_dispatch_claimed_total"), 5.0);
+}
+
+// Break checked: the `outbox_dispatch_listener_reconnects_total` increment
+// removed from the listener fails with "left: 0.0, right: 1.0".
+#[test]
+fn a_killed_listener_connection_is_counted_as_a_reconnect() {
+    let recorder = DebuggingRecorder::new();
+    recording(&recorder, async || {
+        let h = Harness::new().await;
+        let config = DispatcherConfig {
+            interval: Duration::from_secs(60),
+            listen: true,
+            ..quick_config()
+        };
+        let shutdown = CancellationToken::new();
+        let handle = h.dispatcher(config).spawn(shutdown.clone());
+        let mut first = None;
+        h.wait_for(
+            "the listener to connect",
+            Duration::from_secs(20),
+            async || {
+                first = h.listener_pid().await;
+                first.is_some()
+            },
+        )
+        .await;
+        // (A snapshot drains the counters: the one below counts from here.)
+        assert_eq!(
+            counter(
+                &snapshot(&recorder),
+                "outbox_dispatch_listener_reconnects_total"
+            ),
+            0.0,
+            "the first connection is no reconnect"
+        );
+
+        let mut conn = h.conn().await;
+        exec(
+            &mut conn,
+            &format!("SELECT pg_terminate_backend({})", first.unwrap()),
+        )
+        .await;
+        h.wait_for(
+            "a new listener connection",
+            Duration::from_secs(20),
+            async || h.listener_pid().await.is_some_and(|pid| Some(pid) != first),
+        )
+        .await;
+        shutdown.cancel();
+        handle.await.unwrap().unwrap();
+    });
+    let m = snapshot(&recorder);
+    assert_eq!(
+        counter(&m, "outbox_dispatch_listener_reconnects_total"),
+        1.0
+    );
 }

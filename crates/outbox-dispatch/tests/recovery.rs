@@ -8,12 +8,14 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, quick_config};
+use diesel_async::AsyncPgConnection;
 use outbox_dispatch::DispatcherConfig;
-use outbox_dispatch::db::{self, Lease, Retry};
-use outbox_model::OutboxStatus;
+use outbox_dispatch::db::{self, Failure, Lease, Retry};
+use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{OutboxJob, RedisSettings, push_jobs};
 use serde_json::json;
+use uuid::Uuid;
 
 /// A one-second lease so that tests wait for expiry briefly.
 const SHORT_LEASE_MS: i64 = 1000;
@@ -192,4 +194,95 @@ async fn a_tick_reports_leases_lost_while_it_pushed() {
     .await
     .unwrap();
     assert_eq!(done, vec![reclaimed[0].id]);
+}
+
+/// A row that dispatcher A claimed and then lost: A's lease expired and
+/// dispatcher B claimed the row again, so it is PROCESSING under B's lease.
+/// Returns A's stale lease and the row as B holds it.
+async fn row_taken_over_from_a_stalled_dispatcher(h: &Harness) -> (Lease, OutboxEvent) {
+    let id = h.publish_one("audit.user.login").await;
+    let mut a = h.conn().await;
+    let claimed = db::claim(&mut a, 10, SHORT_LEASE_MS).await.unwrap();
+    let stale = Lease::of(&claimed[0]).unwrap();
+    let mut b = h.conn().await;
+    h.wait_for(
+        "A's lease to expire and B to take the row over",
+        Duration::from_secs(30),
+        async || !db::claim(&mut b, 10, 60_000).await.unwrap().is_empty(),
+    )
+    .await;
+    let held = h.row(id).await;
+    assert_eq!(held.status, OutboxStatus::Processing);
+    assert_ne!(held.locked_until, Some(stale.locked_until), "B's own lease");
+    (stale, held)
+}
+
+/// Runs `record` with A's stale lease on a row B took over: it must match
+/// nothing and leave B's row as it was, B's lease intact (B can still record
+/// its hand-off).
+async fn assert_a_stale_outcome_changes_nothing(
+    what: &str,
+    record: impl AsyncFnOnce(&mut AsyncPgConnection, Lease) -> Vec<Uuid>,
+) {
+    let h = Harness::new().await;
+    let (stale, held) = row_taken_over_from_a_stalled_dispatcher(&h).await;
+    let mut conn = h.conn().await;
+
+    let matched = record(&mut conn, stale).await;
+
+    assert!(matched.is_empty(), "{what} matched the row: {matched:?}");
+    assert_eq!(
+        h.row(held.id).await,
+        held,
+        "{what} changed a row another dispatcher owns"
+    );
+    let done = db::mark_done(
+        &mut conn,
+        &[(Lease::of(&held).unwrap(), "outbox.audit".into())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(done, vec![held.id], "the new owner records its hand-off");
+}
+
+// Break checked: `AND e.locked_until = v.lease` removed from `db::mark_retry`
+// makes this fail with "a stale retry matched the row: [<id>]".
+#[tokio::test]
+async fn a_stalled_dispatchers_retry_cannot_put_back_a_row_another_dispatcher_took_over() {
+    assert_a_stale_outcome_changes_nothing("a stale retry", async |conn, stale| {
+        let retry = Retry {
+            lease: stale,
+            delay_ms: 60_000,
+            error: "late".into(),
+            queue: "outbox.audit".into(),
+        };
+        db::mark_retry(conn, &[retry]).await.unwrap()
+    })
+    .await;
+}
+
+// Break checked: `AND e.locked_until = v.lease` removed from `db::mark_failed`
+// makes this fail with "a stale failure matched the row: [<id>]".
+#[tokio::test]
+async fn a_stalled_dispatchers_failure_cannot_dead_letter_a_row_another_dispatcher_took_over() {
+    assert_a_stale_outcome_changes_nothing("a stale failure", async |conn, stale| {
+        let failure = Failure {
+            lease: stale,
+            retry_increment: 1,
+            error: "hand-off to outbox.audit failed: late".into(),
+            queue: Some("outbox.audit".into()),
+        };
+        db::mark_failed(conn, &[failure]).await.unwrap()
+    })
+    .await;
+}
+
+// Break checked: `AND e.locked_until = v.lease` removed from `db::release`
+// makes this fail with "a stale release matched the row: [<id>]".
+#[tokio::test]
+async fn a_stalled_dispatchers_release_cannot_free_a_row_another_dispatcher_took_over() {
+    assert_a_stale_outcome_changes_nothing("a stale release", async |conn, stale| {
+        db::release(conn, &[stale]).await.unwrap()
+    })
+    .await;
 }

@@ -1,4 +1,5 @@
-//! The `outbox-done-retention` job deletes exactly the old DONE rows.
+//! The `outbox-done-retention` job deletes exactly the old DONE rows, and
+//! never the requeue history (an audit trail, docs/operations.md "Retention").
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, exec};
+use diesel_async::RunQueryDsl;
 use outbox_dispatch::{RetentionConfig, purge_done};
 use outbox_model::OutboxStatus;
 
@@ -30,14 +32,6 @@ async fn retention_deletes_only_done_rows_past_the_window() {
          INSERT INTO outbox_event (tenant_id, event_type, payload, status, locked_until, processed_at, created_at)
          VALUES ('old-processing', 'audit.user.login', '{}', 'PROCESSING', now() + interval '5 minutes',
                  now() - interval '90 days', now() - interval '90 days')",
-    )
-    .await;
-
-    // An operator once replayed one of the old rows: its history must outlive it.
-    exec(
-        &mut conn,
-        "INSERT INTO outbox_event_requeue (outbox_event_id, reason, previous_status, previous_retries)
-         SELECT id, 'replayed during an incident', 'DONE', 0 FROM outbox_event WHERE tenant_id = 'old-done' LIMIT 1",
     )
     .await;
 
@@ -78,5 +72,70 @@ async fn retention_deletes_only_done_rows_past_the_window() {
         purge_done(h.db.pool(), config).await.unwrap(),
         0,
         "a second run finds nothing"
+    );
+}
+
+#[derive(diesel::QueryableByName, Debug, PartialEq)]
+struct HistoryRow {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    outbox_event_id: uuid::Uuid,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    reason: String,
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    previous_status: String,
+}
+
+async fn history(conn: &mut diesel_async::AsyncPgConnection) -> Vec<HistoryRow> {
+    diesel::sql_query(
+        "SELECT outbox_event_id, reason, previous_status FROM outbox_event_requeue
+         ORDER BY requeued_at, reason",
+    )
+    .load(conn)
+    .await
+    .unwrap()
+}
+
+// Break checked: retention also deleting the history of the rows it purged
+// (`DELETE FROM outbox_event_requeue WHERE outbox_event_id NOT IN (SELECT id
+// FROM outbox_event)` after each batch in `purge_done_until`) fails with
+// "retention deleted requeue history", left: [] (or only the kept row's
+// entry), right: the three entries.
+#[tokio::test]
+async fn retention_keeps_the_requeue_history_of_the_rows_it_deletes() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at, created_at)
+         VALUES ('old-done', 'audit.user.login', '{}', 'DONE', now() - interval '31 days', now() - interval '40 days'),
+                ('recent-done', 'audit.user.login', '{}', 'DONE', now() - interval '1 day', now() - interval '2 days')",
+    )
+    .await;
+    // The old row was requeued after it failed, then replayed during an
+    // incident; the recent one was requeued once.
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event_requeue (outbox_event_id, requeued_at, reason, previous_status, previous_retries, replay)
+         SELECT id, now() - interval '35 days', 'receiver fixed', 'FAILED', 7, false FROM outbox_event WHERE tenant_id = 'old-done';
+         INSERT INTO outbox_event_requeue (outbox_event_id, requeued_at, reason, previous_status, previous_retries, replay)
+         SELECT id, now() - interval '33 days', 'replayed during an incident', 'DONE', 0, true FROM outbox_event WHERE tenant_id = 'old-done';
+         INSERT INTO outbox_event_requeue (outbox_event_id, requeued_at, reason, previous_status, previous_retries, replay)
+         SELECT id, now() - interval '2 days', 'peer back', 'FAILED', 3, false FROM outbox_event WHERE tenant_id = 'recent-done'",
+    )
+    .await;
+    let before = history(&mut conn).await;
+    assert_eq!(before.len(), 3);
+
+    let deleted = purge_done(h.db.pool(), RetentionConfig::default())
+        .await
+        .unwrap();
+
+    assert_eq!(deleted, 1, "the old DONE row is purged");
+    let left: Vec<String> = h.rows().await.into_iter().map(|r| r.tenant_id).collect();
+    assert_eq!(left, ["recent-done"]);
+    assert_eq!(
+        history(&mut conn).await,
+        before,
+        "retention deleted requeue history"
     );
 }

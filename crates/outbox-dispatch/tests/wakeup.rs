@@ -9,32 +9,11 @@ mod common;
 use std::time::Duration;
 
 use common::{Harness, exec};
-use diesel::sql_types::{Integer, Text};
-use diesel_async::RunQueryDsl;
-use outbox_dispatch::{DispatcherConfig, LISTENER_APPLICATION_NAME};
+use outbox_dispatch::DispatcherConfig;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-
-#[derive(diesel::QueryableByName)]
-struct Pid {
-    #[diesel(sql_type = Integer)]
-    pid: i32,
-}
-
-async fn listener_pid(h: &Harness) -> Option<i32> {
-    let mut conn = h.conn().await;
-    diesel::sql_query(
-        "SELECT pid FROM pg_stat_activity
-         WHERE datname = current_database() AND application_name = $1 AND query ILIKE '%LISTEN%'",
-    )
-    .bind::<Text, _>(LISTENER_APPLICATION_NAME)
-    .get_result::<Pid>(&mut conn)
-    .await
-    .ok()
-    .map(|row| row.pid)
-}
 
 #[tokio::test]
 async fn insert_notification_wakes_the_dispatcher_even_after_the_listener_is_killed() {
@@ -53,7 +32,7 @@ async fn insert_notification_wakes_the_dispatcher_even_after_the_listener_is_kil
     let deadline = Duration::from_secs(20);
     let mut first_pid = None;
     h.wait_for("the listener to connect", deadline, async || {
-        first_pid = listener_pid(&h).await;
+        first_pid = h.listener_pid().await;
         first_pid.is_some()
     })
     .await;
@@ -83,7 +62,7 @@ async fn insert_notification_wakes_the_dispatcher_even_after_the_listener_is_kil
     )
     .await;
     h.wait_for("a new listener connection", deadline, async || {
-        listener_pid(&h)
+        h.listener_pid()
             .await
             .is_some_and(|pid| Some(pid) != first_pid)
     })

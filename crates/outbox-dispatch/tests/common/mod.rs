@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME, Router};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -78,6 +78,16 @@ impl Harness {
         .into_iter()
         .map(|o| o.id())
         .collect()
+    }
+
+    /// Publishes one event of `event_type` for tenant `acme`; returns its id.
+    pub async fn publish_one(&self, event_type: &str) -> Uuid {
+        self.publish(vec![NewOutboxEvent::new(
+            "acme",
+            event_type,
+            serde_json::json!({}),
+        )])
+        .await[0]
     }
 
     pub async fn rows(&self) -> Vec<OutboxEvent> {
@@ -152,6 +162,25 @@ impl Harness {
             }
         }
         counts
+    }
+
+    /// The backend pid of the dispatcher's LISTEN connection, when one is connected.
+    pub async fn listener_pid(&self) -> Option<i32> {
+        #[derive(diesel::QueryableByName)]
+        struct Pid {
+            #[diesel(sql_type = diesel::sql_types::Integer)]
+            pid: i32,
+        }
+        let mut conn = self.conn().await;
+        diesel::sql_query(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1 AND query ILIKE '%LISTEN%'",
+        )
+        .bind::<diesel::sql_types::Text, _>(LISTENER_APPLICATION_NAME)
+        .get_result::<Pid>(&mut conn)
+        .await
+        .ok()
+        .map(|row| row.pid)
     }
 
     /// Waits until `check` holds, polling every 50 ms, failing after `limit`.
