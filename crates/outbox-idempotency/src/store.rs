@@ -179,4 +179,13 @@ mod tests {
     fn tokens_are_random() {
         assert_ne!(ClaimToken::generate(), ClaimToken::generate());
     }
+
+    #[test]
+    fn a_token_shows_in_logs_as_itself() {
+        let token = ClaimToken::generate();
+        assert_eq!(
+            format!("{token:?}"),
+            format!("ClaimToken({:?})", token.as_str())
+        );
+    }
 }

@@ -41,6 +41,11 @@ async fn default_prefix_is_outbox_idempotency() {
     assert_eq!(store.prefix(), "outbox:idempotency:");
     assert_eq!(store.redis_key("abc"), "outbox:idempotency:abc");
     assert_eq!(h.store.redis_key("abc"), h.redis.key("idempotency:abc"));
+    // Logs show which store a line is about: its prefix.
+    assert_eq!(
+        format!("{store:?}"),
+        r#"RedisIdempotencyStore { prefix: "outbox:idempotency:", .. }"#
+    );
 }
 
 #[tokio::test]
