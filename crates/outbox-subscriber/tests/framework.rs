@@ -397,6 +397,74 @@ async fn a_job_failing_every_round_goes_to_the_dead_set_with_the_last_reason() {
     );
 }
 
+/// Seconds since the epoch, as the queue's scheduled set scores due times.
+fn epoch_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn a_job_failing_its_first_round_is_due_again_30_seconds_later() {
+    let redis = TestRedis::new().await;
+    let handler = Stubborn {
+        succeed_on: usize::MAX,
+        ..Stubborn::default()
+    };
+    // The default rounds; no in-process retry, so the first failure ends the round.
+    let settings = WorkerSettings {
+        retries: 0,
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let Running {
+        namespace,
+        conn,
+        shutdown,
+        runner,
+    } = start(&redis, handler.clone(), settings);
+    let mut push = conn.clone();
+    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
+    let before = epoch_seconds();
+    push_raw(
+        &mut push,
+        &namespace,
+        "test.stubborn",
+        &[("test:job".into(), body)],
+    )
+    .await
+    .unwrap();
+    let scheduled = outbox_queue::apalis_config(&namespace, "test.stubborn").scheduled_jobs_set();
+    let mut due: Option<u64> = None;
+    eventually("the job's next round on the queue", WAIT, async || {
+        due = redis::cmd("ZSCORE")
+            .arg(&scheduled)
+            .arg("test:job~retry1")
+            .query_async(&mut push)
+            .await
+            .unwrap();
+        due.is_some()
+    })
+    .await;
+    let after = epoch_seconds();
+    shutdown.cancel();
+    runner.await.unwrap().unwrap();
+
+    let due = due.unwrap();
+    assert!(
+        (before + 30..=after + 30).contains(&due),
+        "due at {due}, expected 30 s after the failure (between {} and {})",
+        before + 30,
+        after + 30
+    );
+    assert_eq!(
+        handler.calls.lock().unwrap().len(),
+        1,
+        "one try in the round"
+    );
+}
+
 #[tokio::test]
 async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_queue() {
     let redis = TestRedis::new().await;
