@@ -522,6 +522,21 @@ async fn sigterm_lets_an_in_flight_webhook_finish_and_records_it_done() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_at_the_end_of_the_grace_period_even_with_a_delivery_still_hanging() {
+    let stack = Stack::new().await;
+    // Answered long after the grace period, and within the client's timeout.
+    stack.http.respond_after("/stuck", Duration::from_secs(30));
+    webhook_endpoint(&stack, "/stuck").await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let mut mail = stack.start(MAIL, &[("WEBHOOK_TIMEOUT_MS", "60000")]).await;
+    publish_webhook(&stack).await;
+    stack.http.wait_for_requests("/stuck", 1, WAIT).await;
+
+    stop_within_grace(&mut mail).await;
+    mail.wait_output("grace period over").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_a_webhook_waiting_between_quick_retries_back_to_the_queue() {
     let stack = Stack::new().await;
     stack.http.set_default("/down", 503);
