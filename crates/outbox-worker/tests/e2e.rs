@@ -510,7 +510,6 @@ async fn sigterm_lets_an_in_flight_webhook_finish_and_records_it_done() {
     stack.http.wait_for_requests("/slow", 1, WAIT).await;
 
     stop_within_grace(&mut mail).await;
-    mail.wait_output("webhook delivered").await;
     let stats = stack.stats(queues::WEBHOOK).await;
     assert_eq!(
         (stats.done, stats.running, stats.backlog, stats.dead),
@@ -518,6 +517,7 @@ async fn sigterm_lets_an_in_flight_webhook_finish_and_records_it_done() {
         "the job is recorded done, nothing is left to redeliver: {stats:?}"
     );
     assert_eq!(stack.http.requests_to("/slow").len(), 1);
+    mail.wait_output("webhook delivered").await;
     stop_within_grace(&mut general).await;
 }
 
