@@ -17,8 +17,16 @@ mod dead;
 mod filters;
 mod probe;
 mod render;
-mod requeue;
 mod workflow;
+
+/// `outbox requeue`: the policy and the transaction are the library's
+/// ([`outbox_cli::requeue`]); selecting, batching and printing are here.
+mod requeue {
+    pub mod bulk;
+    pub mod command;
+
+    pub use outbox_cli::requeue::*;
+}
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -2,11 +2,9 @@
 //! to PENDING, consistently and with history.
 //!
 //! This module holds the policy ([`refusal`], [`plan`]) and one transaction
-//! of requeues ([`execute`]); [`bulk`] selects by filters and runs in
-//! batches; [`command`] is the `outbox requeue` command itself.
-
-pub mod bulk;
-pub mod command;
+//! of requeues ([`execute`]). The binary's `requeue::bulk` selects by
+//! filters and runs in batches; its `requeue::command` is the `outbox
+//! requeue` command itself.
 
 use anyhow::Result;
 use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};

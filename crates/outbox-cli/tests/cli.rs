@@ -901,6 +901,52 @@ fn start_mail_workers(
         .unwrap()
         .with(SmtpHandler::new(smtp_settings, store).unwrap())
         .unwrap();
+    run_group(env, conn, group)
+}
+
+/// The webhook and plugin workers (outbox.webhook, outbox.plugin-hook and
+/// toolctrl.plugin-invoke) running in the background, allowed to reach the
+/// HTTP sink on 127.0.0.1.
+fn start_delivery_workers(env: &Env) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    use outbox_subscriber_webhook::{
+        Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
+        WebhookHandler,
+    };
+    let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
+    let store = outbox_idempotency::RedisIdempotencyStore::new(conn.clone())
+        .with_prefix(outbox_queue::idempotency_prefix(&env.namespace));
+    let deliverer = Deliverer::new(DeliverySettings {
+        allow_private_addresses: true,
+        ..DeliverySettings::default()
+    })
+    .unwrap();
+    let pool = env.db.pool().clone();
+    let once = OnceSettings::default();
+    let group = HandlerGroup::new()
+        .with(WebhookHandler::new(
+            pool.clone(),
+            deliverer.clone(),
+            store.clone(),
+            once,
+        ))
+        .unwrap()
+        .with(PluginHookHandler::new(
+            pool.clone(),
+            conn.clone(),
+            env.namespace.clone(),
+        ))
+        .unwrap()
+        .with(PluginInvokeHandler::new(pool, deliverer, store, once))
+        .unwrap();
+    run_group(env, conn, group)
+}
+
+/// Runs `group` on the test's queues in the background until the token is cancelled.
+fn run_group(
+    env: &Env,
+    conn: redis::aio::ConnectionManager,
+    group: HandlerGroup,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let settings = WorkerSettings {
         poll_interval: Duration::from_millis(50),
         ..WorkerSettings::default()
@@ -980,6 +1026,86 @@ async fn replaying_a_done_mail_event_sends_the_mail_again() {
     .unwrap();
     wait_done(&env, queues::TOOLCTRL_EMAIL, 3).await;
     assert_eq!(smtp.messages().len(), 2, "the redelivery sent nothing");
+
+    shutdown.cancel();
+    workers.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_delivered_webhook_and_plugin_hook_sends_each_again_as_a_new_message() {
+    outbox_test_support::init_tracing();
+    let env = Env::new().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    env.sql(&format!(
+        "INSERT INTO webhook_endpoint (tenant_id, url, secret) VALUES ('acme', '{}', 'whsec_c2VjcmV0');
+         INSERT INTO plugin_hook_subscription (tenant_id, plugin, hook, endpoint, secret)
+           VALUES ('acme', 'slack', 'workflow.executed', '{}', 'k1');
+         INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES
+           ('acme', 'webhook.order.created', '{{\"orderId\": 7}}'),
+           ('acme', 'plugin.hook.workflow.executed', '{{\"workflowId\": \"w1\"}}')",
+        sink.url_for("/hook"),
+        sink.url_for("/slack"),
+    ))
+    .await;
+    let ids: std::collections::HashMap<String, Uuid> = env
+        .rows()
+        .await
+        .into_iter()
+        .map(|row| (row.event_type, row.id))
+        .collect();
+    let (shutdown, workers) = start_delivery_workers(&env);
+    assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 2);
+    wait_done(&env, queues::WEBHOOK, 1).await;
+    wait_done(&env, queues::TOOLCTRL_PLUGIN_INVOKE, 1).await;
+
+    for id in ids.values() {
+        let run = env.outbox(&[
+            "requeue",
+            &id.to_string(),
+            "--replay",
+            "--reason",
+            "the receiver lost its copy",
+            "--json",
+        ]);
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        assert_eq!(run.json()["replayed"], 1, "{}", run.stdout);
+    }
+    assert_eq!(env.dispatcher().tick().await.unwrap().dispatched, 2);
+    wait_done(&env, queues::WEBHOOK, 2).await;
+    wait_done(&env, queues::TOOLCTRL_PLUGIN_INVOKE, 2).await;
+
+    // Each receiver got the message again, under the id of generation 1,
+    // signed so that it verifies under that id.
+    for (path, event_type, secret) in [
+        ("/hook", "webhook.order.created", "whsec_c2VjcmV0"),
+        ("/slack", "plugin.hook.workflow.executed", "k1"),
+    ] {
+        let id = ids[event_type];
+        let requests = sink.requests_to(path);
+        let message_ids: Vec<&str> = requests
+            .iter()
+            .map(|r| r.header("webhook-id").unwrap_or_default())
+            .collect();
+        assert_eq!(
+            message_ids,
+            [id.to_string(), format!("{id}:g1")],
+            "{path}: the first delivery, then the replay"
+        );
+        let replay = &requests[1];
+        let timestamp: i64 = replay.header("webhook-timestamp").unwrap().parse().unwrap();
+        let signature = replay.header("webhook-signature").unwrap();
+        assert!(
+            outbox_subscriber_webhook::verify(
+                secret,
+                &format!("{id}:g1"),
+                timestamp,
+                &replay.body,
+                signature
+            )
+            .unwrap(),
+            "{path}: the replay's signature"
+        );
+    }
 
     shutdown.cancel();
     workers.await.unwrap();

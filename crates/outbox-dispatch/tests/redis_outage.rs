@@ -7,8 +7,12 @@ mod common;
 
 use chrono::Duration as ChronoDuration;
 use common::{Harness, exec, quick_config};
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use outbox_cli::requeue::{Candidate, execute, plan};
 use outbox_dispatch::DispatcherConfig;
 use outbox_model::OutboxStatus;
+use outbox_model::schema::outbox_event;
 use outbox_publish::NewOutboxEvent;
 use outbox_test_support::RedisProcess;
 use serde_json::json;
@@ -82,14 +86,21 @@ async fn redis_outage_backs_off_then_dead_letters_then_requeue_delivers() {
         "dead-lettered rows stay put"
     );
 
-    // Redis comes back; an operator requeues the dead letters.
+    // Redis comes back; an operator requeues the dead letters (`outbox
+    // requeue --status failed`: the CLI's policy and transaction; its binary
+    // is not built for this crate's tests).
     redis.restart().await;
-    exec(
-        &mut conn,
-        "UPDATE outbox_event SET status = 'PENDING', retries = 0, scheduled_at = now(),
-                last_error = NULL, locked_until = NULL WHERE status = 'FAILED'",
-    )
-    .await;
+    let failed: Vec<Candidate> = outbox_event::table
+        .filter(outbox_event::status.eq(OutboxStatus::Failed))
+        .select(Candidate::as_select())
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let plan = plan(failed, false);
+    let executed = execute(&mut conn, &plan, "Redis is back", Some("ops"), false)
+        .await
+        .unwrap();
+    assert_eq!(executed.requeued.len(), 2, "{plan:?}");
     let report = dispatcher.tick().await.unwrap();
     assert_eq!((report.claimed, report.dispatched), (2, 2), "{report:?}");
     for id in &ids {

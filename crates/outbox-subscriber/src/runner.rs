@@ -461,3 +461,32 @@ async fn run_queue(
         })
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_job_comes_back_after_the_documented_rounds() {
+        // docs/operations.md, WORKER_RETRIES: after 30 s, 1, 2, 5, 10, 20,
+        // 30 min, 1, 2, 4 h, then the dead set.
+        let minutes = |m: u64| Duration::from_secs(60 * m);
+        let settings = WorkerSettings::default();
+        assert_eq!(
+            settings.requeue_delays,
+            [
+                Duration::from_secs(30),
+                minutes(1),
+                minutes(2),
+                minutes(5),
+                minutes(10),
+                minutes(20),
+                minutes(30),
+                minutes(60),
+                minutes(120),
+                minutes(240),
+            ]
+        );
+        assert_eq!(settings.retries, 3);
+    }
+}

@@ -306,12 +306,32 @@ fn start(redis: &TestRedis, handler: impl JobHandler, settings: WorkerSettings) 
     }
 }
 
-async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::DeadJob>, u64) {
-    let redis = TestRedis::new().await;
+/// A [`Stubborn`] handler succeeding on call `succeed_on`, running with
+/// `settings`, and its one job `test:job` pushed.
+async fn stubborn_job(
+    redis: &TestRedis,
+    succeed_on: usize,
+    settings: WorkerSettings,
+) -> (Stubborn, Running) {
     let handler = Stubborn {
         succeed_on,
         ..Stubborn::default()
     };
+    let running = start(redis, handler.clone(), settings);
+    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
+    push_raw(
+        &mut running.conn.clone(),
+        &running.namespace,
+        "test.stubborn",
+        &[("test:job".into(), body)],
+    )
+    .await
+    .unwrap();
+    (handler, running)
+}
+
+async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::DeadJob>, u64) {
+    let redis = TestRedis::new().await;
     let settings = WorkerSettings {
         retries: 1,
         min_backoff: Duration::from_millis(10),
@@ -320,22 +340,8 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
         poll_interval: Duration::from_millis(50),
         ..WorkerSettings::default()
     };
-    let Running {
-        namespace,
-        conn,
-        shutdown,
-        runner,
-    } = start(&redis, handler.clone(), settings);
-    let mut push = conn.clone();
-    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
-    push_raw(
-        &mut push,
-        &namespace,
-        "test.stubborn",
-        &[("test:job".into(), body)],
-    )
-    .await
-    .unwrap();
+    let (handler, running) = stubborn_job(&redis, succeed_on, settings).await;
+    let (namespace, mut push) = (running.namespace.clone(), running.conn.clone());
     eventually("the job to succeed or die", WAIT, async || {
         let stats = queue_stats(
             &mut push,
@@ -349,8 +355,8 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
         (calls >= succeed_on && stats.backlog == 0 && stats.running == 0) || stats.dead > 0
     })
     .await;
-    shutdown.cancel();
-    runner.await.unwrap().unwrap();
+    running.shutdown.cancel();
+    running.runner.await.unwrap().unwrap();
     let dead = dead_jobs(&mut push, &namespace, "test.stubborn", 10)
         .await
         .unwrap();
@@ -397,13 +403,59 @@ async fn a_job_failing_every_round_goes_to_the_dead_set_with_the_last_reason() {
     );
 }
 
+/// Seconds since the epoch, as the queue's scheduled set scores due times.
+fn epoch_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+#[tokio::test]
+async fn a_job_failing_its_first_round_is_due_again_30_seconds_later() {
+    let redis = TestRedis::new().await;
+    // The default rounds; no in-process retry, so the first failure ends the round.
+    let settings = WorkerSettings {
+        retries: 0,
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let before = epoch_seconds();
+    let (handler, running) = stubborn_job(&redis, usize::MAX, settings).await;
+    let (namespace, mut push) = (running.namespace.clone(), running.conn.clone());
+    let scheduled = outbox_queue::apalis_config(&namespace, "test.stubborn").scheduled_jobs_set();
+    let mut due: Option<u64> = None;
+    eventually("the job's next round on the queue", WAIT, async || {
+        due = redis::cmd("ZSCORE")
+            .arg(&scheduled)
+            .arg("test:job~retry1")
+            .query_async(&mut push)
+            .await
+            .unwrap();
+        due.is_some()
+    })
+    .await;
+    let after = epoch_seconds();
+    running.shutdown.cancel();
+    running.runner.await.unwrap().unwrap();
+
+    let due = due.unwrap();
+    assert!(
+        (before + 30..=after + 30).contains(&due),
+        "due at {due}, expected 30 s after the failure (between {} and {})",
+        before + 30,
+        after + 30
+    );
+    assert_eq!(
+        handler.calls.lock().unwrap().len(),
+        1,
+        "one try in the round"
+    );
+}
+
 #[tokio::test]
 async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_queue() {
     let redis = TestRedis::new().await;
-    let handler = Stubborn {
-        succeed_on: usize::MAX,
-        ..Stubborn::default()
-    };
     // An hour between in-process retries: only the shutdown can end the wait.
     let settings = WorkerSettings {
         retries: 3,
@@ -412,29 +464,15 @@ async fn shutdown_cuts_in_process_retries_short_and_hands_the_job_back_to_the_qu
         poll_interval: Duration::from_millis(50),
         ..WorkerSettings::default()
     };
-    let Running {
-        namespace,
-        conn,
-        shutdown,
-        runner,
-    } = start(&redis, handler.clone(), settings);
-    let mut push = conn.clone();
-    let body = serde_json::to_vec(&serde_json::json!({ "name": "job", "mode": "x" })).unwrap();
-    push_raw(
-        &mut push,
-        &namespace,
-        "test.stubborn",
-        &[("test:job".into(), body)],
-    )
-    .await
-    .unwrap();
+    let (handler, running) = stubborn_job(&redis, usize::MAX, settings).await;
+    let (namespace, mut push) = (running.namespace.clone(), running.conn.clone());
     wait_until("the first failure", || {
         !handler.calls.lock().unwrap().is_empty()
     })
     .await;
 
-    shutdown.cancel();
-    let stopped = tokio::time::timeout(Duration::from_secs(30), runner).await;
+    running.shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(30), running.runner).await;
     assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
     assert_eq!(
         handler.calls.lock().unwrap().len(),

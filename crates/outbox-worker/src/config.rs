@@ -678,6 +678,15 @@ mod tests {
         assert_eq!(config.retention.batch_size, 1000);
         assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
         assert!(!config.allow_redis_eviction);
+        // Webhooks, plugin calls and workflow HTTP blocks may not reach
+        // loopback, private or link-local addresses unless told.
+        assert!(!config.webhook_allow_private);
+        assert!(!read(Group::Mail, &[]).unwrap().webhook_allow_private);
+        assert!(
+            read(Group::Mail, &[("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true")])
+                .unwrap()
+                .webhook_allow_private
+        );
         assert!(
             read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])
                 .unwrap()
@@ -898,6 +907,7 @@ mod tests {
         ];
         let config = read_bridge(&base).unwrap();
         assert!(config.addr.ip().is_loopback());
+        assert!(!config.allow_private_addresses);
         assert_eq!(config.addr, DEFAULT_BRIDGE_ADDR.parse().unwrap());
         assert_eq!(config.secrets.len(), 1);
         assert!(!format!("{config:?}").contains(&secret));

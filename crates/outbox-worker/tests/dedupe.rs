@@ -81,7 +81,8 @@ async fn receivers_that_would_forget_before_the_queue_stop_start_up() {
     );
     let status = worker.wait_exit(WAIT).await;
     assert_eq!(status.code(), Some(2));
-    let output = worker.output();
+    // The process may exit before its last line is read from the pipe.
+    let output = worker.wait_output("DELIVERY_RECORD_TTL_HOURS").await;
     assert!(
         output.contains("DELIVERY_RECORD_TTL_HOURS")
             && output.contains("QUEUE_DONE_RETENTION_HOURS"),

@@ -5,18 +5,20 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{GENERAL, MAIL, Stack};
+use common::{GENERAL, MAIL, SHUTDOWN_GRACE, Stack, Worker};
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
-use outbox_queue::{OutboxJob, RedisSettings, push_jobs, push_raw, queues};
+use outbox_queue::{OutboxJob, RedisSettings, apalis_config, push_jobs, push_raw, queues};
 use outbox_subscriber_mail::{Templates, email_task_id, render_request};
 use outbox_subscriber_webhook::verify;
 use outbox_test_support::eventually;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
+/// How long past its grace period a stopping worker may take to exit.
+const EXIT_MARGIN: Duration = Duration::from_secs(2);
 
 async fn row_status(stack: &Stack, id: uuid::Uuid) -> OutboxStatus {
     use diesel::prelude::*;
@@ -97,6 +99,10 @@ async fn a_mail_event_is_sent_once_even_when_its_job_is_pushed_again() {
     .await
     .unwrap();
     stack.wait_done(queues::MAIL, 2).await;
+    // Whatever the redelivery pushed downstream has run by now.
+    stack
+        .wait_idle(&[queues::MAIL, queues::TOOLCTRL_EMAIL])
+        .await;
     // The rendered mail's job id is deterministic, so no second send job exists.
     assert_eq!(stack.stats(queues::TOOLCTRL_EMAIL).await.done, 1);
     assert_eq!(stack.smtp.messages().len(), 1, "the mail went out once");
@@ -452,15 +458,322 @@ async fn a_handler_killed_mid_delivery_is_rerun_on_redelivery() {
     }
 }
 
+/// Waits for a worker sent SIGTERM at `sent` to exit, and asserts that it
+/// exited 0 within its grace period (plus [`EXIT_MARGIN`]).
+async fn assert_exits_within_grace(worker: &mut Worker, sent: Instant) {
+    let limit = SHUTDOWN_GRACE + EXIT_MARGIN;
+    let status = worker.wait_exit(limit.saturating_sub(sent.elapsed())).await;
+    assert!(status.success(), "{status}");
+    assert!(
+        sent.elapsed() <= limit,
+        "exited {:?} after SIGTERM",
+        sent.elapsed()
+    );
+}
+
+/// Sends SIGTERM, then as [`assert_exits_within_grace`].
+async fn stop_within_grace(worker: &mut Worker) {
+    let sent = Instant::now();
+    worker.signal("TERM");
+    assert_exits_within_grace(worker, sent).await;
+}
+
+/// The stored webhook endpoint of tenant `acme` on the sink's `path`.
+async fn webhook_endpoint(stack: &Stack, path: &str) {
+    stack
+        .sql(&format!(
+            "INSERT INTO webhook_endpoint (tenant_id, url, secret) VALUES ('acme', '{}', 's')",
+            stack.http.url_for(path)
+        ))
+        .await;
+}
+
+async fn publish_webhook(stack: &Stack) -> uuid::Uuid {
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "webhook.order.created",
+            json!({ "n": 1 }),
+        ))
+        .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_exits_zero_within_the_grace_period() {
+async fn sigterm_lets_an_in_flight_webhook_finish_and_records_it_done() {
     let stack = Stack::new().await;
+    // Answered a second after it arrives: SIGTERM comes in between.
+    stack.http.respond_after("/slow", Duration::from_secs(1));
+    webhook_endpoint(&stack, "/slow").await;
     let mut general = stack.start(GENERAL, &[]).await;
     let mut mail = stack.start(MAIL, &[]).await;
+    publish_webhook(&stack).await;
+    stack.http.wait_for_requests("/slow", 1, WAIT).await;
+
+    stop_within_grace(&mut mail).await;
+    let stats = stack.stats(queues::WEBHOOK).await;
+    assert_eq!(
+        (stats.done, stats.running, stats.backlog, stats.dead),
+        (1, 0, 0, 0),
+        "the job is recorded done, nothing is left to redeliver: {stats:?}"
+    );
+    assert_eq!(stack.http.requests_to("/slow").len(), 1);
+    mail.wait_output("webhook delivered").await;
+    stop_within_grace(&mut general).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_at_the_end_of_the_grace_period_even_with_a_delivery_still_hanging() {
+    let stack = Stack::new().await;
+    // Answered long after the grace period, and within the client's timeout.
+    stack.http.respond_after("/stuck", Duration::from_secs(30));
+    webhook_endpoint(&stack, "/stuck").await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let mut mail = stack.start(MAIL, &[("WEBHOOK_TIMEOUT_MS", "60000")]).await;
+    publish_webhook(&stack).await;
+    stack.http.wait_for_requests("/stuck", 1, WAIT).await;
+
+    stop_within_grace(&mut mail).await;
+    mail.wait_output("grace period over").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_a_webhook_waiting_between_quick_retries_back_to_the_queue() {
+    let stack = Stack::new().await;
+    stack.http.set_default("/down", 503);
+    webhook_endpoint(&stack, "/down").await;
+    let _general = stack.start(GENERAL, &[]).await;
+    let mut mail = stack.start(MAIL, &[("WORKER_RETRIES", "100")]).await;
+    let id = publish_webhook(&stack).await;
+    // In-process tries back off 0.2, 0.4, 0.8, 1.6 and 3.2 s; after the
+    // sixth the worker waits 6.4 s, and SIGTERM comes in that wait.
+    stack.http.wait_for_requests("/down", 6, WAIT).await;
+
+    stop_within_grace(&mut mail).await;
+    assert_eq!(
+        stack.http.requests_to("/down").len(),
+        6,
+        "no try after SIGTERM"
+    );
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let scheduled: Vec<String> = redis::cmd("ZRANGE")
+        .arg(apalis_config(&stack.namespace, queues::WEBHOOK).scheduled_jobs_set())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        scheduled,
+        [format!("outbox:{id}~retry1")],
+        "the job waits on the queue for its next round"
+    );
+    let stats = stack.stats(queues::WEBHOOK).await;
+    assert_eq!((stats.running, stats.dead), (0, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_releases_rows_the_dispatcher_claimed_but_has_not_handed_off() {
+    let stack = Stack::new().await;
+    // A Redis of its own, whose writes this test holds up.
+    let redis = outbox_test_support::RedisProcess::start().await;
+    let url = redis.url();
+    let mut general = stack
+        .start(
+            GENERAL,
+            &[("REDIS_URL", &url), ("OUTBOX_DISPATCH_CONCURRENCY", "1")],
+        )
+        .await;
+    let mut admin = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Writes and scripts wait (at most 4 s, below the workers' 5 s Redis
+    // timeout): the dispatcher's first push hangs.
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4000)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // One claim of three rows for three queues, pushed one queue at a time
+    // (outbox.audit first).
+    stack
+        .sql(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES
+               ('acme', 'audit.user.login', '{}'),
+               ('acme', 'mail.user.welcome', '{}'),
+               ('acme', 'notification.user.mentioned', '{}')",
+        )
+        .await;
+    stack
+        .wait_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'PROCESSING'",
+            3,
+        )
+        .await;
+
+    let sent = Instant::now();
     general.signal("TERM");
-    mail.signal("TERM");
-    assert!(general.wait_exit(Duration::from_secs(20)).await.success());
-    assert!(mail.wait_exit(Duration::from_secs(20)).await.success());
+    general.wait_output("stopping: no new work").await;
+    let () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_exits_within_grace(&mut general, sent).await;
+
+    // The push in flight finished; the rest of the claim is PENDING again,
+    // due and unleased, for the next dispatcher: not FAILED, not held.
+    use diesel_async::RunQueryDsl;
+    #[derive(diesel::QueryableByName, Debug, PartialEq)]
+    struct Row {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        event_type: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        status: String,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        untouched: bool,
+    }
+    let rows: Vec<Row> = diesel::sql_query(
+        "SELECT event_type, status,
+                retries = 0 AND last_error IS NULL AND locked_until IS NULL AND scheduled_at <= now()
+                  AS untouched
+         FROM outbox_event ORDER BY event_type",
+    )
+    .load(&mut stack.db.conn().await)
+    .await
+    .unwrap();
+    let row = |event_type: &str, status: &str| Row {
+        event_type: event_type.to_owned(),
+        status: status.to_owned(),
+        untouched: true,
+    };
+    assert_eq!(
+        rows,
+        [
+            row("audit.user.login", "DONE"),
+            row("mail.user.welcome", "PENDING"),
+            row("notification.user.mentioned", "PENDING"),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_without_the_private_address_switch_refuse_webhooks_and_plugin_calls_to_loopback() {
+    let stack = Stack::new().await;
+    webhook_endpoint(&stack, "/hook").await;
+    stack
+        .sql(&format!(
+            "INSERT INTO plugin_hook_subscription (tenant_id, plugin, hook, endpoint, secret)
+             VALUES ('acme', 'slack', 'workflow.executed', '{}', 'k1')",
+            stack.http.url_for("/slack")
+        ))
+        .await;
+    // As deployed: WEBHOOK_ALLOW_PRIVATE_ADDRESSES left at its default.
+    let unset = ["WEBHOOK_ALLOW_PRIVATE_ADDRESSES"];
+    let _general = stack.start_without(GENERAL, &unset, &[]).await;
+    let _mail = stack.start_without(MAIL, &unset, &[]).await;
+    publish_webhook(&stack).await;
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "plugin.hook.workflow.executed",
+            json!({ "workflowId": "w1" }),
+        ))
+        .await;
+
+    stack.wait_dead(queues::WEBHOOK, 1).await;
+    stack.wait_dead(queues::TOOLCTRL_PLUGIN_INVOKE, 1).await;
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    for queue in [queues::WEBHOOK, queues::TOOLCTRL_PLUGIN_INVOKE] {
+        let dead = outbox_queue::dead_jobs(&mut redis, &stack.namespace, queue, 10)
+            .await
+            .unwrap();
+        let reason = dead[0].reason.clone().unwrap_or_default();
+        assert!(
+            reason.contains("127.0.0.1 is an internal address; refused"),
+            "{queue}: {reason}"
+        );
+        assert_eq!(
+            dead[0].attempts.as_deref(),
+            Some("1"),
+            "{queue}: a refusal is not retried"
+        );
+    }
+    assert!(
+        stack.http.requests().is_empty(),
+        "the sink got {:?}",
+        stack.http.requests()
+    );
+}
+
+/// `GET` of `path` on the worker: status and body.
+async fn get(worker: &Worker, path: &str) -> (u16, String) {
+    let response = reqwest::get(format!("http://{}{path}", worker.addr))
+        .await
+        .unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_answers_health_and_readiness_and_exports_queue_and_outbox_gauges() {
+    let stack = Stack::new().await;
+    // Two due rows no dispatcher takes, three jobs waiting on a queue this
+    // worker measures but does not consume.
+    let insert_row = "INSERT INTO outbox_event (tenant_id, event_type, payload)
+                      VALUES ('acme', 'audit.user.login', '{}')";
+    stack.sql(insert_row).await;
+    stack.sql(insert_row).await;
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let push = async |redis: &mut redis::aio::ConnectionManager, task: &str| {
+        push_raw(
+            redis,
+            &stack.namespace,
+            queues::MAIL,
+            &[(task.to_owned(), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+    };
+    for task in ["m1", "m2", "m3"] {
+        push(&mut redis, task).await;
+    }
+    let general = stack
+        .start(GENERAL, &[("OUTBOX_DISPATCHER_ENABLED", "false")])
+        .await;
+
+    assert_eq!(
+        get(&general, "/healthz").await,
+        (
+            200,
+            "ok
+"
+            .to_owned()
+        )
+    );
+    let (status, body) = get(&general, "/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        json!({ "postgres": "ok", "redis": "ok" })
+    );
+    stack
+        .wait_metric_line(&general, r#"outbox_queue_backlog{queue="outbox.mail"} 3"#)
+        .await;
+    stack
+        .wait_metric_line(&general, "outbox_pending_due 2")
+        .await;
+    // The gauges follow what changes (every WORKER_GAUGE_INTERVAL_MS).
+    stack.sql(insert_row).await;
+    push(&mut redis, "m4").await;
+    stack
+        .wait_metric_line(&general, r#"outbox_queue_backlog{queue="outbox.mail"} 4"#)
+        .await;
+    stack
+        .wait_metric_line(&general, "outbox_pending_due 3")
+        .await;
 }
 
 #[tokio::test]
@@ -484,7 +797,14 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
     let stack = Stack::new().await;
     let mut redis = outbox_test_support::RedisProcess::start().await;
     let redis_url = redis.url();
-    let general = stack.start(GENERAL, &[("REDIS_URL", &redis_url)]).await;
+    // No hand-off retries: an event the outage stops fails at once, as it
+    // would after its last retry.
+    let general = stack
+        .start(
+            GENERAL,
+            &[("REDIS_URL", &redis_url), ("OUTBOX_MAX_RETRIES", "0")],
+        )
+        .await;
     let readyz = async || {
         let response = reqwest::get(format!("http://{}/readyz", general.addr))
             .await
@@ -503,13 +823,23 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
     .await;
     assert!(body.contains("\"postgres\":\"ok\""), "{body}");
     assert!(!body.contains("\"redis\":\"ok\""), "{body}");
-    // Events published during the outage wait in Postgres.
-    stack
+    // An event published during the outage stays in Postgres, FAILED with
+    // the reason.
+    let during = stack
         .publish(NewOutboxEvent::new(
             "acme",
             "audit.user.login",
             json!({ "actor": "during-outage" }),
         ))
+        .await;
+    stack
+        .wait_count(
+            &format!(
+                "SELECT count(*) FROM outbox_event WHERE id = '{during}' AND status = 'FAILED'
+                   AND last_error LIKE 'hand-off to outbox.audit failed: %'"
+            ),
+            1,
+        )
         .await;
 
     redis.restart().await;
@@ -521,11 +851,43 @@ async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_b
             json!({ "actor": "after-outage" }),
         ))
         .await;
-    // The dispatcher retries the first hand-off after its backoff; make it due now.
     stack
-        .sql("UPDATE outbox_event SET scheduled_at = now() WHERE status = 'PENDING'")
+        .wait_count(
+            "SELECT count(*) FROM audit_log WHERE actor = 'after-outage'",
+            1,
+        )
         .await;
-    stack.wait_count("SELECT count(*) FROM audit_log", 2).await;
+    // The operator requeues what failed (`outbox requeue <id>`), and it is delivered.
+    requeue(&stack, during, "Redis is back").await;
+    stack
+        .wait_count(
+            "SELECT count(*) FROM audit_log WHERE actor = 'during-outage'",
+            1,
+        )
+        .await;
+}
+
+/// Requeues one row as `outbox requeue <id> --reason <reason>` does: the
+/// policy and transaction of the CLI's library (its binary is not built for
+/// this crate's tests).
+async fn requeue(stack: &Stack, id: uuid::Uuid, reason: &str) {
+    use diesel::prelude::*;
+    use diesel_async::RunQueryDsl;
+    use outbox_cli::requeue::{Candidate, execute, plan};
+    use outbox_model::schema::outbox_event;
+    let mut conn = stack.db.conn().await;
+    let rows: Vec<Candidate> = outbox_event::table
+        .find(id)
+        .select(Candidate::as_select())
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let plan = plan(rows, false);
+    assert!(plan.refused.is_empty(), "{:?}", plan.refused);
+    let executed = execute(&mut conn, &plan, reason, Some("e2e"), false)
+        .await
+        .unwrap();
+    assert_eq!(executed.requeued, [id]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,6 +1024,9 @@ async fn a_marketing_lead_is_mailed_to_the_sales_inbox_and_a_tenant_without_one_
             .contains("no sales inbox"),
         "{dead:?}"
     );
+    stack
+        .wait_idle(&[queues::MARKETING, queues::TOOLCTRL_EMAIL])
+        .await;
     assert_eq!(stack.smtp.messages().len(), 1);
 }
 

@@ -125,29 +125,14 @@ fn successes(blocks: &[&str]) -> Vec<(String, i32, String)> {
         .collect()
 }
 
-/// Waits until none of `queues` has a job waiting or running.
-async fn wait_idle(stack: &Stack, names: &[&str]) {
-    eventually("the queues to be idle", WAIT, async || {
-        let mut idle = true;
-        for queue in names {
-            let stats = stack.stats(queue).await;
-            idle &= stats.backlog == 0 && stats.running == 0;
-        }
-        idle
-    })
-    .await;
-}
-
 /// The subjects of every mail the SMTP sink received, sorted, once `n`
 /// arrived and the queues on the way to it are idle (so that no later mail
 /// can still come).
 async fn settled_subjects(stack: &Stack, n: usize) -> Vec<String> {
     stack.smtp.wait_for_messages(n, WAIT).await;
-    wait_idle(
-        stack,
-        &[queues::WORKFLOW, queues::MAIL, queues::TOOLCTRL_EMAIL],
-    )
-    .await;
+    stack
+        .wait_idle(&[queues::WORKFLOW, queues::MAIL, queues::TOOLCTRL_EMAIL])
+        .await;
     let mut subjects: Vec<String> = stack
         .smtp
         .messages()
@@ -298,7 +283,7 @@ async fn a_created_order_runs_its_live_workflow_once_even_when_its_job_is_redeli
         queues::PLUGIN_HOOK,
         queues::TOOLCTRL_PLUGIN_INVOKE,
     ];
-    wait_idle(&stack, &all).await;
+    stack.wait_idle(&all).await;
     let workflow_jobs = stack.stats(queues::WORKFLOW).await.done;
     let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
     let job = OutboxJob::from_event(&trigger);
@@ -314,7 +299,7 @@ async fn a_created_order_runs_its_live_workflow_once_even_when_its_job_is_redeli
     .await
     .unwrap();
     stack.wait_done(queues::WORKFLOW, workflow_jobs + 1).await;
-    wait_idle(&stack, &all).await;
+    stack.wait_idle(&all).await;
 
     // Nothing changed: one execution, one mail, one call, one hook.
     stack
@@ -415,15 +400,13 @@ async fn failed_and_rejected_runs_reach_the_plugins_subscribed_to_workflow_faile
             1,
         )
         .await;
-    wait_idle(
-        &stack,
-        &[
+    stack
+        .wait_idle(&[
             queues::WORKFLOW,
             queues::PLUGIN_HOOK,
             queues::TOOLCTRL_PLUGIN_INVOKE,
-        ],
-    )
-    .await;
+        ])
+        .await;
     assert!(stack.http.requests_to("/executed").is_empty());
     assert_eq!(stack.http.requests_to("/failed").len(), 2);
 }

@@ -14,6 +14,8 @@ use outbox_test_support::{ChildOutput, HttpSink, SmtpSink, TestDatabase, TestRed
 
 /// How long an end-to-end test waits for an effect.
 const WAIT: Duration = Duration::from_secs(60);
+/// `WORKER_SHUTDOWN_GRACE_MS` of the stack's workers.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 use uuid::Uuid;
 
 pub const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
@@ -156,7 +158,10 @@ impl Stack {
             ("WORKER_HEARTBEAT_MS", "1000".to_owned()),
             ("WORKER_RETRIES", "2".to_owned()),
             ("DATABASE_POOL_SIZE", "3".to_owned()),
-            ("WORKER_SHUTDOWN_GRACE_MS", "3000".to_owned()),
+            (
+                "WORKER_SHUTDOWN_GRACE_MS",
+                SHUTDOWN_GRACE.as_millis().to_string(),
+            ),
             ("WORKER_GAUGE_INTERVAL_MS", "200".to_owned()),
             ("WORKER_POLL_INTERVAL_MS", "200".to_owned()),
             (
@@ -173,6 +178,12 @@ impl Stack {
     /// waiting for it to be ready; its output is collected (see
     /// [`Worker::output`]).
     pub fn spawn(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
+        self.spawn_without(binary, &[], extra)
+    }
+
+    /// [`Stack::spawn`] with the variables `unset` left out of the stack's
+    /// environment (so that the binary runs with their defaults).
+    pub fn spawn_without(&self, binary: &str, unset: &[&str], extra: &[(&str, &str)]) -> Worker {
         let addr = free_addr();
         let mut command = Command::new(binary);
         // Workers serve on WORKER_HTTP_ADDR, the bridge on WORKFLOW_BRIDGE_ADDR.
@@ -180,6 +191,9 @@ impl Stack {
             .envs(self.env())
             .env("WORKER_HTTP_ADDR", &addr)
             .env("WORKFLOW_BRIDGE_ADDR", &addr);
+        for k in unset {
+            command.env_remove(k);
+        }
         for (k, v) in extra {
             command.env(k, v);
         }
@@ -200,7 +214,18 @@ impl Stack {
     /// Starts a binary with the stack's environment plus `extra`, and waits
     /// until it is ready.
     pub async fn start(&self, binary: &str, extra: &[(&str, &str)]) -> Worker {
-        let mut worker = self.spawn(binary, extra);
+        self.start_without(binary, &[], extra).await
+    }
+
+    /// [`Stack::start`] with the variables `unset` left out of the stack's
+    /// environment.
+    pub async fn start_without(
+        &self,
+        binary: &str,
+        unset: &[&str],
+        extra: &[(&str, &str)],
+    ) -> Worker {
+        let mut worker = self.spawn_without(binary, unset, extra);
         worker.wait_ready().await;
         worker
     }
@@ -229,18 +254,27 @@ impl Stack {
 
     /// Waits until the worker's /metrics has a line starting with `line`.
     pub async fn wait_metric(&self, worker: &Worker, line: &str) -> String {
-        let mut body = String::new();
-        eventually(&format!("metric {line:?}"), WAIT, async || {
-            body = reqwest::get(format!("http://{}/metrics", worker.addr))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
-            body.lines().any(|l| l.starts_with(line))
+        metrics_where(worker, &format!("metric {line:?}"), |l| l.starts_with(line)).await
+    }
+
+    /// Waits until the worker's /metrics has the line `line` exactly (a
+    /// series and its value, like `outbox_pending_due 2`).
+    pub async fn wait_metric_line(&self, worker: &Worker, line: &str) -> String {
+        metrics_where(worker, &format!("metric line {line:?}"), |l| l == line).await
+    }
+
+    /// Waits until none of `queues` has a job waiting or running: whatever
+    /// they were given has had its effect.
+    pub async fn wait_idle(&self, queues: &[&str]) {
+        eventually(&format!("{queues:?} to be idle"), WAIT, async || {
+            let mut idle = true;
+            for queue in queues {
+                let stats = self.stats(queue).await;
+                idle &= stats.backlog == 0 && stats.running == 0;
+            }
+            idle
         })
         .await;
-        body
     }
 
     /// Waits until `queue` has `done` finished jobs.
@@ -268,4 +302,20 @@ impl Stack {
         })
         .await;
     }
+}
+
+/// Waits until a line of the worker's /metrics satisfies `wanted`; returns the page.
+async fn metrics_where(worker: &Worker, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+    let mut body = String::new();
+    eventually(what, WAIT, async || {
+        body = reqwest::get(format!("http://{}/metrics", worker.addr))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        body.lines().any(&wanted)
+    })
+    .await;
+    body
 }

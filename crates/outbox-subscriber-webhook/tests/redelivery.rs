@@ -1,0 +1,189 @@
+//! The delivery handlers called directly, on real Postgres, Redis and an HTTP
+//! sink, with the same job more than once (a redelivery the queue cannot
+//! see, or the next try after a failure): what the receivers get.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use diesel_async::SimpleAsyncConnection;
+use outbox_idempotency::RedisIdempotencyStore;
+use outbox_queue::{OutboxJob, queues};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use outbox_subscriber_webhook::{
+    Deliverer, DeliverySettings, OnceSettings, PluginInvokeHandler, PluginInvokeJob, WebhookHandler,
+};
+use outbox_test_support::{HttpSink, TestDatabase, TestRedis};
+use uuid::Uuid;
+
+/// A database, a Redis namespace for the delivery records and an HTTP sink.
+struct Env {
+    db: TestDatabase,
+    redis: TestRedis,
+    sink: HttpSink,
+}
+
+impl Env {
+    async fn new() -> Self {
+        outbox_test_support::init_tracing();
+        Self {
+            db: TestDatabase::new().await,
+            redis: TestRedis::new().await,
+            sink: HttpSink::start().await,
+        }
+    }
+
+    async fn sql(&self, sql: &str) {
+        self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+
+    /// The parts both handlers take: a deliverer that may reach the sink on
+    /// 127.0.0.1, and the delivery records in this test's namespace.
+    async fn parts(&self) -> (Deliverer, RedisIdempotencyStore, OnceSettings) {
+        let deliverer = Deliverer::new(DeliverySettings {
+            allow_private_addresses: true,
+            ..DeliverySettings::default()
+        })
+        .unwrap();
+        let store =
+            RedisIdempotencyStore::new(self.redis.conn().await).with_prefix(self.redis.prefix());
+        (deliverer, store, OnceSettings::default())
+    }
+
+    async fn webhook_handler(&self) -> WebhookHandler {
+        let (deliverer, store, once) = self.parts().await;
+        WebhookHandler::new(self.db.pool().clone(), deliverer, store, once)
+    }
+
+    async fn plugin_handler(&self) -> PluginInvokeHandler {
+        let (deliverer, store, once) = self.parts().await;
+        PluginInvokeHandler::new(self.db.pool().clone(), deliverer, store, once)
+    }
+
+    /// Registers a webhook endpoint of tenant `acme` on the sink's `path`.
+    async fn endpoint(&self, path: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        self.sql(&format!(
+            "INSERT INTO webhook_endpoint (id, tenant_id, url, secret) VALUES ('{id}', 'acme', '{}', 's')",
+            self.sink.url_for(path)
+        ))
+        .await;
+        id
+    }
+}
+
+fn meta(queue: &str, task_id: &str) -> JobMeta {
+    JobMeta {
+        queue: queue.to_owned(),
+        task_id: task_id.to_owned(),
+        attempt: 1,
+    }
+}
+
+/// The `outbox.webhook` job of a `webhook.order.created` event of `acme`.
+fn webhook_job(event_id: Uuid) -> OutboxJob {
+    serde_json::from_str(&format!(
+        r#"{{"outbox_event_id": "{event_id}", "tenant_id": "acme",
+            "event_type": "webhook.order.created", "payload": {{"orderId": 7}},
+            "dispatch_key": null, "created_at": "2026-01-05T10:00:00Z"}}"#
+    ))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_delivered_webhook_is_not_sent_again_when_its_job_comes_back() {
+    let env = Env::new().await;
+    env.endpoint("/hook").await;
+    let handler = env.webhook_handler().await;
+    let job = webhook_job(Uuid::now_v7());
+
+    handler
+        .handle(job.clone(), &meta(queues::WEBHOOK, &job.task_id()))
+        .await
+        .unwrap();
+    assert_eq!(env.sink.requests_to("/hook").len(), 1);
+    // The same envelope under another task id: the queue sees a new job.
+    handler
+        .handle(job, &meta(queues::WEBHOOK, "redelivery-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        env.sink.requests_to("/hook").len(),
+        1,
+        "the endpoint got the webhook once"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_one_endpoint_failed_sends_only_to_that_endpoint() {
+    let env = Env::new().await;
+    let fine = env.endpoint("/a").await;
+    let failing = env.endpoint("/b").await;
+    env.sink.respond("/b", vec![503]);
+    let handler = env.webhook_handler().await;
+    let job = webhook_job(Uuid::now_v7());
+    let meta = meta(queues::WEBHOOK, &job.task_id());
+
+    let first = handler.handle(job.clone(), &meta).await;
+    let Err(JobError::Retry(reason)) = &first else {
+        panic!("a 503 is retried: {first:?}");
+    };
+    assert!(
+        reason.contains(&failing.to_string()) && reason.contains("503"),
+        "{reason}"
+    );
+    assert!(!reason.contains(&fine.to_string()), "{reason}");
+    // The next try (in process or a later round: the same body again).
+    handler.handle(job.clone(), &meta).await.unwrap();
+
+    assert_eq!(
+        env.sink.requests_to("/a").len(),
+        1,
+        "the endpoint that answered 200 got the webhook once"
+    );
+    let retried = env.sink.requests_to("/b");
+    assert_eq!(
+        retried.len(),
+        2,
+        "the endpoint that answered 503 got it again"
+    );
+    let id = job.outbox_event_id.to_string();
+    for request in &retried {
+        assert_eq!(request.header("webhook-id"), Some(id.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn a_delivered_plugin_invocation_is_not_sent_again_when_its_job_comes_back() {
+    let env = Env::new().await;
+    let subscription = Uuid::now_v7();
+    env.sql(&format!(
+        "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret)
+         VALUES ('{subscription}', 'acme', 'slack', 'workflow.executed', '{}', 'k1')",
+        env.sink.url_for("/slack")
+    ))
+    .await;
+    let handler = env.plugin_handler().await;
+    let event_id = Uuid::now_v7();
+    let job: PluginInvokeJob = serde_json::from_str(&format!(
+        r#"{{"outbox_event_id": "{event_id}", "tenant_id": "acme",
+            "subscription_id": "{subscription}", "plugin": "slack", "hook": "workflow.executed",
+            "event_type": "plugin.hook.workflow.executed", "payload": {{"workflowId": "w1"}},
+            "created_at": "2026-01-05T10:00:00Z"}}"#
+    ))
+    .unwrap();
+    let task_id = outbox_subscriber_webhook::invoke_task_id(&job.delivery_id(), subscription);
+
+    handler
+        .handle(job.clone(), &meta(queues::TOOLCTRL_PLUGIN_INVOKE, &task_id))
+        .await
+        .unwrap();
+    assert_eq!(env.sink.requests_to("/slack").len(), 1);
+    handler
+        .handle(job, &meta(queues::TOOLCTRL_PLUGIN_INVOKE, "redelivery-1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        env.sink.requests_to("/slack").len(),
+        1,
+        "the plugin was invoked once"
+    );
+}
