@@ -62,6 +62,8 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
                 "cargo-mutants is not installed; install it with\n    cargo install cargo-mutants --locked\nand run again"
             );
         }
+        std::fs::create_dir_all(&out)
+            .with_context(|| format!("cannot create {}", out.display()))?;
         let found = services::ensure().await?;
         let crates: Vec<String> = if args.crates.is_empty() {
             DEFAULT_CRATES.iter().map(|c| (*c).to_owned()).collect()
