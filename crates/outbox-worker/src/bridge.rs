@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_model::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
@@ -105,9 +105,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// When Postgres cannot be reached at start, the address cannot be bound,
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
-    let metrics_handle = PrometheusBuilder::new()
-        .install_recorder()
-        .context("cannot install the Prometheus recorder")?;
+    let metrics_handle = crate::install_metrics()?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {

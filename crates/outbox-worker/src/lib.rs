@@ -106,6 +106,34 @@ pub(crate) fn init_tracing() {
         .try_init();
 }
 
+/// How often the Prometheus recorder drains its histogram samples when
+/// nobody scrapes `/metrics`.
+pub const METRICS_UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Installs the Prometheus recorder and its upkeep: without upkeep, the
+/// samples of every histogram pile up until a scrape renders them, so a
+/// process nobody scrapes grows without bound (about 40 bytes per event).
+/// The upkeep task drains them every [`METRICS_UPKEEP_EVERY`] for the
+/// process's lifetime.
+///
+/// # Errors
+///
+/// When a recorder is already installed.
+pub(crate) fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the Prometheus recorder")?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
 /// The workflow executor `WORKFLOW_EXECUTOR` asks for.
 ///
 /// # Errors
@@ -216,9 +244,7 @@ pub fn handler_group(
 /// ([`RedisMayEvict`]), the HTTP address cannot be bound, or a queue worker
 /// fails.
 pub async fn run(config: WorkerConfig) -> Result<()> {
-    let metrics = PrometheusBuilder::new()
-        .install_recorder()
-        .context("cannot install the Prometheus recorder")?;
+    let metrics = install_metrics()?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {
