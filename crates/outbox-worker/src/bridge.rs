@@ -28,7 +28,10 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The entry point of `workflow-bridge`.
 #[must_use]
 pub fn bridge_main() -> ExitCode {
-    init_tracing();
+    if let Err(e) = init_tracing() {
+        eprintln!("workflow-bridge: {e}");
+        return ExitCode::from(EXIT_CONFIGURATION);
+    }
     let config = match BridgeConfig::from_env() {
         Ok(config) => config,
         Err(e) => {

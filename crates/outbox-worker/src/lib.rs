@@ -63,7 +63,10 @@ pub const EXIT_CONFIGURATION: u8 = 2;
 /// The entry point of both binaries: configuration, runtime, exit code.
 #[must_use]
 pub fn main_for(group: Group) -> ExitCode {
-    init_tracing();
+    if let Err(e) = init_tracing() {
+        eprintln!("worker-{}: {e}", group.as_str());
+        return ExitCode::from(EXIT_CONFIGURATION);
+    }
     let config = match WorkerConfig::from_env(group) {
         Ok(config) => config,
         Err(e) => {
@@ -96,14 +99,69 @@ pub fn main_for(group: Group) -> ExitCode {
     }
 }
 
-pub(crate) fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,apalis=warn,apalis_core=warn,apalis_redis=warn")
-    });
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .try_init();
+/// `LOG_FORMAT`: how the processes write their log lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// One human-readable line per event (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, with the fields of the current span (a
+    /// job's queue, task id, event id, tenant, round and attempt) and the
+    /// event's own fields, for log pipelines.
+    Json,
+}
+
+impl LogFormat {
+    /// Reads `LOG_FORMAT` through `get`: `text` (default) or `json`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the variable for any other value.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        match get("LOG_FORMAT").as_deref().map(str::trim) {
+            None | Some("" | "text") => Ok(Self::Text),
+            Some("json") => Ok(Self::Json),
+            Some(other) => Err(ConfigError {
+                variable: "LOG_FORMAT",
+                value: other.to_owned(),
+                problem: "must be text or json".into(),
+            }),
+        }
+    }
+}
+
+/// Sets up logging as `LOG_FORMAT` says (`RUST_LOG` filters).
+///
+/// # Errors
+///
+/// A bad `LOG_FORMAT` (logging then stays text, so the error can be shown).
+pub(crate) fn init_tracing() -> Result<(), ConfigError> {
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new(
+                "info,apalis=warn,apalis_core=warn,apalis_redis=warn",
+            )
+        })
+    };
+    let format = LogFormat::from_lookup(&|name| std::env::var(name).ok());
+    match format {
+        Ok(LogFormat::Json) => {
+            let _ = tracing_subscriber::fmt()
+                .json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_env_filter(filter())
+                .with_target(false)
+                .try_init();
+        }
+        _ => {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(filter())
+                .with_target(false)
+                .try_init();
+        }
+    }
+    format.map(|_| ())
 }
 
 /// How often the Prometheus recorder drains its histogram samples when
