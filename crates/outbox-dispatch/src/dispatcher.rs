@@ -242,7 +242,13 @@ impl Dispatcher {
                     for event in &unit.events {
                         if let Some(lease) = Lease::of(event) {
                             done.push((lease, unit.queue.clone()));
-                            latencies.push((event.id, unit.queue.clone(), event.created_at));
+                            // Latency counts from when the row became due: a scheduled or
+                            // retried row is not late for the time it had to wait.
+                            latencies.push((
+                                event.id,
+                                unit.queue.clone(),
+                                event.created_at.max(event.scheduled_at),
+                            ));
                         }
                     }
                 }
@@ -369,9 +375,9 @@ impl Dispatcher {
         let now = Utc::now();
         let done: std::collections::HashSet<&Uuid> = done_ids.iter().collect();
         let mut per_queue: BTreeMap<&str, u64> = BTreeMap::new();
-        for (_, queue, created_at) in handed_off.iter().filter(|(id, _, _)| done.contains(id)) {
+        for (_, queue, due_at) in handed_off.iter().filter(|(id, _, _)| done.contains(id)) {
             *per_queue.entry(queue.as_str()).or_default() += 1;
-            let latency = (now - *created_at).num_milliseconds().max(0) as f64 / 1000.0;
+            let latency = (now - *due_at).num_milliseconds().max(0) as f64 / 1000.0;
             metrics::histogram!("outbox_dispatch_handoff_latency_seconds", "queue" => queue.clone()).record(latency);
         }
         for (queue, n) in per_queue {

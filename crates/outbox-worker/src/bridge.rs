@@ -108,7 +108,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// When Postgres cannot be reached at start, the address cannot be bound,
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
-    let metrics_handle = crate::install_metrics()?;
+    let metrics_handle = crate::install_metrics("workflow-bridge")?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {

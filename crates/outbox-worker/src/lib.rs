@@ -16,6 +16,7 @@
 //! Every variable is listed in `docs/operations.md`.
 
 mod bridge;
+pub mod catalog;
 mod config;
 mod gauges;
 mod http;
@@ -25,7 +26,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use metrics_exporter_prometheus::PrometheusBuilder;
 use outbox_dispatch::{Dispatcher, Router, run_retention};
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
@@ -177,10 +177,14 @@ pub const METRICS_UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_
 /// # Errors
 ///
 /// When a recorder is already installed.
-pub(crate) fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let handle = PrometheusBuilder::new()
+pub(crate) fn install_metrics(
+    binary: &'static str,
+) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+    let handle = catalog::builder()
+        .context("cannot configure the Prometheus recorder")?
         .install_recorder()
         .context("cannot install the Prometheus recorder")?;
+    catalog::describe(binary);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
@@ -302,7 +306,10 @@ pub fn handler_group(
 /// ([`RedisMayEvict`]), the HTTP address cannot be bound, or a queue worker
 /// fails.
 pub async fn run(config: WorkerConfig) -> Result<()> {
-    let metrics = install_metrics()?;
+    let metrics = install_metrics(match config.group {
+        Group::General => "worker-general",
+        Group::Mail => "worker-mail",
+    })?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {

@@ -1,0 +1,269 @@
+//! Every metric the processes export, with its kind and help text: the one
+//! list `/metrics` describes (`# HELP`, `# TYPE`) and `docs/operations.md`
+//! ("Metrics reference") documents; a test keeps the three in step.
+
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
+
+/// What kind of metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up.
+    Counter,
+    /// A current value.
+    Gauge,
+    /// A distribution, with buckets.
+    Histogram,
+}
+
+impl Kind {
+    /// As Prometheus' `# TYPE` line and the docs name it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
+}
+
+/// (name, kind, help) of every metric.
+pub const METRICS: &[(&str, Kind, &str)] = &[
+    (
+        "outbox_build_info",
+        Kind::Gauge,
+        "Always 1; labels: version and binary of the process",
+    ),
+    (
+        "outbox_dispatch_claimed_total",
+        Kind::Counter,
+        "Rows claimed by the dispatcher",
+    ),
+    (
+        "outbox_dispatch_dispatched_total",
+        Kind::Counter,
+        "Rows handed off to their queue (DONE), by queue",
+    ),
+    (
+        "outbox_dispatch_duplicates_total",
+        Kind::Counter,
+        "Re-pushes deduplicated by task id (re-claims after a crash)",
+    ),
+    (
+        "outbox_dispatch_retried_total",
+        Kind::Counter,
+        "Hand-offs put back with backoff",
+    ),
+    (
+        "outbox_dispatch_failed_total",
+        Kind::Counter,
+        "Rows dead-lettered, by reason: unrouted, retries_exhausted, oversized",
+    ),
+    (
+        "outbox_dispatch_unrouted_total",
+        Kind::Counter,
+        "Events with no routing rule",
+    ),
+    (
+        "outbox_dispatch_released_total",
+        Kind::Counter,
+        "Claims given back on shutdown",
+    ),
+    (
+        "outbox_dispatch_lost_leases_total",
+        Kind::Counter,
+        "Outcomes not recorded because the lease was lost",
+    ),
+    (
+        "outbox_dispatch_listener_reconnects_total",
+        Kind::Counter,
+        "LISTEN connection re-established",
+    ),
+    (
+        "outbox_dispatch_handoff_latency_seconds",
+        Kind::Histogram,
+        "From when a row became due (created or scheduled) to its hand-off, by queue",
+    ),
+    ("outbox_pending_due", Kind::Gauge, "PENDING rows due now"),
+    (
+        "outbox_pending_overdue",
+        Kind::Gauge,
+        "PENDING rows due for more than 60 s",
+    ),
+    (
+        "outbox_pending_oldest_due_age_seconds",
+        Kind::Gauge,
+        "Age of the oldest due PENDING row",
+    ),
+    (
+        "outbox_processing",
+        Kind::Gauge,
+        "Rows claimed and not yet handed off",
+    ),
+    (
+        "outbox_pending_alert",
+        Kind::Gauge,
+        "1 while more than 1000 rows are overdue (the pending alert of outbox stats)",
+    ),
+    (
+        "outbox_queue_backlog",
+        Kind::Gauge,
+        "Jobs waiting or scheduled, by queue",
+    ),
+    ("outbox_queue_due", Kind::Gauge, "Jobs due now, by queue"),
+    (
+        "outbox_queue_running",
+        Kind::Gauge,
+        "Jobs being handled, by queue",
+    ),
+    (
+        "outbox_queue_done",
+        Kind::Gauge,
+        "Finished jobs still kept, by queue",
+    ),
+    (
+        "outbox_queue_dead",
+        Kind::Gauge,
+        "Dead-lettered jobs, by queue",
+    ),
+    (
+        "outbox_queue_workers",
+        Kind::Gauge,
+        "Queue workers with a fresh heartbeat, by queue",
+    ),
+    (
+        "outbox_queue_stalled_workers",
+        Kind::Gauge,
+        "Queue workers whose heartbeat is stale, by queue",
+    ),
+    (
+        "outbox_subscriber_jobs_total",
+        Kind::Counter,
+        "Jobs handled, by queue and outcome: done, retry, dead",
+    ),
+    (
+        "outbox_subscriber_job_duration_seconds",
+        Kind::Histogram,
+        "Handler time, by queue",
+    ),
+    (
+        "outbox_subscriber_worker_restarts_total",
+        Kind::Counter,
+        "Queue workers restarted after a backend failure, by queue",
+    ),
+    (
+        "outbox_retention_deleted_total",
+        Kind::Counter,
+        "DONE rows purged by retention",
+    ),
+    (
+        "outbox_queue_trimmed_total",
+        Kind::Counter,
+        "Finished jobs removed from Redis, by queue",
+    ),
+    (
+        "outbox_queue_orphans_recovered_total",
+        Kind::Counter,
+        "In-flight jobs of workers presumed dead, put back on the queue",
+    ),
+    (
+        "outbox_queue_stale_acks_total",
+        Kind::Counter,
+        "Finished jobs a worker no longer held; they run again elsewhere",
+    ),
+    (
+        "outbox_queue_jobs_without_body_total",
+        Kind::Counter,
+        "Queued ids whose body was gone; dropped",
+    ),
+    (
+        "workflow_bridge_requests_total",
+        Kind::Counter,
+        "Bridge requests that ran, by endpoint: run, continue, stream",
+    ),
+    (
+        "workflow_bridge_refusals_total",
+        Kind::Counter,
+        "Bridge requests refused, by HTTP status",
+    ),
+];
+
+/// Histogram buckets, in seconds: from a millisecond to five minutes.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// A recorder builder whose `_seconds` histograms have [`SECONDS_BUCKETS`]
+/// (so they aggregate across replicas).
+///
+/// # Errors
+///
+/// Never for these buckets; the exporter's error otherwise.
+pub fn builder() -> Result<PrometheusBuilder, BuildError> {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+}
+
+/// Registers the help text of every metric, and `outbox_build_info` for
+/// `binary`.
+pub fn describe(binary: &'static str) {
+    for (name, kind, help) in METRICS {
+        let name = *name;
+        let help = *help;
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, help),
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, metrics::Unit::Seconds, help),
+        }
+    }
+    metrics::gauge!(
+        "outbox_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "binary" => binary
+    )
+    .set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The (name, kind) rows of the docs' metrics table.
+    fn documented() -> Vec<(String, String)> {
+        let docs = include_str!("../../../docs/operations.md");
+        let table = docs
+            .split("## Metrics reference")
+            .nth(1)
+            .expect("the Metrics reference section");
+        table
+            .lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+                let name = cells.get(1)?.strip_prefix('`')?;
+                let name = name.split(['`', '{']).next()?;
+                Some((name.to_owned(), (*cells.get(2)?).to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_docs_list_every_metric_with_its_kind_and_nothing_else() {
+        let mut code: Vec<(String, String)> = METRICS
+            .iter()
+            .map(|(name, kind, _)| ((*name).to_owned(), kind.as_str().to_owned()))
+            .collect();
+        let mut docs = documented();
+        code.sort();
+        docs.sort();
+        assert_eq!(docs, code);
+    }
+
+    #[test]
+    fn every_name_is_unique_and_every_help_says_something() {
+        let mut names: Vec<&str> = METRICS.iter().map(|(n, _, _)| *n).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), METRICS.len());
+        assert!(METRICS.iter().all(|(_, _, help)| help.len() > 10));
+    }
+}

@@ -1,0 +1,109 @@
+//! What operators read: `LOG_FORMAT=json` lines carry a job's queue, task
+//! id, event id, tenant and attempt; `/metrics` describes every metric it
+//! serves (help, type, histogram buckets) as the catalog and the docs say.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{GENERAL, Stack};
+use outbox_publish::NewOutboxEvent;
+use outbox_worker::catalog::{Kind, METRICS};
+use serde_json::{Value, json};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_name_the_event_tenant_queue_and_attempt_of_each_job_line() {
+    let stack = Stack::new().await;
+    let general = stack.start(GENERAL, &[("LOG_FORMAT", "json")]).await;
+    let id = stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "user": "ada" }),
+        ))
+        .await;
+    let output = general.wait_output("job done").await;
+    let lines: Vec<Value> = output
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let done = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "job done")
+        .expect("a job done line");
+    let span = &done["span"];
+    assert_eq!(span["queue"], "outbox.audit", "{done}");
+    assert_eq!(span["event_id"], id.to_string(), "{done}");
+    assert_eq!(span["tenant_id"], "acme", "{done}");
+    assert_eq!(span["attempt"], 1, "{done}");
+    assert!(span["task_id"].as_str().unwrap().contains(&id.to_string()));
+    assert!(
+        done["level"] == "INFO" && done["timestamp"].is_string(),
+        "{done}"
+    );
+}
+
+#[test]
+fn an_unknown_log_format_stops_start_up_with_exit_code_2() {
+    let output = std::process::Command::new(GENERAL)
+        .env("LOG_FORMAT", "yaml")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("LOG_FORMAT") && stderr.contains("text or json"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_help_types_and_buckets_as_the_catalog_lists_them() {
+    let stack = Stack::new().await;
+    let general = stack.start(GENERAL, &[]).await;
+    stack
+        .publish(NewOutboxEvent::new("acme", "audit.user.login", json!({})))
+        .await;
+    // A hand-off and a handled job: both histograms have samples.
+    let body = stack
+        .wait_metric(&general, "outbox_subscriber_job_duration_seconds_bucket")
+        .await;
+    let body = if body.contains("outbox_dispatch_handoff_latency_seconds_bucket") {
+        body
+    } else {
+        stack
+            .wait_metric(&general, "outbox_dispatch_handoff_latency_seconds_bucket")
+            .await
+    };
+    let mut typed = 0;
+    for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let mut parts = line.split_whitespace().skip(2);
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        let (_, expected, _) = METRICS
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .unwrap_or_else(|| panic!("{name} is served but not in the catalog"));
+        assert_eq!(kind, expected.as_str(), "{name}");
+        assert!(
+            body.contains(&format!("# HELP {name} ")),
+            "{name} has no help text"
+        );
+        typed += 1;
+    }
+    assert!(typed >= 10, "only {typed} metrics served:\n{body}");
+    for (name, kind, _) in METRICS {
+        if *kind == Kind::Histogram && body.contains(&format!("# TYPE {name} ")) {
+            assert!(
+                body.contains(&format!("{name}_bucket{{")) && body.contains("le=\"0.001\""),
+                "{name} has no buckets:\n{body}"
+            );
+        }
+    }
+    assert!(
+        body.lines().any(|l| l.starts_with("outbox_build_info{")
+            && l.contains("binary=\"worker-general\"")
+            && l.ends_with(" 1")),
+        "{body}"
+    );
+}
