@@ -193,7 +193,7 @@ pub struct QueueCounts {
 }
 
 impl QueueCounts {
-    fn add(&mut self, other: Self) {
+    pub(crate) fn add(&mut self, other: Self) {
         self.checked += other.checked;
         self.found += other.found;
         self.missing += other.missing;

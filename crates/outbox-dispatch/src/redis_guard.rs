@@ -415,95 +415,89 @@ impl RedisGuard {
         let mut redis = self.redis.clone();
         let server = read_server_info(&mut redis).await?;
         let mut conn = self.pool.get().await?;
-        let namespace = self.namespace.clone();
-        let queues = self.queues.clone();
-        let retention = self.settings.retention;
         conn.transaction::<_, DispatchError, _>(async |conn| {
-                let prefix = namespace.prefix();
-                db::lock_namespace(conn, prefix).await?;
-                let now = db::db_now(conn).await?;
-                let floor = retention_floor(now, retention);
-                let remembered = db::remembered_epoch(conn, prefix).await?;
-                let marker = read_marker(&mut redis, &namespace).await?;
-                let since_last_check = remembered
-                    .as_ref()
-                    .and_then(|r| (now - r.checked_at).to_std().ok())
-                    .unwrap_or_default();
-                let assessment =
-                    assess(marker.as_ref(), remembered.as_ref(), &server, since_last_check);
-                let mut windows = Vec::new();
-                match &assessment {
-                    Assessment::Intact => {
-                        db::save_epoch(conn, prefix, remembered_epoch(&remembered), &server.run_id)
-                            .await?;
-                    }
-                    Assessment::RestartedSafely => {
-                        confirm_marker_run(&mut redis, &namespace, &server.run_id).await?;
-                        db::save_epoch(conn, prefix, remembered_epoch(&remembered), &server.run_id)
-                            .await?;
-                        tracing::info!(
-                            namespace = %prefix, run_id = %server.run_id,
-                            persistence = server.persistence.mode(),
-                            "Redis restarted; its persistence (appendfsync always) keeps every write: nothing lost"
-                        );
-                    }
-                    Assessment::Adopt => {
-                        let epoch = marker.as_ref().map(|m| m.epoch).unwrap_or_else(Uuid::now_v7);
-                        db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
-                        db::ensure_safe_points(conn, prefix, &queues, floor).await?;
-                        tracing::info!(namespace = %prefix, %epoch, "Redis guard: adopted the marker found in Redis");
-                    }
-                    Assessment::FirstSight | Assessment::Lost(_) => {
-                        let epoch = Uuid::now_v7();
-                        db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
-                        db::ensure_safe_points(conn, prefix, &queues, floor).await?;
-                        let pending = db::mark_pending(conn, prefix, floor).await?;
-                        windows = pending
-                            .into_iter()
-                            .filter_map(|p| p.pending_since.map(|since| (p.queue, since)))
-                            .collect();
-                        write_marker(
-                            &mut redis,
-                            &namespace,
-                            &Marker {
-                                epoch,
-                                run_id: server.run_id.clone(),
-                            },
-                        )
-                        .await?;
-                        let earliest = windows.iter().map(|(_, since)| *since).min();
-                        let window = earliest.map_or_else(|| "-".to_owned(), |e| e.to_rfc3339());
-                        match &assessment {
-                            Assessment::Lost(reason) => {
-                                tracing::error!(
-                                    namespace = %prefix, reason = reason.label(),
-                                    previous_epoch = %remembered_epoch(&remembered), %epoch,
-                                    previous_run_id = %remembered.as_ref().map(|r| r.run_id.as_str()).unwrap_or("-"),
-                                    run_id = %server.run_id, persistence = server.persistence.mode(),
-                                    window_since = %window, queues = windows.len(),
-                                    "Redis lost data: {reason}; jobs handed off since {window} may be gone; reconciling"
-                                );
-                                metrics::counter!("outbox_redis_loss_detected_total", "reason" => reason.label())
-                                    .increment(1);
-                            }
-                            _ => tracing::warn!(
-                                namespace = %prefix, %epoch, run_id = %server.run_id,
-                                persistence = server.persistence.mode(), window_since = %window,
-                                "Redis guard: no marker and no record of this Redis; checking the hand-offs of the last QUEUE_DONE_RETENTION_HOURS once"
-                            ),
-                        }
-                    }
-                }
-                Ok(CheckReport {
-                    assessment,
-                    persistence: server.persistence.clone(),
-                    windows,
-                })
+            self.decide(conn, &mut redis, &server).await
         })
         .await
     }
 
-    /// Runs up to [`BATCHES_PER_PASS`] batches of the reconciliations due
+    /// The check inside its transaction: the namespace is locked, so
+    /// dispatchers decide one after the other.
+    async fn decide(
+        &self,
+        conn: &mut AsyncPgConnection,
+        redis: &mut ConnectionManager,
+        server: &ServerInfo,
+    ) -> Result<CheckReport, DispatchError> {
+        let namespace = &self.namespace;
+        let prefix = namespace.prefix();
+        db::lock_namespace(conn, prefix).await?;
+        let now = db::db_now(conn).await?;
+        let floor = retention_floor(now, self.settings.retention);
+        let remembered = db::remembered_epoch(conn, prefix).await?;
+        let marker = read_marker(redis, namespace).await?;
+        let since_last_check = remembered
+            .as_ref()
+            .and_then(|r| (now - r.checked_at).to_std().ok())
+            .unwrap_or_default();
+        let assessment = assess(
+            marker.as_ref(),
+            remembered.as_ref(),
+            server,
+            since_last_check,
+        );
+        let mut windows = Vec::new();
+        match &assessment {
+            Assessment::Intact => {
+                db::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+            }
+            Assessment::RestartedSafely => {
+                confirm_marker_run(redis, namespace, &server.run_id).await?;
+                db::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+                tracing::info!(
+                    namespace = %prefix, run_id = %server.run_id,
+                    persistence = server.persistence.mode(),
+                    "Redis restarted; its persistence (appendfsync always) keeps every write: nothing lost"
+                );
+            }
+            Assessment::Adopt => {
+                let epoch = marker.as_ref().map_or_else(Uuid::now_v7, |m| m.epoch);
+                db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
+                db::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
+                tracing::info!(namespace = %prefix, %epoch, "Redis guard: adopted the marker found in Redis");
+            }
+            Assessment::FirstSight | Assessment::Lost(_) => {
+                let epoch = Uuid::now_v7();
+                db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
+                db::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
+                windows = db::mark_pending(conn, prefix, floor)
+                    .await?
+                    .into_iter()
+                    .filter_map(|p| p.pending_since.map(|since| (p.queue, since)))
+                    .collect();
+                let marker = Marker {
+                    epoch,
+                    run_id: server.run_id.clone(),
+                };
+                write_marker(redis, namespace, &marker).await?;
+                log_window(
+                    prefix,
+                    &assessment,
+                    remembered.as_ref(),
+                    &marker,
+                    server,
+                    &windows,
+                );
+            }
+        }
+        Ok(CheckReport {
+            assessment,
+            persistence: server.persistence.clone(),
+            windows,
+        })
+    }
+
+    /// Runs up to 40 batches of the reconciliations due
     /// in this namespace, under the namespace's lease (another dispatcher
     /// holding it: nothing to do here). Returns whether any is still due.
     ///
@@ -543,8 +537,10 @@ impl RedisGuard {
             let Some(mut since) = point.pending_since else {
                 continue;
             };
+            let window = since;
             let mut after = point.pending_after_id;
             let queue = point.queue;
+            let mut total = crate::QueueCounts::default();
             loop {
                 if stop.is_cancelled() || batches >= BATCHES_PER_PASS {
                     return Ok(true);
@@ -554,16 +550,18 @@ impl RedisGuard {
                     db::done_rows_after(conn, &queue, cursor, self.reconciler.batch_size()).await?;
                 let outcome = self.reconciler.repair(conn, &queue, &rows, false).await?;
                 batches += 1;
+                total.add(outcome.counts);
                 let next = rows
                     .last()
                     .filter(|_| rows.len() >= self.reconciler.batch_size())
                     .map(|last| (last.processed_at.unwrap_or(last.created_at), last.id));
-                tracing::info!(
-                    namespace = %prefix, queue = %queue, checked = outcome.counts.checked,
-                    missing = outcome.counts.missing, repushed = outcome.counts.repushed,
-                    from = %since, done = next.is_none(),
-                    "reconciling after a Redis loss"
-                );
+                if let Some((up_to, _)) = next {
+                    tracing::info!(
+                        namespace = %prefix, queue = %queue, window_since = %window, up_to = %up_to,
+                        checked = total.checked, missing = total.missing, repushed = total.repushed,
+                        "reconciling: checking handed-off jobs against Redis"
+                    );
+                }
                 let moved = db::advance_pending(conn, prefix, &queue, (since, after), next).await?;
                 db::renew_reconcile_lease(conn, prefix, millis(RECONCILE_LEASE)).await?;
                 if !moved {
@@ -576,7 +574,22 @@ impl RedisGuard {
                         after = Some(id);
                     }
                     None => {
-                        tracing::info!(namespace = %prefix, queue = %queue, "reconciliation after the Redis loss finished");
+                        if total.checked > 0 {
+                            if total.missing > 0 {
+                                tracing::warn!(
+                                    namespace = %prefix, queue = %queue, window_since = %window,
+                                    checked = total.checked, found = total.found,
+                                    missing = total.missing, repushed = total.repushed,
+                                    "reconciliation finished: jobs Redis had lost were pushed again"
+                                );
+                            } else {
+                                tracing::info!(
+                                    namespace = %prefix, queue = %queue, window_since = %window,
+                                    checked = total.checked, found = total.found,
+                                    "reconciliation finished: nothing was missing"
+                                );
+                            }
+                        }
                         break;
                     }
                 }
@@ -651,8 +664,46 @@ impl RedisGuard {
     }
 }
 
-fn remembered_epoch(remembered: &Option<EpochRow>) -> Uuid {
+fn epoch_of(remembered: &Option<EpochRow>) -> Uuid {
     remembered.as_ref().map_or_else(Uuid::nil, |r| r.epoch)
+}
+
+/// Logs a loss (an error, counted in `outbox_redis_loss_detected_total`)
+/// or a first sight (a warning), naming the window.
+fn log_window(
+    prefix: &str,
+    assessment: &Assessment,
+    remembered: Option<&EpochRow>,
+    marker: &Marker,
+    server: &ServerInfo,
+    windows: &[(String, DateTime<Utc>)],
+) {
+    let window = windows
+        .iter()
+        .map(|(_, since)| *since)
+        .min()
+        .map_or_else(|| "-".to_owned(), |since| since.to_rfc3339());
+    let persistence = server.persistence.mode();
+    match assessment {
+        Assessment::Lost(reason) => {
+            tracing::error!(
+                namespace = %prefix, reason = reason.label(),
+                previous_epoch = %remembered.map_or_else(Uuid::nil, |r| r.epoch),
+                epoch = %marker.epoch,
+                previous_run_id = %remembered.map_or("-", |r| r.run_id.as_str()),
+                run_id = %server.run_id, persistence, window_since = %window,
+                queues = windows.len(),
+                "Redis lost data: {reason}; jobs handed off since {window} may be gone; reconciling"
+            );
+            metrics::counter!("outbox_redis_loss_detected_total", "reason" => reason.label())
+                .increment(1);
+        }
+        _ => tracing::warn!(
+            namespace = %prefix, epoch = %marker.epoch, run_id = %server.run_id, persistence,
+            window_since = %window,
+            "Redis guard: no marker and no record of this Redis; checking the hand-offs since {window} once"
+        ),
+    }
 }
 
 #[cfg(test)]
