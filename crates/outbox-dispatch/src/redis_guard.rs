@@ -77,6 +77,10 @@ const UPTIME_SLACK: Duration = Duration::from_secs(30);
 /// more rows than a scan can pass).
 const MAX_SCAN_PER_QUEUE: usize = 20_000;
 
+/// Rows of a queue the safe-point scan looks at first (then four times
+/// more per step, up to a batch).
+const FIRST_SCAN: usize = 16;
+
 /// Most batches of a pending reconciliation per pass; the guard checks the
 /// marker again between passes.
 const BATCHES_PER_PASS: usize = 40;
@@ -626,14 +630,11 @@ impl RedisGuard {
             let mut cursor = cursor_from(point.drained_before.max(floor));
             let mut scanned = 0;
             let mut first_unfinished = None;
+            // A queue whose first job is still waiting is the common case:
+            // look at a few rows first, then at more.
+            let mut limit = FIRST_SCAN.min(self.reconciler.batch_size());
             loop {
-                let rows = db::done_rows_after(
-                    &mut conn,
-                    &point.queue,
-                    cursor,
-                    self.reconciler.batch_size(),
-                )
-                .await?;
+                let rows = db::done_rows_after(&mut conn, &point.queue, cursor, limit).await?;
                 let standings = self
                     .reconciler
                     .classify(&mut conn, &point.queue, &rows)
@@ -646,13 +647,14 @@ impl RedisGuard {
                 scanned += rows.len();
                 let Some(last) = rows.last() else { break };
                 cursor = (last.processed_at.unwrap_or(last.created_at), last.id);
-                if rows.len() < self.reconciler.batch_size() {
+                if rows.len() < limit {
                     break;
                 }
                 if scanned >= MAX_SCAN_PER_QUEUE {
                     first_unfinished = Some(cursor.0);
                     break;
                 }
+                limit = (limit * 4).min(self.reconciler.batch_size());
             }
             let mark = next_safe_point(now, first_unfinished, self.settings.safe_point_lag);
             if mark > point.drained_before {

@@ -10,7 +10,8 @@
 //! and `worker-mail` starts. Every mail and webhook of the backlog must
 //! arrive, each once; the first batch, delivered before the safe point,
 //! must not arrive again although its idempotency records went with Redis.
-//! The figures are printed on stderr as lines starting with `redis-loss:`.
+//! The same with a `FLUSHALL` instead of the crash. The figures are printed
+//! on stderr as lines starting with `redis-loss:`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,10 +27,6 @@ use outbox_test_support::{RedisProcess, eventually};
 
 const TENANT: &str = "acme";
 const HOOK_PATH: &str = "/hook";
-/// The first batch, delivered before the crash.
-const BEFORE: usize = 20;
-/// The backlog of each kind waiting in Redis when it crashes.
-const BACKLOG: usize = 150;
 const WAIT: Duration = Duration::from_secs(120);
 
 /// `n` mail and `n` webhook events for round `round`, by plain SQL.
@@ -105,8 +102,29 @@ async fn stats(redis_url: &str, stack: &Stack, queue: &str) -> outbox_queue::Que
     .unwrap()
 }
 
+/// How Redis loses its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Loss {
+    /// SIGKILL, then a new empty server on the same port.
+    Crash,
+    /// `FLUSHALL` on the running server.
+    Flushall,
+}
+
 #[tokio::test]
 async fn a_backlog_survives_a_crash_of_a_redis_without_persistence() {
+    survives(Loss::Crash, 20, 150).await;
+}
+
+#[tokio::test]
+async fn a_flushall_is_detected_and_the_backlog_pushed_again() {
+    survives(Loss::Flushall, 10, 60).await;
+}
+
+/// `before` mails and webhooks go through; then `backlog` of each are
+/// handed off with worker-mail down; then Redis loses everything (`loss`);
+/// then worker-mail starts. Every one must arrive, once.
+async fn survives(loss: Loss, before: usize, backlog: usize) {
     let started = Instant::now();
     let stack = Stack::new().await;
     let mut redis = RedisProcess::start().await;
@@ -128,10 +146,10 @@ async fn a_backlog_survives_a_crash_of_a_redis_without_persistence() {
 
     // 1. A first batch goes all the way through.
     let mut mail = stack.start(MAIL, &env).await;
-    stack.sql(&events("before", BEFORE)).await;
+    stack.sql(&events("before", before)).await;
     eventually("the first batch to arrive", WAIT, async || {
         let (mails, hooks) = arrivals(&stack);
-        mails.len() == BEFORE && hooks.len() == BEFORE
+        mails.len() == before && hooks.len() == before
     })
     .await;
     let last_hand_off = at(
@@ -162,19 +180,26 @@ async fn a_backlog_survives_a_crash_of_a_redis_without_persistence() {
     assert!(mail.wait_exit(WAIT).await.success());
 
     // 2. A backlog is handed off while worker-mail is down.
-    stack.sql(&events("backlog", BACKLOG)).await;
+    stack.sql(&events("backlog", backlog)).await;
     stack
         .wait_count(
             "SELECT count(*) FROM outbox_event WHERE status = 'DONE'",
-            (2 * (BEFORE + BACKLOG)) as i64,
+            (2 * (before + backlog)) as i64,
         )
         .await;
     let waiting = stats(&redis_url, &stack, outbox_queue::queues::MAIL).await;
-    assert!(waiting.backlog >= BACKLOG as u64, "{waiting:?}");
+    assert!(waiting.backlog >= backlog as u64, "{waiting:?}");
 
-    // 3. Redis crashes and comes back empty.
+    // 3. Redis loses everything.
     let crashed = Instant::now();
-    redis.restart().await;
+    match loss {
+        Loss::Crash => redis.restart().await,
+        Loss::Flushall => {
+            let mut conn =
+                outbox_queue::connect(&outbox_queue::RedisSettings::new(&redis_url)).unwrap();
+            let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+        }
+    }
     let lost = general.wait_output("Redis lost data").await;
     let detected = crashed.elapsed();
     assert!(
@@ -186,7 +211,7 @@ async fn a_backlog_survives_a_crash_of_a_redis_without_persistence() {
     let mail = stack.start(MAIL, &env).await;
     eventually("every mail and webhook of the backlog", WAIT, async || {
         let (mails, hooks) = arrivals(&stack);
-        mails.len() == BEFORE + BACKLOG && hooks.len() == BEFORE + BACKLOG
+        mails.len() == before + backlog && hooks.len() == before + backlog
     })
     .await;
     let delivered = crashed.elapsed();
@@ -233,31 +258,34 @@ async fn a_backlog_survives_a_crash_of_a_redis_without_persistence() {
 
     let (mails, hooks) = arrivals(&stack);
     let twice = |counts: &HashMap<String, usize>| counts.values().filter(|&&n| n > 1).count();
+    let what = match loss {
+        Loss::Crash => "Redis killed (appendonly no) and restarted empty",
+        Loss::Flushall => "FLUSHALL",
+    };
     eprintln!(
-        "redis-loss: {} mails and {} webhooks handed off while worker-mail was down; Redis killed (appendonly no) and restarted empty",
-        BACKLOG, BACKLOG
+        "redis-loss: {backlog} mails and {backlog} webhooks handed off while worker-mail was down; {what}"
     );
     eprintln!(
-        "redis-loss: loss detected {:.1} s after the crash; re-pushed outbox.mail {}, outbox.webhook {}",
+        "redis-loss: loss detected {:.1} s after it; re-pushed outbox.mail {}, outbox.webhook {}",
         detected.as_secs_f64(),
         repushed("outbox.mail"),
         repushed("outbox.webhook")
     );
     eprintln!(
-        "redis-loss: arrived {} of {} mails and {} of {} webhooks ({} and {} delivered before the crash); duplicates: {} mails, {} webhooks; all delivered {:.1} s after the crash, test {:.1} s",
+        "redis-loss: arrived {} of {} mails and {} of {} webhooks ({} and {} delivered before it); duplicates: {} mails, {} webhooks; all delivered {:.1} s after it, test {:.1} s",
         mails.len(),
-        BEFORE + BACKLOG,
+        before + backlog,
         hooks.len(),
-        BEFORE + BACKLOG,
-        BEFORE,
-        BEFORE,
+        before + backlog,
+        before,
+        before,
         twice(&mails),
         twice(&hooks),
         delivered.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
-    assert_eq!(repushed("outbox.mail"), BACKLOG as u64, "{metrics}");
-    assert_eq!(repushed("outbox.webhook"), BACKLOG as u64);
+    assert_eq!(repushed("outbox.mail"), backlog as u64, "{metrics}");
+    assert_eq!(repushed("outbox.webhook"), backlog as u64);
     assert_eq!(
         twice(&mails),
         0,
