@@ -143,6 +143,13 @@ async fn survives(loss: Loss, before: usize, backlog: usize) {
     general
         .wait_output("Redis persistence: no append-only file")
         .await;
+    let gauges = stack
+        .wait_metric(&general, "outbox_redis_persistence{mode=\"none\"} 1")
+        .await;
+    assert!(
+        gauges.contains("outbox_redis_persistence{mode=\"aof-always\"} 0"),
+        "the other modes read 0:\n{gauges}"
+    );
 
     // 1. A first batch goes all the way through.
     let mut mail = stack.start(MAIL, &env).await;
