@@ -699,3 +699,83 @@ async fn a_finished_plugin_hook_runs_again_for_a_lost_invocation_of_a_subscripti
         .unwrap();
     assert_eq!(standings[0], Standing::Present { finished: false });
 }
+
+#[tokio::test]
+async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let other = Dispatcher::new(
+        rig.db.pool().clone(),
+        rig.db.url(),
+        rig.redis(),
+        rig.namespace.clone(),
+        Router::standard(),
+        DispatcherConfig {
+            listen: false,
+            ..DispatcherConfig::default()
+        },
+    )
+    .unwrap()
+    .with_redis_guard(RedisGuardSettings::default());
+    let mails = rig.hand_off((0..40).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+
+    let mut redis = rig.redis();
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (first, second) = tokio::join!(
+        rig.dispatcher.redis_guard().unwrap().check(),
+        other.redis_guard().unwrap().check()
+    );
+    let mut verdicts = [first.unwrap().assessment, second.unwrap().assessment];
+    verdicts.sort_by_key(|v| matches!(v, Assessment::Intact));
+    assert_eq!(
+        verdicts,
+        [
+            Assessment::Lost(LossReason::MarkerMissing),
+            Assessment::Intact
+        ],
+        "one of them notices; the other finds the new marker"
+    );
+    let stop = CancellationToken::new();
+    let (a, b) = tokio::join!(
+        rig.dispatcher
+            .redis_guard()
+            .unwrap()
+            .reconcile_pending(&stop),
+        other.redis_guard().unwrap().reconcile_pending(&stop)
+    );
+    a.unwrap();
+    b.unwrap();
+    rig.repair().await;
+    for id in &mails {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+    let metrics = Metrics::read(&recorder);
+    assert_eq!(
+        metrics.counter(
+            "outbox_redis_loss_detected_total",
+            ("reason", "marker_missing")
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.counter("outbox_reconcile_repushed_total", ("queue", queues::MAIL)),
+        40,
+        "each lost job pushed once, by one of them"
+    );
+    assert_eq!(
+        metrics.counter("outbox_reconcile_checked_total", ("queue", queues::MAIL)),
+        40 + 40,
+        "the first sight and the loss: each row checked once each time"
+    );
+}
