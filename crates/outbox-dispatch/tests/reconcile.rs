@@ -45,28 +45,37 @@ struct Rig {
     _shared: Option<TestRedis>,
 }
 
+/// A dispatcher with its Redis guard on `db` and the Redis at `redis_url`.
+fn guarded_dispatcher(
+    db: &TestDatabase,
+    redis_url: &str,
+    namespace: &QueueNamespace,
+) -> Dispatcher {
+    let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
+    Dispatcher::new(
+        db.pool().clone(),
+        db.url(),
+        redis,
+        namespace.clone(),
+        Router::standard(),
+        DispatcherConfig {
+            listen: false,
+            ..DispatcherConfig::default()
+        },
+    )
+    .unwrap()
+    .with_redis_guard(RedisGuardSettings {
+        // Rows handed off a moment ago may move the safe point at once.
+        safe_point_lag: Duration::ZERO,
+        ..RedisGuardSettings::default()
+    })
+}
+
 impl Rig {
     async fn on(redis_url: String, namespace: QueueNamespace, shared: Option<TestRedis>) -> Self {
         outbox_test_support::init_tracing();
         let db = TestDatabase::new().await;
-        let redis = outbox_queue::connect(&RedisSettings::new(&redis_url)).unwrap();
-        let dispatcher = Dispatcher::new(
-            db.pool().clone(),
-            db.url(),
-            redis,
-            namespace.clone(),
-            Router::standard(),
-            DispatcherConfig {
-                listen: false,
-                ..DispatcherConfig::default()
-            },
-        )
-        .unwrap()
-        .with_redis_guard(RedisGuardSettings {
-            // Rows handed off a moment ago may move the safe point at once.
-            safe_point_lag: Duration::ZERO,
-            ..RedisGuardSettings::default()
-        });
+        let dispatcher = guarded_dispatcher(&db, &redis_url, &namespace);
         Self {
             db,
             redis_url,
@@ -706,19 +715,7 @@ async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let server = RedisProcess::start().await;
     let rig = Rig::private(&server).await;
-    let other = Dispatcher::new(
-        rig.db.pool().clone(),
-        rig.db.url(),
-        rig.redis(),
-        rig.namespace.clone(),
-        Router::standard(),
-        DispatcherConfig {
-            listen: false,
-            ..DispatcherConfig::default()
-        },
-    )
-    .unwrap()
-    .with_redis_guard(RedisGuardSettings::default());
+    let other = guarded_dispatcher(&rig.db, &rig.redis_url, &rig.namespace);
     let mails = rig.hand_off((0..40).map(mail).collect()).await;
     assert_eq!(rig.check().await, Assessment::FirstSight);
     rig.repair().await;
