@@ -1,9 +1,12 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
 //! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue |
-//! workflow executions | workflow show ID | probe`. Every command prints a
-//! table, or JSON with `--json`. `health` covers the queues (Redis) and the
-//! workflow executions stuck in `queued` or `running` (Postgres). `probe`
+//! reconcile | workflow executions | workflow show ID | probe`. Every
+//! command prints a table, or JSON with `--json`. `health` covers the queues
+//! (Redis), Redis' persistence and loss marker, and the workflow executions
+//! stuck in `queued` or `running` (Postgres). `reconcile` finds the
+//! handed-off jobs Redis no longer has and pushes them again (see the
+//! `reconcile` module). `probe`
 //! publishes a probe event (and with `--workflow` requests a run of the
 //! probe workflow) on the live environment and waits until it is handed off
 //! and handled (and the run succeeded), naming what is missing on timeout
@@ -16,6 +19,8 @@
 mod dead;
 mod filters;
 mod probe;
+mod reconcile;
+mod redis_status;
 mod render;
 mod workflow;
 
@@ -48,7 +53,8 @@ use crate::render::showing;
 use crate::requeue::command::RequeueArgs;
 
 /// The exit codes, as `--help` shows them.
-const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired, nothing matched or the probe did not get through; 2 a usage, \
+const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through or \
+    reconcile found handed-off jobs missing (also with --dry-run); 2 a usage, \
     configuration or connection error, a value no flag accepts (the message names the flag), or a \
     bulk requeue above --confirm-above without --yes (nothing changed).";
 
@@ -69,7 +75,7 @@ struct Cli {
     /// Postgres URL.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
-    /// Redis URL (health, dead).
+    /// Redis URL (health, dead, reconcile).
     #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
     redis_url: Option<String>,
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
@@ -90,7 +96,7 @@ enum Command {
     /// Counts by status and queue, oldest due pending age, the pending alert.
     #[command(after_help = EXIT_CODES)]
     Stats,
-    /// Backlog, due, running, done, dead and stalled workers of every queue; workflow executions stuck in queued or running.
+    /// Backlog, due, running, done, dead and stalled workers of every queue; Redis' persistence and loss marker; workflow executions stuck in queued or running.
     #[command(after_help = EXIT_CODES)]
     Health(HealthArgs),
     /// The dead jobs of a queue and why each failed.
@@ -108,6 +114,9 @@ enum Command {
     /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING: one id, or every row the filters match (FAILED without --status), in batches.
     #[command(after_help = EXIT_CODES)]
     Requeue(RequeueArgs),
+    /// Find the DONE rows whose job Redis lost (or a job derived from it) and push them again; --dry-run lists them.
+    #[command(after_help = EXIT_CODES)]
+    Reconcile(reconcile::ReconcileArgs),
     /// Workflow executions: the recent ones, or one with its block runs.
     #[command(after_help = EXIT_CODES)]
     Workflow(workflow::WorkflowArgs),
@@ -217,6 +226,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Requeue(args) => requeue::command::run(&cli, args).await,
         Command::Workflow(args) => workflow::run(&cli, args).await,
         Command::Probe(args) => probe::run(&cli, args).await,
+        Command::Reconcile(args) => reconcile::run(&cli, args).await,
     }
 }
 
@@ -333,9 +343,16 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let workflows = workflow::health(&mut conn, args.stuck_after)
         .await
         .context("cannot read the workflow executions")?;
-    let alert = report.iter().any(|q| !q.alerts.is_empty()) || !workflows.alerts.is_empty();
+    let redis_status = redis_status::read(&mut conn, &mut redis, &namespace)
+        .await
+        .context("cannot read Redis' persistence and loss marker")?;
+    let alert = report.iter().any(|q| !q.alerts.is_empty())
+        || !workflows.alerts.is_empty()
+        || !redis_status.alerts.is_empty();
     if cli.json {
-        print_json(&json!({ "alert": alert, "queues": report, "workflows": workflows }))?;
+        print_json(
+            &json!({ "alert": alert, "queues": report, "redis": redis_status, "workflows": workflows }),
+        )?;
     } else {
         println!(
             "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
@@ -360,6 +377,8 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
                 }
             );
         }
+        println!();
+        redis_status::print(&redis_status);
         println!();
         workflow::print_health(&workflows);
     }

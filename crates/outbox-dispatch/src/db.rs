@@ -272,3 +272,359 @@ pub async fn purge_done_batch(
     .execute(conn)
     .await
 }
+
+// --- Redis loss: the marker's epoch, the safe points, reconciliation ---
+
+/// What the dispatchers remember of a namespace's Redis marker.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct EpochRow {
+    /// The marker's epoch id.
+    #[diesel(sql_type = SqlUuid)]
+    pub epoch: Uuid,
+    /// The Redis run at the last check.
+    #[diesel(sql_type = Text)]
+    pub run_id: String,
+    /// The last check that found the marker intact.
+    #[diesel(sql_type = Timestamptz)]
+    pub checked_at: DateTime<Utc>,
+}
+
+/// One queue's safe point and pending reconciliation.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct SafePointRow {
+    /// The queue.
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    /// Every job handed off before this had finished at the last check.
+    #[diesel(sql_type = Timestamptz)]
+    pub drained_before: DateTime<Utc>,
+    /// A reconciliation is due from here on.
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub pending_since: Option<DateTime<Utc>>,
+    /// With `pending_since`, the id of the last row reconciled.
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub pending_after_id: Option<Uuid>,
+}
+
+#[derive(QueryableByName)]
+struct NowRow {
+    #[diesel(sql_type = Timestamptz)]
+    now: DateTime<Utc>,
+}
+
+/// Postgres' `now()`: every time the Redis guard compares is Postgres
+/// time, as `processed_at` is.
+pub async fn db_now(conn: &mut AsyncPgConnection) -> diesel::QueryResult<DateTime<Utc>> {
+    diesel::sql_query("SELECT now() AS now")
+        .get_result::<NowRow>(conn)
+        .await
+        .map(|row| row.now)
+}
+
+/// Serialises the checks of one namespace until the transaction ends
+/// (a transaction-scoped advisory lock, so a pooled connection never keeps it).
+pub async fn lock_namespace(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('outbox_redis_epoch:' || $1, 0))",
+    )
+    .bind::<Text, _>(namespace)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// The remembered marker of `namespace`, if any.
+pub async fn remembered_epoch(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> diesel::QueryResult<Option<EpochRow>> {
+    use diesel::OptionalExtension;
+    diesel::sql_query(
+        "SELECT epoch, run_id, checked_at FROM outbox_redis_epoch WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .get_result::<EpochRow>(conn)
+    .await
+    .optional()
+}
+
+/// Remembers `epoch` seen in the server run `run_id`, checked now.
+pub async fn save_epoch(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    epoch: Uuid,
+    run_id: &str,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "INSERT INTO outbox_redis_epoch (namespace, epoch, run_id, checked_at)
+         VALUES ($1, $2, $3, now())
+         ON CONFLICT (namespace) DO UPDATE
+         SET epoch = EXCLUDED.epoch, run_id = EXCLUDED.run_id, checked_at = EXCLUDED.checked_at",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<SqlUuid, _>(epoch)
+    .bind::<Text, _>(run_id)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Creates the safe point of every queue of `queues` that has none, at
+/// `floor` (nothing is known before it).
+pub async fn ensure_safe_points(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queues: &[String],
+    floor: DateTime<Utc>,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before)
+         SELECT $1, q, $3 FROM unnest($2::text[]) AS q
+         ON CONFLICT (namespace, queue) DO NOTHING",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Array<Text>, _>(queues)
+    .bind::<Timestamptz, _>(floor)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Every queue's safe point in `namespace`.
+pub async fn safe_points(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> diesel::QueryResult<Vec<SafePointRow>> {
+    diesel::sql_query(
+        "SELECT queue, drained_before, pending_since, pending_after_id
+         FROM outbox_redis_safe_point WHERE namespace = $1 ORDER BY queue",
+    )
+    .bind::<Text, _>(namespace)
+    .load(conn)
+    .await
+}
+
+/// After a loss: a reconciliation becomes due for every queue of
+/// `namespace` from its safe point (never before `floor`). A queue whose
+/// reconciliation is already due from an earlier point keeps it; one due
+/// from a later point starts again from the earlier one. Returns the
+/// queues and where their reconciliation starts.
+pub async fn mark_pending(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    floor: DateTime<Utc>,
+) -> diesel::QueryResult<Vec<SafePointRow>> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_safe_point SET
+             pending_after_id = CASE
+                 WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
+                 THEN pending_after_id END,
+             pending_since = CASE
+                 WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
+                 THEN pending_since ELSE GREATEST(drained_before, $2) END
+         WHERE namespace = $1
+         RETURNING queue, drained_before, pending_since, pending_after_id",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Timestamptz, _>(floor)
+    .load(conn)
+    .await
+}
+
+/// Moves the safe point of `queue` forward to `mark` (never back), unless a
+/// reconciliation of the queue is due or the marker's epoch is no longer
+/// `epoch` (a loss was detected since the scan began). Returns whether it
+/// moved.
+pub async fn advance_drained(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queue: &str,
+    epoch: Uuid,
+    mark: DateTime<Utc>,
+) -> diesel::QueryResult<bool> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_safe_point s SET drained_before = GREATEST(s.drained_before, $4)
+         WHERE s.namespace = $1 AND s.queue = $2 AND s.pending_since IS NULL
+           AND EXISTS (SELECT 1 FROM outbox_redis_epoch e WHERE e.namespace = $1 AND e.epoch = $3)",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Text, _>(queue)
+    .bind::<SqlUuid, _>(epoch)
+    .bind::<Timestamptz, _>(mark)
+    .execute(conn)
+    .await
+    .map(|n| n > 0)
+}
+
+/// Moves a queue's pending reconciliation from the cursor `from` to `to`
+/// (`None`: done), if nothing else changed it meanwhile (a new loss sets it
+/// back). Returns whether it did.
+pub async fn advance_pending(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queue: &str,
+    from: (DateTime<Utc>, Option<Uuid>),
+    to: Option<(DateTime<Utc>, Uuid)>,
+) -> diesel::QueryResult<bool> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_safe_point SET pending_since = $5, pending_after_id = $6
+         WHERE namespace = $1 AND queue = $2
+           AND pending_since = $3 AND pending_after_id IS NOT DISTINCT FROM $4",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Text, _>(queue)
+    .bind::<Timestamptz, _>(from.0)
+    .bind::<Nullable<SqlUuid>, _>(from.1)
+    .bind::<Nullable<Timestamptz>, _>(to.map(|(at, _)| at))
+    .bind::<Nullable<SqlUuid>, _>(to.map(|(_, id)| id))
+    .execute(conn)
+    .await
+    .map(|n| n > 0)
+}
+
+/// Takes the namespace's reconciliation lease for `lease_ms` when no one
+/// holds it. Returns whether the caller holds it now.
+pub async fn take_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    lease_ms: i64,
+) -> diesel::QueryResult<bool> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_epoch
+         SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+         WHERE namespace = $1
+           AND (reconcile_lease_until IS NULL OR reconcile_lease_until < clock_timestamp())",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<BigInt, _>(lease_ms)
+    .execute(conn)
+    .await
+    .map(|n| n > 0)
+}
+
+/// Extends the namespace's reconciliation lease held by the caller.
+pub async fn renew_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    lease_ms: i64,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_epoch
+         SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+         WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<BigInt, _>(lease_ms)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Gives the namespace's reconciliation lease back.
+pub async fn release_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> diesel::QueryResult<()> {
+    diesel::sql_query(
+        "UPDATE outbox_redis_epoch SET reconcile_lease_until = NULL WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .execute(conn)
+    .await
+    .map(|_| ())
+}
+
+/// Up to `limit` DONE rows of `queue` after the cursor `(processed_at, id)`,
+/// in hand-off order (the index `outbox_event_done_queue_idx`).
+pub async fn done_rows_after(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    after: (DateTime<Utc>, Uuid),
+    limit: usize,
+) -> diesel::QueryResult<Vec<OutboxEvent>> {
+    diesel::sql_query(
+        "SELECT * FROM outbox_event
+         WHERE status = 'DONE' AND target_queue = $1
+           AND (processed_at, id) > ($2, $3)
+         ORDER BY processed_at, id
+         LIMIT $4",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Timestamptz, _>(after.0)
+    .bind::<SqlUuid, _>(after.1)
+    .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+    .load(conn)
+    .await
+}
+
+/// Of `event_ids`, those that have a row in `table` (`audit_log` or
+/// `notification`, both unique by `outbox_event_id`): events whose handler
+/// already wrote what it writes.
+pub async fn events_with_rows(
+    conn: &mut AsyncPgConnection,
+    table: RowTable,
+    event_ids: &[Uuid],
+) -> diesel::QueryResult<Vec<Uuid>> {
+    if event_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = match table {
+        RowTable::AuditLog => {
+            "SELECT outbox_event_id AS id FROM audit_log WHERE outbox_event_id = ANY($1)"
+        }
+        RowTable::Notification => {
+            "SELECT outbox_event_id AS id FROM notification WHERE outbox_event_id = ANY($1)"
+        }
+    };
+    diesel::sql_query(sql)
+        .bind::<Array<SqlUuid>, _>(event_ids)
+        .load(conn)
+        .await
+        .map(ids)
+}
+
+/// A table whose row is the whole effect of a handler, one per event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowTable {
+    /// `audit_log` (the `outbox.audit` handler).
+    AuditLog,
+    /// `notification` (the `outbox.notification` handler).
+    Notification,
+}
+
+/// An enabled plugin hook subscription.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct HookSubscription {
+    /// The subscription.
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+    /// Its tenant.
+    #[diesel(sql_type = Text)]
+    pub tenant_id: String,
+    /// The hook (`workflow.executed`).
+    #[diesel(sql_type = Text)]
+    pub hook: String,
+    /// When it was created: a fan-out before that did not include it.
+    #[diesel(sql_type = Timestamptz)]
+    pub created_at: DateTime<Utc>,
+}
+
+/// The enabled plugin hook subscriptions of `tenants`.
+pub async fn hook_subscriptions(
+    conn: &mut AsyncPgConnection,
+    tenants: &[String],
+) -> diesel::QueryResult<Vec<HookSubscription>> {
+    if tenants.is_empty() {
+        return Ok(Vec::new());
+    }
+    diesel::sql_query(
+        "SELECT id, tenant_id, hook, created_at FROM plugin_hook_subscription
+         WHERE enabled AND tenant_id = ANY($1)",
+    )
+    .bind::<Array<Text>, _>(tenants)
+    .load(conn)
+    .await
+}

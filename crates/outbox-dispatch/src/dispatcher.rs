@@ -15,7 +15,7 @@ use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
 use crate::db::{self, Failure, Lease, Retry};
-use crate::{DispatchError, DispatcherConfig, Router};
+use crate::{DispatchError, DispatcherConfig, RedisGuard, RedisGuardSettings, Router};
 
 /// Most jobs sent to Redis in one push call.
 const MAX_JOBS_PER_PUSH: usize = 500;
@@ -58,6 +58,7 @@ pub struct Dispatcher {
     config: DispatcherConfig,
     wake: Arc<Notify>,
     gauge_refreshed: Mutex<Option<Instant>>,
+    guard: Option<Arc<RedisGuard>>,
 }
 
 /// One batch of jobs for one queue.
@@ -97,7 +98,37 @@ impl Dispatcher {
             config,
             wake: Arc::new(Notify::new()),
             gauge_refreshed: Mutex::new(None),
+            guard: None,
         })
+    }
+
+    /// Runs a [`RedisGuard`] with [`Dispatcher::run`]: it keeps a marker in
+    /// Redis, checks it at start, every `settings.check_every` and after
+    /// every failed hand-off, and when Redis lost data pushes the lost jobs
+    /// again (see `docs/reliability.md`). The workers switch it on; without
+    /// it a Redis that forgets jobs goes unnoticed.
+    #[must_use]
+    pub fn with_redis_guard(mut self, settings: RedisGuardSettings) -> Self {
+        let queues = self
+            .router
+            .queues()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        self.guard = Some(Arc::new(RedisGuard::new(
+            self.pool.clone(),
+            self.redis.clone(),
+            self.namespace.clone(),
+            queues,
+            settings,
+        )));
+        self
+    }
+
+    /// The Redis guard, when [`Dispatcher::with_redis_guard`] set one.
+    #[must_use]
+    pub fn redis_guard(&self) -> Option<&Arc<RedisGuard>> {
+        self.guard.as_ref()
     }
 
     /// The routing table in use.
@@ -134,16 +165,30 @@ impl Dispatcher {
                 shutdown.child_token(),
             ))
         });
+        let guard = self
+            .guard
+            .clone()
+            .map(|guard| tokio::spawn(guard.run(shutdown.child_token())));
         tracing::info!(
             batch_size = self.config.batch_size,
             concurrency = self.config.concurrency,
             interval_ms = self.config.interval.as_millis() as u64,
             namespace = self.namespace.prefix(),
+            redis_guard = guard.is_some(),
             "dispatcher started"
         );
         while !shutdown.is_cancelled() {
             let full = match self.tick_until(&shutdown).await {
-                Ok(report) => report.claimed >= self.config.batch_size as usize,
+                Ok(report) => {
+                    if report.retried + report.failed > 0
+                        && let Some(guard) = &self.guard
+                    {
+                        // Redis failed under the hand-off: check it as soon
+                        // as it answers again (it may be a new, empty one).
+                        guard.poke();
+                    }
+                    report.claimed >= self.config.batch_size as usize
+                }
                 Err(e) => {
                     tracing::error!(error = %e, "dispatcher tick failed; claimed rows are re-claimed after their lease");
                     false
@@ -160,6 +205,9 @@ impl Dispatcher {
         }
         if let Some(listener) = listener {
             listener.abort();
+        }
+        if let Some(guard) = guard {
+            let _ = guard.await;
         }
         tracing::info!("dispatcher stopped");
         Ok(())

@@ -16,4 +16,10 @@ pub enum DispatchError {
     /// A statement failed.
     #[error("database error: {0}")]
     Database(#[from] diesel::result::Error),
+    /// Redis failed while checking or reconciling the queues.
+    #[error("queue error: {0}")]
+    Queue(#[from] outbox_queue::QueueError),
+    /// The receivers' idempotency records could not be read.
+    #[error("cannot read the receivers' records: {0}")]
+    Records(#[from] outbox_idempotency::StoreError),
 }

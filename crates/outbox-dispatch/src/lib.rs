@@ -14,6 +14,14 @@
 //! and a re-pushed job with the same task id is a no-op. So every committed
 //! event becomes exactly one job, whichever process dies when.
 //!
+//! DONE means "handed to Redis", and a Redis that restarts without
+//! persistence or is flushed forgets jobs. The [`RedisGuard`] (switched on
+//! with [`Dispatcher::with_redis_guard`]) keeps a marker in Redis, notices
+//! such a loss and reconciles: the [`Reconciler`], shared with `outbox
+//! reconcile`, checks each DONE row of the window against its queue and its
+//! receiver's records and pushes the lost jobs again under their own task
+//! ids (see `docs/reliability.md`).
+//!
 //! This crate holds no subscriber logic and reads no environment: binaries
 //! build a [`DispatcherConfig`] and hand it in.
 //!
@@ -33,7 +41,10 @@
 //! `outbox_dispatch_released_total`, `outbox_dispatch_lost_leases_total`,
 //! `outbox_dispatch_listener_reconnects_total`, `outbox_retention_deleted_total`;
 //! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
-//! gauge `outbox_pending_due`. They go to whatever `metrics` recorder the
+//! gauge `outbox_pending_due`; from the Redis guard and reconciliation,
+//! `outbox_redis_loss_detected_total{reason}`,
+//! `outbox_reconcile_checked_total{queue}`, `outbox_reconcile_missing_total{queue}`
+//! and `outbox_reconcile_repushed_total{queue}`. They go to whatever `metrics` recorder the
 //! binary installs.
 
 mod config;
@@ -41,6 +52,8 @@ pub mod db;
 mod dispatcher;
 mod error;
 mod listener;
+mod reconcile;
+mod redis_guard;
 mod retention;
 mod router;
 pub mod stats;
@@ -49,5 +62,13 @@ pub use config::{ConfigError, DEFAULT_BACKOFF, DispatcherConfig, RetentionConfig
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
 pub use listener::LISTENER_APPLICATION_NAME;
+pub use reconcile::{
+    BatchOutcome, DEFAULT_RECONCILE_BATCH, DerivedJob, MissingJob, QueueCounts, RETENTION_MARGIN,
+    Receiver, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
+};
+pub use redis_guard::{
+    Assessment, CheckReport, GuardStatus, LossReason, RedisGuard, RedisGuardSettings,
+    SAFE_POINT_LAG, assess, guard_status, next_safe_point, window_start,
+};
 pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};

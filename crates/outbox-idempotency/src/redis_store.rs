@@ -71,6 +71,36 @@ impl RedisIdempotencyStore {
     pub fn redis_key(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)
     }
+
+    /// Which of `keys` hold a completed record, in the same order, without
+    /// changing anything (one `MGET` per 500 keys). A free key, a key in
+    /// progress and a record that does not decode all read as not
+    /// completed. Reconciliation after a Redis loss uses it to tell a job
+    /// whose receiver already did its work from a lost one.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Redis`] when Redis fails.
+    pub async fn completed(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut completed = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(500) {
+            let redis_keys: Vec<String> = chunk.iter().map(|k| self.redis_key(k)).collect();
+            let values: Vec<Option<Vec<u8>>> = redis::cmd("MGET")
+                .arg(&redis_keys)
+                .query_async(&mut conn)
+                .await?;
+            completed.extend(values.into_iter().map(|value| {
+                value.is_some_and(|bytes| {
+                    matches!(
+                        serde_json::from_slice::<Record>(&bytes),
+                        Ok(Record::Completed { .. })
+                    )
+                })
+            }));
+        }
+        Ok(completed)
+    }
 }
 
 impl fmt::Debug for RedisIdempotencyStore {

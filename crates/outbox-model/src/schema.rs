@@ -118,6 +118,37 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// The Redis marker of each queue namespace as the dispatchers last saw it (outbox reconcile, docs/reliability.md).
+    outbox_redis_epoch (namespace) {
+        /// The queue key prefix (OUTBOX_QUEUE_PREFIX; empty in production).
+        namespace -> Text,
+        /// The epoch id of the marker in Redis; a new one is written after every loss.
+        epoch -> Uuid,
+        /// The Redis run_id at the last check; another one means the server restarted or was replaced.
+        run_id -> Text,
+        /// The last check that found the marker intact.
+        checked_at -> Timestamptz,
+        /// Held by the dispatcher reconciling after a loss; others wait until it ends.
+        reconcile_lease_until -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// Per queue: up to when every handed-off job is known to have finished, and a reconciliation still to do after a Redis loss.
+    outbox_redis_safe_point (namespace, queue) {
+        namespace -> Text,
+        queue -> Text,
+        /// Every job of the queue handed off (processed_at) before this had finished at the last check.
+        drained_before -> Timestamptz,
+        /// A reconciliation is due for DONE rows from here on (NULL: none); it advances as batches are done.
+        pending_since -> Nullable<Timestamptz>,
+        /// With pending_since, the cursor (processed_at, id) of the last row reconciled.
+        pending_after_id -> Nullable<Uuid>,
+    }
+}
+
+diesel::table! {
     /// Plugins subscribed to a hook; each gets a signed invocation per `plugin.hook.<hook>` event.
     plugin_hook_subscription (id) {
         id -> Uuid,
@@ -248,6 +279,7 @@ diesel::table! {
     }
 }
 
+diesel::joinable!(outbox_redis_safe_point -> outbox_redis_epoch (namespace));
 diesel::joinable!(workflow_block_execution -> workflow_execution (execution_id));
 diesel::joinable!(workflow_version -> workflow (workflow_id));
 
@@ -258,6 +290,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     notification,
     outbox_event,
     outbox_event_requeue,
+    outbox_redis_epoch,
+    outbox_redis_safe_point,
     plugin_hook_subscription,
     tenant_mail_settings,
     webhook_endpoint,

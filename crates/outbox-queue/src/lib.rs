@@ -5,22 +5,39 @@
 //! without their secrets ([`redact_url`], [`endpoint_origin`],
 //! [`redact_urls_in`]), which every crate above this one uses.
 //!
+//! For noticing and repairing a Redis that lost data (see
+//! `docs/reliability.md`): what a server says about its run and persistence
+//! ([`read_server_info`], [`Persistence`]), the marker the dispatchers keep
+//! in it ([`marker_key`], [`read_marker`], [`write_marker`]), whether jobs
+//! are still there ([`job_states`]), running a finished job again
+//! ([`rerun_finished`]), and the task ids of derived jobs
+//! ([`email_task_id`], [`plugin_invoke_task_id`]).
+//!
 //! This crate neither claims rows nor runs handlers: the dispatcher
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
 mod envelope;
 mod inspect;
+mod presence;
 mod redact;
 mod redis_queue;
+mod server;
 mod worker_store;
 
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
+pub use presence::{
+    JobState, JobStateKind, email_task_id, job_states, plugin_invoke_task_id, rerun_finished,
+};
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{
     MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
     connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,
     storage, wake_channel,
+};
+pub use server::{
+    Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,
+    read_marker, read_persistence, read_server_info, write_marker,
 };
 pub use worker_store::{
     QUEUE_RESCHEDULE_ATTEMPTS, ResponseCodec, ResponseCodecError, WorkerStore, retire_worker,

@@ -109,6 +109,9 @@ pub enum QueueError {
     /// A job could not be encoded.
     #[error("cannot encode job: {0}")]
     Encode(#[from] serde_json::Error),
+    /// Redis answered something this crate does not understand.
+    #[error("unexpected answer from Redis: {0}")]
+    Unexpected(String),
 }
 
 /// A reconnecting, multiplexed Redis connection. It connects lazily: it

@@ -48,10 +48,11 @@ impl EmailJob {
 
 /// The deterministic task id (and idempotency key) of the mail of one
 /// delivery of an event: `email:<delivery id>`, i.e. `email:<event id>` for
-/// generation 0.
+/// generation 0 ([`outbox_queue::email_task_id`], which reconciliation after a
+/// Redis loss also uses).
 #[must_use]
 pub fn email_task_id(delivery_id: &str) -> String {
-    format!("email:{delivery_id}")
+    outbox_queue::email_task_id(delivery_id)
 }
 
 /// The `Message-ID` domain when the sender's address has none.

@@ -56,10 +56,11 @@ impl PluginInvokeJob {
 /// The deterministic task id (and idempotency key) of one plugin
 /// invocation: `plugin-invoke:<delivery id>:<subscription id>`, where the
 /// delivery id is the event id for generation 0 (see
-/// [`outbox_queue::delivery_id`]).
+/// [`outbox_queue::delivery_id`]); [`outbox_queue::plugin_invoke_task_id`],
+/// which reconciliation after a Redis loss also uses.
 #[must_use]
 pub fn invoke_task_id(delivery_id: &str, subscription_id: Uuid) -> String {
-    format!("plugin-invoke:{delivery_id}:{subscription_id}")
+    outbox_queue::plugin_invoke_task_id(delivery_id, subscription_id)
 }
 
 fn db(e: impl std::fmt::Display) -> JobError {

@@ -30,6 +30,31 @@ impl Kind {
 /// (name, kind, help) of every metric.
 pub const METRICS: &[(&str, Kind, &str)] = &[
     (
+        "outbox_redis_persistence",
+        Kind::Gauge,
+        "1 for the persistence mode Redis reported at start (aof-always, aof-everysec, aof-no, rdb, none, unknown), 0 for the others",
+    ),
+    (
+        "outbox_redis_loss_detected_total",
+        Kind::Counter,
+        "Losses of handed-off jobs the Redis guard noticed, by reason",
+    ),
+    (
+        "outbox_reconcile_checked_total",
+        Kind::Counter,
+        "DONE rows checked against Redis after a loss, by queue",
+    ),
+    (
+        "outbox_reconcile_missing_total",
+        Kind::Counter,
+        "Checked rows whose job (or derived job) was gone, by queue",
+    ),
+    (
+        "outbox_reconcile_repushed_total",
+        Kind::Counter,
+        "Jobs pushed or run again by reconciliation, by queue",
+    ),
+    (
         "outbox_build_info",
         Kind::Gauge,
         "Always 1; labels: version and binary of the process",

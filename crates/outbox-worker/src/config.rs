@@ -99,6 +99,10 @@ pub struct WorkerConfig {
     /// `WORKER_GAUGE_INTERVAL_MS`: how often the Prometheus gauges of the
     /// outbox and the queues are refreshed.
     pub gauge_interval: Duration,
+    /// `OUTBOX_REDIS_CHECK_INTERVAL_MS`: how often the dispatcher's Redis
+    /// guard checks its marker while all is well (10 s; every second while
+    /// Redis does not answer, and after every failed hand-off).
+    pub redis_check_interval: Duration,
     /// `OUTBOX_ALLOW_REDIS_EVICTION`: start (with a warning) even though
     /// Redis' `maxmemory-policy` is not `noeviction`, i.e. Redis may drop
     /// queued jobs and idempotency keys. Off by default: such a Redis stops
@@ -154,6 +158,7 @@ impl std::fmt::Debug for WorkerConfig {
             delivery_record_ttl,
             queue_dead_retention,
             gauge_interval,
+            redis_check_interval,
             allow_redis_eviction,
             workflow_executor,
             workflow_bridge,
@@ -180,6 +185,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("delivery_record_ttl", delivery_record_ttl)
             .field("queue_dead_retention", queue_dead_retention)
             .field("gauge_interval", gauge_interval)
+            .field("redis_check_interval", redis_check_interval)
             .field("allow_redis_eviction", allow_redis_eviction)
             .field("workflow_executor", workflow_executor)
             .field("workflow_bridge", workflow_bridge)
@@ -407,6 +413,7 @@ impl WorkerConfig {
             shutdown_grace,
             delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
             gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
+            redis_check_interval: env.millis("OUTBOX_REDIS_CHECK_INTERVAL_MS", 10_000, 100)?,
             allow_redis_eviction: env.flag(ALLOW_EVICTION_VARIABLE, false)?,
             queue_done_retention,
             delivery_record_ttl,
@@ -686,6 +693,13 @@ mod tests {
             read(Group::Mail, &[("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true")])
                 .unwrap()
                 .webhook_allow_private
+        );
+        assert_eq!(config.redis_check_interval, Duration::from_secs(10));
+        assert_eq!(
+            read(Group::General, &[("OUTBOX_REDIS_CHECK_INTERVAL_MS", "50")])
+                .unwrap_err()
+                .variable,
+            "OUTBOX_REDIS_CHECK_INTERVAL_MS"
         );
         assert!(
             read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])

@@ -50,6 +50,7 @@ pub async fn refresh_gauges(
                 Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
             }
         }
+        crate::set_persistence_gauge(&crate::read_persistence(&redis).await);
         for queue in &settings.queues {
             match queue_stats(&mut redis, &namespace, queue, settings.stall_after).await {
                 Ok(s) => {

@@ -13,7 +13,11 @@
 //! evicting Redis silently drops queued jobs and idempotency keys), or
 //! `OUTBOX_ALLOW_REDIS_EVICTION=true` says to start anyway. When Redis does
 //! not allow `CONFIG GET` or does not answer at start, it warns and starts.
-//! Every variable is listed in `docs/operations.md`.
+//! It also reports Redis' persistence (`appendonly`, `appendfsync`, or
+//! `unknown`) in its log and as the gauge `outbox_redis_persistence{mode}`;
+//! in the general group the dispatcher runs with its Redis guard, which
+//! notices a Redis that lost handed-off jobs and pushes them again
+//! (`docs/reliability.md`). Every variable is listed in `docs/operations.md`.
 
 mod bridge;
 pub mod catalog;
@@ -26,7 +30,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use outbox_dispatch::{Dispatcher, Router, run_retention};
+use outbox_dispatch::{Dispatcher, RedisGuardSettings, Router, run_retention};
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::HandlerGroup;
@@ -53,7 +57,8 @@ pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
 pub use redis_check::{
     ALLOW_EVICTION_VARIABLE, EVICTION_CHECK_TIMEOUT, EvictionPolicy, NO_EVICTION, RedisMayEvict,
-    enforce_eviction_policy, read_eviction_policy,
+    enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
+    set_persistence_gauge,
 };
 
 /// The exit code of a worker stopped by its configuration: a malformed
@@ -324,6 +329,7 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         &read_eviction_policy(&config.redis_url).await,
         config.allow_redis_eviction,
     )?;
+    report_persistence(&read_persistence(&redis).await);
     let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
     let group = handler_group(config.group, &config, &pool, &redis, &namespace)?;
     let shutdown = CancellationToken::new();
@@ -359,14 +365,21 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
     let mut background = tokio::task::JoinSet::new();
     if config.group == Group::General {
         if config.dispatcher_enabled {
-            let dispatcher = Arc::new(Dispatcher::new(
-                pool.clone(),
-                config.database_url.clone(),
-                redis.clone(),
-                namespace.clone(),
-                Router::standard(),
-                config.dispatcher.clone(),
-            )?);
+            let dispatcher = Arc::new(
+                Dispatcher::new(
+                    pool.clone(),
+                    config.database_url.clone(),
+                    redis.clone(),
+                    namespace.clone(),
+                    Router::standard(),
+                    config.dispatcher.clone(),
+                )?
+                .with_redis_guard(RedisGuardSettings {
+                    check_every: config.redis_check_interval,
+                    retention: config.queue_done_retention,
+                    ..RedisGuardSettings::default()
+                }),
+            );
             let token = shutdown.clone();
             background.spawn(async move {
                 if let Err(e) = dispatcher.run(token).await {

@@ -10,6 +10,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use outbox_queue::Persistence;
+use redis::aio::ConnectionManager;
+
 /// The only `maxmemory-policy` that never drops keys.
 pub const NO_EVICTION: &str = "noeviction";
 
@@ -157,6 +160,60 @@ pub fn enforce_eviction_policy(
             );
             Ok(())
         }
+    }
+}
+
+/// Reads Redis' persistence (`CONFIG GET appendonly appendfsync save`)
+/// within [`EVICTION_CHECK_TIMEOUT`]; [`Persistence::Unknown`] when
+/// `CONFIG` is refused or Redis does not answer.
+pub async fn read_persistence(redis: &ConnectionManager) -> Persistence {
+    let mut conn = redis.clone();
+    tokio::time::timeout(
+        EVICTION_CHECK_TIMEOUT,
+        outbox_queue::read_persistence(&mut conn),
+    )
+    .await
+    .unwrap_or_else(|_| Persistence::Unknown {
+        reason: format!("no answer within {EVICTION_CHECK_TIMEOUT:?}"),
+    })
+}
+
+/// Sets the gauge `outbox_redis_persistence{mode}`: 1 for the mode found, 0
+/// for every other, so that a change of configuration shows as one series
+/// going to 0 and another to 1.
+pub fn set_persistence_gauge(persistence: &Persistence) {
+    for mode in Persistence::MODES {
+        let value = if mode == persistence.mode() { 1.0 } else { 0.0 };
+        metrics::gauge!("outbox_redis_persistence", "mode" => mode).set(value);
+    }
+}
+
+/// Logs what Redis' persistence means for jobs handed off (at start), and
+/// sets the gauge. Without an append-only file (or with one not fsync'd on
+/// every write) a crash loses recent jobs; the dispatcher's Redis guard
+/// notices and pushes them again, which `docs/operations.md` explains.
+pub fn report_persistence(persistence: &Persistence) {
+    set_persistence_gauge(persistence);
+    let mode = persistence.mode();
+    let loses = persistence.loss_on_crash();
+    match persistence {
+        Persistence::Aof { .. } if persistence.keeps_every_write() => tracing::info!(
+            persistence = mode, config = %persistence,
+            "Redis persistence: a crash loses {loses}"
+        ),
+        Persistence::Aof { .. } => tracing::info!(
+            persistence = mode, config = %persistence,
+            "Redis persistence: a crash loses {loses}; the dispatcher notices the restart and pushes what was lost again"
+        ),
+        Persistence::Rdb { .. } | Persistence::None => tracing::warn!(
+            persistence = mode, config = %persistence,
+            "Redis persistence: no append-only file, a crash or restart loses {loses}: jobs handed off and idempotency records; \
+             the dispatcher notices and pushes the lost jobs again, but receivers may see some twice (see docs/operations.md, \"Redis must keep what it is given\")"
+        ),
+        Persistence::Unknown { reason } => tracing::warn!(
+            persistence = mode, reason = %reason,
+            "Redis persistence could not be read (CONFIG is not allowed); check appendonly/appendfsync in the provider's console"
+        ),
     }
 }
 

@@ -1,0 +1,778 @@
+//! The Redis guard and reconciliation against real Postgres and Redis: a
+//! loss is noticed (FLUSHALL, a restart without persistence, a restart with
+//! `appendfsync everysec`), a restart with `appendfsync always` is not one,
+//! the lost jobs are pushed again and nothing else is, a finished parent
+//! whose derived job is gone runs again, and the safe point keeps jobs that
+//! had finished before a loss out of its window.
+//!
+//! Tests that flush or restart Redis use a private `redis-server` each
+//! ([`RedisProcess`]); the others a key namespace on the shared one.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{Nullable, Text, Timestamptz};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use outbox_dispatch::{
+    Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
+    Reconciler, RedisGuardSettings, Router, Standing,
+};
+use outbox_model::OutboxEvent;
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
+use outbox_queue::{
+    JobStateKind, QueueNamespace, RedisSettings, apalis_config, job_states, queues, task_id,
+};
+use outbox_test_support::{RedisProcess, TestDatabase, TestRedis};
+use redis::aio::ConnectionManager;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const TENANT: &str = "acme";
+
+/// A database, a Redis (private or a namespace on the shared one) and a
+/// dispatcher with its guard on them.
+struct Rig {
+    db: TestDatabase,
+    redis_url: String,
+    namespace: QueueNamespace,
+    dispatcher: Dispatcher,
+    /// Keeps the shared Redis namespace alive (and cleans it up).
+    _shared: Option<TestRedis>,
+}
+
+/// A dispatcher with its Redis guard on `db` and the Redis at `redis_url`.
+fn guarded_dispatcher(
+    db: &TestDatabase,
+    redis_url: &str,
+    namespace: &QueueNamespace,
+) -> Dispatcher {
+    let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
+    Dispatcher::new(
+        db.pool().clone(),
+        db.url(),
+        redis,
+        namespace.clone(),
+        Router::standard(),
+        DispatcherConfig {
+            listen: false,
+            ..DispatcherConfig::default()
+        },
+    )
+    .unwrap()
+    .with_redis_guard(RedisGuardSettings {
+        // Rows handed off a moment ago may move the safe point at once.
+        safe_point_lag: Duration::ZERO,
+        ..RedisGuardSettings::default()
+    })
+}
+
+impl Rig {
+    async fn on(redis_url: String, namespace: QueueNamespace, shared: Option<TestRedis>) -> Self {
+        outbox_test_support::init_tracing();
+        let db = TestDatabase::new().await;
+        let dispatcher = guarded_dispatcher(&db, &redis_url, &namespace);
+        Self {
+            db,
+            redis_url,
+            namespace,
+            dispatcher,
+            _shared: shared,
+        }
+    }
+
+    async fn private(redis: &RedisProcess) -> Self {
+        Self::on(redis.url(), QueueNamespace::root(), None).await
+    }
+
+    async fn shared() -> Self {
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        Self::on(redis.url().to_owned(), namespace, Some(redis)).await
+    }
+
+    fn redis(&self) -> ConnectionManager {
+        outbox_queue::connect(&RedisSettings::new(&self.redis_url)).unwrap()
+    }
+
+    fn reconciler(&self) -> Reconciler {
+        Reconciler::new(self.redis(), self.namespace.clone())
+    }
+
+    /// `outbox reconcile --since 1h` of `queues`, as a library call.
+    async fn reconcile(&self, queues: &[&str], dry_run: bool) -> ReconcileReport {
+        let mut conn = self.db.conn().await;
+        self.reconciler()
+            .reconcile(
+                &mut conn,
+                &ReconcileOptions {
+                    since: Utc::now() - chrono::Duration::hours(1),
+                    queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+                    dry_run,
+                },
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Publishes `events` in one transaction and hands them off (one tick).
+    async fn hand_off(&self, events: Vec<NewOutboxEvent>) -> Vec<Uuid> {
+        let mut conn = self.db.conn().await;
+        let ids: Vec<Uuid> = conn
+            .transaction::<_, PublishError, _>(async |conn| {
+                let mut tx = OutboxTx::new(conn)?;
+                publish_outbox_events(&mut tx, events).await
+            })
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|o| o.id())
+            .collect();
+        let report = self.dispatcher.tick().await.unwrap();
+        assert_eq!(report.dispatched, ids.len(), "{report:?}");
+        ids
+    }
+
+    /// One check; a check that fails (the first command after a Redis
+    /// restart finds the old connection broken) is tried again, as the
+    /// guard does.
+    async fn check(&self) -> Assessment {
+        let guard = self.dispatcher.redis_guard().unwrap();
+        let mut verdict = None;
+        outbox_test_support::eventually(
+            "a check that succeeds",
+            Duration::from_secs(10),
+            async || {
+                verdict = guard.check().await.ok().map(|report| report.assessment);
+                verdict.is_some()
+            },
+        )
+        .await;
+        verdict.unwrap()
+    }
+
+    /// Runs the guard's reconciliation (and safe points) until nothing is due.
+    async fn repair(&self) {
+        let guard = self.dispatcher.redis_guard().unwrap();
+        let stop = CancellationToken::new();
+        while guard.reconcile_pending(&stop).await.unwrap() {}
+        guard.advance_safe_points(&stop).await.unwrap();
+    }
+
+    async fn state(&self, queue: &str, task_id: &str) -> JobStateKind {
+        let mut redis = self.redis();
+        job_states(&mut redis, &self.namespace, queue, &[task_id.to_owned()])
+            .await
+            .unwrap()[0]
+            .kind
+    }
+
+    /// What a worker does when a job ran: out of the queue, into the done set.
+    async fn finish(&self, queue: &str, task_id: &str) {
+        let config = apalis_config(&self.namespace, queue);
+        let mut redis = self.redis();
+        let now = Utc::now().timestamp();
+        let () = redis::pipe()
+            .zrem(config.scheduled_jobs_set(), task_id)
+            .lrem(config.active_jobs_list(), 0, task_id)
+            .sadd(config.done_jobs_set(), task_id)
+            .hset_multiple(
+                format!("{}:{task_id}", config.job_meta_hash()),
+                &[("status", "Done".to_owned()), ("done_at", now.to_string())],
+            )
+            .ignore()
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    async fn rows(&self, queue: &str) -> Vec<OutboxEvent> {
+        let mut conn = self.db.conn().await;
+        outbox_dispatch::db::done_rows_after(
+            &mut conn,
+            queue,
+            (DateTime::from_timestamp(0, 0).unwrap(), Uuid::nil()),
+            10_000,
+        )
+        .await
+        .unwrap()
+    }
+
+    async fn safe_point(&self, queue: &str) -> (DateTime<Utc>, Option<DateTime<Utc>>) {
+        #[derive(diesel::QueryableByName)]
+        struct Point {
+            #[diesel(sql_type = Timestamptz)]
+            drained_before: DateTime<Utc>,
+            #[diesel(sql_type = Nullable<Timestamptz>)]
+            pending_since: Option<DateTime<Utc>>,
+        }
+        let mut conn = self.db.conn().await;
+        let point: Point = diesel::sql_query(
+            "SELECT drained_before, pending_since FROM outbox_redis_safe_point
+             WHERE namespace = $1 AND queue = $2",
+        )
+        .bind::<Text, _>(self.namespace.prefix())
+        .bind::<Text, _>(queue)
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        (point.drained_before, point.pending_since)
+    }
+
+    async fn sql(&self, sql: &str) {
+        self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+}
+
+fn mail(n: usize) -> NewOutboxEvent {
+    NewOutboxEvent::new(
+        TENANT,
+        "mail.user.welcome",
+        json!({ "to": format!("u{n}@example.com"), "subject": "Hi", "text": "Hello" }),
+    )
+}
+
+fn webhook(n: usize) -> NewOutboxEvent {
+    NewOutboxEvent::new(TENANT, "webhook.order.created", json!({ "order": n }))
+}
+
+fn audit(n: usize) -> NewOutboxEvent {
+    NewOutboxEvent::new(
+        TENANT,
+        "audit.user.login",
+        json!({ "actor": "ada", "n": n }),
+    )
+}
+
+/// One counter as a scrape would show it.
+struct Counter {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: u64,
+}
+
+/// The counters of a recorder, read once.
+struct Metrics(Vec<Counter>);
+
+impl Metrics {
+    fn read(recorder: &DebuggingRecorder) -> Self {
+        Self(
+            recorder
+                .snapshotter()
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter_map(|(key, _, _, value)| match value {
+                    DebugValue::Counter(value) => Some(Counter {
+                        name: key.key().name().to_owned(),
+                        labels: key
+                            .key()
+                            .labels()
+                            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                            .collect(),
+                        value,
+                    }),
+                    _ => None,
+                })
+                .collect(),
+        )
+    }
+
+    fn counter(&self, name: &str, label: (&str, &str)) -> u64 {
+        self.0
+            .iter()
+            .filter(|c| {
+                c.name == name && c.labels.iter().any(|(k, v)| k == label.0 && v == label.1)
+            })
+            .map(|c| c.value)
+            .sum()
+    }
+}
+
+#[tokio::test]
+async fn nothing_is_pushed_again_when_nothing_was_lost() {
+    let rig = Rig::shared().await;
+    rig.hand_off((0..5).map(mail).chain((0..5).map(webhook)).collect())
+        .await;
+    rig.hand_off((0..5).map(audit).collect()).await;
+
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+
+    let report = rig
+        .reconcile(&[queues::MAIL, queues::WEBHOOK, queues::AUDIT], false)
+        .await;
+    assert_eq!(report.missing_total(), 0, "{report:?}");
+    assert_eq!(report.repushed_total(), 0, "{report:?}");
+    assert!(report.missing.is_empty());
+    assert_eq!(report.queues[queues::MAIL].checked, 5);
+    assert_eq!(report.queues[queues::MAIL].found, 5);
+    assert_eq!(report.queues[queues::AUDIT].found, 5);
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await.1,
+        None,
+        "no reconciliation is due"
+    );
+}
+
+#[tokio::test]
+async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let mails = rig.hand_off((0..20).map(mail).collect()).await;
+    let hooks = rig.hand_off((0..10).map(webhook).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+
+    let mut redis = rig.redis();
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.state(queues::MAIL, &task_id(mails[0])).await,
+        JobStateKind::Missing
+    );
+
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    let (_, pending) = rig.safe_point(queues::MAIL).await;
+    assert!(pending.is_some(), "a reconciliation is due for outbox.mail");
+    rig.repair().await;
+    for id in &mails {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+    for id in &hooks {
+        assert_eq!(
+            rig.state(queues::WEBHOOK, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+    assert_eq!(rig.safe_point(queues::MAIL).await.1, None, "done");
+    // The marker was written again: the next check finds Redis intact.
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.repair().await;
+    // One snapshot (reading the recorder resets its counters).
+    let metrics = Metrics::read(&recorder);
+    assert_eq!(
+        metrics.counter(
+            "outbox_redis_loss_detected_total",
+            ("reason", "marker_missing")
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.counter("outbox_reconcile_repushed_total", ("queue", queues::MAIL)),
+        20,
+        "each lost mail once, nothing more"
+    );
+    assert_eq!(
+        metrics.counter(
+            "outbox_reconcile_repushed_total",
+            ("queue", queues::WEBHOOK)
+        ),
+        10
+    );
+}
+
+#[tokio::test]
+async fn a_restart_without_persistence_is_a_loss_and_the_backlog_comes_back() {
+    let mut server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let mails = rig.hand_off((0..30).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+
+    server.restart().await;
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    rig.repair().await;
+    for id in &mails {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+}
+
+/// A directory for a private Redis' append-only file, removed at the end.
+struct AofDir(PathBuf);
+
+impl AofDir {
+    fn new() -> Self {
+        let path =
+            std::env::temp_dir().join(format!("outbox-reconcile-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for AofDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn a_restart_with_appendfsync_always_loses_nothing_and_everysec_is_checked() {
+    for (fsync, expected) in [("always", true), ("everysec", false)] {
+        let dir = AofDir::new();
+        let mut server = RedisProcess::start_with(&[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            fsync,
+            "--dir",
+            dir.path(),
+        ])
+        .await;
+        let rig = Rig::private(&server).await;
+        let mails = rig.hand_off((0..10).map(mail).collect()).await;
+        assert_eq!(rig.check().await, Assessment::FirstSight);
+        rig.repair().await;
+        assert_eq!(rig.check().await, Assessment::Intact);
+        // A graceful restart: the append-only file has everything.
+        let client = redis::Client::open(server.url().as_str()).unwrap();
+        let mut plain = client.get_multiplexed_async_connection().await.unwrap();
+        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut plain).await;
+        server.restart().await;
+        let verdict = rig.check().await;
+        if expected {
+            assert_eq!(verdict, Assessment::RestartedSafely, "appendfsync {fsync}");
+            assert_eq!(rig.safe_point(queues::MAIL).await.1, None);
+        } else {
+            assert!(
+                matches!(verdict, Assessment::Lost(LossReason::Restarted { .. })),
+                "appendfsync {fsync}: {verdict:?}"
+            );
+        }
+        rig.repair().await;
+        for id in &mails {
+            assert_eq!(
+                rig.state(queues::MAIL, &task_id(*id)).await,
+                JobStateKind::Waiting,
+                "appendfsync {fsync}: the jobs survived"
+            );
+        }
+        let report = rig.reconcile(&[queues::MAIL], true).await;
+        assert_eq!(report.missing_total(), 0, "appendfsync {fsync}: {report:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
+    let rig = Rig::shared().await;
+    let ids = rig.hand_off((0..3).map(mail).collect()).await;
+    let rows = rig.rows(queues::MAIL).await;
+    let parents: Vec<String> = ids.iter().map(|id| task_id(*id)).collect();
+    for parent in &parents {
+        rig.finish(queues::MAIL, parent).await;
+    }
+    // Mail 0: its send job exists. Mail 1: the send job is gone but the
+    // receiver recorded the mail as sent. Mail 2: both gone.
+    let mut redis = rig.redis();
+    outbox_queue::push_raw(
+        &mut redis,
+        &rig.namespace,
+        queues::TOOLCTRL_EMAIL,
+        &[(format!("email:{}", ids[0]), b"{}".to_vec())],
+    )
+    .await
+    .unwrap();
+    let record_key = format!(
+        "{}email:{}",
+        outbox_queue::idempotency_prefix(&rig.namespace),
+        ids[1]
+    );
+    let () = redis::cmd("SET")
+        .arg(&record_key)
+        .arg(r#"{"state":"completed","result":null}"#)
+        .arg("EX")
+        .arg(60)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    let mut conn = rig.db.conn().await;
+    let standings = rig
+        .reconciler()
+        .classify(&mut conn, queues::MAIL, &rows)
+        .await
+        .unwrap();
+    let by_id: Vec<(Uuid, Standing)> = rows.iter().map(|r| r.id).zip(standings).collect();
+    let standing = |id: Uuid| by_id.iter().find(|(i, _)| *i == id).unwrap().1.clone();
+    assert_eq!(standing(ids[0]), Standing::Present { finished: false });
+    assert_eq!(standing(ids[1]), Standing::Present { finished: true });
+    match standing(ids[2]) {
+        Standing::DerivedMissing { parent, derived } => {
+            assert_eq!(parent, parents[2]);
+            assert_eq!(derived.len(), 1);
+            assert_eq!(derived[0].queue, queues::TOOLCTRL_EMAIL);
+            assert_eq!(derived[0].task_id, format!("email:{}", ids[2]));
+        }
+        other => panic!("mail 2 should miss its send job: {other:?}"),
+    }
+
+    let report = rig.reconcile(&[queues::MAIL], false).await;
+    assert_eq!(report.missing_total(), 1, "{report:?}");
+    assert_eq!(report.repushed_total(), 1, "{report:?}");
+    assert_eq!(
+        report.missing[0].derived_from.as_deref(),
+        Some(parents[2].as_str())
+    );
+    assert_eq!(
+        rig.state(queues::MAIL, &parents[2]).await,
+        JobStateKind::Waiting,
+        "runs again"
+    );
+    assert_eq!(
+        rig.state(queues::MAIL, &parents[0]).await,
+        JobStateKind::Done
+    );
+    assert_eq!(
+        rig.state(queues::MAIL, &parents[1]).await,
+        JobStateKind::Done
+    );
+}
+
+#[tokio::test]
+async fn audit_events_whose_rows_exist_are_not_lost_even_without_their_jobs() {
+    let rig = Rig::shared().await;
+    let ids = rig.hand_off((0..2).map(audit).collect()).await;
+    rig.sql(&format!(
+        "INSERT INTO audit_log (outbox_event_id, tenant_id, event_type, payload, occurred_at)
+         VALUES ('{}', '{TENANT}', 'audit.user.login', '{{}}', now())",
+        ids[0]
+    ))
+    .await;
+    let config = apalis_config(&rig.namespace, queues::AUDIT);
+    let mut redis = rig.redis();
+    let () = redis::cmd("DEL")
+        .arg(config.job_data_hash())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let report = rig.reconcile(&[queues::AUDIT], true).await;
+    assert_eq!(report.queues[queues::AUDIT].found, 1);
+    assert_eq!(report.queues[queues::AUDIT].missing, 1);
+    assert_eq!(report.missing[0].event_id, ids[1]);
+    assert_eq!(report.repushed_total(), 0, "a dry run");
+    assert_eq!(
+        rig.state(queues::AUDIT, &task_id(ids[1])).await,
+        JobStateKind::Missing
+    );
+}
+
+#[tokio::test]
+async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let first = rig.hand_off((0..3).map(mail).collect()).await;
+    let second = rig.hand_off((3..6).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    // The first batch is delivered (the mail jobs and their send jobs finish).
+    let mut redis = rig.redis();
+    for id in &first {
+        rig.finish(queues::MAIL, &task_id(*id)).await;
+        let send = format!("email:{id}");
+        outbox_queue::push_raw(
+            &mut redis,
+            &rig.namespace,
+            queues::TOOLCTRL_EMAIL,
+            &[(send.clone(), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+        rig.finish(queues::TOOLCTRL_EMAIL, &send).await;
+    }
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.repair().await;
+    let rows = rig.rows(queues::MAIL).await;
+    let handed_off = |id: Uuid| {
+        rows.iter()
+            .find(|r| r.id == id)
+            .unwrap()
+            .processed_at
+            .unwrap()
+    };
+    let (drained, _) = rig.safe_point(queues::MAIL).await;
+    assert_eq!(
+        drained,
+        handed_off(second[0]),
+        "the safe point stops at the first job still waiting"
+    );
+
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    assert_eq!(rig.safe_point(queues::MAIL).await.1, Some(drained));
+    rig.repair().await;
+    for id in &first {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Missing,
+            "delivered before the safe point: not sent again"
+        );
+    }
+    for id in &second {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_finished_plugin_hook_runs_again_for_a_lost_invocation_of_a_subscription_it_knew() {
+    let rig = Rig::shared().await;
+    let known = Uuid::new_v4();
+    let later = Uuid::new_v4();
+    rig.sql(&format!(
+        "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret)
+         VALUES ('{known}', '{TENANT}', 'jira', 'workflow.executed', 'http://127.0.0.1:9/p', 'k')"
+    ))
+    .await;
+    let ids = rig
+        .hand_off(vec![NewOutboxEvent::new(
+            TENANT,
+            "plugin.hook.workflow.executed",
+            json!({ "workflowId": "w1" }),
+        )])
+        .await;
+    let parent = task_id(ids[0]);
+    rig.finish(queues::PLUGIN_HOOK, &parent).await;
+    // Subscribed after the fan-out ran: never part of it.
+    rig.sql(&format!(
+        "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret, created_at)
+         VALUES ('{later}', '{TENANT}', 'slack', 'workflow.executed', 'http://127.0.0.1:9/q', 'k',
+                 now() + interval '1 hour')"
+    ))
+    .await;
+    let rows = rig.rows(queues::PLUGIN_HOOK).await;
+    let mut conn = rig.db.conn().await;
+    let standings = rig
+        .reconciler()
+        .classify(&mut conn, queues::PLUGIN_HOOK, &rows)
+        .await
+        .unwrap();
+    let expected = format!("plugin-invoke:{}:{known}", ids[0]);
+    match &standings[0] {
+        Standing::DerivedMissing { parent: p, derived } => {
+            assert_eq!(p, &parent);
+            let lost: Vec<&str> = derived.iter().map(|d| d.task_id.as_str()).collect();
+            assert_eq!(lost, [expected.as_str()], "only the subscription it knew");
+        }
+        other => panic!("the invocation is gone: {other:?}"),
+    }
+    let mut redis = rig.redis();
+    outbox_queue::push_raw(
+        &mut redis,
+        &rig.namespace,
+        queues::TOOLCTRL_PLUGIN_INVOKE,
+        &[(expected, b"{}".to_vec())],
+    )
+    .await
+    .unwrap();
+    let standings = rig
+        .reconciler()
+        .classify(&mut conn, queues::PLUGIN_HOOK, &rows)
+        .await
+        .unwrap();
+    assert_eq!(standings[0], Standing::Present { finished: false });
+}
+
+#[tokio::test]
+async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
+    let recorder = DebuggingRecorder::new();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let other = guarded_dispatcher(&rig.db, &rig.redis_url, &rig.namespace);
+    let mails = rig.hand_off((0..40).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+
+    let mut redis = rig.redis();
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (first, second) = tokio::join!(
+        rig.dispatcher.redis_guard().unwrap().check(),
+        other.redis_guard().unwrap().check()
+    );
+    let mut verdicts = [first.unwrap().assessment, second.unwrap().assessment];
+    verdicts.sort_by_key(|v| matches!(v, Assessment::Intact));
+    assert_eq!(
+        verdicts,
+        [
+            Assessment::Lost(LossReason::MarkerMissing),
+            Assessment::Intact
+        ],
+        "one of them notices; the other finds the new marker"
+    );
+    let stop = CancellationToken::new();
+    let (a, b) = tokio::join!(
+        rig.dispatcher
+            .redis_guard()
+            .unwrap()
+            .reconcile_pending(&stop),
+        other.redis_guard().unwrap().reconcile_pending(&stop)
+    );
+    a.unwrap();
+    b.unwrap();
+    rig.repair().await;
+    for id in &mails {
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Waiting
+        );
+    }
+    let metrics = Metrics::read(&recorder);
+    assert_eq!(
+        metrics.counter(
+            "outbox_redis_loss_detected_total",
+            ("reason", "marker_missing")
+        ),
+        1
+    );
+    assert_eq!(
+        metrics.counter("outbox_reconcile_repushed_total", ("queue", queues::MAIL)),
+        40,
+        "each lost job pushed once, by one of them"
+    );
+    assert_eq!(
+        metrics.counter("outbox_reconcile_checked_total", ("queue", queues::MAIL)),
+        40 + 40,
+        "the first sight and the loss: each row checked once each time"
+    );
+}

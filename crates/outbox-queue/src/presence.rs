@@ -1,0 +1,188 @@
+//! Whether jobs are still in Redis, and running a finished job again: what
+//! reconciliation after a Redis loss asks of a queue.
+//!
+//! A job is present in any state (waiting, scheduled, running, done or
+//! dead) as long as its body is in `<q>:data`; trimming ([`crate::trim_finished`])
+//! removes the body of a job finished for longer than the retention, and a
+//! Redis that lost data has none. A job whose handler asked for a later
+//! retry is done and has a copy `<task id>~retry<n>` that is the job now;
+//! [`job_states`] follows those copies.
+
+use std::sync::LazyLock;
+
+use apalis_redis::ConnectionManager;
+use redis::Script;
+use uuid::Uuid;
+
+use crate::{MAX_RETRY_ROUNDS, QueueError, QueueNamespace, apalis_config, wake_channel};
+
+static STATES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/states.lua")));
+static RERUN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/rerun.lua")));
+
+/// Most task ids one [`job_states`] or [`rerun_finished`] call sends to
+/// Redis; longer lists are split.
+const IDS_PER_CALL: usize = 500;
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobStateKind {
+    /// No body: never pushed, trimmed, or lost with a Redis that forgot.
+    Missing,
+    /// Waiting (scheduled or ready) or running.
+    Waiting,
+    /// Finished successfully.
+    Done,
+    /// In the dead set.
+    Dead,
+}
+
+/// One job's state, following its retry copies.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobState {
+    /// Where it stands.
+    pub kind: JobStateKind,
+    /// The task id of its latest copy (the id asked about, or
+    /// `<id>~retry<n>`): the one to run again.
+    pub latest: String,
+    /// When the latest copy finished (done or dead), in seconds since the
+    /// epoch.
+    pub finished_at: Option<f64>,
+}
+
+impl JobState {
+    /// Done or dead: nothing of it remains to run.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        matches!(self.kind, JobStateKind::Done | JobStateKind::Dead)
+    }
+
+    /// Anything but missing.
+    #[must_use]
+    pub fn is_present(&self) -> bool {
+        self.kind != JobStateKind::Missing
+    }
+}
+
+/// The states of the jobs `task_ids` (first deliveries) on `queue`, in the
+/// same order, one Lua call per 500 ids.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn job_states(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_ids: &[String],
+) -> Result<Vec<JobState>, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let mut states = Vec::with_capacity(task_ids.len());
+    for chunk in task_ids.chunks(IDS_PER_CALL) {
+        let mut call = STATES.prepare_invoke();
+        call.key(config.job_data_hash())
+            .key(config.done_jobs_set())
+            .key(config.dead_jobs_set())
+            .key(config.job_meta_hash())
+            .arg(MAX_RETRY_ROUNDS);
+        for id in chunk {
+            call.arg(id);
+        }
+        let answer: Vec<(i64, String, String)> = call.invoke_async(conn).await?;
+        for (state, latest, finished_at) in answer {
+            let kind = match state {
+                0 => JobStateKind::Missing,
+                2 => JobStateKind::Done,
+                3 => JobStateKind::Dead,
+                _ => JobStateKind::Waiting,
+            };
+            states.push(JobState {
+                kind,
+                latest,
+                finished_at: finished_at.parse().ok(),
+            });
+        }
+    }
+    if states.len() != task_ids.len() {
+        return Err(QueueError::Unexpected(format!(
+            "asked for {} job states, got {}",
+            task_ids.len(),
+            states.len()
+        )));
+    }
+    Ok(states)
+}
+
+/// Runs finished jobs of `queue` again: each task id that is in the done
+/// set goes back on the queue, due now, with its body unchanged (its meta
+/// record reset to a pending job); waiting, running, dead or missing ids
+/// are left alone. Returns how many went back. Used to re-run a handler
+/// whose derived job Redis lost (the handler derives it again).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails; some of the jobs may have gone
+/// back, and calling again is safe.
+pub async fn rerun_finished(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_ids: &[String],
+) -> Result<usize, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let mut total = 0;
+    for chunk in task_ids.chunks(IDS_PER_CALL) {
+        let mut call = RERUN.prepare_invoke();
+        call.key(config.job_data_hash())
+            .key(config.done_jobs_set())
+            .key(config.scheduled_jobs_set())
+            .key(config.job_meta_hash())
+            .arg(now);
+        for id in chunk {
+            call.arg(id);
+        }
+        let n: usize = call.invoke_async(conn).await?;
+        total += n;
+    }
+    if total > 0
+        && let Err(e) = redis::cmd("PUBLISH")
+            .arg(wake_channel(namespace, queue))
+            .arg(total)
+            .query_async::<i64>(conn)
+            .await
+    {
+        tracing::warn!(queue, error = %e, "jobs put back, but the wake-up was not published");
+    }
+    Ok(total)
+}
+
+/// The task id (and receiver idempotency key) of the mail a `mail.*` or
+/// `marketing.lead.*` event's handler derives on `toolctrl.email`:
+/// `email:<delivery id>`.
+///
+/// ```
+/// assert_eq!(outbox_queue::email_task_id("e1:g2"), "email:e1:g2");
+/// ```
+#[must_use]
+pub fn email_task_id(delivery_id: &str) -> String {
+    format!("email:{delivery_id}")
+}
+
+/// The task id (and receiver idempotency key) of one plugin invocation a
+/// `plugin.hook.*` event's handler derives on `toolctrl.plugin-invoke`:
+/// `plugin-invoke:<delivery id>:<subscription id>`.
+///
+/// ```
+/// let sub = uuid::Uuid::nil();
+/// assert_eq!(
+///     outbox_queue::plugin_invoke_task_id("e1", sub),
+///     "plugin-invoke:e1:00000000-0000-0000-0000-000000000000"
+/// );
+/// ```
+#[must_use]
+pub fn plugin_invoke_task_id(delivery_id: &str, subscription_id: Uuid) -> String {
+    format!("plugin-invoke:{delivery_id}:{subscription_id}")
+}

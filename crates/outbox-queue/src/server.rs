@@ -1,0 +1,396 @@
+//! What a Redis server says about itself (its run, its persistence), and
+//! the marker the dispatchers keep in it to notice when it lost data.
+//!
+//! Once an outbox row is `DONE`, its job exists only in Redis. A Redis that
+//! restarts without persistence, is flushed, or is replaced by a replica
+//! that lagged forgets jobs without telling anyone. The marker is how the
+//! dispatcher notices: one hash per queue namespace ([`marker_key`]) holding
+//! an epoch id written once, and the server `run_id` it was last seen in.
+//! A missing marker means the data is gone; another `run_id` means the
+//! server restarted (or another server answers), and whether anything was
+//! lost then depends on its [`Persistence`].
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use apalis_redis::ConnectionManager;
+use uuid::Uuid;
+
+use crate::{QueueError, QueueNamespace};
+
+/// How a Redis server keeps its data across a restart, as `CONFIG GET
+/// appendonly appendfsync save` tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Persistence {
+    /// `appendonly yes`: every write goes to the append-only file, flushed
+    /// to disk as [`Fsync`] says.
+    Aof {
+        /// `appendfsync`.
+        fsync: Fsync,
+    },
+    /// `appendonly no` with `save` points: RDB snapshots only; a crash
+    /// loses everything since the last snapshot.
+    Rdb {
+        /// The `save` setting, e.g. `3600 1 300 100`.
+        save: String,
+    },
+    /// `appendonly no` and no `save` points: a restart loses everything.
+    None,
+    /// `CONFIG` was refused (managed services often disable or rename it)
+    /// or answered nothing usable.
+    Unknown {
+        /// Redis' answer.
+        reason: String,
+    },
+}
+
+/// `appendfsync`: when the append-only file reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// After every write: a crash loses nothing acknowledged.
+    Always,
+    /// Once a second: a crash loses up to about the last second (two in the
+    /// worst case, when the disk is slow).
+    Everysec,
+    /// When the operating system decides (typically within 30 s).
+    No,
+}
+
+impl Persistence {
+    /// The label of the `outbox_redis_persistence{mode}` gauge and of the
+    /// logs: `aof-always`, `aof-everysec`, `aof-no`, `rdb`, `none` or
+    /// `unknown`.
+    #[must_use]
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Self::Aof {
+                fsync: Fsync::Always,
+            } => "aof-always",
+            Self::Aof {
+                fsync: Fsync::Everysec,
+            } => "aof-everysec",
+            Self::Aof { fsync: Fsync::No } => "aof-no",
+            Self::Rdb { .. } => "rdb",
+            Self::None => "none",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// Every mode [`Persistence::mode`] can name, for resetting the gauge.
+    pub const MODES: [&'static str; 6] = [
+        "aof-always",
+        "aof-everysec",
+        "aof-no",
+        "rdb",
+        "none",
+        "unknown",
+    ];
+
+    /// True only for `appendonly yes` with `appendfsync always`: a restart
+    /// of such a server loses nothing it acknowledged.
+    #[must_use]
+    pub fn keeps_every_write(&self) -> bool {
+        matches!(
+            self,
+            Self::Aof {
+                fsync: Fsync::Always
+            }
+        )
+    }
+
+    /// What is lost when the server crashes, in words, for logs and the CLI.
+    #[must_use]
+    pub fn loss_on_crash(&self) -> &'static str {
+        match self {
+            Self::Aof {
+                fsync: Fsync::Always,
+            } => "nothing acknowledged",
+            Self::Aof {
+                fsync: Fsync::Everysec,
+            } => "up to about the last second of writes",
+            Self::Aof { fsync: Fsync::No } => {
+                "the writes the operating system had not flushed (up to about 30 s)"
+            }
+            Self::Rdb { .. } => "everything since the last snapshot",
+            Self::None => "everything",
+            Self::Unknown { .. } => "unknown (CONFIG is not allowed)",
+        }
+    }
+
+    /// Reads the persistence from `CONFIG GET` answers (`appendonly`,
+    /// `appendfsync`, `save`).
+    #[must_use]
+    pub fn from_config(config: &HashMap<String, String>) -> Self {
+        let Some(appendonly) = config.get("appendonly") else {
+            return Self::Unknown {
+                reason: "CONFIG GET appendonly returned nothing".to_owned(),
+            };
+        };
+        if appendonly.eq_ignore_ascii_case("yes") {
+            let fsync = match config.get("appendfsync").map(|s| s.to_ascii_lowercase()) {
+                Some(s) if s == "always" => Fsync::Always,
+                Some(s) if s == "no" => Fsync::No,
+                // Redis' default.
+                _ => Fsync::Everysec,
+            };
+            return Self::Aof { fsync };
+        }
+        match config.get("save").map(|s| s.trim()) {
+            Some(save) if !save.is_empty() => Self::Rdb {
+                save: save.to_owned(),
+            },
+            _ => Self::None,
+        }
+    }
+}
+
+impl std::fmt::Display for Persistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Aof { fsync } => {
+                let fsync = match fsync {
+                    Fsync::Always => "always",
+                    Fsync::Everysec => "everysec",
+                    Fsync::No => "no",
+                };
+                write!(f, "appendonly yes, appendfsync {fsync}")
+            }
+            Self::Rdb { save } => write!(f, "appendonly no, save {save:?}"),
+            Self::None => f.write_str("appendonly no, save \"\""),
+            Self::Unknown { reason } => write!(f, "unknown ({reason})"),
+        }
+    }
+}
+
+/// What a server says about itself: `INFO server`, `INFO persistence`
+/// and, where allowed, `CONFIG GET`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// `run_id`: random per server start. Another value means the server
+    /// restarted or another server answers.
+    pub run_id: String,
+    /// `uptime_in_seconds`.
+    pub uptime: Duration,
+    /// `aof_enabled` from `INFO persistence` (readable where `CONFIG` is not).
+    pub aof_enabled: bool,
+    /// `loading`: the server is still reading its data set from disk.
+    pub loading: bool,
+    /// The persistence as `CONFIG GET` reports it.
+    pub persistence: Persistence,
+}
+
+/// Parses the `key:value` lines of an `INFO` answer.
+#[must_use]
+pub fn parse_info(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| line.trim_end().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// Asks the server for [`ServerInfo`]: two `INFO` sections in one round
+/// trip, then `CONFIG GET appendonly appendfsync save`, whose refusal only
+/// makes the persistence [`Persistence::Unknown`].
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis does not answer `INFO`, or
+/// [`QueueError::Unexpected`] when the answer has no `run_id`.
+pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo, QueueError> {
+    let (server, persistence): (String, String) = redis::pipe()
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await?;
+    let server = parse_info(&server);
+    let persisted = parse_info(&persistence);
+    let run_id = server
+        .get("run_id")
+        .cloned()
+        .ok_or_else(|| QueueError::Unexpected("INFO server has no run_id".to_owned()))?;
+    let persistence = read_persistence(conn).await;
+    Ok(ServerInfo {
+        run_id,
+        uptime: Duration::from_secs(
+            server
+                .get("uptime_in_seconds")
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_default(),
+        ),
+        aof_enabled: persisted.get("aof_enabled").is_some_and(|v| v == "1"),
+        loading: persisted.get("loading").is_some_and(|v| v == "1"),
+        persistence,
+    })
+}
+
+/// `CONFIG GET appendonly appendfsync save` as [`Persistence`]; a refusal
+/// (or no answer) is [`Persistence::Unknown`] with Redis' reason.
+pub async fn read_persistence(conn: &mut ConnectionManager) -> Persistence {
+    let mut config = HashMap::new();
+    for parameter in ["appendonly", "appendfsync", "save"] {
+        match redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(parameter)
+            .query_async::<HashMap<String, String>>(conn)
+            .await
+        {
+            Ok(answer) => config.extend(answer),
+            Err(e) => {
+                return Persistence::Unknown {
+                    reason: e.to_string(),
+                };
+            }
+        }
+    }
+    Persistence::from_config(&config)
+}
+
+/// The marker's key in `namespace`: `<prefix>outbox:redis-marker`.
+#[must_use]
+pub fn marker_key(namespace: &QueueNamespace) -> String {
+    format!("{}outbox:redis-marker", namespace.prefix())
+}
+
+/// The marker the dispatchers keep in each Redis they push to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    /// Written once when the marker is created; a new one after every loss.
+    pub epoch: Uuid,
+    /// The server run the marker was last confirmed in.
+    pub run_id: String,
+}
+
+/// Reads the marker of `namespace`; `None` when it is missing (or has no
+/// readable epoch, which counts the same).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn read_marker(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+) -> Result<Option<Marker>, QueueError> {
+    let fields: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(marker_key(namespace))
+        .query_async(conn)
+        .await?;
+    let Some(epoch) = fields.get("epoch").and_then(|e| e.parse().ok()) else {
+        return Ok(None);
+    };
+    Ok(Some(Marker {
+        epoch,
+        run_id: fields.get("run_id").cloned().unwrap_or_default(),
+    }))
+}
+
+/// Writes a new marker (epoch and run), replacing any previous one.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn write_marker(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    marker: &Marker,
+) -> Result<(), QueueError> {
+    let key = marker_key(namespace);
+    let () = redis::pipe()
+        .atomic()
+        .del(&key)
+        .hset_multiple(
+            &key,
+            &[
+                ("epoch", marker.epoch.to_string()),
+                ("run_id", marker.run_id.clone()),
+                (
+                    "written_at",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or_default()
+                        .to_string(),
+                ),
+            ],
+        )
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+/// Records that the marker was confirmed in the server run `run_id` (after
+/// a restart that lost nothing).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn confirm_marker_run(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    run_id: &str,
+) -> Result<(), QueueError> {
+    let _: i64 = redis::cmd("HSET")
+        .arg(marker_key(namespace))
+        .arg("run_id")
+        .arg(run_id)
+        .query_async(conn)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn persistence_is_read_from_the_config() {
+        let aof = |fsync| {
+            Persistence::from_config(&config(&[
+                ("appendonly", "yes"),
+                ("appendfsync", fsync),
+                ("save", ""),
+            ]))
+        };
+        assert_eq!(aof("always").mode(), "aof-always");
+        assert!(aof("always").keeps_every_write());
+        assert_eq!(aof("everysec").mode(), "aof-everysec");
+        assert!(!aof("everysec").keeps_every_write());
+        assert_eq!(aof("no").mode(), "aof-no");
+        let rdb = Persistence::from_config(&config(&[
+            ("appendonly", "no"),
+            ("appendfsync", "everysec"),
+            ("save", "3600 1 300 100"),
+        ]));
+        assert_eq!(rdb.mode(), "rdb");
+        assert_eq!(rdb.to_string(), "appendonly no, save \"3600 1 300 100\"");
+        let none = Persistence::from_config(&config(&[("appendonly", "no"), ("save", "")]));
+        assert_eq!(none, Persistence::None);
+        assert_eq!(none.loss_on_crash(), "everything");
+        assert_eq!(Persistence::from_config(&config(&[])).mode(), "unknown");
+        for mode in Persistence::MODES {
+            assert!(!mode.is_empty());
+        }
+    }
+
+    #[test]
+    fn info_lines_are_parsed() {
+        let info = parse_info(
+            "# Server\r\nredis_version:7.0.15\r\nrun_id:abc123\r\nuptime_in_seconds:42\r\n",
+        );
+        assert_eq!(info.get("run_id").map(String::as_str), Some("abc123"));
+        assert_eq!(
+            info.get("uptime_in_seconds").map(String::as_str),
+            Some("42")
+        );
+        assert!(!info.contains_key("# Server"));
+    }
+}
