@@ -10,11 +10,12 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::{
-    Array, BigInt, Double, Int4, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+    Array, BigInt, Double, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures::future::try_join_all;
 use outbox_model::OutboxEvent;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 /// Claims up to `limit` claimable rows in one round trip: `PENDING` rows whose
@@ -108,12 +109,14 @@ macro_rules! fenced {
     };
 }
 
-/// Marks handed-off rows `DONE`; one statement per lease and queue (`$3`).
-/// See [`mark_done`].
+/// Marks handed-off rows `DONE`; one statement per lease (a claim has one).
+/// `$3` maps each id (as text) to its queue: a JSON object, whose keys
+/// Postgres keeps sorted, so each row's queue is a binary search, not a scan
+/// of a list. See [`mark_done`].
 pub const DONE_SQL: &str = concat!(
     "UPDATE outbox_event
      SET status = 'DONE', processed_at = now(), locked_until = NULL,
-         last_error = NULL, target_queue = $3
+         last_error = NULL, target_queue = $3 ->> id::text
      ",
     fenced!()
 );
@@ -164,23 +167,28 @@ fn updated(groups: Vec<Vec<IdRow>>) -> Vec<Uuid> {
 }
 
 /// Marks handed-off rows `DONE`, recording the queue: one [`DONE_SQL`] per
-/// lease and queue (a claim has one lease, so one per queue), pipelined.
-/// Returns the ids actually updated; a missing id lost its lease.
+/// lease (a claim has one lease, so one statement a tick), pipelined when
+/// there are several. Returns the ids actually updated; a missing id lost
+/// its lease.
 pub async fn mark_done(
     conn: &mut AsyncPgConnection,
     done: &[(Lease, String)],
 ) -> diesel::QueryResult<Vec<Uuid>> {
-    let groups = group(
-        done.iter()
-            .map(|(lease, queue)| ((lease.locked_until, queue.clone()), lease.id)),
-    );
+    /// The ids of one lease and the queue of each.
+    type Batch = (Vec<Uuid>, Map<String, Value>);
+    let mut groups: BTreeMap<DateTime<Utc>, Batch> = BTreeMap::new();
+    for (lease, queue) in done {
+        let (ids, queues) = groups.entry(lease.locked_until).or_default();
+        ids.push(lease.id);
+        queues.insert(lease.id.to_string(), Value::String(queue.clone()));
+    }
     let conn: &AsyncPgConnection = conn;
-    let statements = groups.into_iter().map(|((lease, queue), ids)| async move {
+    let statements = groups.into_iter().map(|(lease, (ids, queues))| async move {
         let mut conn = conn;
         diesel::sql_query(DONE_SQL)
             .bind::<Array<SqlUuid>, _>(ids)
             .bind::<Timestamptz, _>(lease)
-            .bind::<Text, _>(queue)
+            .bind::<Jsonb, _>(Value::Object(queues))
             .load::<IdRow>(&mut conn)
             .await
     });

@@ -248,7 +248,7 @@ fn text(plan: Vec<PlanLine>) -> String {
 // the claim's former `FROM due WHERE e.id = due.id` with a Hash Join.
 #[tokio::test]
 async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
-    use diesel::sql_types::{Array, BigInt, Int4, Nullable, Timestamptz, Uuid as SqlUuid};
+    use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
     use outbox_dispatch::db;
 
     let h = Harness::new().await;
@@ -275,10 +275,14 @@ async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
         "one lease for the whole claim"
     );
     let ids: Vec<uuid::Uuid> = claimed.iter().map(|e| e.id).collect();
+    let queues: serde_json::Map<String, serde_json::Value> = ids
+        .iter()
+        .map(|id| (id.to_string(), json!("outbox.audit")))
+        .collect();
     let done = explain(db::DONE_SQL)
         .bind::<Array<SqlUuid>, _>(ids.clone())
         .bind::<Timestamptz, _>(lease)
-        .bind::<Text, _>("outbox.audit")
+        .bind::<Jsonb, _>(serde_json::Value::Object(queues))
         .load(&mut conn)
         .await
         .unwrap();
