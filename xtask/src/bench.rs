@@ -6,10 +6,12 @@
 //! "seconds": …, "per_second": …}` or latency percentiles in milliseconds.
 //! Numbers from a shared machine are noisy: compare runs on the same host.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
@@ -27,7 +29,8 @@ const DB: &str = "outbox_bench";
 /// The Redis key prefix of every benchmark.
 pub const PREFIX: &str = "outbox-bench:";
 
-fn line(value: serde_json::Value) {
+/// Prints one JSON line on stdout.
+pub fn line(value: serde_json::Value) {
     println!("{value}");
 }
 
@@ -62,6 +65,83 @@ async fn count_open(conn: &mut AsyncPgConnection) -> Result<i64> {
     )
 }
 
+/// A scratch database, created afresh (dropped first if it exists) with the
+/// migrations applied.
+pub struct Scratch {
+    admin: AsyncPgConnection,
+    name: &'static str,
+    /// Its URL.
+    pub url: String,
+    /// The migrations applied, in order.
+    pub applied: Vec<String>,
+}
+
+impl Scratch {
+    /// Drops `name` if it exists, creates it and migrates it.
+    pub async fn create(database_url: &str, name: &'static str) -> Result<Self> {
+        let admin_url = with_database(database_url, "postgres");
+        let mut admin = AsyncPgConnection::establish(&admin_url)
+            .await
+            .with_context(|| format!("cannot connect to {admin_url}"))?;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await?;
+        let url = with_database(database_url, name);
+        let applied = outbox_model::run_migrations(&url).await?;
+        Ok(Self {
+            admin,
+            name,
+            url,
+            applied,
+        })
+    }
+
+    /// Drops the database.
+    pub async fn remove(mut self) -> Result<()> {
+        self.admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await?;
+        Ok(())
+    }
+}
+
+/// Inserts `rows` due `PENDING` rows spread over `event_types`, with
+/// time-ordered ids like the publisher's UUIDv7 and a small payload, then
+/// `VACUUM ANALYZE`s the table (the statistics a dispatcher starting on this
+/// backlog would find: every row `PENDING`).
+pub async fn preload_pending(
+    conn: &mut AsyncPgConnection,
+    rows: usize,
+    event_types: &[&str],
+) -> Result<()> {
+    let types = event_types
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    conn.batch_execute(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, created_at, scheduled_at)
+         SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7'
+                 || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+                'tenant-' || (g % 17),
+                (ARRAY[{types}])[1 + g % {n}],
+                jsonb_build_object('n', g, 'note', 'benchmark'), ts, ts
+         FROM (SELECT g, now() - interval '1 hour' + g * interval '1 ms' AS ts,
+                      md5(g::text) AS h
+               FROM generate_series(1, {rows}) AS g) AS s",
+        n = event_types.len()
+    ))
+    .await?;
+    conn.batch_execute("VACUUM ANALYZE outbox_event").await?;
+    Ok(())
+}
+
 /// Deletes every key under `prefix`.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
@@ -89,29 +169,87 @@ const PIPELINE: [&str; 5] = [
     "publish_to_done_latency_ms",
 ];
 
-/// Runs every benchmark whose name starts with `only` (all without it).
-pub async fn run(only: Option<&str>) -> Result<()> {
+/// Options of `cargo xtask bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// A `worker-general` binary for the hand-off stage, as `label=path`;
+    /// repeat to compare builds in one run. Default: this tree's release
+    /// build, built first.
+    #[arg(long = "handoff-bin", value_name = "LABEL=PATH")]
+    pub handoff_bins: Vec<String>,
+    /// Preloaded rows per hand-off measurement.
+    #[arg(long, default_value_t = 50_000)]
+    pub handoff_rows: usize,
+    /// `OUTBOX_DISPATCH_BATCH_SIZE` values of the hand-off stage.
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 500, 1000])]
+    pub handoff_batch_sizes: Vec<u32>,
+    /// Rounds of the hand-off stage (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub handoff_rounds: usize,
+}
+
+/// Runs every benchmark whose name starts with `--only` (all without it).
+pub async fn run(args: BenchArgs) -> Result<()> {
     let found = services::ensure().await?;
+    let only = args.only.as_deref();
     let wants = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
     if PIPELINE.iter().any(|name| wants(name)) {
         pipeline(&found).await?;
+    }
+    if wants("handoff") {
+        let binaries = handoff_binaries(&args.handoff_bins)?;
+        let plan = crate::bench_handoff::Handoff {
+            binaries,
+            rows: args.handoff_rows,
+            batch_sizes: args.handoff_batch_sizes.clone(),
+            rounds: args.handoff_rounds.max(1),
+        };
+        crate::bench_handoff::run(&found, &plan).await?;
     }
     crate::bench_drain::run(&found.redis_url, &wants).await?;
     Ok(())
 }
 
+/// The `--handoff-bin` binaries, or this tree's release `worker-general`
+/// (built now).
+fn handoff_binaries(specs: &[String]) -> Result<Vec<(String, PathBuf)>> {
+    if specs.is_empty() {
+        crate::cmd::run(
+            "cargo build --release -p outbox-worker --bin worker-general",
+            crate::cmd::cargo().args([
+                "build",
+                "--release",
+                "-p",
+                "outbox-worker",
+                "--bin",
+                "worker-general",
+            ]),
+        )?;
+        let binary = crate::cmd::target_dir().join("release/worker-general");
+        return Ok(vec![("this".to_owned(), binary)]);
+    }
+    specs
+        .iter()
+        .map(|spec| {
+            let (label, path) = spec
+                .split_once('=')
+                .with_context(|| format!("--handoff-bin {spec}: expected label=path"))?;
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                bail!("--handoff-bin {spec}: no such file");
+            }
+            Ok((label.to_owned(), path))
+        })
+        .collect()
+}
+
 /// Publishing and dispatching, through Postgres and Redis.
 async fn pipeline(found: &services::Services) -> Result<()> {
-    let mut admin =
-        AsyncPgConnection::establish(&with_database(&found.database_url, "postgres")).await?;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DB}"))
-        .await?;
-    let url = with_database(&found.database_url, DB);
-    outbox_model::run_migrations(&url).await?;
+    let scratch = Scratch::create(&found.database_url, DB).await?;
+    let url = scratch.url.clone();
     clear_redis(&found.redis_url, PREFIX).await?;
     let mut conn = AsyncPgConnection::establish(&url).await?;
 
@@ -240,8 +378,5 @@ async fn pipeline(found: &services::Services) -> Result<()> {
 
     clear_redis(&found.redis_url, PREFIX).await?;
     drop(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .await?;
-    Ok(())
+    scratch.remove().await
 }

@@ -5,6 +5,8 @@
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
 //! - `demo`: publish a realistic sample of events and show the rows;
 //! - `bench`: performance figures as JSON lines;
+//! - `explain`: `EXPLAIN ANALYZE` of the dispatcher's statements per batch
+//!   size, before and after the batch-size fix;
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
 //! - `inventory`: check the production sources against the workflow
 //!   boundary's rules;
@@ -15,9 +17,11 @@
 
 mod bench;
 mod bench_drain;
+mod bench_handoff;
 mod cmd;
 mod demo;
 mod demo_subscribers;
+mod explain;
 mod inventory;
 mod mutants;
 mod schema;
@@ -52,11 +56,10 @@ enum Command {
     /// Migrate a demo database, publish sample events, print the rows by status.
     Demo,
     /// Performance figures as JSON lines on stdout.
-    Bench {
-        /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
-        #[arg(long)]
-        only: Option<String>,
-    },
+    Bench(bench::BenchArgs),
+    /// EXPLAIN ANALYZE of every statement of a dispatcher tick at several
+    /// batch sizes, statistics states and plan cache modes, as a Markdown table.
+    Explain(explain::ExplainArgs),
     /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
     Schema {
         /// Fail instead of writing when the file differs from the migrations.
@@ -106,7 +109,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
             Command::Demo => demo::run().await,
-            Command::Bench { only } => bench::run(only.as_deref()).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Explain(args) => explain::run(args).await,
             Command::Schema { check } => schema::run(check).await,
             Command::Inventory => inventory::run(),
             Command::VerifyWorkflowOutboxNative => verify_workflow::run().await,
