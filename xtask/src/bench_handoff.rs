@@ -42,10 +42,7 @@ use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
-use crate::bench::{PREFIX, Scratch, clear_redis, preload_pending};
-use crate::services::Services;
-
-const DB: &str = "outbox_bench_handoff";
+use crate::bench::{Run, Scratch, clear_redis, preload_pending};
 
 /// Event types on five queues that `worker-general` does not consume
 /// (mail, webhook, search index, RAG index, marketing).
@@ -87,8 +84,12 @@ struct Span {
 
 /// Runs the measurements and prints one JSON line each, then one summary
 /// line per (binary, batch size) with the median.
-pub async fn run(found: &Services, plan: &Handoff) -> Result<()> {
-    let scratch = Scratch::create(&found.database_url, DB).await?;
+pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
+    let scratch = Scratch::create(
+        &run.found.database_url,
+        run.database("outbox_bench_handoff"),
+    )
+    .await?;
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
     let mut results: Vec<(String, u32, f64)> = Vec::new();
     let mut sql_only = Vec::new();
@@ -97,10 +98,10 @@ pub async fn run(found: &Services, plan: &Handoff) -> Result<()> {
     let mut step = 0;
     let mut progress = |what: &str, round: usize| {
         step += 1;
-        eprintln!(
-            "bench: handoff {step}/{total}: {what}, round {round}, {} rows",
+        crate::bench::stage(&format!(
+            "handoff {step}/{total}: {what}, round {round}, {} rows",
             plan.rows
-        );
+        ));
     };
     for round in 1..=plan.rounds {
         progress("baseline sql_only", round);
@@ -111,7 +112,7 @@ pub async fn run(found: &Services, plan: &Handoff) -> Result<()> {
         }));
         sql_only.push(rate);
         progress("baseline redis_only", round);
-        let rate = redis_only_rate(found, &mut conn, plan.rows).await?;
+        let rate = redis_only_rate(run, &mut conn, plan.rows).await?;
         crate::bench::line(json!({
             "bench": "handoff_baseline_redis_only", "round": round,
             "events": plan.rows, "per_second": rate.round(),
@@ -120,7 +121,7 @@ pub async fn run(found: &Services, plan: &Handoff) -> Result<()> {
         for &batch in &plan.batch_sizes {
             for (label, binary) in &plan.binaries {
                 progress(&format!("{label}, batch {batch}"), round);
-                let rate = measure(found, &scratch.url, &mut conn, binary, batch, plan.rows)
+                let rate = measure(run, &scratch.url, &mut conn, binary, batch, plan.rows)
                     .await
                     .with_context(|| format!("{label} at batch {batch}"))?;
                 crate::bench::line(json!({
@@ -159,7 +160,7 @@ pub async fn run(found: &Services, plan: &Handoff) -> Result<()> {
         }
     }
     drop(conn);
-    clear_redis(&found.redis_url, PREFIX).await?;
+    clear_redis(&run.found.redis_url, &run.prefix()).await?;
     scratch.remove().await
 }
 
@@ -220,13 +221,9 @@ async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> 
     done_rate(conn, rows).await
 }
 
-async fn redis_only_rate(
-    found: &Services,
-    conn: &mut AsyncPgConnection,
-    rows: usize,
-) -> Result<f64> {
+async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&found.redis_url, PREFIX).await?;
+    clear_redis(&run.found.redis_url, &run.prefix()).await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
     let events: Vec<OutboxEvent> = diesel::sql_query("SELECT * FROM outbox_event")
         .load(conn)
@@ -246,8 +243,8 @@ async fn redis_only_rate(
         .iter()
         .flat_map(|(queue, jobs)| jobs.chunks(500).map(move |chunk| (*queue, chunk)))
         .collect();
-    let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;
-    let namespace = QueueNamespace::prefixed(PREFIX);
+    let redis = outbox_queue::connect(&RedisSettings::new(&run.found.redis_url))?;
+    let namespace = QueueNamespace::prefixed(run.prefix());
     let started = Instant::now();
     let pushed: Vec<usize> = futures::stream::iter(units)
         .map(|(queue, jobs)| {
@@ -272,7 +269,7 @@ async fn redis_only_rate(
 
 /// One measurement: preload, run the worker until every row is DONE, stop it.
 async fn measure(
-    found: &Services,
+    run: &Run,
     url: &str,
     conn: &mut AsyncPgConnection,
     binary: &PathBuf,
@@ -280,20 +277,20 @@ async fn measure(
     rows: usize,
 ) -> Result<f64> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&found.redis_url, PREFIX).await?;
+    clear_redis(&run.found.redis_url, &run.prefix()).await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
-    let mut child = spawn_worker(found, url, binary, batch)?;
+    let mut child = spawn_worker(run, url, binary, batch)?;
     let finished = wait_until_done(conn, &mut child).await;
     stop(child)?;
     finished?;
     done_rate(conn, rows).await
 }
 
-fn spawn_worker(found: &Services, url: &str, binary: &PathBuf, batch: u32) -> Result<Child> {
+fn spawn_worker(run: &Run, url: &str, binary: &PathBuf, batch: u32) -> Result<Child> {
     Command::new(binary)
         .env("DATABASE_URL", url)
-        .env("REDIS_URL", &found.redis_url)
-        .env("OUTBOX_QUEUE_PREFIX", PREFIX)
+        .env("REDIS_URL", &run.found.redis_url)
+        .env("OUTBOX_QUEUE_PREFIX", run.prefix())
         .env("OUTBOX_DISPATCHER_ENABLED", "true")
         .env("OUTBOX_DISPATCH_BATCH_SIZE", batch.to_string())
         .env("WORKER_HTTP_ADDR", "127.0.0.1:0")

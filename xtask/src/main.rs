@@ -4,7 +4,8 @@
 //!   their URLs;
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
 //! - `demo`: publish a realistic sample of events and show the rows;
-//! - `bench`: performance figures as JSON lines;
+//! - `bench`: performance figures as JSON lines (a release build; `--smoke`
+//!   at tiny sizes);
 //! - `explain`: `EXPLAIN ANALYZE` of the dispatcher's statements per batch
 //!   size, before and after the batch-size fix;
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
@@ -49,7 +50,8 @@ enum Command {
         #[arg(long)]
         private: bool,
     },
-    /// Run everything CI runs: services, fmt, clippy, schema check, tests, docs.
+    /// Run everything CI runs: services, fmt, clippy, schema check, tests, a
+    /// smoke run of the bench, docs.
     Test(test::TestArgs),
     /// The same as `test`; what `.ci/run` calls.
     Ci(test::TestArgs),
@@ -91,6 +93,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Command::Bench(args) = &cli.command
+        && cfg!(debug_assertions)
+        && !args.smoke
+    {
+        return bench::rerun_in_release();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
