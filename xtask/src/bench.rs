@@ -1,15 +1,26 @@
-//! `cargo xtask bench`: performance figures as JSON lines on stdout.
+//! `cargo xtask bench`: performance figures as JSON lines on stdout, a
+//! progress line per stage on stderr.
 //!
-//! Runs against the services `cargo xtask services` finds, in a fresh
-//! `outbox_bench` database and a `outbox-bench:` Redis prefix (both removed
-//! first). Each line is one measurement: `{"bench": …, "events": …,
-//! "seconds": …, "per_second": …}` or latency percentiles in milliseconds.
-//! Numbers from a shared machine are noisy: compare runs on the same host.
+//! Runs against the services `cargo xtask services` finds, in fresh scratch
+//! databases (`outbox_bench`, `outbox_bench_handoff`) and an `outbox-bench:`
+//! Redis prefix (all removed first). Each line is one measurement:
+//! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
+//! percentiles in milliseconds, or a median with its ratio to the baselines.
+//! Numbers from a shared machine are noisy: compare runs on the same host,
+//! and measurements in one run.
+//!
+//! The figures are the product's only from a release build: started from a
+//! debug build (the `cargo xtask` alias), the command builds and runs the
+//! release build of itself. `--smoke` runs every stage at tiny sizes in any
+//! build, with names unique to the process: `cargo xtask test` does that so
+//! the bench never rots; no timing is checked.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use clap::Args;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
@@ -23,11 +34,51 @@ use tokio_util::sync::CancellationToken;
 
 use crate::services;
 
-const DB: &str = "outbox_bench";
-/// The Redis key prefix of every benchmark.
-pub const PREFIX: &str = "outbox-bench:";
+/// One bench run: how big, and where its scratch state lives.
+pub struct Run {
+    /// The services.
+    pub found: services::Services,
+    /// Tiny sizes, one round: the stages run, the figures mean nothing.
+    pub smoke: bool,
+    /// Appended to scratch names: empty for a full run, unique to the
+    /// process for a smoke run (concurrent `cargo xtask test`s).
+    tag: String,
+}
 
-fn line(value: serde_json::Value) {
+impl Run {
+    /// A run against `found`.
+    pub fn new(found: services::Services, smoke: bool) -> Self {
+        let tag = if smoke {
+            format!("_smoke{}", std::process::id())
+        } else {
+            String::new()
+        };
+        Self { found, smoke, tag }
+    }
+
+    /// The scratch database `base` of this run.
+    pub fn database(&self, base: &str) -> String {
+        format!("{base}{}", self.tag)
+    }
+
+    /// The Redis key prefix of this run.
+    pub fn prefix(&self) -> String {
+        format!("outbox-bench{}:", self.tag)
+    }
+
+    /// `full` in a full run, `smoke` in a smoke run.
+    pub fn size<T>(&self, full: T, smoke: T) -> T {
+        if self.smoke { smoke } else { full }
+    }
+}
+
+/// Says on stderr what is being measured now.
+pub fn stage(name: &str) {
+    eprintln!("bench: {name}");
+}
+
+/// Prints one JSON line on stdout.
+pub fn line(value: serde_json::Value) {
     println!("{value}");
 }
 
@@ -62,6 +113,84 @@ async fn count_open(conn: &mut AsyncPgConnection) -> Result<i64> {
     )
 }
 
+/// A scratch database, created afresh (dropped first if it exists) with the
+/// migrations applied.
+pub struct Scratch {
+    admin: AsyncPgConnection,
+    name: String,
+    /// Its URL.
+    pub url: String,
+    /// The migrations applied, in order.
+    pub applied: Vec<String>,
+}
+
+impl Scratch {
+    /// Drops `name` if it exists, creates it and migrates it.
+    pub async fn create(database_url: &str, name: impl Into<String>) -> Result<Self> {
+        let name = name.into();
+        let admin_url = with_database(database_url, "postgres");
+        let mut admin = AsyncPgConnection::establish(&admin_url)
+            .await
+            .with_context(|| format!("cannot connect to {admin_url}"))?;
+        admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await?;
+        let url = with_database(database_url, &name);
+        let applied = outbox_model::run_migrations(&url).await?;
+        Ok(Self {
+            admin,
+            name,
+            url,
+            applied,
+        })
+    }
+
+    /// Drops the database.
+    pub async fn remove(mut self) -> Result<()> {
+        self.admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                self.name
+            ))
+            .await?;
+        Ok(())
+    }
+}
+
+/// Inserts `rows` due `PENDING` rows spread over `event_types`, with
+/// time-ordered ids like the publisher's UUIDv7 and a small payload, then
+/// `VACUUM ANALYZE`s the table (the statistics a dispatcher starting on this
+/// backlog would find: every row `PENDING`).
+pub async fn preload_pending(
+    conn: &mut AsyncPgConnection,
+    rows: usize,
+    event_types: &[&str],
+) -> Result<()> {
+    let types = event_types
+        .iter()
+        .map(|t| format!("'{t}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    conn.batch_execute(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, created_at, scheduled_at)
+         SELECT (lpad(to_hex((extract(epoch FROM ts) * 1000)::bigint), 12, '0') || '7'
+                 || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
+                'tenant-' || (g % 17),
+                (ARRAY[{types}])[1 + g % {n}],
+                jsonb_build_object('n', g, 'note', 'benchmark'), ts, ts
+         FROM (SELECT g, now() - interval '1 hour' + g * interval '1 ms' AS ts,
+                      md5(g::text) AS h
+               FROM generate_series(1, {rows}) AS g) AS s",
+        n = event_types.len()
+    ))
+    .await?;
+    conn.batch_execute("VACUUM ANALYZE outbox_event").await?;
+    Ok(())
+}
+
 /// Deletes every key under `prefix`.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
@@ -89,34 +218,127 @@ const PIPELINE: [&str; 5] = [
     "publish_to_done_latency_ms",
 ];
 
-/// Runs every benchmark whose name starts with `only` (all without it).
-pub async fn run(only: Option<&str>) -> Result<()> {
-    let found = services::ensure().await?;
+/// Options of `cargo xtask bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
+    #[arg(long)]
+    pub only: Option<String>,
+    /// A `worker-general` binary for the hand-off stage, as `label=path`;
+    /// repeat to compare builds in one run. Default: this tree's release
+    /// build, built first.
+    #[arg(long = "handoff-bin", value_name = "LABEL=PATH")]
+    pub handoff_bins: Vec<String>,
+    /// Preloaded rows per hand-off measurement.
+    #[arg(long, default_value_t = 50_000)]
+    pub handoff_rows: usize,
+    /// `OUTBOX_DISPATCH_BATCH_SIZE` values of the hand-off stage.
+    #[arg(long, value_delimiter = ',', default_values_t = [100, 500, 1000])]
+    pub handoff_batch_sizes: Vec<u32>,
+    /// Rounds of the hand-off stage (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub handoff_rounds: usize,
+    /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
+    /// whatever build runs it: checks that the bench still works (`cargo
+    /// xtask test` runs it); the figures mean nothing.
+    #[arg(long)]
+    pub smoke: bool,
+}
+
+impl BenchArgs {
+    /// The smoke run of `cargo xtask test`: every stage, tiny sizes (the
+    /// sizes of a smoke run are fixed; the `handoff_*` values are ignored).
+    pub fn smoke() -> Self {
+        Self {
+            only: None,
+            handoff_bins: Vec::new(),
+            handoff_rows: 0,
+            handoff_batch_sizes: Vec::new(),
+            handoff_rounds: 0,
+            smoke: true,
+        }
+    }
+}
+
+/// Runs `cargo xtask bench` again as the release build of xtask, with the
+/// same arguments: the figures of a debug build are not the product's.
+pub fn rerun_in_release() -> Result<()> {
+    stage("building the release build of xtask and running the bench with it");
+    crate::cmd::run(
+        "cargo run --release -p xtask -- bench",
+        crate::cmd::cargo()
+            .args(["run", "--release", "--quiet", "-p", "xtask", "--"])
+            .args(std::env::args_os().skip(1)),
+    )
+}
+
+/// Runs every benchmark whose name starts with `--only` (all without it).
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let run = Run::new(services::ensure().await?, args.smoke);
+    let only = args.only.as_deref();
     let wants = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
     if PIPELINE.iter().any(|name| wants(name)) {
-        pipeline(&found).await?;
+        pipeline(&run).await?;
     }
-    crate::bench_drain::run(&found.redis_url, &wants).await?;
+    if wants("handoff") {
+        let binaries = handoff_binaries(&args.handoff_bins, args.smoke)?;
+        let plan = crate::bench_handoff::Handoff {
+            binaries,
+            rows: run.size(args.handoff_rows, 2_000),
+            batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
+            rounds: run.size(args.handoff_rounds.max(1), 1),
+        };
+        crate::bench_handoff::run(&run, &plan).await?;
+    }
+    crate::bench_drain::run(&run, &wants).await?;
     Ok(())
 }
 
+/// The `--handoff-bin` binaries, or this tree's `worker-general` (built now:
+/// the release build, or for a smoke run the debug one).
+fn handoff_binaries(specs: &[String], smoke: bool) -> Result<Vec<(String, PathBuf)>> {
+    if specs.is_empty() {
+        let mut build = vec!["build", "-p", "outbox-worker", "--bin", "worker-general"];
+        if !smoke {
+            build.insert(1, "--release");
+        }
+        crate::cmd::run(
+            &format!("cargo {}", build.join(" ")),
+            crate::cmd::cargo().args(&build),
+        )?;
+        let profile = if smoke { "debug" } else { "release" };
+        let binary = crate::cmd::target_dir()
+            .join(profile)
+            .join("worker-general");
+        return Ok(vec![("this".to_owned(), binary)]);
+    }
+    specs
+        .iter()
+        .map(|spec| {
+            let (label, path) = spec
+                .split_once('=')
+                .with_context(|| format!("--handoff-bin {spec}: expected label=path"))?;
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                bail!("--handoff-bin {spec}: no such file");
+            }
+            Ok((label.to_owned(), path))
+        })
+        .collect()
+}
+
 /// Publishing and dispatching, through Postgres and Redis.
-async fn pipeline(found: &services::Services) -> Result<()> {
-    let mut admin =
-        AsyncPgConnection::establish(&with_database(&found.database_url, "postgres")).await?;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DB}"))
-        .await?;
-    let url = with_database(&found.database_url, DB);
-    outbox_model::run_migrations(&url).await?;
-    clear_redis(&found.redis_url, PREFIX).await?;
+async fn pipeline(run: &Run) -> Result<()> {
+    let found = &run.found;
+    let prefix = run.prefix();
+    let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
+    let url = scratch.url.clone();
+    clear_redis(&found.redis_url, &prefix).await?;
     let mut conn = AsyncPgConnection::establish(&url).await?;
 
     // 1. One event per business transaction, one connection.
-    let n = 2_000;
+    stage("publish_one_per_transaction");
+    let n = run.size(2_000, 20);
     let started = Instant::now();
     for i in 0..n {
         conn.transaction::<_, PublishError, _>(async |conn| {
@@ -128,22 +350,24 @@ async fn pipeline(found: &services::Services) -> Result<()> {
     rate("publish_one_per_transaction", n, started.elapsed());
 
     // 2. Batches of 1000 events per transaction.
-    let batches = 40;
+    stage("publish_batch_1000");
+    let (batches, batch) = run.size((40, 1_000), (2, 100));
     let started = Instant::now();
     for b in 0..batches {
-        let events: Vec<_> = (0..1_000).map(|i| event(b * 1_000 + i)).collect();
+        let events: Vec<_> = (0..batch).map(|i| event(b * batch + i)).collect();
         conn.transaction::<_, PublishError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
             publish_outbox_events(&mut tx, events).await
         })
         .await?;
     }
-    rate("publish_batch_1000", batches * 1_000, started.elapsed());
-    let pending = 2_000 + batches * 1_000;
+    rate("publish_batch_1000", batches * batch, started.elapsed());
+    let pending = n + batches * batch;
 
     // 3. Dispatch everything with four dispatchers.
+    stage("dispatch_4_dispatchers_batch_500");
     let pool = outbox_model::connect_pool(&url, 8).await?;
-    let namespace = QueueNamespace::prefixed(PREFIX);
+    let namespace = QueueNamespace::prefixed(prefix.clone());
     let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
         let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;
         Ok(Arc::new(Dispatcher::new(
@@ -184,7 +408,8 @@ async fn pipeline(found: &services::Services) -> Result<()> {
     }
 
     // 4. The claim on a table full of DONE rows: one tick of 500 after 42,000 DONE.
-    let events: Vec<_> = (0..500).map(event).collect();
+    stage("tick_500_over_42000_done_rows");
+    let events: Vec<_> = (0..run.size(500, 50)).map(event).collect();
     conn.transaction::<_, PublishError, _>(async |conn| {
         let mut tx = OutboxTx::new(conn)?;
         publish_outbox_events(&mut tx, events).await
@@ -204,6 +429,7 @@ async fn pipeline(found: &services::Services) -> Result<()> {
     );
 
     // 5. Wake-up latency: publish, then time until DONE, with a 60 s poll interval.
+    stage("publish_to_done_latency_ms");
     let listening = make(DispatcherConfig {
         listen: true,
         interval: Duration::from_secs(60),
@@ -213,7 +439,7 @@ async fn pipeline(found: &services::Services) -> Result<()> {
     let handle = listening.spawn(shutdown.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut latencies = Vec::new();
-    for i in 0..50 {
+    for i in 0..run.size(50, 3) {
         let started = Instant::now();
         conn.transaction::<_, PublishError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
@@ -238,10 +464,7 @@ async fn pipeline(found: &services::Services) -> Result<()> {
                  "max": (pct(1.0) * 10.0).round() / 10.0 }),
     );
 
-    clear_redis(&found.redis_url, PREFIX).await?;
+    clear_redis(&found.redis_url, &prefix).await?;
     drop(conn);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)"))
-        .await?;
-    Ok(())
+    scratch.remove().await
 }

@@ -12,7 +12,7 @@ use outbox_queue::{QueueNamespace, RedisSettings, push_raw};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
-use crate::bench::{PREFIX, clear_redis, rate};
+use crate::bench::{Run, clear_redis, rate, stage};
 
 /// The backlog sizes measured.
 pub const BACKLOGS: [usize; 3] = [10_000, 50_000, 200_000];
@@ -49,14 +49,18 @@ fn body(n: usize) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-/// Measures every backlog size `wants` selects.
-pub async fn run(redis_url: &str, wants: &dyn Fn(&str) -> bool) -> Result<()> {
-    for backlog in BACKLOGS {
+/// Measures every backlog size `wants` selects (one of 300 jobs in a smoke
+/// run).
+pub async fn run(run: &Run, wants: &dyn Fn(&str) -> bool) -> Result<()> {
+    let redis_url = run.found.redis_url.as_str();
+    let backlogs = run.size(&BACKLOGS[..], &[300][..]);
+    for &backlog in backlogs {
         let name = format!("queue_drain_{backlog}_waiting");
         if !wants(&name) {
             continue;
         }
-        let prefix = format!("{PREFIX}drain{backlog}:");
+        stage(&name);
+        let prefix = format!("{}drain{backlog}:", run.prefix());
         let namespace = QueueNamespace::prefixed(prefix.clone());
         let conn = outbox_queue::connect(&RedisSettings::new(redis_url))?;
         let mut push = conn.clone();

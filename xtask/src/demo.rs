@@ -6,7 +6,7 @@
 //! language"), prints the outbox rows by status, runs the dispatcher until
 //! nothing is due, and prints the rows and queue depths again.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::{BigInt, Text};
@@ -18,7 +18,7 @@ use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
 };
 use outbox_queue::{QueueNamespace, RedisSettings};
-use outbox_test_support::{HttpSink, SmtpSink, with_database};
+use outbox_test_support::{HttpSink, SmtpSink};
 use serde_json::json;
 
 use crate::services;
@@ -36,19 +36,11 @@ pub async fn run() -> Result<()> {
         .with_target(false)
         .try_init();
     let found = services::ensure().await?;
-    let admin_url = with_database(&found.database_url, "postgres");
-    let mut admin = AsyncPgConnection::establish(&admin_url)
-        .await
-        .with_context(|| format!("cannot connect to {admin_url}"))?;
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)"))
-        .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {DEMO_DB}"))
-        .await?;
-    let url = with_database(&found.database_url, DEMO_DB);
+    // Left in place afterwards, for a look at the rows.
+    let scratch = crate::bench::Scratch::create(&found.database_url, DEMO_DB).await?;
+    let url = scratch.url.clone();
     println!("database  {url}");
-    let applied = outbox_model::run_migrations(&url).await?;
+    let applied = &scratch.applied;
     println!(
         "migrated  {} migration(s): {}",
         applied.len(),

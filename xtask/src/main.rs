@@ -4,7 +4,10 @@
 //!   their URLs;
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
 //! - `demo`: publish a realistic sample of events and show the rows;
-//! - `bench`: performance figures as JSON lines;
+//! - `bench`: performance figures as JSON lines (a release build; `--smoke`
+//!   at tiny sizes);
+//! - `explain`: `EXPLAIN ANALYZE` of the dispatcher's statements per batch
+//!   size, before and after the batch-size fix;
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
 //! - `inventory`: check the production sources against the workflow
 //!   boundary's rules;
@@ -15,9 +18,11 @@
 
 mod bench;
 mod bench_drain;
+mod bench_handoff;
 mod cmd;
 mod demo;
 mod demo_subscribers;
+mod explain;
 mod inventory;
 mod mutants;
 mod schema;
@@ -45,18 +50,18 @@ enum Command {
         #[arg(long)]
         private: bool,
     },
-    /// Run everything CI runs: services, fmt, clippy, schema check, tests, docs.
+    /// Run everything CI runs: services, fmt, clippy, schema check, tests, a
+    /// smoke run of the bench, docs.
     Test(test::TestArgs),
     /// The same as `test`; what `.ci/run` calls.
     Ci(test::TestArgs),
     /// Migrate a demo database, publish sample events, print the rows by status.
     Demo,
     /// Performance figures as JSON lines on stdout.
-    Bench {
-        /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
-        #[arg(long)]
-        only: Option<String>,
-    },
+    Bench(bench::BenchArgs),
+    /// EXPLAIN ANALYZE of every statement of a dispatcher tick at several
+    /// batch sizes, statistics states and plan cache modes, as a Markdown table.
+    Explain(explain::ExplainArgs),
     /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
     Schema {
         /// Fail instead of writing when the file differs from the migrations.
@@ -88,6 +93,12 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
+    if let Command::Bench(args) = &cli.command
+        && cfg!(debug_assertions)
+        && !args.smoke
+    {
+        return bench::rerun_in_release();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -106,7 +117,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
             Command::Demo => demo::run().await,
-            Command::Bench { only } => bench::run(only.as_deref()).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::Explain(args) => explain::run(args).await,
             Command::Schema { check } => schema::run(check).await,
             Command::Inventory => inventory::run(),
             Command::VerifyWorkflowOutboxNative => verify_workflow::run().await,

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: everything CI runs, in the order that fails fastest.
+//! `cargo xtask test`: everything CI runs, in the order that fails fastest,
+//! including a smoke run of `cargo xtask bench` (tiny sizes, no timings).
 
 use anyhow::Result;
 use clap::Args;
@@ -85,6 +86,14 @@ pub async fn run(args: TestArgs) -> Result<()> {
         eprintln!("\nxtask: workflow readiness gate skipped (the tests were filtered)");
     } else {
         eprintln!("\nxtask: workflow readiness gate skipped (it needs cargo-nextest)");
+    }
+    if args.runner_args.is_empty() {
+        // Every bench stage at tiny sizes, so the bench never rots; its
+        // figures are not looked at.
+        eprintln!("\n==> cargo xtask bench --smoke");
+        crate::bench::run(crate::bench::BenchArgs::smoke()).await?;
+    } else {
+        eprintln!("\nxtask: bench smoke run skipped (the tests were filtered)");
     }
     if nextest {
         // nextest does not run doctests; plain `cargo test` above already did.

@@ -5,11 +5,17 @@
 //! set. A dispatcher whose lease expired and whose row was re-claimed by
 //! another cannot change the row afterwards; its update matches nothing.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{
+    Array, BigInt, Double, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use futures::future::try_join_all;
 use outbox_model::OutboxEvent;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
 /// Claims up to `limit` claimable rows in one round trip: `PENDING` rows whose
@@ -21,6 +27,18 @@ use uuid::Uuid;
 /// The `CASE` expression is the one the partial index
 /// `outbox_event_claimable_idx` is built on, so the scan is an index range
 /// scan over due rows only.
+///
+/// The claimed ids come back to the `UPDATE` as one array (`= ANY(ARRAY(…))`)
+/// rather than through a join: the join planned a hash join over a
+/// sequential scan of the whole table from about 500 rows on, while the
+/// array is always looked up through the primary key, at a cost linear in
+/// the batch (docs/performance.md, "Batch size").
+///
+/// Every row of one claim gets the same lease, `now()` (the statement's
+/// transaction time) plus `lease_ms`, so the outcome statements can fence a
+/// whole claim with one value instead of joining a per-row list. The fence
+/// stays strict: a row is re-claimed only once `locked_until <= now()`, so
+/// the next claim's lease is always later than the one it replaces.
 pub const CLAIM_SQL: &str = "\
 WITH due AS (
     SELECT id FROM outbox_event
@@ -32,9 +50,8 @@ WITH due AS (
 )
 UPDATE outbox_event e
 SET status = 'PROCESSING',
-    locked_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
-FROM due
-WHERE e.id = due.id
+    locked_until = now() + make_interval(secs => $2 / 1000.0)
+WHERE e.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING e.*";
 
 /// Claims rows; see [`CLAIM_SQL`]. The result is sorted by `created_at`
@@ -64,7 +81,7 @@ struct IdRow {
 pub struct Lease {
     /// The row.
     pub id: Uuid,
-    /// Its `locked_until` as claimed.
+    /// Its `locked_until` as claimed (the same for every row of one claim).
     pub locked_until: DateTime<Utc>,
 }
 
@@ -79,39 +96,103 @@ impl Lease {
     }
 }
 
-fn split(leases: &[Lease]) -> (Vec<Uuid>, Vec<DateTime<Utc>>) {
-    leases.iter().map(|l| (l.id, l.locked_until)).unzip()
+/// The fence shared by the outcome statements: `$1` is the ids, `$2` the
+/// lease they were claimed under. No join, so no plan that rescans a list
+/// once per row: the ids are looked up through the primary key (one index
+/// descent per id, the array sorted once) and the status and lease are
+/// checked on each row found, a cost linear in the batch whatever the
+/// statistics say (docs/performance.md, "Batch size").
+macro_rules! fenced {
+    () => {
+        "WHERE id = ANY($1) AND status = 'PROCESSING' AND locked_until = $2
+         RETURNING id"
+    };
 }
 
-fn ids(rows: Vec<IdRow>) -> Vec<Uuid> {
-    rows.into_iter().map(|row| row.id).collect()
+/// Marks handed-off rows `DONE`; one statement per lease (a claim has one).
+/// `$3` maps each id (as text) to its queue: a JSON object, whose keys
+/// Postgres keeps sorted, so each row's queue is a binary search, not a scan
+/// of a list. See [`mark_done`].
+pub const DONE_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'DONE', processed_at = now(), locked_until = NULL,
+         last_error = NULL, target_queue = $3 ->> id::text
+     ",
+    fenced!()
+);
+
+/// Puts rows back to `PENDING` after a failed hand-off; one statement per
+/// lease, delay in milliseconds (`$3`), error (`$4`) and queue (`$5`). See
+/// [`mark_retry`].
+pub const RETRY_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'PENDING', retries = retries + 1, locked_until = NULL,
+         scheduled_at = now() + make_interval(secs => $3 / 1000.0),
+         last_error = $4, target_queue = $5
+     ",
+    fenced!()
+);
+
+/// Dead-letters rows; one statement per lease, retry increment (`$3`), error
+/// (`$4`) and queue (`$5`). See [`mark_failed`].
+pub const FAILED_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'FAILED', retries = retries + $3, locked_until = NULL,
+         last_error = $4, target_queue = $5, failed_at = now()
+     ",
+    fenced!()
+);
+
+/// Gives rows back to `PENDING`, due at once; one statement per lease. See
+/// [`release`].
+pub const RELEASE_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'PENDING', locked_until = NULL
+     ",
+    fenced!()
+);
+
+/// Groups ids by the values their outcome statement binds besides the ids.
+fn group<K: Ord>(items: impl IntoIterator<Item = (K, Uuid)>) -> Vec<(K, Vec<Uuid>)> {
+    let mut groups: BTreeMap<K, Vec<Uuid>> = BTreeMap::new();
+    for (key, id) in items {
+        groups.entry(key).or_default().push(id);
+    }
+    groups.into_iter().collect()
 }
 
-/// Marks handed-off rows `DONE` (one statement), recording the queue.
-/// Returns the ids actually updated; a missing id lost its lease.
+/// The ids the pipelined statements of [`mark_done`] and its siblings updated.
+fn updated(groups: Vec<Vec<IdRow>>) -> Vec<Uuid> {
+    groups.into_iter().flatten().map(|row| row.id).collect()
+}
+
+/// Marks handed-off rows `DONE`, recording the queue: one [`DONE_SQL`] per
+/// lease (a claim has one lease, so one statement a tick), pipelined when
+/// there are several. Returns the ids actually updated; a missing id lost
+/// its lease.
 pub async fn mark_done(
     conn: &mut AsyncPgConnection,
     done: &[(Lease, String)],
 ) -> diesel::QueryResult<Vec<Uuid>> {
-    if done.is_empty() {
-        return Ok(Vec::new());
+    /// The ids of one lease and the queue of each.
+    type Batch = (Vec<Uuid>, Map<String, Value>);
+    let mut groups: BTreeMap<DateTime<Utc>, Batch> = BTreeMap::new();
+    for (lease, queue) in done {
+        let (ids, queues) = groups.entry(lease.locked_until).or_default();
+        ids.push(lease.id);
+        queues.insert(lease.id.to_string(), Value::String(queue.clone()));
     }
-    let (leases, queues): (Vec<Lease>, Vec<String>) = done.iter().cloned().unzip();
-    let (id, lease) = split(&leases);
-    diesel::sql_query(
-        "UPDATE outbox_event e
-         SET status = 'DONE', processed_at = now(), locked_until = NULL,
-             last_error = NULL, target_queue = v.queue
-         FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) AS v(id, lease, queue)
-         WHERE e.id = v.id AND e.status = 'PROCESSING' AND e.locked_until = v.lease
-         RETURNING e.id",
-    )
-    .bind::<Array<SqlUuid>, _>(id)
-    .bind::<Array<Timestamptz>, _>(lease)
-    .bind::<Array<Text>, _>(queues)
-    .load(conn)
-    .await
-    .map(ids)
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups.into_iter().map(|(lease, (ids, queues))| async move {
+        let mut conn = conn;
+        diesel::sql_query(DONE_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Timestamptz, _>(lease)
+            .bind::<Jsonb, _>(Value::Object(queues))
+            .load::<IdRow>(&mut conn)
+            .await
+    });
+    try_join_all(statements).await.map(updated)
 }
 
 /// A failed hand-off to retry later.
@@ -128,33 +209,36 @@ pub struct Retry {
 }
 
 /// Puts rows back to `PENDING` with `retries + 1` and `scheduled_at = now() +
-/// delay` (one statement). Returns the ids actually updated.
+/// delay`: one [`RETRY_SQL`] per lease, delay, error and queue, pipelined.
+/// Returns the ids actually updated.
 pub async fn mark_retry(
     conn: &mut AsyncPgConnection,
     retries: &[Retry],
 ) -> diesel::QueryResult<Vec<Uuid>> {
-    if retries.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (id, lease) = split(&retries.iter().map(|r| r.lease).collect::<Vec<_>>());
-    diesel::sql_query(
-        "UPDATE outbox_event e
-         SET status = 'PENDING', retries = e.retries + 1, locked_until = NULL,
-             scheduled_at = now() + make_interval(secs => v.delay_ms / 1000.0),
-             last_error = v.error, target_queue = v.queue
-         FROM unnest($1::uuid[], $2::timestamptz[], $3::bigint[], $4::text[], $5::text[])
-              AS v(id, lease, delay_ms, error, queue)
-         WHERE e.id = v.id AND e.status = 'PROCESSING' AND e.locked_until = v.lease
-         RETURNING e.id",
-    )
-    .bind::<Array<SqlUuid>, _>(id)
-    .bind::<Array<Timestamptz>, _>(lease)
-    .bind::<Array<BigInt>, _>(retries.iter().map(|r| r.delay_ms).collect::<Vec<_>>())
-    .bind::<Array<Text>, _>(retries.iter().map(|r| r.error.clone()).collect::<Vec<_>>())
-    .bind::<Array<Text>, _>(retries.iter().map(|r| r.queue.clone()).collect::<Vec<_>>())
-    .load(conn)
-    .await
-    .map(ids)
+    let groups = group(retries.iter().map(|r| {
+        let key = (
+            r.lease.locked_until,
+            r.delay_ms,
+            r.error.clone(),
+            r.queue.clone(),
+        );
+        (key, r.lease.id)
+    }));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups
+        .into_iter()
+        .map(|((lease, delay_ms, error, queue), ids)| async move {
+            let mut conn = conn;
+            diesel::sql_query(RETRY_SQL)
+                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<BigInt, _>(delay_ms)
+                .bind::<Text, _>(error)
+                .bind::<Text, _>(queue)
+                .load::<IdRow>(&mut conn)
+                .await
+        });
+    try_join_all(statements).await.map(updated)
 }
 
 /// A row to dead-letter.
@@ -170,63 +254,58 @@ pub struct Failure {
     pub queue: Option<String>,
 }
 
-/// Moves rows to `FAILED` (one statement), stamping `failed_at = now()`:
-/// this is the only statement that dead-letters a row, whether unroutable or
-/// out of retries. Returns the ids actually updated.
+/// Moves rows to `FAILED`, stamping `failed_at = now()`: one [`FAILED_SQL`]
+/// per lease, increment, error and queue, pipelined. This is the only
+/// statement that dead-letters a row, whether unroutable or out of retries.
+/// Returns the ids actually updated.
 pub async fn mark_failed(
     conn: &mut AsyncPgConnection,
     failures: &[Failure],
 ) -> diesel::QueryResult<Vec<Uuid>> {
-    if failures.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (id, lease) = split(&failures.iter().map(|f| f.lease).collect::<Vec<_>>());
-    diesel::sql_query(
-        "UPDATE outbox_event e
-         SET status = 'FAILED', retries = e.retries + v.increment, locked_until = NULL,
-             last_error = v.error, target_queue = v.queue, failed_at = now()
-         FROM unnest($1::uuid[], $2::timestamptz[], $3::int[], $4::text[], $5::text[])
-              AS v(id, lease, increment, error, queue)
-         WHERE e.id = v.id AND e.status = 'PROCESSING' AND e.locked_until = v.lease
-         RETURNING e.id",
-    )
-    .bind::<Array<SqlUuid>, _>(id)
-    .bind::<Array<Timestamptz>, _>(lease)
-    .bind::<Array<diesel::sql_types::Int4>, _>(
-        failures
-            .iter()
-            .map(|f| f.retry_increment)
-            .collect::<Vec<_>>(),
-    )
-    .bind::<Array<Text>, _>(failures.iter().map(|f| f.error.clone()).collect::<Vec<_>>())
-    .bind::<Array<Nullable<Text>>, _>(failures.iter().map(|f| f.queue.clone()).collect::<Vec<_>>())
-    .load(conn)
-    .await
-    .map(ids)
+    let groups = group(failures.iter().map(|f| {
+        let key = (
+            f.lease.locked_until,
+            f.retry_increment,
+            f.error.clone(),
+            f.queue.clone(),
+        );
+        (key, f.lease.id)
+    }));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups
+        .into_iter()
+        .map(|((lease, increment, error, queue), ids)| async move {
+            let mut conn = conn;
+            diesel::sql_query(FAILED_SQL)
+                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<Int4, _>(increment)
+                .bind::<Text, _>(error)
+                .bind::<Nullable<Text>, _>(queue)
+                .load::<IdRow>(&mut conn)
+                .await
+        });
+    try_join_all(statements).await.map(updated)
 }
 
 /// Gives claimed rows back: `PENDING`, no lease, retries unchanged, due at
-/// once (graceful stop). Returns the ids actually released.
+/// once (graceful stop): one [`RELEASE_SQL`] per lease. Returns the ids
+/// actually released.
 pub async fn release(
     conn: &mut AsyncPgConnection,
     leases: &[Lease],
 ) -> diesel::QueryResult<Vec<Uuid>> {
-    if leases.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (id, lease) = split(leases);
-    diesel::sql_query(
-        "UPDATE outbox_event e
-         SET status = 'PENDING', locked_until = NULL
-         FROM unnest($1::uuid[], $2::timestamptz[]) AS v(id, lease)
-         WHERE e.id = v.id AND e.status = 'PROCESSING' AND e.locked_until = v.lease
-         RETURNING e.id",
-    )
-    .bind::<Array<SqlUuid>, _>(id)
-    .bind::<Array<Timestamptz>, _>(lease)
-    .load(conn)
-    .await
-    .map(ids)
+    let groups = group(leases.iter().map(|l| (l.locked_until, l.id)));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups.into_iter().map(|(lease, ids)| async move {
+        let mut conn = conn;
+        diesel::sql_query(RELEASE_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Timestamptz, _>(lease)
+            .load::<IdRow>(&mut conn)
+            .await
+    });
+    try_join_all(statements).await.map(updated)
 }
 
 #[derive(QueryableByName)]
@@ -581,9 +660,9 @@ pub async fn events_with_rows(
     };
     diesel::sql_query(sql)
         .bind::<Array<SqlUuid>, _>(event_ids)
-        .load(conn)
+        .load::<IdRow>(conn)
         .await
-        .map(ids)
+        .map(|rows| rows.into_iter().map(|row| row.id).collect())
 }
 
 /// A table whose row is the whole effect of a handler, one per event.

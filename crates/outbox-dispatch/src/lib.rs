@@ -58,7 +58,9 @@ mod retention;
 mod router;
 pub mod stats;
 
-pub use config::{ConfigError, DEFAULT_BACKOFF, DispatcherConfig, RetentionConfig};
+pub use config::{
+    ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DispatcherConfig, RetentionConfig,
+};
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
 pub use listener::LISTENER_APPLICATION_NAME;

@@ -227,6 +227,111 @@ async fn claim_is_an_index_scan_on_a_table_full_of_done_rows() {
     );
 }
 
+/// A plan as text.
+fn text(plan: Vec<PlanLine>) -> String {
+    plan.into_iter()
+        .map(|l| l.line)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A join of the batch against the table is what made big batches slow: at
+/// 500 rows and more the planner hash-joined the claim over a sequential
+/// scan of the table, and with statistics taken before the claim (saying
+/// nothing is `PROCESSING`) it rescanned the outcome statements' batch once
+/// per row. No statement of a tick may join anything, here at 1,000 rows on
+/// a table of 50,000 with exactly those statistics (docs/performance.md,
+/// "Batch size"). The planner may still read a small table whole instead of
+/// probing the primary key once per id; that is one pass, never a rescan.
+// Break checked: the outcome statements' former `FROM unnest(...) AS v ...
+// WHERE e.id = v.id` form fails this with a Nested Loop over a Seq Scan, and
+// the claim's former `FROM due WHERE e.id = due.id` with a Hash Join.
+#[tokio::test]
+async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
+    use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
+    use outbox_dispatch::db;
+
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         SELECT 't', 'audit.user.login', '{}' FROM generate_series(1, 50000);
+         ANALYZE outbox_event",
+    )
+    .await;
+    let explain = |sql: &str| diesel::sql_query(format!("EXPLAIN {sql}"));
+    let claim = explain(db::CLAIM_SQL)
+        .bind::<BigInt, _>(1000_i64)
+        .bind::<BigInt, _>(300_000_i64)
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let claimed = db::claim(&mut conn, 1000, 300_000).await.unwrap();
+    assert_eq!(claimed.len(), 1000);
+    let lease = claimed[0].locked_until.unwrap();
+    assert!(
+        claimed.iter().all(|e| e.locked_until == Some(lease)),
+        "one lease for the whole claim"
+    );
+    let ids: Vec<uuid::Uuid> = claimed.iter().map(|e| e.id).collect();
+    let queues: serde_json::Map<String, serde_json::Value> = ids
+        .iter()
+        .map(|id| (id.to_string(), json!("outbox.audit")))
+        .collect();
+    let done = explain(db::DONE_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.clone())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<Jsonb, _>(serde_json::Value::Object(queues))
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let retry = explain(db::RETRY_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.clone())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<BigInt, _>(1000_i64)
+        .bind::<Text, _>("boom")
+        .bind::<Text, _>("outbox.audit")
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let failed = explain(db::FAILED_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.clone())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<Int4, _>(1)
+        .bind::<Text, _>("boom")
+        .bind::<Nullable<Text>, _>(Some("outbox.audit"))
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let release = explain(db::RELEASE_SQL)
+        .bind::<Array<SqlUuid>, _>(ids)
+        .bind::<Timestamptz, _>(lease)
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let plans = [
+        ("claim", text(claim)),
+        ("done", text(done)),
+        ("retry", text(retry)),
+        ("failed", text(failed)),
+        ("release", text(release)),
+    ];
+    for (name, plan) in &plans {
+        for forbidden in ["Nested Loop", "Hash Join", "Merge Join", "Function Scan"] {
+            assert!(
+                !plan.contains(forbidden),
+                "{name}: {forbidden} in the plan:\n{plan}"
+            );
+        }
+    }
+    let claim_plan = &plans[0].1;
+    assert!(
+        claim_plan.contains("outbox_event_claimable_idx") && !claim_plan.contains("Sort"),
+        "the claim does not walk the claim index:\n{claim_plan}"
+    );
+}
+
 /// Payloads Postgres accepts but `serde_json::Value` cannot hold or would
 /// change: 200 levels of nesting, a number outside f64, an integer past 64
 /// bits, a long decimal.

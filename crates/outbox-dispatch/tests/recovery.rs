@@ -245,7 +245,8 @@ async fn assert_a_stale_outcome_changes_nothing(
     assert_eq!(done, vec![held.id], "the new owner records its hand-off");
 }
 
-// Break checked: `AND e.locked_until = v.lease` removed from `db::mark_retry`
+// Break checked: `AND locked_until = $2` removed from the fence that
+// `db::mark_retry` shares with the other outcome statements (`fenced!` in db.rs)
 // makes this fail with "a stale retry matched the row: [<id>]".
 #[tokio::test]
 async fn a_stalled_dispatchers_retry_cannot_put_back_a_row_another_dispatcher_took_over() {
@@ -261,7 +262,8 @@ async fn a_stalled_dispatchers_retry_cannot_put_back_a_row_another_dispatcher_to
     .await;
 }
 
-// Break checked: `AND e.locked_until = v.lease` removed from `db::mark_failed`
+// Break checked: `AND locked_until = $2` removed from the fence that
+// `db::mark_failed` shares with the other outcome statements (`fenced!` in db.rs)
 // makes this fail with "a stale failure matched the row: [<id>]".
 #[tokio::test]
 async fn a_stalled_dispatchers_failure_cannot_dead_letter_a_row_another_dispatcher_took_over() {
@@ -277,7 +279,8 @@ async fn a_stalled_dispatchers_failure_cannot_dead_letter_a_row_another_dispatch
     .await;
 }
 
-// Break checked: `AND e.locked_until = v.lease` removed from `db::release`
+// Break checked: `AND locked_until = $2` removed from the fence that
+// `db::release` shares with the other outcome statements (`fenced!` in db.rs)
 // makes this fail with "a stale release matched the row: [<id>]".
 #[tokio::test]
 async fn a_stalled_dispatchers_release_cannot_free_a_row_another_dispatcher_took_over() {

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use outbox_dispatch::{DispatcherConfig, RetentionConfig};
+use outbox_dispatch::{DEFAULT_BATCH_SIZE, DispatcherConfig, RetentionConfig};
 use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
 use outbox_workflow::bridge::BridgeSecret;
@@ -313,7 +313,7 @@ impl WorkerConfig {
         };
         let dispatcher = DispatcherConfig {
             interval: env.millis("OUTBOX_DISPATCH_INTERVAL_MS", 1000, 1)?,
-            batch_size: env.number("OUTBOX_DISPATCH_BATCH_SIZE", 100, 1, 10_000)?,
+            batch_size: env.number("OUTBOX_DISPATCH_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, 10_000)?,
             concurrency: env.number("OUTBOX_DISPATCH_CONCURRENCY", 10, 1, 1000)?,
             max_retries: env.number("OUTBOX_MAX_RETRIES", 6, 0, 1000)?,
             lock_timeout: env.millis("OUTBOX_LOCK_TIMEOUT_MS", 300_000, 1000)?,
@@ -673,7 +673,9 @@ mod tests {
     fn defaults_follow_the_contract() {
         let config = read(Group::General, &[]).unwrap();
         assert!(!config.dispatcher_enabled);
-        assert_eq!(config.dispatcher.batch_size, 100);
+        // The one deliberate deviation: 500, not 100 (measured; see
+        // `outbox_dispatch::DEFAULT_BATCH_SIZE`).
+        assert_eq!(config.dispatcher.batch_size, 500);
         assert_eq!(config.dispatcher.concurrency, 10);
         assert_eq!(config.dispatcher.max_retries, 6);
         assert_eq!(
