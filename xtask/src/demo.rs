@@ -1,399 +1,442 @@
-//! `cargo xtask demo`: the outbox seen from an application.
+//! `cargo xtask demo`: the real binaries end to end, every route and two
+//! workflows, with progress and an exactly-once verdict.
 //!
-//! Creates a fresh `outbox_demo` database, migrates it, runs a few business
-//! transactions that publish events (one of which rolls back, one repeats a
-//! dispatch key, one uses the batch form, one is plain SQL from "another
-//! language"), prints the outbox rows by status, runs the dispatcher until
-//! nothing is due, and prints the rows and queue depths again.
+//! Finds Postgres and Redis or starts private ones (installing their
+//! packages when it may, see [`crate::install`]); builds `worker-general`,
+//! `worker-mail` and `outbox` (release, or `--debug`); migrates a fresh
+//! `outbox_demo` database; starts an SMTP sink, an HTTP sink and the two
+//! workers as child processes (`worker-general` with the dispatcher);
+//! creates the tenants, their endpoints and workflows; publishes the mix
+//! (`--events`, see [`crate::demo_publish`]); answers the workflow run
+//! that waits for input; kills `worker-general` with SIGKILL once mid-run
+//! and starts it again (`--no-chaos` skips this); waits until everything
+//! due has settled; prints the summary and the verdict
+//! ([`crate::demo_verdict`]). Exit 0 only when the verdict passes.
+//! `--keep-running` leaves it all up until Ctrl-C; otherwise everything it
+//! started is stopped and removed.
 
-use anyhow::Result;
-use chrono::{DateTime, Utc};
-use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
-use outbox_model::OutboxEvent;
-use outbox_model::schema::outbox_event;
-use outbox_publish::{
-    NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
-};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{HttpSink, SmtpSink};
-use serde_json::json;
+use outbox_worker::{Group, WorkerConfig, handler_group};
 
+use crate::demo_observe::Watch;
+use crate::demo_progress::Progress;
+use crate::demo_publish::Mix;
+use crate::demo_report::say;
+use crate::demo_stack::{Binaries, Profile, Worker};
+use crate::demo_verdict::{Ledger, Setup};
 use crate::services;
 
+/// Events published by default.
+pub const DEFAULT_EVENTS: usize = 3_000;
+/// The demo's database (a run of `cargo xtask test` appends its pid).
 const DEMO_DB: &str = "outbox_demo";
+/// The demo's Redis key prefix (a run of `cargo xtask test` adds its pid).
+const DEMO_PREFIX: &str = "outbox-demo";
+/// The share of handed-off events after which `worker-general` is killed.
+const KILL_AT_PERCENT: u64 = 40;
 
-/// Runs the demo.
-pub async fn run() -> Result<()> {
+/// Options of `cargo xtask demo`.
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// How many events to publish (about: transactions are not split).
+    #[arg(long, default_value_t = DEFAULT_EVENTS)]
+    pub events: usize,
+    /// Do not kill worker-general mid-run.
+    #[arg(long)]
+    pub no_chaos: bool,
+    /// Leave the workers, sinks, database and queues up after the summary
+    /// and print where to look; Ctrl-C stops everything.
+    #[arg(long)]
+    pub keep_running: bool,
+    /// Run the debug build of the binaries (what `cargo xtask test` has
+    /// already built) instead of building the release build.
+    #[arg(long)]
+    pub debug: bool,
+    /// Never install missing Postgres or Redis packages; print the command
+    /// instead.
+    #[arg(long)]
+    pub no_install: bool,
+    /// Appended to the database name and the Redis prefix (unique per run
+    /// of `cargo xtask test`).
+    #[arg(skip)]
+    pub tag: String,
+}
+
+impl DemoArgs {
+    /// The run of `cargo xtask test`: 300 events, the debug binaries, names
+    /// unique to the process.
+    pub fn for_tests() -> Self {
+        Self {
+            events: 300,
+            no_chaos: false,
+            keep_running: false,
+            debug: true,
+            no_install: true,
+            tag: format!("_test{}", std::process::id()),
+        }
+    }
+}
+
+/// What the demo started and must stop.
+struct Running {
+    general: Option<Worker>,
+    mail: Option<Worker>,
+}
+
+impl Running {
+    async fn stop(&mut self) {
+        for worker in [self.general.take(), self.mail.take()]
+            .into_iter()
+            .flatten()
+        {
+            let name = worker.name;
+            if let Err(e) = worker.stop().await {
+                eprintln!("demo: stopping {name}: {e:#}");
+            }
+        }
+    }
+}
+
+/// Runs the demo; an error when the verdict fails or something broke.
+pub async fn run(args: DemoArgs) -> Result<()> {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,apalis=error,apalis_core=error")
-            }),
-        )
+        // The publisher logs the rolled-back transaction's refused event
+        // type, which the demo provokes on purpose.
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "warn,apalis=error,apalis_core=error,outbox_publish=off",
+        ))
+        .with_writer(std::io::stderr)
         .with_target(false)
         .try_init();
-    let found = services::ensure().await?;
-    // Left in place afterwards, for a look at the rows.
-    let scratch = crate::bench::Scratch::create(&found.database_url, DEMO_DB).await?;
-    let url = scratch.url.clone();
-    println!("database  {url}");
-    let applied = &scratch.applied;
-    println!(
-        "migrated  {} migration(s): {}",
-        applied.len(),
-        applied.join(", ")
-    );
-
-    let mut conn = AsyncPgConnection::establish(&url).await?;
-    conn.batch_execute(
-        "CREATE TABLE shop_order (
-             id bigserial PRIMARY KEY,
-             tenant_id text NOT NULL,
-             customer_email text NOT NULL,
-             total_cents bigint NOT NULL
-         )",
-    )
-    .await?;
-
-    // Real peers for the subscribers: an SMTP server and an HTTP server.
+    let progress = Progress::new();
+    let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
+    let profile = if args.debug {
+        Profile::Debug
+    } else {
+        Profile::Release
+    };
+    let binaries = crate::demo_stack::build(profile, &progress).await?;
+    let database = format!("{DEMO_DB}{}", args.tag);
+    let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
+    let scratch = crate::bench::Scratch::create(&found.database_url, &database).await?;
+    crate::bench::clear_redis(&found.redis_url, &prefix).await?;
+    say!("database  {}", scratch.url);
+    say!("redis     {} (queues prefixed {prefix:?})", found.redis_url);
+    say!("migrated  {} migration(s)", scratch.applied.len());
     let smtp = SmtpSink::start().await;
     let http = HttpSink::start().await;
-    conn.batch_execute(&format!(
-        "INSERT INTO webhook_endpoint (tenant_id, url, secret, event_types)
-             VALUES ('acme', '{}', 'whsec_ZGVtby1zZWNyZXQ=', '{{webhook.order.*}}');
-         INSERT INTO plugin_hook_subscription (tenant_id, plugin, hook, endpoint, secret)
-             VALUES ('acme', 'slack', 'workflow.executed', '{}', 'plugin-secret');
-         INSERT INTO tenant_mail_settings (tenant_id, sales_inbox) VALUES ('acme', 'sales@acme.test')",
-        http.url_for("/acme/webhooks"),
-        http.url_for("/plugins/slack"),
-    ))
-    .await?;
-    println!(
-        "tenant acme: a webhook endpoint, a Slack plugin on workflow.executed, sales inbox sales@acme.test"
-    );
-
-    println!("\n-- business transactions --");
-    place_order(&mut conn, "acme", "ada@example.com", 4_200).await?;
-    place_order(&mut conn, "globex", "grace@example.com", 1_999).await?;
-    stripe_webhook(&mut conn, "evt_1001").await?;
-    stripe_webhook(&mut conn, "evt_1001").await?; // Stripe redelivers
-    rolled_back_order(&mut conn).await?;
-    reindex_catalog(&mut conn).await?;
-    plain_sql_producer(&mut conn).await?;
-    lead_and_hook(&mut conn).await?;
-
-    print_rows(&mut conn, "after publishing").await?;
-    dispatch(&url, &found.redis_url).await?;
-    print_rows(&mut conn, "after dispatching").await?;
-    println!(
-        "\nDONE means handed to the queue. The review reminders stay PENDING until tomorrow; \
-         legacy.report.generated has no route and is FAILED for an operator to look at."
-    );
-    crate::demo_subscribers::run(&url, &found.redis_url, DEMO_NAMESPACE, &smtp, &http).await?;
-    print_effects(&mut conn).await
-}
-
-/// A marketing lead and a plugin hook, both for acme.
-async fn lead_and_hook(conn: &mut AsyncPgConnection) -> Result<()> {
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_events(
-            &mut tx,
-            vec![
-                NewOutboxEvent::new(
-                    "acme",
-                    "marketing.lead.created",
-                    json!({ "name": "Linus", "email": "linus@example.com", "company": "Initech", "message": "Call me" }),
-                ),
-                NewOutboxEvent::new(
-                    "acme",
-                    "plugin.hook.workflow.executed",
-                    json!({ "workflowId": "wf-7", "status": "success" }),
-                ),
-            ],
-        )
-        .await
-    })
-    .await?;
-    println!("published a marketing lead and a plugin hook for acme");
-    Ok(())
-}
-
-/// What the subscribers did, as rows in the database.
-async fn print_effects(conn: &mut AsyncPgConnection) -> Result<()> {
-    let audit: i64 = diesel::dsl::sql::<BigInt>("SELECT count(*) FROM audit_log")
-        .get_result(conn)
-        .await?;
-    let notifications: Vec<String> =
-        diesel::dsl::sql::<Text>("SELECT title FROM notification ORDER BY created_at")
-            .load(conn)
-            .await?;
-    println!("audit_log: {audit} row(s); notifications: {notifications:?}");
-    println!(
-        "\nThat is the whole path: business transaction → outbox row → dispatcher → Redis queue → \
-         subscriber → SMTP / HTTP / rows, each at most once."
-    );
-    Ok(())
-}
-
-/// The Redis key prefix of the demo's queues, so it never touches real ones.
-const DEMO_NAMESPACE: &str = "outbox-demo:";
-
-/// Runs a dispatcher until nothing is due, then shows the queues' depths.
-async fn dispatch(url: &str, redis_url: &str) -> Result<()> {
-    let redis = outbox_queue::connect(&RedisSettings::new(redis_url))?;
-    let mut cleaner = redis.clone();
-    let stale: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{DEMO_NAMESPACE}*"))
-        .query_async(&mut cleaner)
-        .await?;
-    if !stale.is_empty() {
-        redis::cmd("DEL")
-            .arg(&stale)
-            .query_async::<()>(&mut cleaner)
-            .await?;
+    let mut running = Running {
+        general: None,
+        mail: None,
+    };
+    let stage = Stage {
+        args: &args,
+        url: scratch.url.clone(),
+        redis_url: found.redis_url.clone(),
+        prefix: prefix.clone(),
+        binaries: &binaries,
+        progress: &progress,
+        smtp: &smtp,
+        http: &http,
+    };
+    let outcome = tokio::select! {
+        outcome = stage.run(&mut running) => outcome,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if args.keep_running && outcome.is_ok() {
+        stage.print_keep_running(&running);
+        let _ = tokio::signal::ctrl_c().await;
+        eprintln!("demo: Ctrl-C: stopping everything it started");
     }
-    let pool = outbox_model::connect_pool(url, 2).await?;
-    let namespace = QueueNamespace::prefixed(DEMO_NAMESPACE);
-    let dispatcher = Dispatcher::new(
-        pool,
-        url,
-        redis,
-        namespace.clone(),
-        Router::standard(),
-        DispatcherConfig::default(),
-    )?;
-    println!("\n-- dispatching (Redis {redis_url}, queues prefixed {DEMO_NAMESPACE:?}) --");
-    loop {
-        let report = dispatcher.tick().await?;
-        if report.claimed == 0 {
-            break;
-        }
-        println!(
-            "tick: claimed {}, dispatched {}, unrouted {}, retried {}, failed {}",
-            report.claimed, report.dispatched, report.unrouted, report.retried, report.failed
-        );
+    // Best effort: one failing step does not keep the others from running.
+    running.stop().await;
+    drop((smtp, http));
+    if let Err(e) = crate::bench::clear_redis(&found.redis_url, &prefix).await {
+        eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
     }
-    for queue in dispatcher.router().queues() {
-        let depth: i64 = redis::cmd("ZCARD")
-            .arg(format!("{}:scheduled", namespace.queue(queue)))
-            .query_async(&mut cleaner)
-            .await?;
-        if depth > 0 {
-            println!("queue {queue:<22} {depth} job(s) waiting for a subscriber");
+    if let Err(e) = scratch.remove().await {
+        eprintln!("demo: dropping the database {database}: {e:#}");
+    }
+    for server in &found.started {
+        eprintln!("demo: stopping {}", server.name());
+        if let Err(e) = server.stop() {
+            eprintln!("demo: stopping {}: {e:#}", server.name());
         }
     }
+    let passed = outcome?;
+    if !passed {
+        bail!("the verdict failed");
+    }
     Ok(())
 }
 
-#[derive(QueryableByName)]
-struct OrderId {
-    #[diesel(sql_type = BigInt)]
-    id: i64,
+/// One run against prepared services.
+struct Stage<'a> {
+    args: &'a DemoArgs,
+    url: String,
+    redis_url: String,
+    prefix: String,
+    binaries: &'a Binaries,
+    progress: &'a Progress,
+    smtp: &'a SmtpSink,
+    http: &'a HttpSink,
 }
 
-/// An order and its three side effects, all or nothing.
-async fn place_order(
-    conn: &mut AsyncPgConnection,
-    tenant: &str,
-    email: &str,
-    total_cents: i64,
-) -> Result<()> {
-    let order = conn
-        .transaction::<_, PublishError, _>(async |conn| {
-            let order: OrderId = diesel::sql_query(
-                "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
-                 VALUES ($1, $2, $3) RETURNING id",
-            )
-            .bind::<Text, _>(tenant)
-            .bind::<Text, _>(email)
-            .bind::<BigInt, _>(total_cents)
-            .get_result(conn)
-            .await?;
-            let mut tx = OutboxTx::new(conn)?;
-            let body = json!({ "orderId": order.id, "totalCents": total_cents });
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(
-                    tenant,
-                    "mail.order.confirmation",
-                    json!({ "to": email, "template": "order-confirmation", "vars": body }),
-                ),
-            )
-            .await?;
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(tenant, "audit.order.created", body.clone()),
-            )
-            .await?;
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(tenant, "webhook.order.created", body),
-            )
-            .await?;
-            // A reminder mail, not dispatched before tomorrow.
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(tenant, "mail.order.review-reminder", json!({ "to": email }))
-                    .scheduled_at(Utc::now() + chrono::Duration::days(1)),
-            )
-            .await?;
-            Ok(order.id)
-        })
-        .await?;
-    println!("committed order #{order} of {tenant} with 4 events (one scheduled for tomorrow)");
-    Ok(())
-}
+impl Stage<'_> {
+    /// The workers' environment.
+    fn env(&self, group: Group) -> Vec<(String, String)> {
+        let dispatcher = group == Group::General;
+        [
+            ("DATABASE_URL", self.url.clone()),
+            ("REDIS_URL", self.redis_url.clone()),
+            ("OUTBOX_QUEUE_PREFIX", self.prefix.clone()),
+            ("OUTBOX_DISPATCHER_ENABLED", dispatcher.to_string()),
+            ("OUTBOX_DISPATCH_INTERVAL_MS", "200".to_owned()),
+            // A killed dispatcher's claimed rows come back after 5 s.
+            ("OUTBOX_LOCK_TIMEOUT_MS", "5000".to_owned()),
+            ("SMTP_URL", self.smtp.url()),
+            ("MAIL_FROM", "shop@acme.test".to_owned()),
+            // The sinks listen on loopback.
+            ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true".to_owned()),
+            ("WEBHOOK_TIMEOUT_MS", "5000".to_owned()),
+            ("DELIVERY_LEASE_MS", "10000".to_owned()),
+            // A killed worker's jobs are taken over after 4 s.
+            ("WORKER_HEARTBEAT_MS", "1000".to_owned()),
+            ("WORKER_SHUTDOWN_GRACE_MS", "3000".to_owned()),
+            ("WORKER_POLL_INTERVAL_MS", "200".to_owned()),
+            ("WORKER_GAUGE_INTERVAL_MS", "1000".to_owned()),
+            ("DATABASE_POOL_SIZE", "5".to_owned()),
+            (
+                "RUST_LOG",
+                "info,apalis=warn,apalis_core=warn,apalis_redis=warn".to_owned(),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
 
-/// A provider webhook with its event id as dispatch key: redelivery is a no-op.
-async fn stripe_webhook(conn: &mut AsyncPgConnection, stripe_event: &str) -> Result<()> {
-    let outcome = conn
-        .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(
-                    "acme",
-                    "billing.subscription.updated",
-                    json!({ "subscriptionId": "sub_42", "status": "active" }),
-                )
-                .dispatch_key(format!("stripe:{stripe_event}")),
-            )
-            .await
-        })
-        .await?;
-    if outcome.is_duplicate() {
-        println!(
-            "stripe {stripe_event} again: duplicate of event {}, nothing written",
-            outcome.id()
+    /// The queues the two workers consume, from their handler groups built
+    /// as the binaries build them.
+    async fn subscribed(&self) -> Result<Vec<String>> {
+        let pool = outbox_model::connect_pool(&self.url, 1).await?;
+        let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
+        let namespace = QueueNamespace::prefixed(self.prefix.clone());
+        let mut queues = Vec::new();
+        for group in [Group::General, Group::Mail] {
+            let env: HashMap<String, String> = self.env(group).into_iter().collect();
+            let config = WorkerConfig::from_lookup(group, &|name| env.get(name).cloned())?;
+            let handlers = handler_group(group, &config, &pool, &redis, &namespace)?;
+            queues.extend(handlers.queues().into_iter().map(str::to_owned));
+        }
+        Ok(queues)
+    }
+
+    /// Set-up, workers, the mix, the wait, the summary; true when the
+    /// verdict passed.
+    async fn run(&self, running: &mut Running) -> Result<bool> {
+        let mut conn = AsyncPgConnection::establish(&self.url).await?;
+        let chaos = !self.args.no_chaos;
+        let mut setup: Setup = crate::demo_publish::setup(&mut conn, self.http, chaos).await?;
+        setup.subscribed = self.subscribed().await?.into_iter().collect();
+        say!(
+            "tenants   acme, globex (webhook endpoints, sales inboxes), initech; acme: plugins on \
+             order.shipped and workflow.executed, workflows {:?} (live, event trigger) and {:?} (waitForInput)",
+            crate::demo_verdict::ORDER_WORKFLOW,
+            crate::demo_verdict::APPROVAL_WORKFLOW
         );
-    } else {
-        println!("stripe {stripe_event}: published event {}", outcome.id());
+        let logs = crate::cmd::target_dir().join(format!("demo{}", self.args.tag));
+        std::fs::create_dir_all(&logs)?;
+        let line = self
+            .progress
+            .spinner("starting worker-general and worker-mail");
+        running.general = Some(
+            Worker::start(
+                "worker-general",
+                &self.binaries.general,
+                self.env(Group::General),
+                &logs,
+            )
+            .await?,
+        );
+        running.mail = Some(
+            Worker::start(
+                "worker-mail",
+                &self.binaries.mail,
+                self.env(Group::Mail),
+                &logs,
+            )
+            .await?,
+        );
+        line.finish(&format!("ready; logs in {}", logs.display()));
+
+        let published = Arc::new(AtomicUsize::new(0));
+        let mix = Mix {
+            url: self.url.clone(),
+            events: self.args.events,
+            published: published.clone(),
+        };
+        let mut publishing = tokio::spawn(async move { mix.run().await });
+        let watched: Vec<String> = setup
+            .subscribed
+            .iter()
+            .filter(|q| OUTBOX_QUEUES.contains(&q.as_str()))
+            .cloned()
+            .collect();
+        let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
+        let namespace = QueueNamespace::prefixed(self.prefix.clone());
+        let mut watch = Watch::new(
+            AsyncPgConnection::establish(&self.url).await?,
+            redis.clone(),
+            namespace.clone(),
+            watched,
+            self.smtp,
+            self.http,
+        );
+        let target = self.args.events as u64;
+        let mut bars = [
+            self.progress.bar("published", target),
+            self.progress.bar("dispatched", target),
+            self.progress.bar("handled", target),
+        ];
+        let mut ledger: Option<Ledger> = None;
+        let mut continuing: Option<tokio::task::JoinHandle<Result<uuid::Uuid>>> = None;
+        let mut continued = false;
+        let mut killed = !chaos;
+        let mut settled_polls = 0;
+        let started = Instant::now();
+        let limit = Duration::from_secs(180) + Duration::from_millis(40 * target);
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            for worker in [&mut running.general, &mut running.mail]
+                .into_iter()
+                .flatten()
+            {
+                worker.check_alive()?;
+            }
+            let now = watch.snapshot().await?;
+            let count = published.load(Ordering::Relaxed) as u64;
+            bars[0].set(count, target.max(count));
+            bars[1].set(now.dispatched, now.due);
+            bars[2].set(now.handled, now.to_subscribed);
+            if ledger.is_none() && publishing.is_finished() {
+                let done = (&mut publishing)
+                    .await
+                    .context("the publisher panicked")??;
+                bars[0].finish("");
+                let id = done.approval.context("no waiting run was requested")?;
+                let url = self.url.clone();
+                continuing = Some(tokio::spawn(async move {
+                    crate::demo_publish::continue_waiting_run(&url, id).await
+                }));
+                ledger = Some(done);
+            }
+            if let (Some(task), Some(ledger)) = (&mut continuing, &mut ledger)
+                && task.is_finished()
+            {
+                let id = task.await.context("the continuation panicked")??;
+                ledger.committed.insert(id);
+                continuing = None;
+                continued = true;
+                self.progress
+                    .note("demo: the run waiting for input was answered (approved)");
+            }
+            if !killed && now.dispatched * 100 >= target * KILL_AT_PERCENT {
+                killed = true;
+                let general = running.general.as_mut().context("worker-general")?;
+                let pid = general.pid().unwrap_or(0);
+                let at = Instant::now();
+                general.kill_and_restart().await?;
+                self.progress.note(&format!(
+                    "demo: chaos: SIGKILL worker-general (pid {pid}) at {}/{} dispatched; \
+                     restarted as pid {} in {:.1} s",
+                    now.dispatched,
+                    now.due,
+                    general.pid().unwrap_or(0),
+                    at.elapsed().as_secs_f64()
+                ));
+            }
+            let settled = ledger.is_some()
+                && continued
+                && killed
+                && now.open == 0
+                && now.idle
+                && now.running_executions == 0;
+            settled_polls = if settled { settled_polls + 1 } else { 0 };
+            if settled_polls >= 2 {
+                bars[1].finish("");
+                bars[2].finish("");
+                break;
+            }
+            if started.elapsed() > limit {
+                bars[1].finish("(timed out)");
+                bars[2].finish("(timed out)");
+                self.progress.note(&format!(
+                    "demo: not settled after {} s: judging what is there",
+                    limit.as_secs()
+                ));
+                break;
+            }
+        }
+        let ledger = match ledger {
+            Some(ledger) => ledger,
+            None => bail!("the publisher did not finish in time"),
+        };
+        let seen = watch.observe(&ledger).await?;
+        let verdict = crate::demo_verdict::judge(&setup, &ledger, &seen);
+        say!(
+            "\n== summary: {} events committed by the demo, {:.1} s ==",
+            ledger.committed.len(),
+            started.elapsed().as_secs_f64()
+        );
+        crate::demo_report::rows(&mut conn).await?;
+        let mut redis = redis;
+        crate::demo_report::queues(&mut redis, &namespace).await?;
+        crate::demo_report::sinks(&seen);
+        crate::demo_report::latencies(watch.latencies().await?);
+        crate::demo_report::verdict(&verdict);
+        Ok(verdict.passed())
     }
-    Ok(())
-}
 
-/// A transaction that fails after the business write: neither the order nor
-/// its event survive.
-async fn rolled_back_order(conn: &mut AsyncPgConnection) -> Result<()> {
-    let result = conn
-        .transaction::<(), PublishError, _>(async |conn| {
-            diesel::sql_query(
-                "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
-                 VALUES ('acme', 'mallory@example.com', 100)",
-            )
-            .execute(conn)
-            .await?;
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new(
-                    "acme",
-                    "mail.order.confirmation",
-                    json!({ "to": "mallory@example.com" }),
-                ),
-            )
-            .await?;
-            // The application then rejects its own event type: the whole
-            // transaction rolls back, the event above with it.
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new("acme", "Order.Created", json!({})),
-            )
-            .await?;
-            Ok(())
-        })
-        .await;
-    match result {
-        Err(e) => println!("rolled back: {e} (no order row, no event)"),
-        Ok(()) => println!("unexpected: the invalid event was accepted"),
-    }
-    Ok(())
-}
-
-/// The batch form: one INSERT for many events.
-async fn reindex_catalog(conn: &mut AsyncPgConnection) -> Result<()> {
-    let outcomes = conn
-        .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            let events = (1..=3).map(|sku| {
-                NewOutboxEvent::new(
-                    "acme",
-                    "search.index.product.updated",
-                    json!({ "sku": sku }),
-                )
-            });
-            publish_outbox_events(&mut tx, events).await
-        })
-        .await?;
-    println!(
-        "batch: published {} search.index events in one statement",
-        outcomes.len()
-    );
-    Ok(())
-}
-
-/// Another language's producer writes plain SQL with only the required columns.
-async fn plain_sql_producer(conn: &mut AsyncPgConnection) -> Result<()> {
-    conn.batch_execute(
-        "INSERT INTO outbox_event (tenant_id, event_type, payload)
-         VALUES ('globex', 'notification.user.mentioned', '{\"userId\": 7}')",
-    )
-    .await?;
-    println!("plain SQL: inserted a notification event with the table's defaults");
-    // An unroutable type is a valid event; the dispatcher will dead-letter it.
-    conn.batch_execute(
-        "INSERT INTO outbox_event (tenant_id, event_type, payload)
-         VALUES ('globex', 'legacy.report.generated', '{}')",
-    )
-    .await?;
-    println!("plain SQL: inserted legacy.report.generated (no route: the dispatcher will fail it)");
-    Ok(())
-}
-
-async fn print_rows(conn: &mut AsyncPgConnection, when: &str) -> Result<()> {
-    let rows: Vec<OutboxEvent> = outbox_event::table
-        .order((outbox_event::status, outbox_event::created_at))
-        .select(OutboxEvent::as_select())
-        .load(conn)
-        .await?;
-    let orders: i64 = diesel::dsl::sql::<BigInt>("SELECT count(*) FROM shop_order")
-        .get_result(conn)
-        .await?;
-    println!(
-        "\n-- outbox_event {when} ({} rows; {orders} orders) --",
-        rows.len()
-    );
-    let mut current = None;
-    for row in &rows {
-        if current != Some(row.status) {
-            current = Some(row.status);
-            let count = rows.iter().filter(|r| r.status == row.status).count();
-            println!("\n{} ({count})", row.status);
-            println!(
-                "  {:<36}  {:<7}  {:<30}  {:<20}  {:<16}  queue / last error",
-                "id", "tenant", "event_type", "scheduled_at", "dispatch_key"
+    /// Where to look while everything stays up.
+    fn print_keep_running(&self, running: &Running) {
+        say!("\neverything keeps running; Ctrl-C stops it all");
+        for worker in [&running.general, &running.mail].into_iter().flatten() {
+            say!(
+                "  {:<15} http://{}/healthz  http://{}/readyz  http://{}/metrics  (log {})",
+                worker.name,
+                worker.addr,
+                worker.addr,
+                worker.addr,
+                worker.log.display()
             );
         }
-        println!(
-            "  {:<36}  {:<7}  {:<30}  {:<20}  {:<16}  {}",
-            row.id,
-            row.tenant_id,
-            row.event_type,
-            short_time(row.scheduled_at),
-            row.dispatch_key.as_deref().unwrap_or("-"),
-            row.last_error
-                .as_deref()
-                .or(row.target_queue.as_deref())
-                .unwrap_or("-"),
+        let cli = format!(
+            "{} --database-url {} --redis-url {} --queue-prefix {}",
+            self.binaries.cli.display(),
+            self.url,
+            self.redis_url,
+            self.prefix
         );
+        say!("  try:");
+        for command in [
+            "stats",
+            "health",
+            "dead outbox.webhook",
+            "workflow executions",
+            "requeue --status failed --dry-run",
+        ] {
+            say!("    {cli} {command}");
+        }
     }
-    Ok(())
-}
-
-fn short_time(at: DateTime<Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S").to_string()
 }

@@ -3,7 +3,8 @@
 //! - `services`: find Postgres and Redis, or start private ones, and print
 //!   their URLs;
 //! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
-//! - `demo`: publish a realistic sample of events and show the rows;
+//! - `demo`: the real binaries end to end, with progress and an
+//!   exactly-once verdict;
 //! - `bench`: performance figures as JSON lines (a release build; `--smoke`
 //!   at tiny sizes);
 //! - `explain`: `EXPLAIN ANALYZE` of the dispatcher's statements per batch
@@ -21,8 +22,14 @@ mod bench_drain;
 mod bench_handoff;
 mod cmd;
 mod demo;
-mod demo_subscribers;
+mod demo_observe;
+mod demo_progress;
+mod demo_publish;
+mod demo_report;
+mod demo_stack;
+mod demo_verdict;
 mod explain;
+mod install;
 mod inventory;
 mod mutants;
 mod schema;
@@ -55,8 +62,10 @@ enum Command {
     Test(test::TestArgs),
     /// The same as `test`; what `.ci/run` calls.
     Ci(test::TestArgs),
-    /// Migrate a demo database, publish sample events, print the rows by status.
-    Demo,
+    /// The real binaries end to end: publish a mix over every route and two
+    /// workflows, kill worker-general once, print a summary and an
+    /// exactly-once verdict (exit 1 when it fails).
+    Demo(demo::DemoArgs),
     /// Performance figures as JSON lines on stdout.
     Bench(bench::BenchArgs),
     /// EXPLAIN ANALYZE of every statement of a dispatcher tick at several
@@ -116,7 +125,7 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
-            Command::Demo => demo::run().await,
+            Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Explain(args) => explain::run(args).await,
             Command::Schema { check } => schema::run(check).await,

@@ -3,8 +3,9 @@
 //! Order: `DATABASE_URL` / `REDIS_URL` when they answer; else the standard
 //! local ports (Postgres 5432 as user `postgres`, Redis 6379); else private
 //! servers under `target/services/`, started from the system's binaries on
-//! free ports and reused by later runs. Missing binaries end with the exact
-//! packages to install.
+//! free ports and reused by later runs. Missing binaries are installed
+//! when the caller allows it and the machine can, or end with the exact
+//! command to install them (see [`crate::install`]).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,7 @@ use anyhow::{Context, Result, bail};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 
 use crate::cmd::{probe, target_dir};
+use crate::install::{Install, Server, is_root, postgres_bin_dir};
 
 const STANDARD_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const STANDARD_REDIS: &str = "redis://127.0.0.1:6379";
@@ -25,33 +27,96 @@ pub struct Services {
     pub database_url: String,
     /// A Redis URL.
     pub redis_url: String,
+    /// The private servers this call started (not those it found running).
+    pub started: Vec<Started>,
 }
 
-/// Finds or starts both services.
+/// A private server started by this process, and how to stop it.
+pub enum Started {
+    /// A Postgres cluster, stopped with `pg_ctl stop`.
+    Postgres {
+        /// The server binaries' directory.
+        bin: PathBuf,
+        /// The data directory.
+        data: PathBuf,
+        /// The user it runs as (when xtask runs as root).
+        run_as: Option<&'static str>,
+    },
+    /// A Redis server, stopped with SIGTERM to the pid in its pid file.
+    Redis {
+        /// Its pid file.
+        pid_file: PathBuf,
+    },
+}
+
+impl Started {
+    /// What it is, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Postgres { .. } => "the private Postgres",
+            Self::Redis { .. } => "the private Redis",
+        }
+    }
+
+    /// Stops the server (fast shutdown; its data stays for the next run).
+    pub fn stop(&self) -> Result<()> {
+        match self {
+            Self::Postgres { bin, data, run_as } => crate::cmd::run(
+                "pg_ctl stop",
+                pg_command(bin, "pg_ctl", *run_as)
+                    .arg("-D")
+                    .arg(data)
+                    .args(["-m", "fast", "-w", "stop"])
+                    .stdout(std::process::Stdio::null()),
+            ),
+            Self::Redis { pid_file } => {
+                let pid = std::fs::read_to_string(pid_file)
+                    .with_context(|| format!("cannot read {}", pid_file.display()))?;
+                crate::cmd::run(
+                    "stop redis-server",
+                    Command::new("kill").args(["-TERM", pid.trim()]),
+                )
+            }
+        }
+    }
+}
+
+/// Finds or starts both services; never installs packages.
 pub async fn ensure() -> Result<Services> {
-    let database_url = ensure_postgres().await?;
-    let redis_url = ensure_redis().await?;
+    ensure_with(Install::Refused).await
+}
+
+/// Finds or starts both services; when a private server must be started
+/// and its binaries are missing, installs them if `install` allows (see
+/// [`crate::install`]).
+pub async fn ensure_with(install: Install) -> Result<Services> {
+    let mut started = Vec::new();
+    let database_url = ensure_postgres(install, &mut started).await?;
+    let redis_url = ensure_redis(install, &mut started).await?;
     Ok(Services {
         database_url,
         redis_url,
+        started,
     })
 }
 
 /// Uses (or starts) the private servers only.
 pub async fn ensure_private() -> Result<Services> {
     let dir = services_dir();
+    let mut started = Vec::new();
     let database_url = match read_port(&dir.join("postgres.port")).map(private_postgres_url) {
         Some(url) if postgres_answers(&url).await => url,
-        _ => start_private_postgres(&dir).await?,
+        _ => start_private_postgres(&dir, Install::Refused, &mut started).await?,
     };
     let redis_url =
         match read_port(&dir.join("redis.port")).map(|p| format!("redis://127.0.0.1:{p}")) {
             Some(url) if redis_answers(&url).await => url,
-            _ => start_private_redis(&dir).await?,
+            _ => start_private_redis(&dir, Install::Refused, &mut started).await?,
         };
     Ok(Services {
         database_url,
         redis_url,
+        started,
     })
 }
 
@@ -80,7 +145,7 @@ async fn redis_answers(url: &str) -> bool {
     )
 }
 
-async fn ensure_postgres() -> Result<String> {
+async fn ensure_postgres(install: Install, started: &mut Vec<Started>) -> Result<String> {
     if let Ok(url) = std::env::var("DATABASE_URL") {
         if postgres_answers(&url).await {
             return Ok(url);
@@ -97,10 +162,10 @@ async fn ensure_postgres() -> Result<String> {
             return Ok(url);
         }
     }
-    start_private_postgres(&dir).await
+    start_private_postgres(&dir, install, started).await
 }
 
-async fn ensure_redis() -> Result<String> {
+async fn ensure_redis(install: Install, started: &mut Vec<Started>) -> Result<String> {
     if let Ok(url) = std::env::var("REDIS_URL") {
         if redis_answers(&url).await {
             return Ok(url);
@@ -117,7 +182,7 @@ async fn ensure_redis() -> Result<String> {
             return Ok(url);
         }
     }
-    start_private_redis(&dir).await
+    start_private_redis(&dir, install, started).await
 }
 
 fn private_postgres_url(port: u16) -> String {
@@ -131,34 +196,6 @@ fn read_port(path: &Path) -> Option<u16> {
 fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot find a free port")?;
     Ok(listener.local_addr()?.port())
-}
-
-/// Where the Postgres server binaries are: on PATH, or Debian's versioned dir.
-fn postgres_bin_dir() -> Option<PathBuf> {
-    if probe("pg_ctl", &["--version"]) && probe("initdb", &["--version"]) {
-        return Some(PathBuf::new());
-    }
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .flatten()
-        .map(|entry| entry.path().join("bin"))
-        .filter(|bin| bin.join("pg_ctl").exists() && bin.join("initdb").exists())
-        .collect();
-    versions.sort_by_key(|bin| {
-        bin.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    versions.pop()
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
 /// A command for a Postgres binary; as root it runs as the `postgres` (or
@@ -175,7 +212,13 @@ fn pg_command(bin_dir: &Path, program: &str, run_as: Option<&str>) -> Command {
     }
 }
 
-async fn start_private_postgres(dir: &Path) -> Result<String> {
+async fn start_private_postgres(
+    dir: &Path,
+    install: Install,
+    started: &mut Vec<Started>,
+) -> Result<String> {
+    crate::install::ensure(&[Server::Postgres], install)
+        .context("no Postgres answers (DATABASE_URL, 127.0.0.1:5432) and none can be started")?;
     let Some(bin) = postgres_bin_dir() else {
         bail!(
             "no Postgres answers (DATABASE_URL, 127.0.0.1:5432) and no server binaries \
@@ -246,10 +289,17 @@ async fn start_private_postgres(dir: &Path) -> Result<String> {
         "xtask: private Postgres running at {url} (stop: pg_ctl -D {} stop)",
         data.display()
     );
+    started.push(Started::Postgres { bin, data, run_as });
     Ok(url)
 }
 
-async fn start_private_redis(dir: &Path) -> Result<String> {
+async fn start_private_redis(
+    dir: &Path,
+    install: Install,
+    started: &mut Vec<Started>,
+) -> Result<String> {
+    crate::install::ensure(&[Server::Redis], install)
+        .context("no Redis answers (REDIS_URL, 127.0.0.1:6379) and none can be started")?;
     if !probe("redis-server", &["--version"]) {
         bail!(
             "no Redis answers (REDIS_URL, 127.0.0.1:6379) and `redis-server` was not found to \
@@ -286,6 +336,9 @@ async fn start_private_redis(dir: &Path) -> Result<String> {
     for _ in 0..50 {
         if redis_answers(&url).await {
             eprintln!("xtask: private Redis running at {url}");
+            started.push(Started::Redis {
+                pid_file: dir.join("redis.pid"),
+            });
             return Ok(url);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

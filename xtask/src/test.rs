@@ -1,5 +1,6 @@
 //! `cargo xtask test`: everything CI runs, in the order that fails fastest,
-//! including a smoke run of `cargo xtask bench` (tiny sizes, no timings).
+//! including a smoke run of `cargo xtask bench` (tiny sizes, no timings)
+//! and `cargo xtask demo` at 300 events on the debug binaries.
 
 use anyhow::Result;
 use clap::Args;
@@ -13,6 +14,11 @@ pub struct TestArgs {
     /// Skip fmt, clippy and docs (tests and the schema check only).
     #[arg(long)]
     pub quick: bool,
+    /// Never install missing Postgres or Redis binaries; print the command
+    /// instead (by default they are installed when running as root with
+    /// apt-get).
+    #[arg(long)]
+    pub no_install: bool,
     /// Arguments passed on to the test runner (a filter, for example); with
     /// any, the workflow readiness gate is skipped.
     #[arg(last = true)]
@@ -32,7 +38,17 @@ pub fn test_env(found: &services::Services) -> [(&'static str, String); 4] {
 
 /// Runs the pipeline; the first failing step fails the command.
 pub async fn run(args: TestArgs) -> Result<()> {
-    let found = services::ensure().await?;
+    // The tests start redis-server themselves, and a private Postgres is
+    // started when none answers: both binaries are needed.
+    let install = crate::install::Install::from_flag(args.no_install);
+    crate::install::ensure(
+        &[
+            crate::install::Server::Postgres,
+            crate::install::Server::Redis,
+        ],
+        install,
+    )?;
+    let found = services::ensure_with(install).await?;
     eprintln!(
         "xtask: DATABASE_URL={} REDIS_URL={}",
         found.database_url, found.redis_url
@@ -92,8 +108,12 @@ pub async fn run(args: TestArgs) -> Result<()> {
         // figures are not looked at.
         eprintln!("\n==> cargo xtask bench --smoke");
         crate::bench::run(crate::bench::BenchArgs::smoke()).await?;
+        // The demo at a small size on the debug binaries the tests built:
+        // the real processes end to end, a SIGKILL, and its verdict.
+        eprintln!("\n==> cargo xtask demo --events 300 --debug");
+        crate::demo::run(crate::demo::DemoArgs::for_tests()).await?;
     } else {
-        eprintln!("\nxtask: bench smoke run skipped (the tests were filtered)");
+        eprintln!("\nxtask: bench smoke run and demo skipped (the tests were filtered)");
     }
     if nextest {
         // nextest does not run doctests; plain `cargo test` above already did.

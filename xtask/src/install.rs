@@ -1,0 +1,147 @@
+//! The Postgres and Redis server binaries: finding them, and installing
+//! them from the system's packages when they are missing.
+//!
+//! The one place that knows how: `cargo xtask test` (its tests start
+//! `redis-server` themselves) and `cargo xtask demo` and `services` (when
+//! they must start private servers) call it; `.ci/run` only calls `cargo
+//! xtask test`. As root with `apt-get` on the PATH, and unless told not to
+//! (`--no-install`), it says what it runs and runs `apt-get update` and
+//! `apt-get install`; otherwise it fails with the exact command to run.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{Result, bail};
+
+use crate::cmd::probe;
+
+/// May the command install missing packages?
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Install {
+    /// Yes, when it runs as root with `apt-get` (the default).
+    Allowed,
+    /// No (`--no-install`): print the command instead.
+    Refused,
+}
+
+impl Install {
+    /// `Refused` when `no_install` (the `--no-install` flag) is set.
+    pub fn from_flag(no_install: bool) -> Self {
+        if no_install {
+            Self::Refused
+        } else {
+            Self::Allowed
+        }
+    }
+}
+
+/// A server whose binaries the commands may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    /// `initdb` and `pg_ctl`.
+    Postgres,
+    /// `redis-server`.
+    Redis,
+}
+
+impl Server {
+    /// The Debian/Ubuntu package that brings it.
+    fn package(self) -> &'static str {
+        match self {
+            Self::Postgres => "postgresql",
+            Self::Redis => "redis-server",
+        }
+    }
+
+    fn present(self) -> bool {
+        match self {
+            Self::Postgres => postgres_bin_dir().is_some(),
+            Self::Redis => probe("redis-server", &["--version"]),
+        }
+    }
+}
+
+/// Where the Postgres server binaries are: on PATH (an empty path), or
+/// Debian's newest versioned dir.
+pub fn postgres_bin_dir() -> Option<PathBuf> {
+    if probe("pg_ctl", &["--version"]) && probe("initdb", &["--version"]) {
+        return Some(PathBuf::new());
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path().join("bin"))
+        .filter(|bin| bin.join("pg_ctl").exists() && bin.join("initdb").exists())
+        .collect();
+    versions.sort_by_key(|bin| {
+        bin.parent()
+            .and_then(|v| v.file_name())
+            .and_then(|v| v.to_str())
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    versions.pop()
+}
+
+/// True when this process runs as root.
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
+/// The commands that install `packages`, one per line, for a person to run.
+fn manual_commands(packages: &str) -> String {
+    format!(
+        "  sudo apt-get update && sudo apt-get install -y {packages}   (Debian/Ubuntu)\n  \
+         sudo dnf install postgresql-server redis                       (Fedora)\n  \
+         brew install postgresql@16 redis                               (macOS)"
+    )
+}
+
+/// Makes sure the binaries of every server in `servers` exist, installing
+/// the missing ones when `install` allows and the machine can (root and
+/// `apt-get`); otherwise fails naming the exact command.
+pub fn ensure(servers: &[Server], install: Install) -> Result<()> {
+    let missing: Vec<Server> = servers.iter().copied().filter(|s| !s.present()).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let packages = missing
+        .iter()
+        .map(|s| s.package())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let apt = probe("apt-get", &["--version"]);
+    match (install, is_root() && apt) {
+        (Install::Allowed, true) => {}
+        (Install::Refused, _) => bail!(
+            "the server binaries of {packages} are missing and --no-install was given; install them:\n{}",
+            manual_commands(&packages)
+        ),
+        (Install::Allowed, false) => bail!(
+            "the server binaries of {packages} are missing and this command installs packages only \
+             as root with apt-get; install them:\n{}",
+            manual_commands(&packages)
+        ),
+    }
+    crate::cmd::run(
+        "apt-get update -qq (the package lists, to install missing server binaries)",
+        Command::new("apt-get").args(["update", "-qq"]),
+    )?;
+    crate::cmd::run(
+        &format!("DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {packages}"),
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq"])
+            .args(missing.iter().map(|s| s.package())),
+    )?;
+    if let Some(still) = missing.iter().find(|s| !s.present()) {
+        bail!(
+            "installed {packages}, but the binaries of {} are still not found",
+            still.package()
+        );
+    }
+    Ok(())
+}
