@@ -16,6 +16,7 @@
 //! started is stopped and removed.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -148,6 +149,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         progress: &progress,
         smtp: &smtp,
         http: &http,
+        logs: crate::cmd::target_dir().join(format!("demo{}", args.tag)),
     };
     let outcome = tokio::select! {
         outcome = stage.run(&mut running) => outcome,
@@ -160,6 +162,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
     // Best effort: one failing step does not keep the others from running.
     running.stop().await;
+    let logs = stage.logs;
     drop((smtp, http));
     if let Err(e) = crate::bench::clear_redis(&found.redis_url, &prefix).await {
         eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
@@ -175,7 +178,14 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     }
     let passed = outcome?;
     if !passed {
-        bail!("the verdict failed");
+        bail!(
+            "the verdict failed; the workers' logs are in {}",
+            logs.display()
+        );
+    }
+    // The logs of a run that passed tell nothing new.
+    if !args.keep_running {
+        let _ = std::fs::remove_dir_all(&logs);
     }
     Ok(())
 }
@@ -190,6 +200,8 @@ struct Stage<'a> {
     progress: &'a Progress,
     smtp: &'a SmtpSink,
     http: &'a HttpSink,
+    /// The workers' log files.
+    logs: PathBuf,
 }
 
 impl Stage<'_> {
@@ -249,14 +261,15 @@ impl Stage<'_> {
         let chaos = !self.args.no_chaos;
         let mut setup: Setup = crate::demo_publish::setup(&mut conn, self.http, chaos).await?;
         setup.subscribed = self.subscribed().await?.into_iter().collect();
+        say!("tenants   acme, globex (webhook endpoints, sales inboxes), initech (neither)");
         say!(
-            "tenants   acme, globex (webhook endpoints, sales inboxes), initech; acme: plugins on \
-             order.shipped and workflow.executed, workflows {:?} (live, event trigger) and {:?} (waitForInput)",
+            "acme      plugins on order.shipped and workflow.executed; workflows {:?} (live, \
+             event trigger) and {:?} (waitForInput)",
             crate::demo_verdict::ORDER_WORKFLOW,
             crate::demo_verdict::APPROVAL_WORKFLOW
         );
-        let logs = crate::cmd::target_dir().join(format!("demo{}", self.args.tag));
-        std::fs::create_dir_all(&logs)?;
+        let logs = &self.logs;
+        std::fs::create_dir_all(logs)?;
         let line = self
             .progress
             .spinner("starting worker-general and worker-mail");
@@ -265,7 +278,7 @@ impl Stage<'_> {
                 "worker-general",
                 &self.binaries.general,
                 self.env(Group::General),
-                &logs,
+                logs,
             )
             .await?,
         );
@@ -274,7 +287,7 @@ impl Stage<'_> {
                 "worker-mail",
                 &self.binaries.mail,
                 self.env(Group::Mail),
-                &logs,
+                logs,
             )
             .await?,
         );

@@ -62,7 +62,7 @@ impl Progress {
             let bar = multi.add(ProgressBar::new(len));
             bar.set_style(
                 ProgressStyle::with_template(
-                    "{prefix:>10.bold} [{bar:40}] {pos:>6}/{len:<6} {per_sec:>9} {wide_msg}",
+                    "{prefix:>10.bold} [{bar:40}] {pos:>6}/{len:<6} [{elapsed}] {wide_msg}",
                 )
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
