@@ -371,10 +371,9 @@ impl Stage<'_> {
                 let at = Instant::now();
                 general.kill_and_restart().await?;
                 self.progress.note(&format!(
-                    "demo: chaos: SIGKILL worker-general (pid {pid}) at {}/{} dispatched; \
-                     restarted as pid {} in {:.1} s",
+                    "demo: chaos: SIGKILL worker-general (pid {pid}) with {} of about {target} \
+                     events dispatched; restarted as pid {} in {:.1} s",
                     now.dispatched,
-                    now.due,
                     general.pid().unwrap_or(0),
                     at.elapsed().as_secs_f64()
                 ));

@@ -155,7 +155,7 @@ pub fn latencies([handoff, effect]: [(f64, f64, usize); 2]) {
         handoff.2
     );
     say!(
-        "  end to end     {:>9.1} {:>9.1} {:>9}   publish → audit/notification row, mail or call at a sink",
+        "  end to end     {:>9.1} {:>9.1} {:>9}   publish → audit/notification row, or mail/call at a sink (seen by 250 ms polling)",
         effect.0,
         effect.1,
         effect.2
