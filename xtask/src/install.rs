@@ -100,32 +100,53 @@ fn manual_commands(packages: &str) -> String {
     )
 }
 
-/// Makes sure the binaries of every server in `servers` exist, installing
-/// the missing ones when `install` allows and the machine can (root and
-/// `apt-get`); otherwise fails naming the exact command.
-pub fn ensure(servers: &[Server], install: Install) -> Result<()> {
-    let missing: Vec<Server> = servers.iter().copied().filter(|s| !s.present()).collect();
+/// What to do about the missing binaries.
+#[derive(Debug, PartialEq, Eq)]
+enum Plan {
+    /// Nothing is missing.
+    Ready,
+    /// Install these packages (space-separated).
+    Install(String),
+    /// Stop with this message, which names the command to run.
+    Refuse(String),
+}
+
+/// The decision, from what is missing, what the user allows and whether
+/// this process can install (root with `apt-get`).
+fn plan(missing: &[Server], install: Install, can_install: bool) -> Plan {
     if missing.is_empty() {
-        return Ok(());
+        return Plan::Ready;
     }
     let packages = missing
         .iter()
         .map(|s| s.package())
         .collect::<Vec<_>>()
         .join(" ");
-    let apt = probe("apt-get", &["--version"]);
-    match (install, is_root() && apt) {
-        (Install::Allowed, true) => {}
-        (Install::Refused, _) => bail!(
+    match (install, can_install) {
+        (Install::Allowed, true) => Plan::Install(packages),
+        (Install::Refused, _) => Plan::Refuse(format!(
             "the server binaries of {packages} are missing and --no-install was given; install them:\n{}",
             manual_commands(&packages)
-        ),
-        (Install::Allowed, false) => bail!(
+        )),
+        (Install::Allowed, false) => Plan::Refuse(format!(
             "the server binaries of {packages} are missing and this command installs packages only \
              as root with apt-get; install them:\n{}",
             manual_commands(&packages)
-        ),
+        )),
     }
+}
+
+/// Makes sure the binaries of every server in `servers` exist, installing
+/// the missing ones when `install` allows and the machine can (root and
+/// `apt-get`); otherwise fails naming the exact command.
+pub fn ensure(servers: &[Server], install: Install) -> Result<()> {
+    let missing: Vec<Server> = servers.iter().copied().filter(|s| !s.present()).collect();
+    let can_install = !missing.is_empty() && is_root() && probe("apt-get", &["--version"]);
+    let packages = match plan(&missing, install, can_install) {
+        Plan::Ready => return Ok(()),
+        Plan::Refuse(message) => bail!(message),
+        Plan::Install(packages) => packages,
+    };
     crate::cmd::run(
         "apt-get update -qq (the package lists, to install missing server binaries)",
         Command::new("apt-get").args(["update", "-qq"]),
@@ -144,4 +165,38 @@ pub fn ensure(servers: &[Server], install: Install) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_are_installed_only_when_allowed_and_possible_else_the_command_is_named() {
+        use Server::{Postgres, Redis};
+        assert_eq!(plan(&[], Install::Allowed, true), Plan::Ready);
+        assert_eq!(plan(&[], Install::Refused, false), Plan::Ready);
+        assert_eq!(
+            plan(&[Postgres, Redis], Install::Allowed, true),
+            Plan::Install("postgresql redis-server".into())
+        );
+        assert_eq!(
+            plan(&[Redis], Install::Allowed, true),
+            Plan::Install("redis-server".into())
+        );
+        for (install, can, why) in [
+            (Install::Refused, true, "--no-install"),
+            (Install::Refused, false, "--no-install"),
+            (Install::Allowed, false, "only as root with apt-get"),
+        ] {
+            let Plan::Refuse(message) = plan(&[Postgres], install, can) else {
+                panic!("{install:?}, can install {can}: expected a refusal");
+            };
+            assert!(message.contains(why), "{message}");
+            assert!(
+                message.contains("sudo apt-get install -y postgresql"),
+                "{message}"
+            );
+        }
+    }
 }
