@@ -120,13 +120,15 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         .with_target(false)
         .try_init();
     let progress = Progress::new();
-    let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let profile = if args.debug {
         Profile::Debug
     } else {
         Profile::Release
     };
+    // Built before any server is started, so a failed build leaves nothing
+    // running.
     let binaries = crate::demo_stack::build(profile, &progress).await?;
+    let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let database = format!("{DEMO_DB}{}", args.tag);
     let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
     let scratch = crate::bench::Scratch::create(&found.database_url, &database).await?;
