@@ -233,4 +233,33 @@ mod tests {
         assert_eq!(ids("\"e1\""), (None, None));
         assert_eq!(ids("{"), (None, None));
     }
+
+    #[test]
+    fn the_codec_keeps_the_exact_bytes_both_ways() {
+        // Bytes that are not JSON, and JSON whose text a decode-and-encode
+        // would change (the big number, the spacing): both come back as
+        // they were, so a job handed back to the queue is the job fetched.
+        for raw in [
+            b"\xff not json".to_vec(),
+            br#"{"n": 12345678901234567890123, "a" : [ 1 ]}"#.to_vec(),
+            Vec::new(),
+        ] {
+            let body = LenientCodec.decode(&raw).unwrap();
+            assert_eq!(body.raw(), raw.as_slice());
+            assert_eq!(LenientCodec.encode(&body).unwrap(), raw);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_backend_in_a_log_line_names_its_queue() {
+        let redis = outbox_test_support::TestRedis::new().await;
+        let namespace = outbox_queue::QueueNamespace::prefixed(redis.prefix());
+        let config = outbox_queue::apalis_config(&namespace, "outbox.audit");
+        let backend = LenientRedis::new(redis.conn().await, config);
+        let shown = format!("{backend:?}");
+        assert!(
+            shown.starts_with("LenientRedis") && shown.contains("outbox.audit"),
+            "{shown}"
+        );
+    }
 }
