@@ -21,8 +21,9 @@ const DOCKERFILE: &str = include_str!("../../../deploy/Dockerfile");
 const COMPOSE: &str = include_str!("../../../deploy/compose.yml");
 const PROMETHEUS: &str = include_str!("../../../deploy/prometheus.yml");
 
-/// Variables the processes read outside [`WorkerConfig`] (logging).
-const PROCESS_VARIABLES: &[&str] = &["LOG_FORMAT", "RUST_LOG"];
+/// Variables the processes read outside [`WorkerConfig`] (logging, error
+/// reports).
+const PROCESS_VARIABLES: &[&str] = &["LOG_FORMAT", "RUST_LOG", "SENTRY_DSN"];
 
 fn deploy_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy"))
