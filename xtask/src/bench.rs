@@ -2,7 +2,7 @@
 //! progress line per stage on stderr.
 //!
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
-//! databases (`outbox_bench`, `outbox_bench_handoff`) and an `outbox-bench:`
+//! databases (`outbox_bench`, `outbox_bench_handoff`, `outbox_bench_soak`) and an `outbox-bench:`
 //! Redis prefix (all removed first). Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
 //! percentiles in milliseconds, or a median with its ratio to the baselines.
@@ -238,6 +238,12 @@ pub struct BenchArgs {
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
+    /// Events per second of the soak stage.
+    #[arg(long, default_value_t = 500)]
+    pub soak_rate: usize,
+    /// Length of the soak stage, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub soak_seconds: u64,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -255,6 +261,8 @@ impl BenchArgs {
             handoff_rows: 0,
             handoff_batch_sizes: Vec::new(),
             handoff_rounds: 0,
+            soak_rate: 0,
+            soak_seconds: 0,
             smoke: true,
         }
     }
@@ -291,6 +299,19 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         crate::bench_handoff::run(&run, &plan).await?;
     }
     crate::bench_drain::run(&run, &wants).await?;
+    if wants("soak") {
+        let binary = handoff_binaries(&[], args.smoke)?
+            .pop()
+            .map(|(_, path)| path)
+            .context("no worker-general binary")?;
+        let plan = crate::bench_soak::Soak {
+            binary,
+            rate: run.size(args.soak_rate, 100),
+            duration: Duration::from_secs(run.size(args.soak_seconds, 5)),
+            sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
+        };
+        crate::bench_soak::run(&run, &plan).await?;
+    }
     Ok(())
 }
 
