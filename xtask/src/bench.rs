@@ -195,17 +195,29 @@ pub async fn preload_pending(
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await?;
-    for chunk in keys.chunks(1000) {
-        redis::cmd("DEL")
-            .arg(chunk)
-            .query_async::<()>(&mut conn)
+    // SCAN in steps, not KEYS: a run leaves hundreds of thousands of keys
+    // (the soak), and one KEYS over them outlasts the client's timeout.
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
             .await?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
-    Ok(())
 }
 
 /// The benchmarks of the dispatch pipeline; they run in this order, each on
