@@ -2,7 +2,7 @@
 //! progress line per stage on stderr.
 //!
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
-//! databases (`outbox_bench`, `outbox_bench_handoff`) and an `outbox-bench:`
+//! databases (`outbox_bench`, `outbox_bench_handoff`, `outbox_bench_soak`) and an `outbox-bench:`
 //! Redis prefix (all removed first). Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
 //! percentiles in milliseconds, or a median with its ratio to the baselines.
@@ -195,17 +195,29 @@ pub async fn preload_pending(
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await?;
-    for chunk in keys.chunks(1000) {
-        redis::cmd("DEL")
-            .arg(chunk)
-            .query_async::<()>(&mut conn)
+    // SCAN in steps, not KEYS: a run leaves hundreds of thousands of keys
+    // (the soak), and one KEYS over them outlasts the client's timeout.
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
             .await?;
+        if !keys.is_empty() {
+            redis::cmd("DEL")
+                .arg(&keys)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
     }
-    Ok(())
 }
 
 /// The benchmarks of the dispatch pipeline; they run in this order, each on
@@ -238,6 +250,12 @@ pub struct BenchArgs {
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
+    /// Events per second of the soak stage.
+    #[arg(long, default_value_t = 500)]
+    pub soak_rate: usize,
+    /// Length of the soak stage, in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub soak_seconds: u64,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -255,6 +273,8 @@ impl BenchArgs {
             handoff_rows: 0,
             handoff_batch_sizes: Vec::new(),
             handoff_rounds: 0,
+            soak_rate: 0,
+            soak_seconds: 0,
             smoke: true,
         }
     }
@@ -291,6 +311,19 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         crate::bench_handoff::run(&run, &plan).await?;
     }
     crate::bench_drain::run(&run, &wants).await?;
+    if wants("soak") {
+        let binary = handoff_binaries(&[], args.smoke)?
+            .pop()
+            .map(|(_, path)| path)
+            .context("no worker-general binary")?;
+        let plan = crate::bench_soak::Soak {
+            binary,
+            rate: run.size(args.soak_rate, 100),
+            duration: Duration::from_secs(run.size(args.soak_seconds, 5)),
+            sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
+        };
+        crate::bench_soak::run(&run, &plan).await?;
+    }
     Ok(())
 }
 

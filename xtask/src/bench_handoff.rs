@@ -286,7 +286,9 @@ async fn measure(
     done_rate(conn, rows).await
 }
 
-fn spawn_worker(run: &Run, url: &str, binary: &PathBuf, batch: u32) -> Result<Child> {
+/// Starts `binary` (a `worker-general`) on the run's scratch database and
+/// Redis prefix, with the dispatcher on at batch size `batch`.
+pub fn spawn_worker(run: &Run, url: &str, binary: &PathBuf, batch: u32) -> Result<Child> {
     Command::new(binary)
         .env("DATABASE_URL", url)
         .env("REDIS_URL", &run.found.redis_url)
@@ -326,7 +328,7 @@ async fn wait_until_done(conn: &mut AsyncPgConnection, child: &mut Child) -> Res
 }
 
 /// SIGTERM, then wait for the graceful stop.
-fn stop(mut child: Child) -> Result<()> {
+pub fn stop(mut child: Child) -> Result<()> {
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();

@@ -20,6 +20,7 @@
 mod bench;
 mod bench_drain;
 mod bench_handoff;
+mod bench_soak;
 mod cmd;
 mod demo;
 mod demo_observe;

@@ -39,6 +39,15 @@ struct Head {
     tenant_id: Option<Box<serde_json::value::RawValue>>,
 }
 
+/// The fields that date a job's first delivery; read apart from [`Head`] so
+/// that a malformed date never hides the ids.
+#[derive(serde::Deserialize)]
+struct Dating {
+    created_at: chrono::DateTime<chrono::Utc>,
+    #[serde(default)]
+    generation: u32,
+}
+
 /// A top-level field's value as text: strings without their quotes.
 fn field_text(raw: Option<&serde_json::value::RawValue>) -> Option<String> {
     let raw = raw?;
@@ -80,6 +89,20 @@ impl JobBody {
             ),
             Err(_) => (None, None),
         }
+    }
+
+    /// When the event of a first delivery was recorded (the envelope's
+    /// `created_at`, set in the producer's transaction): `None` for a
+    /// replay (`generation` above 0), whose event was recorded long before,
+    /// and for bodies without a valid `created_at` (jobs that are not
+    /// outbox envelopes).
+    #[must_use]
+    pub fn first_delivery_created_at(&self) -> Option<chrono::DateTime<chrono::Utc>> {
+        self.ids().0?;
+        serde_json::from_slice::<Dating>(&self.raw)
+            .ok()
+            .filter(|d| d.generation == 0)
+            .map(|d| d.created_at)
     }
 }
 
@@ -261,5 +284,25 @@ mod tests {
             shown.starts_with("LenientRedis") && shown.contains("outbox.audit"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn only_a_first_delivery_of_an_envelope_has_a_commit_time() {
+        let at =
+            |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).first_delivery_created_at();
+        let first = at(r#"{"outbox_event_id":"e","created_at":"2026-11-30T01:02:03Z","x":1}"#);
+        assert_eq!(
+            first.map(|t| t.to_rfc3339()),
+            Some("2026-11-30T01:02:03+00:00".to_owned())
+        );
+        assert_eq!(
+            at(r#"{"outbox_event_id":"e","created_at":"2026-11-30T01:02:03Z","generation":2}"#),
+            None
+        );
+        assert_eq!(
+            at(r#"{"outbox_event_id":"e","created_at":"yesterday"}"#),
+            None
+        );
+        assert_eq!(at(r#"{"created_at":"2026-11-30T01:02:03Z"}"#), None);
     }
 }

@@ -354,6 +354,17 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
             attempt: round * (settings.retries + 1) + try_no + 1,
         };
         tracing::Span::current().record("attempt", meta.attempt);
+        if meta.attempt == 1
+            && let Some(created_at) = body.first_delivery_created_at()
+        {
+            // Commit to handler start, once per delivery: later attempts
+            // would count the retry delays.
+            let waited = (chrono::Utc::now() - created_at)
+                .to_std()
+                .unwrap_or_default();
+            metrics::histogram!("outbox_subscriber_commit_to_start_seconds", "queue" => queue.clone())
+                .record(waited.as_secs_f64());
+        }
         let started = Instant::now();
         let result = handler.call(body.clone(), &meta).await;
         metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())

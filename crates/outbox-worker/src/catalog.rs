@@ -126,11 +126,6 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Rows claimed and not yet handed off",
     ),
     (
-        "outbox_pending_alert",
-        Kind::Gauge,
-        "1 while more than 1000 rows are overdue (the pending alert of outbox stats)",
-    ),
-    (
         "outbox_queue_backlog",
         Kind::Gauge,
         "Jobs waiting or scheduled, by queue",
@@ -170,6 +165,21 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "outbox_subscriber_job_duration_seconds",
         Kind::Histogram,
         "Handler time, by queue",
+    ),
+    (
+        "outbox_subscriber_commit_to_start_seconds",
+        Kind::Histogram,
+        "From the event's commit (its created_at) to the start of its handler, first deliveries only, by queue",
+    ),
+    (
+        "workflow_executions_active",
+        Kind::Gauge,
+        "Workflow executions queued or running, by status",
+    ),
+    (
+        "workflow_execution_oldest_unchanged_seconds",
+        Kind::Gauge,
+        "How long the oldest queued or running workflow execution has not changed, by status (0 when none)",
     ),
     (
         "outbox_subscriber_worker_restarts_total",

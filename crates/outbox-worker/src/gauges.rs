@@ -5,6 +5,7 @@ use std::time::Duration;
 use outbox_dispatch::stats::pending_figures;
 use outbox_model::PgPool;
 use outbox_queue::{QueueNamespace, queue_stats};
+use outbox_workflow::store::{ExecutionStatus, stuck_executions};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
@@ -13,12 +14,38 @@ use tokio_util::sync::CancellationToken;
 pub struct GaugeSettings {
     /// Queues whose Redis figures are exported.
     pub queues: Vec<String>,
-    /// Also export the outbox table's pending figures.
+    /// Also export the outbox table's pending figures and the workflow
+    /// executions' figures.
     pub outbox_table: bool,
     /// Refresh cadence.
     pub every: Duration,
     /// A worker silent for longer is stalled.
     pub stall_after: Duration,
+}
+
+/// The workflow executions in `queued` or `running`: how many, and how long
+/// the oldest has not changed (the alert rule decides what is stuck).
+async fn refresh_workflow_gauges(conn: &mut diesel_async::AsyncPgConnection) {
+    match stuck_executions(conn, Duration::ZERO).await {
+        Ok(found) => {
+            let now = chrono::Utc::now();
+            for status in [ExecutionStatus::Queued, ExecutionStatus::Running] {
+                let entry = found.iter().find(|s| s.status == status);
+                let (count, age) = entry.map_or((0.0, 0.0), |s| {
+                    let age = (now - s.oldest_updated_at).to_std().unwrap_or_default();
+                    (s.count as f64, age.as_secs_f64())
+                });
+                metrics::gauge!("workflow_executions_active", "status" => status.as_str())
+                    .set(count);
+                metrics::gauge!(
+                    "workflow_execution_oldest_unchanged_seconds",
+                    "status" => status.as_str()
+                )
+                .set(age);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the workflow execution figures"),
+    }
 }
 
 /// Refreshes the gauges until `shutdown`.
@@ -39,11 +66,7 @@ pub async fn refresh_gauges(
                         metrics::gauge!("outbox_pending_oldest_due_age_seconds")
                             .set(figures.oldest_due_age_secs.unwrap_or(0.0));
                         metrics::gauge!("outbox_processing").set(figures.processing as f64);
-                        metrics::gauge!("outbox_pending_alert").set(if figures.alert() {
-                            1.0
-                        } else {
-                            0.0
-                        });
+                        refresh_workflow_gauges(&mut conn).await;
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
                 },

@@ -22,6 +22,7 @@
 mod bridge;
 pub mod catalog;
 mod config;
+mod error_reports;
 mod gauges;
 mod http;
 mod redis_check;
@@ -53,6 +54,9 @@ pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
     DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group, WorkerConfig,
 };
+pub use error_reports::{
+    ErrorReportLayer, ErrorReports, SENTRY_DSN_VARIABLE, error_report_layer, start_error_reports,
+};
 pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
 pub use redis_check::{
@@ -68,6 +72,18 @@ pub const EXIT_CONFIGURATION: u8 = 2;
 /// The entry point of both binaries: configuration, runtime, exit code.
 #[must_use]
 pub fn main_for(group: Group) -> ExitCode {
+    let binary = match group {
+        Group::General => "worker-general",
+        Group::Mail => "worker-mail",
+    };
+    // Before logging starts: its error lines go to Sentry when this is on.
+    let _reports = match start_error_reports(&|name| std::env::var(name).ok(), binary) {
+        Ok(reports) => reports,
+        Err(e) => {
+            eprintln!("{binary}: {e}");
+            return ExitCode::from(EXIT_CONFIGURATION);
+        }
+    };
     if let Err(e) = init_tracing() {
         eprintln!("worker-{}: {e}", group.as_str());
         return ExitCode::from(EXIT_CONFIGURATION);
@@ -148,21 +164,27 @@ pub(crate) fn init_tracing() -> Result<(), ConfigError> {
             )
         })
     };
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let format = LogFormat::from_lookup(&|name| std::env::var(name).ok());
+    let registry = tracing_subscriber::registry()
+        .with(filter())
+        .with(error_reports::error_report_layer());
     match format {
         Ok(LogFormat::Json) => {
-            let _ = tracing_subscriber::fmt()
-                .json()
-                .with_current_span(true)
-                .with_span_list(false)
-                .with_env_filter(filter())
-                .with_target(false)
+            let _ = registry
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .json()
+                        .with_current_span(true)
+                        .with_span_list(false)
+                        .with_target(false),
+                )
                 .try_init();
         }
         _ => {
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter(filter())
-                .with_target(false)
+            let _ = registry
+                .with(tracing_subscriber::fmt::layer().with_target(false))
                 .try_init();
         }
     }

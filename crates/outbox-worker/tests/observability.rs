@@ -9,6 +9,8 @@ mod common;
 use common::{GENERAL, Stack};
 use outbox_publish::NewOutboxEvent;
 use outbox_worker::catalog::{Kind, METRICS};
+use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::store::{self, NewExecution, TriggerKind, WorkflowStatus};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,6 +78,11 @@ async fn metrics_have_help_types_and_buckets_as_the_catalog_lists_them() {
             .wait_metric(&general, "outbox_dispatch_handoff_latency_seconds_bucket")
             .await
     };
+    // The first delivery of the event also timed commit to handler start.
+    assert!(
+        body.contains("outbox_subscriber_commit_to_start_seconds_count{queue=\"outbox.audit\"} 1"),
+        "{body}"
+    );
     let mut typed = 0;
     for line in body.lines().filter(|l| l.starts_with("# TYPE ")) {
         let mut parts = line.split_whitespace().skip(2);
@@ -104,6 +111,66 @@ async fn metrics_have_help_types_and_buckets_as_the_catalog_lists_them() {
         body.lines().any(|l| l.starts_with("outbox_build_info{")
             && l.contains("binary=\"worker-general\"")
             && l.ends_with(" 1")),
+        "{body}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_run_unchanged_for_an_hour_shows_in_the_gauges_of_running_executions() {
+    let stack = Stack::new().await;
+    let mut conn = stack.db.conn().await;
+    let definition = WorkflowDefinition::from_value(json!({
+        "blocks": [{ "id": "start", "type": "manualTrigger" }],
+        "edges": []
+    }))
+    .unwrap();
+    let workflow =
+        store::save_workflow(&mut conn, "acme", "sync", WorkflowStatus::Live, &definition)
+            .await
+            .unwrap()
+            .workflow
+            .id;
+    // A run left `running` by a crashed worker an hour ago (no outbox event:
+    // nothing picks it up).
+    let execution = store::create_execution(
+        &mut conn,
+        &NewExecution {
+            tenant_id: "acme",
+            workflow_id: workflow,
+            trigger_kind: TriggerKind::Manual,
+            input: &json!({}),
+            trigger_event_id: None,
+            allow_external_callouts: true,
+        },
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    stack
+        .sql(&format!(
+            "UPDATE workflow_execution SET status = 'running', started_at = now() - interval '1 hour',
+                    updated_at = now() - interval '1 hour' WHERE id = '{}'",
+            execution.id
+        ))
+        .await;
+    let general = stack.start(GENERAL, &[]).await;
+    let value = |body: &str, series: &str| -> Option<f64> {
+        body.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+    };
+    let body = common::metrics_where(&general, "the running execution in the gauges", |l| {
+        value(l, "workflow_executions_active{status=\"running\"}") == Some(1.0)
+    })
+    .await;
+    let age = value(
+        &body,
+        "workflow_execution_oldest_unchanged_seconds{status=\"running\"}",
+    )
+    .unwrap();
+    assert!((3600.0..4000.0).contains(&age), "{body}");
+    assert_eq!(
+        value(&body, "workflow_executions_active{status=\"queued\"}"),
+        Some(0.0),
         "{body}"
     );
 }

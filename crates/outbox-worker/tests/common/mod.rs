@@ -305,7 +305,9 @@ impl Stack {
 }
 
 /// Waits until a line of the worker's /metrics satisfies `wanted`; returns the page.
-async fn metrics_where(worker: &Worker, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+/// Waits until the worker's /metrics has a line `wanted` accepts; returns
+/// the whole body.
+pub async fn metrics_where(worker: &Worker, what: &str, wanted: impl Fn(&str) -> bool) -> String {
     let mut body = String::new();
     eventually(what, WAIT, async || {
         body = reqwest::get(format!("http://{}/metrics", worker.addr))
