@@ -43,10 +43,12 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_dispatch::Router;
 use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, QueueStats, RedisSettings, queues, redact_url};
+use outbox_queue::{QueueNamespace, RedisSettings, queues, redact_url};
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
+
+use outbox_cli::health;
 
 use crate::filters::Filters;
 use crate::render::showing;
@@ -79,7 +81,7 @@ struct Cli {
     #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
     redis_url: Option<String>,
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
-    #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "")]
+    #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "", value_parser = queue_prefix)]
     queue_prefix: String,
     /// Machine-readable output.
     #[arg(long, global = true)]
@@ -137,13 +139,13 @@ struct ListArgs {
 #[derive(Args)]
 struct HealthArgs {
     /// Alert when a queue's backlog exceeds this.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = health::DEFAULT_MAX_BACKLOG)]
     max_backlog: u64,
     /// Alert when a queue has more dead jobs than this.
     #[arg(long, default_value_t = 0)]
     max_dead: u64,
-    /// A worker whose heartbeat is older than this many seconds is stalled.
-    #[arg(long, default_value_t = 120)]
+    /// A worker whose heartbeat is older than this many seconds is stalled (workers that stop cleanly deregister; only dead ones stay).
+    #[arg(long, default_value_t = health::DEFAULT_STALL_AFTER_SECS)]
     stall_after_secs: u64,
     /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
     #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
@@ -187,6 +189,13 @@ fn main() -> ExitCode {
             ExitCode::from(code)
         }
     }
+}
+
+/// `--queue-prefix`: empty, or ending with ':' as the workers require.
+fn queue_prefix(prefix: &str) -> Result<String, String> {
+    QueueNamespace::checked(prefix)
+        .map(|_| prefix.to_owned())
+        .map_err(|e| e.problem.to_owned())
 }
 
 fn database_url(cli: &Cli) -> Result<&str> {
@@ -294,51 +303,25 @@ async fn stats(cli: &Cli) -> Outcome {
     Ok(u8::from(stats.pending_alert))
 }
 
-#[derive(Serialize)]
-struct QueueHealth {
-    queue: String,
-    #[serde(flatten)]
-    stats: QueueStats,
-    alerts: Vec<String>,
-}
-
 async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let router = Router::standard();
     let mut names: Vec<&str> = router.queues();
     names.extend(queues::DOWNSTREAM_QUEUES);
-    let mut report = Vec::new();
-    for queue in names {
-        let stats = outbox_queue::queue_stats(
-            &mut redis,
-            &namespace,
-            queue,
-            Duration::from_secs(args.stall_after_secs),
-        )
+    let thresholds = health::Thresholds {
+        max_backlog: args.max_backlog,
+        max_dead: args.max_dead,
+        stall_after: Duration::from_secs(args.stall_after_secs),
+    };
+    let report = health::queue_health(&mut redis, &namespace, &names, &thresholds)
         .await
         .with_context(|| {
             format!(
-                "cannot read queue {queue} from Redis at {}",
+                "reading the queues from Redis at {}",
                 redact_url(cli.redis_url.as_deref().unwrap_or_default())
             )
         })?;
-        let mut alerts = Vec::new();
-        if stats.dead > args.max_dead {
-            alerts.push(format!("{} dead job(s)", stats.dead));
-        }
-        if stats.stalled_workers > 0 {
-            alerts.push(format!("{} stalled worker(s)", stats.stalled_workers));
-        }
-        if stats.backlog > args.max_backlog {
-            alerts.push(format!("backlog {} > {}", stats.backlog, args.max_backlog));
-        }
-        report.push(QueueHealth {
-            queue: queue.to_owned(),
-            stats,
-            alerts,
-        });
-    }
     let mut conn = connect(cli).await?;
     let workflows = workflow::health(&mut conn, args.stuck_after)
         .await

@@ -31,9 +31,9 @@ pub use presence::{
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{
-    MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
-    connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,
-    storage, wake_channel,
+    InvalidQueuePrefix, MAX_RETRY_ROUNDS, PushReport, QUEUE_PREFIX_SEPARATOR, QueueError,
+    QueueNamespace, RedisSettings, apalis_config, connect, idempotency_prefix, push_jobs, push_raw,
+    push_raw_at, retry_round, retry_task_id, storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

@@ -393,7 +393,7 @@ impl WorkerConfig {
             database_url,
             redis_url,
             http_addr,
-            queue_prefix: env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default(),
+            queue_prefix: queue_prefix(&env)?,
             dispatcher_enabled: env.flag("OUTBOX_DISPATCHER_ENABLED", false)?,
             dispatcher,
             retention,
@@ -421,6 +421,19 @@ impl WorkerConfig {
                 3600 * env.number("QUEUE_DEAD_RETENTION_HOURS", 720u64, 1, 1_000_000)?,
             ),
         })
+    }
+}
+
+/// `OUTBOX_QUEUE_PREFIX`: empty, or ending with ':' ([`outbox_queue::QueueNamespace::checked`]).
+fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
+    let prefix = env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default();
+    match outbox_queue::QueueNamespace::checked(&prefix) {
+        Ok(_) => Ok(prefix),
+        Err(e) => Err(ConfigError {
+            variable: "OUTBOX_QUEUE_PREFIX",
+            value: prefix,
+            problem: e.problem.into(),
+        }),
     }
 }
 
@@ -763,6 +776,7 @@ mod tests {
     #[test]
     fn bad_values_name_their_variable() {
         let cases: &[(&str, &str, &str)] = &[
+            ("OUTBOX_QUEUE_PREFIX", "adopt-app", "must end with ':'"),
             ("OUTBOX_DISPATCH_BATCH_SIZE", "0", "between"),
             ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
