@@ -59,7 +59,8 @@ mod router;
 pub mod stats;
 
 pub use config::{
-    ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DispatcherConfig, RetentionConfig,
+    ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_RETRIES, DispatcherConfig, RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;

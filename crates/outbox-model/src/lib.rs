@@ -24,7 +24,7 @@ pub use json::RawJson;
 pub use migrations::{
     MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations, schema_fingerprint,
 };
-pub use pool::{PgPool, PooledPg, connect_pool};
+pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};
 

@@ -25,6 +25,7 @@ mod config;
 mod gauges;
 mod http;
 mod redis_check;
+pub mod variables;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -51,7 +52,9 @@ use tokio_util::sync::CancellationToken;
 pub use bridge::{bridge_main, run_bridge};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
-    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group, WorkerConfig,
+    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
+    DEFAULT_QUEUE_DONE_RETENTION_HOURS, DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group,
+    WorkerConfig,
 };
 pub use gauges::{GaugeSettings, refresh_gauges};
 pub use http::{HttpState, router};
@@ -65,14 +68,18 @@ pub use redis_check::{
 /// variable, or a Redis that may evict keys (see [`RedisMayEvict`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
-/// The entry point of both binaries: configuration, runtime, exit code.
+/// The entry point of both binaries: command line (`--help` lists every
+/// variable, see [`variables`]), configuration, runtime, exit code.
 #[must_use]
 pub fn main_for(group: Group) -> ExitCode {
-    if let Err(e) = init_tracing() {
+    // Exits 0 after --help or --version, 2 on an unknown flag.
+    let matches = variables::command(group).get_matches();
+    let lookup = variables::lookup(&matches);
+    if let Err(e) = init_tracing(&lookup) {
         eprintln!("worker-{}: {e}", group.as_str());
         return ExitCode::from(EXIT_CONFIGURATION);
     }
-    let config = match WorkerConfig::from_env(group) {
+    let config = match WorkerConfig::from_lookup(group, &lookup) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("worker-{}: {e}", group.as_str());
@@ -135,12 +142,13 @@ impl LogFormat {
     }
 }
 
-/// Sets up logging as `LOG_FORMAT` says (`RUST_LOG` filters).
+/// Sets up logging as `LOG_FORMAT` (read through `get`) says (`RUST_LOG`
+/// filters).
 ///
 /// # Errors
 ///
 /// A bad `LOG_FORMAT` (logging then stays text, so the error can be shown).
-pub(crate) fn init_tracing() -> Result<(), ConfigError> {
+pub(crate) fn init_tracing(get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new(
@@ -148,7 +156,7 @@ pub(crate) fn init_tracing() -> Result<(), ConfigError> {
             )
         })
     };
-    let format = LogFormat::from_lookup(&|name| std::env::var(name).ok());
+    let format = LogFormat::from_lookup(get);
     match format {
         Ok(LogFormat::Json) => {
             let _ = tracing_subscriber::fmt()
