@@ -16,6 +16,22 @@
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
+// Shadow std's printing macros in every module below: a closed pipe ends
+// the process quietly instead of panicking (see `outbox_cli::stdout`).
+macro_rules! println {
+    () => {
+        outbox_cli::stdout::write("xtask", format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("xtask", format_args!($($arg)*), true)
+    };
+}
+macro_rules! print {
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("xtask", format_args!($($arg)*), false)
+    };
+}
+
 mod bench;
 mod bench_drain;
 mod bench_handoff;
