@@ -2,7 +2,8 @@
 //!
 //! - `services`: find Postgres and Redis, or start private ones, and print
 //!   their URLs;
-//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
+//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs,
+//!   a `cargo package` dry run of the publishable crates);
 //! - `demo`: publish a realistic sample of events and show the rows;
 //! - `bench`: performance figures as JSON lines (a release build; `--smoke`
 //!   at tiny sizes);

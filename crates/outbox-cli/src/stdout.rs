@@ -2,7 +2,7 @@
 //! list | head -2`, or a pager closed early, exits 0 without a panic
 //! (Rust's own `println!` panics on the broken pipe, exit code 101). The
 //! `outbox` binary's `print!` and `println!`, and xtask's, write through
-//! [`write`].
+//! [`write()`].
 
 use std::io::Write;
 

@@ -5,8 +5,10 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-/// Every migration under `migrations/` at the workspace root.
-pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations");
+/// Every migration under `migrations/` at the workspace root (reached
+/// through the crate's `migrations` link, so that the packaged crate
+/// carries them).
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
 /// A fingerprint of the migrations tree (paths and contents), computed at
 /// build time. Two builds with the same fingerprint create the same schema;
