@@ -117,6 +117,9 @@ struct Cli {
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
     #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "", value_parser = queue_prefix)]
     queue_prefix: String,
+    /// A routes file (TOML, `[[route]]` tables with prefix and queue) whose rules are added to the standard table, as the workers' OUTBOX_ROUTES_FILE.
+    #[arg(long, env = "OUTBOX_ROUTES_FILE", global = true)]
+    routes_file: Option<std::path::PathBuf>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     json: bool,
@@ -224,6 +227,18 @@ fn queue_prefix(prefix: &str) -> Result<String, String> {
         .map_err(|e| e.problem.to_owned())
 }
 
+/// The standard routing table plus the rules of `--routes-file`, when given.
+fn router(cli: &Cli) -> Result<Router> {
+    let Some(path) = &cli.routes_file else {
+        return Ok(Router::standard());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the routes file {}", path.display()))?;
+    Router::standard()
+        .with_routes_file(&text)
+        .with_context(|| format!("invalid routes file {}", path.display()))
+}
+
 fn database_url(cli: &Cli) -> Result<&str> {
     cli.database_url
         .as_deref()
@@ -270,7 +285,7 @@ async fn run(cli: Cli) -> Outcome {
 
 async fn stats(cli: &Cli) -> Outcome {
     let mut conn = connect(cli).await?;
-    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &Router::standard()).await?;
+    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &router(cli)?).await?;
     if cli.json {
         print_json(&stats)?;
     } else {
@@ -317,7 +332,7 @@ async fn stats(cli: &Cli) -> Outcome {
 async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let router = Router::standard();
+    let router = router(cli)?;
     let mut names: Vec<&str> = router.queues();
     names.extend(queues::DOWNSTREAM_QUEUES);
     let thresholds = health::Thresholds {
@@ -380,7 +395,7 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
 }
 
 async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
-    dead::check_queue(&args.queue)?;
+    dead::check_queue(&args.queue, &router(cli)?)?;
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let jobs = dead::dead_jobs(&mut redis, &namespace, args)

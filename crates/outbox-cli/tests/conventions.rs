@@ -256,3 +256,36 @@ async fn retry_dead_puts_dead_jobs_back_and_needs_yes_above_the_threshold() {
     assert_eq!(unknown.code, 2);
     assert!(unknown.stderr.contains("not dead"), "{}", unknown.stderr);
 }
+
+#[tokio::test]
+async fn a_routes_file_adds_its_queues_to_health_and_a_bad_one_is_refused() {
+    let env = Env::new().await;
+    let path = std::env::temp_dir().join(format!("routes-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &path,
+        "[[route]]\nprefix = \"orders.\"\nqueue = \"app.orders\"\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let health = env.outbox(&["health", "--json", "--routes-file", file]);
+    let queues: Vec<Value> = health.json()["queues"].as_array().unwrap().clone();
+    assert!(
+        queues.iter().any(|q| q["queue"] == "app.orders"),
+        "{queues:?}"
+    );
+    let dead = env.outbox(&["dead", "app.orders", "--routes-file", file]);
+    assert_eq!(dead.code, 1, "known queue, no dead jobs: {}", dead.stderr);
+    std::fs::write(
+        &path,
+        "[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n",
+    )
+    .unwrap();
+    let refused = env.outbox(&["stats", "--routes-file", file]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(refused.code, 2);
+    assert!(
+        refused.stderr.contains("already routes to"),
+        "{}",
+        refused.stderr
+    );
+}

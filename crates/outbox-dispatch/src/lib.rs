@@ -56,6 +56,7 @@ mod reconcile;
 mod redis_guard;
 mod retention;
 mod router;
+mod routes_file;
 pub mod stats;
 
 pub use config::{
@@ -75,3 +76,4 @@ pub use redis_guard::{
 };
 pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};
+pub use routes_file::RoutesFileError;

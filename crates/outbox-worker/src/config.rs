@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use outbox_dispatch::{DispatcherConfig, RetentionConfig};
+use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
 use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
 use outbox_workflow::bridge::BridgeSecret;
@@ -71,6 +71,9 @@ pub struct WorkerConfig {
     pub http_addr: SocketAddr,
     /// `OUTBOX_QUEUE_PREFIX`: a key prefix for every queue (empty in production).
     pub queue_prefix: String,
+    /// The routing table: the standard one plus the rules of
+    /// `OUTBOX_ROUTES_FILE`, when set.
+    pub router: Router,
     /// `OUTBOX_DISPATCHER_ENABLED` (general group only).
     pub dispatcher_enabled: bool,
     /// The dispatcher's settings.
@@ -154,6 +157,7 @@ impl std::fmt::Debug for WorkerConfig {
             redis_url,
             http_addr,
             queue_prefix,
+            router,
             dispatcher_enabled,
             dispatcher,
             retention,
@@ -181,6 +185,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("redis_url", &redact_url(redis_url))
             .field("http_addr", http_addr)
             .field("queue_prefix", queue_prefix)
+            .field("router", &router.rules())
             .field("dispatcher_enabled", dispatcher_enabled)
             .field("dispatcher", dispatcher)
             .field("retention", retention)
@@ -420,6 +425,7 @@ impl WorkerConfig {
             redis_url,
             http_addr,
             queue_prefix: queue_prefix(&env)?,
+            router: router(&env)?,
             dispatcher_enabled: env.spec_flag(&v::OUTBOX_DISPATCHER_ENABLED)?,
             dispatcher,
             retention,
@@ -453,6 +459,25 @@ fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
             problem: e.problem.into(),
         }),
     }
+}
+
+/// `OUTBOX_ROUTES_FILE`: the standard routing table plus the file's rules,
+/// read and validated now (a missing file, bad TOML or a refused rule stops
+/// start-up naming the variable).
+fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
+    let Some(path) = env.raw(v::OUTBOX_ROUTES_FILE.name) else {
+        return Ok(Router::standard());
+    };
+    let fail = |problem: String| ConfigError {
+        variable: v::OUTBOX_ROUTES_FILE.name,
+        value: path.clone(),
+        problem,
+    };
+    let text =
+        std::fs::read_to_string(path.trim()).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    Router::standard()
+        .with_routes_file(&text)
+        .map_err(|e| fail(e.to_string()))
 }
 
 /// Reads `WORKFLOW_EXECUTOR`, `WORKFLOW_BRIDGE_URL` and

@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use outbox_dispatch::{Dispatcher, RedisGuardSettings, Router, run_retention};
+use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::HandlerGroup;
@@ -379,7 +379,7 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
                     config.database_url.clone(),
                     redis.clone(),
                     namespace.clone(),
-                    Router::standard(),
+                    config.router.clone(),
                     config.dispatcher.clone(),
                 )?
                 .with_redis_guard(RedisGuardSettings {
@@ -412,7 +412,8 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
     }
     let gauge_queues: Vec<String> = match config.group {
         Group::General => {
-            let mut all: Vec<String> = Router::standard()
+            let mut all: Vec<String> = config
+                .router
                 .queues()
                 .into_iter()
                 .map(str::to_owned)
@@ -493,7 +494,8 @@ async fn trim_queues(
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) {
-    let mut queues: Vec<String> = Router::standard()
+    let mut queues: Vec<String> = config
+        .router
         .queues()
         .into_iter()
         .map(str::to_owned)

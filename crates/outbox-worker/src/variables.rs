@@ -177,6 +177,13 @@ pub const OUTBOX_QUEUE_PREFIX: Text = Text {
     form: "empty, or ending with ':' (adopt-app:)",
     meaning: "key prefix of every queue, for several environments on one Redis",
 };
+/// `OUTBOX_ROUTES_FILE`.
+pub const OUTBOX_ROUTES_FILE: Text = Text {
+    name: "OUTBOX_ROUTES_FILE",
+    default: "unset (the standard table only)",
+    form: "a path to a TOML file of [[route]] tables with prefix and queue",
+    meaning: "routing rules added to the standard table, validated at start",
+};
 /// `OUTBOX_DISPATCHER_ENABLED`.
 pub const OUTBOX_DISPATCHER_ENABLED: Flag = Flag {
     name: "OUTBOX_DISPATCHER_ENABLED",
@@ -409,6 +416,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         T(WORKER_QUEUE_GROUP),
         T(http_addr),
         T(OUTBOX_QUEUE_PREFIX),
+        T(OUTBOX_ROUTES_FILE),
         F(OUTBOX_DISPATCHER_ENABLED),
         W(OUTBOX_DISPATCH_INTERVAL_MS),
         W(OUTBOX_DISPATCH_BATCH_SIZE),

@@ -2,10 +2,17 @@
 //! `Router::standard()`, the worker binary whose handler group consumes its
 //! queue (built here exactly as the binaries build it), and the payload
 //! fields that handler reads (from the subscriber crates' `CONSUMES`).
+//! And `OUTBOX_ROUTES_FILE` adds rules to it without code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
+use std::time::Duration;
+
+use common::{GENERAL, Stack};
 use outbox_dispatch::Router;
+use outbox_publish::NewOutboxEvent;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::ConsumedQueue;
 use outbox_test_support::{TestDatabase, TestRedis};
@@ -103,4 +110,67 @@ async fn the_readme_routing_table_is_the_standard_router() {
         expected.trim(),
         "README.md's routing table is out of date; replace it with:\n{expected}"
     );
+}
+
+/// A routes file in the system's temporary directory, removed on drop.
+struct RoutesFile(std::path::PathBuf);
+
+impl RoutesFile {
+    fn new(text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("routes-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for RoutesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_file_routes_an_application_prefix_to_its_queue() {
+    let stack = Stack::new().await;
+    let routes = RoutesFile::new("[[route]]\nprefix = \"orders.\"\nqueue = \"app.orders\"\n");
+    let _worker = stack
+        .start(GENERAL, &[("OUTBOX_ROUTES_FILE", routes.path())])
+        .await;
+    let id = stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "orders.order.shipped",
+            serde_json::json!({ "orderId": 7 }),
+        ))
+        .await;
+    stack
+        .wait_count(
+            &format!(
+                "SELECT count(*) FROM outbox_event WHERE id = '{id}' AND status = 'DONE' AND target_queue = 'app.orders'"
+            ),
+            1,
+        )
+        .await;
+    let stats = stack.stats("app.orders").await;
+    assert_eq!(stats.backlog, 1, "the job waits on the application's queue");
+}
+
+#[tokio::test]
+async fn a_bad_routes_file_stops_start_up_naming_the_variable() {
+    let stack = Stack::new().await;
+    let taken = RoutesFile::new("[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n");
+    for (path, why) in [
+        (taken.path(), "already routes to"),
+        ("/nonexistent/routes.toml", "cannot be read"),
+    ] {
+        let mut worker = stack.spawn(GENERAL, &[("OUTBOX_ROUTES_FILE", path)]);
+        let status = worker.wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(2));
+        let output = worker.wait_output("OUTBOX_ROUTES_FILE").await;
+        assert!(output.contains(why), "{output}");
+    }
 }
