@@ -18,7 +18,7 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../migrations");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut files = Vec::new();
     collect(&dir, &mut files);

@@ -2,7 +2,8 @@
 //!
 //! - `services`: find Postgres and Redis, or start private ones, and print
 //!   their URLs;
-//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs);
+//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs,
+//!   a `cargo package` dry run of the publishable crates);
 //! - `demo`: the real binaries end to end, with progress and an
 //!   exactly-once verdict;
 //! - `bench`: performance figures as JSON lines (a release build; `--smoke`
@@ -16,6 +17,22 @@
 //! - `mutants`: mutation testing with a time budget, caught ratio per crate.
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
+
+// Shadow std's printing macros in every module below: a closed pipe ends
+// the process quietly instead of panicking (see `outbox_cli::stdout`).
+macro_rules! println {
+    () => {
+        outbox_cli::stdout::write("xtask", format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("xtask", format_args!($($arg)*), true)
+    };
+}
+macro_rules! print {
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("xtask", format_args!($($arg)*), false)
+    };
+}
 
 mod bench;
 mod bench_drain;

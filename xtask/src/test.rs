@@ -131,6 +131,23 @@ pub async fn run(args: TestArgs) -> Result<()> {
                 .args(["doc", "--workspace", "--no-deps"])
                 .env("RUSTDOCFLAGS", "-D warnings"),
         )?;
+        // The library crates as crates.io would receive them (metadata,
+        // README and licence files, the migrations outbox-model embeds).
+        step(
+            "cargo package (dry run of the publishable crates)",
+            cargo().args([
+                "package",
+                "--workspace",
+                "--exclude",
+                "xtask",
+                "--exclude",
+                "outbox-tests",
+                "--exclude",
+                "outbox-test-support",
+                "--no-verify",
+                "--allow-dirty",
+            ]),
+        )?;
     }
     eprintln!("\nxtask: all checks passed");
     Ok(())

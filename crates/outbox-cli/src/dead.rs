@@ -13,9 +13,9 @@ pub struct DeadArgs {
     pub limit: usize,
 }
 
-/// Every queue of the contract.
-fn known_queues() -> Vec<&'static str> {
-    let mut names = queues::OUTBOX_QUEUES.to_vec();
+/// Every queue `router` can target, and the downstream queues.
+fn known_queues(router: &outbox_dispatch::Router) -> Vec<&str> {
+    let mut names = router.queues();
     names.extend(queues::DOWNSTREAM_QUEUES);
     names
 }
@@ -26,8 +26,8 @@ fn known_queues() -> Vec<&'static str> {
 /// # Errors
 ///
 /// The unknown name, with the list of queues.
-pub fn check_queue(queue: &str) -> anyhow::Result<()> {
-    let known = known_queues();
+pub fn check_queue(queue: &str, router: &outbox_dispatch::Router) -> anyhow::Result<()> {
+    let known = known_queues(router);
     if !known.contains(&queue) {
         anyhow::bail!(
             "unknown queue {queue:?}; the queues are: {}",

@@ -1,6 +1,10 @@
 //! The library side of the operator CLI `outbox`: the requeue policy and
 //! its transaction ([`requeue`]), which the `outbox` binary runs for
-//! `outbox requeue`, and which tests of other crates call to requeue a row
-//! exactly as an operator would.
+//! `outbox requeue`, the queue checks of `outbox health` ([`health`]), and
+//! standard output that ends quietly on a closed pipe ([`stdout`]);
+//! tests of other crates call them to act or judge exactly as an operator
+//! would.
 
+pub mod health;
 pub mod requeue;
+pub mod stdout;

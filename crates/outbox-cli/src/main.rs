@@ -1,8 +1,12 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
-//! `outbox migrate | stats | health | dead QUEUE | list | show ID | requeue |
-//! reconcile | workflow executions | workflow show ID | probe`. Every
-//! command prints a table, or JSON with `--json`. `health` covers the queues
+//! `outbox migrate [--status|--dry-run] | stats | health | dead QUEUE |
+//! retry-dead QUEUE | list | show ID | requeue | cancel ID… | reconcile |
+//! workflow executions | workflow show ID | probe | completions SHELL`
+//! (`stats`, `list`, `show` and `health` are still in this file; the others
+//! have a module each). Every command prints a table, or JSON with `--json`
+//! (errors on stderr); output into a closed pipe ends quietly. `health`
+//! covers the queues
 //! (Redis), Redis' persistence and loss marker, and the workflow executions
 //! stuck in `queued` or `running` (Postgres). `reconcile` finds the
 //! handed-off jobs Redis no longer has and pushes them again (see the
@@ -16,12 +20,33 @@
 //! `--confirm-above` without `--yes` (nothing changed). The runbook in
 //! `docs/operations.md` says when to run what.
 
+// Shadow std's `print!` and `println!` in every module below: a closed pipe ends
+// the process quietly instead of panicking (see `outbox_cli::stdout`).
+macro_rules! print {
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("outbox", format_args!($($arg)*), false)
+    };
+}
+macro_rules! println {
+    () => {
+        outbox_cli::stdout::write("outbox", format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        outbox_cli::stdout::write("outbox", format_args!($($arg)*), true)
+    };
+}
+
+mod cancel;
+mod completions;
 mod dead;
+mod exit;
 mod filters;
+mod migrate;
 mod probe;
 mod reconcile;
 mod redis_status;
 mod render;
+mod retry_dead;
 mod workflow;
 
 /// `outbox requeue`: the policy and the transaction are the library's
@@ -43,20 +68,31 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_dispatch::Router;
 use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, QueueStats, RedisSettings, queues, redact_url};
+use outbox_queue::{QueueNamespace, RedisSettings, queues, redact_url};
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use outbox_cli::health;
+
+pub(crate) use crate::exit::{ExitStatus, Failure, Outcome};
 use crate::filters::Filters;
 use crate::render::showing;
 use crate::requeue::command::RequeueArgs;
 
-/// The exit codes, as `--help` shows them.
-const EXIT_CODES: &str = "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through or \
+/// The exit codes, as `--help` shows them (a macro, so that commands can
+/// put their examples in front with `concat!`).
+macro_rules! exit_codes {
+    () => {
+        "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through or \
     reconcile found handed-off jobs missing (also with --dry-run); 2 a usage, \
     configuration or connection error, a value no flag accepts (the message names the flag), or a \
-    bulk requeue above --confirm-above without --yes (nothing changed).";
+    bulk requeue above --confirm-above without --yes (nothing changed)."
+    };
+}
+
+/// The exit codes alone.
+const EXIT_CODES: &str = exit_codes!();
 
 /// Default of `list --limit` and `workflow executions --limit`.
 const DEFAULT_LIST_LIMIT: u64 = 100;
@@ -79,8 +115,11 @@ struct Cli {
     #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
     redis_url: Option<String>,
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
-    #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "")]
+    #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "", value_parser = queue_prefix)]
     queue_prefix: String,
+    /// A routes file (TOML, `[[route]]` tables with prefix and queue) whose rules are added to the standard table, as the workers' OUTBOX_ROUTES_FILE.
+    #[arg(long, env = "OUTBOX_ROUTES_FILE", global = true)]
+    routes_file: Option<std::path::PathBuf>,
     /// Machine-readable output.
     #[arg(long, global = true)]
     json: bool,
@@ -90,20 +129,20 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending migrations.
-    #[command(after_help = EXIT_CODES)]
-    Migrate,
+    /// Apply pending migrations; --status lists applied and pending ones, --dry-run what would be applied.
+    #[command(after_help = concat!("Examples:\n  outbox migrate\n  outbox migrate --status\n  outbox migrate --dry-run --json\n\n", exit_codes!()))]
+    Migrate(migrate::MigrateArgs),
     /// Counts by status and queue, oldest due pending age, the pending alert.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!("Examples:\n  outbox stats\n  outbox stats --json | jq .by_status\n\n", exit_codes!()))]
     Stats,
     /// Backlog, due, running, done, dead and stalled workers of every queue; Redis' persistence and loss marker; workflow executions stuck in queued or running.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!("Examples:\n  outbox health\n  outbox health --json --stall-after-secs 300\n  OUTBOX_QUEUE_PREFIX=staging: outbox health\n\n", exit_codes!()))]
     Health(HealthArgs),
     /// The dead jobs of a queue and why each failed.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!("Examples:\n  outbox dead outbox.webhook\n  outbox dead toolctrl.email --limit 100 --json\n\n", exit_codes!()))]
     Dead(dead::DeadArgs),
     /// List outbox rows, oldest first; says how many match when it shows fewer.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!("Examples:\n  outbox list --status failed --limit 20\n  outbox list --type-prefix webhook. --json | jq '.[].id'\n  outbox list | head\n\n", exit_codes!()))]
     List(ListArgs),
     /// One row with its payload and requeue history.
     #[command(after_help = EXIT_CODES)]
@@ -112,14 +151,23 @@ enum Command {
         id: Uuid,
     },
     /// Put FAILED or CANCELLED rows (DONE with --replay) back to PENDING: one id, or every row the filters match (FAILED without --status), in batches.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = concat!("Examples:\n  outbox requeue 0190f3c2-7d1e-7a3b-9c4d-5e6f7a8b9c0d --reason \"endpoint fixed\"\n  outbox requeue --status failed --type-prefix webhook. --dry-run\n  outbox requeue --status done --replay --tenant acme --yes\n\n", exit_codes!()))]
     Requeue(RequeueArgs),
+    /// Put the dead jobs of a queue back on it, due now (all, or --task-id ones); --dry-run lists them; more than --confirm-above need --yes.
+    #[command(name = "retry-dead", after_help = concat!("Examples:\n  outbox retry-dead outbox.webhook --dry-run\n  outbox retry-dead toolctrl.email --task-id email:0190f3c2-7d1e-7a3b-9c4d-5e6f7a8b9c0d\n  outbox retry-dead outbox.webhook --yes\n\n", exit_codes!()))]
+    RetryDead(retry_dead::RetryDeadArgs),
+    /// Set PENDING or FAILED rows to CANCELLED, each with a history entry (who, why, what it was); PROCESSING and DONE rows are refused.
+    #[command(after_help = concat!("Examples:\n  outbox cancel 0190f3c2-7d1e-7a3b-9c4d-5e6f7a8b9c0d --reason \"customer withdrew\"\n  outbox cancel <id> <id> --dry-run --json\n\n", exit_codes!()))]
+    Cancel(cancel::CancelArgs),
     /// Find the DONE rows whose job Redis lost (or a job derived from it) and push them again; --dry-run lists them.
     #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
     /// Workflow executions: the recent ones, or one with its block runs.
     #[command(after_help = EXIT_CODES)]
     Workflow(workflow::WorkflowArgs),
+    /// Print the shell completion script (bash, elvish, fish, powershell, zsh).
+    #[command(after_help = concat!("Examples:\n  outbox completions bash > /etc/bash_completion.d/outbox\n  outbox completions zsh > \"${fpath[1]}/_outbox\"\n\n", exit_codes!()))]
+    Completions(completions::CompletionsArgs),
     /// Publish a probe event (and with --workflow run the probe workflow) and wait until a dispatcher hands it off and a worker handles it; names what is missing on timeout.
     #[command(after_help = EXIT_CODES)]
     Probe(probe::ProbeArgs),
@@ -137,35 +185,18 @@ struct ListArgs {
 #[derive(Args)]
 struct HealthArgs {
     /// Alert when a queue's backlog exceeds this.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = health::DEFAULT_MAX_BACKLOG)]
     max_backlog: u64,
     /// Alert when a queue has more dead jobs than this.
     #[arg(long, default_value_t = 0)]
     max_dead: u64,
-    /// A worker whose heartbeat is older than this many seconds is stalled.
-    #[arg(long, default_value_t = 120)]
+    /// A worker whose heartbeat is older than this many seconds is stalled (workers that stop cleanly deregister; only dead ones stay).
+    #[arg(long, default_value_t = health::DEFAULT_STALL_AFTER_SECS)]
     stall_after_secs: u64,
     /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
     #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
     stuck_after: Duration,
 }
-
-/// A failure with its exit code.
-struct Failure {
-    code: u8,
-    error: anyhow::Error,
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(error: E) -> Self {
-        Self {
-            code: 2,
-            error: error.into(),
-        }
-    }
-}
-
-type Outcome = std::result::Result<u8, Failure>;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -177,16 +208,35 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("outbox: cannot start: {e}");
-            return ExitCode::from(2);
+            return ExitStatus::Error.into();
         }
     };
     match runtime.block_on(run(cli)) {
-        Ok(code) => ExitCode::from(code),
-        Err(Failure { code, error }) => {
+        Ok(status) => status.into(),
+        Err(Failure { status, error }) => {
             eprintln!("outbox: error: {error:#}");
-            ExitCode::from(code)
+            status.into()
         }
     }
+}
+
+/// `--queue-prefix`: empty, or ending with ':' as the workers require.
+fn queue_prefix(prefix: &str) -> Result<String, String> {
+    QueueNamespace::checked(prefix)
+        .map(|_| prefix.to_owned())
+        .map_err(|e| e.problem.to_owned())
+}
+
+/// The standard routing table plus the rules of `--routes-file`, when given.
+fn router(cli: &Cli) -> Result<Router> {
+    let Some(path) = &cli.routes_file else {
+        return Ok(Router::standard());
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the routes file {}", path.display()))?;
+    Router::standard()
+        .with_routes_file(&text)
+        .with_context(|| format!("invalid routes file {}", path.display()))
 }
 
 fn database_url(cli: &Cli) -> Result<&str> {
@@ -217,7 +267,8 @@ fn print_json(value: &impl Serialize) -> Result<()> {
 
 async fn run(cli: Cli) -> Outcome {
     match &cli.command {
-        Command::Migrate => migrate(&cli).await,
+        Command::Migrate(args) => migrate::run(&cli, args).await,
+        Command::Completions(args) => completions::run(args),
         Command::Stats => stats(&cli).await,
         Command::Health(args) => health(&cli, args).await,
         Command::Dead(args) => dead_cmd(&cli, args).await,
@@ -227,30 +278,14 @@ async fn run(cli: Cli) -> Outcome {
         Command::Workflow(args) => workflow::run(&cli, args).await,
         Command::Probe(args) => probe::run(&cli, args).await,
         Command::Reconcile(args) => reconcile::run(&cli, args).await,
+        Command::RetryDead(args) => retry_dead::run(&cli, args).await,
+        Command::Cancel(args) => cancel::run(&cli, args).await,
     }
-}
-
-async fn migrate(cli: &Cli) -> Outcome {
-    let applied = outbox_model::run_migrations(database_url(cli)?)
-        .await
-        .context("migration failed")?;
-    if cli.json {
-        print_json(&json!({ "applied": applied }))?;
-    } else if applied.is_empty() {
-        println!("schema is up to date");
-    } else {
-        println!(
-            "applied {} migration(s): {}",
-            applied.len(),
-            applied.join(", ")
-        );
-    }
-    Ok(0)
 }
 
 async fn stats(cli: &Cli) -> Outcome {
     let mut conn = connect(cli).await?;
-    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &Router::standard()).await?;
+    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &router(cli)?).await?;
     if cli.json {
         print_json(&stats)?;
     } else {
@@ -291,54 +326,28 @@ async fn stats(cli: &Cli) -> Outcome {
             );
         }
     }
-    Ok(u8::from(stats.pending_alert))
-}
-
-#[derive(Serialize)]
-struct QueueHealth {
-    queue: String,
-    #[serde(flatten)]
-    stats: QueueStats,
-    alerts: Vec<String>,
+    Ok(ExitStatus::alert_if(stats.pending_alert))
 }
 
 async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let router = Router::standard();
+    let router = router(cli)?;
     let mut names: Vec<&str> = router.queues();
     names.extend(queues::DOWNSTREAM_QUEUES);
-    let mut report = Vec::new();
-    for queue in names {
-        let stats = outbox_queue::queue_stats(
-            &mut redis,
-            &namespace,
-            queue,
-            Duration::from_secs(args.stall_after_secs),
-        )
+    let thresholds = health::Thresholds {
+        max_backlog: args.max_backlog,
+        max_dead: args.max_dead,
+        stall_after: Duration::from_secs(args.stall_after_secs),
+    };
+    let report = health::queue_health(&mut redis, &namespace, &names, &thresholds)
         .await
         .with_context(|| {
             format!(
-                "cannot read queue {queue} from Redis at {}",
+                "reading the queues from Redis at {}",
                 redact_url(cli.redis_url.as_deref().unwrap_or_default())
             )
         })?;
-        let mut alerts = Vec::new();
-        if stats.dead > args.max_dead {
-            alerts.push(format!("{} dead job(s)", stats.dead));
-        }
-        if stats.stalled_workers > 0 {
-            alerts.push(format!("{} stalled worker(s)", stats.stalled_workers));
-        }
-        if stats.backlog > args.max_backlog {
-            alerts.push(format!("backlog {} > {}", stats.backlog, args.max_backlog));
-        }
-        report.push(QueueHealth {
-            queue: queue.to_owned(),
-            stats,
-            alerts,
-        });
-    }
     let mut conn = connect(cli).await?;
     let workflows = workflow::health(&mut conn, args.stuck_after)
         .await
@@ -382,11 +391,11 @@ async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
         println!();
         workflow::print_health(&workflows);
     }
-    Ok(u8::from(alert))
+    Ok(ExitStatus::alert_if(alert))
 }
 
 async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
-    dead::check_queue(&args.queue)?;
+    dead::check_queue(&args.queue, &router(cli)?)?;
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let jobs = dead::dead_jobs(&mut redis, &namespace, args)
@@ -403,7 +412,7 @@ async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
     } else {
         dead::print_table(&args.queue, &jobs);
     }
-    Ok(u8::from(jobs.is_empty()))
+    Ok(ExitStatus::alert_if(jobs.is_empty()))
 }
 
 #[derive(Serialize)]
@@ -469,7 +478,7 @@ async fn list(cli: &Cli, args: &ListArgs) -> Outcome {
                 r.tenant_id,
                 r.event_type,
                 r.retries,
-                r.created_at.format("%Y-%m-%d %H:%M:%S"),
+                crate::render::utc(r.created_at),
                 r.last_error.or(r.target_queue).unwrap_or("-")
             );
         }
@@ -478,7 +487,7 @@ async fn list(cli: &Cli, args: &ListArgs) -> Outcome {
             None => println!("{} row(s)", view.len()),
         }
     }
-    Ok(u8::from(view.is_empty()))
+    Ok(ExitStatus::alert_if(view.is_empty()))
 }
 
 #[derive(Serialize, Queryable)]
@@ -491,6 +500,7 @@ struct History {
     previous_last_error: Option<String>,
     replay: bool,
     generation: Option<i32>,
+    action: String,
 }
 
 async fn show(cli: &Cli, id: Uuid) -> Outcome {
@@ -507,7 +517,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
         } else {
             println!("no outbox event {id}");
         }
-        return Ok(1);
+        return Ok(ExitStatus::Alert);
     };
     let history: Vec<History> = outbox_event_requeue::table
         .filter(outbox_event_requeue::outbox_event_id.eq(id))
@@ -521,12 +531,13 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             outbox_event_requeue::previous_last_error,
             outbox_event_requeue::replay,
             outbox_event_requeue::generation,
+            outbox_event_requeue::action,
         ))
         .load(&mut conn)
         .await?;
     if cli.json {
         print_json(&json!({ "event": row, "history": history }))?;
-        return Ok(0);
+        return Ok(ExitStatus::Ok);
     }
     let time =
         |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
@@ -556,13 +567,18 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("last error    {}", row.last_error.as_deref().unwrap_or("-"));
     println!("payload\n{}", serde_json::to_string_pretty(&row.payload)?);
     if history.is_empty() {
-        println!("history       (never requeued)");
+        println!("history       (never requeued or cancelled)");
     } else {
         println!("history");
         for h in &history {
             println!(
-                "  {}  requeued from {} (retries {}, last error: {}){}: {}",
+                "  {}  {} from {} (retries {}, last error: {}){}: {}",
                 h.requeued_at.to_rfc3339(),
+                if h.action == "cancel" {
+                    "cancelled"
+                } else {
+                    "requeued"
+                },
                 h.previous_status,
                 h.previous_retries,
                 h.previous_last_error.as_deref().unwrap_or("-"),
@@ -575,5 +591,5 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             );
         }
     }
-    Ok(0)
+    Ok(ExitStatus::Ok)
 }

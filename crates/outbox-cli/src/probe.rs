@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::render::span;
-use crate::{Cli, Outcome, connect, print_json};
+use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
 /// The event type of the probe event (routed to `outbox.audit`).
 pub const PROBE_EVENT_TYPE: &str = "audit.outbox.probe";
@@ -627,7 +627,7 @@ pub async fn run(cli: &Cli, args: &ProbeArgs) -> Outcome {
             }
         }
     }
-    Ok(u8::from(verdict != Verdict::Ok))
+    Ok(ExitStatus::alert_if(verdict != Verdict::Ok))
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use outbox_dispatch::{MissingJob, QueueCounts, ReconcileOptions, Reconciler, ret
 use outbox_queue::{QueueNamespace, queues, redact_url};
 use serde_json::json;
 
-use crate::{Cli, Outcome, connect, filters, print_json, redis};
+use crate::{Cli, ExitStatus, Outcome, connect, filters, print_json, redis};
 
 /// Default of `--retention-hours` (the workers' `QUEUE_DONE_RETENTION_HOURS`).
 const DEFAULT_RETENTION_HOURS: u64 = 24;
@@ -146,7 +146,7 @@ pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
             );
         }
     }
-    Ok(u8::from(missing > 0))
+    Ok(ExitStatus::alert_if(missing > 0))
 }
 
 fn print_report(
@@ -188,7 +188,7 @@ fn print_report(
             job.queue,
             job.task_id,
             job.event_id,
-            job.handed_off_at.format("%Y-%m-%d %H:%M:%S"),
+            crate::render::utc(job.handed_off_at),
         );
     }
     println!();

@@ -1,5 +1,12 @@
 //! Small pieces of text output shared by the commands.
 
+/// An instant in tables: UTC, with its zone (`2026-11-30 05:36:40Z`); JSON
+/// output carries RFC 3339 with the offset.
+#[must_use]
+pub fn utc(at: chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
 /// `1234567` as `1,234,567`.
 #[must_use]
 pub fn thousands(n: u64) -> String {

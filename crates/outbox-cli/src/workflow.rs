@@ -24,7 +24,9 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::render::{first_line, showing_of, span, truncated};
-use crate::{Cli, DEFAULT_LIST_LIMIT, Failure, MAX_LIST_LIMIT, Outcome, connect, print_json};
+use crate::{
+    Cli, DEFAULT_LIST_LIMIT, ExitStatus, Failure, MAX_LIST_LIMIT, Outcome, connect, print_json,
+};
 
 /// Default of `health --stuck-after`.
 pub const DEFAULT_STUCK_AFTER: &str = "15m";
@@ -124,10 +126,7 @@ impl<'a> ExecutionRow<'a> {
 }
 
 fn timestamp(at: Option<DateTime<Utc>>) -> String {
-    at.map_or_else(
-        || "-".to_owned(),
-        |t| t.format("%Y-%m-%d %H:%M:%S").to_string(),
-    )
+    at.map_or_else(|| "-".to_owned(), crate::render::utc)
 }
 
 async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
@@ -197,7 +196,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
             None => println!("{} execution(s)", rows.len()),
         }
     }
-    Ok(u8::from(rows.is_empty()))
+    Ok(ExitStatus::alert_if(rows.is_empty()))
 }
 
 /// The outbox event that started an execution: its trigger event, or the
@@ -258,7 +257,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     let mut conn = connect(cli).await?;
     let Some(execution) = store::get_execution(&mut conn, id).await? else {
         return Err(Failure {
-            code: 1,
+            status: ExitStatus::Alert,
             error: anyhow!("no workflow execution {id}"),
         });
     };
@@ -310,7 +309,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             },
             "blocks": block_rows,
         }))?;
-        return Ok(0);
+        return Ok(ExitStatus::Ok);
     }
     let time = |t: Option<DateTime<Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
     let pretty = |v: Option<&Value>| -> anyhow::Result<String> {
@@ -363,7 +362,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("vars\n{}", pretty(Some(&execution.vars))?);
     if block_rows.is_empty() {
         println!("blocks         (none ran yet)");
-        return Ok(0);
+        return Ok(ExitStatus::Ok);
     }
     println!("blocks");
     println!(
@@ -387,7 +386,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             duration_text(b.duration_ms),
         );
     }
-    Ok(0)
+    Ok(ExitStatus::Ok)
 }
 
 /// Stuck executions of one status, as `health` reports them.

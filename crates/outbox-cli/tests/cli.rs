@@ -528,6 +528,14 @@ async fn bad_flags_and_missing_configuration_exit_2_with_a_clear_message() {
     );
     let run = env.outbox(&["frobnicate"]);
     assert_eq!(run.code, 2);
+    // A prefix without its separator would read other keys than the workers'.
+    let run = env.outbox(&["health", "--queue-prefix", "adopt-app"]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("--queue-prefix") && run.stderr.contains("must end with ':'"),
+        "{}",
+        run.stderr
+    );
     let run = env.outbox(&["list", "--created-after", "last tuesday"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("RFC 3339"), "{}", run.stderr);

@@ -20,6 +20,15 @@ pub const DEFAULT_BACKOFF: [Duration; 6] = [
 /// rows a tick holds (and re-pushes after a crash).
 pub const DEFAULT_BATCH_SIZE: u32 = 500;
 
+/// Default poll cadence of the dispatcher (`OUTBOX_DISPATCH_INTERVAL_MS`).
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1000);
+/// Default pushes in flight within a tick (`OUTBOX_DISPATCH_CONCURRENCY`).
+pub const DEFAULT_CONCURRENCY: usize = 10;
+/// Default failed hand-offs retried before FAILED (`OUTBOX_MAX_RETRIES`).
+pub const DEFAULT_MAX_RETRIES: u32 = 6;
+/// Default lease of a claimed row (`OUTBOX_LOCK_TIMEOUT_MS`).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(300_000);
+
 /// How the dispatcher runs. Binaries fill it from the environment
 /// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`);
 /// [`Default`] is the contract's defaults, except [`DEFAULT_BATCH_SIZE`].
@@ -44,11 +53,11 @@ pub struct DispatcherConfig {
 impl Default for DispatcherConfig {
     fn default() -> Self {
         Self {
-            interval: Duration::from_millis(1000),
+            interval: DEFAULT_INTERVAL,
             batch_size: DEFAULT_BATCH_SIZE,
-            concurrency: 10,
-            max_retries: 6,
-            lock_timeout: Duration::from_millis(300_000),
+            concurrency: DEFAULT_CONCURRENCY,
+            max_retries: DEFAULT_MAX_RETRIES,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
             backoff: DEFAULT_BACKOFF.to_vec(),
             listen: true,
         }
@@ -130,6 +139,10 @@ pub struct RetentionConfig {
 impl RetentionConfig {
     /// The largest batch accepted.
     pub const MAX_BATCH: u32 = 10_000;
+    /// Default age after which DONE rows are deleted (720 hours).
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(720 * 3600);
+    /// Default rows deleted per batch.
+    pub const DEFAULT_BATCH: u32 = 1000;
 
     /// A configuration with `batch_size` clamped to 1..=10000.
     #[must_use]
@@ -144,7 +157,7 @@ impl RetentionConfig {
 impl Default for RetentionConfig {
     /// 720 hours, batches of 1000.
     fn default() -> Self {
-        Self::new(Duration::from_secs(720 * 3600), 1000)
+        Self::new(Self::DEFAULT_RETENTION, Self::DEFAULT_BATCH)
     }
 }
 

@@ -56,10 +56,12 @@ mod reconcile;
 mod redis_guard;
 mod retention;
 mod router;
+mod routes_file;
 pub mod stats;
 
 pub use config::{
-    ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DispatcherConfig, RetentionConfig,
+    ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_RETRIES, DispatcherConfig, RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
@@ -74,3 +76,4 @@ pub use redis_guard::{
 };
 pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};
+pub use routes_file::RoutesFileError;

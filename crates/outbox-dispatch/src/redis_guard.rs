@@ -105,11 +105,16 @@ pub struct RedisGuardSettings {
     pub safe_point_lag: Duration,
 }
 
+impl RedisGuardSettings {
+    /// Default of `check_every` (`OUTBOX_REDIS_CHECK_INTERVAL_MS`).
+    pub const DEFAULT_CHECK_EVERY: Duration = Duration::from_secs(10);
+}
+
 impl Default for RedisGuardSettings {
     /// Every 10 s, 24 h retention, batches of 500, [`SAFE_POINT_LAG`].
     fn default() -> Self {
         Self {
-            check_every: Duration::from_secs(10),
+            check_every: Self::DEFAULT_CHECK_EVERY,
             retention: Duration::from_secs(24 * 3600),
             batch_size: crate::DEFAULT_RECONCILE_BATCH,
             safe_point_lag: SAFE_POINT_LAG,

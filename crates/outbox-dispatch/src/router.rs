@@ -165,6 +165,14 @@ impl Router {
     }
 }
 
+/// The publish-time check of `outbox-publish`
+/// ([`outbox_publish::publish_routed_event`]) against this table.
+impl outbox_publish::EventRoutes for Router {
+    fn route(&self, event_type: &str) -> Option<&str> {
+        Router::route(self, event_type)
+    }
+}
+
 impl Default for Router {
     fn default() -> Self {
         Self::standard()

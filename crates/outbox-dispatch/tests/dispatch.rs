@@ -72,6 +72,49 @@ async fn tick_hands_each_event_to_its_queue_and_marks_it_done() {
 }
 
 #[tokio::test]
+async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transaction() {
+    use diesel_async::AsyncConnection;
+    use outbox_dispatch::Router;
+    use outbox_publish::{OutboxTx, PublishError, publish_routed_event};
+
+    let h = Harness::new().await;
+    let router = Router::standard()
+        .with_rule("orders.", "app.orders")
+        .unwrap();
+    let mut conn = h.conn().await;
+    let refused = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            let refused = publish_routed_event(
+                &mut tx,
+                &Router::standard(),
+                NewOutboxEvent::new("acme", "orders.order.shipped", json!({ "orderId": 7 })),
+            )
+            .await
+            .unwrap_err();
+            // The refusal ran no SQL: the same transaction still publishes.
+            publish_routed_event(
+                &mut tx,
+                &router,
+                NewOutboxEvent::new("acme", "orders.order.shipped", json!({ "orderId": 7 })),
+            )
+            .await?;
+            Ok(refused)
+        })
+        .await
+        .unwrap();
+
+    assert!(
+        matches!(&refused, PublishError::Unrouted { event_type } if event_type == "orders.order.shipped"),
+        "{refused:?}"
+    );
+    assert!(refused.is_invalid_event());
+    let rows = h.rows().await;
+    assert_eq!(rows.len(), 1, "only the routed publish wrote a row");
+    assert_eq!(rows[0].event_type, "orders.order.shipped");
+}
+
+#[tokio::test]
 async fn unrouted_events_fail_at_once_with_the_reason() {
     let h = Harness::new().await;
     let mut conn = h.conn().await;

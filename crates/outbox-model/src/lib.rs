@@ -22,9 +22,10 @@ pub mod schema;
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
 pub use json::RawJson;
 pub use migrations::{
-    MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, run_migrations, schema_fingerprint,
+    MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, MigrationState, migration_status,
+    run_migrations, schema_fingerprint,
 };
-pub use pool::{PgPool, PooledPg, connect_pool};
+pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};
 

@@ -5,8 +5,10 @@ use diesel_async::AsyncPgConnection;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 
-/// Every migration under `migrations/` at the workspace root.
-pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations");
+/// Every migration under `migrations/` at the workspace root (reached
+/// through the crate's `migrations` link, so that the packaged crate
+/// carries them).
+pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
 
 /// A fingerprint of the migrations tree (paths and contents), computed at
 /// build time. Two builds with the same fingerprint create the same schema;
@@ -42,6 +44,9 @@ pub enum MigrationError {
     /// A migration failed; the database is left at the last one that succeeded.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// Reading which migrations the database has failed.
+    #[error("cannot read the applied migrations: {0}")]
+    Query(#[from] diesel::result::Error),
     /// The blocking migration task panicked or was cancelled.
     #[error("migration task did not finish: {0}")]
     Task(#[from] tokio::task::JoinError),
@@ -79,4 +84,76 @@ pub async fn run_migrations(database_url: &str) -> Result<Vec<String>, Migration
         Ok(applied.iter().map(ToString::to_string).collect())
     })
     .await?
+}
+
+/// One embedded migration and whether the database has it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MigrationState {
+    /// The migration's directory name (`2026-11-29-000001_create_outbox_event`).
+    pub name: String,
+    /// Its version as diesel records it (`20261129000001`).
+    pub version: String,
+    /// Whether `__diesel_schema_migrations` lists it.
+    pub applied: bool,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Present {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    present: bool,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Version {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    version: String,
+}
+
+/// Every embedded migration, oldest first, with whether the database at
+/// `database_url` has it applied. Read-only: unlike diesel's own harness it
+/// does not create `__diesel_schema_migrations` when it is missing (then
+/// every migration is pending). Versions of other migrations in that table
+/// (an application's own) are ignored.
+///
+/// # Errors
+///
+/// [`MigrationError::Connect`] when the database cannot be reached,
+/// [`MigrationError::Query`] when reading the table fails,
+/// [`MigrationError::Migration`] when the embedded list cannot be read.
+pub async fn migration_status(database_url: &str) -> Result<Vec<MigrationState>, MigrationError> {
+    use diesel::migration::MigrationSource;
+    use diesel_async::RunQueryDsl;
+
+    let mut conn =
+        <AsyncPgConnection as diesel_async::AsyncConnection>::establish(database_url).await?;
+    let present: Present = diesel::sql_query(
+        "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL AS present",
+    )
+    .get_result(&mut conn)
+    .await?;
+    let applied: Vec<String> = if present.present {
+        diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
+            .load::<Version>(&mut conn)
+            .await?
+            .into_iter()
+            .map(|v| v.version)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let embedded = MigrationSource::<diesel::pg::Pg>::migrations(&MIGRATIONS)
+        .map_err(|e| MigrationError::Migration(e.to_string()))?;
+    let mut states: Vec<MigrationState> = embedded
+        .iter()
+        .map(|m| {
+            let version = m.name().version().to_string();
+            MigrationState {
+                name: m.name().to_string(),
+                applied: applied.contains(&version),
+                version,
+            }
+        })
+        .collect();
+    states.sort_by(|a, b| a.version.cmp(&b.version));
+    Ok(states)
 }

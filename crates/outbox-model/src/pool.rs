@@ -9,6 +9,9 @@ pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 /// A connection checked out of a [`PgPool`].
 pub type PooledPg<'a> = bb8::PooledConnection<'a, AsyncDieselConnectionManager<AsyncPgConnection>>;
 
+/// Default pool size of the processes (`DATABASE_POOL_SIZE`).
+pub const DEFAULT_POOL_SIZE: u32 = 10;
+
 /// Builds a pool of at most `max_size` connections to `database_url`.
 ///
 /// Connections are opened lazily except for the first, which is opened now

@@ -114,6 +114,8 @@ diesel::table! {
         replay -> Bool,
         /// The generation a replay started; NULL for a requeue of a FAILED or CANCELLED row (same generation).
         generation -> Nullable<Int4>,
+        /// requeue (outbox requeue) or cancel (outbox cancel: a PENDING or FAILED row set to CANCELLED).
+        action -> Text,
     }
 }
 

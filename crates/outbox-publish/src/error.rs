@@ -81,6 +81,16 @@ pub enum PublishError {
         /// What is wrong with it.
         source: Box<PublishError>,
     },
+    /// The routing table given to [`crate::publish_routed_event`] sends
+    /// this event type to no queue: the dispatcher would mark the row
+    /// FAILED ("unrouted").
+    #[error(
+        "no routing rule matches event type {event_type:?}; the dispatcher would fail it as unrouted"
+    )]
+    Unrouted {
+        /// The event type.
+        event_type: String,
+    },
     /// The handle was not inside a transaction (see [`crate::OutboxTx::new`]).
     #[error(transparent)]
     NotInTransaction(#[from] NotInTransaction),
@@ -107,6 +117,7 @@ impl PublishError {
                 | Self::PayloadKeyContainsNul { .. }
                 | Self::PayloadTooDeep { .. }
                 | Self::InvalidBatchItem { .. }
+                | Self::Unrouted { .. }
         )
     }
 }

@@ -32,6 +32,7 @@
 //! | [`PublishError::PayloadTooDeep`] | arrays and objects nest deeper than [`MAX_PAYLOAD_DEPTH`] |
 //! | [`PublishError::PayloadTooLarge`] | the payload is over [`outbox_model::MAX_PAYLOAD_BYTES`] serialized |
 //! | [`PublishError::InvalidBatchItem`] | one event of a batch breaks one of the rules above; nothing of the batch is written |
+//! | [`PublishError::Unrouted`] | only with [`publish_routed_event`] (or [`NewOutboxEvent::check_route`]): the given routing table sends the event type to no queue |
 //! | [`PublishError::NotInTransaction`] | [`OutboxTx::new`] got a connection without an open transaction |
 //!
 //! The NUL errors name the place with a JSON Pointer (RFC 6901), e.g.
@@ -54,14 +55,22 @@
 mod error;
 mod event;
 mod publish;
+mod routes;
 mod tx;
 
 pub use error::PublishError;
 pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
+pub use routes::{EventRoutes, publish_routed_event};
 pub use tx::{NotInTransaction, OutboxTx};
 
 /// The README's publishing example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// The adoption guide's examples (a rollback with the application's own
+/// error type), compiled as doctests for the same reason.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/adopting.md")]
+struct AdoptingDoctests;

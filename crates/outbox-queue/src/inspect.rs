@@ -132,6 +132,38 @@ pub async fn dead_jobs(
     Ok(jobs)
 }
 
+/// Every task id in `queue`'s dead set, sorted (read in steps of 500).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn dead_task_ids(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+) -> Result<Vec<String>, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let mut ids = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")
+            .arg(config.dead_jobs_set())
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(500)
+            .query_async(conn)
+            .await?;
+        ids.extend(members);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
 /// Removes finished jobs from `queue`: jobs in the done set that finished
 /// more than `done_after` ago and jobs in the dead set that died more than
 /// `dead_after` ago (their body, their meta record and their set entry). One

@@ -25,15 +25,16 @@ mod server;
 mod worker_store;
 
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, task_id};
-pub use inspect::{DeadJob, QueueStats, dead_jobs, queue_stats, trim_finished};
+pub use inspect::{DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats, trim_finished};
 pub use presence::{
     JobState, JobStateKind, email_task_id, job_states, plugin_invoke_task_id, rerun_finished,
+    retry_dead,
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{
-    MAX_RETRY_ROUNDS, PushReport, QueueError, QueueNamespace, RedisSettings, apalis_config,
-    connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, retry_round, retry_task_id,
-    storage, wake_channel,
+    InvalidQueuePrefix, MAX_RETRY_ROUNDS, PushReport, QUEUE_PREFIX_SEPARATOR, QueueError,
+    QueueNamespace, RedisSettings, apalis_config, connect, idempotency_prefix, push_jobs, push_raw,
+    push_raw_at, retry_round, retry_task_id, storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

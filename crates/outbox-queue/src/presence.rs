@@ -129,6 +129,39 @@ pub async fn rerun_finished(
     task_ids: &[String],
 ) -> Result<usize, QueueError> {
     let config = apalis_config(namespace, queue);
+    put_back(conn, namespace, queue, &config.done_jobs_set(), task_ids).await
+}
+
+/// Puts dead jobs of `queue` back on it: each task id that is in the dead
+/// set goes back on the queue, due now, with its body unchanged and its
+/// attempts reset (a job in its last retry round, `~retry<n>`, gets one
+/// more round before it is dead again). Waiting, running, finished or
+/// missing ids are left alone. Returns how many went back.
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails; some of the jobs may have gone
+/// back, and calling again is safe.
+pub async fn retry_dead(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_ids: &[String],
+) -> Result<usize, QueueError> {
+    let config = apalis_config(namespace, queue);
+    put_back(conn, namespace, queue, &config.dead_jobs_set(), task_ids).await
+}
+
+/// Moves the jobs of `task_ids` that are in `from` (the done or the dead
+/// set of `queue`) back on the queue, due now.
+async fn put_back(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    from: &str,
+    task_ids: &[String],
+) -> Result<usize, QueueError> {
+    let config = apalis_config(namespace, queue);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -137,7 +170,7 @@ pub async fn rerun_finished(
     for chunk in task_ids.chunks(IDS_PER_CALL) {
         let mut call = RERUN.prepare_invoke();
         call.key(config.job_data_hash())
-            .key(config.done_jobs_set())
+            .key(from)
             .key(config.scheduled_jobs_set())
             .key(config.job_meta_hash())
             .arg(now);

@@ -34,6 +34,37 @@ impl QueueNamespace {
         }
     }
 
+    /// The namespace an operator asked for with `OUTBOX_QUEUE_PREFIX`:
+    /// empty for the root namespace, else a prefix that ends with
+    /// [`QUEUE_PREFIX_SEPARATOR`] (`adopt-app:` gives keys
+    /// `adopt-app:outbox.audit:*`). The separator is required rather than
+    /// added, so that a prefix never silently moves a running deployment's
+    /// keys.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidQueuePrefix`] when the prefix does not end with the
+    /// separator, has nothing before it, or contains whitespace or a
+    /// control character.
+    pub fn checked(prefix: &str) -> Result<Self, InvalidQueuePrefix> {
+        if prefix.is_empty() {
+            return Ok(Self::root());
+        }
+        let problem = if prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            "must not contain whitespace or control characters"
+        } else if !prefix.ends_with(QUEUE_PREFIX_SEPARATOR) {
+            "must end with ':' (like \"adopt-app:\"), or keys run into the queue name"
+        } else if prefix.len() == QUEUE_PREFIX_SEPARATOR.len_utf8() {
+            "must have a name before the ':'"
+        } else {
+            return Ok(Self::prefixed(prefix));
+        };
+        Err(InvalidQueuePrefix {
+            prefix: prefix.to_owned(),
+            problem,
+        })
+    }
+
     /// The prefix (empty for the root namespace).
     #[must_use]
     pub fn prefix(&self) -> &str {
@@ -45,6 +76,19 @@ impl QueueNamespace {
     pub fn queue(&self, queue: &str) -> String {
         format!("{}{queue}", self.prefix)
     }
+}
+
+/// What ends a non-empty queue prefix, between it and the queue name.
+pub const QUEUE_PREFIX_SEPARATOR: char = ':';
+
+/// A queue prefix [`QueueNamespace::checked`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid queue prefix {prefix:?}: {problem}")]
+pub struct InvalidQueuePrefix {
+    /// The prefix as given.
+    pub prefix: String,
+    /// What is wrong with it.
+    pub problem: &'static str,
 }
 
 /// Connection settings for Redis. The defaults follow the dependency notes:
@@ -287,6 +331,23 @@ pub fn retry_round(task_id: &str) -> (&str, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_queue_prefix_must_end_with_the_separator() {
+        assert_eq!(QueueNamespace::checked(""), Ok(QueueNamespace::root()));
+        let ns = QueueNamespace::checked("adopt-app:").unwrap();
+        assert_eq!(ns.queue("outbox.audit"), "adopt-app:outbox.audit");
+        for bad in ["adopt-app", ":", "adopt app:", "adopt-app:\n", "a\tb:"] {
+            let err = QueueNamespace::checked(bad).unwrap_err();
+            assert_eq!(err.prefix, bad);
+        }
+        assert!(
+            QueueNamespace::checked("adopt-app")
+                .unwrap_err()
+                .to_string()
+                .contains("must end with ':'")
+        );
+    }
 
     #[test]
     fn an_invalid_url_error_and_the_settings_hide_the_password() {

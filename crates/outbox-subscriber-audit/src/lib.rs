@@ -16,8 +16,20 @@ use diesel_async::RunQueryDsl;
 use outbox_model::PgPool;
 use outbox_model::schema::{audit_log, notification};
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use outbox_subscriber::{ConsumedQueue, JobError, JobHandler, JobMeta};
 use serde_json::Value;
+
+/// The queues this crate's handlers consume and what they read there.
+pub const CONSUMES: &[ConsumedQueue] = &[
+    ConsumedQueue {
+        queue: queues::AUDIT,
+        payload: "any object, stored whole; `actor` / `actorId` / `userId` / `user_id` (optional) becomes the entry's actor",
+    },
+    ConsumedQueue {
+        queue: queues::NOTIFICATION,
+        payload: "any object, stored whole; optional `title`, `body` / `message`, `userId` / `user_id` (none: every member of the tenant)",
+    },
+];
 
 /// The first string field of `payload` among `names`.
 fn text_field(payload: Option<&Value>, names: &[&str]) -> Option<String> {

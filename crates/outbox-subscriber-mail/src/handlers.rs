@@ -207,12 +207,15 @@ pub struct SmtpSettings {
 }
 
 impl SmtpSettings {
+    /// Default of `default_from` (`MAIL_FROM`).
+    pub const DEFAULT_FROM: &'static str = "outbox@localhost";
+
     /// Defaults for `url`: sender `outbox@localhost`, 30 s timeout, 5 min lease, 24 h memory.
     #[must_use]
     pub fn new(url: impl Into<String>) -> Self {
         Self {
             url: url.into(),
-            default_from: "outbox@localhost".to_owned(),
+            default_from: Self::DEFAULT_FROM.to_owned(),
             timeout: Duration::from_secs(30),
             lease: Duration::from_secs(300),
             ttl: Duration::from_secs(24 * 3600),

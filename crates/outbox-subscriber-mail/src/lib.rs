@@ -19,6 +19,22 @@
 mod handlers;
 mod render;
 
+use outbox_queue::queues;
+use outbox_subscriber::ConsumedQueue;
+
+/// The queues this crate's handlers consume from the routing table and what
+/// they read there (`toolctrl.email` is fed by them, not routed to).
+pub const CONSUMES: &[ConsumedQueue] = &[
+    ConsumedQueue {
+        queue: queues::MAIL,
+        payload: "`to` (string or array; required), optional `cc`, `from`, `replyTo`; then `subject` with `text` and/or `html`, or `template` with `vars` (an object)",
+    },
+    ConsumedQueue {
+        queue: queues::MARKETING,
+        payload: "`name`, `email`, `company`, `message` (all optional); mailed to the tenant's sales inbox",
+    },
+];
+
 pub use handlers::{
     MailRequestHandler, MarketingLeadHandler, SmtpConfigError, SmtpHandler, SmtpSettings,
 };

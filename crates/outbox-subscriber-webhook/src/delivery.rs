@@ -22,10 +22,15 @@ pub struct DeliverySettings {
     pub allow_private_addresses: bool,
 }
 
+impl DeliverySettings {
+    /// Default of `timeout` (`WEBHOOK_TIMEOUT_MS`).
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+}
+
 impl Default for DeliverySettings {
     fn default() -> Self {
         Self {
-            timeout: Duration::from_secs(10),
+            timeout: Self::DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
             allow_private_addresses: false,
         }

@@ -24,6 +24,22 @@ mod plugin;
 mod signing;
 mod webhook;
 
+use outbox_queue::queues;
+use outbox_subscriber::ConsumedQueue;
+
+/// The queues this crate's handlers consume from the routing table and what
+/// they read there (`toolctrl.plugin-invoke` is fed by them, not routed to).
+pub const CONSUMES: &[ConsumedQueue] = &[
+    ConsumedQueue {
+        queue: queues::WEBHOOK,
+        payload: "any object, delivered as the body's `data` to every matching `webhook_endpoint` of the tenant",
+    },
+    ConsumedQueue {
+        queue: queues::PLUGIN_HOOK,
+        payload: "any object, delivered to every plugin subscribed to the hook (`plugin.hook.<hook>`)",
+    },
+];
+
 pub use delivery::{Deliverer, Delivery, DeliverySettings, classify};
 pub use once::{Once, OnceSettings, deliver_once};
 pub use plugin::{

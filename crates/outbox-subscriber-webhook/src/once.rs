@@ -16,10 +16,15 @@ pub struct OnceSettings {
     pub ttl: Duration,
 }
 
+impl OnceSettings {
+    /// Default of `lease` (`DELIVERY_LEASE_MS`).
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+}
+
 impl Default for OnceSettings {
     fn default() -> Self {
         Self {
-            lease: Duration::from_secs(60),
+            lease: Self::DEFAULT_LEASE,
             ttl: Duration::from_secs(24 * 3600),
         }
     }

@@ -20,7 +20,7 @@
 
 use outbox_model::PgPool;
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{JobError, JobHandler, JobMeta};
+use outbox_subscriber::{ConsumedQueue, JobError, JobHandler, JobMeta};
 use outbox_workflow::events::{
     CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
     TRIGGER_EVENT, TriggerEventPayload,
@@ -28,6 +28,12 @@ use outbox_workflow::events::{
 use outbox_workflow::executor::{ExecuteError, Executor};
 use outbox_workflow::runner::RunOutcome;
 use outbox_workflow::store::{self, StoreError};
+
+/// The queue this crate's handler consumes and what it reads there.
+pub const CONSUMES: &[ConsumedQueue] = &[ConsumedQueue {
+    queue: queues::WORKFLOW,
+    payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow`'s producers)",
+}];
 
 /// `outbox.workflow`: runs workflows where the executor says.
 #[derive(Clone)]

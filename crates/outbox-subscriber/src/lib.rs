@@ -14,11 +14,13 @@
 //! handlers, the worker binaries assemble the groups.
 
 mod body;
+mod describe;
 mod handler;
 mod runner;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
+pub use describe::ConsumedQueue;
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};
 pub use wake::{WakeStream, listen_for_wakeups};

@@ -46,21 +46,32 @@ pub struct WorkerSettings {
     pub poll_interval: Duration,
 }
 
+impl WorkerSettings {
+    /// Default of `concurrency` (`WORKER_CONCURRENCY`).
+    pub const DEFAULT_CONCURRENCY: usize = 10;
+    /// Default of `retries` (`WORKER_RETRIES`).
+    pub const DEFAULT_RETRIES: usize = 3;
+    /// Default of `heartbeat` (`WORKER_HEARTBEAT_MS`).
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
+    /// Default of `poll_interval` (`WORKER_POLL_INTERVAL_MS`).
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+}
+
 impl Default for WorkerSettings {
     fn default() -> Self {
         Self {
-            concurrency: 10,
-            retries: 3,
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            retries: Self::DEFAULT_RETRIES,
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(10),
             requeue_delays: [30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14_400]
                 .into_iter()
                 .map(Duration::from_secs)
                 .collect(),
-            heartbeat: Duration::from_secs(30),
+            heartbeat: Self::DEFAULT_HEARTBEAT,
             missed_heartbeats: 4,
             fetch_batch: 10,
-            poll_interval: Duration::from_secs(1),
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
         }
     }
 }

@@ -3,13 +3,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use outbox_dispatch::{DEFAULT_BATCH_SIZE, DispatcherConfig, RetentionConfig};
+use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
 use outbox_queue::redact_url;
 use outbox_subscriber::WorkerSettings;
 use outbox_workflow::bridge::BridgeSecret;
 use outbox_workflow::executor::{ExecutorMode, UnknownExecutor};
 
-use crate::redis_check::ALLOW_EVICTION_VARIABLE;
+use crate::variables::{self as v, Flag, WORKER_HTTP_ADDR_GENERAL, Whole};
 
 /// The two deployable groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,18 @@ pub enum Group {
 }
 
 impl Group {
+    /// The default of `WORKER_HTTP_ADDR`: every interface, so that a
+    /// Prometheus outside the container can scrape `/metrics` (it serves no
+    /// secrets); a fixed port per binary, so that both run side by side on
+    /// one host (9464 is the port commonly used for Prometheus exporters).
+    #[must_use]
+    pub const fn default_http_addr(self) -> &'static str {
+        match self {
+            Self::General => "0.0.0.0:9464",
+            Self::Mail => "0.0.0.0:9465",
+        }
+    }
+
     /// The name used in `WORKER_QUEUE_GROUP`.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -59,6 +71,9 @@ pub struct WorkerConfig {
     pub http_addr: SocketAddr,
     /// `OUTBOX_QUEUE_PREFIX`: a key prefix for every queue (empty in production).
     pub queue_prefix: String,
+    /// The routing table: the standard one plus the rules of
+    /// `OUTBOX_ROUTES_FILE`, when set.
+    pub router: Router,
     /// `OUTBOX_DISPATCHER_ENABLED` (general group only).
     pub dispatcher_enabled: bool,
     /// The dispatcher's settings.
@@ -142,6 +157,7 @@ impl std::fmt::Debug for WorkerConfig {
             redis_url,
             http_addr,
             queue_prefix,
+            router,
             dispatcher_enabled,
             dispatcher,
             retention,
@@ -169,6 +185,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("redis_url", &redact_url(redis_url))
             .field("http_addr", http_addr)
             .field("queue_prefix", queue_prefix)
+            .field("router", &router.rules())
             .field("dispatcher_enabled", dispatcher_enabled)
             .field("dispatcher", dispatcher)
             .field("retention", retention)
@@ -236,14 +253,30 @@ impl Env<'_> {
         Ok(parsed)
     }
 
-    fn millis(
-        &self,
-        variable: &'static str,
-        default: u64,
-        min: u64,
-    ) -> Result<Duration, ConfigError> {
-        self.number(variable, default, min, u64::MAX / 2)
-            .map(Duration::from_millis)
+    /// A [`Whole`] variable as `T` (its range fits `T`).
+    fn whole<T: TryFrom<u64>>(&self, spec: &Whole) -> Result<T, ConfigError> {
+        let value = self.number(spec.name, spec.default, spec.min, spec.max)?;
+        T::try_from(value).map_err(|_| ConfigError {
+            variable: spec.name,
+            value: value.to_string(),
+            problem: "is too large".into(),
+        })
+    }
+
+    /// A [`Whole`] variable counted in milliseconds.
+    fn spec_millis(&self, spec: &Whole) -> Result<Duration, ConfigError> {
+        self.whole(spec).map(Duration::from_millis)
+    }
+
+    /// A [`Whole`] variable counted in hours.
+    fn spec_hours(&self, spec: &Whole) -> Result<Duration, ConfigError> {
+        self.whole::<u64>(spec)
+            .map(|hours| Duration::from_secs(3600 * hours))
+    }
+
+    /// A [`Flag`] variable.
+    fn spec_flag(&self, spec: &Flag) -> Result<bool, ConfigError> {
+        self.flag(spec.name, spec.default)
     }
 
     fn flag(&self, variable: &'static str, default: bool) -> Result<bool, ConfigError> {
@@ -303,39 +336,37 @@ impl WorkerConfig {
                 problem: format!("this binary runs the {} group", binary_group.as_str()),
             });
         }
-        let http_addr = match env.raw("WORKER_HTTP_ADDR") {
-            None => SocketAddr::from(([127, 0, 0, 1], 0)),
-            Some(value) => value.trim().parse().map_err(|_| ConfigError {
-                variable: "WORKER_HTTP_ADDR",
-                value: value.clone(),
-                problem: "must be host:port, like 127.0.0.1:9464".into(),
-            })?,
-        };
+        let http_addr_text = env
+            .raw(WORKER_HTTP_ADDR_GENERAL.name)
+            .unwrap_or_else(|| group.default_http_addr().to_owned());
+        let http_addr: SocketAddr = http_addr_text.trim().parse().map_err(|_| ConfigError {
+            variable: WORKER_HTTP_ADDR_GENERAL.name,
+            value: http_addr_text.clone(),
+            problem: "must be host:port, like 127.0.0.1:9464".into(),
+        })?;
         let dispatcher = DispatcherConfig {
-            interval: env.millis("OUTBOX_DISPATCH_INTERVAL_MS", 1000, 1)?,
-            batch_size: env.number("OUTBOX_DISPATCH_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, 10_000)?,
-            concurrency: env.number("OUTBOX_DISPATCH_CONCURRENCY", 10, 1, 1000)?,
-            max_retries: env.number("OUTBOX_MAX_RETRIES", 6, 0, 1000)?,
-            lock_timeout: env.millis("OUTBOX_LOCK_TIMEOUT_MS", 300_000, 1000)?,
+            interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
+            batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
+            concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
+            max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
+            lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
             ..DispatcherConfig::default()
         };
         let retention = RetentionConfig::new(
-            Duration::from_secs(
-                3600 * env.number("OUTBOX_DONE_RETENTION_HOURS", 720u64, 0, 1_000_000)?,
-            ),
+            env.spec_hours(&v::OUTBOX_DONE_RETENTION_HOURS)?,
             // Out-of-range batch sizes are clamped, as the contract says; non-numbers are errors.
-            env.number("OUTBOX_DONE_RETENTION_BATCH_SIZE", 1000u32, 0, u32::MAX)?,
+            env.whole(&v::OUTBOX_DONE_RETENTION_BATCH_SIZE)?,
         );
         let worker = WorkerSettings {
-            concurrency: env.number("WORKER_CONCURRENCY", 10, 1, 1000)?,
-            retries: env.number("WORKER_RETRIES", 3, 0, 100)?,
+            concurrency: env.whole(&v::WORKER_CONCURRENCY)?,
+            retries: env.whole(&v::WORKER_RETRIES)?,
             // apalis-redis counts the orphan window in whole seconds: below
             // 1 s it rounds to zero and workers would steal each other's jobs.
-            heartbeat: env.millis("WORKER_HEARTBEAT_MS", 30_000, 1000)?,
-            poll_interval: env.millis("WORKER_POLL_INTERVAL_MS", 1000, 10)?,
+            heartbeat: env.spec_millis(&v::WORKER_HEARTBEAT_MS)?,
+            poll_interval: env.spec_millis(&v::WORKER_POLL_INTERVAL_MS)?,
             ..WorkerSettings::default()
         };
-        let shutdown_grace = env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?;
+        let shutdown_grace = env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?;
         let orphan_window = worker.heartbeat * worker.missed_heartbeats as u32;
         if shutdown_grace >= orphan_window {
             // A draining worker sends no heartbeats: past this window other
@@ -359,8 +390,8 @@ impl WorkerConfig {
             check_smtp_url(url)?;
         }
         let mail_from = env
-            .raw("MAIL_FROM")
-            .unwrap_or_else(|| "outbox@localhost".into());
+            .raw(v::MAIL_FROM.name)
+            .unwrap_or_else(|| v::MAIL_FROM.default.into());
         if let Err(e) = mail_from.parse::<lettre::message::Mailbox>() {
             return Err(ConfigError {
                 variable: "MAIL_FROM",
@@ -393,35 +424,60 @@ impl WorkerConfig {
             database_url,
             redis_url,
             http_addr,
-            queue_prefix: env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default(),
-            dispatcher_enabled: env.flag("OUTBOX_DISPATCHER_ENABLED", false)?,
+            queue_prefix: queue_prefix(&env)?,
+            router: router(&env)?,
+            dispatcher_enabled: env.spec_flag(&v::OUTBOX_DISPATCHER_ENABLED)?,
             dispatcher,
             retention,
-            retention_every: env.millis(
-                "OUTBOX_DONE_RETENTION_INTERVAL_MS",
-                24 * 3600 * 1000,
-                1000,
-            )?,
+            retention_every: env.spec_millis(&v::OUTBOX_DONE_RETENTION_INTERVAL_MS)?,
             worker,
-            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
+            pool_size: env.whole(&v::DATABASE_POOL_SIZE)?,
             smtp_url,
-            mail_from: env
-                .raw("MAIL_FROM")
-                .unwrap_or_else(|| "outbox@localhost".into()),
-            webhook_timeout: env.millis("WEBHOOK_TIMEOUT_MS", 10_000, 100)?,
-            webhook_allow_private: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
+            mail_from,
+            webhook_timeout: env.spec_millis(&v::WEBHOOK_TIMEOUT_MS)?,
+            webhook_allow_private: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES)?,
             shutdown_grace,
-            delivery_lease: env.millis("DELIVERY_LEASE_MS", 60_000, 100)?,
-            gauge_interval: env.millis("WORKER_GAUGE_INTERVAL_MS", 15_000, 100)?,
-            redis_check_interval: env.millis("OUTBOX_REDIS_CHECK_INTERVAL_MS", 10_000, 100)?,
-            allow_redis_eviction: env.flag(ALLOW_EVICTION_VARIABLE, false)?,
+            delivery_lease: env.spec_millis(&v::DELIVERY_LEASE_MS)?,
+            gauge_interval: env.spec_millis(&v::WORKER_GAUGE_INTERVAL_MS)?,
+            redis_check_interval: env.spec_millis(&v::OUTBOX_REDIS_CHECK_INTERVAL_MS)?,
+            allow_redis_eviction: env.spec_flag(&v::OUTBOX_ALLOW_REDIS_EVICTION)?,
             queue_done_retention,
             delivery_record_ttl,
-            queue_dead_retention: Duration::from_secs(
-                3600 * env.number("QUEUE_DEAD_RETENTION_HOURS", 720u64, 1, 1_000_000)?,
-            ),
+            queue_dead_retention: env.spec_hours(&v::QUEUE_DEAD_RETENTION_HOURS)?,
         })
     }
+}
+
+/// `OUTBOX_QUEUE_PREFIX`: empty, or ending with ':' ([`outbox_queue::QueueNamespace::checked`]).
+fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
+    let prefix = env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default();
+    match outbox_queue::QueueNamespace::checked(&prefix) {
+        Ok(_) => Ok(prefix),
+        Err(e) => Err(ConfigError {
+            variable: "OUTBOX_QUEUE_PREFIX",
+            value: prefix,
+            problem: e.problem.into(),
+        }),
+    }
+}
+
+/// `OUTBOX_ROUTES_FILE`: the standard routing table plus the file's rules,
+/// read and validated now (a missing file, bad TOML or a refused rule stops
+/// start-up naming the variable).
+fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
+    let Some(path) = env.raw(v::OUTBOX_ROUTES_FILE.name) else {
+        return Ok(Router::standard());
+    };
+    let fail = |problem: String| ConfigError {
+        variable: v::OUTBOX_ROUTES_FILE.name,
+        value: path.clone(),
+        problem,
+    };
+    let text =
+        std::fs::read_to_string(path.trim()).map_err(|e| fail(format!("cannot be read: {e}")))?;
+    Router::standard()
+        .with_routes_file(&text)
+        .map_err(|e| fail(e.to_string()))
 }
 
 /// Reads `WORKFLOW_EXECUTOR`, `WORKFLOW_BRIDGE_URL` and
@@ -490,6 +546,18 @@ pub const DEFAULT_DELIVERY_RECORD_TTL_HOURS: u64 = 48;
 /// Default of `QUEUE_DONE_RETENTION_HOURS`.
 pub const DEFAULT_QUEUE_DONE_RETENTION_HOURS: u64 = 24;
 
+/// Default of `QUEUE_DEAD_RETENTION_HOURS`: dead jobs stay 30 days for triage.
+pub const DEFAULT_QUEUE_DEAD_RETENTION_HOURS: u64 = 720;
+
+/// Default of `OUTBOX_DONE_RETENTION_INTERVAL_MS`: retention runs daily.
+pub const DEFAULT_RETENTION_EVERY: Duration = Duration::from_secs(24 * 3600);
+
+/// Default of `WORKER_SHUTDOWN_GRACE_MS`.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Default of `WORKER_GAUGE_INTERVAL_MS`.
+pub const DEFAULT_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
+
 /// Reads `QUEUE_DONE_RETENTION_HOURS` and `DELIVERY_RECORD_TTL_HOURS` and
 /// checks that deduplication outlives every way an event generation can be
 /// pushed again: a finished job must stay in Redis (so a second push of its
@@ -501,18 +569,8 @@ fn dedupe_window(
     dispatcher: &outbox_dispatch::DispatcherConfig,
 ) -> Result<(Duration, Duration), ConfigError> {
     let hours = |h: u64| Duration::from_secs(3600 * h);
-    let retention = env.number(
-        "QUEUE_DONE_RETENTION_HOURS",
-        DEFAULT_QUEUE_DONE_RETENTION_HOURS,
-        1,
-        1_000_000,
-    )?;
-    let ttl = env.number(
-        "DELIVERY_RECORD_TTL_HOURS",
-        DEFAULT_DELIVERY_RECORD_TTL_HOURS,
-        1,
-        1_000_000,
-    )?;
+    let retention: u64 = env.whole(&v::QUEUE_DONE_RETENTION_HOURS)?;
+    let ttl: u64 = env.whole(&v::DELIVERY_RECORD_TTL_HOURS)?;
     let repush = dispatcher.repush_window();
     if hours(retention) < repush {
         return Err(ConfigError {
@@ -642,9 +700,9 @@ impl BridgeConfig {
             database_url,
             addr,
             secrets,
-            pool_size: env.number("DATABASE_POOL_SIZE", 10, 1, 1000)?,
-            allow_private_addresses: env.flag("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", false)?,
-            shutdown_grace: env.millis("WORKER_SHUTDOWN_GRACE_MS", 30_000, 0)?,
+            pool_size: env.whole(&v::DATABASE_POOL_SIZE)?,
+            allow_private_addresses: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES)?,
+            shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?,
         })
     }
 }
@@ -685,7 +743,12 @@ mod tests {
         assert_eq!(config.dispatcher.interval, Duration::from_millis(1000));
         assert_eq!(config.retention.retention, Duration::from_secs(720 * 3600));
         assert_eq!(config.retention.batch_size, 1000);
-        assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
+        // Scrapeable from outside a container, one port per binary.
+        assert_eq!(config.http_addr, "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(
+            read(Group::Mail, &[]).unwrap().http_addr,
+            "0.0.0.0:9465".parse().unwrap()
+        );
         assert!(!config.allow_redis_eviction);
         // Webhooks, plugin calls and workflow HTTP blocks may not reach
         // loopback, private or link-local addresses unless told.
@@ -763,6 +826,7 @@ mod tests {
     #[test]
     fn bad_values_name_their_variable() {
         let cases: &[(&str, &str, &str)] = &[
+            ("OUTBOX_QUEUE_PREFIX", "adopt-app", "must end with ':'"),
             ("OUTBOX_DISPATCH_BATCH_SIZE", "0", "between"),
             ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),

@@ -26,12 +26,13 @@ mod error_reports;
 mod gauges;
 mod http;
 mod redis_check;
+pub mod variables;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use outbox_dispatch::{Dispatcher, RedisGuardSettings, Router, run_retention};
+use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::HandlerGroup;
@@ -52,7 +53,9 @@ use tokio_util::sync::CancellationToken;
 pub use bridge::{bridge_main, run_bridge};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
-    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS, Group, WorkerConfig,
+    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
+    DEFAULT_QUEUE_DONE_RETENTION_HOURS, DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group,
+    WorkerConfig,
 };
 pub use error_reports::{
     ErrorReportLayer, ErrorReports, SENTRY_DSN_VARIABLE, error_report_layer, start_error_reports,
@@ -69,26 +72,30 @@ pub use redis_check::{
 /// variable, or a Redis that may evict keys (see [`RedisMayEvict`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
-/// The entry point of both binaries: configuration, runtime, exit code.
+/// The entry point of both binaries: command line (`--help` lists every
+/// variable, see [`variables`]), configuration, runtime, exit code.
 #[must_use]
 pub fn main_for(group: Group) -> ExitCode {
+    // Exits 0 after --help or --version, 2 on an unknown flag.
+    let matches = variables::command(group).get_matches();
+    let lookup = variables::lookup(&matches);
     let binary = match group {
         Group::General => "worker-general",
         Group::Mail => "worker-mail",
     };
     // Before logging starts: its error lines go to Sentry when this is on.
-    let _reports = match start_error_reports(&|name| std::env::var(name).ok(), binary) {
+    let _reports = match start_error_reports(&lookup, binary) {
         Ok(reports) => reports,
         Err(e) => {
             eprintln!("{binary}: {e}");
             return ExitCode::from(EXIT_CONFIGURATION);
         }
     };
-    if let Err(e) = init_tracing() {
+    if let Err(e) = init_tracing(&lookup) {
         eprintln!("worker-{}: {e}", group.as_str());
         return ExitCode::from(EXIT_CONFIGURATION);
     }
-    let config = match WorkerConfig::from_env(group) {
+    let config = match WorkerConfig::from_lookup(group, &lookup) {
         Ok(config) => config,
         Err(e) => {
             eprintln!("worker-{}: {e}", group.as_str());
@@ -151,12 +158,13 @@ impl LogFormat {
     }
 }
 
-/// Sets up logging as `LOG_FORMAT` says (`RUST_LOG` filters).
+/// Sets up logging as `LOG_FORMAT` (read through `get`) says (`RUST_LOG`
+/// filters).
 ///
 /// # Errors
 ///
 /// A bad `LOG_FORMAT` (logging then stays text, so the error can be shown).
-pub(crate) fn init_tracing() -> Result<(), ConfigError> {
+pub(crate) fn init_tracing(get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new(
@@ -166,7 +174,7 @@ pub(crate) fn init_tracing() -> Result<(), ConfigError> {
     };
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    let format = LogFormat::from_lookup(&|name| std::env::var(name).ok());
+    let format = LogFormat::from_lookup(get);
     let registry = tracing_subscriber::registry()
         .with(filter())
         .with(error_reports::error_report_layer());
@@ -393,7 +401,7 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
                     config.database_url.clone(),
                     redis.clone(),
                     namespace.clone(),
-                    Router::standard(),
+                    config.router.clone(),
                     config.dispatcher.clone(),
                 )?
                 .with_redis_guard(RedisGuardSettings {
@@ -426,7 +434,8 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
     }
     let gauge_queues: Vec<String> = match config.group {
         Group::General => {
-            let mut all: Vec<String> = Router::standard()
+            let mut all: Vec<String> = config
+                .router
                 .queues()
                 .into_iter()
                 .map(str::to_owned)
@@ -507,7 +516,8 @@ async fn trim_queues(
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) {
-    let mut queues: Vec<String> = Router::standard()
+    let mut queues: Vec<String> = config
+        .router
         .queues()
         .into_iter()
         .map(str::to_owned)

@@ -16,7 +16,7 @@ use super::bulk::{
 use super::{Candidate, Plan, PlanRow, execute, plan};
 use crate::filters::Filters;
 use crate::render::{showing, thousands};
-use crate::{Cli, Failure, Outcome, connect, print_json};
+use crate::{Cli, ExitStatus, Failure, Outcome, connect, print_json};
 
 /// Default of `--reason`.
 pub const DEFAULT_REASON: &str = "requeued by operator";
@@ -97,7 +97,7 @@ pub async fn run(cli: &Cli, args: &RequeueArgs) -> Outcome {
     } else {
         report.requeued.len() as u64
     };
-    Ok(u8::from(changed == 0))
+    Ok(ExitStatus::alert_if(changed == 0))
 }
 
 /// One row by id: no count, no guard, one transaction.

@@ -1,0 +1,192 @@
+//! `outbox cancel ID…`: PENDING or FAILED rows to CANCELLED, with a history
+//! entry each (`outbox_event_requeue`, action `cancel`), so that `outbox
+//! show` tells who cancelled what and why, and `outbox requeue` can bring
+//! the row back. PROCESSING (a dispatcher holds it) and DONE (already
+//! handed off) rows are refused.
+
+use anyhow::Context;
+use clap::Args;
+use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
+use diesel::{QueryableByName, prelude::*};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_model::OutboxStatus;
+use outbox_model::schema::outbox_event;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::{Cli, ExitStatus, Outcome, connect, print_json};
+
+/// Default of `--reason`.
+const DEFAULT_REASON: &str = "cancelled by operator";
+
+/// Arguments of `outbox cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The event ids (one or more).
+    #[arg(required = true)]
+    pub ids: Vec<Uuid>,
+    /// Why, kept in the row's history.
+    #[arg(long, default_value = DEFAULT_REASON)]
+    pub reason: String,
+    /// Show what would be cancelled; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Why a row with `status` is not cancelled, or `None` when it is.
+fn refusal(status: OutboxStatus) -> Option<&'static str> {
+    match status {
+        OutboxStatus::Pending | OutboxStatus::Failed => None,
+        OutboxStatus::Processing => Some("PROCESSING: a dispatcher holds it right now"),
+        OutboxStatus::Done => Some("DONE: it was handed off already"),
+        OutboxStatus::Cancelled => Some("already CANCELLED"),
+    }
+}
+
+/// One row of the report.
+#[derive(Debug, Serialize)]
+struct Row {
+    id: Uuid,
+    /// The status before (absent: no such row).
+    status: Option<OutboxStatus>,
+    /// Why it is left alone, when it is.
+    refused: Option<String>,
+}
+
+#[derive(QueryableByName)]
+struct Cancelled {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+}
+
+/// Cancels the cancellable rows of `ids` in one transaction, each with its
+/// history entry; rows whose status changed since they were read are left
+/// alone. Returns the ids cancelled.
+async fn execute(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+    reason: &str,
+    requested_by: Option<&str>,
+) -> anyhow::Result<Vec<Uuid>> {
+    let cancellable = [
+        OutboxStatus::Pending.as_str(),
+        OutboxStatus::Failed.as_str(),
+    ];
+    conn.transaction::<_, anyhow::Error, _>(async |conn| {
+        let locked: Vec<Cancelled> = diesel::sql_query(
+            "SELECT id FROM outbox_event WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
+        )
+        .bind::<Array<SqlUuid>, _>(ids)
+        .bind::<Array<Text>, _>(&cancellable[..])
+        .load(conn)
+        .await?;
+        let locked: Vec<Uuid> = locked.into_iter().map(|row| row.id).collect();
+        diesel::sql_query(
+            "INSERT INTO outbox_event_requeue
+                 (outbox_event_id, reason, requested_by, previous_status, previous_retries,
+                  previous_last_error, action)
+             SELECT id, $2, $3, status, retries, last_error, 'cancel'
+             FROM outbox_event WHERE id = ANY($1)",
+        )
+        .bind::<Array<SqlUuid>, _>(&locked)
+        .bind::<Text, _>(reason)
+        .bind::<Nullable<Text>, _>(requested_by)
+        .execute(conn)
+        .await?;
+        diesel::sql_query(
+            "UPDATE outbox_event SET status = 'CANCELLED', locked_until = NULL WHERE id = ANY($1)",
+        )
+        .bind::<Array<SqlUuid>, _>(&locked)
+        .execute(conn)
+        .await?;
+        Ok(locked)
+    })
+    .await
+}
+
+/// Runs `outbox cancel`.
+pub async fn run(cli: &Cli, args: &CancelArgs) -> Outcome {
+    let mut conn = connect(cli).await?;
+    let found: Vec<(Uuid, OutboxStatus)> = outbox_event::table
+        .filter(outbox_event::id.eq_any(&args.ids))
+        .select((outbox_event::id, outbox_event::status))
+        .load(&mut conn)
+        .await
+        .context("cannot read the rows")?;
+    let rows: Vec<Row> = args
+        .ids
+        .iter()
+        .map(|id| {
+            let status = found.iter().find(|(f, _)| f == id).map(|(_, s)| *s);
+            Row {
+                id: *id,
+                status,
+                refused: match status {
+                    None => Some("no such event".to_owned()),
+                    Some(status) => refusal(status).map(str::to_owned),
+                },
+            }
+        })
+        .collect();
+    let wanted: Vec<Uuid> = rows
+        .iter()
+        .filter(|r| r.refused.is_none())
+        .map(|r| r.id)
+        .collect();
+    let cancelled = if args.dry_run || wanted.is_empty() {
+        Vec::new()
+    } else {
+        let requested_by = std::env::var("USER").ok();
+        execute(&mut conn, &wanted, &args.reason, requested_by.as_deref())
+            .await
+            .context("cannot cancel")?
+    };
+    if cli.json {
+        print_json(&serde_json::json!({
+            "dry_run": args.dry_run,
+            "rows": rows,
+            "cancelled": cancelled,
+        }))?;
+    } else {
+        print(&rows, &cancelled, args.dry_run);
+    }
+    let changed = if args.dry_run {
+        wanted.len()
+    } else {
+        cancelled.len()
+    };
+    Ok(ExitStatus::alert_if(changed == 0))
+}
+
+fn print(rows: &[Row], cancelled: &[Uuid], dry_run: bool) {
+    for row in rows {
+        let status = row.status.map_or("-", OutboxStatus::as_str);
+        match &row.refused {
+            Some(why) => println!("{}  {status:<10}  left alone: {why}", row.id),
+            None if dry_run => println!("{}  {status:<10}  would be cancelled", row.id),
+            None if cancelled.contains(&row.id) => {
+                println!("{}  {status:<10}  cancelled", row.id);
+            }
+            None => println!("{}  {status:<10}  left alone: changed meanwhile", row.id),
+        }
+    }
+    if dry_run {
+        println!("dry run: nothing changed");
+    } else {
+        println!("{} row(s) cancelled", cancelled.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_pending_and_failed_rows_are_cancelled() {
+        let cancellable: Vec<OutboxStatus> = OutboxStatus::ALL
+            .into_iter()
+            .filter(|s| refusal(*s).is_none())
+            .collect();
+        assert_eq!(cancellable, [OutboxStatus::Pending, OutboxStatus::Failed]);
+    }
+}

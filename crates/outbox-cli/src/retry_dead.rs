@@ -1,0 +1,157 @@
+//! `outbox retry-dead <queue>`: put dead jobs back on their queue, due now,
+//! guarded like `outbox requeue`: `--dry-run` lists them, and more than
+//! `--confirm-above` jobs need `--yes` (without it nothing changes and the
+//! exit status is 2).
+
+use anyhow::Context;
+use clap::Args;
+use outbox_queue::QueueNamespace;
+use serde::Serialize;
+
+use crate::requeue::bulk::DEFAULT_CONFIRM_ABOVE;
+use crate::{Cli, ExitStatus, Failure, Outcome, dead, print_json, redis};
+
+/// Arguments of `outbox retry-dead`.
+#[derive(Debug, Args)]
+pub struct RetryDeadArgs {
+    /// The queue, e.g. `outbox.webhook` or `toolctrl.email`.
+    pub queue: String,
+    /// Only this dead job (repeatable); without it, every dead job of the queue.
+    #[arg(long = "task-id")]
+    pub task_ids: Vec<String>,
+    /// List the dead jobs that would go back; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Confirm putting back more jobs than --confirm-above.
+    #[arg(long)]
+    pub yes: bool,
+    /// Putting back more jobs than this needs --yes; without it, nothing changes and the exit status is 2.
+    #[arg(long, default_value_t = DEFAULT_CONFIRM_ABOVE)]
+    pub confirm_above: u64,
+}
+
+/// What `retry-dead` did or would do.
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    queue: &'a str,
+    dry_run: bool,
+    /// The dead jobs selected.
+    task_ids: Vec<String>,
+    /// How many went back (0 with --dry-run).
+    put_back: usize,
+}
+
+/// The policy: how many jobs may go back without `--yes`.
+fn guard(selected: usize, args: &RetryDeadArgs) -> Result<(), Failure> {
+    let selected = selected as u64;
+    if !args.dry_run && !args.yes && selected > args.confirm_above {
+        return Err(Failure::from(anyhow::anyhow!(
+            "{selected} dead jobs of {} would go back, more than --confirm-above {}; \
+             run with --dry-run to see them, then with --yes (nothing changed)",
+            args.queue,
+            args.confirm_above
+        )));
+    }
+    Ok(())
+}
+
+/// Runs `outbox retry-dead`.
+pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
+    dead::check_queue(&args.queue, &crate::router(cli)?)?;
+    let mut redis = redis(cli)?;
+    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let dead_ids = outbox_queue::dead_task_ids(&mut redis, &namespace, &args.queue)
+        .await
+        .with_context(|| format!("cannot read the dead jobs of {}", args.queue))?;
+    let selected: Vec<String> = if args.task_ids.is_empty() {
+        dead_ids
+    } else {
+        let missing: Vec<&String> = args
+            .task_ids
+            .iter()
+            .filter(|id| !dead_ids.contains(id))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Failure::from(anyhow::anyhow!(
+                "not dead on {}: {} (see `outbox dead {}`; nothing changed)",
+                args.queue,
+                missing
+                    .iter()
+                    .map(|id| id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                args.queue
+            )));
+        }
+        args.task_ids.clone()
+    };
+    guard(selected.len(), args)?;
+    let put_back = if args.dry_run || selected.is_empty() {
+        0
+    } else {
+        outbox_queue::retry_dead(&mut redis, &namespace, &args.queue, &selected)
+            .await
+            .with_context(|| format!("cannot put the dead jobs of {} back", args.queue))?
+    };
+    let report = Report {
+        queue: &args.queue,
+        dry_run: args.dry_run,
+        task_ids: selected,
+        put_back,
+    };
+    if cli.json {
+        print_json(&report)?;
+    } else {
+        print(&report);
+    }
+    Ok(ExitStatus::alert_if(report.task_ids.is_empty()))
+}
+
+fn print(report: &Report<'_>) {
+    if report.task_ids.is_empty() {
+        println!("no dead jobs on {}", report.queue);
+        return;
+    }
+    for id in &report.task_ids {
+        println!("{id}");
+    }
+    if report.dry_run {
+        println!(
+            "would put {} dead job(s) back on {} (dry run: nothing changed)",
+            report.task_ids.len(),
+            report.queue
+        );
+    } else {
+        println!(
+            "put {} of {} dead job(s) back on {}",
+            report.put_back,
+            report.task_ids.len(),
+            report.queue
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(dry_run: bool, yes: bool) -> RetryDeadArgs {
+        RetryDeadArgs {
+            queue: "outbox.webhook".into(),
+            task_ids: Vec::new(),
+            dry_run,
+            yes,
+            confirm_above: 2,
+        }
+    }
+
+    #[test]
+    fn more_jobs_than_the_threshold_need_yes_unless_it_is_a_dry_run() {
+        assert!(guard(2, &args(false, false)).is_ok());
+        let refused = guard(3, &args(false, false)).err().unwrap();
+        assert_eq!(refused.status, ExitStatus::Error);
+        assert!(refused.error.to_string().contains("--yes"));
+        assert!(guard(3, &args(false, true)).is_ok());
+        assert!(guard(3, &args(true, false)).is_ok());
+    }
+}

@@ -1,0 +1,291 @@
+//! The conventions users of other database CLIs expect from the real
+//! `outbox` binary: output into a closed pipe ends quietly; shell
+//! completions; `migrate --status` and `--dry-run`; `cancel` with history;
+//! `retry-dead`, guarded like `requeue`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use outbox_queue::{RedisSettings, push_raw, queues};
+use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
+use outbox_test_support::eventually;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::common::Env;
+
+#[tokio::test]
+async fn list_into_a_pipe_its_reader_closed_ends_quietly() {
+    let env = Env::new().await;
+    let rows: Vec<String> = (0..2000)
+        .map(|i| format!("('acme', 'audit.user.login', '{{\"n\": {i}}}')"))
+        .collect();
+    env.sql(&format!(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES {}",
+        rows.join(", ")
+    ))
+    .await;
+    for args in [
+        &["list", "--limit", "2000"][..],
+        &["list", "--limit", "2000", "--json"],
+    ] {
+        // As `outbox list | head -0`: the reader is gone before the first line.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(args)
+            .env("DATABASE_URL", env.db.url())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn completions_cover_every_command() {
+    for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(0), "{shell}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for command in ["migrate", "retry-dead", "cancel", "health"] {
+            assert!(script.contains(command), "{shell}: {command}");
+        }
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[tokio::test]
+async fn migrate_status_and_dry_run_list_without_changing_anything() {
+    let env = Env::new().await;
+    let status = env.outbox(&["migrate", "--status", "--json"]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    let json = status.json();
+    assert_eq!(json["pending"], 0);
+    let migrations = json["migrations"].as_array().unwrap();
+    assert!(migrations.iter().all(|m| m["applied"] == true));
+    assert!(
+        migrations
+            .iter()
+            .any(|m| m["name"] == "2026-11-29-000001_create_outbox_event")
+    );
+
+    // Forget the newest migration: it is pending, and --dry-run leaves it so.
+    let newest = migrations.last().unwrap()["version"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    env.sql(&format!(
+        "DELETE FROM __diesel_schema_migrations WHERE version = '{newest}'"
+    ))
+    .await;
+    let table = env.outbox(&["migrate", "--status"]);
+    assert!(table.stdout.contains("pending"), "{}", table.stdout);
+    let dry = env.outbox(&["migrate", "--dry-run", "--json"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    let would: Vec<Value> = dry.json()["would_apply"].as_array().unwrap().clone();
+    assert_eq!(would.len(), 1);
+    assert_eq!(
+        env.outbox(&["migrate", "--status", "--json"]).json()["pending"],
+        1,
+        "--dry-run applied nothing"
+    );
+}
+
+#[tokio::test]
+async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_done() {
+    let env = Env::new().await;
+    env.sql(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, status, retries, last_error, failed_at, processed_at)
+         VALUES ('00000000-0000-4000-8000-000000000001', 'acme', 'audit.user.login', '{}', 'PENDING', 0, NULL, NULL, NULL),
+                ('00000000-0000-4000-8000-000000000002', 'acme', 'webhook.order.paid', '{}', 'FAILED', 7, 'HTTP 500', now(), NULL),
+                ('00000000-0000-4000-8000-000000000003', 'acme', 'audit.user.login', '{}', 'DONE', 0, NULL, NULL, now())",
+    )
+    .await;
+    let [pending, failed, done] = [
+        "00000000-0000-4000-8000-000000000001",
+        "00000000-0000-4000-8000-000000000002",
+        "00000000-0000-4000-8000-000000000003",
+    ];
+
+    let dry = env.outbox(&["cancel", pending, failed, "--dry-run"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert_eq!(
+        env.outbox(&["show", pending, "--json"]).json()["event"]["status"],
+        "PENDING",
+        "a dry run changes nothing"
+    );
+
+    let run = env.outbox(&[
+        "cancel",
+        pending,
+        failed,
+        done,
+        "--reason",
+        "customer withdrew",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["cancelled"].as_array().unwrap().len(), 2);
+    for id in [pending, failed] {
+        let shown = env.outbox(&["show", id, "--json"]).json();
+        assert_eq!(shown["event"]["status"], "CANCELLED");
+        let history = shown["history"].as_array().unwrap();
+        assert_eq!(history.len(), 1);
+        assert_eq!(history[0]["action"], "cancel");
+        assert_eq!(history[0]["reason"], "customer withdrew");
+    }
+    let failed_history = env.outbox(&["show", failed, "--json"]).json()["history"][0].clone();
+    assert_eq!(failed_history["previous_status"], "FAILED");
+    assert_eq!(failed_history["previous_last_error"], "HTTP 500");
+    assert_eq!(
+        env.outbox(&["show", done, "--json"]).json()["event"]["status"],
+        "DONE"
+    );
+    let table = env.outbox(&["show", failed]);
+    assert!(
+        table.stdout.contains("cancelled from FAILED"),
+        "{}",
+        table.stdout
+    );
+
+    // Nothing left to cancel: exit 1, like a command that matched nothing.
+    let again = env.outbox(&["cancel", done]);
+    assert_eq!(again.code, 1);
+    assert!(again.stdout.contains("DONE"), "{}", again.stdout);
+}
+
+struct Doomed;
+
+impl JobHandler for Doomed {
+    type Job = Value;
+
+    fn queue(&self) -> &str {
+        queues::WEBHOOK
+    }
+
+    async fn handle(&self, _job: Value, _meta: &JobMeta) -> Result<(), JobError> {
+        Err(JobError::permanent("the receiver refuses this body"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_dead_puts_dead_jobs_back_and_needs_yes_above_the_threshold() {
+    let env = Env::new().await;
+    let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
+    let mut push = conn.clone();
+    let jobs: Vec<(String, Vec<u8>)> = (1..=3)
+        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+        .collect();
+    push_raw(&mut push, &env.namespace, queues::WEBHOOK, &jobs)
+        .await
+        .unwrap();
+    let group = HandlerGroup::new().with(Doomed).unwrap();
+    let (namespace, shutdown) = (env.namespace.clone(), CancellationToken::new());
+    let stop = shutdown.clone();
+    let worker = tokio::spawn(async move {
+        group
+            .run(conn, &namespace, &WorkerSettings::default(), shutdown)
+            .await
+    });
+    eventually("three dead jobs", Duration::from_secs(30), async || {
+        env.outbox(&["dead", queues::WEBHOOK, "--json"]).json()["dead"]
+            .as_array()
+            .is_some_and(|d| d.len() == 3)
+    })
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+
+    let guarded = env.outbox(&["retry-dead", queues::WEBHOOK, "--confirm-above", "2"]);
+    assert_eq!(guarded.code, 2);
+    assert!(guarded.stderr.contains("--yes"), "{}", guarded.stderr);
+    let dry = env.outbox(&["retry-dead", queues::WEBHOOK, "--dry-run", "--json"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert_eq!(dry.json()["put_back"], 0);
+    assert_eq!(dry.json()["task_ids"].as_array().unwrap().len(), 3);
+
+    let one = env.outbox(&[
+        "retry-dead",
+        queues::WEBHOOK,
+        "--task-id",
+        "job-2",
+        "--json",
+    ]);
+    assert_eq!(one.code, 0, "{}", one.stderr);
+    assert_eq!(one.json()["put_back"], 1);
+    let rest = env.outbox(&[
+        "retry-dead",
+        queues::WEBHOOK,
+        "--confirm-above",
+        "2",
+        "--yes",
+    ]);
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    assert!(rest.stdout.contains("put 2 of 2"), "{}", rest.stdout);
+
+    let health = env
+        .outbox(&["health", "--json", "--max-backlog", "100000"])
+        .json();
+    let webhook = health["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == queues::WEBHOOK)
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (webhook["dead"].clone(), webhook["backlog"].clone()),
+        (0.into(), 3.into())
+    );
+    let unknown = env.outbox(&["retry-dead", queues::WEBHOOK, "--task-id", "job-9"]);
+    assert_eq!(unknown.code, 2);
+    assert!(unknown.stderr.contains("not dead"), "{}", unknown.stderr);
+}
+
+#[tokio::test]
+async fn a_routes_file_adds_its_queues_to_health_and_a_bad_one_is_refused() {
+    let env = Env::new().await;
+    let path = std::env::temp_dir().join(format!("routes-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(
+        &path,
+        "[[route]]\nprefix = \"orders.\"\nqueue = \"app.orders\"\n",
+    )
+    .unwrap();
+    let file = path.to_str().unwrap();
+    let health = env.outbox(&["health", "--json", "--routes-file", file]);
+    let queues: Vec<Value> = health.json()["queues"].as_array().unwrap().clone();
+    assert!(
+        queues.iter().any(|q| q["queue"] == "app.orders"),
+        "{queues:?}"
+    );
+    let dead = env.outbox(&["dead", "app.orders", "--routes-file", file]);
+    assert_eq!(dead.code, 1, "known queue, no dead jobs: {}", dead.stderr);
+    std::fs::write(
+        &path,
+        "[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n",
+    )
+    .unwrap();
+    let refused = env.outbox(&["stats", "--routes-file", file]);
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(refused.code, 2);
+    assert!(
+        refused.stderr.contains("already routes to"),
+        "{}",
+        refused.stderr
+    );
+}

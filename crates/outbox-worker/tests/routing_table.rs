@@ -1,0 +1,176 @@
+//! The routing table in the README is the code's: every rule of
+//! `Router::standard()`, the worker binary whose handler group consumes its
+//! queue (built here exactly as the binaries build it), and the payload
+//! fields that handler reads (from the subscriber crates' `CONSUMES`).
+//! And `OUTBOX_ROUTES_FILE` adds rules to it without code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{GENERAL, Stack};
+use outbox_dispatch::Router;
+use outbox_publish::NewOutboxEvent;
+use outbox_queue::QueueNamespace;
+use outbox_subscriber::ConsumedQueue;
+use outbox_test_support::{TestDatabase, TestRedis};
+use outbox_worker::{Group, WorkerConfig, handler_group};
+
+const README: &str = include_str!("../../../README.md");
+const BEGIN: &str = "<!-- routing table: generated from Router::standard() and the subscriber crates; checked by crates/outbox-worker/tests/routing_table.rs -->";
+const END: &str = "<!-- end of routing table -->";
+
+/// What every subscriber crate says it consumes.
+fn consumed() -> Vec<ConsumedQueue> {
+    [
+        outbox_subscriber_audit::CONSUMES,
+        outbox_subscriber_mail::CONSUMES,
+        outbox_subscriber_webhook::CONSUMES,
+        outbox_subscriber_workflow::CONSUMES,
+    ]
+    .concat()
+}
+
+/// The queues the binary of `group` consumes.
+async fn group_queues(group: Group, db: &TestDatabase, redis: &TestRedis) -> Vec<String> {
+    let vars = [
+        ("DATABASE_URL", db.url()),
+        ("REDIS_URL", redis.url()),
+        ("SMTP_URL", "smtp://localhost:25"),
+    ];
+    let config = WorkerConfig::from_lookup(group, &|name| {
+        vars.iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| (*v).to_owned())
+    })
+    .unwrap();
+    let conn = outbox_queue::connect(&outbox_queue::RedisSettings::new(redis.url())).unwrap();
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    handler_group(group, &config, db.pool(), &conn, &namespace)
+        .unwrap()
+        .queues()
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The Markdown table of `router`.
+fn render(router: &Router, groups: &[(&str, Vec<String>)], consumed: &[ConsumedQueue]) -> String {
+    let mut table = String::from(
+        "| event type prefix | queue | consumed by | payload fields the handler reads |\n|---|---|---|---|\n",
+    );
+    for (prefix, queue) in router.rules() {
+        let binary = groups
+            .iter()
+            .find(|(_, queues)| queues.iter().any(|q| q == queue))
+            .map(|(binary, _)| format!("`{binary}`"));
+        let payload = consumed
+            .iter()
+            .find(|c| c.queue == queue)
+            .map(|c| c.payload);
+        let (binary, payload) = match (binary, payload) {
+            (Some(binary), Some(payload)) => (binary, payload.to_owned()),
+            (None, None) => (
+                "no built-in handler".to_owned(),
+                "yours to define: jobs wait on the queue until a handler of yours consumes it"
+                    .to_owned(),
+            ),
+            (Some(_), None) => {
+                panic!("{queue} is consumed but no subscriber crate describes it in CONSUMES")
+            }
+            (None, Some(_)) => panic!("{queue} is described in CONSUMES but no worker consumes it"),
+        };
+        table.push_str(&format!(
+            "| `{prefix}*` | `{queue}` | {binary} | {payload} |\n"
+        ));
+    }
+    table
+}
+
+#[tokio::test]
+async fn the_readme_routing_table_is_the_standard_router() {
+    let (db, redis) = (TestDatabase::new().await, TestRedis::new().await);
+    let groups = [
+        (
+            "worker-general",
+            group_queues(Group::General, &db, &redis).await,
+        ),
+        ("worker-mail", group_queues(Group::Mail, &db, &redis).await),
+    ];
+    let expected = render(&Router::standard(), &groups, &consumed());
+    let section = README
+        .split_once(BEGIN)
+        .and_then(|(_, rest)| rest.split_once(END))
+        .map(|(table, _)| table.trim())
+        .unwrap_or_else(|| panic!("README.md has no section between {BEGIN:?} and {END:?}"));
+    assert_eq!(
+        section,
+        expected.trim(),
+        "README.md's routing table is out of date; replace it with:\n{expected}"
+    );
+}
+
+/// A routes file in the system's temporary directory, removed on drop.
+struct RoutesFile(std::path::PathBuf);
+
+impl RoutesFile {
+    fn new(text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("routes-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for RoutesFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routes_file_routes_an_application_prefix_to_its_queue() {
+    let stack = Stack::new().await;
+    let routes = RoutesFile::new("[[route]]\nprefix = \"orders.\"\nqueue = \"app.orders\"\n");
+    let _worker = stack
+        .start(GENERAL, &[("OUTBOX_ROUTES_FILE", routes.path())])
+        .await;
+    let id = stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "orders.order.shipped",
+            serde_json::json!({ "orderId": 7 }),
+        ))
+        .await;
+    stack
+        .wait_count(
+            &format!(
+                "SELECT count(*) FROM outbox_event WHERE id = '{id}' AND status = 'DONE' AND target_queue = 'app.orders'"
+            ),
+            1,
+        )
+        .await;
+    let stats = stack.stats("app.orders").await;
+    assert_eq!(stats.backlog, 1, "the job waits on the application's queue");
+}
+
+#[tokio::test]
+async fn a_bad_routes_file_stops_start_up_naming_the_variable() {
+    let stack = Stack::new().await;
+    let taken = RoutesFile::new("[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n");
+    for (path, why) in [
+        (taken.path(), "already routes to"),
+        ("/nonexistent/routes.toml", "cannot be read"),
+    ] {
+        let mut worker = stack.spawn(GENERAL, &[("OUTBOX_ROUTES_FILE", path)]);
+        let status = worker.wait_exit(Duration::from_secs(30)).await;
+        assert_eq!(status.code(), Some(2));
+        let output = worker.wait_output("OUTBOX_ROUTES_FILE").await;
+        assert!(output.contains(why), "{output}");
+    }
+}
