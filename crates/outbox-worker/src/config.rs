@@ -63,6 +63,11 @@ pub struct WorkerConfig {
     pub dispatcher_enabled: bool,
     /// The dispatcher's settings.
     pub dispatcher: DispatcherConfig,
+    /// `OUTBOX_WAKEUPS`: the dispatcher wakes on `NOTIFY outbox_event` and
+    /// the queue workers on Redis wake-up messages (on by default); off, both
+    /// only poll (`OUTBOX_DISPATCH_INTERVAL_MS`, `WORKER_POLL_INTERVAL_MS`).
+    /// [`DispatcherConfig::listen`] follows it.
+    pub wakeups: bool,
     /// Retention of DONE rows.
     pub retention: RetentionConfig,
     /// `OUTBOX_DONE_RETENTION_INTERVAL_MS`: how often retention runs (daily).
@@ -144,6 +149,7 @@ impl std::fmt::Debug for WorkerConfig {
             queue_prefix,
             dispatcher_enabled,
             dispatcher,
+            wakeups,
             retention,
             retention_every,
             worker,
@@ -171,6 +177,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("queue_prefix", queue_prefix)
             .field("dispatcher_enabled", dispatcher_enabled)
             .field("dispatcher", dispatcher)
+            .field("wakeups", wakeups)
             .field("retention", retention)
             .field("retention_every", retention_every)
             .field("worker", worker)
@@ -311,7 +318,9 @@ impl WorkerConfig {
                 problem: "must be host:port, like 127.0.0.1:9464".into(),
             })?,
         };
+        let wakeups = env.flag("OUTBOX_WAKEUPS", true)?;
         let dispatcher = DispatcherConfig {
+            listen: wakeups,
             interval: env.millis("OUTBOX_DISPATCH_INTERVAL_MS", 1000, 1)?,
             batch_size: env.number("OUTBOX_DISPATCH_BATCH_SIZE", DEFAULT_BATCH_SIZE, 1, 10_000)?,
             concurrency: env.number("OUTBOX_DISPATCH_CONCURRENCY", 10, 1, 1000)?,
@@ -396,6 +405,7 @@ impl WorkerConfig {
             queue_prefix: env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default(),
             dispatcher_enabled: env.flag("OUTBOX_DISPATCHER_ENABLED", false)?,
             dispatcher,
+            wakeups,
             retention,
             retention_every: env.millis(
                 "OUTBOX_DONE_RETENTION_INTERVAL_MS",
@@ -687,6 +697,7 @@ mod tests {
         assert_eq!(config.retention.batch_size, 1000);
         assert_eq!(config.http_addr, "127.0.0.1:0".parse().unwrap());
         assert!(!config.allow_redis_eviction);
+        assert!(config.wakeups && config.dispatcher.listen);
         // Webhooks, plugin calls and workflow HTTP blocks may not reach
         // loopback, private or link-local addresses unless told.
         assert!(!config.webhook_allow_private);
@@ -761,6 +772,13 @@ mod tests {
     }
 
     #[test]
+    fn wakeups_off_means_polling_only() {
+        let config = read(Group::General, &[("OUTBOX_WAKEUPS", "false")]).unwrap();
+        assert!(!config.wakeups);
+        assert!(!config.dispatcher.listen);
+    }
+
+    #[test]
     fn bad_values_name_their_variable() {
         let cases: &[(&str, &str, &str)] = &[
             ("OUTBOX_DISPATCH_BATCH_SIZE", "0", "between"),
@@ -768,6 +786,7 @@ mod tests {
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
             ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
             ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps", "true or false"),
+            ("OUTBOX_WAKEUPS", "sometimes", "true or false"),
             ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),
