@@ -77,9 +77,16 @@ pub fn stage(name: &str) {
     eprintln!("bench: {name}");
 }
 
-/// Prints one JSON line on stdout.
+/// Every line printed so far, for the chart.
+static PRINTED: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints one JSON line on stdout (and keeps it for the chart).
 pub fn line(value: serde_json::Value) {
     println!("{value}");
+    PRINTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(value);
 }
 
 /// Prints one throughput line.
@@ -230,11 +237,18 @@ pub struct BenchArgs {
     #[arg(long = "handoff-bin", value_name = "LABEL=PATH")]
     pub handoff_bins: Vec<String>,
     /// Preloaded rows per hand-off measurement.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 200_000)]
     pub handoff_rows: usize,
     /// `OUTBOX_DISPATCH_BATCH_SIZE` values of the hand-off stage.
-    #[arg(long, value_delimiter = ',', default_values_t = [100, 500, 1000])]
+    #[arg(long, value_delimiter = ',', default_values_t = [500])]
     pub handoff_batch_sizes: Vec<u32>,
+    /// Numbers of `worker-general` processes dispatching at once in the
+    /// hand-off stage.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
+    pub handoff_processes: Vec<usize>,
+    /// Write an SVG chart of the run's figures to this file.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
@@ -254,6 +268,8 @@ impl BenchArgs {
             handoff_bins: Vec::new(),
             handoff_rows: 0,
             handoff_batch_sizes: Vec::new(),
+            handoff_processes: Vec::new(),
+            chart: None,
             handoff_rounds: 0,
             smoke: true,
         }
@@ -280,17 +296,91 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if PIPELINE.iter().any(|name| wants(name)) {
         pipeline(&run).await?;
     }
+    let workers = ["handoff", "drain_audit", "latency", "retention"];
+    let binaries = if workers.iter().any(|name| wants(name)) {
+        handoff_binaries(&args.handoff_bins, args.smoke)?
+    } else {
+        Vec::new()
+    };
     if wants("handoff") {
-        let binaries = handoff_binaries(&args.handoff_bins, args.smoke)?;
         let plan = crate::bench_handoff::Handoff {
-            binaries,
+            binaries: binaries.clone(),
             rows: run.size(args.handoff_rows, 2_000),
             batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
+            processes: run.size(args.handoff_processes.clone(), vec![2]),
             rounds: run.size(args.handoff_rounds.max(1), 1),
         };
         crate::bench_handoff::run(&run, &plan).await?;
     }
     crate::bench_drain::run(&run, &wants).await?;
+    more_stages(&run, &args, &wants, &binaries).await
+}
+
+/// The stages of the real workers after the hand-off (drain through the
+/// audit subscriber, latency, retention; the first `--handoff-bin` runs
+/// them), publish overhead, and the chart.
+async fn more_stages(
+    run: &Run,
+    args: &BenchArgs,
+    wants: &dyn Fn(&str) -> bool,
+    binaries: &[(String, PathBuf)],
+) -> Result<()> {
+    let binary = binaries.first().map(|(_, path)| path.as_path());
+    if let Some(binary) = binary.filter(|_| wants("drain_audit")) {
+        crate::bench_drain_audit::run(run, binary, run.size(50_000, 1_500)).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("latency")) {
+        let plan = crate::bench_latency::Plan {
+            loads: run.size(vec![500, 1_000, 2_000], vec![50]),
+            duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
+        };
+        crate::bench_latency::run(run, binary, &plan).await?;
+    }
+    if wants("publish_overhead") {
+        let plan = crate::bench_publish::Plan {
+            rounds: run.size(3, 1),
+            duration: run.size(Duration::from_secs(5), Duration::from_millis(300)),
+        };
+        crate::bench_publish::run(run, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("retention")) {
+        let plan = crate::bench_retention::Plan {
+            done_rows: run.size(1_000_000, 3_000),
+            pending_rows: run.size(200_000, 2_000),
+        };
+        crate::bench_retention::run(run, binary, &plan).await?;
+    }
+    write_chart(run, args.chart.as_deref())
+}
+
+/// Draws the chart of the lines printed so far into `path`; a smoke run
+/// draws it into a temporary file and removes it.
+fn write_chart(run: &Run, path: Option<&std::path::Path>) -> Result<()> {
+    let printed = PRINTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let title = format!(
+        "cargo xtask bench{}, {}",
+        if run.smoke { " --smoke" } else { "" },
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    );
+    let Some(svg) = crate::bench_chart::render(&printed, &title) else {
+        return Ok(());
+    };
+    match path {
+        Some(path) => {
+            std::fs::write(path, svg)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            stage(&format!("chart written to {}", path.display()));
+        }
+        None if run.smoke => {
+            let scratch = std::env::temp_dir().join(format!("outbox-bench{}.svg", run.tag));
+            std::fs::write(&scratch, svg)?;
+            std::fs::remove_file(&scratch)?;
+        }
+        None => {}
+    }
     Ok(())
 }
 

@@ -17,8 +17,14 @@
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
 mod bench;
+mod bench_chart;
 mod bench_drain;
+mod bench_drain_audit;
 mod bench_handoff;
+mod bench_latency;
+mod bench_process;
+mod bench_publish;
+mod bench_retention;
 mod cmd;
 mod demo;
 mod demo_subscribers;
