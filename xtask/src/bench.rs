@@ -201,13 +201,20 @@ pub async fn preload_pending(
 /// Deletes every key under `prefix`.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    // Freeing a queue of 200,000 jobs takes longer than the default
+    // response timeout on a busy machine: UNLINK frees in the background,
+    // and the timeout is generous.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(120)));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{prefix}*"))
         .query_async(&mut conn)
         .await?;
     for chunk in keys.chunks(1000) {
-        redis::cmd("DEL")
+        redis::cmd("UNLINK")
             .arg(chunk)
             .query_async::<()>(&mut conn)
             .await?;

@@ -51,6 +51,7 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
     let mut children = vec![bench_process::spawn(run, &scratch.url, binary, &[])?];
+    let before = bench_process::Cpu::sample(&children);
     let drained = bench_process::wait_for_count(
         &mut conn,
         &mut children,
@@ -59,6 +60,7 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
         Duration::from_secs(900),
     )
     .await;
+    let cpu = before.shares(&bench_process::Cpu::sample(&children));
     bench_process::stop_all(children)?;
     drained?;
     let spans: Spans = diesel::sql_query(
@@ -91,7 +93,7 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
         "seconds": (spans.total * 1000.0).round() / 1000.0,
         "per_second": per(spans.total),
         "handoff_per_second": per(spans.handoff),
-        "handler_per_second": per(spans.handler),
+        "handler_per_second": per(spans.handler), "cpu_share": cpu,
     }));
     drop(conn);
     clear_redis(&run.found.redis_url, &run.prefix()).await?;

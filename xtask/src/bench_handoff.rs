@@ -46,6 +46,7 @@ use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench_process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
 /// (mail, webhook, search index, RAG index, marketing).
@@ -137,7 +138,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                         processes,
                         rows: plan.rows,
                     };
-                    let rate = measure(run, &scratch.url, &mut conn, &setup)
+                    let (rate, cpu) = measure(run, &scratch.url, &mut conn, &setup)
                         .await
                         .with_context(|| {
                             format!("{label} at batch {batch}, {processes} process(es)")
@@ -145,7 +146,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                     crate::bench::line(json!({
                         "bench": "handoff", "binary": label, "batch_size": batch,
                         "processes": processes, "round": round, "events": plan.rows,
-                        "per_second": rate.round(),
+                        "per_second": rate.round(), "cpu_share": cpu,
                     }));
                     results.push((label.clone(), batch, processes, rate));
                 }
@@ -322,17 +323,19 @@ async fn measure(
     url: &str,
     conn: &mut AsyncPgConnection,
     setup: &Setup<'_>,
-) -> Result<f64> {
+) -> Result<(f64, serde_json::Value)> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
     clear_redis(&run.found.redis_url, &run.prefix()).await?;
     preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
     let mut children =
         crate::bench_process::spawn_many(run, url, setup.binary, &vars, setup.processes)?;
+    let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
+    let cpu = before.shares(&Cpu::sample(&children));
     crate::bench_process::stop_all(children)?;
     finished?;
-    done_rate(conn, setup.rows).await
+    Ok((done_rate(conn, setup.rows).await?, cpu))
 }
 
 async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -> Result<()> {

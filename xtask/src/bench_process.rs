@@ -118,3 +118,88 @@ pub fn stop_all(children: Vec<Child>) -> Result<()> {
     }
     first
 }
+
+/// CPU time, in clock ticks (`/proc`): the machine's, split into who used
+/// it, so that a figure shows which side was saturated.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu {
+    /// Every core's ticks, busy or idle.
+    total: u64,
+    /// Busy ticks (everything but idle and I/O wait).
+    busy: u64,
+    /// Ticks of the `worker-general` processes under test.
+    workers: u64,
+    /// Ticks of every `postgres` process (the server is shared).
+    postgres: u64,
+    /// Ticks of every `redis-server` process.
+    redis: u64,
+}
+
+/// User plus system ticks of one process (`/proc/<pid>/stat`).
+fn process_ticks(pid: &str) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_owned();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the command: state is field 3, utime 14 and stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((comm, utime + stime))
+}
+
+impl Cpu {
+    /// Reads the counters now; zeros where `/proc` cannot be read.
+    pub fn sample(workers: &[Child]) -> Self {
+        let mut cpu = Self::default();
+        if let Ok(stat) = std::fs::read_to_string("/proc/stat")
+            && let Some(line) = stat.lines().next()
+        {
+            let ticks: Vec<u64> = line
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|t| t.parse().ok())
+                .collect();
+            cpu.total = ticks.iter().take(8).sum();
+            let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+            cpu.busy = cpu.total.saturating_sub(idle);
+        }
+        for child in workers {
+            if let Some((_, ticks)) = process_ticks(&child.id().to_string()) {
+                cpu.workers += ticks;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+                else {
+                    continue;
+                };
+                match process_ticks(pid) {
+                    Some((comm, ticks)) if comm == "postgres" => cpu.postgres += ticks,
+                    Some((comm, ticks)) if comm == "redis-server" => cpu.redis += ticks,
+                    _ => {}
+                }
+            }
+        }
+        cpu
+    }
+
+    /// The shares of the machine's CPU time between `self` and `later`, as
+    /// JSON: `busy` (all of it), and the parts used by the workers under
+    /// test, Postgres and Redis; the rest of `busy` is other processes (this
+    /// bench, and whatever else runs on the machine). Processes that ended
+    /// in between are not counted.
+    pub fn shares(&self, later: &Self) -> serde_json::Value {
+        let total = later.total.saturating_sub(self.total).max(1) as f64;
+        let share = |a: u64, b: u64| (b.saturating_sub(a) as f64 / total * 100.0).round() / 100.0;
+        serde_json::json!({
+            "busy": share(self.busy, later.busy),
+            "workers": share(self.workers, later.workers),
+            "postgres": share(self.postgres, later.postgres),
+            "redis": share(self.redis, later.redis),
+        })
+    }
+}
