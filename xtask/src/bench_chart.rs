@@ -27,9 +27,9 @@ struct Section {
     rows: Vec<Row>,
 }
 
-const WIDTH: f64 = 960.0;
-const LABEL_W: f64 = 330.0;
-const BAR_W: f64 = 480.0;
+const WIDTH: f64 = 1000.0;
+const LABEL_W: f64 = 380.0;
+const BAR_W: f64 = 520.0;
 const BAR_H: f64 = 14.0;
 const COLORS: [&str; 4] = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2"];
 const SERIES: [&str; 4] = ["p50", "p95", "p99", "max"];
@@ -117,6 +117,13 @@ fn sections(lines: &[Value]) -> Vec<Section> {
                     ),
                     field(p, "with_event_per_second"),
                 ),
+                single(
+                    format!(
+                        "+ one event, NOTIFY trigger disabled ({:.2})",
+                        field(p, "ratio_without_notify")
+                    ),
+                    field(p, "with_event_without_notify_per_second"),
+                ),
             ]
         })
         .collect();
@@ -130,8 +137,9 @@ fn sections(lines: &[Value]) -> Vec<Section> {
     let latency: Vec<Row> = named(lines, "latency_ms")
         .map(|l| Row {
             label: format!(
-                "{} events/s, {}",
+                "{} events/s offered ({} achieved), {}",
                 field(l, "offered_per_second"),
+                field(l, "achieved_per_second"),
                 if l.get("wakeups").and_then(Value::as_bool) == Some(true) {
                     "wake-ups on"
                 } else {
@@ -230,7 +238,7 @@ pub fn render(lines: &[Value], title: &str) -> Option<String> {
                 let x = LABEL_W + scale(v, min, max, true);
                 let _ = writeln!(
                     body,
-                    r##"<line x1="{x}" x2="{x}" y1="{}" y2="{}" stroke="#ccc"/><text x="{x}" y="{}" font-size="10" text-anchor="middle">{}</text>"##,
+                    r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#ccc"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{}</text>"##,
                     y + 8.0,
                     y + 10.0
                         + section
@@ -259,7 +267,7 @@ pub fn render(lines: &[Value], title: &str) -> Option<String> {
                 let by = y + i as f64 * BAR_H;
                 let _ = writeln!(
                     body,
-                    r#"<rect x="{LABEL_W}" y="{by}" width="{w:.1}" height="{}" fill="{color}"/><text x="{}" y="{}" font-size="11">{}{}</text>"#,
+                    r#"<rect x="{LABEL_W}" y="{by}" width="{w:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{}{}</text>"#,
                     BAR_H - 2.0,
                     LABEL_W + w + 4.0,
                     by + BAR_H - 4.0,
@@ -295,12 +303,12 @@ mod tests {
         let lines = [
             json!({"bench": "handoff_baselines_median", "sql_only_per_second": 70000.0, "redis_only_per_second": 110000.0}),
             json!({"bench": "handoff_median", "binary": "this", "batch_size": 500, "processes": 2, "per_second": 28000.0}),
-            json!({"bench": "latency_ms", "wakeups": true, "offered_per_second": 500, "p50": 2.1, "p95": 4.0, "p99": 6.5, "max": 30.0}),
+            json!({"bench": "latency_ms", "wakeups": true, "offered_per_second": 500, "achieved_per_second": 498, "p50": 2.1, "p95": 4.0, "p99": 6.5, "max": 30.0}),
         ];
         let svg = render(&lines, "run").unwrap();
         assert!(svg.contains("2 × worker-general, batch 500 (0.40 of SQL-only)"));
         assert!(svg.contains("70,000"));
-        assert!(svg.contains("500 events/s, wake-ups on"));
+        assert!(svg.contains("500 events/s offered (498 achieved), wake-ups on"));
         assert!(!svg.contains("Business transactions"));
         assert!(render(&[], "run").is_none());
     }

@@ -4,10 +4,13 @@
 //! Eight clients (one connection each) run one-row business transactions
 //! (`BEGIN; INSERT INTO bench_order …; COMMIT`) for a fixed time, then the
 //! same with one event published in each transaction
-//! (`publish_outbox_event`, which also fires the `NOTIFY` trigger). The arms
-//! alternate over the rounds so that the load of a shared machine falls on
-//! both alike; the summary gives the medians and their ratio. No dispatcher
-//! runs.
+//! (`publish_outbox_event`, which also fires the `NOTIFY` trigger), and the
+//! same again with the trigger disabled: `NOTIFY` makes each commit take a
+//! database-wide lock on the notification queue, so this third arm shows
+//! what the wake-up costs apart from the row. The arms alternate over the
+//! rounds so that the load of a shared machine falls on all alike; the
+//! summary gives the medians and their ratios to the bare transaction. No
+//! dispatcher runs.
 
 use std::time::{Duration, Instant};
 
@@ -48,31 +51,41 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
          )",
     )
     .await?;
-    let (mut bare, mut with_event) = (Vec::new(), Vec::new());
+    // (arm, publishes an event, the insert trigger's NOTIFY on)
+    let arms = [
+        ("bare", false, true),
+        ("with_event", true, true),
+        ("with_event_without_notify", true, false),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     for round in 1..=plan.rounds {
-        for publish in [false, true] {
-            let arm = if publish { "with_event" } else { "bare" };
+        for (&(arm, publish, notify), rates) in arms.iter().zip(rates.iter_mut()) {
             stage(&format!(
                 "publish_overhead {arm}, round {round}/{}, {CLIENTS} clients",
                 plan.rounds
             ));
+            conn.batch_execute(if notify {
+                "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify_insert"
+            } else {
+                "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify_insert"
+            })
+            .await?;
             let rate = measure(&scratch.url, publish, plan.duration).await?;
             line(json!({
                 "bench": "publish_overhead_round", "arm": arm, "round": round,
                 "clients": CLIENTS, "per_second": rate.round(),
             }));
-            if publish {
-                with_event.push(rate);
-            } else {
-                bare.push(rate);
-            }
+            rates.push(rate);
         }
     }
-    let (bare, with_event) = (median(bare), median(with_event));
+    let medians: Vec<f64> = rates.into_iter().map(median).collect();
+    let (bare, with_event, without_notify) = (medians[0], medians[1], medians[2]);
     line(json!({
         "bench": "publish_overhead", "clients": CLIENTS, "rounds": plan.rounds,
         "bare_per_second": bare.round(), "with_event_per_second": with_event.round(),
         "ratio": ratio(with_event, bare),
+        "with_event_without_notify_per_second": without_notify.round(),
+        "ratio_without_notify": ratio(without_notify, bare),
     }));
     drop(conn);
     scratch.remove().await
