@@ -2,8 +2,11 @@
 //! progress line per stage on stderr.
 //!
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
-//! databases (`outbox_bench`, `outbox_bench_handoff`) and an `outbox-bench:`
-//! Redis prefix (all removed first). Each line is one measurement:
+//! databases (`outbox_bench`, `outbox_bench_handoff`, and one per stage of
+//! the real workers: `outbox_bench_drain_audit`, `outbox_bench_latency`,
+//! `outbox_bench_publish`, `outbox_bench_retention`) and an `outbox-bench:`
+//! Redis prefix (all removed first). `--chart FILE` draws the run's lines as
+//! an SVG. Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
 //! percentiles in milliseconds, or a median with its ratio to the baselines.
 //! Numbers from a shared machine are noisy: compare runs on the same host,
