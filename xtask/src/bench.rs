@@ -69,6 +69,13 @@ impl Run {
         format!("outbox-bench{}:", self.tag)
     }
 
+    /// The Redis key prefix of one stage of this run: stages clear and use
+    /// only their own keys, so that a stage running at the same time in
+    /// another bench process (`--only <stage>`) is not disturbed.
+    pub fn stage_prefix(&self, stage: &str) -> String {
+        format!("{}{stage}:", self.prefix())
+    }
+
     /// `full` in a full run, `smoke` in a smoke run.
     pub fn size<T>(&self, full: T, smoke: T) -> T {
         if self.smoke { smoke } else { full }
@@ -430,7 +437,7 @@ fn handoff_binaries(specs: &[String], smoke: bool) -> Result<Vec<(String, PathBu
 /// Publishing and dispatching, through Postgres and Redis.
 async fn pipeline(run: &Run) -> Result<()> {
     let found = &run.found;
-    let prefix = run.prefix();
+    let prefix = run.stage_prefix("pipeline");
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;

@@ -47,10 +47,16 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
         run.database("outbox_bench_drain_audit"),
     )
     .await?;
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    let prefix = run.stage_prefix(name);
+    clear_redis(&run.found.redis_url, &prefix).await?;
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
-    let mut children = vec![bench_process::spawn(run, &scratch.url, binary, &[])?];
+    let mut children = vec![bench_process::spawn(
+        run,
+        (&scratch.url, &prefix),
+        binary,
+        &[],
+    )?];
     let before = bench_process::Cpu::sample(&children);
     let drained = bench_process::wait_for_count(
         &mut conn,
@@ -96,6 +102,6 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
         "handler_per_second": per(spans.handler), "cpu_share": cpu,
     }));
     drop(conn);
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &prefix).await?;
     scratch.remove().await
 }

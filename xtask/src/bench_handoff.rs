@@ -58,6 +58,9 @@ pub const HANDOFF_TYPES: [&str; 5] = [
     "marketing.lead.created",
 ];
 
+/// This stage's name, and its Redis key prefix under the run's.
+const STAGE: &str = "handoff";
+
 /// What to measure.
 pub struct Handoff {
     /// `(label, worker-general binary)` pairs.
@@ -183,7 +186,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
         }
     }
     drop(conn);
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     scratch.remove().await
 }
 
@@ -264,7 +267,7 @@ async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> 
 
 async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
     let events: Vec<OutboxEvent> = diesel::sql_query("SELECT * FROM outbox_event")
         .load(conn)
@@ -285,7 +288,7 @@ async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -
         .flat_map(|(queue, jobs)| jobs.chunks(500).map(move |chunk| (*queue, chunk)))
         .collect();
     let redis = outbox_queue::connect(&RedisSettings::new(&run.found.redis_url))?;
-    let namespace = QueueNamespace::prefixed(run.prefix());
+    let namespace = QueueNamespace::prefixed(run.stage_prefix(STAGE));
     let started = Instant::now();
     let pushed: Vec<usize> = futures::stream::iter(units)
         .map(|(queue, jobs)| {
@@ -325,11 +328,16 @@ async fn measure(
     setup: &Setup<'_>,
 ) -> Result<(f64, serde_json::Value)> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
-    let mut children =
-        crate::bench_process::spawn_many(run, url, setup.binary, &vars, setup.processes)?;
+    let mut children = crate::bench_process::spawn_many(
+        run,
+        (url, &run.stage_prefix(STAGE)),
+        setup.binary,
+        &vars,
+        setup.processes,
+    )?;
     let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
     let cpu = before.shares(&Cpu::sample(&children));

@@ -85,10 +85,16 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
     .await?;
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
     let mut serial = 0usize;
+    let prefix = run.stage_prefix("latency");
     for wakeups in [true, false] {
-        clear_redis(&run.found.redis_url, &run.prefix()).await?;
+        clear_redis(&run.found.redis_url, &prefix).await?;
         let vars = [("OUTBOX_WAKEUPS", wakeups.to_string())];
-        let mut children = vec![bench_process::spawn(run, &scratch.url, binary, &vars)?];
+        let mut children = vec![bench_process::spawn(
+            run,
+            (&scratch.url, &prefix),
+            binary,
+            &vars,
+        )?];
         let result = async {
             // Warm-up: one event through, so the worker is ready.
             let before = audit_rows(&mut conn).await?;
@@ -115,7 +121,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         result?;
     }
     drop(conn);
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &prefix).await?;
     scratch.remove().await
 }
 

@@ -13,13 +13,19 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::bench::Run;
 
-/// Starts `binary` as a general-group worker on `url` with the dispatcher
-/// on, `RUST_LOG=warn`, an ephemeral HTTP port, and `vars` on top.
-pub fn spawn(run: &Run, url: &str, binary: &Path, vars: &[(&str, String)]) -> Result<Child> {
+/// Starts `binary` as a general-group worker on `url` and the Redis key
+/// prefix `prefix`, with the dispatcher on, `RUST_LOG=warn`, an ephemeral
+/// HTTP port, and `vars` on top.
+pub fn spawn(
+    run: &Run,
+    (url, prefix): (&str, &str),
+    binary: &Path,
+    vars: &[(&str, String)],
+) -> Result<Child> {
     Command::new(binary)
         .env("DATABASE_URL", url)
         .env("REDIS_URL", &run.found.redis_url)
-        .env("OUTBOX_QUEUE_PREFIX", run.prefix())
+        .env("OUTBOX_QUEUE_PREFIX", prefix)
         .env("OUTBOX_DISPATCHER_ENABLED", "true")
         .env("WORKER_HTTP_ADDR", "127.0.0.1:0")
         .env("RUST_LOG", "warn")
@@ -33,14 +39,14 @@ pub fn spawn(run: &Run, url: &str, binary: &Path, vars: &[(&str, String)]) -> Re
 /// Starts `n` workers like [`spawn`]; stops those started if one fails.
 pub fn spawn_many(
     run: &Run,
-    url: &str,
+    target: (&str, &str),
     binary: &Path,
     vars: &[(&str, String)],
     n: usize,
 ) -> Result<Vec<Child>> {
     let mut children = Vec::with_capacity(n);
     for _ in 0..n {
-        match spawn(run, url, binary, vars) {
+        match spawn(run, target, binary, vars) {
             Ok(child) => children.push(child),
             Err(e) => {
                 let _ = stop_all(children);

@@ -67,6 +67,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
     ))
     .await?;
     let mut rates = Vec::new();
+    let prefix = run.stage_prefix("retention");
     for (retention, hours) in [(false, "1000000"), (true, "720")] {
         stage(&format!(
             "retention: handing off {} rows over {} old DONE rows, retention {}",
@@ -76,11 +77,16 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         ));
         conn.batch_execute(&format!("DELETE FROM outbox_event WHERE {RECENT}"))
             .await?;
-        clear_redis(&run.found.redis_url, &run.prefix()).await?;
+        clear_redis(&run.found.redis_url, &prefix).await?;
         preload_pending(&mut conn, plan.pending_rows, &HANDOFF_TYPES).await?;
         let old_before = old_rows(&mut conn).await?;
         let vars = [("OUTBOX_DONE_RETENTION_HOURS", hours.to_owned())];
-        let mut children = vec![bench_process::spawn(run, &scratch.url, binary, &vars)?];
+        let mut children = vec![bench_process::spawn(
+            run,
+            (&scratch.url, &prefix),
+            binary,
+            &vars,
+        )?];
         let done = bench_process::wait_for_count(
             &mut conn,
             &mut children,
@@ -108,7 +114,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         "ratio": ratio(rates[1], rates[0]),
     }));
     drop(conn);
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &prefix).await?;
     scratch.remove().await
 }
 
