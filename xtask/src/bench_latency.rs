@@ -89,12 +89,8 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
     for wakeups in [true, false] {
         clear_redis(&run.found.redis_url, &prefix).await?;
         let vars = [("OUTBOX_WAKEUPS", wakeups.to_string())];
-        let mut children = vec![bench_process::spawn(
-            run,
-            (&scratch.url, &prefix),
-            binary,
-            &vars,
-        )?];
+        let target = (scratch.url.as_str(), prefix.as_str());
+        let mut children = vec![bench_process::spawn(run, target, binary, &vars)?];
         let result = async {
             // Warm-up: one event through, so the worker is ready.
             let before = audit_rows(&mut conn).await?;

@@ -81,12 +81,8 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         preload_pending(&mut conn, plan.pending_rows, &HANDOFF_TYPES).await?;
         let old_before = old_rows(&mut conn).await?;
         let vars = [("OUTBOX_DONE_RETENTION_HOURS", hours.to_owned())];
-        let mut children = vec![bench_process::spawn(
-            run,
-            (&scratch.url, &prefix),
-            binary,
-            &vars,
-        )?];
+        let target = (scratch.url.as_str(), prefix.as_str());
+        let mut children = vec![bench_process::spawn(run, target, binary, &vars)?];
         let done = bench_process::wait_for_count(
             &mut conn,
             &mut children,
