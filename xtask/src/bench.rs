@@ -2,8 +2,11 @@
 //! progress line per stage on stderr.
 //!
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
-//! databases (`outbox_bench`, `outbox_bench_handoff`, `outbox_bench_soak`) and an `outbox-bench:`
-//! Redis prefix (all removed first). Each line is one measurement:
+//! databases (`outbox_bench`, `outbox_bench_handoff`, and one per stage of
+//! the real workers: `outbox_bench_drain_audit`, `outbox_bench_latency`,
+//! `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`) and an `outbox-bench:`
+//! Redis prefix (all removed first). `--chart FILE` draws the run's lines as
+//! an SVG. Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
 //! percentiles in milliseconds, or a median with its ratio to the baselines.
 //! Numbers from a shared machine are noisy: compare runs on the same host,
@@ -66,6 +69,13 @@ impl Run {
         format!("outbox-bench{}:", self.tag)
     }
 
+    /// The Redis key prefix of one stage of this run: stages clear and use
+    /// only their own keys, so that a stage running at the same time in
+    /// another bench process (`--only <stage>`) is not disturbed.
+    pub fn stage_prefix(&self, stage: &str) -> String {
+        format!("{}{stage}:", self.prefix())
+    }
+
     /// `full` in a full run, `smoke` in a smoke run.
     pub fn size<T>(&self, full: T, smoke: T) -> T {
         if self.smoke { smoke } else { full }
@@ -77,9 +87,16 @@ pub fn stage(name: &str) {
     eprintln!("bench: {name}");
 }
 
-/// Prints one JSON line on stdout.
+/// Every line printed so far, for the chart.
+static PRINTED: std::sync::Mutex<Vec<serde_json::Value>> = std::sync::Mutex::new(Vec::new());
+
+/// Prints one JSON line on stdout (and keeps it for the chart).
 pub fn line(value: serde_json::Value) {
     println!("{value}");
+    PRINTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(value);
 }
 
 /// Prints one throughput line.
@@ -194,7 +211,14 @@ pub async fn preload_pending(
 /// Deletes every key under `prefix`.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
+    // Freeing a queue of 200,000 jobs takes longer than the default
+    // response timeout on a busy machine: UNLINK frees in the background,
+    // and the timeout is generous.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(120)));
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
     // SCAN in steps, not KEYS: a run leaves hundreds of thousands of keys
     // (the soak), and one KEYS over them outlasts the client's timeout.
     let mut cursor: u64 = 0;
@@ -208,7 +232,7 @@ pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
             .query_async(&mut conn)
             .await?;
         if !keys.is_empty() {
-            redis::cmd("DEL")
+            redis::cmd("UNLINK")
                 .arg(&keys)
                 .query_async::<()>(&mut conn)
                 .await?;
@@ -242,11 +266,18 @@ pub struct BenchArgs {
     #[arg(long = "handoff-bin", value_name = "LABEL=PATH")]
     pub handoff_bins: Vec<String>,
     /// Preloaded rows per hand-off measurement.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = 200_000)]
     pub handoff_rows: usize,
     /// `OUTBOX_DISPATCH_BATCH_SIZE` values of the hand-off stage.
-    #[arg(long, value_delimiter = ',', default_values_t = [100, 500, 1000])]
+    #[arg(long, value_delimiter = ',', default_values_t = [500])]
     pub handoff_batch_sizes: Vec<u32>,
+    /// Numbers of `worker-general` processes dispatching at once in the
+    /// hand-off stage.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
+    pub handoff_processes: Vec<usize>,
+    /// Write an SVG chart of the run's figures to this file.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
@@ -272,6 +303,8 @@ impl BenchArgs {
             handoff_bins: Vec::new(),
             handoff_rows: 0,
             handoff_batch_sizes: Vec::new(),
+            handoff_processes: Vec::new(),
+            chart: None,
             handoff_rounds: 0,
             soak_rate: 0,
             soak_seconds: 0,
@@ -300,29 +333,99 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if PIPELINE.iter().any(|name| wants(name)) {
         pipeline(&run).await?;
     }
+    let workers = ["handoff", "drain_audit", "latency", "retention"];
+    let binaries = if workers.iter().any(|name| wants(name)) {
+        handoff_binaries(&args.handoff_bins, args.smoke)?
+    } else {
+        Vec::new()
+    };
     if wants("handoff") {
-        let binaries = handoff_binaries(&args.handoff_bins, args.smoke)?;
         let plan = crate::bench_handoff::Handoff {
-            binaries,
+            binaries: binaries.clone(),
             rows: run.size(args.handoff_rows, 2_000),
             batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
+            processes: run.size(args.handoff_processes.clone(), vec![2]),
             rounds: run.size(args.handoff_rounds.max(1), 1),
         };
         crate::bench_handoff::run(&run, &plan).await?;
     }
     crate::bench_drain::run(&run, &wants).await?;
-    if wants("soak") {
-        let binary = handoff_binaries(&[], args.smoke)?
-            .pop()
-            .map(|(_, path)| path)
-            .context("no worker-general binary")?;
+    more_stages(&run, &args, &wants, &binaries).await
+}
+
+/// The stages of the real workers after the hand-off (drain through the
+/// audit subscriber, latency, retention; the first `--handoff-bin` runs
+/// them), publish overhead, and the chart.
+async fn more_stages(
+    run: &Run,
+    args: &BenchArgs,
+    wants: &dyn Fn(&str) -> bool,
+    binaries: &[(String, PathBuf)],
+) -> Result<()> {
+    let binary = binaries.first().map(|(_, path)| path.as_path());
+    if let Some(binary) = binary.filter(|_| wants("drain_audit")) {
+        crate::bench_drain_audit::run(run, binary, run.size(50_000, 1_500)).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("latency")) {
+        let plan = crate::bench_latency::Plan {
+            loads: run.size(vec![500, 1_000, 2_000], vec![50]),
+            duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
+        };
+        crate::bench_latency::run(run, binary, &plan).await?;
+    }
+    if wants("publish_overhead") {
+        let plan = crate::bench_publish::Plan {
+            rounds: run.size(3, 1),
+            duration: run.size(Duration::from_secs(5), Duration::from_millis(300)),
+        };
+        crate::bench_publish::run(run, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("retention")) {
+        let plan = crate::bench_retention::Plan {
+            done_rows: run.size(1_000_000, 3_000),
+            pending_rows: run.size(200_000, 2_000),
+        };
+        crate::bench_retention::run(run, binary, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("soak")) {
         let plan = crate::bench_soak::Soak {
-            binary,
+            binary: binary.to_path_buf(),
             rate: run.size(args.soak_rate, 100),
             duration: Duration::from_secs(run.size(args.soak_seconds, 5)),
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
-        crate::bench_soak::run(&run, &plan).await?;
+        crate::bench_soak::run(run, &plan).await?;
+    }
+    write_chart(run, args.chart.as_deref())
+}
+
+/// Draws the chart of the lines printed so far into `path`; a smoke run
+/// draws it into a temporary file and removes it.
+fn write_chart(run: &Run, path: Option<&std::path::Path>) -> Result<()> {
+    let printed = PRINTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let title = format!(
+        "cargo xtask bench{}, {}",
+        if run.smoke { " --smoke" } else { "" },
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    );
+    let Some(svg) = crate::bench_chart::render(&printed, &title) else {
+        return Ok(());
+    };
+    match path {
+        Some(path) => {
+            std::fs::write(path, svg)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            stage(&format!("chart written to {}", path.display()));
+        }
+        None if run.smoke => {
+            let scratch = std::env::temp_dir().join(format!("outbox-bench{}.svg", run.tag));
+            std::fs::write(&scratch, svg)?;
+            std::fs::remove_file(&scratch)?;
+        }
+        None => {}
     }
     Ok(())
 }
@@ -363,7 +466,7 @@ fn handoff_binaries(specs: &[String], smoke: bool) -> Result<Vec<(String, PathBu
 /// Publishing and dispatching, through Postgres and Redis.
 async fn pipeline(run: &Run) -> Result<()> {
     let found = &run.found;
-    let prefix = run.prefix();
+    let prefix = run.stage_prefix("pipeline");
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;

@@ -1,11 +1,13 @@
-//! `cargo xtask bench --only handoff`: how fast one `worker-general` process
-//! hands a preloaded backlog over to Redis, per `OUTBOX_DISPATCH_BATCH_SIZE`.
+//! `cargo xtask bench --only handoff`: how fast 1, 2 or 4 `worker-general`
+//! processes hand a preloaded backlog over to Redis, per
+//! `OUTBOX_DISPATCH_BATCH_SIZE`.
 //!
 //! Each measurement starts from the same state: `rows` due `PENDING` rows on
 //! five queues that no `worker-general` handler consumes (so the figure is
 //! the hand-off alone: claim, push, DONE), statistics taken before the
-//! dispatcher starts, an empty Redis prefix. The worker binary runs with the
-//! dispatcher on and the batch size under test until every row is `DONE`.
+//! dispatcher starts, an empty Redis prefix. The worker processes run with
+//! the dispatcher on and the batch size under test until every row is
+//! `DONE`.
 //! The rate is read from the rows themselves: rows marked after the first
 //! `DONE` statement, divided by the time from that statement to the last
 //! (`processed_at`), so process start-up and polling do not count.
@@ -24,12 +26,13 @@
 //!
 //! Several binaries can be compared in one run (`--handoff-bin
 //! label=path`, e.g. a build of the previous commit): the measurements are
-//! interleaved (every binary at one batch size, then the next size, for each
-//! round) so that the load of a shared machine falls on all of them alike.
+//! interleaved (every binary and process count at one batch size, then the
+//! next size, for each round) so that the load of a shared machine falls on
+//! all of them alike.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -43,6 +46,7 @@ use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench_process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
 /// (mail, webhook, search index, RAG index, marketing).
@@ -54,6 +58,9 @@ pub const HANDOFF_TYPES: [&str; 5] = [
     "marketing.lead.created",
 ];
 
+/// This stage's name, and its Redis key prefix under the run's.
+const STAGE: &str = "handoff";
+
 /// What to measure.
 pub struct Handoff {
     /// `(label, worker-general binary)` pairs.
@@ -62,6 +69,8 @@ pub struct Handoff {
     pub rows: usize,
     /// `OUTBOX_DISPATCH_BATCH_SIZE` values.
     pub batch_sizes: Vec<u32>,
+    /// How many `worker-general` processes dispatch at once.
+    pub processes: Vec<usize>,
     /// Rounds over every (batch size, binary).
     pub rounds: usize,
 }
@@ -91,10 +100,11 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     )
     .await?;
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
-    let mut results: Vec<(String, u32, f64)> = Vec::new();
+    let mut results: Vec<(String, u32, usize, f64)> = Vec::new();
     let mut sql_only = Vec::new();
     let mut redis_only = Vec::new();
-    let total = plan.rounds * (plan.batch_sizes.len() * plan.binaries.len() + 2);
+    let total =
+        plan.rounds * (plan.batch_sizes.len() * plan.processes.len() * plan.binaries.len() + 2);
     let mut step = 0;
     let mut progress = |what: &str, round: usize| {
         step += 1;
@@ -119,16 +129,30 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
         }));
         redis_only.push(rate);
         for &batch in &plan.batch_sizes {
-            for (label, binary) in &plan.binaries {
-                progress(&format!("{label}, batch {batch}"), round);
-                let rate = measure(run, &scratch.url, &mut conn, binary, batch, plan.rows)
-                    .await
-                    .with_context(|| format!("{label} at batch {batch}"))?;
-                crate::bench::line(json!({
-                    "bench": "handoff", "binary": label, "batch_size": batch,
-                    "round": round, "events": plan.rows, "per_second": rate.round(),
-                }));
-                results.push((label.clone(), batch, rate));
+            for &processes in &plan.processes {
+                for (label, binary) in &plan.binaries {
+                    progress(
+                        &format!("{label}, batch {batch}, {processes} process(es)"),
+                        round,
+                    );
+                    let setup = Setup {
+                        binary,
+                        batch,
+                        processes,
+                        rows: plan.rows,
+                    };
+                    let (rate, cpu) = measure(run, &scratch.url, &mut conn, &setup)
+                        .await
+                        .with_context(|| {
+                            format!("{label} at batch {batch}, {processes} process(es)")
+                        })?;
+                    crate::bench::line(json!({
+                        "bench": "handoff", "binary": label, "batch_size": batch,
+                        "processes": processes, "round": round, "events": plan.rows,
+                        "per_second": rate.round(), "cpu_share": cpu,
+                    }));
+                    results.push((label.clone(), batch, processes, rate));
+                }
             }
         }
     }
@@ -139,32 +163,40 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
         "sql_only_per_second": sql_only.round(), "redis_only_per_second": redis_only.round(),
     }));
     for &batch in &plan.batch_sizes {
-        for (label, _) in &plan.binaries {
-            let rates: Vec<f64> = results
-                .iter()
-                .filter(|(l, b, _)| l == label && *b == batch)
-                .map(|(_, _, r)| *r)
-                .collect();
-            let (min, max) = (
-                rates.iter().copied().fold(f64::INFINITY, f64::min),
-                rates.iter().copied().fold(0.0, f64::max),
-            );
-            let rate = median(rates);
-            crate::bench::line(json!({
-                "bench": "handoff_median", "binary": label, "batch_size": batch,
-                "rounds": plan.rounds, "per_second": rate.round(),
-                "min": min.round(), "max": max.round(),
-                "ratio_to_sql_only": (rate / sql_only * 100.0).round() / 100.0,
-                "ratio_to_redis_only": (rate / redis_only * 100.0).round() / 100.0,
-            }));
+        for &processes in &plan.processes {
+            for (label, _) in &plan.binaries {
+                let rates: Vec<f64> = results
+                    .iter()
+                    .filter(|(l, b, p, _)| l == label && *b == batch && *p == processes)
+                    .map(|(_, _, _, r)| *r)
+                    .collect();
+                let (min, max) = (
+                    rates.iter().copied().fold(f64::INFINITY, f64::min),
+                    rates.iter().copied().fold(0.0, f64::max),
+                );
+                let rate = median(rates);
+                crate::bench::line(json!({
+                    "bench": "handoff_median", "binary": label, "batch_size": batch,
+                    "processes": processes, "rounds": plan.rounds, "per_second": rate.round(),
+                    "min": min.round(), "max": max.round(),
+                    "ratio_to_sql_only": ratio(rate, sql_only),
+                    "ratio_to_redis_only": ratio(rate, redis_only),
+                }));
+            }
         }
     }
     drop(conn);
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     scratch.remove().await
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+/// `value / base`, rounded to two decimals.
+pub fn ratio(value: f64, base: f64) -> f64 {
+    (value / base * 100.0).round() / 100.0
+}
+
+/// The median of `values` (the upper one of an even count; NaN if empty).
+pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
@@ -173,12 +205,24 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// from that statement to the last (`processed_at` is the statement's
 /// transaction time); fails unless exactly `rows` rows are `DONE`.
 async fn done_rate(conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
-    let span: Span = diesel::sql_query(
-        "SELECT count(*) AS done,
-                count(*) FILTER (WHERE processed_at = (SELECT min(processed_at) FROM outbox_event)) AS first,
-                extract(epoch FROM max(processed_at) - min(processed_at))::float8 AS seconds
-         FROM outbox_event WHERE status = 'DONE'",
-    )
+    done_rate_where(conn, rows, "TRUE").await
+}
+
+/// [`done_rate`] over the `DONE` rows that also match `filter` (an SQL
+/// condition on `outbox_event`).
+pub async fn done_rate_where(
+    conn: &mut AsyncPgConnection,
+    rows: usize,
+    filter: &str,
+) -> Result<f64> {
+    let span: Span = diesel::sql_query(format!(
+        "WITH done AS (SELECT processed_at FROM outbox_event WHERE status = 'DONE' AND ({filter}))
+         SELECT count(*) AS done,
+                count(*) FILTER (WHERE processed_at = (SELECT min(processed_at) FROM done)) AS first,
+                coalesce(extract(epoch FROM max(processed_at) - min(processed_at)), 0)::float8
+                    AS seconds
+         FROM done"
+    ))
     .get_result(conn)
     .await?;
     if span.done != rows as i64 {
@@ -223,7 +267,7 @@ async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> 
 
 async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
     let events: Vec<OutboxEvent> = diesel::sql_query("SELECT * FROM outbox_event")
         .load(conn)
@@ -244,7 +288,7 @@ async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -
         .flat_map(|(queue, jobs)| jobs.chunks(500).map(move |chunk| (*queue, chunk)))
         .collect();
     let redis = outbox_queue::connect(&RedisSettings::new(&run.found.redis_url))?;
-    let namespace = QueueNamespace::prefixed(run.prefix());
+    let namespace = QueueNamespace::prefixed(run.stage_prefix(STAGE));
     let started = Instant::now();
     let pushed: Vec<usize> = futures::stream::iter(units)
         .map(|(queue, jobs)| {
@@ -267,49 +311,46 @@ async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -
     Ok(rows as f64 / elapsed.as_secs_f64())
 }
 
-/// One measurement: preload, run the worker until every row is DONE, stop it.
+/// One hand-off configuration.
+struct Setup<'a> {
+    binary: &'a PathBuf,
+    batch: u32,
+    processes: usize,
+    rows: usize,
+}
+
+/// One measurement: preload, run the workers until every row is DONE, stop
+/// them.
 async fn measure(
     run: &Run,
     url: &str,
     conn: &mut AsyncPgConnection,
-    binary: &PathBuf,
-    batch: u32,
-    rows: usize,
-) -> Result<f64> {
+    setup: &Setup<'_>,
+) -> Result<(f64, serde_json::Value)> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
-    clear_redis(&run.found.redis_url, &run.prefix()).await?;
-    preload_pending(conn, rows, &HANDOFF_TYPES).await?;
-    let mut child = spawn_worker(run, url, binary, batch)?;
-    let finished = wait_until_done(conn, &mut child).await;
-    stop(child)?;
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
+    preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
+    let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
+    let mut children = crate::bench_process::spawn_many(
+        run,
+        (url, &run.stage_prefix(STAGE)),
+        setup.binary,
+        &vars,
+        setup.processes,
+    )?;
+    let before = Cpu::sample(&children);
+    let finished = wait_until_done(conn, &mut children).await;
+    let cpu = before.shares(&Cpu::sample(&children));
+    crate::bench_process::stop_all(children)?;
     finished?;
-    done_rate(conn, rows).await
+    Ok((done_rate(conn, setup.rows).await?, cpu))
 }
 
-/// Starts `binary` (a `worker-general`) on the run's scratch database and
-/// Redis prefix, with the dispatcher on at batch size `batch`.
-pub fn spawn_worker(run: &Run, url: &str, binary: &PathBuf, batch: u32) -> Result<Child> {
-    Command::new(binary)
-        .env("DATABASE_URL", url)
-        .env("REDIS_URL", &run.found.redis_url)
-        .env("OUTBOX_QUEUE_PREFIX", run.prefix())
-        .env("OUTBOX_DISPATCHER_ENABLED", "true")
-        .env("OUTBOX_DISPATCH_BATCH_SIZE", batch.to_string())
-        .env("WORKER_HTTP_ADDR", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("cannot start {}", binary.display()))
-}
-
-async fn wait_until_done(conn: &mut AsyncPgConnection, child: &mut Child) -> Result<()> {
+async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Some(status) = child.try_wait()? {
-            bail!("the worker exited early ({status})");
-        }
+        crate::bench_process::check_running(children)?;
         // Walks the claim index, which holds only PENDING and PROCESSING rows.
         let progress: Progress = diesel::sql_query(
             "SELECT count(*) AS open FROM (
@@ -325,21 +366,4 @@ async fn wait_until_done(conn: &mut AsyncPgConnection, child: &mut Child) -> Res
             bail!("the backlog was not handed off within 10 minutes");
         }
     }
-}
-
-/// SIGTERM, then wait for the graceful stop.
-pub fn stop(mut child: Child) -> Result<()> {
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            child.kill()?;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait()?;
-    Ok(())
 }

@@ -49,12 +49,12 @@ pub async fn run(run: &Run, plan: &Soak) -> Result<()> {
     ));
     let scratch =
         Scratch::create(&run.found.database_url, run.database("outbox_bench_soak")).await?;
-    let prefix = run.prefix();
+    let prefix = run.stage_prefix("soak");
     clear_redis(&run.found.redis_url, &prefix).await?;
     let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
-    let mut child = crate::bench_handoff::spawn_worker(run, &scratch.url, &plan.binary, 500)?;
+    let mut child = crate::bench_process::spawn(run, (&scratch.url, &prefix), &plan.binary, &[])?;
     let outcome = load_and_sample(&mut conn, &mut child, plan).await;
-    crate::bench_handoff::stop(child)?;
+    crate::bench_process::stop_all(vec![child])?;
     let (samples, published) = outcome?;
     let open: i64 =
         diesel::dsl::sql::<BigInt>("SELECT count(*) FROM outbox_event WHERE status <> 'DONE'")

@@ -35,8 +35,14 @@ macro_rules! print {
 }
 
 mod bench;
+mod bench_chart;
 mod bench_drain;
+mod bench_drain_audit;
 mod bench_handoff;
+mod bench_latency;
+mod bench_process;
+mod bench_publish;
+mod bench_retention;
 mod bench_soak;
 mod cmd;
 mod demo;

@@ -78,6 +78,11 @@ pub struct WorkerConfig {
     pub dispatcher_enabled: bool,
     /// The dispatcher's settings.
     pub dispatcher: DispatcherConfig,
+    /// `OUTBOX_WAKEUPS`: the dispatcher wakes on `NOTIFY outbox_event` and
+    /// the queue workers on Redis wake-up messages (on by default); off, both
+    /// only poll (`OUTBOX_DISPATCH_INTERVAL_MS`, `WORKER_POLL_INTERVAL_MS`).
+    /// [`DispatcherConfig::listen`] follows it.
+    pub wakeups: bool,
     /// Retention of DONE rows.
     pub retention: RetentionConfig,
     /// `OUTBOX_DONE_RETENTION_INTERVAL_MS`: how often retention runs (daily).
@@ -160,6 +165,7 @@ impl std::fmt::Debug for WorkerConfig {
             router,
             dispatcher_enabled,
             dispatcher,
+            wakeups,
             retention,
             retention_every,
             worker,
@@ -188,6 +194,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("router", &router.rules())
             .field("dispatcher_enabled", dispatcher_enabled)
             .field("dispatcher", dispatcher)
+            .field("wakeups", wakeups)
             .field("retention", retention)
             .field("retention_every", retention_every)
             .field("worker", worker)
@@ -344,7 +351,9 @@ impl WorkerConfig {
             value: http_addr_text.clone(),
             problem: "must be host:port, like 127.0.0.1:9464".into(),
         })?;
+        let wakeups = env.spec_flag(&v::OUTBOX_WAKEUPS)?;
         let dispatcher = DispatcherConfig {
+            listen: wakeups,
             interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
             batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
             concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
@@ -428,6 +437,7 @@ impl WorkerConfig {
             router: router(&env)?,
             dispatcher_enabled: env.spec_flag(&v::OUTBOX_DISPATCHER_ENABLED)?,
             dispatcher,
+            wakeups,
             retention,
             retention_every: env.spec_millis(&v::OUTBOX_DONE_RETENTION_INTERVAL_MS)?,
             worker,
@@ -750,6 +760,7 @@ mod tests {
             "0.0.0.0:9465".parse().unwrap()
         );
         assert!(!config.allow_redis_eviction);
+        assert!(config.wakeups && config.dispatcher.listen);
         // Webhooks, plugin calls and workflow HTTP blocks may not reach
         // loopback, private or link-local addresses unless told.
         assert!(!config.webhook_allow_private);
@@ -824,6 +835,13 @@ mod tests {
     }
 
     #[test]
+    fn wakeups_off_means_polling_only() {
+        let config = read(Group::General, &[("OUTBOX_WAKEUPS", "false")]).unwrap();
+        assert!(!config.wakeups);
+        assert!(!config.dispatcher.listen);
+    }
+
+    #[test]
     fn bad_values_name_their_variable() {
         let cases: &[(&str, &str, &str)] = &[
             ("OUTBOX_QUEUE_PREFIX", "adopt-app", "must end with ':'"),
@@ -832,6 +850,7 @@ mod tests {
             ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
             ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
             ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps", "true or false"),
+            ("OUTBOX_WAKEUPS", "sometimes", "true or false"),
             ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),

@@ -468,10 +468,14 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
             config.worker.clone(),
             shutdown.clone(),
         );
-        let wake = redis::Client::open(config.redis_url.as_str()).context("invalid REDIS_URL")?;
+        let wake = if config.wakeups {
+            Some(redis::Client::open(config.redis_url.as_str()).context("invalid REDIS_URL")?)
+        } else {
+            None
+        };
         tokio::spawn(async move {
             group
-                .run_with_wakeups(redis, Some(wake), &namespace, &settings, token)
+                .run_with_wakeups(redis, wake, &namespace, &settings, token)
                 .await
         })
     };

@@ -190,6 +190,12 @@ pub const OUTBOX_DISPATCHER_ENABLED: Flag = Flag {
     default: false,
     meaning: "worker-general: run the dispatcher (outbox rows to Redis queues)",
 };
+/// `OUTBOX_WAKEUPS`.
+pub const OUTBOX_WAKEUPS: Flag = Flag {
+    name: "OUTBOX_WAKEUPS",
+    default: true,
+    meaning: "wake the dispatcher on LISTEN/NOTIFY and the queue workers on Redis wake-ups; false polls only (for comparisons)",
+};
 /// `OUTBOX_DISPATCH_INTERVAL_MS`.
 pub const OUTBOX_DISPATCH_INTERVAL_MS: Whole = Whole {
     name: "OUTBOX_DISPATCH_INTERVAL_MS",
@@ -426,6 +432,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         T(OUTBOX_QUEUE_PREFIX),
         T(OUTBOX_ROUTES_FILE),
         F(OUTBOX_DISPATCHER_ENABLED),
+        F(OUTBOX_WAKEUPS),
         W(OUTBOX_DISPATCH_INTERVAL_MS),
         W(OUTBOX_DISPATCH_BATCH_SIZE),
         W(OUTBOX_DISPATCH_CONCURRENCY),

@@ -1,0 +1,107 @@
+//! `cargo xtask bench --only drain_audit`: a backlog of audit events
+//! (50,000 due `PENDING` `audit.user.login` rows) drained end to end by one
+//! release `worker-general`: the dispatcher hands them to `outbox.audit`,
+//! the audit subscriber writes one `audit_log` row each.
+//!
+//! The rate is counted from the first `DONE` statement (`processed_at`) to
+//! the last audit row (`recorded_at`), so process start-up does not count;
+//! the rows of the first statement are left out of the count, as in the
+//! hand-off stage. The same line gives the hand-off's own rate over that
+//! backlog and the handler's (first to last audit row), so the slower side
+//! shows.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Double};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde_json::json;
+
+use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
+use crate::bench_process;
+
+#[derive(QueryableByName)]
+struct Spans {
+    #[diesel(sql_type = BigInt)]
+    rows: i64,
+    #[diesel(sql_type = BigInt)]
+    first: i64,
+    #[diesel(sql_type = Double)]
+    total: f64,
+    #[diesel(sql_type = Double)]
+    handoff: f64,
+    #[diesel(sql_type = Double)]
+    handler: f64,
+}
+
+/// Drains `events` audit events through `binary`.
+pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
+    let name = "drain_audit";
+    stage(&format!(
+        "{name}: {events} events through the audit subscriber"
+    ));
+    let scratch = Scratch::create(
+        &run.found.database_url,
+        run.database("outbox_bench_drain_audit"),
+    )
+    .await?;
+    let prefix = run.stage_prefix(name);
+    clear_redis(&run.found.redis_url, &prefix).await?;
+    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    preload_pending(&mut conn, events, &["audit.user.login"]).await?;
+    let mut children = vec![bench_process::spawn(
+        run,
+        (&scratch.url, &prefix),
+        binary,
+        &[],
+    )?];
+    let before = bench_process::Cpu::sample(&children);
+    let drained = bench_process::wait_for_count(
+        &mut conn,
+        &mut children,
+        "SELECT count(*) AS n FROM audit_log",
+        events as i64,
+        Duration::from_secs(900),
+    )
+    .await;
+    let cpu = before.shares(&bench_process::Cpu::sample(&children));
+    bench_process::stop_all(children)?;
+    drained?;
+    let spans: Spans = diesel::sql_query(
+        "WITH e AS (SELECT min(processed_at) AS first_done, max(processed_at) AS last_done
+                    FROM outbox_event),
+              a AS (SELECT count(*) AS rows, min(recorded_at) AS first_row,
+                           max(recorded_at) AS last_row FROM audit_log)
+         SELECT a.rows,
+                (SELECT count(*) FROM outbox_event, e WHERE processed_at = e.first_done) AS first,
+                extract(epoch FROM a.last_row - e.first_done)::float8 AS total,
+                extract(epoch FROM e.last_done - e.first_done)::float8 AS handoff,
+                extract(epoch FROM a.last_row - a.first_row)::float8 AS handler
+         FROM e, a",
+    )
+    .get_result(&mut conn)
+    .await?;
+    if spans.rows != events as i64 {
+        bail!("{name}: {} audit rows for {events} events", spans.rows);
+    }
+    let counted = (spans.rows - spans.first) as f64;
+    let per = |seconds: f64| {
+        if seconds > 0.0 {
+            (counted / seconds).round()
+        } else {
+            f64::NAN
+        }
+    };
+    line(json!({
+        "bench": name, "events": events,
+        "seconds": (spans.total * 1000.0).round() / 1000.0,
+        "per_second": per(spans.total),
+        "handoff_per_second": per(spans.handoff),
+        "handler_per_second": per(spans.handler), "cpu_share": cpu,
+    }));
+    drop(conn);
+    clear_redis(&run.found.redis_url, &prefix).await?;
+    scratch.remove().await
+}

@@ -1,0 +1,285 @@
+//! `cargo xtask bench --only latency`: end-to-end latency from the commit
+//! of an event to the start of its handler, through a release
+//! `worker-general` (dispatcher and audit subscriber), at a steady load.
+//!
+//! Publishers (32 connections) commit one `audit.user.login` event per
+//! transaction on an open-loop schedule (event *i* is due at *i* / rate
+//! seconds), so a slow worker does not slow the load down. After each
+//! commit returns, the publisher notes the wall-clock time. The audit
+//! handler's `INSERT` stamps its row with `recorded_at = now()`: Postgres'
+//! time at the start of that statement's transaction, which is the handler
+//! having started, taken a pooled connection and sent its statement. The
+//! latency of an event is `recorded_at` minus the publisher's note, both
+//! read from the same host clock. A publisher that runs late after its
+//! commit (a busy machine) notes too late a time, which makes the latency
+//! look shorter (negative minimums show it); so each line also gives the
+//! percentiles from the server's clock read by the transaction's last
+//! statement before `COMMIT` (`before_commit`), which err the other way by
+//! the commit's own duration: the true figure lies between the two. It
+//! therefore includes the wake-up (or
+//! poll) of the dispatcher, its claim, the push to Redis, the queue worker's
+//! wake-up (or poll) and fetch, job decoding and the handler's pool checkout;
+//! it excludes the handler's own insert and commit.
+//!
+//! Each load runs with wake-ups on (`NOTIFY` to the dispatcher, Redis
+//! wake-up messages to the queue worker: the default) and with
+//! `OUTBOX_WAKEUPS=false` (polling only, at the default 1 s intervals).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
+use serde_json::json;
+
+use crate::bench::{Run, Scratch, clear_redis, line, stage};
+use crate::bench_process;
+
+/// Publishing connections.
+const PUBLISHERS: usize = 32;
+
+/// What to measure.
+pub struct Plan {
+    /// Offered loads, events per second.
+    pub loads: Vec<u32>,
+    /// How long each load runs.
+    pub duration: Duration,
+}
+
+#[derive(QueryableByName)]
+struct Recorded {
+    #[diesel(sql_type = Text)]
+    id: String,
+    #[diesel(sql_type = BigInt)]
+    us: i64,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// What one load's publishers did.
+struct Published {
+    /// `(event id, clock before COMMIT, clock when COMMIT returned)`, µs
+    /// since the epoch.
+    commits: Vec<(String, i64, i64)>,
+    /// How late each event was published against its schedule, ms.
+    late_ms: Vec<f64>,
+    elapsed: Duration,
+}
+
+/// Runs every load with wake-ups on, then polling only.
+pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
+    let scratch = Scratch::create(
+        &run.found.database_url,
+        run.database("outbox_bench_latency"),
+    )
+    .await?;
+    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    let mut serial = 0usize;
+    let prefix = run.stage_prefix("latency");
+    for wakeups in [true, false] {
+        clear_redis(&run.found.redis_url, &prefix).await?;
+        let vars = [("OUTBOX_WAKEUPS", wakeups.to_string())];
+        let target = (scratch.url.as_str(), prefix.as_str());
+        let mut children = vec![bench_process::spawn(run, target, binary, &vars)?];
+        let result = async {
+            // Warm-up: one event through, so the worker is ready.
+            let before = audit_rows(&mut conn).await?;
+            publish_one(&mut conn, serial).await?;
+            serial += 1;
+            wait_for_audit(&mut conn, &mut children, before + 1).await?;
+            for &load in &plan.loads {
+                stage(&format!(
+                    "latency: {load} events/s for {} s, wake-ups {}",
+                    plan.duration.as_secs_f64(),
+                    if wakeups { "on" } else { "off (polling only)" }
+                ));
+                let before = audit_rows(&mut conn).await?;
+                let published = publish_at(&scratch.url, load, plan.duration, serial).await?;
+                serial += published.commits.len();
+                let target = before + published.commits.len() as i64;
+                wait_for_audit(&mut conn, &mut children, target).await?;
+                report(&mut conn, wakeups, load, published).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }
+        .await;
+        bench_process::stop_all(children)?;
+        result?;
+    }
+    drop(conn);
+    clear_redis(&run.found.redis_url, &prefix).await?;
+    scratch.remove().await
+}
+
+fn event(n: usize) -> NewOutboxEvent {
+    NewOutboxEvent::new(
+        format!("tenant-{}", n % 17),
+        "audit.user.login",
+        json!({ "n": n, "actor": "user-42", "note": "latency" }),
+    )
+}
+
+#[derive(QueryableByName)]
+struct Clock {
+    #[diesel(sql_type = BigInt)]
+    us: i64,
+}
+
+/// Publishes event `n` in its own transaction; returns its id and the
+/// server's clock read by the transaction's last statement before `COMMIT`
+/// (µs since the epoch).
+async fn publish_one(conn: &mut AsyncPgConnection, n: usize) -> Result<(String, i64)> {
+    let (outcome, clock) = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            let outcome = publish_outbox_event(&mut tx, event(n)).await?;
+            let clock: Clock = diesel::sql_query(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us",
+            )
+            .get_result(tx.conn())
+            .await?;
+            Ok((outcome, clock))
+        })
+        .await?;
+    Ok((outcome.id().to_string(), clock.us))
+}
+
+/// Publishes `rate` events a second for `duration`, open loop.
+async fn publish_at(url: &str, rate: u32, duration: Duration, first: usize) -> Result<Published> {
+    let total = (f64::from(rate) * duration.as_secs_f64()).round() as usize;
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut conns = Vec::with_capacity(PUBLISHERS);
+    for _ in 0..PUBLISHERS {
+        conns.push(AsyncPgConnection::establish(url).await?);
+    }
+    let start = tokio::time::Instant::now() + Duration::from_millis(50);
+    let publishers = conns.into_iter().map(|mut conn| {
+        let next = next.clone();
+        async move {
+            let mut commits = Vec::new();
+            let mut late = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
+                tokio::time::sleep_until(due).await;
+                late.push(due.elapsed().as_secs_f64() * 1000.0);
+                let (id, before) = publish_one(&mut conn, first + i).await?;
+                commits.push((id, before, now_us()));
+            }
+            Ok::<_, anyhow::Error>((commits, late))
+        }
+    });
+    let parts = futures::future::try_join_all(publishers).await?;
+    let elapsed = start.elapsed();
+    let (mut commits, mut late_ms) = (Vec::with_capacity(total), Vec::with_capacity(total));
+    for (c, l) in parts {
+        commits.extend(c);
+        late_ms.extend(l);
+    }
+    Ok(Published {
+        commits,
+        late_ms,
+        elapsed,
+    })
+}
+
+async fn audit_rows(conn: &mut AsyncPgConnection) -> Result<i64> {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let n: N = diesel::sql_query("SELECT count(*) AS n FROM audit_log")
+        .get_result(conn)
+        .await?;
+    Ok(n.n)
+}
+
+async fn wait_for_audit(
+    conn: &mut AsyncPgConnection,
+    children: &mut [std::process::Child],
+    target: i64,
+) -> Result<()> {
+    bench_process::wait_for_count(
+        conn,
+        children,
+        "SELECT count(*) AS n FROM audit_log",
+        target,
+        Duration::from_secs(120),
+    )
+    .await
+    .context("the audit rows of the published events did not all appear")
+}
+
+/// Percentiles (nearest rank) of sorted `values`.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+async fn report(
+    conn: &mut AsyncPgConnection,
+    wakeups: bool,
+    load: u32,
+    published: Published,
+) -> Result<()> {
+    let recorded: Vec<Recorded> = diesel::sql_query(
+        "SELECT outbox_event_id::text AS id,
+                (extract(epoch FROM recorded_at) * 1000000)::bigint AS us
+         FROM audit_log",
+    )
+    .load(conn)
+    .await?;
+    let recorded: HashMap<String, i64> = recorded.into_iter().map(|r| (r.id, r.us)).collect();
+    let mut latencies = Vec::with_capacity(published.commits.len());
+    let mut from_before = Vec::with_capacity(published.commits.len());
+    for (id, before, committed) in &published.commits {
+        let Some(at) = recorded.get(id) else {
+            bail!("no audit row for event {id}");
+        };
+        latencies.push((at - committed) as f64 / 1000.0);
+        from_before.push((at - before) as f64 / 1000.0);
+    }
+    latencies.sort_by(f64::total_cmp);
+    from_before.sort_by(f64::total_cmp);
+    let mut late = published.late_ms;
+    late.sort_by(f64::total_cmp);
+    let events = latencies.len();
+    line(json!({
+        "bench": "latency_ms", "wakeups": wakeups, "offered_per_second": load,
+        "achieved_per_second": (events as f64 / published.elapsed.as_secs_f64()).round(),
+        "events": events,
+        "p50": round2(percentile(&latencies, 0.50)),
+        "p95": round2(percentile(&latencies, 0.95)),
+        "p99": round2(percentile(&latencies, 0.99)),
+        "max": round2(percentile(&latencies, 1.0)),
+        "min": round2(percentile(&latencies, 0.0)),
+        "before_commit": {
+            "p50": round2(percentile(&from_before, 0.50)),
+            "p99": round2(percentile(&from_before, 0.99)),
+            "max": round2(percentile(&from_before, 1.0)),
+        },
+        "publish_late_p99_ms": round2(percentile(&late, 0.99)),
+    }));
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `cargo xtask bench --only publish_overhead`: what publishing one event
+//! costs a business transaction.
+//!
+//! Eight clients (one connection each) run one-row business transactions
+//! (`BEGIN; INSERT INTO bench_order …; COMMIT`) for a fixed time, then the
+//! same with one event published in each transaction
+//! (`publish_outbox_event`, which also fires the `NOTIFY` trigger), and the
+//! same again with the trigger disabled: `NOTIFY` makes each commit take a
+//! database-wide lock on the notification queue, so this third arm shows
+//! what the wake-up costs apart from the row. The arms alternate over the
+//! rounds so that the load of a shared machine falls on all alike; the
+//! summary gives the medians and their ratios to the bare transaction. No
+//! dispatcher runs.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
+use serde_json::json;
+
+use crate::bench::{Run, Scratch, line, stage};
+use crate::bench_handoff::{median, ratio};
+
+/// Concurrent clients.
+const CLIENTS: usize = 8;
+
+/// What to measure.
+pub struct Plan {
+    /// Rounds (each runs both arms).
+    pub rounds: usize,
+    /// How long each arm runs per round.
+    pub duration: Duration,
+}
+
+/// Measures both arms, `plan.rounds` times.
+pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
+    let scratch = Scratch::create(
+        &run.found.database_url,
+        run.database("outbox_bench_publish"),
+    )
+    .await?;
+    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    conn.batch_execute(
+        "CREATE TABLE bench_order (
+             id bigserial PRIMARY KEY,
+             tenant_id text NOT NULL,
+             amount bigint NOT NULL,
+             created_at timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await?;
+    // (arm, publishes an event, the insert trigger's NOTIFY on)
+    let arms = [
+        ("bare", false, true),
+        ("with_event", true, true),
+        ("with_event_without_notify", true, false),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
+    for round in 1..=plan.rounds {
+        for (&(arm, publish, notify), rates) in arms.iter().zip(rates.iter_mut()) {
+            stage(&format!(
+                "publish_overhead {arm}, round {round}/{}, {CLIENTS} clients",
+                plan.rounds
+            ));
+            conn.batch_execute(if notify {
+                "ALTER TABLE outbox_event ENABLE TRIGGER outbox_event_notify_insert"
+            } else {
+                "ALTER TABLE outbox_event DISABLE TRIGGER outbox_event_notify_insert"
+            })
+            .await?;
+            let rate = measure(&scratch.url, publish, plan.duration).await?;
+            line(json!({
+                "bench": "publish_overhead_round", "arm": arm, "round": round,
+                "clients": CLIENTS, "per_second": rate.round(),
+            }));
+            rates.push(rate);
+        }
+    }
+    let medians: Vec<f64> = rates.into_iter().map(median).collect();
+    let (bare, with_event, without_notify) = (medians[0], medians[1], medians[2]);
+    line(json!({
+        "bench": "publish_overhead", "clients": CLIENTS, "rounds": plan.rounds,
+        "bare_per_second": bare.round(), "with_event_per_second": with_event.round(),
+        "ratio": ratio(with_event, bare),
+        "with_event_without_notify_per_second": without_notify.round(),
+        "ratio_without_notify": ratio(without_notify, bare),
+    }));
+    drop(conn);
+    scratch.remove().await
+}
+
+/// Transactions per second of `CLIENTS` clients for `duration`.
+async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
+    let mut conns = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        conns.push(AsyncPgConnection::establish(url).await?);
+    }
+    let started = Instant::now();
+    let deadline = started + duration;
+    let clients = conns
+        .into_iter()
+        .enumerate()
+        .map(|(client, mut conn)| async move {
+            let mut done = 0usize;
+            while Instant::now() < deadline {
+                conn.transaction::<_, PublishError, _>(async |conn| {
+                    diesel::sql_query(
+                        "INSERT INTO bench_order (tenant_id, amount) VALUES ($1, $2)",
+                    )
+                    .bind::<Text, _>(format!("tenant-{client}"))
+                    .bind::<BigInt, _>(done as i64)
+                    .execute(conn)
+                    .await?;
+                    if publish {
+                        let mut tx = OutboxTx::new(conn)?;
+                        publish_outbox_event(
+                            &mut tx,
+                            NewOutboxEvent::new(
+                                format!("tenant-{client}"),
+                                "billing.invoice.paid",
+                                json!({ "order": done, "amount": done }),
+                            ),
+                        )
+                        .await?;
+                    }
+                    Ok(())
+                })
+                .await?;
+                done += 1;
+            }
+            Ok::<_, anyhow::Error>(done)
+        });
+    let done: usize = futures::future::try_join_all(clients)
+        .await?
+        .into_iter()
+        .sum();
+    Ok(done as f64 / started.elapsed().as_secs_f64())
+}
