@@ -47,6 +47,18 @@ pub struct MutantsArgs {
     /// Only mutate files whose path contains this (e.g. `claim.rs`).
     #[arg(long)]
     pub file: Option<String>,
+    /// Also run this package's tests against each mutant (repeatable).
+    /// Behaviour of a library is often tested from the crates that use it
+    /// (the queue's worker store from the subscriber and dispatcher
+    /// tests); without this only the mutated crate's own tests run.
+    #[arg(long = "test-package", value_name = "CRATE")]
+    pub test_packages: Vec<String>,
+    /// Mutate the checkout itself instead of a copy, and build in the
+    /// usual target directory: no cold build of a copy first. Each file is
+    /// restored after its mutant; do not edit the tree while it runs (use
+    /// a separate `git worktree`).
+    #[arg(long)]
+    pub in_place: bool,
     /// Only summarise the last run's results.
     #[arg(long)]
     pub report_only: bool,
@@ -71,13 +83,19 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             args.crates.clone()
         };
         let mut command = Command::new("cargo");
-        command
-            .current_dir(workspace_root())
+        command.current_dir(workspace_root());
+        if args.in_place {
+            // One tree, one build at a time: the usual target directory is
+            // safe, and warm.
+            command.arg("mutants").arg("--in-place");
+        } else {
             // cargo-mutants builds each copy of the tree in its own target
             // directory; a shared CARGO_TARGET_DIR would make the copies
             // overwrite each other's builds.
-            .env_remove("CARGO_TARGET_DIR")
-            .args(["mutants", "--test-tool", "nextest", "--no-shuffle"])
+            command.env_remove("CARGO_TARGET_DIR").arg("mutants");
+        }
+        command
+            .args(["--test-tool", "nextest", "--no-shuffle"])
             .arg("--output")
             .arg(&out)
             .envs([
@@ -88,6 +106,14 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             ]);
         for name in &crates {
             command.args(["--package", name]);
+        }
+        if !args.test_packages.is_empty() {
+            // The mutated crates' own tests always run too.
+            let mut tested: Vec<&String> = crates.iter().chain(&args.test_packages).collect();
+            tested.dedup();
+            for name in tested {
+                command.args(["--test-package", name]);
+            }
         }
         if let Some(file) = &args.file {
             command.args(["--file", &format!("**/*{file}*")]);
