@@ -378,6 +378,14 @@ async fn json_output_parses_and_matches_the_table_output() {
         assert!(line.contains(row["status"].as_str().unwrap()), "{line}");
         assert!(line.contains(row["event_type"].as_str().unwrap()), "{line}");
         assert!(line.contains(row["tenant_id"].as_str().unwrap()), "{line}");
+        // The columns line up whatever the status: the tenant starts where
+        // the header's TENANT does.
+        let header = table.lines().next().unwrap();
+        assert_eq!(
+            line.find(row["tenant_id"].as_str().unwrap()),
+            header.find("TENANT"),
+            "{header}\n{line}"
+        );
     }
 
     let stats = env.outbox(&["stats", "--json"]);

@@ -81,8 +81,10 @@ impl FromStr for OutboxStatus {
 }
 
 impl fmt::Display for OutboxStatus {
+    /// The stored text; honours width and alignment (`{:<10}`), so tables
+    /// of rows line up.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -103,6 +105,13 @@ impl FromSql<Text, Pg> for OutboxStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_in_a_table_column_is_padded_to_its_width() {
+        assert_eq!(format!("{:<10}|", OutboxStatus::Pending), "PENDING   |");
+        assert_eq!(format!("{:>6}|", OutboxStatus::Done), "  DONE|");
+        assert_eq!(OutboxStatus::Failed.to_string(), "FAILED");
+    }
 
     #[test]
     fn round_trips_text() {
