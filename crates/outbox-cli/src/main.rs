@@ -3,8 +3,8 @@
 //! `outbox migrate [--status|--dry-run] | stats | health | dead QUEUE |
 //! retry-dead QUEUE | list | show ID | requeue | cancel ID… | reconcile |
 //! workflow executions | workflow show ID | probe | completions SHELL`
-//! (`stats`, `list`, `show` and `health` are still in this file; the others
-//! have a module each). Every command prints a table, or JSON with `--json`
+//! (one module per command; this file holds the command line, the
+//! connections and the dispatch to the modules). Every command prints a table, or JSON with `--json`
 //! (errors on stderr); output into a closed pipe ends quietly. `health`
 //! covers the queues
 //! (Redis), Redis' persistence and loss marker, and the workflow executions
@@ -41,12 +41,16 @@ mod completions;
 mod dead;
 mod exit;
 mod filters;
+mod health_cmd;
+mod list;
 mod migrate;
 mod probe;
 mod reconcile;
 mod redis_status;
 mod render;
 mod retry_dead;
+mod show;
+mod stats;
 mod workflow;
 
 /// `outbox requeue`: the policy and the transaction are the library's
@@ -137,13 +141,13 @@ enum Command {
     Stats,
     /// Backlog, due, running, done, dead and stalled workers of every queue; Redis' persistence and loss marker; workflow executions stuck in queued or running.
     #[command(after_help = concat!("Examples:\n  outbox health\n  outbox health --json --stall-after-secs 300\n  OUTBOX_QUEUE_PREFIX=staging: outbox health\n\n", exit_codes!()))]
-    Health(HealthArgs),
+    Health(health_cmd::HealthArgs),
     /// The dead jobs of a queue and why each failed.
     #[command(after_help = concat!("Examples:\n  outbox dead outbox.webhook\n  outbox dead toolctrl.email --limit 100 --json\n\n", exit_codes!()))]
     Dead(dead::DeadArgs),
     /// List outbox rows, oldest first; says how many match when it shows fewer.
     #[command(after_help = concat!("Examples:\n  outbox list --status failed --limit 20\n  outbox list --type-prefix webhook. --json | jq '.[].id'\n  outbox list | head\n\n", exit_codes!()))]
-    List(ListArgs),
+    List(list::ListArgs),
     /// One row with its payload and requeue history.
     #[command(after_help = EXIT_CODES)]
     Show {
@@ -171,31 +175,6 @@ enum Command {
     /// Publish a probe event (and with --workflow run the probe workflow) and wait until a dispatcher hands it off and a worker handles it; names what is missing on timeout.
     #[command(after_help = EXIT_CODES)]
     Probe(probe::ProbeArgs),
-}
-
-#[derive(Args)]
-struct ListArgs {
-    #[command(flatten)]
-    filters: Filters,
-    /// At most this many rows, oldest first.
-    #[arg(long, default_value_t = DEFAULT_LIST_LIMIT, value_parser = clap::value_parser!(u64).range(1..=MAX_LIST_LIMIT))]
-    limit: u64,
-}
-
-#[derive(Args)]
-struct HealthArgs {
-    /// Alert when a queue's backlog exceeds this.
-    #[arg(long, default_value_t = health::DEFAULT_MAX_BACKLOG)]
-    max_backlog: u64,
-    /// Alert when a queue has more dead jobs than this.
-    #[arg(long, default_value_t = 0)]
-    max_dead: u64,
-    /// A worker whose heartbeat is older than this many seconds is stalled (workers that stop cleanly deregister; only dead ones stay).
-    #[arg(long, default_value_t = health::DEFAULT_STALL_AFTER_SECS)]
-    stall_after_secs: u64,
-    /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
-    #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
-    stuck_after: Duration,
 }
 
 fn main() -> ExitCode {
@@ -269,11 +248,11 @@ async fn run(cli: Cli) -> Outcome {
     match &cli.command {
         Command::Migrate(args) => migrate::run(&cli, args).await,
         Command::Completions(args) => completions::run(args),
-        Command::Stats => stats(&cli).await,
-        Command::Health(args) => health(&cli, args).await,
+        Command::Stats => stats::stats(&cli).await,
+        Command::Health(args) => health_cmd::health(&cli, args).await,
         Command::Dead(args) => dead_cmd(&cli, args).await,
-        Command::List(args) => list(&cli, args).await,
-        Command::Show { id } => show(&cli, *id).await,
+        Command::List(args) => list::list(&cli, args).await,
+        Command::Show { id } => show::show(&cli, *id).await,
         Command::Requeue(args) => requeue::command::run(&cli, args).await,
         Command::Workflow(args) => workflow::run(&cli, args).await,
         Command::Probe(args) => probe::run(&cli, args).await,
@@ -281,117 +260,6 @@ async fn run(cli: Cli) -> Outcome {
         Command::RetryDead(args) => retry_dead::run(&cli, args).await,
         Command::Cancel(args) => cancel::run(&cli, args).await,
     }
-}
-
-async fn stats(cli: &Cli) -> Outcome {
-    let mut conn = connect(cli).await?;
-    let stats = outbox_dispatch::stats::outbox_stats(&mut conn, &router(cli)?).await?;
-    if cli.json {
-        print_json(&stats)?;
-    } else {
-        println!("{:<12} {:>10}", "STATUS", "ROWS");
-        for (status, n) in &stats.by_status {
-            println!("{status:<12} {n:>10}");
-        }
-        println!();
-        println!(
-            "{:<32} {:>9} {:>10} {:>9} {:>9} {:>9}",
-            "QUEUE", "PENDING", "PROCESSING", "DONE", "FAILED", "CANCELLED"
-        );
-        for (queue, counts) in &stats.by_queue {
-            let n = |s: OutboxStatus| counts.get(s.as_str()).copied().unwrap_or(0);
-            println!(
-                "{queue:<32} {:>9} {:>10} {:>9} {:>9} {:>9}",
-                n(OutboxStatus::Pending),
-                n(OutboxStatus::Processing),
-                n(OutboxStatus::Done),
-                n(OutboxStatus::Failed),
-                n(OutboxStatus::Cancelled)
-            );
-        }
-        println!();
-        let age = stats
-            .pending
-            .oldest_due_age_secs
-            .map_or("-".to_owned(), |s| format!("{s:.0}s"));
-        println!(
-            "due pending: {} (over 60 s: {}), oldest due: {age}",
-            stats.pending.due, stats.pending.overdue
-        );
-        if stats.pending_alert {
-            println!(
-                "ALERT: {} rows PENDING and due for over 60 s (> {}): the dispatcher is behind or down",
-                stats.pending.overdue,
-                outbox_dispatch::stats::PENDING_ALERT_THRESHOLD
-            );
-        }
-    }
-    Ok(ExitStatus::alert_if(stats.pending_alert))
-}
-
-async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
-    let mut redis = redis(cli)?;
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let router = router(cli)?;
-    let mut names: Vec<&str> = router.queues();
-    names.extend(queues::DOWNSTREAM_QUEUES);
-    let thresholds = health::Thresholds {
-        max_backlog: args.max_backlog,
-        max_dead: args.max_dead,
-        stall_after: Duration::from_secs(args.stall_after_secs),
-    };
-    let report = health::queue_health(&mut redis, &namespace, &names, &thresholds)
-        .await
-        .with_context(|| {
-            format!(
-                "reading the queues from Redis at {}",
-                redact_url(cli.redis_url.as_deref().unwrap_or_default())
-            )
-        })?;
-    let mut conn = connect(cli).await?;
-    let workflows = workflow::health(&mut conn, args.stuck_after)
-        .await
-        .context("cannot read the workflow executions")?;
-    let redis_status = redis_status::read(&mut conn, &mut redis, &namespace)
-        .await
-        .context("cannot read Redis' persistence and loss marker")?;
-    let alert = report.iter().any(|q| !q.alerts.is_empty())
-        || !workflows.alerts.is_empty()
-        || !redis_status.alerts.is_empty();
-    if cli.json {
-        print_json(
-            &json!({ "alert": alert, "queues": report, "redis": redis_status, "workflows": workflows }),
-        )?;
-    } else {
-        println!(
-            "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
-            "QUEUE", "BACKLOG", "DUE", "RUNNING", "DONE", "DEAD", "WORKERS", "STALLED"
-        );
-        for q in &report {
-            let s = q.stats;
-            println!(
-                "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  {}",
-                q.queue,
-                s.backlog,
-                s.due,
-                s.running,
-                s.done,
-                s.dead,
-                s.workers,
-                s.stalled_workers,
-                if q.alerts.is_empty() {
-                    "-".to_owned()
-                } else {
-                    q.alerts.join(", ")
-                }
-            );
-        }
-        println!();
-        redis_status::print(&redis_status);
-        println!();
-        workflow::print_health(&workflows);
-    }
-    Ok(ExitStatus::alert_if(alert))
 }
 
 async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
@@ -413,183 +281,4 @@ async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
         dead::print_table(&args.queue, &jobs);
     }
     Ok(ExitStatus::alert_if(jobs.is_empty()))
-}
-
-#[derive(Serialize)]
-struct ListRow<'a> {
-    id: Uuid,
-    tenant_id: &'a str,
-    event_type: &'a str,
-    status: OutboxStatus,
-    retries: i32,
-    created_at: chrono::DateTime<chrono::Utc>,
-    scheduled_at: chrono::DateTime<chrono::Utc>,
-    failed_at: Option<chrono::DateTime<chrono::Utc>>,
-    target_queue: Option<&'a str>,
-    last_error: Option<&'a str>,
-}
-
-async fn list(cli: &Cli, args: &ListArgs) -> Outcome {
-    let mut conn = connect(cli).await?;
-    let rows: Vec<OutboxEvent> = args
-        .filters
-        .oldest_first(i64::try_from(args.limit).unwrap_or(i64::MAX))
-        .select(OutboxEvent::as_select())
-        .load(&mut conn)
-        .await?;
-    let shown = rows.len() as u64;
-    // Only a full page can hide more rows; count them then.
-    let matching = if shown == args.limit {
-        args.filters.count(&mut conn).await?
-    } else {
-        shown
-    };
-    let view: Vec<ListRow> = rows
-        .iter()
-        .map(|r| ListRow {
-            id: r.id,
-            tenant_id: &r.tenant_id,
-            event_type: &r.event_type,
-            status: r.status,
-            retries: r.retries,
-            created_at: r.created_at,
-            scheduled_at: r.scheduled_at,
-            failed_at: r.failed_at,
-            target_queue: r.target_queue.as_deref(),
-            last_error: r.last_error.as_deref(),
-        })
-        .collect();
-    if cli.json {
-        // stdout stays a plain array of rows; the note is for the operator.
-        print_json(&view)?;
-        if let Some(showing) = showing(shown, matching) {
-            eprintln!("outbox: {showing}");
-        }
-    } else {
-        println!(
-            "{:<36}  {:<10}  {:<12}  {:<32}  {:>7}  {:<20}  QUEUE / LAST ERROR",
-            "ID", "STATUS", "TENANT", "EVENT TYPE", "RETRIES", "CREATED"
-        );
-        for r in &view {
-            println!(
-                "{:<36}  {:<10}  {:<12}  {:<32}  {:>7}  {:<20}  {}",
-                r.id,
-                r.status,
-                r.tenant_id,
-                r.event_type,
-                r.retries,
-                crate::render::utc(r.created_at),
-                r.last_error.or(r.target_queue).unwrap_or("-")
-            );
-        }
-        match showing(shown, matching) {
-            Some(showing) => println!("{showing}"),
-            None => println!("{} row(s)", view.len()),
-        }
-    }
-    Ok(ExitStatus::alert_if(view.is_empty()))
-}
-
-#[derive(Serialize, Queryable)]
-struct History {
-    requeued_at: chrono::DateTime<chrono::Utc>,
-    reason: String,
-    requested_by: Option<String>,
-    previous_status: String,
-    previous_retries: i32,
-    previous_last_error: Option<String>,
-    replay: bool,
-    generation: Option<i32>,
-    action: String,
-}
-
-async fn show(cli: &Cli, id: Uuid) -> Outcome {
-    let mut conn = connect(cli).await?;
-    let Some(row) = outbox_event::table
-        .find(id)
-        .select(OutboxEvent::as_select())
-        .first(&mut conn)
-        .await
-        .optional()?
-    else {
-        if cli.json {
-            print_json(&json!({ "error": "not found", "id": id }))?;
-        } else {
-            println!("no outbox event {id}");
-        }
-        return Ok(ExitStatus::Alert);
-    };
-    let history: Vec<History> = outbox_event_requeue::table
-        .filter(outbox_event_requeue::outbox_event_id.eq(id))
-        .order(outbox_event_requeue::requeued_at)
-        .select((
-            outbox_event_requeue::requeued_at,
-            outbox_event_requeue::reason,
-            outbox_event_requeue::requested_by,
-            outbox_event_requeue::previous_status,
-            outbox_event_requeue::previous_retries,
-            outbox_event_requeue::previous_last_error,
-            outbox_event_requeue::replay,
-            outbox_event_requeue::generation,
-            outbox_event_requeue::action,
-        ))
-        .load(&mut conn)
-        .await?;
-    if cli.json {
-        print_json(&json!({ "event": row, "history": history }))?;
-        return Ok(ExitStatus::Ok);
-    }
-    let time =
-        |t: Option<chrono::DateTime<chrono::Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
-    println!("id            {}", row.id);
-    println!("tenant        {}", row.tenant_id);
-    println!("event type    {}", row.event_type);
-    println!("status        {}", row.status);
-    println!("retries       {}", row.retries);
-    println!(
-        "generation    {} (task id {})",
-        row.generation,
-        outbox_queue::generation_task_id(row.id, u32::try_from(row.generation).unwrap_or(0))
-    );
-    println!("created       {}", row.created_at.to_rfc3339());
-    println!("scheduled     {}", row.scheduled_at.to_rfc3339());
-    println!("locked until  {}", time(row.locked_until));
-    println!("processed     {}", time(row.processed_at));
-    println!("failed        {}", time(row.failed_at));
-    println!(
-        "target queue  {}",
-        row.target_queue.as_deref().unwrap_or("-")
-    );
-    println!(
-        "dispatch key  {}",
-        row.dispatch_key.as_deref().unwrap_or("-")
-    );
-    println!("last error    {}", row.last_error.as_deref().unwrap_or("-"));
-    println!("payload\n{}", serde_json::to_string_pretty(&row.payload)?);
-    if history.is_empty() {
-        println!("history       (never requeued or cancelled)");
-    } else {
-        println!("history");
-        for h in &history {
-            println!(
-                "  {}  {} from {} (retries {}, last error: {}){}: {}",
-                h.requeued_at.to_rfc3339(),
-                if h.action == "cancel" {
-                    "cancelled"
-                } else {
-                    "requeued"
-                },
-                h.previous_status,
-                h.previous_retries,
-                h.previous_last_error.as_deref().unwrap_or("-"),
-                match (h.replay, h.generation) {
-                    (true, Some(n)) => format!(" as a replay (generation {n})"),
-                    (true, None) => " as a replay".to_owned(),
-                    (false, _) => String::new(),
-                },
-                h.reason
-            );
-        }
-    }
-    Ok(ExitStatus::Ok)
 }

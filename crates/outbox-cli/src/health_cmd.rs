@@ -1,0 +1,84 @@
+//! `outbox health`: queues, workers, dead jobs and stuck workflow executions against thresholds; exit 1 on an alert.
+
+use super::*;
+
+#[derive(Args)]
+pub(crate) struct HealthArgs {
+    /// Alert when a queue's backlog exceeds this.
+    #[arg(long, default_value_t = health::DEFAULT_MAX_BACKLOG)]
+    pub(crate) max_backlog: u64,
+    /// Alert when a queue has more dead jobs than this.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) max_dead: u64,
+    /// A worker whose heartbeat is older than this many seconds is stalled (workers that stop cleanly deregister; only dead ones stay).
+    #[arg(long, default_value_t = health::DEFAULT_STALL_AFTER_SECS)]
+    pub(crate) stall_after_secs: u64,
+    /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
+    #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
+    pub(crate) stuck_after: Duration,
+}
+
+pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
+    let mut redis = redis(cli)?;
+    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let router = router(cli)?;
+    let mut names: Vec<&str> = router.queues();
+    names.extend(queues::DOWNSTREAM_QUEUES);
+    let thresholds = health::Thresholds {
+        max_backlog: args.max_backlog,
+        max_dead: args.max_dead,
+        stall_after: Duration::from_secs(args.stall_after_secs),
+    };
+    let report = health::queue_health(&mut redis, &namespace, &names, &thresholds)
+        .await
+        .with_context(|| {
+            format!(
+                "reading the queues from Redis at {}",
+                redact_url(cli.redis_url.as_deref().unwrap_or_default())
+            )
+        })?;
+    let mut conn = connect(cli).await?;
+    let workflows = workflow::health(&mut conn, args.stuck_after)
+        .await
+        .context("cannot read the workflow executions")?;
+    let redis_status = redis_status::read(&mut conn, &mut redis, &namespace)
+        .await
+        .context("cannot read Redis' persistence and loss marker")?;
+    let alert = report.iter().any(|q| !q.alerts.is_empty())
+        || !workflows.alerts.is_empty()
+        || !redis_status.alerts.is_empty();
+    if cli.json {
+        print_json(
+            &json!({ "alert": alert, "queues": report, "redis": redis_status, "workflows": workflows }),
+        )?;
+    } else {
+        println!(
+            "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
+            "QUEUE", "BACKLOG", "DUE", "RUNNING", "DONE", "DEAD", "WORKERS", "STALLED"
+        );
+        for q in &report {
+            let s = q.stats;
+            println!(
+                "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  {}",
+                q.queue,
+                s.backlog,
+                s.due,
+                s.running,
+                s.done,
+                s.dead,
+                s.workers,
+                s.stalled_workers,
+                if q.alerts.is_empty() {
+                    "-".to_owned()
+                } else {
+                    q.alerts.join(", ")
+                }
+            );
+        }
+        println!();
+        redis_status::print(&redis_status);
+        println!();
+        workflow::print_health(&workflows);
+    }
+    Ok(ExitStatus::alert_if(alert))
+}
