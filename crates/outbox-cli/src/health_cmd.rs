@@ -1,6 +1,16 @@
 //! `outbox health`: queues, workers, dead jobs and stuck workflow executions against thresholds; exit 1 on an alert.
 
-use super::*;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use outbox_cli::health;
+use outbox_queue::{QueueNamespace, queues, redact_url};
+use serde_json::json;
+
+use crate::{
+    Cli, ExitStatus, Outcome, connect, filters, print_json, redis, redis_status, router, workflow,
+};
 
 #[derive(Args)]
 pub(crate) struct HealthArgs {

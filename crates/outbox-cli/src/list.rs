@@ -1,6 +1,15 @@
 //! `outbox list`: rows matching the filters, oldest first, as a table or JSON.
 
-use super::*;
+use clap::Args;
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use outbox_model::{OutboxEvent, OutboxStatus};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::filters::Filters;
+use crate::render::showing;
+use crate::{Cli, DEFAULT_LIST_LIMIT, ExitStatus, MAX_LIST_LIMIT, Outcome, connect, print_json};
 
 #[derive(Args)]
 pub(crate) struct ListArgs {

@@ -63,25 +63,17 @@ mod requeue {
 }
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
-use diesel::prelude::*;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use clap::{Parser, Subcommand};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_dispatch::Router;
-use outbox_model::schema::{outbox_event, outbox_event_requeue};
-use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_queue::{QueueNamespace, RedisSettings, queues, redact_url};
+use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use outbox_cli::health;
-
 pub(crate) use crate::exit::{ExitStatus, Failure, Outcome};
-use crate::filters::Filters;
-use crate::render::showing;
 use crate::requeue::command::RequeueArgs;
 
 /// The exit codes, as `--help` shows them (a macro, so that commands can

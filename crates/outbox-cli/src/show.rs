@@ -1,6 +1,14 @@
 //! `outbox show ID`: one row with its requeue and cancel history.
 
-use super::*;
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use outbox_model::OutboxEvent;
+use outbox_model::schema::{outbox_event, outbox_event_requeue};
+use serde::Serialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
 #[derive(Serialize, Queryable)]
 pub(crate) struct History {

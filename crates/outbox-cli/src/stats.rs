@@ -1,6 +1,8 @@
 //! `outbox stats`: rows per status and per queue; exit 1 on the pending alert.
 
-use super::*;
+use outbox_model::OutboxStatus;
+
+use crate::{Cli, ExitStatus, Outcome, connect, print_json, router};
 
 pub(crate) async fn stats(cli: &Cli) -> Outcome {
     let mut conn = connect(cli).await?;
