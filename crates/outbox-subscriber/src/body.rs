@@ -286,6 +286,22 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn the_backend_reports_the_keys_of_its_own_queue() {
+        // apalis reads the worker's keys (registration, running and dead
+        // jobs) from this configuration: a default one would register the
+        // worker on another queue's keys.
+        let redis = outbox_test_support::TestRedis::new().await;
+        let namespace = outbox_queue::QueueNamespace::prefixed(redis.prefix());
+        let config = outbox_queue::apalis_config(&namespace, "outbox.audit");
+        let backend = LenientRedis::new(redis.conn().await, config.clone());
+        let reported = BackendConfig::config(&backend);
+        assert_eq!(reported.workers_set(), config.workers_set());
+        assert_eq!(reported.active_jobs_list(), config.active_jobs_list());
+        assert_eq!(reported.dead_jobs_set(), config.dead_jobs_set());
+        assert!(reported.workers_set().starts_with(redis.prefix()));
+    }
+
     #[test]
     fn only_a_first_delivery_of_an_envelope_has_a_commit_time() {
         let at =
