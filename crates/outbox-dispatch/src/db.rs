@@ -14,7 +14,7 @@ use diesel::sql_types::{
 };
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures::future::try_join_all;
-use outbox_model::OutboxEvent;
+use outbox_model::{OutboxEvent, prepared};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -61,7 +61,7 @@ pub async fn claim(
     limit: u32,
     lease_ms: i64,
 ) -> diesel::QueryResult<Vec<OutboxEvent>> {
-    let mut rows: Vec<OutboxEvent> = diesel::sql_query(CLAIM_SQL)
+    let mut rows: Vec<OutboxEvent> = prepared(CLAIM_SQL)
         .bind::<BigInt, _>(i64::from(limit))
         .bind::<BigInt, _>(lease_ms)
         .load(conn)
@@ -185,7 +185,7 @@ pub async fn mark_done(
     let conn: &AsyncPgConnection = conn;
     let statements = groups.into_iter().map(|(lease, (ids, queues))| async move {
         let mut conn = conn;
-        diesel::sql_query(DONE_SQL)
+        prepared(DONE_SQL)
             .bind::<Array<SqlUuid>, _>(ids)
             .bind::<Timestamptz, _>(lease)
             .bind::<Jsonb, _>(Value::Object(queues))
@@ -229,7 +229,7 @@ pub async fn mark_retry(
         .into_iter()
         .map(|((lease, delay_ms, error, queue), ids)| async move {
             let mut conn = conn;
-            diesel::sql_query(RETRY_SQL)
+            prepared(RETRY_SQL)
                 .bind::<Array<SqlUuid>, _>(ids)
                 .bind::<Timestamptz, _>(lease)
                 .bind::<BigInt, _>(delay_ms)
@@ -276,7 +276,7 @@ pub async fn mark_failed(
         .into_iter()
         .map(|((lease, increment, error, queue), ids)| async move {
             let mut conn = conn;
-            diesel::sql_query(FAILED_SQL)
+            prepared(FAILED_SQL)
                 .bind::<Array<SqlUuid>, _>(ids)
                 .bind::<Timestamptz, _>(lease)
                 .bind::<Int4, _>(increment)
@@ -299,7 +299,7 @@ pub async fn release(
     let conn: &AsyncPgConnection = conn;
     let statements = groups.into_iter().map(|(lease, ids)| async move {
         let mut conn = conn;
-        diesel::sql_query(RELEASE_SQL)
+        prepared(RELEASE_SQL)
             .bind::<Array<SqlUuid>, _>(ids)
             .bind::<Timestamptz, _>(lease)
             .load::<IdRow>(&mut conn)

@@ -11,6 +11,7 @@ mod event_type;
 mod json;
 mod migrations;
 mod pool;
+mod prepared;
 mod row;
 mod status;
 
@@ -26,6 +27,7 @@ pub use migrations::{
     run_migrations, schema_fingerprint,
 };
 pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool};
+pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};
 
