@@ -47,6 +47,23 @@ pub struct TickReport {
     pub lost_leases: usize,
 }
 
+impl TickReport {
+    /// Whether a push to Redis failed in this tick (rows put back, or
+    /// dead-lettered after their last retry): Redis may come back as a new,
+    /// empty server, so the Redis guard checks as soon as it answers.
+    #[must_use]
+    pub fn handoff_failed(&self) -> bool {
+        self.retried + self.failed > 0
+    }
+
+    /// Whether the tick claimed a whole batch of `batch_size`: more rows
+    /// are probably due, so the next tick starts at once instead of waiting.
+    #[must_use]
+    pub fn was_full(&self, batch_size: u32) -> bool {
+        self.claimed >= batch_size as usize
+    }
+}
+
 /// Moves committed outbox rows onto their queues. Cheap to share: run one
 /// per process, as many processes as you like; `SKIP LOCKED` keeps them apart.
 pub struct Dispatcher {
@@ -180,14 +197,12 @@ impl Dispatcher {
         while !shutdown.is_cancelled() {
             let full = match self.tick_until(&shutdown).await {
                 Ok(report) => {
-                    if report.retried + report.failed > 0
+                    if report.handoff_failed()
                         && let Some(guard) = &self.guard
                     {
-                        // Redis failed under the hand-off: check it as soon
-                        // as it answers again (it may be a new, empty one).
                         guard.poke();
                     }
-                    report.claimed >= self.config.batch_size as usize
+                    report.was_full(self.config.batch_size)
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "dispatcher tick failed; claimed rows are re-claimed after their lease");
@@ -495,5 +510,59 @@ impl std::fmt::Debug for Dispatcher {
             .field("namespace", &self.namespace)
             .field("config", &self.config)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TickReport;
+
+    #[test]
+    fn a_tick_with_a_failed_push_asks_the_redis_guard_to_check() {
+        let cases = [
+            (TickReport::default(), false),
+            (
+                TickReport {
+                    claimed: 5,
+                    dispatched: 5,
+                    duplicates: 2,
+                    unrouted: 1,
+                    oversized: 1,
+                    released: 1,
+                    lost_leases: 1,
+                    ..TickReport::default()
+                },
+                false,
+            ),
+            (
+                TickReport {
+                    retried: 1,
+                    ..TickReport::default()
+                },
+                true,
+            ),
+            (
+                TickReport {
+                    failed: 1,
+                    ..TickReport::default()
+                },
+                true,
+            ),
+        ];
+        for (report, expected) in cases {
+            assert_eq!(report.handoff_failed(), expected, "{report:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_whole_batch_makes_the_next_tick_start_at_once() {
+        let claimed = |claimed| TickReport {
+            claimed,
+            ..TickReport::default()
+        };
+        assert!(!claimed(0).was_full(500));
+        assert!(!claimed(499).was_full(500));
+        assert!(claimed(500).was_full(500));
+        assert!(claimed(1).was_full(1));
     }
 }
