@@ -132,6 +132,12 @@ async fn unrouted_events_fail_at_once_with_the_reason() {
         (report.claimed, report.unrouted, report.dispatched),
         (1, 1, 0)
     );
+    // Break checked: counting the dead-lettered rows into the lost leases
+    // (`failures.len() + failed_ids.len()`) fails this.
+    assert_eq!(
+        report.lost_leases, 0,
+        "a row this dispatcher dead-lettered itself is not a lost lease"
+    );
     let row = &h.rows().await[0];
     assert_eq!(row.status, OutboxStatus::Failed);
     assert_eq!(row.retries, 0, "no attempt was made");

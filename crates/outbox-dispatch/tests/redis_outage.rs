@@ -41,8 +41,8 @@ async fn redis_outage_backs_off_then_dead_letters_then_requeue_delivers() {
         let report = dispatcher.tick().await.unwrap();
         let after = h.db_now().await;
         assert_eq!(
-            (report.claimed, report.retried),
-            (2, 2),
+            (report.claimed, report.retried, report.lost_leases),
+            (2, 2, 0),
             "attempt {attempt}: {report:?}"
         );
         for id in &ids {
