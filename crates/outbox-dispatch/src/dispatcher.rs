@@ -361,10 +361,12 @@ impl Dispatcher {
         report.dispatched = done_ids.len();
         report.retried = retried_ids.len();
         report.released = released_ids.len();
-        report.lost_leases = (done.len() - done_ids.len())
-            + (retries.len() - retried_ids.len())
-            + (failures.len() - failed_ids.len())
-            + (released.len() - released_ids.len());
+        report.lost_leases = lost_leases(&[
+            (done.len(), done_ids.len()),
+            (retries.len(), retried_ids.len()),
+            (failures.len(), failed_ids.len()),
+            (released.len(), released_ids.len()),
+        ]);
         if report.lost_leases > 0 {
             tracing::warn!(
                 lost = report.lost_leases,
@@ -504,6 +506,16 @@ fn refuse_oversized(claimed: Vec<OutboxEvent>) -> (Vec<OutboxEvent>, Vec<Failure
     (kept, failures)
 }
 
+/// The rows of a tick whose outcome statement did not update them, from
+/// `(rows given, rows updated)` per statement: their lease had expired and
+/// another dispatcher had claimed them in the meantime.
+fn lost_leases(outcomes: &[(usize, usize)]) -> usize {
+    outcomes
+        .iter()
+        .map(|(given, updated)| given.saturating_sub(*updated))
+        .sum()
+}
+
 impl std::fmt::Debug for Dispatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatcher")
@@ -515,7 +527,16 @@ impl std::fmt::Debug for Dispatcher {
 
 #[cfg(test)]
 mod tests {
-    use super::TickReport;
+    use super::{TickReport, lost_leases};
+
+    #[test]
+    fn every_outcome_statement_that_missed_rows_counts_them_as_lost_leases() {
+        assert_eq!(lost_leases(&[]), 0);
+        assert_eq!(lost_leases(&[(5, 5), (2, 2), (1, 1), (0, 0)]), 0);
+        // done, retried, failed, released: each statement's misses count.
+        assert_eq!(lost_leases(&[(3, 1), (2, 2), (4, 0), (1, 0)]), 7);
+        assert_eq!(lost_leases(&[(0, 0), (0, 0), (2, 1), (0, 0)]), 1);
+    }
 
     #[test]
     fn a_tick_with_a_failed_push_asks_the_redis_guard_to_check() {
