@@ -120,4 +120,42 @@ mod tests {
             assert!(!queues::OUTBOX_QUEUES.contains(&queue), "{queue} is routed");
         }
     }
+
+    /// Reconciliation after a Redis loss (`outbox_dispatch::Receiver`) still
+    /// keeps its own table of what each queue's handler leaves behind; until
+    /// it reads the descriptions, this fails when the two disagree, so a
+    /// subscriber that derives jobs or writes rows cannot be added without
+    /// the reconciler learning it.
+    #[test]
+    fn the_reconciler_agrees_with_the_descriptions() {
+        use outbox_dispatch::Receiver;
+        let catalog = Catalog::built_in();
+        let derives = |queue: &str| {
+            BUILT_IN
+                .iter()
+                .flat_map(|d| d.feeds)
+                .any(|f| f.derived_from.contains(&queue))
+        };
+        let writes_rows = |queue: &str| {
+            BUILT_IN
+                .iter()
+                .flat_map(|d| d.dedup)
+                .any(|k| k.queue == queue && k.recorded_in.ends_with(".outbox_event_id"))
+        };
+        for queue in queues::OUTBOX_QUEUES {
+            let expected = match Receiver::of(queue) {
+                Receiver::Email | Receiver::PluginHook => (true, false),
+                Receiver::Row(_) => (false, true),
+                Receiver::Plain => (false, false),
+            };
+            assert_eq!(
+                (derives(queue), writes_rows(queue)),
+                expected,
+                "{queue}: the reconciler and the descriptions disagree"
+            );
+            if expected != (false, false) {
+                assert!(catalog.consumed(queue).is_some(), "{queue}");
+            }
+        }
+    }
 }
