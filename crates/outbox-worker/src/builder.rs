@@ -162,7 +162,9 @@ impl WorkerBuilder {
 
     /// Adds a handler made at start from the worker's [`Resources`] (its
     /// Postgres pool, Redis connection, namespace and configuration); an
-    /// error stops start-up.
+    /// error stops start-up, with exit code 2 when it is a
+    /// [`crate::ConfigError`] (a variable of the application's own that is
+    /// missing or malformed).
     #[must_use]
     pub fn handler_with<H, F>(self, make: F) -> Self
     where

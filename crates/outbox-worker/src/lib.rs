@@ -70,7 +70,9 @@ pub use redis_check::{
 struct AdoptingDoctests;
 
 /// The exit code of a worker stopped by its configuration: a malformed
-/// variable, or a Redis that may evict keys (see [`RedisMayEvict`]).
+/// variable (a [`ConfigError`], also from a handler added with
+/// [`WorkerBuilder::handler_with`]), or a Redis that may evict keys (see
+/// [`RedisMayEvict`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: command line (`--help` lists every
@@ -131,7 +133,11 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "worker failed");
             eprintln!("{binary}: {e:#}");
-            if e.downcast_ref::<RedisMayEvict>().is_some() {
+            // A handler added at start may refuse its own variable the
+            // same way the worker refuses one of its own.
+            if e.downcast_ref::<RedisMayEvict>().is_some()
+                || e.downcast_ref::<ConfigError>().is_some()
+            {
                 ExitCode::from(EXIT_CONFIGURATION)
             } else {
                 ExitCode::FAILURE

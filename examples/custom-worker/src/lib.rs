@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
-use outbox_worker::{Group, WorkerBuilder};
+use outbox_worker::{ConfigError, Group, WorkerBuilder};
 
 /// The variable naming the directory the index is written to.
 pub const SEARCH_INDEX_DIR: &str = "SEARCH_INDEX_DIR";
@@ -82,13 +82,42 @@ fn write_document(dir: &Path, name: &str, text: &str) -> std::io::Result<()> {
     std::fs::rename(&partial, dir.join(format!("{name}.json")))
 }
 
+/// The index directory `SEARCH_INDEX_DIR` named (`dir`, read by the
+/// binary): an existing directory, or the error that stops start-up with
+/// exit code 2, naming the variable.
+///
+/// # Errors
+///
+/// When `dir` is missing or not a directory.
+pub fn index_dir(dir: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    let problem = |value: String, problem: &str| ConfigError {
+        variable: SEARCH_INDEX_DIR,
+        value,
+        problem: problem.to_owned(),
+    };
+    match dir {
+        None => Err(problem(String::new(), "must name the index directory")),
+        Some(dir) if !dir.is_dir() => Err(problem(dir.display().to_string(), "is not a directory")),
+        Some(dir) => Ok(dir.to_owned()),
+    }
+}
+
 /// The application's worker: the general group, the urgent routing rule,
-/// and a [`SearchIndexer`] on both search queues, writing into `dir`.
+/// and a [`SearchIndexer`] on both search queues, writing into `dir` (the
+/// value of `SEARCH_INDEX_DIR`, checked at start by [`index_dir`], after
+/// `--help` had its say).
 #[must_use]
-pub fn worker(dir: &Path) -> WorkerBuilder {
+pub fn worker(dir: Option<PathBuf>) -> WorkerBuilder {
+    let urgent = dir.clone();
     WorkerBuilder::new(Group::General)
         .name("custom-worker")
         .route(URGENT_PREFIX, URGENT_QUEUE)
-        .handler(SearchIndexer::new(queues::SEARCH_INDEX, dir))
-        .handler(SearchIndexer::new(URGENT_QUEUE, dir))
+        .handler_with(move |_| {
+            let dir = index_dir(dir.as_deref())?;
+            Ok(SearchIndexer::new(queues::SEARCH_INDEX, dir))
+        })
+        .handler_with(move |_| {
+            let dir = index_dir(urgent.as_deref())?;
+            Ok(SearchIndexer::new(URGENT_QUEUE, dir))
+        })
 }

@@ -3,15 +3,7 @@
 //! index is written to; every other variable is the worker's
 //! (`custom-worker --help`).
 
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    let Some(dir) = std::env::var_os(custom_worker::SEARCH_INDEX_DIR) else {
-        eprintln!(
-            "custom-worker: {} must name the index directory",
-            custom_worker::SEARCH_INDEX_DIR
-        );
-        return ExitCode::from(outbox_worker::EXIT_CONFIGURATION);
-    };
-    custom_worker::worker(std::path::Path::new(&dir)).main()
+fn main() -> std::process::ExitCode {
+    let dir = std::env::var_os(custom_worker::SEARCH_INDEX_DIR).map(std::path::PathBuf::from);
+    custom_worker::worker(dir).main()
 }

@@ -57,8 +57,18 @@ fn free_addr() -> String {
     listener.local_addr().unwrap().to_string()
 }
 
-fn start(db: &TestDatabase, redis: &TestRedis, dir: &Path, addr: &str) -> (Worker, ChildOutput) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_custom-worker"))
+fn start(
+    db: &TestDatabase,
+    redis: &TestRedis,
+    dir: Option<&Path>,
+    addr: &str,
+) -> (Worker, ChildOutput) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_custom-worker"));
+    command.env_remove("SEARCH_INDEX_DIR");
+    if let Some(dir) = dir {
+        command.env("SEARCH_INDEX_DIR", dir);
+    }
+    let mut child = command
         .env("DATABASE_URL", db.url())
         .env("REDIS_URL", redis.url())
         .env("OUTBOX_QUEUE_PREFIX", redis.prefix())
@@ -69,7 +79,6 @@ fn start(db: &TestDatabase, redis: &TestRedis, dir: &Path, addr: &str) -> (Worke
         .env("WORKER_POLL_INTERVAL_MS", "200")
         .env("WORKER_SHUTDOWN_GRACE_MS", "3000")
         .env("DATABASE_POOL_SIZE", "3")
-        .env("SEARCH_INDEX_DIR", dir)
         .env(
             "RUST_LOG",
             "info,apalis=warn,apalis_core=warn,apalis_redis=warn",
@@ -110,7 +119,7 @@ async fn the_example_indexes_search_events_through_its_handler_and_its_route() {
         TempDir::new(),
     );
     let addr = free_addr();
-    let (mut worker, output) = start(&db, &redis, &dir.0, &addr);
+    let (mut worker, output) = start(&db, &redis, Some(&dir.0), &addr);
     eventually("the worker to be ready", WAIT, async || {
         get(&addr, "/readyz").await.is_some()
     })
@@ -191,4 +200,34 @@ async fn the_example_indexes_search_events_through_its_handler_and_its_route() {
         "{}",
         output.text()
     );
+}
+
+#[test]
+fn the_help_names_the_application_and_lists_the_worker_variables() {
+    let output = Command::new(env!("CARGO_BIN_EXE_custom-worker"))
+        .env_remove("SEARCH_INDEX_DIR")
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("custom-worker"), "{help}");
+    assert!(help.contains("OUTBOX_DISPATCHER_ENABLED"), "{help}");
+}
+
+#[tokio::test]
+async fn a_missing_index_directory_stops_start_up_naming_the_variable() {
+    let (db, redis) = (TestDatabase::new().await, TestRedis::new().await);
+    let (mut worker, output) = start(&db, &redis, None, &free_addr());
+    let mut exit = None;
+    eventually("the worker to exit", WAIT, async || {
+        exit = worker.0.try_wait().unwrap();
+        exit.is_some()
+    })
+    .await;
+    assert_eq!(exit.unwrap().code(), Some(2), "{}", output.text());
+    eventually("the message", WAIT, async || {
+        output.text().contains("SEARCH_INDEX_DIR")
+    })
+    .await;
 }
