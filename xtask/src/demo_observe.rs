@@ -11,7 +11,7 @@ use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
-use outbox_queue::queues::{DOWNSTREAM_QUEUES, OUTBOX_QUEUES};
+use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, apalis_config, job_states, queue_stats, task_id};
 use outbox_test_support::{HttpSink, SmtpSink};
 use redis::aio::ConnectionManager;
@@ -120,14 +120,15 @@ impl<'a> Watch<'a> {
         .await?;
         let mut handled = 0;
         let mut idle = true;
+        let downstream = outbox_catalog::Catalog::built_in().downstream_queues();
         for queue in self
             .subscribed
             .iter()
             .map(String::as_str)
-            .chain(DOWNSTREAM_QUEUES)
+            .chain(downstream.iter().copied())
         {
             let stats = queue_stats(&mut self.redis, &self.namespace, queue, STALL_AFTER).await?;
-            if !DOWNSTREAM_QUEUES.contains(&queue) {
+            if !downstream.contains(&queue) {
                 handled += stats.done + stats.dead;
             }
             idle &= stats.backlog == 0 && stats.running == 0;
@@ -250,7 +251,10 @@ impl<'a> Watch<'a> {
                 seen.queue_jobs.insert(queue.to_owned(), first);
             }
         }
-        for queue in OUTBOX_QUEUES.into_iter().chain(DOWNSTREAM_QUEUES) {
+        for queue in OUTBOX_QUEUES
+            .into_iter()
+            .chain(outbox_catalog::Catalog::built_in().downstream_queues())
+        {
             let stats = queue_stats(&mut self.redis, &self.namespace, queue, STALL_AFTER).await?;
             seen.dead.insert(queue.to_owned(), stats.dead);
         }

@@ -144,6 +144,8 @@ pub async fn run(args: TestArgs) -> Result<()> {
                 "outbox-tests",
                 "--exclude",
                 "outbox-test-support",
+                "--exclude",
+                "custom-worker",
                 "--no-verify",
                 "--allow-dirty",
             ]),

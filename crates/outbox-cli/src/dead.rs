@@ -1,7 +1,7 @@
 //! `outbox dead <queue>`: the dead jobs of a queue and why each failed.
 
 use clap::Args;
-use outbox_queue::{DeadJob, QueueNamespace, queues, redact_urls_in};
+use outbox_queue::{DeadJob, QueueNamespace, redact_urls_in};
 
 /// Arguments of `outbox dead`.
 #[derive(Debug, Args)]
@@ -13,10 +13,11 @@ pub struct DeadArgs {
     pub limit: usize,
 }
 
-/// Every queue `router` can target, and the downstream queues.
+/// Every queue `router` can target, and the downstream queues the
+/// subscribers describe ([`outbox_catalog::Catalog`]).
 fn known_queues(router: &outbox_dispatch::Router) -> Vec<&str> {
     let mut names = router.queues();
-    names.extend(queues::DOWNSTREAM_QUEUES);
+    names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
     names
 }
 

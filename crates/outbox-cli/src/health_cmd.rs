@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use outbox_cli::health;
-use outbox_queue::{QueueNamespace, queues, redact_url};
+use outbox_queue::{QueueNamespace, redact_url};
 use serde_json::json;
 
 use crate::{
@@ -33,7 +33,7 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let router = router(cli)?;
     let mut names: Vec<&str> = router.queues();
-    names.extend(queues::DOWNSTREAM_QUEUES);
+    names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
     let thresholds = health::Thresholds {
         max_backlog: args.max_backlog,
         max_dead: args.max_dead,

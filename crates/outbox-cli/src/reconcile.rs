@@ -50,14 +50,13 @@ fn chosen_queues(asked: &[String]) -> anyhow::Result<Vec<String>> {
             .map(|q| (*q).to_owned())
             .collect());
     }
+    let catalog = outbox_catalog::Catalog::built_in();
     for queue in asked {
-        if queues::DOWNSTREAM_QUEUES.contains(&queue.as_str()) {
+        if let Some(downstream) = catalog.downstream(queue) {
             anyhow::bail!(
                 "--queue {queue}: its jobs are derived by subscribers, not handed off; reconcile \
-                 the queue that derives them ({} for toolctrl.email, {} for toolctrl.plugin-invoke), \
-                 which recreates lost derived jobs",
-                [queues::MAIL, queues::MARKETING].join(" and "),
-                queues::PLUGIN_HOOK
+                 the queue that derives them ({}), which recreates lost derived jobs",
+                downstream.derived_from.join(" or ")
             );
         }
         if !queues::OUTBOX_QUEUES.contains(&queue.as_str()) {

@@ -68,9 +68,3 @@ pub use tx::{NotInTransaction, OutboxTx};
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
-
-/// The adoption guide's examples (a rollback with the application's own
-/// error type), compiled as doctests for the same reason.
-#[cfg(doctest)]
-#[doc = include_str!("../../../docs/adopting.md")]
-struct AdoptingDoctests;

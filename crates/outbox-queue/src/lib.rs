@@ -45,7 +45,9 @@ pub use worker_store::{
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;
-/// a downstream queue receives jobs that subscribers derive from them.
+/// a downstream queue receives jobs that subscribers derive from them
+/// (which queues those are, the subscriber crates describe: see
+/// `outbox-catalog`).
 pub mod queues {
     /// Notifications, `tenant.subscription.*` and `billing.*`.
     pub const NOTIFICATION: &str = "outbox.notification";
@@ -91,7 +93,4 @@ pub mod queues {
         PLUGIN_HOOK,
         PLUGIN_CAPABILITY_USE,
     ];
-
-    /// Queues fed by subscribers rather than by the dispatcher.
-    pub const DOWNSTREAM_QUEUES: [&str; 2] = [TOOLCTRL_EMAIL, TOOLCTRL_PLUGIN_INVOKE];
 }

@@ -16,7 +16,9 @@ use diesel_async::RunQueryDsl;
 use outbox_model::PgPool;
 use outbox_model::schema::{audit_log, notification};
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{ConsumedQueue, JobError, JobHandler, JobMeta};
+use outbox_subscriber::{
+    ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
+};
 use serde_json::Value;
 
 /// The queues this crate's handlers consume and what they read there.
@@ -30,6 +32,26 @@ pub const CONSUMES: &[ConsumedQueue] = &[
         payload: "any object, stored whole; optional `title`, `body` / `message`, `userId` / `user_id` (none: every member of the tenant)",
     },
 ];
+
+/// What this crate adds to a worker: the audit and notification queues,
+/// deduplicated by the event id in their tables.
+pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
+    name: "outbox-subscriber-audit",
+    consumes: CONSUMES,
+    feeds: &[],
+    dedup: &[
+        DedupKey {
+            queue: queues::AUDIT,
+            key: "<event id>",
+            recorded_in: "audit_log.outbox_event_id",
+        },
+        DedupKey {
+            queue: queues::NOTIFICATION,
+            key: "<event id>",
+            recorded_in: "notification.outbox_event_id",
+        },
+    ],
+};
 
 /// The first string field of `payload` among `names`.
 fn text_field(payload: Option<&Value>, names: &[&str]) -> Option<String> {

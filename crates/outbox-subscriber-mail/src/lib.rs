@@ -20,7 +20,7 @@ mod handlers;
 mod render;
 
 use outbox_queue::queues;
-use outbox_subscriber::ConsumedQueue;
+use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 
 /// The queues this crate's handlers consume from the routing table and what
 /// they read there (`toolctrl.email` is fed by them, not routed to).
@@ -34,6 +34,23 @@ pub const CONSUMES: &[ConsumedQueue] = &[
         payload: "`name`, `email`, `company`, `message` (all optional); mailed to the tenant's sales inbox",
     },
 ];
+
+/// What this crate adds to a worker: mail requests and marketing leads
+/// are rendered into `toolctrl.email` jobs, which are sent once each.
+pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
+    name: "outbox-subscriber-mail",
+    consumes: CONSUMES,
+    feeds: &[DownstreamQueue {
+        queue: queues::TOOLCTRL_EMAIL,
+        derived_from: &[queues::MAIL, queues::MARKETING],
+        task_id: "email:<delivery id>",
+    }],
+    dedup: &[DedupKey {
+        queue: queues::TOOLCTRL_EMAIL,
+        key: "email:<delivery id>",
+        recorded_in: "idempotency store",
+    }],
+};
 
 pub use handlers::{
     MailRequestHandler, MarketingLeadHandler, SmtpConfigError, SmtpHandler, SmtpSettings,

@@ -20,7 +20,9 @@
 
 use outbox_model::PgPool;
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{ConsumedQueue, JobError, JobHandler, JobMeta};
+use outbox_subscriber::{
+    ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
+};
 use outbox_workflow::events::{
     CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
     TRIGGER_EVENT, TriggerEventPayload,
@@ -34,6 +36,19 @@ pub const CONSUMES: &[ConsumedQueue] = &[ConsumedQueue {
     queue: queues::WORKFLOW,
     payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow`'s producers)",
 }];
+
+/// What this crate adds to a worker: workflow triggers, runs and
+/// continuations; a trigger's executions are keyed by the event id.
+pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
+    name: "outbox-subscriber-workflow",
+    consumes: CONSUMES,
+    feeds: &[],
+    dedup: &[DedupKey {
+        queue: queues::WORKFLOW,
+        key: "<workflow id>, <event id> (a trigger's executions)",
+        recorded_in: "workflow_execution.trigger_event_id",
+    }],
+};
 
 /// `outbox.workflow`: runs workflows where the executor says.
 #[derive(Clone)]

@@ -1,7 +1,13 @@
-//! [`ConsumedQueue`]: how a subscriber crate says which queues it consumes
-//! and what it reads from an event's payload there, so that the routing
-//! table users read (the README's, checked by a test) comes from the crates
-//! that own the handlers.
+//! How a subscriber crate says what it adds to a worker: the queues it
+//! consumes and what it reads there ([`ConsumedQueue`]), the downstream
+//! queues its handlers feed ([`DownstreamQueue`]), and the keys each
+//! handler deduplicates on ([`DedupKey`]), all in one
+//! [`SubscriberDescription`] the crate exports.
+//!
+//! The owner of these facts is the crate that holds the handlers; the
+//! worker (which queues to measure and trim), the operator CLI (which
+//! queues exist, which queue derives a downstream job) and the README's
+//! routing table ask the descriptions instead of keeping lists of their own.
 
 /// One queue a subscriber crate's handler consumes, and the payload fields
 /// that handler reads.
@@ -12,4 +18,75 @@ pub struct ConsumedQueue {
     /// The payload fields the handler reads, in a few words for a table
     /// cell (Markdown).
     pub payload: &'static str,
+}
+
+/// A queue no routing rule targets: the crate's handlers push its jobs,
+/// derived from the events of other queues, and a handler of the same
+/// crate consumes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DownstreamQueue {
+    /// The queue name (`toolctrl.email`).
+    pub queue: &'static str,
+    /// The queues whose handlers push its jobs (`outbox.mail`).
+    pub derived_from: &'static [&'static str],
+    /// The task id of a derived job, which is also its receiver's
+    /// idempotency key, as a pattern (`email:<delivery id>`).
+    pub task_id: &'static str,
+}
+
+/// What a handler deduplicates on, so that a redelivered job does its work
+/// once per delivery generation (see `outbox_queue::delivery_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DedupKey {
+    /// The queue of the handler.
+    pub queue: &'static str,
+    /// The key, as a pattern (`webhook:<delivery id>:<endpoint id>`).
+    pub key: &'static str,
+    /// Where the key is recorded: `idempotency store` (Redis, see
+    /// `outbox-idempotency`), or the table whose unique column holds it.
+    pub recorded_in: &'static str,
+}
+
+/// Everything a subscriber crate adds to a worker, as plain data: each
+/// subscriber crate exports one (`DESCRIPTION`), and the built-in ones are
+/// listed together once (the `outbox-catalog` crate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubscriberDescription {
+    /// The crate (`outbox-subscriber-mail`).
+    pub name: &'static str,
+    /// The queues the routing table sends to its handlers.
+    pub consumes: &'static [ConsumedQueue],
+    /// The downstream queues its handlers feed (and consume).
+    pub feeds: &'static [DownstreamQueue],
+    /// The keys its handlers deduplicate on.
+    pub dedup: &'static [DedupKey],
+}
+
+impl SubscriberDescription {
+    /// Every queue its handlers consume: the routed ones, then the
+    /// downstream ones.
+    ///
+    /// ```
+    /// use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
+    ///
+    /// const SEARCH: SubscriberDescription = SubscriberDescription {
+    ///     name: "app-search",
+    ///     consumes: &[ConsumedQueue { queue: "outbox.search-index", payload: "`id`" }],
+    ///     feeds: &[DownstreamQueue {
+    ///         queue: "app.search-refresh",
+    ///         derived_from: &["outbox.search-index"],
+    ///         task_id: "refresh:<delivery id>",
+    ///     }],
+    ///     dedup: &[],
+    /// };
+    /// assert_eq!(SEARCH.queues(), ["outbox.search-index", "app.search-refresh"]);
+    /// ```
+    #[must_use]
+    pub fn queues(&self) -> Vec<&'static str> {
+        self.consumes
+            .iter()
+            .map(|c| c.queue)
+            .chain(self.feeds.iter().map(|d| d.queue))
+            .collect()
+    }
 }

@@ -11,7 +11,8 @@
 //! span with its queue, task id, event id, tenant and attempt.
 //!
 //! This crate knows no concrete queue: the subscriber crates provide the
-//! handlers, the worker binaries assemble the groups.
+//! handlers and describe what they add ([`SubscriberDescription`]), the
+//! worker assembles the groups.
 
 mod body;
 mod describe;
@@ -20,7 +21,7 @@ mod runner;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
-pub use describe::ConsumedQueue;
+pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};
 pub use wake::{WakeStream, listen_for_wakeups};

@@ -1,5 +1,7 @@
-//! The two worker processes, `worker-general` and `worker-mail`: thin mains
-//! around [`run`]; and `workflow-bridge` ([`bridge_main`], [`run_bridge`]),
+//! The worker as a library ([`WorkerBuilder`]: an application's own `main`
+//! adds routing rules, handlers and mail templates to a group), the two
+//! worker processes built on it with nothing added, `worker-general` and
+//! `worker-mail`; and `workflow-bridge` ([`bridge_main`], [`run_bridge`]),
 //! the signed bridge that runs workflow executions for workers in `hybrid`
 //! and `http` mode. Each reads its environment once into a [`WorkerConfig`]
 //! (a bad value stops start-up with a message naming the variable), wires
@@ -20,6 +22,7 @@
 //! (`docs/reliability.md`). Every variable is listed in `docs/operations.md`.
 
 mod bridge;
+mod builder;
 pub mod catalog;
 mod config;
 mod error_reports;
@@ -33,24 +36,14 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
-use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
-use outbox_subscriber::HandlerGroup;
-use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
-use outbox_subscriber_mail::{
-    MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
-};
-use outbox_subscriber_webhook::{
-    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
-    WebhookHandler,
-};
-use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_workflow::bridge::BridgeClient;
 use outbox_workflow::executor::Executor;
 use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{bridge_main, run_bridge};
+pub use builder::{Resources, WorkerBuilder, handler_group};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
     DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
@@ -68,21 +61,35 @@ pub use redis_check::{
     set_persistence_gauge,
 };
 
+/// The adoption guide's examples (a rollback with the application's own
+/// error type, a worker with a handler of its own), compiled as doctests
+/// so that they cannot rot; here because this crate sees every crate they
+/// use.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/adopting.md")]
+struct AdoptingDoctests;
+
 /// The exit code of a worker stopped by its configuration: a malformed
-/// variable, or a Redis that may evict keys (see [`RedisMayEvict`]).
+/// variable (a [`ConfigError`], also from a handler added with
+/// [`WorkerBuilder::handler_with`]), or a Redis that may evict keys (see
+/// [`RedisMayEvict`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: command line (`--help` lists every
-/// variable, see [`variables`]), configuration, runtime, exit code.
+/// variable, see [`variables`]), configuration, runtime, exit code; the
+/// worker of `group` with nothing added ([`WorkerBuilder::main`]).
 #[must_use]
 pub fn main_for(group: Group) -> ExitCode {
+    WorkerBuilder::new(group).main()
+}
+
+/// [`WorkerBuilder::main`]: command line, configuration, runtime, exit code.
+pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
+    let group = builder.worker_group();
+    let binary = builder.binary();
     // Exits 0 after --help or --version, 2 on an unknown flag.
-    let matches = variables::command(group).get_matches();
+    let matches = variables::command(group).name(binary).get_matches();
     let lookup = variables::lookup(&matches);
-    let binary = match group {
-        Group::General => "worker-general",
-        Group::Mail => "worker-mail",
-    };
     // Before logging starts: its error lines go to Sentry when this is on.
     let _reports = match start_error_reports(&lookup, binary) {
         Ok(reports) => reports,
@@ -92,14 +99,22 @@ pub fn main_for(group: Group) -> ExitCode {
         }
     };
     if let Err(e) = init_tracing(&lookup) {
-        eprintln!("worker-{}: {e}", group.as_str());
+        eprintln!("{binary}: {e}");
         return ExitCode::from(EXIT_CONFIGURATION);
     }
-    let config = match WorkerConfig::from_lookup(group, &lookup) {
+    let mut config = match WorkerConfig::from_lookup(group, &lookup) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("worker-{}: {e}", group.as_str());
+            eprintln!("{binary}: {e}");
             tracing::error!(variable = e.variable, "{e}");
+            return ExitCode::from(EXIT_CONFIGURATION);
+        }
+    };
+    config.router = match builder.routes(config.router) {
+        Ok(router) => router,
+        Err(e) => {
+            eprintln!("{binary}: a routing rule added to the worker: {e}");
+            tracing::error!("a routing rule added to the worker: {e}");
             return ExitCode::from(EXIT_CONFIGURATION);
         }
     };
@@ -109,16 +124,20 @@ pub fn main_for(group: Group) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("worker-{}: cannot start the runtime: {e}", group.as_str());
+            eprintln!("{binary}: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(builder.run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "worker failed");
-            eprintln!("worker-{}: {e:#}", group.as_str());
-            if e.downcast_ref::<RedisMayEvict>().is_some() {
+            eprintln!("{binary}: {e:#}");
+            // A handler added at start may refuse its own variable the
+            // same way the worker refuses one of its own.
+            if e.downcast_ref::<RedisMayEvict>().is_some()
+                || e.downcast_ref::<ConfigError>().is_some()
+            {
                 ExitCode::from(EXIT_CONFIGURATION)
             } else {
                 ExitCode::FAILURE
@@ -249,84 +268,6 @@ pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
     Ok(Executor::new(config.workflow_executor, runner, bridge)?)
 }
 
-/// The handlers of `group`.
-///
-/// # Errors
-///
-/// When a handler cannot be built (an invalid `SMTP_URL`, TLS set-up).
-pub fn handler_group(
-    group: Group,
-    config: &WorkerConfig,
-    pool: &outbox_model::PgPool,
-    redis: &redis::aio::ConnectionManager,
-    namespace: &QueueNamespace,
-) -> Result<HandlerGroup> {
-    let store = RedisIdempotencyStore::new(redis.clone())
-        .with_prefix(outbox_queue::idempotency_prefix(namespace));
-    let deliverer = Deliverer::new(DeliverySettings {
-        timeout: config.webhook_timeout,
-        allow_private_addresses: config.webhook_allow_private,
-        ..DeliverySettings::default()
-    })
-    .context("cannot build the HTTP client")?;
-    let once = OnceSettings {
-        lease: config.delivery_lease,
-        ttl: config.delivery_record_ttl,
-    };
-    let group = match group {
-        Group::General => HandlerGroup::new()
-            .with(AuditHandler::new(pool.clone()))?
-            .with(WorkflowHandler::new(
-                pool.clone(),
-                workflow_executor(config)?,
-            ))?
-            .with(NotificationHandler::new(pool.clone()))?
-            .with(PluginHookHandler::new(
-                pool.clone(),
-                redis.clone(),
-                namespace.clone(),
-            ))?
-            .with(PluginInvokeHandler::new(
-                pool.clone(),
-                deliverer,
-                store,
-                once,
-            ))?,
-        Group::Mail => {
-            let smtp_url = config
-                .smtp_url
-                .clone()
-                .context("SMTP_URL is required for the mail group")?;
-            let smtp = SmtpSettings {
-                default_from: config.mail_from.clone(),
-                lease: config.delivery_lease,
-                ttl: config.delivery_record_ttl,
-                ..SmtpSettings::new(smtp_url)
-            };
-            HandlerGroup::new()
-                .with(MailRequestHandler::new(
-                    Templates::standard(),
-                    redis.clone(),
-                    namespace.clone(),
-                ))?
-                .with(WebhookHandler::new(
-                    pool.clone(),
-                    deliverer,
-                    store.clone(),
-                    once,
-                ))?
-                .with(MarketingLeadHandler::new(
-                    pool.clone(),
-                    Templates::standard(),
-                    redis.clone(),
-                    namespace.clone(),
-                ))?
-                .with(SmtpHandler::new(smtp, store)?)?
-        }
-    };
-    Ok(group)
-}
-
 /// Runs a worker process until SIGTERM / Ctrl-C.
 ///
 /// At start it asks Redis for its `maxmemory-policy` (see
@@ -341,10 +282,13 @@ pub fn handler_group(
 /// ([`RedisMayEvict`]), the HTTP address cannot be bound, or a queue worker
 /// fails.
 pub async fn run(config: WorkerConfig) -> Result<()> {
-    let metrics = install_metrics(match config.group {
-        Group::General => "worker-general",
-        Group::Mail => "worker-mail",
-    })?;
+    WorkerBuilder::new(config.group).run(config).await
+}
+
+/// [`run`] for the worker `builder` describes (its routes already in
+/// `config.router`).
+pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> Result<()> {
+    let metrics = install_metrics(builder.binary())?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {
@@ -361,7 +305,23 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
     )?;
     report_persistence(&read_persistence(&redis).await);
     let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
-    let group = handler_group(config.group, &config, &pool, &redis, &namespace)?;
+    let group = builder.assemble(&config, &pool, &redis, &namespace)?;
+    // Every queue this worker measures (and, in the general group, trims):
+    // the general group all routed and downstream queues, the mail group
+    // its own; both also every queue their handlers consume.
+    let mut queues: Vec<String> = group.queues().into_iter().map(str::to_owned).collect();
+    if config.group == Group::General {
+        queues.extend(config.router.queues().into_iter().map(str::to_owned));
+        queues.extend(
+            builder
+                .catalog()
+                .downstream_queues()
+                .into_iter()
+                .map(str::to_owned),
+        );
+    }
+    queues.sort_unstable();
+    queues.dedup();
     let shutdown = CancellationToken::new();
 
     let listener = tokio::net::TcpListener::bind(config.http_addr)
@@ -428,33 +388,17 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
         background.spawn(trim_queues(
             redis.clone(),
             namespace.clone(),
+            queues.clone(),
             config.clone(),
             shutdown.clone(),
         ));
     }
-    let gauge_queues: Vec<String> = match config.group {
-        Group::General => {
-            let mut all: Vec<String> = config
-                .router
-                .queues()
-                .into_iter()
-                .map(str::to_owned)
-                .collect();
-            all.extend(
-                outbox_queue::queues::DOWNSTREAM_QUEUES
-                    .iter()
-                    .map(|q| (*q).to_owned()),
-            );
-            all
-        }
-        Group::Mail => group.queues().into_iter().map(str::to_owned).collect(),
-    };
     background.spawn(refresh_gauges(
         pool.clone(),
         redis.clone(),
         namespace.clone(),
         GaugeSettings {
-            queues: gauge_queues,
+            queues,
             outbox_table: config.group == Group::General,
             every: config.gauge_interval,
             stall_after: config.worker.heartbeat * 4,
@@ -517,20 +461,10 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
 async fn trim_queues(
     mut redis: redis::aio::ConnectionManager,
     namespace: QueueNamespace,
+    queues: Vec<String>,
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) {
-    let mut queues: Vec<String> = config
-        .router
-        .queues()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
-    queues.extend(
-        outbox_queue::queues::DOWNSTREAM_QUEUES
-            .iter()
-            .map(|q| (*q).to_owned()),
-    );
     loop {
         for queue in &queues {
             match outbox_queue::trim_finished(

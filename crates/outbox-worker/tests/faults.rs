@@ -691,8 +691,8 @@ impl Expected {
 fn all_queues() -> Vec<&'static str> {
     queues::OUTBOX_QUEUES
         .iter()
-        .chain(queues::DOWNSTREAM_QUEUES.iter())
         .copied()
+        .chain(outbox_catalog::Catalog::built_in().downstream_queues())
         .collect()
 }
 

@@ -1,7 +1,9 @@
 //! The routing table in the README is the code's: every rule of
 //! `Router::standard()`, the worker binary whose handler group consumes its
 //! queue (built here exactly as the binaries build it), and the payload
-//! fields that handler reads (from the subscriber crates' `CONSUMES`).
+//! fields that handler reads (from the subscriber crates' descriptions, as
+//! `outbox_catalog` lists them). The built-in groups consume exactly the
+//! queues those descriptions name.
 //! And `OUTBOX_ROUTES_FILE` adds rules to it without code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,6 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::{GENERAL, Stack};
+use outbox_catalog::Catalog;
 use outbox_dispatch::Router;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::QueueNamespace;
@@ -22,15 +25,13 @@ const README: &str = include_str!("../../../README.md");
 const BEGIN: &str = "<!-- routing table: generated from Router::standard() and the subscriber crates; checked by crates/outbox-worker/tests/routing_table.rs -->";
 const END: &str = "<!-- end of routing table -->";
 
-/// What every subscriber crate says it consumes.
+/// What every built-in subscriber crate says it consumes.
 fn consumed() -> Vec<ConsumedQueue> {
-    [
-        outbox_subscriber_audit::CONSUMES,
-        outbox_subscriber_mail::CONSUMES,
-        outbox_subscriber_webhook::CONSUMES,
-        outbox_subscriber_workflow::CONSUMES,
-    ]
-    .concat()
+    Catalog::built_in()
+        .descriptions()
+        .iter()
+        .flat_map(|d| d.consumes.iter().copied())
+        .collect()
 }
 
 /// The queues the binary of `group` consumes.
@@ -110,6 +111,22 @@ async fn the_readme_routing_table_is_the_standard_router() {
         expected.trim(),
         "README.md's routing table is out of date; replace it with:\n{expected}"
     );
+}
+
+#[tokio::test]
+async fn the_built_in_groups_consume_exactly_the_described_queues() {
+    let (db, redis) = (TestDatabase::new().await, TestRedis::new().await);
+    let mut consumed = group_queues(Group::General, &db, &redis).await;
+    consumed.extend(group_queues(Group::Mail, &db, &redis).await);
+    consumed.sort();
+    let mut described: Vec<String> = Catalog::built_in()
+        .descriptions()
+        .iter()
+        .flat_map(|d| d.queues())
+        .map(str::to_owned)
+        .collect();
+    described.sort();
+    assert_eq!(consumed, described);
 }
 
 /// A routes file in the system's temporary directory, removed on drop.

@@ -24,7 +24,7 @@ async fn health(stack: &Stack, stall_after: Duration) -> Vec<QueueHealth> {
     let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
     let router = Router::standard();
     let mut names = router.queues();
-    names.extend(queues::DOWNSTREAM_QUEUES);
+    names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
     let thresholds = Thresholds {
         stall_after,
         ..Thresholds::default()

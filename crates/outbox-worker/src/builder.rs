@@ -1,0 +1,451 @@
+//! [`WorkerBuilder`]: the worker as a library, for an application's own
+//! `main`. It starts from one of the two groups (`general`, `mail`) with
+//! its built-in handlers, and adds routing rules, handlers for any queue,
+//! mail templates and subscriber descriptions; [`WorkerBuilder::main`] then
+//! runs the process exactly as `worker-general` and `worker-mail` do (they
+//! are this builder with nothing added): `--help`, configuration from the
+//! environment, health, metrics, the dispatcher and retention in the
+//! general group, supervision of every queue's worker, and a clean stop on
+//! SIGTERM.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use outbox_catalog::Catalog;
+use outbox_dispatch::{RouteError, Router};
+use outbox_idempotency::RedisIdempotencyStore;
+use outbox_model::PgPool;
+use outbox_queue::QueueNamespace;
+use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription};
+use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
+use outbox_subscriber_mail::{
+    MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
+};
+use outbox_subscriber_webhook::{
+    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
+    WebhookHandler,
+};
+use outbox_subscriber_workflow::WorkflowHandler;
+use redis::aio::ConnectionManager;
+
+use crate::{Group, WorkerConfig, workflow_executor};
+
+/// What a handler added with [`WorkerBuilder::handler_with`] may use: the
+/// worker's configuration and its connections, made at start.
+#[derive(Clone, Copy)]
+pub struct Resources<'a> {
+    /// The configuration read at start.
+    pub config: &'a WorkerConfig,
+    /// The Postgres pool (`DATABASE_URL`, `DATABASE_POOL_SIZE`).
+    pub pool: &'a PgPool,
+    /// The Redis connection (`REDIS_URL`).
+    pub redis: &'a ConnectionManager,
+    /// The queues' namespace (`OUTBOX_QUEUE_PREFIX`).
+    pub namespace: &'a QueueNamespace,
+}
+
+/// Adds one handler to the group being assembled.
+type AddHandler = Box<dyn FnOnce(HandlerGroup, &Resources<'_>) -> Result<HandlerGroup> + Send>;
+
+/// A worker process to run: a group's built-in handlers plus what an
+/// application adds.
+///
+/// `worker-general` is `WorkerBuilder::new(Group::General).main()`. An
+/// application's own worker adds to it:
+///
+/// ```no_run
+/// use outbox_subscriber::{JobError, JobHandler, JobMeta};
+/// use outbox_queue::OutboxJob;
+/// use outbox_worker::{Group, WorkerBuilder};
+///
+/// /// Indexes `search.index.*` events (the standard table routes them to
+/// /// `outbox.search-index`, which no built-in handler consumes).
+/// struct SearchIndexer;
+///
+/// impl JobHandler for SearchIndexer {
+///     type Job = OutboxJob;
+///
+///     fn queue(&self) -> &str {
+///         "outbox.search-index"
+///     }
+///
+///     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
+///         println!("index {} for {}", job.event_type, job.tenant_id);
+///         Ok(())
+///     }
+/// }
+///
+/// fn main() -> std::process::ExitCode {
+///     WorkerBuilder::new(Group::General)
+///         .name("search-worker")
+///         .route("catalog.product.", "app.catalog")
+///         .handler(SearchIndexer)
+///         .template("invoice", "Invoice {{number}}", "Your invoice {{number}}.\n", None)
+///         .main()
+/// }
+/// ```
+pub struct WorkerBuilder {
+    group: Group,
+    name: Option<&'static str>,
+    routes: Vec<(String, String)>,
+    handlers: Vec<AddHandler>,
+    templates: Templates,
+    catalog: Catalog,
+}
+
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("group", &self.group)
+            .field("name", &self.binary())
+            .field("routes", &self.routes)
+            .field("handlers", &self.handlers.len())
+            .field("templates", &self.templates)
+            .field("catalog", &self.catalog)
+            .finish()
+    }
+}
+
+impl WorkerBuilder {
+    /// The worker of `group` with its built-in handlers, the standard
+    /// routing table (plus `OUTBOX_ROUTES_FILE`), the standard mail
+    /// templates and the built-in subscribers' descriptions.
+    #[must_use]
+    pub fn new(group: Group) -> Self {
+        Self {
+            group,
+            name: None,
+            routes: Vec::new(),
+            handlers: Vec::new(),
+            templates: Templates::standard(),
+            catalog: Catalog::built_in(),
+        }
+    }
+
+    /// Runs the built-in handlers of `group` instead (and, for `general`,
+    /// the dispatcher and retention). `WORKER_QUEUE_GROUP`, when set, must
+    /// name the same group.
+    #[must_use]
+    pub fn group(mut self, group: Group) -> Self {
+        self.group = group;
+        self
+    }
+
+    /// The process's name in `--help`, messages and the `binary` label of
+    /// `outbox_build_info`; `worker-general` or `worker-mail` by default.
+    #[must_use]
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
+        self
+    }
+
+    /// Adds the routing rule `prefix` → `queue` (longest prefix wins). It is
+    /// checked at start like a rule of `OUTBOX_ROUTES_FILE`: a malformed
+    /// rule, or a prefix that already routes elsewhere, stops start-up.
+    /// Only the dispatcher routes, so this matters in the general group;
+    /// give the CLI the same rule through a routes file to see the queue in
+    /// `outbox health`.
+    #[must_use]
+    pub fn route(mut self, prefix: &str, queue: &str) -> Self {
+        self.routes.push((prefix.to_owned(), queue.to_owned()));
+        self
+    }
+
+    /// Adds a handler for its queue ([`outbox_subscriber::JobHandler`], as
+    /// the built-in handlers are), run with the same retries, dead-letter
+    /// path, heartbeats and supervision. A queue that already has a handler
+    /// in the group stops start-up.
+    #[must_use]
+    pub fn handler(self, handler: impl DynHandler) -> Self {
+        self.add(move |group, _| Ok(group.with(handler)?))
+    }
+
+    /// Adds a handler made at start from the worker's [`Resources`] (its
+    /// Postgres pool, Redis connection, namespace and configuration); an
+    /// error stops start-up, with exit code 2 when it is a
+    /// [`crate::ConfigError`] (a variable of the application's own that is
+    /// missing or malformed).
+    #[must_use]
+    pub fn handler_with<H, F>(self, make: F) -> Self
+    where
+        H: DynHandler,
+        F: FnOnce(&Resources<'_>) -> Result<H> + Send + 'static,
+    {
+        self.add(move |group, resources| Ok(group.with(make(resources)?)?))
+    }
+
+    fn add(
+        mut self,
+        add: impl FnOnce(HandlerGroup, &Resources<'_>) -> Result<HandlerGroup> + Send + 'static,
+    ) -> Self {
+        self.handlers.push(Box::new(add));
+        self
+    }
+
+    /// Replaces the mail templates (the mail group's `outbox.mail` and
+    /// `outbox.marketing` handlers render with them); keep
+    /// `lead-notification` if marketing leads are mailed.
+    #[must_use]
+    pub fn templates(mut self, templates: Templates) -> Self {
+        self.templates = templates;
+        self
+    }
+
+    /// Adds or replaces one mail template: subject, text and optional HTML
+    /// with `{{name}}` placeholders.
+    #[must_use]
+    pub fn template(mut self, name: &str, subject: &str, text: &str, html: Option<&str>) -> Self {
+        self.templates.insert(name, subject, text, html);
+        self
+    }
+
+    /// Adds the description of an application's subscriber, so that the
+    /// downstream queues it feeds are measured (`outbox_queue_*` gauges)
+    /// and trimmed like the built-in ones.
+    #[must_use]
+    pub fn subscriber(mut self, description: SubscriberDescription) -> Self {
+        self.catalog = self.catalog.with(description);
+        self
+    }
+
+    /// The process's name (see [`WorkerBuilder::name`]).
+    #[must_use]
+    pub fn binary(&self) -> &'static str {
+        self.name.unwrap_or(match self.group {
+            Group::General => "worker-general",
+            Group::Mail => "worker-mail",
+        })
+    }
+
+    /// The group whose built-in handlers this worker runs.
+    #[must_use]
+    pub fn worker_group(&self) -> Group {
+        self.group
+    }
+
+    /// The subscriber descriptions this worker knows.
+    #[must_use]
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// `router` plus the rules added with [`WorkerBuilder::route`] (a rule
+    /// already there with the same queue is kept once).
+    ///
+    /// # Errors
+    ///
+    /// The first refused rule.
+    pub fn routes(&self, mut router: Router) -> Result<Router, RouteError> {
+        for (prefix, queue) in &self.routes {
+            if router.rules().get(prefix.as_str()) != Some(&queue.as_str()) {
+                router = router.with_rule(prefix, queue)?;
+            }
+        }
+        Ok(router)
+    }
+
+    /// Runs the whole process: the command line (`--help` lists every
+    /// variable), error reports, logging, the configuration, a runtime and
+    /// [`WorkerBuilder::run`]; returns the exit code (0 after a clean stop,
+    /// 2 for bad configuration or a Redis that may evict keys, 1 for any
+    /// other failure).
+    #[must_use]
+    pub fn main(self) -> ExitCode {
+        crate::process_main(self)
+    }
+
+    /// Runs the worker with `config` until SIGTERM or Ctrl-C (see
+    /// [`crate::run`]).
+    ///
+    /// # Errors
+    ///
+    /// A refused routing rule, a handler that cannot be built or a queue
+    /// with two handlers, and everything [`crate::run`] fails on.
+    pub async fn run(self, mut config: WorkerConfig) -> Result<()> {
+        anyhow::ensure!(
+            config.group == self.group,
+            "the configuration is for the {} group, the worker for the {} group",
+            config.group.as_str(),
+            self.group.as_str()
+        );
+        config.router = self
+            .routes(config.router)
+            .context("a routing rule added to the worker")?;
+        crate::serve(self, config).await
+    }
+
+    /// The handler group to run: the built-in handlers of the group, then
+    /// the added ones.
+    pub(crate) fn assemble(
+        &mut self,
+        config: &WorkerConfig,
+        pool: &PgPool,
+        redis: &ConnectionManager,
+        namespace: &QueueNamespace,
+    ) -> Result<HandlerGroup> {
+        let mut group = built_in_handlers(
+            self.group,
+            config,
+            pool,
+            redis,
+            namespace,
+            self.templates.clone(),
+        )?;
+        let resources = Resources {
+            config,
+            pool,
+            redis,
+            namespace,
+        };
+        for add in self.handlers.drain(..) {
+            group = add(group, &resources)?;
+        }
+        Ok(group)
+    }
+}
+
+/// The built-in handlers of `group`, as `worker-general` and `worker-mail`
+/// run them (with the standard mail templates).
+///
+/// # Errors
+///
+/// When a handler cannot be built (an invalid `SMTP_URL`, TLS set-up).
+pub fn handler_group(
+    group: Group,
+    config: &WorkerConfig,
+    pool: &PgPool,
+    redis: &ConnectionManager,
+    namespace: &QueueNamespace,
+) -> Result<HandlerGroup> {
+    built_in_handlers(group, config, pool, redis, namespace, Templates::standard())
+}
+
+fn built_in_handlers(
+    group: Group,
+    config: &WorkerConfig,
+    pool: &PgPool,
+    redis: &ConnectionManager,
+    namespace: &QueueNamespace,
+    templates: Templates,
+) -> Result<HandlerGroup> {
+    let store = RedisIdempotencyStore::new(redis.clone())
+        .with_prefix(outbox_queue::idempotency_prefix(namespace));
+    let deliverer = Deliverer::new(DeliverySettings {
+        timeout: config.webhook_timeout,
+        allow_private_addresses: config.webhook_allow_private,
+        ..DeliverySettings::default()
+    })
+    .context("cannot build the HTTP client")?;
+    let once = OnceSettings {
+        lease: config.delivery_lease,
+        ttl: config.delivery_record_ttl,
+    };
+    let group = match group {
+        Group::General => HandlerGroup::new()
+            .with(AuditHandler::new(pool.clone()))?
+            .with(WorkflowHandler::new(
+                pool.clone(),
+                workflow_executor(config)?,
+            ))?
+            .with(NotificationHandler::new(pool.clone()))?
+            .with(PluginHookHandler::new(
+                pool.clone(),
+                redis.clone(),
+                namespace.clone(),
+            ))?
+            .with(PluginInvokeHandler::new(
+                pool.clone(),
+                deliverer,
+                store,
+                once,
+            ))?,
+        Group::Mail => {
+            let smtp_url = config
+                .smtp_url
+                .clone()
+                .context("SMTP_URL is required for the mail group")?;
+            let smtp = SmtpSettings {
+                default_from: config.mail_from.clone(),
+                lease: config.delivery_lease,
+                ttl: config.delivery_record_ttl,
+                ..SmtpSettings::new(smtp_url)
+            };
+            HandlerGroup::new()
+                .with(MailRequestHandler::new(
+                    templates.clone(),
+                    redis.clone(),
+                    namespace.clone(),
+                ))?
+                .with(WebhookHandler::new(
+                    pool.clone(),
+                    deliverer,
+                    store.clone(),
+                    once,
+                ))?
+                .with(MarketingLeadHandler::new(
+                    pool.clone(),
+                    templates,
+                    redis.clone(),
+                    namespace.clone(),
+                ))?
+                .with(SmtpHandler::new(smtp, store)?)?
+        }
+    };
+    Ok(group)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn added_routes_join_the_table_and_a_taken_prefix_is_refused() {
+        let builder = WorkerBuilder::new(Group::General)
+            .route("search.index.urgent.", "app.search-urgent")
+            .route("orders.", "app.orders");
+        let router = builder.routes(Router::standard()).unwrap();
+        assert_eq!(
+            router.route("search.index.urgent.takedown"),
+            Some("app.search-urgent")
+        );
+        assert_eq!(
+            router.route("search.index.page.updated"),
+            Some("outbox.search-index")
+        );
+        assert_eq!(router.route("orders.order.placed"), Some("app.orders"));
+        // Applied twice (main, then run), the same rules are kept once.
+        assert_eq!(builder.routes(router.clone()).unwrap(), router);
+
+        let taken = WorkerBuilder::new(Group::General).route("mail.", "app.mail");
+        assert!(matches!(
+            taken.routes(Router::standard()),
+            Err(RouteError::Collision { .. })
+        ));
+        let malformed = WorkerBuilder::new(Group::General).route("Orders", "app.orders");
+        assert!(matches!(
+            malformed.routes(Router::standard()),
+            Err(RouteError::InvalidPrefix(_))
+        ));
+    }
+
+    #[test]
+    fn the_binaries_are_the_builder_with_nothing_added() {
+        assert_eq!(
+            WorkerBuilder::new(Group::General).binary(),
+            "worker-general"
+        );
+        assert_eq!(WorkerBuilder::new(Group::Mail).binary(), "worker-mail");
+        let custom = WorkerBuilder::new(Group::Mail)
+            .group(Group::General)
+            .name("search-worker")
+            .template("invoice", "Invoice {{n}}", "Invoice {{n}}.\n", None);
+        assert_eq!(custom.binary(), "search-worker");
+        assert_eq!(custom.worker_group(), Group::General);
+        let vars = serde_json::json!({ "n": 7, "name": "Ada" });
+        let (subject, _, _) = custom.templates.render("invoice", &vars).unwrap();
+        assert_eq!(subject, "Invoice 7");
+        // Added to the standard templates, not instead of them.
+        assert!(custom.templates.render("welcome", &vars).is_ok());
+        assert_eq!(custom.catalog(), &Catalog::built_in());
+    }
+}
