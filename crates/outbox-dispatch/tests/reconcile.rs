@@ -24,7 +24,8 @@ use outbox_dispatch::{
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use outbox_queue::{
-    JobStateKind, QueueNamespace, RedisSettings, apalis_config, job_states, queues, task_id,
+    JobStateKind, QueueNamespace, RedisSettings, apalis_config, generation_task_id, job_states,
+    queues, task_id,
 };
 use outbox_test_support::{RedisProcess, TestDatabase, TestRedis};
 use redis::aio::ConnectionManager;
@@ -582,6 +583,55 @@ async fn audit_events_whose_rows_exist_are_not_lost_even_without_their_jobs() {
     assert_eq!(
         rig.state(queues::AUDIT, &task_id(ids[1])).await,
         JobStateKind::Missing
+    );
+}
+
+/// A replayed row (generation 1) whose job is lost is pushed again under
+/// its own generation's task id, not the first delivery's.
+// Break checked: reading every row as generation 0 in the reconciler finds
+// the first delivery's job, calls nothing missing and leaves the replay's
+// job lost.
+#[tokio::test]
+async fn a_lost_job_of_a_replayed_row_comes_back_under_its_generations_task_id() {
+    let rig = Rig::shared().await;
+    let ids = rig.hand_off(vec![webhook(1)]).await;
+    rig.sql(&format!(
+        "UPDATE outbox_event SET generation = 1, status = 'PENDING' WHERE id = '{}'",
+        ids[0]
+    ))
+    .await;
+    assert_eq!(rig.dispatcher.tick().await.unwrap().dispatched, 1);
+    let replay = generation_task_id(ids[0], 1);
+    assert_eq!(
+        rig.state(queues::WEBHOOK, &replay).await,
+        JobStateKind::Waiting
+    );
+    // Only the replay's job is lost; the first delivery's is still there.
+    let config = apalis_config(&rig.namespace, queues::WEBHOOK);
+    let mut redis = rig.redis();
+    let () = redis::cmd("HDEL")
+        .arg(config.job_data_hash())
+        .arg(&replay)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.state(queues::WEBHOOK, &replay).await,
+        JobStateKind::Missing
+    );
+    assert_ne!(
+        rig.state(queues::WEBHOOK, &task_id(ids[0])).await,
+        JobStateKind::Missing
+    );
+
+    let report = rig.reconcile(&[queues::WEBHOOK], false).await;
+
+    assert_eq!(report.missing.len(), 1, "{report:?}");
+    assert_eq!(report.repushed_total(), 1, "{report:?}");
+    assert_eq!(
+        rig.state(queues::WEBHOOK, &replay).await,
+        JobStateKind::Waiting,
+        "the replay's job is back"
     );
 }
 
