@@ -103,6 +103,53 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
     assert_eq!(m["outbox_pending_due"], 4.0, "gauge read before the claim");
 }
 
+/// The hand-off latency is counted in seconds from when the row became due
+/// (`scheduled_at`), not from when it was written: a row written a day ago
+/// and due 90 seconds ago records about 90.
+// Break checked: dividing the milliseconds with `%` instead of `/` records
+// a fraction of a second and fails this.
+#[test]
+fn the_handoff_latency_counts_seconds_from_when_the_row_became_due() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let h = runtime.block_on(Harness::new());
+    runtime.block_on(async {
+        let mut conn = h.conn().await;
+        exec(
+            &mut conn,
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, created_at, scheduled_at)
+             VALUES ('t', 'audit.user.login', '{}', now() - interval '1 day', now() - interval '90 seconds')",
+        )
+        .await;
+    });
+    let dispatcher = {
+        let _runtime = runtime.enter();
+        h.dispatcher(quick_config())
+    };
+    metrics::with_local_recorder(&recorder, || runtime.block_on(dispatcher.tick())).unwrap();
+
+    let samples: Vec<f64> = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| key.key().name() == "outbox_dispatch_handoff_latency_seconds")
+        .flat_map(|(_, _, _, value)| match value {
+            DebugValue::Histogram(samples) => samples.into_iter().map(|s| s.into_inner()).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    assert_eq!(samples.len(), 1, "{samples:?}");
+    assert!(
+        (90.0..3600.0).contains(&samples[0]),
+        "latency {} s for a row due 90 s ago",
+        samples[0]
+    );
+}
+
 /// Runs `body` on a current-thread runtime with `recorder` installed for this
 /// thread, so that everything it spawns (the run loop, the listener) records
 /// into it too.
