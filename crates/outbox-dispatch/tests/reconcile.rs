@@ -414,6 +414,116 @@ async fn a_restart_without_persistence_is_a_loss_and_the_backlog_comes_back() {
     }
 }
 
+/// A push that fails wakes the Redis guard at once: when Redis comes back
+/// empty, the jobs it lost are pushed again without waiting for the next
+/// scheduled check (an hour here).
+// Break checked: `RedisGuard::poke` doing nothing leaves the lost jobs
+// missing until the scheduled check, and this times out.
+#[tokio::test]
+async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_again() {
+    let mut server = RedisProcess::start().await;
+    outbox_test_support::init_tracing();
+    let db = TestDatabase::new().await;
+    let namespace = QueueNamespace::root();
+    let redis = outbox_queue::connect(&RedisSettings::new(&server.url())).unwrap();
+    let dispatcher = std::sync::Arc::new(
+        Dispatcher::new(
+            db.pool().clone(),
+            db.url(),
+            redis.clone(),
+            namespace.clone(),
+            Router::standard(),
+            DispatcherConfig {
+                listen: false,
+                interval: Duration::from_millis(100),
+                ..DispatcherConfig::default()
+            },
+        )
+        .unwrap()
+        .with_redis_guard(RedisGuardSettings {
+            check_every: Duration::from_secs(3600),
+            safe_point_lag: Duration::ZERO,
+            ..RedisGuardSettings::default()
+        }),
+    );
+    let mut conn = db.conn().await;
+    let ids: Vec<Uuid> = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, (0..3).map(mail)).await
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.id())
+        .collect();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(dispatcher.clone().run(stop.clone()));
+    let count = async |sql: &str| -> i64 {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let mut conn = db.conn().await;
+        diesel::sql_query(sql)
+            .get_result::<Count>(&mut conn)
+            .await
+            .unwrap()
+            .n
+    };
+    let wait = Duration::from_secs(30);
+    // The guard's first round (a first sight of this Redis, checked once)
+    // must be over, or the stop below fails it and it retries every second
+    // whether poked or not.
+    outbox_test_support::eventually(
+        "the hand-off and the guard's first round",
+        wait,
+        async || {
+            count("SELECT count(*) AS n FROM outbox_event WHERE status = 'DONE'").await == 3
+                && count("SELECT count(*) AS n FROM outbox_redis_epoch").await == 1
+                && count(
+                    "SELECT CASE WHEN count(*) > 0
+                        AND count(*) FILTER (WHERE pending_since IS NOT NULL) = 0
+                     THEN 1::bigint ELSE 0::bigint END AS n FROM outbox_redis_safe_point",
+                )
+                .await
+                    == 1
+        },
+    )
+    .await;
+
+    // Redis goes away; the next push fails.
+    server.stop();
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&mut tx, vec![mail(3)]).await
+    })
+    .await
+    .unwrap();
+    outbox_test_support::eventually("a failed push", wait, async || {
+        count("SELECT count(*) AS n FROM outbox_event WHERE retries > 0").await == 1
+    })
+    .await;
+    // It comes back empty.
+    server.restart().await;
+
+    let states = async || -> Vec<JobStateKind> {
+        let mut redis = outbox_queue::connect(&RedisSettings::new(&server.url())).unwrap();
+        let ids: Vec<String> = ids.iter().map(|id| task_id(*id)).collect();
+        job_states(&mut redis, &namespace, queues::MAIL, &ids)
+            .await
+            .map(|states| states.into_iter().map(|s| s.kind).collect())
+            .unwrap_or_default()
+    };
+    outbox_test_support::eventually("the lost jobs pushed again", wait, async || {
+        states().await == vec![JobStateKind::Waiting; 3]
+    })
+    .await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
 /// A directory for a private Redis' append-only file, removed at the end.
 struct AofDir(PathBuf);
 
