@@ -1,7 +1,7 @@
 //! TLS to Postgres and Redis, against real servers: a private Postgres that
-//! accepts TLS only (certificate signed by a CA made for the test), the
-//! plain local Postgres, and a private `redis-server` that speaks TLS only
-//! when this machine's build can.
+//! accepts TLS only (certificate signed by a CA made for the test), a
+//! private Postgres without TLS, and a private `redis-server` that speaks
+//! TLS only, when this machine's build can.
 //!
 //! The dispatcher hands an event off over `sslmode=verify-full` (its pool
 //! and its LISTEN connection, both seen encrypted in `pg_stat_ssl`); the
@@ -19,8 +19,7 @@ use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME, R
 use outbox_model::{OutboxStatus, SslMode};
 use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{
-    PostgresProcess, RedisProcess, TestDatabase, TestPki, TestRedis, database_server_url,
-    eventually,
+    PostgresProcess, RedisProcess, TestDatabase, TestPki, TestRedis, eventually,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -251,26 +250,23 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
 
 #[tokio::test]
 async fn prefer_falls_back_to_plain_text_and_require_refuses_a_plain_server() {
-    // The local test server (127.0.0.1:5432 here) has no TLS.
-    let plain = database_server_url();
-    let base = plain
-        .split_once('?')
-        .map_or(plain.as_str(), |(base, _)| base);
-    let options = outbox_model::PgConnectOptions::from_url(base).unwrap();
+    // The shared local server may have TLS on (Debian's default): a
+    // private one with ssl=off is the server that refuses TLS.
+    let pg = PostgresProcess::start_plain();
+    let server = pg.server_url();
+    let options = outbox_model::PgConnectOptions::from_url(&server).unwrap();
     assert_eq!(options.ssl_mode(), SslMode::Prefer);
     let mut conn = options.connect().await.unwrap();
-    if own_ssl(&mut conn).await {
-        eprintln!("SKIPPED: the test server at {base} offers TLS, so prefer cannot fall back");
-        return;
-    }
-    let mut conn = outbox_model::establish(&with_query(base, "sslmode=prefer"))
+    assert!(!own_ssl(&mut conn).await);
+    let mut conn = outbox_model::establish(&with_query(&server, "sslmode=prefer"))
         .await
         .unwrap();
     assert!(!own_ssl(&mut conn).await);
-    let err = outbox_model::establish(&with_query(base, "sslmode=require"))
+    let err = outbox_model::establish(&with_query(&server, "sslmode=require"))
         .await
         .err()
         .expect("require connected to a server without TLS");
+    eprintln!("require against a server without TLS: {err}");
     assert!(err.to_string().contains("sslmode=require"), "{err}");
 }
 

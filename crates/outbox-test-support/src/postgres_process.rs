@@ -1,5 +1,5 @@
-//! [`PostgresProcess`]: a private Postgres cluster with TLS, for tests of
-//! how clients connect to it.
+//! [`PostgresProcess`]: a private Postgres cluster with TLS (or without),
+//! for tests of how clients connect to it.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,8 @@ use crate::TestPki;
 /// port on 127.0.0.1) that accepts TCP connections over TLS only
 /// (`ssl=on`, `hostssl` lines and a `hostnossl … reject` line in
 /// `pg_hba.conf`, trust authentication), with the certificate of a
-/// [`TestPki`]. Stopped and deleted on drop.
+/// [`TestPki`]; or, from [`PostgresProcess::start_plain`], one without TLS.
+/// Stopped and deleted on drop.
 ///
 /// Needs the server binaries (`initdb`, `pg_ctl`; Debian's
 /// `/usr/lib/postgresql/<version>/bin` is searched). As root they run as
@@ -35,6 +36,21 @@ impl PostgresProcess {
     /// (the message includes its log).
     #[must_use]
     pub fn start_tls() -> Self {
+        Self::start(true)
+    }
+
+    /// As [`PostgresProcess::start_tls`], but with `ssl=off`: a server that
+    /// refuses TLS and accepts plain TCP connections.
+    ///
+    /// # Panics
+    ///
+    /// As [`PostgresProcess::start_tls`].
+    #[must_use]
+    pub fn start_plain() -> Self {
+        Self::start(false)
+    }
+
+    fn start(tls: bool) -> Self {
         let bin = bin_dir().unwrap_or_else(|| {
             panic!("no Postgres server binaries (initdb, pg_ctl): install the postgresql package")
         });
@@ -75,19 +91,22 @@ impl PostgresProcess {
             &data.join("postgresql.conf"),
             &format!(
                 "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-                 fsync = off\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                 fsync = off\nssl = {}\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
                 root.display(),
+                if tls { "on" } else { "off" },
                 pki.cert_file.display(),
                 pki.key_file.display(),
             ),
         );
-        std::fs::write(
-            data.join("pg_hba.conf"),
+        let hba = if tls {
             "local all all trust\n\
              hostssl all all 127.0.0.1/32 trust\n\
-             hostnossl all all 127.0.0.1/32 reject\n",
-        )
-        .unwrap_or_else(|e| panic!("cannot write pg_hba.conf: {e}"));
+             hostnossl all all 127.0.0.1/32 reject\n"
+        } else {
+            "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+        };
+        std::fs::write(data.join("pg_hba.conf"), hba)
+            .unwrap_or_else(|e| panic!("cannot write pg_hba.conf: {e}"));
         let process = Self {
             root,
             data,
