@@ -184,7 +184,7 @@ impl PgConnectOptions {
     pub fn from_url(url: &str) -> Result<Self, DatabaseUrlError> {
         let (rest, ssl_mode, roots) = split_tls_parameters(url)?;
         let mut config = tokio_postgres::Config::from_str(&rest)
-            .map_err(|e| DatabaseUrlError::Invalid(e.to_string()))?;
+            .map_err(|e| DatabaseUrlError::Invalid(describe(&e)))?;
         let ssl_mode = match ssl_mode {
             Some(mode) => mode,
             None if rest.contains("://") => SslMode::DEFAULT,
@@ -601,5 +601,9 @@ mod tests {
     fn other_url_mistakes_are_invalid() {
         let err = PgConnectOptions::from_url("postgres://h/db?nonsense=1").unwrap_err();
         assert!(matches!(err, DatabaseUrlError::Invalid(_)), "{err}");
+        assert!(
+            err.to_string().contains("unknown option `nonsense`"),
+            "{err}"
+        );
     }
 }
