@@ -194,6 +194,25 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
         .unwrap_or_else(|e| panic!("{mode}: {e}"));
         assert!(own_ssl(&mut conn).await, "{mode}");
     }
+    // verify-ca checks the chain only: 127.0.0.2 is not in the certificate,
+    // which verify-full refuses.
+    let unnamed = server.replace("127.0.0.1", "127.0.0.2");
+    let mut conn = outbox_model::establish(&with_query(
+        &unnamed,
+        &format!("sslmode=verify-ca&sslrootcert={ca}"),
+    ))
+    .await
+    .unwrap();
+    assert!(own_ssl(&mut conn).await);
+    let err = outbox_model::establish(&with_query(
+        &unnamed,
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    ))
+    .await
+    .err()
+    .expect("verify-full accepted a certificate that does not name the host");
+    eprintln!("verify-full against an address the certificate does not name: {err}");
+    assert!(err.to_string().contains("not valid for name"), "{err}");
     // The certificate names localhost too.
     let by_name = server.replace("127.0.0.1", "localhost");
     outbox_model::establish(&with_query(

@@ -8,7 +8,8 @@ use std::process::{Command, Stdio};
 use crate::TestPki;
 
 /// A Postgres cluster of its own (`initdb` in a temporary directory, a free
-/// port on 127.0.0.1) that accepts TCP connections over TLS only
+/// port on 127.0.0.1 and on 127.0.0.2, an address the certificate does not
+/// name) that accepts TCP connections over TLS only
 /// (`ssl=on`, `hostssl` lines and a `hostnossl … reject` line in
 /// `pg_hba.conf`, trust authentication), with the certificate of a
 /// [`TestPki`]; or, from [`PostgresProcess::start_plain`], one without TLS.
@@ -90,7 +91,7 @@ impl PostgresProcess {
         append(
             &data.join("postgresql.conf"),
             &format!(
-                "\nport = {port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+                "\nport = {port}\nlisten_addresses = '127.0.0.1,127.0.0.2'\nunix_socket_directories = '{}'\n\
                  fsync = off\nssl = {}\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
                 root.display(),
                 if tls { "on" } else { "off" },
@@ -100,10 +101,10 @@ impl PostgresProcess {
         );
         let hba = if tls {
             "local all all trust\n\
-             hostssl all all 127.0.0.1/32 trust\n\
-             hostnossl all all 127.0.0.1/32 reject\n"
+             hostssl all all 127.0.0.0/8 trust\n\
+             hostnossl all all 127.0.0.0/8 reject\n"
         } else {
-            "local all all trust\nhost all all 127.0.0.1/32 trust\n"
+            "local all all trust\nhost all all 127.0.0.0/8 trust\n"
         };
         std::fs::write(data.join("pg_hba.conf"), hba)
             .unwrap_or_else(|e| panic!("cannot write pg_hba.conf: {e}"));
