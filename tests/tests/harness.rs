@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails loudly by design
 
 use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use outbox_test_support::{TestDatabase, TestRedis, database_server_url, with_database};
 use redis::AsyncCommands;
 
@@ -15,10 +15,9 @@ struct Count {
 }
 
 async fn database_count(name: &str) -> i64 {
-    let mut admin =
-        AsyncPgConnection::establish(&with_database(&database_server_url(), "postgres"))
-            .await
-            .unwrap();
+    let mut admin = outbox_model::establish(&with_database(&database_server_url(), "postgres"))
+        .await
+        .unwrap();
     diesel::sql_query("SELECT count(*) AS n FROM pg_database WHERE datname = $1")
         .bind::<diesel::sql_types::Text, _>(name)
         .get_result::<Count>(&mut admin)

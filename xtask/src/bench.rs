@@ -146,7 +146,7 @@ impl Scratch {
     pub async fn create(database_url: &str, name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         let admin_url = with_database(database_url, "postgres");
-        let mut admin = AsyncPgConnection::establish(&admin_url)
+        let mut admin = outbox_model::establish(&admin_url)
             .await
             .with_context(|| format!("cannot connect to {admin_url}"))?;
         admin
@@ -210,7 +210,7 @@ pub async fn preload_pending(
 
 /// Deletes every key under `prefix`.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
-    let client = redis::Client::open(redis_url)?;
+    let client = outbox_queue::redis_client(redis_url, None)?;
     // Freeing a queue of 200,000 jobs takes longer than the default
     // response timeout on a busy machine: UNLINK frees in the background,
     // and the timeout is generous.
@@ -470,7 +470,7 @@ async fn pipeline(run: &Run) -> Result<()> {
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;
-    let mut conn = AsyncPgConnection::establish(&url).await?;
+    let mut conn = outbox_model::establish(&url).await?;
 
     // 1. One event per business transaction, one connection.
     stage("publish_one_per_transaction");

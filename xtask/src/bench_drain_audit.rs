@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Double};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::RunQueryDsl;
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
@@ -49,7 +49,7 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
     .await?;
     let prefix = run.stage_prefix(name);
     clear_redis(&run.found.redis_url, &prefix).await?;
-    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    let mut conn = outbox_model::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
     let mut children = vec![bench_process::spawn(
         run,

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use diesel::sql_types::{BigInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
@@ -41,7 +41,7 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         run.database("outbox_bench_publish"),
     )
     .await?;
-    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    let mut conn = outbox_model::establish(&scratch.url).await?;
     conn.batch_execute(
         "CREATE TABLE bench_order (
              id bigserial PRIMARY KEY,
@@ -95,7 +95,7 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
 async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
     let mut conns = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
-        conns.push(AsyncPgConnection::establish(url).await?);
+        conns.push(outbox_model::establish(url).await?);
     }
     let started = Instant::now();
     let deadline = started + duration;

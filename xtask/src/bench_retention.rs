@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::Result;
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
@@ -50,7 +50,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         run.database("outbox_bench_retention"),
     )
     .await?;
-    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    let mut conn = outbox_model::establish(&scratch.url).await?;
     stage(&format!(
         "retention: loading {} old DONE rows",
         plan.done_rows

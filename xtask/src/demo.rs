@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{HttpSink, SmtpSink};
@@ -259,7 +258,7 @@ impl Stage<'_> {
     /// Set-up, workers, the mix, the wait, the summary; true when the
     /// verdict passed.
     async fn run(&self, running: &mut Running) -> Result<bool> {
-        let mut conn = AsyncPgConnection::establish(&self.url).await?;
+        let mut conn = outbox_model::establish(&self.url).await?;
         let chaos = !self.args.no_chaos;
         let mut setup: Setup = crate::demo_publish::setup(&mut conn, self.http, chaos).await?;
         setup.subscribed = self.subscribed().await?.into_iter().collect();
@@ -311,7 +310,7 @@ impl Stage<'_> {
         let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
         let namespace = QueueNamespace::prefixed(self.prefix.clone());
         let mut watch = Watch::new(
-            AsyncPgConnection::establish(&self.url).await?,
+            outbox_model::establish(&self.url).await?,
             redis.clone(),
             namespace.clone(),
             watched,

@@ -18,7 +18,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use diesel::QueryableByName;
 use diesel::sql_types::{Json, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_dispatch::db;
 use serde_json::Value;
 
@@ -295,7 +295,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     }
     let found = services::ensure().await?;
     let scratch = Scratch::create(&found.database_url, DB).await?;
-    let mut conn = AsyncPgConnection::establish(&scratch.url).await?;
+    let mut conn = outbox_model::establish(&scratch.url).await?;
     eprintln!("explain: loading {} PENDING rows", args.rows);
     preload_pending(&mut conn, args.rows, &HANDOFF_TYPES).await?;
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use diesel::QueryableByName;
 use diesel::sql_types::{Bool, Nullable, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::cmd::workspace_root;
 use crate::services;
@@ -50,7 +50,7 @@ pub async fn run(check: bool) -> Result<()> {
 pub async fn generate(server_url: &str) -> Result<String> {
     let admin_url = with_database(server_url, "postgres");
     let scratch = format!("outbox_schema_{}", std::process::id());
-    let mut admin = AsyncPgConnection::establish(&admin_url)
+    let mut admin = outbox_model::establish(&admin_url)
         .await
         .with_context(|| format!("cannot connect to {admin_url}"))?;
     admin
@@ -64,7 +64,7 @@ pub async fn generate(server_url: &str) -> Result<String> {
     let result = async {
         let url = with_database(server_url, &scratch);
         outbox_model::run_migrations(&url).await?;
-        let mut conn = AsyncPgConnection::establish(&url).await?;
+        let mut conn = outbox_model::establish(&url).await?;
         render(&mut conn).await
     }
     .await;

@@ -13,7 +13,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use diesel_async::{AsyncConnection, AsyncPgConnection};
 
 use crate::cmd::{probe, target_dir};
 use crate::install::{Install, Server, is_root, postgres_bin_dir};
@@ -126,13 +125,13 @@ fn services_dir() -> PathBuf {
 
 async fn postgres_answers(url: &str) -> bool {
     matches!(
-        tokio::time::timeout(Duration::from_secs(3), AsyncPgConnection::establish(url)).await,
+        tokio::time::timeout(Duration::from_secs(3), outbox_model::establish(url)).await,
         Ok(Ok(_))
     )
 }
 
 async fn redis_answers(url: &str) -> bool {
-    let Ok(client) = redis::Client::open(url) else {
+    let Ok(client) = outbox_queue::redis_client(url, None) else {
         return false;
     };
     let ping = async {

@@ -66,7 +66,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_async::AsyncPgConnection;
 use outbox_dispatch::Router;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use serde::Serialize;
@@ -104,12 +104,15 @@ const MAX_LIST_LIMIT: u64 = 100_000;
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// Postgres URL.
+    /// Postgres URL; `?sslmode=disable|prefer|require|verify-ca|verify-full` and `&sslrootcert=<CA file>` choose TLS (default prefer).
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     database_url: Option<String>,
-    /// Redis URL (health, dead, reconcile).
+    /// Redis URL (health, dead, reconcile); `rediss://` for TLS.
     #[arg(long, env = "REDIS_URL", global = true, hide_env_values = true)]
     redis_url: Option<String>,
+    /// CA certificates (PEM) a `rediss://` server's certificate must chain to, as the workers' REDIS_CA_CERT (default: the system's roots).
+    #[arg(long, env = "REDIS_CA_CERT", global = true)]
+    redis_ca_cert: Option<std::path::PathBuf>,
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
     #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "", value_parser = queue_prefix)]
     queue_prefix: String,
@@ -216,9 +219,14 @@ fn database_url(cli: &Cli) -> Result<&str> {
         .context("no database: set DATABASE_URL or pass --database-url")
 }
 
+/// A Postgres connection as the workers open theirs (`sslmode` and
+/// `sslrootcert` in the URL, see `outbox_model::PgConnectOptions`).
 async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
     let url = database_url(cli)?;
-    AsyncPgConnection::establish(url)
+    let options = outbox_model::PgConnectOptions::from_url(url)
+        .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
+    options
+        .connect()
         .await
         .with_context(|| format!("cannot connect to Postgres at {}", redact_url(url)))
 }
@@ -228,7 +236,10 @@ fn redis(cli: &Cli) -> Result<redis::aio::ConnectionManager> {
         .redis_url
         .as_deref()
         .context("no Redis: set REDIS_URL or pass --redis-url")?;
-    Ok(outbox_queue::connect(&RedisSettings::new(url))?)
+    Ok(outbox_queue::connect(&RedisSettings {
+        ca_cert: cli.redis_ca_cert.clone(),
+        ..RedisSettings::new(url)
+    })?)
 }
 
 fn print_json(value: &impl Serialize) -> Result<()> {

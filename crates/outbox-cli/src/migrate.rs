@@ -5,6 +5,7 @@
 use anyhow::Context;
 use clap::Args;
 use outbox_model::MigrationState;
+use outbox_queue::redact_url;
 use serde_json::json;
 
 use crate::{Cli, ExitStatus, Outcome, database_url, print_json};
@@ -23,6 +24,9 @@ pub struct MigrateArgs {
 /// Runs `outbox migrate`.
 pub async fn run(cli: &Cli, args: &MigrateArgs) -> Outcome {
     let url = database_url(cli)?;
+    // A wrong sslmode or sslrootcert is a configuration error, said once.
+    outbox_model::PgConnectOptions::from_url(url)
+        .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
     if args.status || args.dry_run {
         let states = outbox_model::migration_status(url)
             .await

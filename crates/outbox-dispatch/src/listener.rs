@@ -1,9 +1,10 @@
-//! The wake-up listener: `LISTEN outbox_event` on a dedicated connection.
+//! The wake-up listener: `LISTEN outbox_event` on a dedicated connection
+//! (opened like the pool's, with the URL's `sslmode`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use futures::StreamExt;
 use outbox_model::NOTIFY_CHANNEL;
 use tokio::sync::Notify;
@@ -58,7 +59,7 @@ pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: Cancellat
 }
 
 async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
-    let mut conn = AsyncPgConnection::establish(database_url)
+    let mut conn = outbox_model::establish(database_url)
         .await
         .map_err(|e| e.to_string())?;
     conn.batch_execute(&format!(

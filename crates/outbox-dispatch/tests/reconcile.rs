@@ -425,7 +425,7 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
     outbox_test_support::init_tracing();
     let db = TestDatabase::new().await;
     let namespace = QueueNamespace::root();
-    let redis = outbox_queue::connect(&RedisSettings::new(&server.url())).unwrap();
+    let redis = outbox_queue::connect(&RedisSettings::new(server.url())).unwrap();
     let dispatcher = std::sync::Arc::new(
         Dispatcher::new(
             db.pool().clone(),

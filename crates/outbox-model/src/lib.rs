@@ -1,12 +1,15 @@
 //! The base of the transactional outbox: the diesel schema of
 //! `outbox_event`, its row types, the validated [`EventType`], the
 //! [`OutboxStatus`] life cycle, and the embedded migrations with
-//! [`run_migrations`].
+//! [`run_migrations`], and the one way every crate opens Postgres
+//! connections ([`establish`], [`connect_pool`]: `sslmode` and
+//! `sslrootcert` in the URL, TLS through rustls).
 //!
 //! Every other crate of the workspace builds on this one; it depends on
 //! nothing of theirs and holds no logic beyond validation. Publishing lives
 //! in `outbox-publish`, claiming and routing in `outbox-dispatch`.
 
+mod connect;
 mod event_type;
 mod json;
 mod migrations;
@@ -20,13 +23,14 @@ mod status;
 #[allow(missing_docs)]
 pub mod schema;
 
+pub use connect::{DatabaseUrlError, PgConnectOptions, SslMode, establish};
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
 pub use json::RawJson;
 pub use migrations::{
     MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, MigrationState, migration_status,
     run_migrations, schema_fingerprint,
 };
-pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool};
+pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool, pool_with};
 pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};

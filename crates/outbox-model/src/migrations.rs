@@ -1,6 +1,5 @@
 //! The one migrations tree of the workspace, embedded at compile time.
 
-use diesel::Connection;
 use diesel_async::AsyncPgConnection;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
@@ -55,8 +54,9 @@ pub enum MigrationError {
 /// Applies every pending migration to the database at `database_url` and
 /// returns the versions it applied (empty when the schema was current).
 ///
-/// Opens one dedicated connection and runs diesel's synchronous migration
-/// harness on tokio's blocking pool, so it works on any tokio runtime
+/// Opens one dedicated connection (with the URL's `sslmode`, see
+/// [`crate::establish`]) and runs diesel's synchronous migration harness on
+/// tokio's blocking pool, so it works on any tokio runtime
 /// (current-thread included). Each migration runs in its own transaction;
 /// diesel takes care that two processes migrating at once do not both apply
 /// the same version.
@@ -75,9 +75,9 @@ pub enum MigrationError {
 /// # Ok(()) }
 /// ```
 pub async fn run_migrations(database_url: &str) -> Result<Vec<String>, MigrationError> {
-    let url = database_url.to_owned();
+    let conn = crate::establish(database_url).await?;
     tokio::task::spawn_blocking(move || {
-        let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url)?;
+        let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(conn);
         let applied = conn
             .run_pending_migrations(MIGRATIONS)
             .map_err(|e| MigrationError::Migration(e.to_string()))?;
@@ -124,8 +124,7 @@ pub async fn migration_status(database_url: &str) -> Result<Vec<MigrationState>,
     use diesel::migration::MigrationSource;
     use diesel_async::RunQueryDsl;
 
-    let mut conn =
-        <AsyncPgConnection as diesel_async::AsyncConnection>::establish(database_url).await?;
+    let mut conn = crate::establish(database_url).await?;
     let present: Present = diesel::sql_query(
         "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL AS present",
     )

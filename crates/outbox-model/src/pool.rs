@@ -1,7 +1,11 @@
 //! The Postgres connection pool type shared by the workspace.
 
+use std::sync::Arc;
+
 use diesel_async::AsyncPgConnection;
-use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_async::pooled_connection::{AsyncDieselConnectionManager, ManagerConfig, PoolError};
+
+use crate::PgConnectOptions;
 
 /// A bb8 pool of diesel-async Postgres connections.
 pub type PgPool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
@@ -12,19 +16,40 @@ pub type PooledPg<'a> = bb8::PooledConnection<'a, AsyncDieselConnectionManager<A
 /// Default pool size of the processes (`DATABASE_POOL_SIZE`).
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 
-/// Builds a pool of at most `max_size` connections to `database_url`.
+/// Builds a pool of at most `max_size` connections to `database_url`,
+/// each opened by [`PgConnectOptions::connect`] (so with the URL's
+/// `sslmode` and `sslrootcert`).
 ///
 /// Connections are opened lazily except for the first, which is opened now
 /// so that a wrong URL fails here rather than at first use.
 ///
 /// # Errors
 ///
+/// [`PoolError::ConnectionError`] with
+/// [`diesel::ConnectionError::InvalidConnectionUrl`] when the URL is
+/// unusable (see [`PgConnectOptions::from_url`]); otherwise the connection
+/// error of the first connection.
+pub async fn connect_pool(database_url: &str, max_size: u32) -> Result<PgPool, PoolError> {
+    let options = PgConnectOptions::from_url(database_url).map_err(|e| {
+        PoolError::ConnectionError(diesel::ConnectionError::InvalidConnectionUrl(e.to_string()))
+    })?;
+    pool_with(options, max_size).await
+}
+
+/// As [`connect_pool`], with options parsed already.
+///
+/// # Errors
+///
 /// The connection error of the first connection.
-pub async fn connect_pool(
-    database_url: &str,
-    max_size: u32,
-) -> Result<PgPool, diesel_async::pooled_connection::PoolError> {
-    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(database_url);
+pub async fn pool_with(options: PgConnectOptions, max_size: u32) -> Result<PgPool, PoolError> {
+    let options = Arc::new(options);
+    let mut config = ManagerConfig::default();
+    config.custom_setup = Box::new(move |_url| {
+        let options = Arc::clone(&options);
+        Box::pin(async move { options.connect().await })
+    });
+    // The URL is only a label now: the setup above ignores it.
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new_with_config("", config);
     let pool = bb8::Pool::builder()
         .max_size(max_size.max(1))
         .min_idle(Some(0))

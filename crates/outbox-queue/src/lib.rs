@@ -1,7 +1,8 @@
 //! What the dispatcher and the subscriber workers agree on: the job envelope
 //! ([`OutboxJob`]), the queue names ([`queues`]), the deterministic task id
 //! ([`task_id`]), and how an apalis-redis queue is addressed and connected
-//! ([`QueueNamespace`], [`connect`], [`push_jobs`]), and how URLs are shown
+//! ([`QueueNamespace`], [`connect`], [`redis_client`] for `redis://` and
+//! `rediss://`, [`push_jobs`]), and how URLs are shown
 //! without their secrets ([`redact_url`], [`endpoint_origin`],
 //! [`redact_urls_in`]), which every crate above this one uses.
 //!
@@ -34,7 +35,7 @@ pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls
 pub use redis_queue::{
     InvalidQueuePrefix, MAX_RETRY_ROUNDS, PushReport, QUEUE_PREFIX_SEPARATOR, QueueError,
     QueueNamespace, RedisSettings, apalis_config, connect, idempotency_prefix, push_jobs, push_raw,
-    push_raw_at, retry_round, retry_task_id, storage, wake_channel,
+    push_raw_at, redis_client, retry_round, retry_task_id, storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

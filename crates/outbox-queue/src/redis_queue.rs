@@ -1,5 +1,6 @@
 //! Addressing, connecting to and pushing onto apalis-redis queues.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use apalis_core::task::builder::TaskBuilder;
@@ -106,6 +107,10 @@ pub struct RedisSettings {
     pub connection_timeout: Duration,
     /// Reconnect attempts per failed command before it fails.
     pub reconnect_retries: usize,
+    /// A PEM file of CA certificates to trust for a `rediss://` URL in
+    /// place of the system's roots (`REDIS_CA_CERT`); `None` trusts the
+    /// system's.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl RedisSettings {
@@ -117,6 +122,7 @@ impl RedisSettings {
             response_timeout: Duration::from_secs(5),
             connection_timeout: Duration::from_secs(2),
             reconnect_retries: 2,
+            ca_cert: None,
         }
     }
 }
@@ -128,6 +134,7 @@ impl std::fmt::Debug for RedisSettings {
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("reconnect_retries", &self.reconnect_retries)
+            .field("ca_cert", &self.ca_cert)
             .finish()
     }
 }
@@ -143,6 +150,14 @@ pub enum QueueError {
         url: String,
         /// The parser's reason.
         source: redis::RedisError,
+    },
+    /// The CA file for a `rediss://` URL cannot be read.
+    #[error("cannot read the Redis CA certificate {}: {source}", .path.display())]
+    CaCert {
+        /// The path as given.
+        path: PathBuf,
+        /// The reading error.
+        source: std::io::Error,
     },
     /// Redis refused or did not answer.
     #[error("Redis error: {0}")]
@@ -165,13 +180,10 @@ pub enum QueueError {
 ///
 /// # Errors
 ///
-/// [`QueueError::InvalidUrl`] when the URL does not parse.
+/// [`QueueError::InvalidUrl`] when the URL does not parse,
+/// [`QueueError::CaCert`] when `ca_cert` cannot be read.
 pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError> {
-    let client =
-        redis::Client::open(settings.url.as_str()).map_err(|source| QueueError::InvalidUrl {
-            url: crate::redact_url(&settings.url),
-            source,
-        })?;
+    let client = redis_client(&settings.url, settings.ca_cert.as_deref())?;
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(settings.response_timeout))
         .set_connection_timeout(Some(settings.connection_timeout))
@@ -179,6 +191,45 @@ pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError
         .set_min_delay(Duration::from_millis(100))
         .set_max_delay(Duration::from_secs(1));
     Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+}
+
+/// A Redis client for `url`: `redis://` in plain text, `rediss://` over TLS
+/// (rustls), verified against `ca_cert` (a PEM file of CA certificates)
+/// when given, else against the system's roots. Every Redis connection of
+/// the workspace is opened through a client made here.
+///
+/// # Errors
+///
+/// [`QueueError::InvalidUrl`] when the URL does not parse (or `ca_cert` is
+/// given with a URL that is not `rediss://`), [`QueueError::CaCert`] when
+/// `ca_cert` cannot be read.
+pub fn redis_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {
+    let invalid = |source| QueueError::InvalidUrl {
+        url: crate::redact_url(url),
+        source,
+    };
+    if url.starts_with("rediss://") {
+        // The redis crate builds its TLS settings on rustls' process-wide
+        // crypto provider. This build links two (aws-lc-rs and ring), so
+        // rustls picks none by itself: install the one the workspace uses.
+        // An error means one is installed already, which is as good.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+    let Some(path) = ca_cert else {
+        return redis::Client::open(url).map_err(invalid);
+    };
+    let pem = std::fs::read(path).map_err(|source| QueueError::CaCert {
+        path: path.to_owned(),
+        source,
+    })?;
+    redis::Client::build_with_tls(
+        url,
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        },
+    )
+    .map_err(invalid)
 }
 
 /// The apalis-redis configuration of `queue` in `namespace`. The queue name

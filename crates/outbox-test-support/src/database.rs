@@ -1,7 +1,7 @@
 //! [`TestDatabase`]: one Postgres database per test, cloned from a template.
 
 use diesel::sql_types::{BigInt, Bool, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_model::PgPool;
 
 use crate::url::{database_server_url, with_database};
@@ -123,7 +123,7 @@ impl Drop for TestDatabase {
                 return;
             };
             runtime.block_on(async move {
-                if let Ok(mut admin) = AsyncPgConnection::establish(&admin_url).await {
+                if let Ok(mut admin) = outbox_model::establish(&admin_url).await {
                     let _ = admin
                         .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                         .await;
@@ -143,7 +143,7 @@ impl std::fmt::Debug for TestDatabase {
 }
 
 async fn connect(url: &str) -> AsyncPgConnection {
-    AsyncPgConnection::establish(url).await.unwrap_or_else(|e| {
+    outbox_model::establish(url).await.unwrap_or_else(|e| {
         panic!(
             "cannot connect to Postgres at {url}: {e}\n\
              hint: run `cargo xtask services` and export the DATABASE_URL it prints"

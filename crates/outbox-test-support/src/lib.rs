@@ -6,7 +6,10 @@
 //!   and dropped when the value is dropped (also on panic).
 //! - [`TestRedis`]: a unique key prefix per test on a real Redis, whose keys
 //!   are deleted on drop.
-//! - [`RedisProcess`]: a private `redis-server` a test can stop and restart.
+//! - [`RedisProcess`]: a private `redis-server` a test can stop and restart,
+//!   or one that speaks TLS only.
+//! - [`PostgresProcess`]: a private Postgres cluster that accepts TLS only,
+//!   with a certificate from a [`TestPki`] (a test CA made on the spot).
 //! - [`SmtpSink`]: a real SMTP server on 127.0.0.1 that records the mails it
 //!   accepts ([`ReceivedMail`]), or refuses recipients on demand.
 //! - [`HttpSink`]: a real HTTP server on 127.0.0.1 that records every request
@@ -23,6 +26,8 @@ mod child_output;
 mod database;
 mod eventually;
 mod http_sink;
+mod pki;
+mod postgres_process;
 mod redis_ns;
 mod redis_process;
 mod smtp_sink;
@@ -32,6 +37,8 @@ pub use child_output::ChildOutput;
 pub use database::TestDatabase;
 pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};
+pub use pki::TestPki;
+pub use postgres_process::PostgresProcess;
 pub use redis_ns::TestRedis;
 pub use redis_process::RedisProcess;
 pub use smtp_sink::{ReceivedMail, SmtpSink};

@@ -1,10 +1,11 @@
 //! The worker's configuration, read once from the environment.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
-use outbox_queue::redact_url;
+use outbox_queue::{QueueError, redact_url};
 use outbox_subscriber::WorkerSettings;
 use outbox_workflow::bridge::BridgeSecret;
 use outbox_workflow::executor::{ExecutorMode, UnknownExecutor};
@@ -67,6 +68,9 @@ pub struct WorkerConfig {
     pub database_url: String,
     /// `REDIS_URL`.
     pub redis_url: String,
+    /// `REDIS_CA_CERT`: the CA file for a `rediss://` URL (`None`: the
+    /// system's roots).
+    pub redis_ca_cert: Option<PathBuf>,
     /// `WORKER_HTTP_ADDR`.
     pub http_addr: SocketAddr,
     /// `OUTBOX_QUEUE_PREFIX`: a key prefix for every queue (empty in production).
@@ -160,6 +164,7 @@ impl std::fmt::Debug for WorkerConfig {
             group,
             database_url,
             redis_url,
+            redis_ca_cert,
             http_addr,
             queue_prefix,
             router,
@@ -189,6 +194,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("group", group)
             .field("database_url", &redact_url(database_url))
             .field("redis_url", &redact_url(redis_url))
+            .field("redis_ca_cert", redis_ca_cert)
             .field("http_addr", http_addr)
             .field("queue_prefix", queue_prefix)
             .field("router", &router.rules())
@@ -416,14 +422,43 @@ impl WorkerConfig {
                 problem: "must start with postgres:// or postgresql://".into(),
             });
         }
+        // sslmode, sslrootcert and the rest: a mistake stops the worker here,
+        // not at its first connection.
+        if let Err(e) = outbox_model::PgConnectOptions::from_url(&database_url) {
+            return Err(ConfigError {
+                variable: "DATABASE_URL",
+                value: redact_url(&database_url),
+                problem: e.to_string(),
+            });
+        }
         let (queue_done_retention, delivery_record_ttl) = dedupe_window(&env, &dispatcher)?;
         let redis_url = env.required("REDIS_URL")?;
-        if let Err(e) = redis::Client::open(redis_url.as_str()) {
-            return Err(ConfigError {
-                variable: "REDIS_URL",
-                value: redact_url(&redis_url),
-                problem: format!("is not a Redis URL: {e}"),
-            });
+        let redis_ca_cert = env.raw(v::REDIS_CA_CERT.name).map(PathBuf::from);
+        match outbox_queue::redis_client(&redis_url, redis_ca_cert.as_deref()) {
+            Ok(_) => {}
+            Err(e @ QueueError::CaCert { .. }) => {
+                return Err(ConfigError {
+                    variable: v::REDIS_CA_CERT.name,
+                    value: redis_ca_cert
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    problem: e.to_string(),
+                });
+            }
+            Err(QueueError::InvalidUrl { source, .. }) => {
+                return Err(ConfigError {
+                    variable: "REDIS_URL",
+                    value: redact_url(&redis_url),
+                    problem: format!("is not a Redis URL: {source}"),
+                });
+            }
+            Err(e) => {
+                return Err(ConfigError {
+                    variable: "REDIS_URL",
+                    value: redact_url(&redis_url),
+                    problem: e.to_string(),
+                });
+            }
         }
         let (workflow_executor, workflow_bridge) = workflow_executor(&env)?;
         Ok(Self {
@@ -432,6 +467,7 @@ impl WorkerConfig {
             group,
             database_url,
             redis_url,
+            redis_ca_cert,
             http_addr,
             queue_prefix: queue_prefix(&env)?,
             router: router(&env)?,
@@ -682,6 +718,15 @@ impl BridgeConfig {
                 variable: "DATABASE_URL",
                 value: redact_url(&database_url),
                 problem: "must start with postgres:// or postgresql://".into(),
+            });
+        }
+        // sslmode, sslrootcert and the rest: a mistake stops the worker here,
+        // not at its first connection.
+        if let Err(e) = outbox_model::PgConnectOptions::from_url(&database_url) {
+            return Err(ConfigError {
+                variable: "DATABASE_URL",
+                value: redact_url(&database_url),
+                problem: e.to_string(),
             });
         }
         let addr_text = env

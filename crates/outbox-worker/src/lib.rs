@@ -297,10 +297,13 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
                 redact_url(&config.database_url)
             )
         })?;
-    let redis = outbox_queue::connect(&RedisSettings::new(&config.redis_url))
-        .context("invalid REDIS_URL")?;
+    let redis = outbox_queue::connect(&RedisSettings {
+        ca_cert: config.redis_ca_cert.clone(),
+        ..RedisSettings::new(&config.redis_url)
+    })
+    .context("invalid REDIS_URL or REDIS_CA_CERT")?;
     enforce_eviction_policy(
-        &read_eviction_policy(&config.redis_url).await,
+        &read_eviction_policy(&config.redis_url, config.redis_ca_cert.as_deref()).await,
         config.allow_redis_eviction,
     )?;
     report_persistence(&read_persistence(&redis).await);
@@ -413,7 +416,10 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
             shutdown.clone(),
         );
         let wake = if config.wakeups {
-            Some(redis::Client::open(config.redis_url.as_str()).context("invalid REDIS_URL")?)
+            Some(
+                outbox_queue::redis_client(&config.redis_url, config.redis_ca_cert.as_deref())
+                    .context("invalid REDIS_URL or REDIS_CA_CERT")?,
+            )
         } else {
             None
         };

@@ -8,6 +8,7 @@
 //! against such a server unless told otherwise.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::time::Duration;
 
 use outbox_queue::Persistence;
@@ -63,13 +64,16 @@ pub struct RedisMayEvict {
     pub policy: String,
 }
 
-/// Asks the Redis at `redis_url` for its `maxmemory-policy`, on a connection
-/// of its own, within [`EVICTION_CHECK_TIMEOUT`]. Never fails: what it
+/// Asks the Redis at `redis_url` (trusting `ca_cert` for `rediss://`, as
+/// `REDIS_CA_CERT`) for its `maxmemory-policy`, on a connection of its own,
+/// within [`EVICTION_CHECK_TIMEOUT`]. Never fails: what it
 /// could not find out is in the answer.
-pub async fn read_eviction_policy(redis_url: &str) -> EvictionPolicy {
+pub async fn read_eviction_policy(redis_url: &str, ca_cert: Option<&Path>) -> EvictionPolicy {
     let ask = async {
-        let client = redis::Client::open(redis_url).map_err(|e| EvictionPolicy::Unreachable {
-            reason: e.to_string(),
+        let client = outbox_queue::redis_client(redis_url, ca_cert).map_err(|e| {
+            EvictionPolicy::Unreachable {
+                reason: e.to_string(),
+            }
         })?;
         let mut conn = client
             .get_multiplexed_async_connection()

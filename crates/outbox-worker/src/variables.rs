@@ -127,15 +127,22 @@ impl Variable {
 pub const DATABASE_URL: Text = Text {
     name: "DATABASE_URL",
     default: "required",
-    form: "postgres://user:password@host:port/database",
-    meaning: "Postgres",
+    form: "postgres://user:password@host:port/database[?sslmode=disable|prefer|require|verify-ca|verify-full&sslrootcert=<CA file>|system]",
+    meaning: "Postgres; sslmode prefer (TLS when offered, unverified) unless the URL says otherwise",
 };
 /// `REDIS_URL`.
 pub const REDIS_URL: Text = Text {
     name: "REDIS_URL",
     default: "required",
-    form: "redis://host:port[/db]",
+    form: "redis://host:port[/db], or rediss:// for TLS",
     meaning: "Redis (a single server, not a cluster; maxmemory-policy noeviction)",
+};
+/// `REDIS_CA_CERT`.
+pub const REDIS_CA_CERT: Text = Text {
+    name: "REDIS_CA_CERT",
+    default: "unset (the system's trusted roots)",
+    form: "a path to a PEM file of CA certificates",
+    meaning: "the CA a rediss:// server's certificate must chain to",
 };
 /// `SMTP_URL`.
 pub const SMTP_URL: Text = Text {
@@ -425,6 +432,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
     vec![
         T(DATABASE_URL),
         T(REDIS_URL),
+        T(REDIS_CA_CERT),
         T(SMTP_URL),
         T(MAIL_FROM),
         T(WORKER_QUEUE_GROUP),
