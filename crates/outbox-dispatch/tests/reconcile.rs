@@ -509,7 +509,7 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
     server.restart().await;
 
     let states = async || -> Vec<JobStateKind> {
-        let mut redis = outbox_queue::connect(&RedisSettings::new(&server.url())).unwrap();
+        let mut redis = outbox_queue::connect(&RedisSettings::new(server.url())).unwrap();
         let ids: Vec<String> = ids.iter().map(|id| task_id(*id)).collect();
         job_states(&mut redis, &namespace, queues::MAIL, &ids)
             .await
