@@ -49,8 +49,13 @@ pub struct Run {
 }
 
 impl Run {
-    /// A run against `found`.
-    pub fn new(found: services::Services, smoke: bool) -> Self {
+    /// A run against `found`. Its Postgres URL gets `sslmode=disable`
+    /// unless it names an `sslmode` itself: a server with TLS switched on
+    /// would otherwise encrypt every connection of the run (a URL without
+    /// `sslmode` prefers TLS), and the figures of builds that cannot speak
+    /// TLS, or of another server, would not compare.
+    pub fn new(mut found: services::Services, smoke: bool) -> Self {
+        found.database_url = plain_text_unless_asked(&found.database_url);
         let tag = if smoke {
             format!("_smoke{}", std::process::id())
         } else {
@@ -463,6 +468,17 @@ fn handoff_binaries(specs: &[String], smoke: bool) -> Result<Vec<(String, PathBu
         .collect()
 }
 
+/// `url` with `sslmode=disable` added when it has no `sslmode`.
+fn plain_text_unless_asked(url: &str) -> String {
+    if url.contains("sslmode=") {
+        url.to_owned()
+    } else if url.contains('?') {
+        format!("{url}&sslmode=disable")
+    } else {
+        format!("{url}?sslmode=disable")
+    }
+}
+
 /// Publishing and dispatching, through Postgres and Redis.
 async fn pipeline(run: &Run) -> Result<()> {
     let found = &run.found;
@@ -603,4 +619,25 @@ async fn pipeline(run: &Run) -> Result<()> {
     clear_redis(&found.redis_url, &prefix).await?;
     drop(conn);
     scratch.remove().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_text_unless_asked;
+
+    #[test]
+    fn the_bench_talks_plain_text_to_postgres_unless_the_url_says_otherwise() {
+        assert_eq!(
+            plain_text_unless_asked("postgres://postgres@127.0.0.1:5432/postgres"),
+            "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+        );
+        assert_eq!(
+            plain_text_unless_asked("postgres://h/db?application_name=x"),
+            "postgres://h/db?application_name=x&sslmode=disable"
+        );
+        assert_eq!(
+            plain_text_unless_asked("postgres://h/db?sslmode=verify-full"),
+            "postgres://h/db?sslmode=verify-full"
+        );
+    }
 }
