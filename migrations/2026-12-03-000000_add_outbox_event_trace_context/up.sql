@@ -13,5 +13,5 @@ ALTER TABLE outbox_event
     ADD COLUMN traceparent text NULL,
     ADD COLUMN tracestate text NULL;
 
-COMMENT ON COLUMN outbox_event.traceparent IS 'W3C traceparent of the producer''s span (00-<trace id>-<span id>-<flags>); NULL for no trace. Invalid values are ignored.';
+COMMENT ON COLUMN outbox_event.traceparent IS 'W3C traceparent of the producer''s span (`00-<trace id>-<span id>-<flags>`); NULL for no trace. Invalid values are ignored.';
 COMMENT ON COLUMN outbox_event.tracestate IS 'W3C tracestate that goes with traceparent; ignored without it.';
