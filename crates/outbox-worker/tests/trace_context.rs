@@ -5,7 +5,8 @@
 //! request → `outbox.publish` → `outbox.dispatch.handoff` → `outbox.job` →
 //! `outbox.http.request`, whose context is the `traceparent` the sink got.
 //! A row written by plain SQL with a `traceparent` is continued the same
-//! way; a row without one starts a new trace at the dispatcher.
+//! way; a row without one starts a new trace at the dispatcher. A mail
+//! request's job, the mail job it pushes and the SMTP send are one trace too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -22,6 +23,7 @@ use outbox_idempotency::RedisIdempotencyStore;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::RedisSettings;
 use outbox_subscriber::{HandlerGroup, WorkerSettings};
+use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings, Templates};
 use outbox_subscriber_webhook::{Deliverer, DeliverySettings, OnceSettings, WebhookHandler};
 use outbox_test_support::{ReceivedRequest, eventually};
 use outbox_trace::TraceContext;
@@ -99,8 +101,48 @@ struct Pipeline {
     workers: tokio::task::JoinHandle<()>,
 }
 
+/// The handler group of the webhook tests.
+fn webhook_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+    let deliverer = Deliverer::new(DeliverySettings {
+        allow_private_addresses: true,
+        ..DeliverySettings::default()
+    })
+    .unwrap();
+    HandlerGroup::new()
+        .with(WebhookHandler::new(
+            stack.db.pool().clone(),
+            deliverer,
+            store,
+            OnceSettings::default(),
+        ))
+        .unwrap()
+}
+
+/// The handler group of the mail test: requests become `toolctrl.email`
+/// jobs, sent to the stack's SMTP sink.
+fn mail_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+    let redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let smtp = SmtpSettings {
+        default_from: "outbox@example.test".to_owned(),
+        ..SmtpSettings::new(stack.smtp.url())
+    };
+    HandlerGroup::new()
+        .with(MailRequestHandler::new(
+            Templates::standard(),
+            redis,
+            stack.namespace.clone(),
+        ))
+        .unwrap()
+        .with(SmtpHandler::new(smtp, store).unwrap())
+        .unwrap()
+}
+
 impl Pipeline {
     async fn start() -> Self {
+        Self::start_with(webhook_group).await
+    }
+
+    async fn start_with(group: fn(&Stack, RedisIdempotencyStore) -> HandlerGroup) -> Self {
         exporter();
         let stack = Stack::new().await;
         stack
@@ -122,21 +164,9 @@ impl Pipeline {
             )
             .unwrap(),
         );
-        let deliverer = Deliverer::new(DeliverySettings {
-            allow_private_addresses: true,
-            ..DeliverySettings::default()
-        })
-        .unwrap();
         let store = RedisIdempotencyStore::new(redis.clone())
             .with_prefix(outbox_queue::idempotency_prefix(&stack.namespace));
-        let group = HandlerGroup::new()
-            .with(WebhookHandler::new(
-                stack.db.pool().clone(),
-                deliverer,
-                store,
-                OnceSettings::default(),
-            ))
-            .unwrap();
+        let group = group(&stack, store);
         let shutdown = CancellationToken::new();
         let settings = WorkerSettings {
             poll_interval: Duration::from_millis(100),
@@ -168,14 +198,27 @@ impl Pipeline {
             .await
     }
 
-    /// Waits until the job span of trace `trace_id` has ended (after its
-    /// delivery) and returns the trace's spans.
-    async fn finished_trace(&self, trace_id: &str) -> Vec<SpanData> {
-        eventually("the job span to end", Duration::from_secs(30), async || {
-            spans_of(trace_id).iter().any(|s| s.name == "outbox.job")
-        })
+    /// Waits until `n` job spans of trace `trace_id` have ended (after
+    /// their work) and returns the trace's spans.
+    async fn finished_jobs(&self, trace_id: &str, n: usize) -> Vec<SpanData> {
+        eventually(
+            "the job spans to end",
+            Duration::from_secs(30),
+            async || {
+                spans_of(trace_id)
+                    .iter()
+                    .filter(|s| s.name == "outbox.job")
+                    .count()
+                    >= n
+            },
+        )
         .await;
         spans_of(trace_id)
+    }
+
+    /// [`Pipeline::finished_jobs`] of one job.
+    async fn finished_trace(&self, trace_id: &str) -> Vec<SpanData> {
+        self.finished_jobs(trace_id, 1).await
     }
 
     async fn stop(self) {
@@ -288,5 +331,55 @@ async fn a_plain_sql_traceparent_is_continued_and_a_row_without_one_starts_a_tra
     let handoff = named(&spans, "outbox.dispatch.handoff");
     assert_eq!(handoff.parent_span_id, SpanId::INVALID, "a new root");
     assert_child(named(&spans, "outbox.job"), handoff);
+    pipeline.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mail_request_and_the_mail_job_it_pushes_are_in_the_events_trace() {
+    let pipeline = Pipeline::start_with(mail_group).await;
+    let request_span = tracing::info_span!("test.request");
+    pipeline
+        .stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "mail.user.welcome",
+            json!({ "to": "ada@example.com", "template": "welcome", "vars": { "name": "Ada" } }),
+        ))
+        .instrument(request_span.clone())
+        .await;
+    let trace_id = TraceContext::of_span(&request_span)
+        .unwrap()
+        .trace_id()
+        .to_owned();
+    drop(request_span);
+    let report = pipeline.dispatcher.tick().await.unwrap();
+    assert_eq!(report.dispatched, 1, "{report:?}");
+    pipeline
+        .stack
+        .smtp
+        .wait_for_messages(1, Duration::from_secs(60))
+        .await;
+
+    let spans = pipeline.finished_jobs(&trace_id, 2).await;
+    let handoff = named(&spans, "outbox.dispatch.handoff");
+    let jobs: Vec<&SpanData> = spans.iter().filter(|s| s.name == "outbox.job").collect();
+    let queue_of = |span: &SpanData| {
+        span.attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "queue")
+            .map(|kv| kv.value.to_string())
+            .unwrap_or_default()
+    };
+    let request = jobs
+        .iter()
+        .find(|s| queue_of(s) == "outbox.mail")
+        .expect("the mail request's job");
+    let send = jobs
+        .iter()
+        .find(|s| queue_of(s) == "toolctrl.email")
+        .expect("the mail job");
+    assert_child(request, handoff);
+    assert_child(send, request);
+    assert_child(named(&spans, "outbox.smtp.send"), send);
     pipeline.stop().await;
 }
