@@ -6,7 +6,8 @@
 //! `outbox.http.request`, whose context is the `traceparent` the sink got.
 //! A row written by plain SQL with a `traceparent` is continued the same
 //! way; a row without one starts a new trace at the dispatcher. A mail
-//! request's job, the mail job it pushes and the SMTP send are one trace too.
+//! request's job, the mail job it pushes and the SMTP send are one trace
+//! too, and so are a plugin hook's fan-out, the invocation and its request.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -24,7 +25,10 @@ use outbox_publish::NewOutboxEvent;
 use outbox_queue::RedisSettings;
 use outbox_subscriber::{HandlerGroup, WorkerSettings};
 use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings, Templates};
-use outbox_subscriber_webhook::{Deliverer, DeliverySettings, OnceSettings, WebhookHandler};
+use outbox_subscriber_webhook::{
+    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
+    WebhookHandler,
+};
 use outbox_test_support::{ReceivedRequest, eventually};
 use outbox_trace::TraceContext;
 use serde_json::json;
@@ -134,6 +138,31 @@ fn mail_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
         ))
         .unwrap()
         .with(SmtpHandler::new(smtp, store).unwrap())
+        .unwrap()
+}
+
+/// The handler group of the plugin test: the fan-out and the invocations,
+/// delivering to the stack's sink.
+fn plugin_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+    let redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let deliverer = Deliverer::new(DeliverySettings {
+        allow_private_addresses: true,
+        ..DeliverySettings::default()
+    })
+    .unwrap();
+    HandlerGroup::new()
+        .with(PluginHookHandler::new(
+            stack.db.pool().clone(),
+            redis,
+            stack.namespace.clone(),
+        ))
+        .unwrap()
+        .with(PluginInvokeHandler::new(
+            stack.db.pool().clone(),
+            deliverer,
+            store,
+            OnceSettings::default(),
+        ))
         .unwrap()
 }
 
@@ -381,5 +410,49 @@ async fn a_mail_request_and_the_mail_job_it_pushes_are_in_the_events_trace() {
     assert_child(request, handoff);
     assert_child(send, request);
     assert_child(named(&spans, "outbox.smtp.send"), send);
+    pipeline.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_invocation_pushed_by_the_fan_out_continues_the_events_trace() {
+    let pipeline = Pipeline::start_with(plugin_group).await;
+    pipeline
+        .stack
+        .sql(&format!(
+            "INSERT INTO plugin_hook_subscription (tenant_id, plugin, hook, endpoint, secret) \
+             VALUES ('acme', 'crm', 'order.created', '{}', 's')",
+            pipeline.stack.http.url_for("/plugin")
+        ))
+        .await;
+    let producer_trace = "0af7651916cd43dd8448eb211c80319c";
+    pipeline
+        .stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent) \
+             VALUES ('acme', 'plugin.hook.order.created', '{{}}', \
+                     '00-{producer_trace}-b7ad6b7169203331-01')"
+        ))
+        .await;
+    let report = pipeline.dispatcher.tick().await.unwrap();
+    assert_eq!(report.dispatched, 1, "{report:?}");
+    let requests = pipeline
+        .stack
+        .http
+        .wait_for_requests("/plugin", 1, Duration::from_secs(60))
+        .await;
+    assert_eq!(received_context(&requests[0]).trace_id(), producer_trace);
+
+    let spans = pipeline.finished_jobs(producer_trace, 2).await;
+    let handoff = named(&spans, "outbox.dispatch.handoff");
+    let http = named(&spans, "outbox.http.request");
+    let fan_out = spans
+        .iter()
+        .find(|s| s.name == "outbox.job" && s.parent_span_id == handoff.span_context.span_id())
+        .expect("the fan-out's job is the hand-off's child");
+    let invoke = spans
+        .iter()
+        .find(|s| s.name == "outbox.job" && s.parent_span_id == fan_out.span_context.span_id())
+        .expect("the invocation's job is the fan-out's child");
+    assert_child(http, invoke);
     pipeline.stop().await;
 }
