@@ -85,6 +85,7 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
         row.dispatch_key.as_deref().unwrap_or("-")
     );
     println!("last error    {}", row.last_error.as_deref().unwrap_or("-"));
+    println!("trace         {}", trace_line(&row));
     println!("payload\n{}", serde_json::to_string_pretty(&row.payload)?);
     if history.is_empty() {
         println!("history       (never requeued or cancelled)");
@@ -112,4 +113,16 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
         }
     }
     Ok(ExitStatus::Ok)
+}
+
+/// The trace id stored with the row (what to look up in a trace viewer),
+/// or why there is none.
+fn trace_line(row: &OutboxEvent) -> String {
+    match (&row.traceparent, outbox_queue::stored_trace_context(row)) {
+        (_, Some(trace)) => trace.trace_id().to_owned(),
+        (Some(raw), None) => {
+            format!("- (traceparent {raw:?} is not valid; the dispatcher ignores it)")
+        }
+        (None, None) => "-".to_owned(),
+    }
 }

@@ -627,6 +627,52 @@ async fn migrate_reports_an_up_to_date_schema_and_show_prints_the_payload() {
 }
 
 #[tokio::test]
+async fn show_names_the_trace_of_a_row_or_why_it_has_none() {
+    let env = Env::new().await;
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent, tracestate) VALUES \
+         ('acme', 'audit.user.login', '{\"n\": 1}', \
+          '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', 'vendor=x'), \
+         ('acme', 'audit.user.login', '{\"n\": 2}', 'not a traceparent', NULL), \
+         ('acme', 'audit.user.login', '{\"n\": 3}', NULL, NULL)",
+    )
+    .await;
+    let rows = env.rows().await;
+    let line_of = |n: i64| {
+        let row = rows
+            .iter()
+            .find(|r| r.payload.value().unwrap()["n"] == n)
+            .unwrap();
+        let run = env.outbox(&["show", &row.id.to_string()]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        run.stdout
+            .lines()
+            .find(|l| l.starts_with("trace "))
+            .unwrap_or_else(|| panic!("no trace line: {}", run.stdout))
+            .to_owned()
+    };
+    assert_eq!(line_of(1), "trace         0af7651916cd43dd8448eb211c80319c");
+    assert!(line_of(2).contains("is not valid"), "{}", line_of(2));
+    assert_eq!(line_of(3), "trace         -");
+    let traced = rows
+        .iter()
+        .find(|r| {
+            r.traceparent
+                .as_deref()
+                .is_some_and(|t| t.starts_with("00-"))
+        })
+        .unwrap();
+    let show = env
+        .outbox(&["show", &traced.id.to_string(), "--json"])
+        .json();
+    assert_eq!(
+        show["event"]["traceparent"],
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    );
+    assert_eq!(show["event"]["tracestate"], "vendor=x");
+}
+
+#[tokio::test]
 async fn a_bulk_requeue_above_the_threshold_asks_for_yes() {
     let env = Env::new().await;
     for _ in 0..3 {

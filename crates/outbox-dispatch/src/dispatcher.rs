@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent, PgPool};
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
+use outbox_trace::{TraceContext, continue_trace};
 use redis::aio::ConnectionManager;
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
@@ -279,7 +280,7 @@ impl Dispatcher {
             .iter()
             .filter_map(|event| {
                 tracing::error!(
-                    event_id = %event.id, tenant_id = %event.tenant_id, event_type = %event.event_type,
+                    event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), event_type = %event.event_type,
                     "no routing rule matches the event type; dead-lettering it (add a rule, then requeue)"
                 );
                 Some(Failure {
@@ -323,7 +324,7 @@ impl Dispatcher {
                         let attempt = u32::try_from(event.retries).unwrap_or(0) + 1;
                         if attempt > self.config.max_retries {
                             tracing::error!(
-                                event_id = %event.id, tenant_id = %event.tenant_id, queue = %unit.queue,
+                                event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), queue = %unit.queue,
                                 retries = attempt, error = %error, "hand-off failed for the last time; dead-lettering"
                             );
                             failures.push(Failure {
@@ -336,7 +337,7 @@ impl Dispatcher {
                         } else {
                             let delay = self.config.backoff_for(attempt);
                             tracing::warn!(
-                                event_id = %event.id, tenant_id = %event.tenant_id, queue = %unit.queue,
+                                event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), queue = %unit.queue,
                                 retry = attempt, delay_s = delay.as_secs(), error = %error, "hand-off failed; will retry"
                             );
                             retries.push(Retry {
@@ -418,8 +419,17 @@ impl Dispatcher {
                     if stop.is_cancelled() {
                         return PushResult::NotStarted(unit);
                     }
-                    let jobs: Vec<OutboxJob> = unit.events.iter().map(OutboxJob::from_event).collect();
-                    match push_jobs(&mut redis, namespace, &unit.queue, &jobs).await {
+                    let (jobs, handoffs) = jobs_of(&unit);
+                    let result = push_jobs(&mut redis, namespace, &unit.queue, &jobs).await;
+                    if let Err(e) = &result {
+                        for span in &handoffs {
+                            span.record("error", tracing::field::display(e));
+                            span.record("otel.status_code", "ERROR");
+                        }
+                    }
+                    // The hand-off spans end here, with the push.
+                    drop(handoffs);
+                    match result {
                         Ok(report) => PushResult::Pushed(unit, report.duplicates),
                         Err(e) => PushResult::Failed(unit, e.to_string()),
                     }
@@ -475,6 +485,53 @@ impl Dispatcher {
     }
 }
 
+/// The jobs of a unit, and the hand-off span of each event when this process
+/// traces with OpenTelemetry (called inside the unit's push span).
+///
+/// An event's hand-off span continues the trace stored with its row (the
+/// producer's `outbox.publish` span, or what a plain-SQL producer wrote) and
+/// starts a new trace when there is none; either way it links to the push
+/// span of the batch it went out in. The job carries the hand-off span's
+/// context, so the subscriber's span becomes its child. A process without an
+/// OpenTelemetry layer makes no spans here and passes the stored context on
+/// unchanged.
+fn jobs_of(unit: &PushUnit) -> (Vec<OutboxJob>, Vec<tracing::Span>) {
+    let mut jobs: Vec<OutboxJob> = unit.events.iter().map(OutboxJob::from_event).collect();
+    let Some(push) = TraceContext::of_span(&tracing::Span::current()) else {
+        return (jobs, Vec::new());
+    };
+    let handoffs = jobs
+        .iter_mut()
+        .map(|job| {
+            let span = tracing::info_span!(
+                parent: None,
+                "outbox.dispatch.handoff",
+                otel.kind = "producer",
+                event_id = %job.outbox_event_id,
+                tenant_id = %job.tenant_id,
+                event_type = %job.event_type,
+                queue = %unit.queue,
+                trace_id = tracing::field::Empty,
+                error = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            );
+            push.link_from(&span);
+            job.trace_context = continue_trace(&span, job.trace_context.as_ref());
+            if let Some(cx) = &job.trace_context {
+                span.record("trace_id", cx.trace_id());
+            }
+            span
+        })
+        .collect();
+    (jobs, handoffs)
+}
+
+/// The trace id of the producer's span stored with `event`, for the log
+/// lines (and error reports) about the row.
+fn trace_id_of(event: &OutboxEvent) -> Option<String> {
+    outbox_queue::stored_trace_context(event).map(|cx| cx.trace_id().to_owned())
+}
+
 /// Separates rows whose payload is too large to hand off (plain-SQL
 /// producers bypass the publisher's limit): each fails alone, with its size
 /// in the reason, and the rest of the claim proceeds.
@@ -488,7 +545,7 @@ fn refuse_oversized(claimed: Vec<OutboxEvent>) -> (Vec<OutboxEvent>, Vec<Failure
             continue;
         }
         tracing::error!(
-            event_id = %event.id, tenant_id = %event.tenant_id, event_type = %event.event_type,
+            event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(&event).as_deref(), event_type = %event.event_type,
             payload_bytes = size, limit = MAX_PAYLOAD_BYTES,
             "payload too large to hand off; dead-lettering the event"
         );

@@ -47,6 +47,12 @@ pub struct OutboxEvent {
     pub failed_at: Option<DateTime<Utc>>,
     /// Delivery generation: 0 for the first delivery, n after the n-th replay.
     pub generation: i32,
+    /// The W3C `traceparent` of the producer's span, as stored: set by the
+    /// publisher or by a plain-SQL producer, not validated by the table
+    /// (readers ignore a malformed value).
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with `traceparent`.
+    pub tracestate: Option<String>,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.
@@ -68,4 +74,8 @@ pub struct NewOutboxEventRow {
     pub dispatch_key: Option<String>,
     /// `None` takes the default `now()`.
     pub scheduled_at: Option<DateTime<Utc>>,
+    /// The W3C `traceparent` of the publishing span; `None` for no trace.
+    pub traceparent: Option<String>,
+    /// The W3C `tracestate` that goes with it.
+    pub tracestate: Option<String>,
 }

@@ -97,6 +97,10 @@ diesel::table! {
         failed_at -> Nullable<Timestamptz>,
         /// Delivery generation: 0 for the first delivery, n after the n-th replay (outbox requeue --replay). Task ids and receiver idempotency keys include it from 1 on.
         generation -> Int4,
+        /// W3C traceparent of the producer's span (`00-<trace id>-<span id>-<flags>`); NULL for no trace. Invalid values are ignored.
+        traceparent -> Nullable<Text>,
+        /// W3C tracestate that goes with traceparent; ignored without it.
+        tracestate -> Nullable<Text>,
     }
 }
 

@@ -128,6 +128,8 @@ impl NewOutboxEvent {
             payload,
             dispatch_key,
             scheduled_at,
+            traceparent: None,
+            tracestate: None,
         })
     }
 }

@@ -41,6 +41,15 @@
 //! nested far too deep is refused rather than overflowing the stack. Only
 //! [`PublishError::Database`] means the transaction is aborted.
 //!
+//! # Trace context
+//!
+//! Each event records the W3C trace context (`traceparent`, `tracestate`)
+//! of the `outbox.publish` span it is written in, when the process traces
+//! with OpenTelemetry (a `tracing-opentelemetry` layer, or a current
+//! OpenTelemetry context): the dispatcher, the job and every side effect
+//! continue that trace. Otherwise both columns stay NULL and the dispatcher
+//! starts a new trace. See `outbox_trace`.
+//!
 //! # Transactions and locks
 //!
 //! Publishing is one `INSERT … ON CONFLICT (dispatch_key) DO NOTHING`, so a

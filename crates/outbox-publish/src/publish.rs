@@ -6,13 +6,14 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use outbox_model::NewOutboxEventRow;
 use outbox_model::schema::outbox_event;
+use outbox_trace::TraceContext;
 use tracing::instrument;
 use uuid::Uuid;
 
 use crate::event::drop_without_recursion;
 use crate::{NewOutboxEvent, OutboxTx, PublishError};
 
-/// Rows per INSERT statement in a batch: 6 bind parameters a row stays well
+/// Rows per INSERT statement in a batch: 8 bind parameters a row stays well
 /// under Postgres' 65,535-parameter limit.
 const ROWS_PER_STATEMENT: usize = 5_000;
 
@@ -69,7 +70,8 @@ pub async fn publish_outbox_event(
     tx: &mut OutboxTx<'_>,
     event: NewOutboxEvent,
 ) -> Result<PublishOutcome, PublishError> {
-    let row = event.into_row()?;
+    let mut row = event.into_row()?;
+    stamp(&mut row, TraceContext::current().as_ref());
     let outcome = match row.dispatch_key.clone() {
         None => {
             let id = diesel::insert_into(outbox_event::table)
@@ -148,6 +150,10 @@ pub async fn publish_outbox_events(
         }
     }
     tracing::Span::current().record("events", rows.len());
+    let trace = TraceContext::current();
+    for row in &mut rows {
+        stamp(row, trace.as_ref());
+    }
 
     let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
@@ -177,6 +183,13 @@ pub async fn publish_outbox_events(
                 .ok_or(PublishError::Database(diesel::result::Error::NotFound))
         })
         .collect()
+}
+
+/// Records the trace context the row is published in (the publishing span's,
+/// so the dispatcher's span becomes its child), if there is one.
+fn stamp(row: &mut NewOutboxEventRow, trace: Option<&TraceContext>) {
+    row.traceparent = trace.map(|cx| cx.traceparent().to_owned());
+    row.tracestate = trace.and_then(|cx| cx.tracestate().map(str::to_owned));
 }
 
 /// The ids of the rows holding the dispatch keys of events not inserted.

@@ -563,6 +563,8 @@ async fn postgres_aborts_the_transaction_on_what_the_publisher_refuses() {
         payload,
         dispatch_key: dispatch_key.map(str::to_owned),
         scheduled_at: None,
+        traceparent: None,
+        tracestate: None,
     };
     let unicode = "unsupported Unicode escape sequence";
     let utf8 = "invalid byte sequence";

@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use outbox_model::{OutboxEvent, RawJson};
+use outbox_trace::TraceContext;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -28,6 +29,16 @@ pub struct OutboxJob {
     /// n-th operator replay.
     #[serde(default, skip_serializing_if = "is_first_generation")]
     pub generation: u32,
+    /// The W3C trace context the job's span continues: the dispatcher's
+    /// hand-off span, whose parent is the producer's span (the row's
+    /// `traceparent`). Left out of the body when there is none; a missing,
+    /// malformed or invalid one reads as `None`, never as an undecodable job.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "outbox_trace::deserialize_lenient"
+    )]
+    pub trace_context: Option<TraceContext>,
 }
 
 fn is_first_generation(generation: &u32) -> bool {
@@ -46,6 +57,7 @@ impl OutboxJob {
             dispatch_key: event.dispatch_key.clone(),
             created_at: event.created_at,
             generation: u32::try_from(event.generation).unwrap_or(0),
+            trace_context: stored_trace_context(event),
         }
     }
 
@@ -60,6 +72,13 @@ impl OutboxJob {
     pub fn delivery_id(&self) -> String {
         delivery_id(self.outbox_event_id, self.generation)
     }
+}
+
+/// The trace context stored with an event (by the publisher, or by a
+/// plain-SQL producer), if it is a valid one.
+#[must_use]
+pub fn stored_trace_context(event: &OutboxEvent) -> Option<TraceContext> {
+    TraceContext::parse(event.traceparent.as_deref()?, event.tracestate.as_deref())
 }
 
 /// The id of one delivery generation of an event: the event id for
@@ -126,6 +145,7 @@ mod tests {
             dispatch_key: None,
             created_at: DateTime::from_timestamp(0, 0).unwrap(),
             generation: 0,
+            trace_context: None,
         };
         let value = serde_json::to_value(&job).unwrap();
         let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();
@@ -159,5 +179,22 @@ mod tests {
             "outbox:00000000-0000-0000-0000-000000000000:g3"
         );
         assert!(serde_json::from_str::<OutboxJob>("{\"outbox_event_id\": 1}").is_err());
+
+        let traced = OutboxJob {
+            trace_context: TraceContext::parse(
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                None,
+            ),
+            ..job.clone()
+        };
+        let text = serde_json::to_string(&traced).unwrap();
+        assert!(
+            text.contains(r#""trace_context":{"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), traced);
+        // A context nobody can continue does not cost the job.
+        let text = text.replace("00f067aa0ba902b7", "not-a-span-id");
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), job);
     }
 }

@@ -25,7 +25,7 @@ mod redis_queue;
 mod server;
 mod worker_store;
 
-pub use envelope::{OutboxJob, delivery_id, generation_task_id, task_id};
+pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats, trim_finished};
 pub use presence::{
     JobState, JobStateKind, email_task_id, job_states, plugin_invoke_task_id, rerun_finished,

@@ -163,6 +163,7 @@ fn job(parts: &Parts) -> Result<OutboxJob, TestCaseError> {
         dispatch_key: parts.dispatch_key.clone(),
         created_at,
         generation: parts.generation,
+        trace_context: None,
     })
 }
 

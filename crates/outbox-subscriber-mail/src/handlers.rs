@@ -13,6 +13,7 @@ use outbox_queue::{OutboxJob, QueueNamespace, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::{EmailJob, MailError, Templates, email_task_id, message_id, render_request};
 
@@ -87,6 +88,8 @@ impl JobHandler for MailRequestHandler {
         )
         .map_err(invalid)?;
         mail.generation = job.generation;
+        // The mail job continues this job's trace.
+        mail.trace_context = outbox_trace::TraceContext::current();
         enqueue_email(&self.redis, &self.namespace, &mail).await
     }
 }
@@ -185,6 +188,8 @@ impl JobHandler for MarketingLeadHandler {
         )
         .map_err(invalid)?;
         mail.generation = job.generation;
+        // The mail job continues this job's trace.
+        mail.trace_context = outbox_trace::TraceContext::current();
         enqueue_email(&self.redis, &self.namespace, &mail).await
     }
 }
@@ -351,7 +356,12 @@ impl JobHandler for SmtpHandler {
             }
             Claim::Acquired(token) => token,
         };
-        match self.transport.send(message).await {
+        let span = tracing::info_span!(
+            "outbox.smtp.send",
+            otel.kind = "client",
+            recipients = mail.to.len() + mail.cc.len(),
+        );
+        match self.transport.send(message).instrument(span).await {
             Ok(response) => {
                 let recorded = json!({ "code": response.code().to_string() });
                 if let Err(e) = self

@@ -35,6 +35,15 @@ pub struct EmailJob {
     /// message rather than a duplicate of the first.
     #[serde(default)]
     pub generation: u32,
+    /// The trace context of the job that rendered the mail, which the
+    /// sending job's span continues (see
+    /// [`outbox_queue::OutboxJob::trace_context`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "outbox_trace::deserialize_lenient"
+    )]
+    pub trace_context: Option<outbox_trace::TraceContext>,
 }
 
 impl EmailJob {
@@ -328,6 +337,7 @@ pub fn render_request(
         text,
         html,
         generation: 0,
+        trace_context: None,
     })
 }
 

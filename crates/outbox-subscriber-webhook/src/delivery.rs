@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use outbox_http_guard::{AddressPolicy, GuardError, GuardedClient};
+use outbox_trace::TraceContext;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::sign;
 
@@ -81,6 +83,11 @@ impl Deliverer {
     /// POSTs `body` as JSON to `url`, signed with `secret` under message id
     /// `id` (Standard Webhooks headers), and classifies the outcome. The
     /// reasons of the verdict never contain `url`.
+    ///
+    /// The request runs in an `outbox.http.request` span (a child of the
+    /// job's span) and carries the W3C `traceparent` (and `tracestate`) of
+    /// that span, or of the context passed on when the process has no
+    /// OpenTelemetry layer, so the receiver can continue the trace.
     pub async fn deliver(
         &self,
         url: &str,
@@ -88,6 +95,25 @@ impl Deliverer {
         id: &str,
         body: &impl Serialize,
     ) -> Delivery {
+        let span = tracing::info_span!(
+            "outbox.http.request",
+            otel.kind = "client",
+            http.request.method = "POST",
+            server.origin = %outbox_queue::endpoint_origin(url),
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let verdict = self
+            .send(url, secret, id, body)
+            .instrument(span.clone())
+            .await;
+        if !matches!(verdict, Delivery::Delivered { .. }) {
+            span.record("otel.status_code", "ERROR");
+        }
+        verdict
+    }
+
+    async fn send(&self, url: &str, secret: &str, id: &str, body: &impl Serialize) -> Delivery {
         let parsed = match url::Url::parse(url) {
             Ok(parsed) => parsed,
             Err(e) => return Delivery::Permanent(format!("invalid URL: {e}")),
@@ -113,8 +139,18 @@ impl Deliverer {
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)
             .body(payload);
+        let request = match TraceContext::current() {
+            Some(trace) => trace.headers().fold(request, |request, (name, value)| {
+                request.header(name, value)
+            }),
+            None => request,
+        };
         match request.send().await {
-            Ok(response) => classify(response.status().as_u16()),
+            Ok(response) => {
+                let status = response.status().as_u16();
+                tracing::Span::current().record("http.response.status_code", status);
+                classify(status)
+            }
             Err(e) if e.is_timeout() => {
                 Delivery::Retry(format!("timed out after {:?}", self.settings.timeout))
             }

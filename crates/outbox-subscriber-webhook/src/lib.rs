@@ -9,7 +9,9 @@
 //!
 //! Deliveries are signed in the Standard Webhooks form ([`sign`]): headers
 //! `webhook-id` (the event id), `webhook-timestamp` and `webhook-signature`
-//! (`v1,<base64 HMAC-SHA256>`). 2xx succeeds; 408, 429, 5xx, timeouts and
+//! (`v1,<base64 HMAC-SHA256>`), plus the W3C `traceparent` (and
+//! `tracestate`) of the delivery's span, so the receiver can continue the
+//! event's trace. 2xx succeeds; 408, 429, 5xx, timeouts and
 //! connection failures are retried; other 4xx and redirects are permanent
 //! (the job goes to the dead set with the reason). Loopback, private and
 //! link-local targets are refused by the address guard of

@@ -43,6 +43,14 @@ pub struct PluginInvokeJob {
     /// The event's delivery generation (see [`outbox_queue::delivery_id`]).
     #[serde(default)]
     pub generation: u32,
+    /// The trace context of the fan-out job's span, which the invocation's
+    /// span continues (see [`outbox_queue::OutboxJob::trace_context`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "outbox_trace::deserialize_lenient"
+    )]
+    pub trace_context: Option<outbox_trace::TraceContext>,
 }
 
 impl PluginInvokeJob {
@@ -115,6 +123,7 @@ impl JobHandler for PluginHookHandler {
                 .await
                 .map_err(db)?
         };
+        let trace_context = outbox_trace::TraceContext::current();
         let jobs = subscriptions
             .into_iter()
             .map(|(subscription_id, plugin)| {
@@ -128,6 +137,7 @@ impl JobHandler for PluginHookHandler {
                     payload: job.payload.clone(),
                     created_at: job.created_at,
                     generation: job.generation,
+                    trace_context: trace_context.clone(),
                 };
                 serde_json::to_vec(&invoke)
                     .map(|body| (invoke_task_id(&job.delivery_id(), subscription_id), body))

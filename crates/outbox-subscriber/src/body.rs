@@ -39,6 +39,15 @@ struct Head {
     tenant_id: Option<Box<serde_json::value::RawValue>>,
 }
 
+/// The trace context a job carries (any job type: the envelope and the
+/// downstream jobs name it alike); read apart so that nothing else of the
+/// body can hide it, and leniently so that it can hide nothing.
+#[derive(serde::Deserialize)]
+struct Traced {
+    #[serde(default, deserialize_with = "outbox_trace::deserialize_lenient")]
+    trace_context: Option<outbox_trace::TraceContext>,
+}
+
 /// The fields that date a job's first delivery; read apart from [`Head`] so
 /// that a malformed date never hides the ids.
 #[derive(serde::Deserialize)]
@@ -73,13 +82,7 @@ impl JobBody {
     /// each when absent or `null`, or when the body is not a JSON object).
     #[must_use]
     pub fn ids(&self) -> (Option<String>, Option<String>) {
-        // Serde also reads a struct from a JSON array, by position: `["a",
-        // "b"]` would give ids "a" and "b". Only an object has these fields.
-        let first = self
-            .raw
-            .iter()
-            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
-        if first != Some(&b'{') {
+        if !self.is_object() {
             return (None, None);
         }
         match serde_json::from_slice::<Head>(&self.raw) {
@@ -89,6 +92,29 @@ impl JobBody {
             ),
             Err(_) => (None, None),
         }
+    }
+
+    /// The top-level `trace_context` field (see
+    /// [`outbox_queue::OutboxJob::trace_context`]), when it is a valid W3C
+    /// trace context; `None` otherwise, for any body.
+    #[must_use]
+    pub fn trace_context(&self) -> Option<outbox_trace::TraceContext> {
+        if !self.is_object() {
+            return None;
+        }
+        serde_json::from_slice::<Traced>(&self.raw)
+            .ok()
+            .and_then(|traced| traced.trace_context)
+    }
+
+    /// Whether the body starts like a JSON object. Serde also reads a
+    /// struct from a JSON array, by position: `["a", "b"]` would give
+    /// fields "a" and "b". Only an object has named fields.
+    fn is_object(&self) -> bool {
+        self.raw
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            == Some(&b'{')
     }
 
     /// When the event of a first delivery was recorded (the envelope's

@@ -8,7 +8,9 @@
 //! failures that will not heal (the job goes to the queue's dead set with the
 //! reason). A job body that does not parse is permanent by construction and
 //! never stops the worker (see [`LenientRedis`]). Every job runs in a tracing
-//! span with its queue, task id, event id, tenant and attempt.
+//! span (`outbox.job`) with its queue, task id, event id, tenant and attempt;
+//! the span continues the trace context the job carries (its top-level
+//! `trace_context` member) and names it in the field `trace_id`.
 //!
 //! This crate knows no concrete queue: the subscriber crates provide the
 //! handlers and describe what they add ([`SubscriberDescription`]), the

@@ -334,17 +334,33 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
     let (_, round) = outbox_queue::retry_round(&task_id);
     let span = tracing::info_span!(
         "outbox.job",
+        otel.kind = "consumer",
         queue = %shared.handler.queue(),
         task_id = %task_id,
         event_id = %event_id,
         tenant_id = %tenant_id,
         round,
         attempt = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
     );
+    // The job's span continues the trace the job carries (the dispatcher's
+    // hand-off span, or the job that pushed this one); without one it
+    // starts a new trace.
+    let carried = body.trace_context();
+    let trace = outbox_trace::continue_trace(&span, carried.as_ref());
+    if let Some(trace) = &trace {
+        span.record("trace_id", trace.trace_id());
+    }
     // The whole delivery runs inside the span as an instrumented future: a
     // guard from `span.enter()` held across an await can resume on another
     // thread and corrupt the subscriber's span stack.
-    deliver(body, shared, task_id).instrument(span).await
+    // Where the span has no OpenTelemetry identity, the carried context is
+    // the current one, so HTTP requests and downstream jobs pass it on.
+    outbox_trace::within(
+        deliver(body, shared, task_id).instrument(span),
+        carried.as_ref(),
+    )
+    .await
 }
 
 async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {

@@ -122,6 +122,7 @@ fn envelope() -> impl Strategy<Value = OutboxJob> {
                     dispatch_key,
                     created_at: DateTime::from_timestamp(secs, nanos)?,
                     generation,
+                    trace_context: None,
                 })
             },
         )

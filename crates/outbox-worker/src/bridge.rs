@@ -28,7 +28,7 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The entry point of `workflow-bridge`.
 #[must_use]
 pub fn bridge_main() -> ExitCode {
-    if let Err(e) = init_tracing(&|name| std::env::var(name).ok()) {
+    if let Err(e) = init_tracing(&|name| std::env::var(name).ok(), None) {
         eprintln!("workflow-bridge: {e}");
         return ExitCode::from(EXIT_CONFIGURATION);
     }

@@ -29,6 +29,7 @@ mod error_reports;
 mod gauges;
 mod http;
 mod redis_check;
+mod traces;
 pub mod variables;
 
 use std::process::ExitCode;
@@ -59,6 +60,10 @@ pub use redis_check::{
     ALLOW_EVICTION_VARIABLE, EVICTION_CHECK_TIMEOUT, EvictionPolicy, NO_EVICTION, RedisMayEvict,
     enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
     set_persistence_gauge,
+};
+pub use traces::{
+    OTLP_ENDPOINT_VARIABLE, SERVICE_NAME_VARIABLE, TraceExport, TraceExportConfig,
+    start_trace_export, trace_layer,
 };
 
 /// The adoption guide's examples (a rollback with the application's own
@@ -98,10 +103,15 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
             return ExitCode::from(EXIT_CONFIGURATION);
         }
     };
-    if let Err(e) = init_tracing(&lookup) {
-        eprintln!("{binary}: {e}");
-        return ExitCode::from(EXIT_CONFIGURATION);
-    }
+    // Declared before the runtime, so dropped after it: the last spans are
+    // sent once the work is done, outside the runtime.
+    let _traces = match init_tracing(&lookup, Some(binary)) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("{binary}: {e}");
+            return ExitCode::from(EXIT_CONFIGURATION);
+        }
+    };
     let mut config = match WorkerConfig::from_lookup(group, &lookup) {
         Ok(config) => config,
         Err(e) => {
@@ -178,12 +188,18 @@ impl LogFormat {
 }
 
 /// Sets up logging as `LOG_FORMAT` (read through `get`) says (`RUST_LOG`
-/// filters).
+/// filters), and for a worker (`binary` given) trace export when
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` asks for it (see [`TraceExportConfig`]).
+/// The returned guard keeps the export on.
 ///
 /// # Errors
 ///
-/// A bad `LOG_FORMAT` (logging then stays text, so the error can be shown).
-pub(crate) fn init_tracing(get: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+/// A bad `LOG_FORMAT` (logging then stays text, so the error can be shown)
+/// or a bad `OTEL_EXPORTER_OTLP_ENDPOINT` (logging starts without export).
+pub(crate) fn init_tracing(
+    get: &dyn Fn(&str) -> Option<String>,
+    binary: Option<&str>,
+) -> Result<TraceExport, ConfigError> {
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new(
@@ -194,9 +210,19 @@ pub(crate) fn init_tracing(get: &dyn Fn(&str) -> Option<String>) -> Result<(), C
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let format = LogFormat::from_lookup(get);
+    let export = binary
+        .map_or(Ok(None), |binary| {
+            TraceExportConfig::from_lookup(get, binary)
+        })
+        .and_then(|config| config.as_ref().map(start_trace_export).transpose());
+    let (export, export_error) = match export {
+        Ok(export) => (export.unwrap_or_default(), None),
+        Err(e) => (TraceExport::default(), Some(e)),
+    };
     let registry = tracing_subscriber::registry()
         .with(filter())
-        .with(error_reports::error_report_layer());
+        .with(error_reports::error_report_layer())
+        .with(export.provider().map(trace_layer));
     match format {
         Ok(LogFormat::Json) => {
             let _ = registry
@@ -215,7 +241,8 @@ pub(crate) fn init_tracing(get: &dyn Fn(&str) -> Option<String>) -> Result<(), C
                 .try_init();
         }
     }
-    format.map(|_| ())
+    format?;
+    export_error.map_or(Ok(export), Err)
 }
 
 /// How often the Prometheus recorder drains its histogram samples when

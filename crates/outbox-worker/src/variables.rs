@@ -420,6 +420,22 @@ pub const SENTRY_DSN: Text = Text {
     meaning: "where error-level log lines and panics are reported, with ids as tags and secrets redacted",
 };
 
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: Text = Text {
+    name: crate::OTLP_ENDPOINT_VARIABLE,
+    default: "unset (no trace export)",
+    form: "an http:// or https:// base URL of an OTLP/HTTP collector",
+    meaning: "export spans (protobuf, to <URL>/v1/traces) that continue each event's trace from its publisher to its side effects",
+};
+
+/// `OTEL_SERVICE_NAME`.
+pub const OTEL_SERVICE_NAME: Text = Text {
+    name: crate::SERVICE_NAME_VARIABLE,
+    default: "the binary's name",
+    form: "a name",
+    meaning: "the service name of exported spans",
+};
+
 /// Every variable the binary of `group` reads, in the order `--help`
 /// lists them.
 #[must_use]
@@ -469,6 +485,8 @@ pub fn variables(group: Group) -> Vec<Variable> {
         T(WORKFLOW_BRIDGE_SECRET),
         T(LOG_FORMAT),
         T(SENTRY_DSN),
+        T(OTEL_EXPORTER_OTLP_ENDPOINT),
+        T(OTEL_SERVICE_NAME),
     ]
 }
 
@@ -527,7 +545,7 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
-    use crate::{LogFormat, WorkerConfig};
+    use crate::{LogFormat, TraceExportConfig, WorkerConfig};
 
     /// The names the configuration of `group` asks for.
     fn read_by(group: Group) -> Vec<String> {
@@ -538,11 +556,13 @@ mod tests {
                 "DATABASE_URL" => Some("postgres://x/y".to_owned()),
                 "REDIS_URL" => Some("redis://x".to_owned()),
                 "SMTP_URL" => Some("smtp://x:25".to_owned()),
+                "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318".to_owned()),
                 _ => None,
             }
         };
         WorkerConfig::from_lookup(group, &get).unwrap();
         LogFormat::from_lookup(&get).unwrap();
+        TraceExportConfig::from_lookup(&get, "worker").unwrap();
         asked.into_inner()
     }
 

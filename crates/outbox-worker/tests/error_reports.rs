@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{GENERAL, Stack};
+use common::{GENERAL, MAIL, Stack};
 use outbox_publish::NewOutboxEvent;
 use serde_json::{Value, json};
 
@@ -92,4 +92,69 @@ async fn an_unrouted_event_is_reported_to_sentry_with_its_tags_and_no_password()
     for body in &bodies {
         assert!(!body.contains(password), "the password was sent: {body}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_carry_the_trace_id_of_the_row_or_job_they_concern() {
+    let stack = Stack::new().await;
+    let dsn = format!("http://publickey@127.0.0.1:{}/42", stack.http.port());
+    stack.http.set_default("/gone", 410);
+    stack
+        .sql(&format!(
+            "INSERT INTO webhook_endpoint (id, tenant_id, url, secret) \
+             VALUES (gen_random_uuid(), 'acme', '{}', 's')",
+            stack.http.url_for("/gone")
+        ))
+        .await;
+    let _general = stack.start(GENERAL, &[("SENTRY_DSN", &dsn)]).await;
+    let _mail = stack.start(MAIL, &[("SENTRY_DSN", &dsn)]).await;
+    // Written by plain SQL with the producers' trace contexts: one no rule
+    // routes (the dispatcher reports it), one whose endpoint answers 410
+    // (the job dies; the mail worker reports it).
+    let unrouted_trace = "0af7651916cd43dd8448eb211c80319c";
+    let dead_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent) VALUES \
+             ('acme', 'nobody.routes.this', '{{}}', '00-{unrouted_trace}-b7ad6b7169203331-01'), \
+             ('acme', 'webhook.order.created', '{{}}', '00-{dead_trace}-00f067aa0ba902b7-01')"
+        ))
+        .await;
+
+    let reported = || {
+        stack
+            .http
+            .requests_to("/api/42/envelope/")
+            .iter()
+            .flat_map(|r| events(&r.body_text()))
+            .collect::<Vec<Value>>()
+    };
+    let message_of = |e: &Value| {
+        e["message"]
+            .as_str()
+            .or_else(|| e["logentry"]["message"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    outbox_test_support::eventually("both reports", Duration::from_secs(60), async || {
+        let all = reported();
+        all.iter()
+            .any(|e| message_of(e).contains("no routing rule"))
+            && all
+                .iter()
+                .any(|e| message_of(e).contains("moved to the dead set"))
+    })
+    .await;
+    let all = reported();
+    let unrouted = all
+        .iter()
+        .find(|e| message_of(e).contains("no routing rule"))
+        .unwrap();
+    assert_eq!(unrouted["tags"]["trace_id"], unrouted_trace, "{unrouted}");
+    let dead = all
+        .iter()
+        .find(|e| message_of(e).contains("moved to the dead set"))
+        .unwrap();
+    assert_eq!(dead["tags"]["trace_id"], dead_trace, "{dead}");
+    assert_eq!(dead["tags"]["queue"], "outbox.webhook", "{dead}");
 }

@@ -6,8 +6,11 @@
 
 mod common;
 
-use common::{GENERAL, Stack};
+use std::time::Duration;
+
+use common::{GENERAL, MAIL, Stack};
 use outbox_publish::NewOutboxEvent;
+use outbox_test_support::eventually;
 use outbox_worker::catalog::{Kind, METRICS};
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::store::{self, NewExecution, TriggerKind, WorkflowStatus};
@@ -43,6 +46,99 @@ async fn json_logs_name_the_event_tenant_queue_and_attempt_of_each_job_line() {
     assert!(
         done["level"] == "INFO" && done["timestamp"].is_string(),
         "{done}"
+    );
+}
+
+/// A trace context a plain-SQL producer writes.
+const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+/// Inserts a `webhook.order.created` event of `acme` by plain SQL, with
+/// [`TRACEPARENT`].
+async fn insert_traced_webhook_event(stack: &Stack) {
+    stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent) \
+             VALUES ('acme', 'webhook.order.created', '{{\"orderId\": 7}}', '{TRACEPARENT}')"
+        ))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_export_the_producers_trace_reaches_the_job_lines_and_the_webhook() {
+    let stack = Stack::new().await;
+    stack
+        .sql(&format!(
+            "INSERT INTO webhook_endpoint (id, tenant_id, url, secret) \
+             VALUES (gen_random_uuid(), 'acme', '{}', 's')",
+            stack.http.url_for("/hook")
+        ))
+        .await;
+    let mail = stack.start(MAIL, &[("LOG_FORMAT", "json")]).await;
+    let _general = stack.start(GENERAL, &[]).await;
+    insert_traced_webhook_event(&stack).await;
+
+    let requests = stack
+        .http
+        .wait_for_requests("/hook", 1, Duration::from_secs(60))
+        .await;
+    // Neither worker exports spans: the producer's context is passed on as is.
+    assert_eq!(requests[0].header("traceparent"), Some(TRACEPARENT));
+    let output = mail.wait_output("webhook delivered").await;
+    let delivered = output
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "webhook delivered")
+        .expect("a webhook delivered line");
+    assert_eq!(delivered["span"]["trace_id"], TRACE_ID, "{delivered}");
+    assert_eq!(delivered["span"]["queue"], "outbox.webhook", "{delivered}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_otlp_endpoint_the_worker_exports_the_spans_of_the_trace() {
+    let stack = Stack::new().await;
+    let collector = stack.http.url_for("/collector");
+    let _general = stack
+        .start(
+            GENERAL,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()),
+                // The SDK's batch delay (5 s by default), for a quicker test.
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ],
+        )
+        .await;
+    // An audit event: the general worker dispatches and handles it.
+    stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent) \
+             VALUES ('acme', 'audit.user.login', '{{\"user\": \"ada\"}}', '{TRACEPARENT}')"
+        ))
+        .await;
+    let trace_id: Vec<u8> = (0..TRACE_ID.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).unwrap())
+        .collect();
+    // OTLP/HTTP protobuf: the spans' trace ids are their 16 raw bytes.
+    let exported = || {
+        stack
+            .http
+            .requests_to("/collector/v1/traces")
+            .into_iter()
+            .filter(|r| r.body.windows(trace_id.len()).any(|w| w == trace_id))
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        "spans of the producer's trace at the collector",
+        Duration::from_secs(60),
+        async || !exported().is_empty(),
+    )
+    .await;
+    let request = &exported()[0];
+    assert_eq!(request.method, "POST");
+    assert_eq!(
+        request.header("content-type"),
+        Some("application/x-protobuf")
     );
 }
 

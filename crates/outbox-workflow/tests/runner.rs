@@ -380,6 +380,61 @@ async fn http_request_records_the_status_and_a_later_block_reads_it() {
 }
 
 #[tokio::test]
+async fn http_request_sends_the_runs_trace_unless_the_block_sets_its_own() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = outbox_test_support::HttpSink::start().await;
+    let runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
+    let run = outbox_trace::TraceContext::parse(
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        Some("vendor=x"),
+    )
+    .unwrap();
+
+    let traced = queued(
+        &mut conn,
+        http_workflow(&sink.url_for("/traced")),
+        json!({}),
+    )
+    .await;
+    outbox_trace::within(runner.run(&mut conn, traced), Some(&run))
+        .await
+        .unwrap();
+    let untraced = queued(
+        &mut conn,
+        http_workflow(&sink.url_for("/untraced")),
+        json!({}),
+    )
+    .await;
+    runner.run(&mut conn, untraced).await.unwrap();
+    let mut own = http_workflow(&sink.url_for("/own"));
+    own["blocks"][1]["params"]["headers"]["Traceparent"] =
+        json!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+    let own = queued(&mut conn, own, json!({})).await;
+    outbox_trace::within(runner.run(&mut conn, own), Some(&run))
+        .await
+        .unwrap();
+
+    let traced = &sink.requests_to("/traced")[0];
+    assert_eq!(traced.header("traceparent"), Some(run.traceparent()));
+    assert_eq!(traced.header("tracestate"), Some("vendor=x"));
+    assert_eq!(sink.requests_to("/untraced")[0].header("traceparent"), None);
+    let own = &sink.requests_to("/own")[0];
+    let sent: Vec<&str> = own
+        .headers
+        .iter()
+        .filter(|(name, _)| name == "traceparent")
+        .map(|(_, value)| value.as_str())
+        .collect();
+    assert_eq!(
+        sent,
+        ["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"],
+        "the block's own header, once"
+    );
+    assert_eq!(own.header("tracestate"), Some("vendor=x"));
+}
+
+#[tokio::test]
 async fn http_request_to_an_internal_address_fails_the_run_without_calling() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;

@@ -389,6 +389,19 @@ impl Runner {
             .http
             .request(method, parsed)?
             .timeout(Duration::from_millis(params.timeout_ms()));
+        // The run's trace goes on to the peer, unless the block sets these
+        // headers itself.
+        if let Some(trace) = outbox_trace::TraceContext::current() {
+            for (name, value) in trace.headers() {
+                if !params
+                    .headers
+                    .keys()
+                    .any(|set| set.eq_ignore_ascii_case(name))
+                {
+                    request = request.header(name, value);
+                }
+            }
+        }
         for (name, value) in &params.headers {
             request = request.header(name, value.render(ctx));
         }

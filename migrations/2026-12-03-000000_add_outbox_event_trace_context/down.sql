@@ -1,0 +1,1 @@
+ALTER TABLE outbox_event DROP COLUMN tracestate, DROP COLUMN traceparent;
