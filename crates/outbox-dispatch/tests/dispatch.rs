@@ -610,3 +610,35 @@ async fn a_row_locked_by_another_session_does_not_hold_up_the_others() {
     assert_eq!(dispatcher.tick().await.unwrap().dispatched, 1);
     assert_eq!(h.row(ids[1]).await.status, OutboxStatus::Done);
 }
+
+/// `outbox stats` per queue: rows of several event types on one queue add
+/// up, rows not yet routed count where the router would send them, and
+/// unroutable ones under `(unrouted)`.
+// Break checked: subtracting each group instead of adding it gives -2 for
+// the mail queue.
+#[tokio::test]
+async fn stats_add_up_the_rows_of_every_event_type_on_a_queue() {
+    let h = Harness::new().await;
+    h.publish(vec![
+        NewOutboxEvent::new("acme", "mail.user.welcome", json!({})),
+        NewOutboxEvent::new("acme", "mail.user.goodbye", json!({})),
+        NewOutboxEvent::new("acme", "audit.user.login", json!({})),
+    ])
+    .await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES ('t', 'legacy.report.generated', '{}')",
+    )
+    .await;
+
+    let stats =
+        outbox_dispatch::stats::outbox_stats(&mut conn, &outbox_dispatch::Router::standard())
+            .await
+            .unwrap();
+
+    assert_eq!(stats.by_status["PENDING"], 4, "{stats:?}");
+    assert_eq!(stats.by_queue["outbox.mail"]["PENDING"], 2, "{stats:?}");
+    assert_eq!(stats.by_queue["outbox.audit"]["PENDING"], 1, "{stats:?}");
+    assert_eq!(stats.by_queue["(unrouted)"]["PENDING"], 1, "{stats:?}");
+}
