@@ -162,10 +162,9 @@ impl<R: Row> GroupCommit<R> {
         }
         let (new_sender, inbox) = mpsc::unbounded_channel();
         tokio::spawn(run_writer(self.inner.pool.clone(), self.inner.queue, inbox));
-        if new_sender.send(pending).is_err() {
-            // The task holds the receiver until the sender is dropped.
-            unreachable!("a new writer task's inbox is open");
-        }
+        // The new task holds the receiver, so this cannot fail; if it did,
+        // the dropped reply makes the job fail and be retried.
+        let _ = new_sender.send(pending);
         *sender = Some(new_sender);
     }
 }
