@@ -270,6 +270,15 @@ pub struct BenchArgs {
     /// build, built first.
     #[arg(long = "handoff-bin", value_name = "LABEL=PATH")]
     pub handoff_bins: Vec<String>,
+    /// A `worker-general` binary for the `drain_audit` stage, as
+    /// `label=path`; repeat to compare builds in one run (their rounds are
+    /// interleaved, so that the machine's load falls on each alike).
+    /// Default: the first `--handoff-bin`, else this tree's release build.
+    #[arg(long = "drain-bin", value_name = "LABEL=PATH")]
+    pub drain_bins: Vec<String>,
+    /// Rounds of the `drain_audit` stage (the median is reported).
+    #[arg(long, default_value_t = 1)]
+    pub drain_rounds: usize,
     /// Preloaded rows per hand-off measurement.
     #[arg(long, default_value_t = 200_000)]
     pub handoff_rows: usize,
@@ -306,6 +315,8 @@ impl BenchArgs {
         Self {
             only: None,
             handoff_bins: Vec::new(),
+            drain_bins: Vec::new(),
+            drain_rounds: 0,
             handoff_rows: 0,
             handoff_batch_sizes: Vec::new(),
             handoff_processes: Vec::new(),
@@ -338,8 +349,9 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if PIPELINE.iter().any(|name| wants(name)) {
         pipeline(&run).await?;
     }
-    let workers = ["handoff", "drain_audit", "latency", "retention"];
-    let binaries = if workers.iter().any(|name| wants(name)) {
+    let drain_needs_default = wants("drain_audit") && args.drain_bins.is_empty();
+    let workers = ["handoff", "latency", "retention", "soak"];
+    let binaries = if drain_needs_default || workers.iter().any(|name| wants(name)) {
         handoff_binaries(&args.handoff_bins, args.smoke)?
     } else {
         Vec::new()
@@ -360,7 +372,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 
 /// The stages of the real workers after the hand-off (drain through the
 /// audit subscriber, latency, retention; the first `--handoff-bin` runs
-/// them), publish overhead, and the chart.
+/// them, the `--drain-bin` binaries the drain when given), publish
+/// overhead, and the chart.
 async fn more_stages(
     run: &Run,
     args: &BenchArgs,
@@ -368,8 +381,18 @@ async fn more_stages(
     binaries: &[(String, PathBuf)],
 ) -> Result<()> {
     let binary = binaries.first().map(|(_, path)| path.as_path());
-    if let Some(binary) = binary.filter(|_| wants("drain_audit")) {
-        crate::bench_drain_audit::run(run, binary, run.size(50_000, 1_500)).await?;
+    if wants("drain_audit") {
+        let binaries = if args.drain_bins.is_empty() {
+            binaries.iter().take(1).cloned().collect()
+        } else {
+            labelled_binaries("--drain-bin", &args.drain_bins)?
+        };
+        let plan = crate::bench_drain_audit::Plan {
+            binaries,
+            events: run.size(50_000, 1_500),
+            rounds: run.size(args.drain_rounds.max(1), 1),
+        };
+        crate::bench_drain_audit::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("latency")) {
         let plan = crate::bench_latency::Plan {
@@ -453,15 +476,20 @@ fn handoff_binaries(specs: &[String], smoke: bool) -> Result<Vec<(String, PathBu
             .join("worker-general");
         return Ok(vec![("this".to_owned(), binary)]);
     }
+    labelled_binaries("--handoff-bin", specs)
+}
+
+/// The binaries named by `option` as `label=path`.
+fn labelled_binaries(option: &str, specs: &[String]) -> Result<Vec<(String, PathBuf)>> {
     specs
         .iter()
         .map(|spec| {
             let (label, path) = spec
                 .split_once('=')
-                .with_context(|| format!("--handoff-bin {spec}: expected label=path"))?;
+                .with_context(|| format!("{option} {spec}: expected label=path"))?;
             let path = PathBuf::from(path);
             if !path.is_file() {
-                bail!("--handoff-bin {spec}: no such file");
+                bail!("{option} {spec}: no such file");
             }
             Ok((label.to_owned(), path))
         })

@@ -82,7 +82,13 @@ fn sections(lines: &[Value]) -> Vec<Section> {
     }
     for d in named(lines, "drain_audit") {
         throughput.push(single(
-            "drain through the audit subscriber",
+            format!(
+                "drain through the audit subscriber{}",
+                match d.get("binary").and_then(Value::as_str) {
+                    Some("this") | None => String::new(),
+                    Some(label) => format!(" [{label}]"),
+                }
+            ),
             field(d, "per_second"),
         ));
     }

@@ -9,17 +9,24 @@
 //! hand-off stage. The same line gives the hand-off's own rate over that
 //! backlog and the handler's (first to last audit row), so the slower side
 //! shows.
+//!
+//! With several binaries (`--drain-bin label=path`, repeated) and rounds
+//! (`--drain-rounds`), each round runs every binary in turn, so that the
+//! load of a shared machine falls on each alike; one `drain_audit_round`
+//! line per measurement, then one `drain_audit` line per binary with the
+//! medians.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Double};
 use diesel_async::RunQueryDsl;
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
+use crate::bench_handoff::median;
 use crate::bench_process;
 
 #[derive(QueryableByName)]
@@ -36,11 +43,70 @@ struct Spans {
     handler: f64,
 }
 
+/// What the stage runs.
+pub struct Plan {
+    /// The `worker-general` binaries, by label.
+    pub binaries: Vec<(String, PathBuf)>,
+    /// Events per drain.
+    pub events: usize,
+    /// Rounds; each runs every binary once.
+    pub rounds: usize,
+}
+
+/// One drain's rates, events per second.
+struct Rates {
+    total: f64,
+    handoff: f64,
+    handler: f64,
+}
+
+/// Runs `plan`, interleaving the binaries round by round.
+pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
+    let mut results: Vec<(String, Rates)> = Vec::new();
+    for round in 1..=plan.rounds {
+        for (label, binary) in &plan.binaries {
+            let rates = drain(run, label, binary, plan.events, round)
+                .await
+                .with_context(|| format!("drain_audit: {label}, round {round}"))?;
+            results.push((label.clone(), rates));
+        }
+    }
+    for (label, _) in &plan.binaries {
+        let of = |pick: fn(&Rates) -> f64| -> Vec<f64> {
+            results
+                .iter()
+                .filter(|(l, _)| l == label)
+                .map(|(_, r)| pick(r))
+                .collect()
+        };
+        let handler = of(|r| r.handler);
+        let (min, max) = (
+            handler.iter().copied().fold(f64::INFINITY, f64::min),
+            handler.iter().copied().fold(0.0, f64::max),
+        );
+        line(json!({
+            "bench": "drain_audit", "binary": label, "events": plan.events,
+            "rounds": plan.rounds,
+            "per_second": median(of(|r| r.total)).round(),
+            "handoff_per_second": median(of(|r| r.handoff)).round(),
+            "handler_per_second": median(handler).round(),
+            "handler_min": min.round(), "handler_max": max.round(),
+        }));
+    }
+    Ok(())
+}
+
 /// Drains `events` audit events through `binary`.
-pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
+async fn drain(
+    run: &Run,
+    label: &str,
+    binary: &Path,
+    events: usize,
+    round: usize,
+) -> Result<Rates> {
     let name = "drain_audit";
     stage(&format!(
-        "{name}: {events} events through the audit subscriber"
+        "{name}: {events} events through the audit subscriber of {label}, round {round}"
     ));
     let scratch = Scratch::create(
         &run.found.database_url,
@@ -94,14 +160,20 @@ pub async fn run(run: &Run, binary: &Path, events: usize) -> Result<()> {
             f64::NAN
         }
     };
+    let rates = Rates {
+        total: per(spans.total),
+        handoff: per(spans.handoff),
+        handler: per(spans.handler),
+    };
     line(json!({
-        "bench": name, "events": events,
+        "bench": "drain_audit_round", "binary": label, "round": round, "events": events,
         "seconds": (spans.total * 1000.0).round() / 1000.0,
-        "per_second": per(spans.total),
-        "handoff_per_second": per(spans.handoff),
-        "handler_per_second": per(spans.handler), "cpu_share": cpu,
+        "per_second": rates.total,
+        "handoff_per_second": rates.handoff,
+        "handler_per_second": rates.handler, "cpu_share": cpu,
     }));
     drop(conn);
     clear_redis(&run.found.redis_url, &prefix).await?;
-    scratch.remove().await
+    scratch.remove().await?;
+    Ok(rates)
 }

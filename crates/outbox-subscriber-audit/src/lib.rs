@@ -10,16 +10,25 @@
 //! job inserts nothing (`ON CONFLICT DO NOTHING`). Both store the payload as
 //! the exact text the outbox row holds (numbers keep every digit). Database errors are
 //! retried; nothing here talks to the outside world.
+//!
+//! Both write by group commit (see [`GROUP_COMMIT_MAX_ROWS`]): the rows of
+//! the jobs in progress at the same time go into one multi-row insert, and
+//! each job is acknowledged only once its row is committed. To give the
+//! batches rows, both run at least [`GROUP_COMMIT_CONCURRENCY`] jobs at once
+//! (waiting jobs hold no connection; the writer uses one).
 
-use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
+mod batch;
+mod db;
+
 use outbox_model::PgPool;
-use outbox_model::schema::{audit_log, notification};
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{
     ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
 };
 use serde_json::Value;
+
+use crate::batch::{GroupCommit, Written};
+use crate::db::{AuditRow, NotificationRow};
 
 /// The queues this crate's handlers consume and what they read there.
 pub const CONSUMES: &[ConsumedQueue] = &[
@@ -69,21 +78,29 @@ fn fields(job: &OutboxJob) -> Option<Value> {
     job.payload.value().ok()
 }
 
-fn db_error(e: impl std::fmt::Display) -> JobError {
-    JobError::retry(format!("database error: {e}"))
-}
+pub use batch::GROUP_COMMIT_MAX_ROWS;
+
+/// The least number of jobs the audit and notification queues run at once,
+/// whatever `WORKER_CONCURRENCY` says (a larger setting is kept): the jobs
+/// in progress are what a group commit can write together, and a waiting job
+/// costs no connection.
+pub const GROUP_COMMIT_CONCURRENCY: usize = 100;
 
 /// `outbox.audit`: appends the event to `audit_log`.
 #[derive(Clone)]
 pub struct AuditHandler {
-    pool: PgPool,
+    writer: GroupCommit<AuditRow>,
 }
 
 impl AuditHandler {
-    /// A handler writing through `pool`.
+    /// A handler writing through `pool`. Its writer task starts with the
+    /// first job (inside the runtime) and ends when the handler and its
+    /// clones are dropped.
     #[must_use]
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            writer: GroupCommit::new(pool, queues::AUDIT),
+        }
     }
 }
 
@@ -94,25 +111,14 @@ impl JobHandler for AuditHandler {
         queues::AUDIT
     }
 
+    fn concurrency(&self, configured: usize) -> usize {
+        configured.max(GROUP_COMMIT_CONCURRENCY)
+    }
+
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
-        let mut conn = self.pool.get().await.map_err(db_error)?;
         let fields = fields(&job);
         let actor = text_field(fields.as_ref(), &["actor", "actorId", "userId", "user_id"]);
-        let inserted = diesel::insert_into(audit_log::table)
-            .values((
-                audit_log::outbox_event_id.eq(job.outbox_event_id),
-                audit_log::tenant_id.eq(&job.tenant_id),
-                audit_log::event_type.eq(&job.event_type),
-                audit_log::actor.eq(actor),
-                audit_log::payload.eq(&job.payload),
-                audit_log::occurred_at.eq(job.created_at),
-            ))
-            .on_conflict(audit_log::outbox_event_id)
-            .do_nothing()
-            .execute(&mut conn)
-            .await
-            .map_err(db_error)?;
-        if inserted == 0 {
+        if self.writer.write(AuditRow { job, actor }).await? == Written::AlreadyRecorded {
             tracing::info!("audit entry already recorded; nothing to do");
         }
         Ok(())
@@ -127,14 +133,18 @@ impl JobHandler for AuditHandler {
 /// `user_id` (none means every member of the tenant).
 #[derive(Clone)]
 pub struct NotificationHandler {
-    pool: PgPool,
+    writer: GroupCommit<NotificationRow>,
 }
 
 impl NotificationHandler {
-    /// A handler writing through `pool`.
+    /// A handler writing through `pool`. Its writer task starts with the
+    /// first job (inside the runtime) and ends when the handler and its
+    /// clones are dropped.
     #[must_use]
     pub fn new(pool: PgPool) -> Self {
-        Self { pool }
+        Self {
+            writer: GroupCommit::new(pool, queues::NOTIFICATION),
+        }
     }
 }
 
@@ -158,26 +168,23 @@ impl JobHandler for NotificationHandler {
         queues::NOTIFICATION
     }
 
+    fn concurrency(&self, configured: usize) -> usize {
+        configured.max(GROUP_COMMIT_CONCURRENCY)
+    }
+
     async fn handle(&self, job: OutboxJob, _meta: &JobMeta) -> Result<(), JobError> {
-        let mut conn = self.pool.get().await.map_err(db_error)?;
         let fields = fields(&job);
         let title = text_field(fields.as_ref(), &["title"])
             .unwrap_or_else(|| default_title(&job.event_type));
-        diesel::insert_into(notification::table)
-            .values((
-                notification::outbox_event_id.eq(job.outbox_event_id),
-                notification::tenant_id.eq(&job.tenant_id),
-                notification::user_id.eq(text_field(fields.as_ref(), &["userId", "user_id"])),
-                notification::kind.eq(&job.event_type),
-                notification::title.eq(title),
-                notification::body.eq(text_field(fields.as_ref(), &["body", "message"])),
-                notification::data.eq(&job.payload),
-            ))
-            .on_conflict(notification::outbox_event_id)
-            .do_nothing()
-            .execute(&mut conn)
-            .await
-            .map_err(db_error)?;
+        let row = NotificationRow {
+            user_id: text_field(fields.as_ref(), &["userId", "user_id"]),
+            body: text_field(fields.as_ref(), &["body", "message"]),
+            title,
+            job,
+        };
+        if self.writer.write(row).await? == Written::AlreadyRecorded {
+            tracing::info!("notification already written; nothing to do");
+        }
         Ok(())
     }
 }

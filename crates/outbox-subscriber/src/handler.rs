@@ -55,6 +55,14 @@ pub trait JobHandler: Send + Sync + 'static {
     /// The queue this handler consumes.
     fn queue(&self) -> &str;
 
+    /// How many jobs of this queue run at once, given the configured
+    /// figure (`WORKER_CONCURRENCY`, [`crate::WorkerSettings::concurrency`]).
+    /// By default the configured figure; a handler whose jobs gain from
+    /// running together (a group commit) may ask for more.
+    fn concurrency(&self, configured: usize) -> usize {
+        configured
+    }
+
     /// Processes one job.
     fn handle(
         &self,
@@ -72,6 +80,9 @@ pub trait DynHandler: Send + Sync + 'static {
     /// The queue this handler consumes.
     fn queue(&self) -> &str;
 
+    /// See [`JobHandler::concurrency`].
+    fn concurrency(&self, configured: usize) -> usize;
+
     /// Parses the body and runs the handler.
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>>;
 }
@@ -79,6 +90,10 @@ pub trait DynHandler: Send + Sync + 'static {
 impl<H: JobHandler> DynHandler for H {
     fn queue(&self) -> &str {
         JobHandler::queue(self)
+    }
+
+    fn concurrency(&self, configured: usize) -> usize {
+        JobHandler::concurrency(self, configured)
     }
 
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>> {

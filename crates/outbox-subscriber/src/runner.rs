@@ -19,7 +19,8 @@ use crate::{DynHandler, JobBody, JobError, JobMeta};
 /// How each queue's worker runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerSettings {
-    /// Jobs of one queue processed at once.
+    /// Jobs of one queue processed at once (a handler may ask for more, see
+    /// [`crate::JobHandler::concurrency`]).
     pub concurrency: usize,
     /// In-process retries of a failed job (quick blips) before it is put
     /// back on the queue for later.
@@ -480,10 +481,11 @@ async fn run_queue(
         StreamStrategy::new(wakeups),
     );
     let name = worker_name(&queue);
-    tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, "consuming queue");
+    let concurrency = handler.concurrency(settings.concurrency).max(1);
+    tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, concurrency, "consuming queue");
     let worker = WorkerBuilder::new(name)
         .backend(backend)
-        .concurrency(settings.concurrency.max(1))
+        .concurrency(concurrency)
         .data(SharedHandler {
             handler,
             conn: conn_for_jobs,

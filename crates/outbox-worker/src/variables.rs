@@ -273,7 +273,7 @@ pub const WORKER_CONCURRENCY: Whole = Whole {
     default: WorkerSettings::DEFAULT_CONCURRENCY as u64,
     min: 1,
     max: 1000,
-    meaning: "jobs per queue in parallel",
+    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100)",
 };
 /// `WORKER_RETRIES`.
 pub const WORKER_RETRIES: Whole = Whole {
