@@ -191,3 +191,33 @@ async fn a_bad_routes_file_stops_start_up_naming_the_variable() {
         assert!(output.contains(why), "{output}");
     }
 }
+
+/// `worker-general --help` and `worker-mail --help` name exactly the queues
+/// their group consumes (the help text is written by hand).
+#[tokio::test]
+async fn each_binarys_help_names_the_queues_its_group_consumes() {
+    let (db, redis) = (TestDatabase::new().await, TestRedis::new().await);
+    let general = group_queues(Group::General, &db, &redis).await;
+    let mail = group_queues(Group::Mail, &db, &redis).await;
+    for (group, own, other) in [
+        (Group::General, &general, &mail),
+        (Group::Mail, &mail, &general),
+    ] {
+        let about = outbox_worker::variables::command(group)
+            .get_about()
+            .unwrap()
+            .to_string();
+        for queue in own {
+            assert!(
+                about.contains(queue.as_str()),
+                "{queue} missing from: {about}"
+            );
+        }
+        for queue in other {
+            assert!(
+                !about.contains(&format!("{queue},")) && !about.contains(&format!("{queue}.")),
+                "{queue} of the other group named in: {about}"
+            );
+        }
+    }
+}
