@@ -33,6 +33,7 @@ fn job(event_type: &str, payload: &str) -> OutboxJob {
         dispatch_key: None,
         created_at: Utc::now(),
         generation: 0,
+        trace_context: None,
     }
 }
 
