@@ -110,13 +110,9 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
 // a fraction of a second and fails this.
 #[test]
 fn the_handoff_latency_counts_seconds_from_when_the_row_became_due() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let recorder = DebuggingRecorder::new();
-    let h = runtime.block_on(Harness::new());
-    runtime.block_on(async {
+    recording(&recorder, async || {
+        let h = Harness::new().await;
         let mut conn = h.conn().await;
         exec(
             &mut conn,
@@ -124,12 +120,8 @@ fn the_handoff_latency_counts_seconds_from_when_the_row_became_due() {
              VALUES ('t', 'audit.user.login', '{}', now() - interval '1 day', now() - interval '90 seconds')",
         )
         .await;
+        h.dispatcher(quick_config()).tick().await.unwrap();
     });
-    let dispatcher = {
-        let _runtime = runtime.enter();
-        h.dispatcher(quick_config())
-    };
-    metrics::with_local_recorder(&recorder, || runtime.block_on(dispatcher.tick())).unwrap();
 
     let samples: Vec<f64> = recorder
         .snapshotter()
