@@ -167,6 +167,48 @@ pub fn ensure(servers: &[Server], install: Install) -> Result<()> {
     Ok(())
 }
 
+/// Prometheus' `promtool`, which the alert-rule tests of `deploy/` run
+/// (they skip, saying so, without it). Installed like the servers when
+/// `install` allows and the machine can (Debian's `prometheus` package,
+/// without recommends; its service is not started); a failed install only
+/// warns, since the tests can do without it.
+pub fn offer_promtool(install: Install) {
+    if probe("promtool", &["--version"]) {
+        return;
+    }
+    let command = "apt-get install -y --no-install-recommends prometheus";
+    if install == Install::Refused || !is_root() || !probe("apt-get", &["--version"]) {
+        eprintln!(
+            "xtask: promtool is not installed: the alert-rule tests of deploy/ will skip \
+             (install it with `sudo {command}` on Debian/Ubuntu)"
+        );
+        return;
+    }
+    let result = crate::cmd::run(
+        "apt-get update -qq (the package lists, to install promtool)",
+        Command::new("apt-get").args(["update", "-qq"]),
+    )
+    .and_then(|()| {
+        crate::cmd::run(
+            &format!(
+                "DEBIAN_FRONTEND=noninteractive {command} (promtool, for the alert-rule tests)"
+            ),
+            Command::new("apt-get")
+                .env("DEBIAN_FRONTEND", "noninteractive")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    "prometheus",
+                ]),
+        )
+    });
+    if let Err(e) = result {
+        eprintln!("xtask: could not install promtool ({e:#}); the alert-rule tests will skip");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -48,6 +48,7 @@ pub async fn run(args: TestArgs) -> Result<()> {
         ],
         install,
     )?;
+    crate::install::offer_promtool(install);
     let found = services::ensure_with(install).await?;
     eprintln!(
         "xtask: DATABASE_URL={} REDIS_URL={}",
