@@ -54,8 +54,15 @@ pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: Cancellat
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = next_delay(delay);
     }
+}
+
+/// The wait before the next attempt to LISTEN after one that failed (or a
+/// connection that was lost) after waiting `delay`: twice as long, at most
+/// five seconds.
+fn next_delay(delay: Duration) -> Duration {
+    (delay * 2).min(Duration::from_secs(5))
 }
 
 async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
@@ -68,4 +75,25 @@ async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
     .await
     .map_err(|e| e.to_string())?;
     Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::next_delay;
+
+    #[test]
+    fn reconnect_attempts_back_off_doubling_up_to_five_seconds() {
+        let ms = Duration::from_millis;
+        for (before, after) in [
+            (ms(100), ms(200)),
+            (ms(200), ms(400)),
+            (ms(1600), ms(3200)),
+            (ms(3200), ms(5000)),
+            (ms(5000), ms(5000)),
+        ] {
+            assert_eq!(next_delay(before), after, "after {before:?}");
+        }
+    }
 }
