@@ -815,9 +815,16 @@ async fn a_finished_plugin_hook_runs_again_for_a_lost_invocation_of_a_subscripti
     let rig = Rig::shared().await;
     let known = Uuid::new_v4();
     let later = Uuid::new_v4();
+    // Besides the one it knew: another tenant's subscription to the same
+    // hook and this tenant's to another hook, neither part of its fan-out.
+    // Break checked: matching tenant *or* hook expects their invocations too.
     rig.sql(&format!(
         "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret)
-         VALUES ('{known}', '{TENANT}', 'jira', 'workflow.executed', 'http://127.0.0.1:9/p', 'k')"
+         VALUES ('{known}', '{TENANT}', 'jira', 'workflow.executed', 'http://127.0.0.1:9/p', 'k'),
+                ('{}', 'globex', 'jira', 'workflow.executed', 'http://127.0.0.1:9/g', 'k'),
+                ('{}', '{TENANT}', 'jira', 'workflow.failed', 'http://127.0.0.1:9/f', 'k')",
+        Uuid::new_v4(),
+        Uuid::new_v4()
     ))
     .await;
     let ids = rig
