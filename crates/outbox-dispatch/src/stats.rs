@@ -142,3 +142,31 @@ pub async fn outbox_stats(
     stats.pending_alert = stats.pending.alert();
     Ok(stats)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{PENDING_ALERT_THRESHOLD, PendingFigures};
+
+    #[test]
+    fn the_pending_alert_fires_only_past_1000_overdue_rows() {
+        let overdue = |overdue| PendingFigures {
+            due: overdue + 5_000,
+            overdue,
+            ..PendingFigures::default()
+        };
+        assert!(!PendingFigures::default().alert());
+        assert!(
+            !overdue(PENDING_ALERT_THRESHOLD).alert(),
+            "1000 is not more than 1000"
+        );
+        assert!(overdue(PENDING_ALERT_THRESHOLD + 1).alert());
+        assert!(
+            !PendingFigures {
+                due: 50_000,
+                ..PendingFigures::default()
+            }
+            .alert(),
+            "due but not overdue"
+        );
+    }
+}
