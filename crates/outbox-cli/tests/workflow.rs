@@ -143,6 +143,25 @@ async fn executions_are_listed_newest_first_and_filtered_by_status_tenant_and_wo
     // The columns line up whatever the status and trigger.
     let table = env.outbox(&["workflow", "executions"]);
     let header = table.line("ID");
+    // Times are shown in UTC with their zone, to the second.
+    // Break checked: rendering the time column as any other string fails this.
+    let queued = all
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["id"] == s.queued.to_string())
+        .unwrap()["created_at"]
+        .as_str()
+        .unwrap()
+        .parse::<chrono::DateTime<chrono::Utc>>()
+        .unwrap();
+    let shown = queued.format("%Y-%m-%d %H:%M:%SZ").to_string();
+    assert!(
+        table.line(&s.queued.to_string()).contains(&shown),
+        "created {shown} not in:\n{}",
+        table.stdout
+    );
     for (execution, tenant) in [(s.queued, "globex"), (s.failed, "acme")] {
         let line = table.line(&execution.to_string());
         assert_eq!(line.find(tenant), header.find("TENANT"), "{}", table.stdout);
