@@ -292,6 +292,56 @@ async fn pending_processing_and_done_rows_are_refused_with_the_reason() {
 }
 
 #[tokio::test]
+async fn a_bulk_dry_run_lists_the_refused_rows_beside_those_it_would_requeue() {
+    let env = Env::new().await;
+    let failed = env
+        .insert("acme", "mail.user.welcome", "FAILED", Some("smtp down"))
+        .await;
+    let done = env.insert("acme", "mail.user.welcome", "DONE", None).await;
+    let before = env.rows().await;
+
+    let run = env.outbox(&[
+        "requeue",
+        "--status",
+        "failed",
+        "--status",
+        "done",
+        "--dry-run",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let plan = run.json();
+    let ids = |key: &str| -> Vec<String> {
+        plan[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids("would_requeue"), vec![failed.to_string()]);
+    assert_eq!(ids("refused"), vec![done.to_string()]);
+    assert_eq!(plan["refused_count"], 1);
+    let reason = plan["refused"][0]["refused"].as_str().unwrap_or_default();
+    assert!(reason.contains("--replay"), "{plan}");
+
+    let table = env.outbox(&[
+        "requeue",
+        "--status",
+        "failed",
+        "--status",
+        "done",
+        "--dry-run",
+    ]);
+    assert!(
+        table.stdout.contains(&format!("refused {done}")),
+        "{}",
+        table.stdout
+    );
+    assert_eq!(env.rows().await, before, "a dry run changes nothing");
+}
+
+#[tokio::test]
 async fn replaying_a_done_row_starts_a_new_generation_with_its_own_job() {
     let env = Env::new().await;
     let id = env
