@@ -100,23 +100,27 @@ pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
     };
     let redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let report = Reconciler::new(redis, namespace)
-        .reconcile(
-            &mut conn,
-            &ReconcileOptions {
-                since,
-                queues,
-                dry_run: args.dry_run,
-            },
-        )
-        .await
-        .with_context(|| {
-            format!(
-                "reconciliation against Redis at {} failed (jobs already pushed again stay pushed; \
+    let report = Reconciler::new(
+        redis,
+        namespace,
+        outbox_catalog::Catalog::built_in().receivers(),
+    )
+    .reconcile(
+        &mut conn,
+        &ReconcileOptions {
+            since,
+            queues,
+            dry_run: args.dry_run,
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "reconciliation against Redis at {} failed (jobs already pushed again stay pushed; \
                  running it again is safe)",
-                redact_url(cli.redis_url.as_deref().unwrap_or_default())
-            )
-        })?;
+            redact_url(cli.redis_url.as_deref().unwrap_or_default())
+        )
+    })?;
     let missing = report.missing_total();
     if cli.json {
         let per_queue: Vec<_> = report

@@ -34,7 +34,10 @@ fn dispatcher(env: &Env) -> Dispatcher {
         },
     )
     .unwrap()
-    .with_redis_guard(RedisGuardSettings::default())
+    .with_redis_guard(
+        RedisGuardSettings::default(),
+        outbox_catalog::Catalog::built_in().receivers(),
+    )
 }
 
 /// Publishes `events` and hands them off; returns their ids in order.

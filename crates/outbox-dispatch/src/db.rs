@@ -639,9 +639,9 @@ pub async fn done_rows_after(
     .await
 }
 
-/// Of `event_ids`, those that have a row in `table` (`audit_log` or
-/// `notification`, both unique by `outbox_event_id`): events whose handler
-/// already wrote what it writes.
+/// Of `event_ids`, those that have a row in `table` (one row per event,
+/// keyed by the event id): events whose handler already wrote what it
+/// writes.
 pub async fn events_with_rows(
     conn: &mut AsyncPgConnection,
     table: RowTable,
@@ -650,14 +650,13 @@ pub async fn events_with_rows(
     if event_ids.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = match table {
-        RowTable::AuditLog => {
-            "SELECT outbox_event_id AS id FROM audit_log WHERE outbox_event_id = ANY($1)"
-        }
-        RowTable::Notification => {
-            "SELECT outbox_event_id AS id FROM notification WHERE outbox_event_id = ANY($1)"
-        }
-    };
+    // Both names passed `RowTable::parse` (lower-case letters, digits and
+    // underscores only) and are quoted besides.
+    let sql = format!(
+        "SELECT \"{column}\" AS id FROM \"{table}\" WHERE \"{column}\" = ANY($1)",
+        column = table.column(),
+        table = table.table(),
+    );
     diesel::sql_query(sql)
         .bind::<Array<SqlUuid>, _>(event_ids)
         .load::<IdRow>(conn)
@@ -665,13 +664,57 @@ pub async fn events_with_rows(
         .map(|rows| rows.into_iter().map(|row| row.id).collect())
 }
 
-/// A table whose row is the whole effect of a handler, one per event.
+/// A table whose row is the whole effect of a handler, one per event,
+/// found by the event id in one of its columns (`audit_log.outbox_event_id`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RowTable {
-    /// `audit_log` (the `outbox.audit` handler).
-    AuditLog,
-    /// `notification` (the `outbox.notification` handler).
-    Notification,
+pub struct RowTable {
+    table: &'static str,
+    column: &'static str,
+}
+
+impl RowTable {
+    /// The column that holds the event id in a table whose rows are one
+    /// per event.
+    pub const EVENT_ID_COLUMN: &'static str = "outbox_event_id";
+
+    /// Reads `table.outbox_event_id` (as a subscriber description records
+    /// it): a table whose rows are one per event, keyed by the event id.
+    /// `None` for any other column, or for names that are not plain
+    /// lower-case SQL identifiers.
+    ///
+    /// ```
+    /// use outbox_dispatch::db::RowTable;
+    /// let audit = RowTable::parse("audit_log.outbox_event_id").unwrap();
+    /// assert_eq!((audit.table(), audit.column()), ("audit_log", "outbox_event_id"));
+    /// assert_eq!(RowTable::parse("workflow_execution.trigger_event_id"), None);
+    /// assert_eq!(RowTable::parse("idempotency store"), None);
+    /// assert_eq!(RowTable::parse("a\"; DROP TABLE x; --.outbox_event_id"), None);
+    /// ```
+    #[must_use]
+    pub fn parse(recorded_in: &'static str) -> Option<Self> {
+        let (table, column) = recorded_in.rsplit_once('.')?;
+        let plain = |name: &str| {
+            name.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        };
+        (column == Self::EVENT_ID_COLUMN && plain(table)).then_some(Self { table, column })
+    }
+
+    /// The table (`audit_log`).
+    #[must_use]
+    pub fn table(&self) -> &'static str {
+        self.table
+    }
+
+    /// The column holding the event id (`outbox_event_id`).
+    #[must_use]
+    pub fn column(&self) -> &'static str {
+        self.column
+    }
 }
 
 /// An enabled plugin hook subscription.

@@ -16,7 +16,7 @@ use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
 use crate::db::{self, Failure, Lease, Retry};
-use crate::{DispatchError, DispatcherConfig, RedisGuard, RedisGuardSettings, Router};
+use crate::{DispatchError, DispatcherConfig, Receivers, RedisGuard, RedisGuardSettings, Router};
 
 /// Most jobs sent to Redis in one push call.
 const MAX_JOBS_PER_PUSH: usize = 500;
@@ -124,9 +124,10 @@ impl Dispatcher {
     /// Redis, checks it at start, every `settings.check_every` and after
     /// every failed hand-off, and when Redis lost data pushes the lost jobs
     /// again (see `docs/reliability.md`). The workers switch it on; without
-    /// it a Redis that forgets jobs goes unnoticed.
+    /// it a Redis that forgets jobs goes unnoticed. `receivers` says what
+    /// each queue's handler leaves behind (`outbox_catalog::Catalog::receivers`).
     #[must_use]
-    pub fn with_redis_guard(mut self, settings: RedisGuardSettings) -> Self {
+    pub fn with_redis_guard(mut self, settings: RedisGuardSettings, receivers: Receivers) -> Self {
         let queues = self
             .router
             .queues()
@@ -138,6 +139,7 @@ impl Dispatcher {
             self.redis.clone(),
             self.namespace.clone(),
             queues,
+            receivers,
             settings,
         )));
         self

@@ -68,7 +68,7 @@ pub use error::DispatchError;
 pub use listener::LISTENER_APPLICATION_NAME;
 pub use reconcile::{
     BatchOutcome, DEFAULT_RECONCILE_BATCH, DerivedJob, MissingJob, QueueCounts, RETENTION_MARGIN,
-    Receiver, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
+    Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
 };
 pub use redis_guard::{
     Assessment, CheckReport, GuardStatus, LossReason, RedisGuard, RedisGuardSettings,

@@ -9,7 +9,10 @@
 //! which the queue deduplicates, so running it twice, or while the
 //! dispatcher works, changes nothing more.
 //!
-//! What counts as the receiver's record depends on the queue ([`Receiver`]):
+//! What counts as the receiver's record depends on the queue ([`Receiver`]),
+//! as the subscriber crates describe their handlers (the `outbox-catalog`
+//! crate turns the descriptions into [`Receivers`]); for the built-in
+//! subscribers:
 //!
 //! | queue | the receiver's record | jobs it derives |
 //! |---|---|---|
@@ -18,6 +21,13 @@
 //! | `outbox.audit` | its `audit_log` row | none |
 //! | `outbox.notification` | its `notification` row | none |
 //! | every other queue | none: a missing job is pushed again | none |
+//!
+//! A handler that writes one row per event in a table with a unique
+//! `outbox_event_id` column is read the same way as the audit handler, from
+//! its description alone. A handler that derives jobs on a downstream queue
+//! other than the two above is reconciled as a plain queue: its lost job is
+//! pushed again, but a derived job lost after its parent finished is not
+//! noticed.
 //!
 //! Derived jobs are not pushed by reconciliation: it cannot build them (the
 //! mail is rendered by the mail handler, the subscriptions are read at
@@ -107,16 +117,72 @@ pub enum Receiver {
 }
 
 impl Receiver {
-    /// The receiver of `queue`.
+    /// The receiver of a queue whose handler derives jobs on the
+    /// downstream queue `downstream`, when reconciliation knows how to
+    /// find those jobs (`toolctrl.email`, `toolctrl.plugin-invoke`).
+    ///
+    /// ```
+    /// use outbox_dispatch::Receiver;
+    /// assert_eq!(Receiver::deriving("toolctrl.email"), Some(Receiver::Email));
+    /// assert_eq!(Receiver::deriving("app.search-refresh"), None);
+    /// ```
     #[must_use]
-    pub fn of(queue: &str) -> Self {
-        match queue {
-            queues::MAIL | queues::MARKETING => Self::Email,
-            queues::PLUGIN_HOOK => Self::PluginHook,
-            queues::AUDIT => Self::Row(RowTable::AuditLog),
-            queues::NOTIFICATION => Self::Row(RowTable::Notification),
-            _ => Self::Plain,
+    pub fn deriving(downstream: &str) -> Option<Self> {
+        match downstream {
+            queues::TOOLCTRL_EMAIL => Some(Self::Email),
+            queues::TOOLCTRL_PLUGIN_INVOKE => Some(Self::PluginHook),
+            _ => None,
         }
+    }
+
+    /// The receiver of a queue whose handler records its work where
+    /// `recorded_in` says (a subscriber description's words): a row per
+    /// event for `<table>.outbox_event_id`, nothing readable otherwise.
+    ///
+    /// ```
+    /// use outbox_dispatch::Receiver;
+    /// assert!(matches!(Receiver::recorded_in("audit_log.outbox_event_id"), Receiver::Row(_)));
+    /// assert_eq!(Receiver::recorded_in("idempotency store"), Receiver::Plain);
+    /// ```
+    #[must_use]
+    pub fn recorded_in(recorded_in: &'static str) -> Self {
+        RowTable::parse(recorded_in).map_or(Self::Plain, Self::Row)
+    }
+}
+
+/// Each queue's [`Receiver`], as the subscriber descriptions say (the
+/// `outbox-catalog` crate builds it from them); a queue not listed is
+/// [`Receiver::Plain`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Receivers {
+    by_queue: HashMap<String, Receiver>,
+}
+
+impl Receivers {
+    /// No queue listed: every queue is [`Receiver::Plain`].
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These receivers, with `queue`'s set to `receiver`.
+    #[must_use]
+    pub fn with(mut self, queue: impl Into<String>, receiver: Receiver) -> Self {
+        self.by_queue.insert(queue.into(), receiver);
+        self
+    }
+
+    /// The receiver of `queue`.
+    ///
+    /// ```
+    /// use outbox_dispatch::{Receiver, Receivers};
+    /// let receivers = Receivers::new().with("outbox.mail", Receiver::Email);
+    /// assert_eq!(receivers.of("outbox.mail"), Receiver::Email);
+    /// assert_eq!(receivers.of("outbox.webhook"), Receiver::Plain);
+    /// ```
+    #[must_use]
+    pub fn of(&self, queue: &str) -> Receiver {
+        self.by_queue.get(queue).copied().unwrap_or(Receiver::Plain)
     }
 }
 
@@ -256,6 +322,7 @@ pub struct Reconciler {
     redis: ConnectionManager,
     namespace: QueueNamespace,
     records: RedisIdempotencyStore,
+    receivers: Receivers,
     batch_size: usize,
 }
 
@@ -263,6 +330,7 @@ impl std::fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconciler")
             .field("namespace", &self.namespace)
+            .field("receivers", &self.receivers)
             .field("batch_size", &self.batch_size)
             .finish_non_exhaustive()
     }
@@ -287,15 +355,17 @@ pub(crate) fn cursor_from(since: DateTime<Utc>) -> (DateTime<Utc>, Uuid) {
 
 impl Reconciler {
     /// A reconciler of the queues of `namespace` on `redis`, reading the
-    /// receivers' records under [`idempotency_prefix`].
+    /// receivers' records under [`idempotency_prefix`], and telling what
+    /// each queue's handler leaves behind from `receivers`.
     #[must_use]
-    pub fn new(redis: ConnectionManager, namespace: QueueNamespace) -> Self {
+    pub fn new(redis: ConnectionManager, namespace: QueueNamespace, receivers: Receivers) -> Self {
         let records =
             RedisIdempotencyStore::new(redis.clone()).with_prefix(idempotency_prefix(&namespace));
         Self {
             redis,
             namespace,
             records,
+            receivers,
             batch_size: DEFAULT_RECONCILE_BATCH,
         }
     }
@@ -333,7 +403,7 @@ impl Reconciler {
         let mut redis = self.redis.clone();
         let task_ids: Vec<String> = rows.iter().map(task_id_of).collect();
         let states = job_states(&mut redis, &self.namespace, queue, &task_ids).await?;
-        let receiver = Receiver::of(queue);
+        let receiver = self.receivers.of(queue);
         let expected = self.expected_derived(conn, receiver, rows, &states).await?;
 
         // The derived jobs' states and records, per derived queue.

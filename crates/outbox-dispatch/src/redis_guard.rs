@@ -59,7 +59,7 @@ use uuid::Uuid;
 
 use crate::db::{self, EpochRow, SafePointRow};
 use crate::reconcile::cursor_from;
-use crate::{DispatchError, Reconciler, retention_floor};
+use crate::{DispatchError, Receivers, Reconciler, retention_floor};
 
 /// How close to now a safe point may come unless
 /// [`RedisGuardSettings::safe_point_lag`] says otherwise.
@@ -333,17 +333,19 @@ fn millis(duration: Duration) -> i64 {
 }
 
 impl RedisGuard {
-    /// A guard of the queues `queues` (the router's targets) of `namespace`.
+    /// A guard of the queues `queues` (the router's targets) of `namespace`,
+    /// whose handlers leave behind what `receivers` says.
     #[must_use]
     pub fn new(
         pool: PgPool,
         redis: ConnectionManager,
         namespace: QueueNamespace,
         queues: Vec<String>,
+        receivers: Receivers,
         settings: RedisGuardSettings,
     ) -> Self {
-        let reconciler =
-            Reconciler::new(redis.clone(), namespace.clone()).with_batch_size(settings.batch_size);
+        let reconciler = Reconciler::new(redis.clone(), namespace.clone(), receivers)
+            .with_batch_size(settings.batch_size);
         Self {
             pool,
             redis,

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use diesel::sql_types::{Nullable, Text, Timestamptz};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use outbox_catalog::Catalog;
 use outbox_dispatch::{
     Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
     Reconciler, RedisGuardSettings, Router, Standing,
@@ -65,11 +66,14 @@ fn guarded_dispatcher(
         },
     )
     .unwrap()
-    .with_redis_guard(RedisGuardSettings {
-        // Rows handed off a moment ago may move the safe point at once.
-        safe_point_lag: Duration::ZERO,
-        ..RedisGuardSettings::default()
-    })
+    .with_redis_guard(
+        RedisGuardSettings {
+            // Rows handed off a moment ago may move the safe point at once.
+            safe_point_lag: Duration::ZERO,
+            ..RedisGuardSettings::default()
+        },
+        Catalog::built_in().receivers(),
+    )
 }
 
 impl Rig {
@@ -101,7 +105,11 @@ impl Rig {
     }
 
     fn reconciler(&self) -> Reconciler {
-        Reconciler::new(self.redis(), self.namespace.clone())
+        Reconciler::new(
+            self.redis(),
+            self.namespace.clone(),
+            Catalog::built_in().receivers(),
+        )
     }
 
     /// `outbox reconcile --since 1h` of `queues`, as a library call.
@@ -440,11 +448,14 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
             },
         )
         .unwrap()
-        .with_redis_guard(RedisGuardSettings {
-            check_every: Duration::from_secs(3600),
-            safe_point_lag: Duration::ZERO,
-            ..RedisGuardSettings::default()
-        }),
+        .with_redis_guard(
+            RedisGuardSettings {
+                check_every: Duration::from_secs(3600),
+                safe_point_lag: Duration::ZERO,
+                ..RedisGuardSettings::default()
+            },
+            Catalog::built_in().receivers(),
+        ),
     );
     let mut conn = db.conn().await;
     let ids: Vec<Uuid> = conn

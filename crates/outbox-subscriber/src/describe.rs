@@ -43,7 +43,10 @@ pub struct DedupKey {
     /// The key, as a pattern (`webhook:<delivery id>:<endpoint id>`).
     pub key: &'static str,
     /// Where the key is recorded: `idempotency store` (Redis, see
-    /// `outbox-idempotency`), or the table whose unique column holds it.
+    /// `outbox-idempotency`), or the table whose unique column holds it
+    /// (`table.column`). `<table>.outbox_event_id` says the handler writes
+    /// one row per event there, which reconciliation after a Redis loss
+    /// reads to tell a finished job from a lost one.
     pub recorded_in: &'static str,
 }
 

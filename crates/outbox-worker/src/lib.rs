@@ -394,12 +394,23 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
                     config.router.clone(),
                     config.dispatcher.clone(),
                 )?
-                .with_redis_guard(RedisGuardSettings {
-                    check_every: config.redis_check_interval,
-                    retention: config.queue_done_retention,
-                    ..RedisGuardSettings::default()
-                }),
+                .with_redis_guard(
+                    RedisGuardSettings {
+                        check_every: config.redis_check_interval,
+                        retention: config.queue_done_retention,
+                        ..RedisGuardSettings::default()
+                    },
+                    builder.catalog().receivers(),
+                ),
             );
+            for feed in builder.catalog().unreconciled_feeds() {
+                tracing::warn!(
+                    queue = feed.queue,
+                    derived_from = ?feed.derived_from,
+                    "after a Redis loss, a job of this queue lost after its parent finished is not \
+                     noticed: reconciliation pushes lost parents again but cannot find these jobs"
+                );
+            }
             let token = shutdown.clone();
             background.spawn(async move {
                 if let Err(e) = dispatcher.run(token).await {
