@@ -1,7 +1,8 @@
 //! The `workflow-bridge` process: the signed workflow bridge
 //! ([`outbox_workflow::bridge::router`]) with `/healthz`, `/readyz`
-//! (Postgres) and `/metrics`, pruning of old request ids, and a graceful
-//! stop on SIGTERM.
+//! (Postgres) and `/metrics`, pruning of old request ids, a graceful stop
+//! on SIGTERM, and span export over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! is set (as the workers do; service name `workflow-bridge` by default).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,10 +29,15 @@ const PRUNE_EVERY: Duration = Duration::from_secs(60);
 /// The entry point of `workflow-bridge`.
 #[must_use]
 pub fn bridge_main() -> ExitCode {
-    if let Err(e) = init_tracing(&|name| std::env::var(name).ok(), None) {
-        eprintln!("workflow-bridge: {e}");
-        return ExitCode::from(EXIT_CONFIGURATION);
-    }
+    // Declared before the runtime, so dropped after it: the last spans are
+    // sent once the requests in progress are done, outside the runtime.
+    let _traces = match init_tracing(&|name| std::env::var(name).ok(), "workflow-bridge") {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("workflow-bridge: {e}");
+            return ExitCode::from(EXIT_CONFIGURATION);
+        }
+    };
     let config = match BridgeConfig::from_env() {
         Ok(config) => config,
         Err(e) => {

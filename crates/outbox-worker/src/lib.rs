@@ -105,7 +105,7 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
     };
     // Declared before the runtime, so dropped after it: the last spans are
     // sent once the work is done, outside the runtime.
-    let _traces = match init_tracing(&lookup, Some(binary)) {
+    let _traces = match init_tracing(&lookup, binary) {
         Ok(traces) => traces,
         Err(e) => {
             eprintln!("{binary}: {e}");
@@ -188,8 +188,8 @@ impl LogFormat {
 }
 
 /// Sets up logging as `LOG_FORMAT` (read through `get`) says (`RUST_LOG`
-/// filters), and for a worker (`binary` given) trace export when
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` asks for it (see [`TraceExportConfig`]).
+/// filters), and trace export when `OTEL_EXPORTER_OTLP_ENDPOINT` asks for
+/// it (see [`TraceExportConfig`]; `binary` is the default service name).
 /// The returned guard keeps the export on.
 ///
 /// # Errors
@@ -198,7 +198,7 @@ impl LogFormat {
 /// or a bad `OTEL_EXPORTER_OTLP_ENDPOINT` (logging starts without export).
 pub(crate) fn init_tracing(
     get: &dyn Fn(&str) -> Option<String>,
-    binary: Option<&str>,
+    binary: &str,
 ) -> Result<TraceExport, ConfigError> {
     let filter = || {
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -210,10 +210,7 @@ pub(crate) fn init_tracing(
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     let format = LogFormat::from_lookup(get);
-    let export = binary
-        .map_or(Ok(None), |binary| {
-            TraceExportConfig::from_lookup(get, binary)
-        })
+    let export = TraceExportConfig::from_lookup(get, binary)
         .and_then(|config| config.as_ref().map(start_trace_export).transpose());
     let (export, export_error) = match export {
         Ok(export) => (export.unwrap_or_default(), None),

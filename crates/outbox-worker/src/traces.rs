@@ -1,12 +1,13 @@
 //! Trace export over OTLP, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
 //!
 //! With the variable set, every `tracing` span of the process (the
-//! dispatcher's hand-offs, each job, each HTTP request and SMTP send) also
-//! becomes an OpenTelemetry span, exported in batches over OTLP/HTTP
-//! (protobuf) to `<endpoint>/v1/traces`, and jobs continue the trace their
-//! event was published in (see `outbox_trace`). Without it no layer is
-//! installed, nothing is exported, and trace contexts received are passed
-//! on unchanged.
+//! dispatcher's hand-offs, each job, each HTTP request and SMTP send, and
+//! in `workflow-bridge` each bridge request) also becomes an OpenTelemetry
+//! span, exported in batches over OTLP/HTTP (protobuf) to
+//! `<endpoint>/v1/traces`, and jobs continue the trace their event was
+//! published in (see `outbox_trace`), as do the bridge's requests the trace
+//! of the job that sent them. Without it no layer is installed, nothing is
+//! exported, and trace contexts received are passed on unchanged.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, WithExportConfig};
@@ -26,7 +27,7 @@ pub const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// binary's name).
 pub const SERVICE_NAME_VARIABLE: &str = "OTEL_SERVICE_NAME";
 
-/// The instrumentation scope of the spans the workers export.
+/// The instrumentation scope of the spans the workers and the bridge export.
 const SCOPE: &str = "outbox";
 
 /// Where spans go and under which service name.

@@ -1,7 +1,8 @@
 //! `workflow-bridge` and the executors with the real binaries: a
 //! `worker-general` in `hybrid` mode hands a workflow with a `code` block to
 //! the bridge, whose mail goes out through worker-mail; bad settings stop
-//! both with exit code 2; the bridge stops cleanly on SIGTERM.
+//! both with exit code 2; the bridge stops cleanly on SIGTERM; with an OTLP
+//! endpoint the bridge exports its request spans in the caller's trace.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -13,7 +14,10 @@ use std::time::Duration;
 use common::{BRIDGE, BRIDGE_SECRET, GENERAL, MAIL, Stack};
 use diesel_async::AsyncConnection;
 use outbox_publish::OutboxTx;
+use outbox_test_support::eventually;
+use outbox_trace::TraceContext;
 use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::bridge::{BridgeCallError, BridgeClient, BridgeSecret};
 use outbox_workflow::producers::{self, EventContext, ProducerError};
 use outbox_workflow::store::{self, WorkflowStatus};
 use serde_json::{Value, json};
@@ -197,4 +201,64 @@ async fn the_bridge_answers_health_checks_and_stops_cleanly_on_sigterm() {
     let status = bridge.wait_exit(Duration::from_secs(20)).await;
     assert!(status.success(), "{status}");
     assert!(bridge.output().contains("bridge stopped cleanly"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_otlp_endpoint_the_bridge_exports_its_request_spans_in_the_callers_trace() {
+    let stack = Stack::new().await;
+    let collector = stack.http.url_for("/collector");
+    let bridge = stack
+        .start(
+            BRIDGE,
+            &[
+                ("WORKFLOW_BRIDGE_SECRET", BRIDGE_SECRET),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", collector.as_str()),
+                // The SDK's batch delay (5 s by default), for a quicker test.
+                ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ],
+        )
+        .await;
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let caller = TraceContext::parse(&format!("00-{trace_id}-b7ad6b7169203331-01"), None).unwrap();
+    let client = BridgeClient::new(
+        &format!("http://{}", bridge.addr),
+        BridgeSecret::new(BRIDGE_SECRET).unwrap(),
+    )
+    .unwrap();
+    // This process has no OpenTelemetry layer: the client sends the
+    // context it runs in. The execution does not exist: a 404, in a span.
+    let refused = outbox_trace::within(client.run("acme", uuid::Uuid::new_v4()), Some(&caller))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, BridgeCallError::Refused { status: 404, .. }),
+        "{refused:?}"
+    );
+    let trace_id: Vec<u8> = (0..trace_id.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&trace_id[i..i + 2], 16).unwrap())
+        .collect();
+    // OTLP/HTTP protobuf: a span's trace id is its 16 raw bytes; names are
+    // plain strings.
+    let exported = || {
+        stack
+            .http
+            .requests_to("/collector/v1/traces")
+            .into_iter()
+            .filter(|r| r.body.windows(trace_id.len()).any(|w| w == trace_id))
+            .collect::<Vec<_>>()
+    };
+    eventually(
+        "the bridge's span of the caller's trace at the collector",
+        Duration::from_secs(60),
+        async || !exported().is_empty(),
+    )
+    .await;
+    let body = &exported()[0].body;
+    let contains = |text: &str| body.windows(text.len()).any(|w| w == text.as_bytes());
+    assert!(
+        contains("outbox.bridge.request"),
+        "the bridge's request span"
+    );
+    assert!(contains("workflow-bridge"), "the default service name");
 }

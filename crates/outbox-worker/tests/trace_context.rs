@@ -8,6 +8,10 @@
 //! way; a row without one starts a new trace at the dispatcher. A mail
 //! request's job, the mail job it pushes and the SMTP send are one trace
 //! too, and so are a plugin hook's fan-out, the invocation and its request.
+//! A workflow run in `http` mode goes to a workflow bridge served in this
+//! process: the bridge's request span is a child of the workflow job's
+//! span, and the request of the run's `httpRequest` block carries that
+//! trace to the sink.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,11 +21,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use common::Stack;
+use diesel_async::AsyncConnection;
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
 use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
 use outbox_idempotency::RedisIdempotencyStore;
-use outbox_publish::NewOutboxEvent;
+use outbox_publish::{NewOutboxEvent, OutboxTx};
 use outbox_queue::RedisSettings;
 use outbox_subscriber::{HandlerGroup, WorkerSettings};
 use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings, Templates};
@@ -29,8 +34,15 @@ use outbox_subscriber_webhook::{
     Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
     WebhookHandler,
 };
+use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_test_support::{ReceivedRequest, eventually};
 use outbox_trace::TraceContext;
+use outbox_workflow::WorkflowDefinition;
+use outbox_workflow::bridge::{BridgeClient, BridgeSecret, BridgeState};
+use outbox_workflow::executor::{Executor, ExecutorMode};
+use outbox_workflow::producers::{self, EventContext, ProducerError};
+use outbox_workflow::runner::{AddressPolicy, Runner};
+use outbox_workflow::store::{self, WorkflowStatus};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -171,7 +183,7 @@ impl Pipeline {
         Self::start_with(webhook_group).await
     }
 
-    async fn start_with(group: fn(&Stack, RedisIdempotencyStore) -> HandlerGroup) -> Self {
+    async fn start_with(group: impl FnOnce(&Stack, RedisIdempotencyStore) -> HandlerGroup) -> Self {
         exporter();
         let stack = Stack::new().await;
         stack
@@ -455,4 +467,131 @@ async fn a_plugin_invocation_pushed_by_the_fan_out_continues_the_events_trace() 
         .expect("the invocation's job is the fan-out's child");
     assert_child(http, invoke);
     pipeline.stop().await;
+}
+
+/// The secret the in-process bridge and its client share.
+const BRIDGE_SECRET: &str = "trace-test-bridge-secret-of-at-least-32-bytes";
+
+/// The handler group of the bridge test: the workflow handler in `http`
+/// mode, whose bridge (the router `workflow-bridge` serves, with a runner
+/// that may call the stack's sink) runs in this process on its own pool.
+fn workflow_group(stack: &Stack, _store: RedisIdempotencyStore) -> HandlerGroup {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let bridge_url = format!("http://{}", listener.local_addr().unwrap());
+    let database_url = stack.db.url().to_owned();
+    tokio::spawn(async move {
+        let pool = outbox_model::connect_pool(&database_url, 2).await.unwrap();
+        let runner = Runner::with_address_policy(AddressPolicy::allow_internal(true))
+            .unwrap()
+            .with_bridge_blocks();
+        let secret = BridgeSecret::new(BRIDGE_SECRET).unwrap();
+        let app = outbox_workflow::bridge::router(BridgeState::new(pool, runner, vec![secret]));
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        axum::serve(listener, app).await.unwrap();
+    });
+    let client = BridgeClient::new(&bridge_url, BridgeSecret::new(BRIDGE_SECRET).unwrap()).unwrap();
+    // The worker's own runner never runs: every run goes to the bridge.
+    let runner = Runner::with_address_policy(AddressPolicy::allow_internal(true)).unwrap();
+    let executor = Executor::new(ExecutorMode::Http, runner, Some(client)).unwrap();
+    HandlerGroup::new()
+        .with(WorkflowHandler::new(stack.db.pool().clone(), executor))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workflow_run_on_the_bridge_continues_the_jobs_trace_down_to_its_http_block() {
+    let pipeline = Pipeline::start_with(workflow_group).await;
+    let definition = WorkflowDefinition::from_value(json!({
+        "blocks": [
+            { "id": "created", "type": "eventTrigger",
+              "params": { "entity": "order", "event": "row.created" } },
+            { "id": "crm", "type": "httpRequest", "params": {
+                "method": "POST", "url": pipeline.stack.http.url_for("/crm"),
+                "body": { "var": "input.order" }, "timeoutMs": 5000 } }
+        ],
+        "edges": [{ "from": "created", "to": "crm" }]
+    }))
+    .unwrap();
+    let mut conn = pipeline.stack.db.conn().await;
+    store::save_workflow(&mut conn, "acme", "crm", WorkflowStatus::Live, &definition)
+        .await
+        .unwrap();
+    let request_span = tracing::info_span!("test.request");
+    conn.transaction::<_, ProducerError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        let context = EventContext::Request { actor: None };
+        producers::create_row(&mut tx, "acme", "order", &json!({ "total": 7 }), &context).await
+    })
+    .instrument(request_span.clone())
+    .await
+    .unwrap();
+    drop(conn);
+    let trace_id = TraceContext::of_span(&request_span)
+        .unwrap()
+        .trace_id()
+        .to_owned();
+    drop(request_span);
+
+    let report = pipeline.dispatcher.tick().await.unwrap();
+    assert!(report.dispatched > 0, "{report:?}");
+    let requests = pipeline
+        .stack
+        .http
+        .wait_for_requests("/crm", 1, Duration::from_secs(60))
+        .await;
+    let received = received_context(&requests[0]);
+    assert_eq!(
+        received.trace_id(),
+        trace_id,
+        "the block's request continues the event's trace"
+    );
+
+    eventually(
+        "the job's and the bridge's spans to end",
+        Duration::from_secs(30),
+        async || {
+            let spans = spans_of(&trace_id);
+            let ended = |name: &str| spans.iter().any(|s| s.name == name);
+            ended("outbox.job") && ended("outbox.bridge.request")
+        },
+    )
+    .await;
+    let spans = spans_of(&trace_id);
+    let handoff = spans
+        .iter()
+        .find(|s| s.name == "outbox.dispatch.handoff" && attribute(s, "queue") == "outbox.workflow")
+        .expect("the workflow event's hand-off");
+    let job = named(&spans, "outbox.job");
+    let bridge = named(&spans, "outbox.bridge.request");
+    let http = named(&spans, "outbox.http.request");
+    assert_child(job, handoff);
+    assert_child(bridge, job);
+    assert!(
+        bridge.parent_span_is_remote,
+        "the bridge continues a carried context"
+    );
+    assert_child(http, bridge);
+    assert_eq!(
+        received.span_context().span_id(),
+        http.span_context.span_id(),
+        "the sink's parent is the block's request span"
+    );
+    // The run's terminal hook is published on the bridge, in its span.
+    assert!(
+        spans.iter().any(|s| s.name == "outbox.publish"
+            && s.parent_span_id == bridge.span_context.span_id()
+            && attribute(s, "event_type") == "plugin.hook.workflow.executed"),
+        "the terminal hook is published in the bridge's span"
+    );
+    pipeline.stop().await;
+}
+
+/// The value of `span`'s attribute `key`, as text ("" without one).
+fn attribute(span: &SpanData, key: &str) -> String {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+        .unwrap_or_default()
 }

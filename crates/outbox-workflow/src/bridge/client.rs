@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use outbox_trace::TraceContext;
 use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
@@ -112,6 +113,11 @@ impl BridgeClient {
     /// Sends `body` to `path`, signed with a fresh request id and the
     /// current time; the raw response (a stream run reads it as events).
     ///
+    /// The request carries the W3C `traceparent` (and `tracestate`) of the
+    /// current span (a worker's `outbox.job`), or of the context passed on
+    /// when the process has no OpenTelemetry layer, so that the bridge
+    /// continues the trace (see [`TraceContext::current`]).
+    ///
     /// # Errors
     ///
     /// [`BridgeCallError::Unreachable`] when no response arrives.
@@ -132,12 +138,20 @@ impl BridgeClient {
         let request_id = Uuid::new_v4().to_string();
         let timestamp = chrono::Utc::now().timestamp();
         let signature = self.secret.sign(&request_id, timestamp, &body);
-        self.http
+        let request = self
+            .http
             .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(REQUEST_ID_HEADER, request_id)
             .header(TIMESTAMP_HEADER, timestamp.to_string())
-            .header(SIGNATURE_HEADER, signature)
+            .header(SIGNATURE_HEADER, signature);
+        let request = match TraceContext::current() {
+            Some(trace) => trace.headers().fold(request, |request, (name, value)| {
+                request.header(name, value)
+            }),
+            None => request,
+        };
+        request
             .body(body)
             .send()
             .await

@@ -13,6 +13,10 @@
 //!   execution in one step, without the outbox. Only the bridge calls it.
 //! - [`BridgeClient`]: the workers' side.
 //!
+//! Requests carry the W3C trace context of the worker's job span
+//! (`traceparent`, `tracestate`), and the bridge handles each in a span
+//! that continues it, so a run on the bridge stays in its event's trace.
+//!
 //! The `workflow-bridge` binary serves the router with health, metrics and
 //! graceful shutdown; `docs/workflows.md` ("Executors and the bridge")
 //! describes deployment and key rotation.

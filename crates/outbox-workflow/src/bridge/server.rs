@@ -16,9 +16,11 @@ use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::PgPool;
 use outbox_model::schema::workflow_bridge_request;
+use outbox_trace::{TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceContext};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::signing::{
@@ -66,6 +68,13 @@ impl std::fmt::Debug for BridgeState {
 /// The signed endpoints: [`RUN_PATH`], [`CONTINUE_PATH`] and
 /// [`STREAM_PATH`]. Every request must carry a valid signature made within
 /// [`SIGNATURE_WINDOW`] and a request id never seen before.
+///
+/// Each request is handled in an `outbox.bridge.request` span that
+/// continues the trace of the request's W3C `traceparent` (and
+/// `tracestate`) headers, as the worker's bridge client sends them: a child
+/// of the worker's job span, so that the blocks the bridge runs (their
+/// `outbox.http.request` spans, the `traceparent` of their calls) are in the
+/// event's trace. A request without valid headers starts a new trace.
 pub fn router(state: BridgeState) -> Router {
     Router::new()
         .route(RUN_PATH, post(run))
@@ -190,12 +199,67 @@ fn outcome(endpoint: &'static str, execution_id: Uuid, outcome: &RunOutcome) -> 
     axum::Json(OutcomeBody::from(outcome)).into_response()
 }
 
-async fn run(
-    State(state): State<BridgeState>,
-    headers: HeaderMap,
+/// The trace context of a request's `traceparent` and `tracestate`
+/// headers; `None` without a valid `traceparent`.
+fn carried_trace(headers: &HeaderMap) -> Option<TraceContext> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    TraceContext::parse(header(TRACEPARENT_HEADER)?, header(TRACESTATE_HEADER))
+}
+
+/// Handles a request of `endpoint` in its `outbox.bridge.request` span, a
+/// child of the context the request carries (see [`router`]). Where the
+/// span has no OpenTelemetry identity (no layer), the carried context is
+/// passed on as it is, to the calls the blocks make.
+async fn traced(
+    endpoint: &'static str,
+    headers: &HeaderMap,
+    handle: impl Future<Output = Result<Response, Refusal>>,
+) -> Response {
+    let span = tracing::info_span!(
+        "outbox.bridge.request",
+        otel.kind = "server",
+        endpoint,
+        tenant_id = tracing::field::Empty,
+        execution_id = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    );
+    let trace = outbox_trace::continue_trace(&span, carried_trace(headers).as_ref());
+    if let Some(trace) = &trace {
+        span.record("trace_id", trace.trace_id());
+    }
+    // The refusal is logged (and becomes a response) inside the span.
+    let response = outbox_trace::within(
+        async { handle.await.unwrap_or_else(IntoResponse::into_response) }.instrument(span.clone()),
+        trace.as_ref(),
+    )
+    .await;
+    span.record("http.response.status_code", response.status().as_u16());
+    if response.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
+    response
+}
+
+/// Names the request's tenant and execution in the current span.
+fn record_execution(tenant_id: &str, execution_id: Uuid) {
+    let span = tracing::Span::current();
+    span.record("tenant_id", tenant_id);
+    span.record("execution_id", tracing::field::display(execution_id));
+}
+
+async fn run(State(state): State<BridgeState>, headers: HeaderMap, body: Bytes) -> Response {
+    traced("run", &headers, run_signed(state, &headers, body)).await
+}
+
+async fn run_signed(
+    state: BridgeState,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, Refusal> {
-    let request: RunRequest = accept(&state, &headers, &body).await?;
+    let request: RunRequest = accept(&state, headers, &body).await?;
+    record_execution(&request.tenant_id, request.execution_id);
     let mut conn = state.pool.get().await.map_err(unavailable)?;
     owned(&mut conn, &request.tenant_id, request.execution_id).await?;
     let result = state.runner.run(&mut conn, request.execution_id).await?;
@@ -206,8 +270,17 @@ async fn continue_run(
     State(state): State<BridgeState>,
     headers: HeaderMap,
     body: Bytes,
+) -> Response {
+    traced("continue", &headers, continue_signed(state, &headers, body)).await
+}
+
+async fn continue_signed(
+    state: BridgeState,
+    headers: &HeaderMap,
+    body: Bytes,
 ) -> Result<Response, Refusal> {
-    let request: ContinueRequest = accept(&state, &headers, &body).await?;
+    let request: ContinueRequest = accept(&state, headers, &body).await?;
+    record_execution(&request.tenant_id, request.execution_id);
     let mut conn = state.pool.get().await.map_err(unavailable)?;
     owned(&mut conn, &request.tenant_id, request.execution_id).await?;
     let result = state
@@ -375,12 +448,17 @@ pub async fn execute_trigger(
     Ok(outcome)
 }
 
-async fn stream(
-    State(state): State<BridgeState>,
-    headers: HeaderMap,
+async fn stream(State(state): State<BridgeState>, headers: HeaderMap, body: Bytes) -> Response {
+    traced("stream", &headers, stream_signed(state, &headers, body)).await
+}
+
+async fn stream_signed(
+    state: BridgeState,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, Refusal> {
-    let request: StreamRequest = accept(&state, &headers, &body).await?;
+    let request: StreamRequest = accept(&state, headers, &body).await?;
+    tracing::Span::current().record("tenant_id", request.tenant_id.as_str());
     // The workflow must exist for the tenant before the stream starts, so
     // that a wrong id is a 404 rather than an empty stream.
     {
@@ -401,11 +479,17 @@ async fn stream(
     }
     metrics::counter!("workflow_bridge_requests_total", "endpoint" => "stream").increment(1);
     let (events, mut received) = unbounded_channel::<StreamEvent>();
-    tokio::spawn(async move {
+    // The run outlives the response: it stays in the request's span (which
+    // ends with it) and its trace.
+    let run = async move {
         if let Err(error) = execute_trigger(&state.pool, &state.runner, &request, events).await {
             tracing::error!(workflow = %request.workflow_id, error = %error, "stream run failed");
         }
-    });
+    };
+    tokio::spawn(outbox_trace::within(
+        run.instrument(tracing::Span::current()),
+        None,
+    ));
     let stream = futures::stream::poll_fn(move |cx| {
         received.poll_recv(cx).map(|event| {
             event.map(|event| {

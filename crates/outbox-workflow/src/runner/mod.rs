@@ -41,6 +41,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_http_guard::{GuardError, GuardedClient};
 use outbox_publish::OutboxTx;
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 use uuid::Uuid;
 
 pub use blocks::EMAIL_EVENT;
@@ -302,7 +303,7 @@ impl Runner {
                 let ctx = json!({ "input": execution.input, "vars": vars, "blocks": outputs });
                 let http = match &block.params {
                     BlockParams::HttpRequest(p) => Some(
-                        self.call(&execution, p, &ctx)
+                        self.call(&execution, &block.id, p, &ctx)
                             .await
                             .map_err(|e| e.to_string()),
                     ),
@@ -367,7 +368,46 @@ impl Runner {
     /// The HTTP call of an `httpRequest` block: its output
     /// `{status, headers, body}`, or why it failed. A run that may not call
     /// out fails before anything is rendered or sent.
+    ///
+    /// The call runs in an `outbox.http.request` span (a child of the
+    /// current span: a worker's `outbox.job`, or the bridge's
+    /// `outbox.bridge.request`) and carries the W3C `traceparent` (and
+    /// `tracestate`) of that span, or of the context passed on when the
+    /// process has no OpenTelemetry layer, unless the block sets those
+    /// headers itself.
     async fn call(
+        &self,
+        execution: &WorkflowExecution,
+        block_id: &str,
+        params: &HttpRequestParams,
+        ctx: &Value,
+    ) -> Result<Value, HttpRequestError> {
+        let span = tracing::info_span!(
+            "outbox.http.request",
+            otel.kind = "client",
+            block_id,
+            http.request.method = tracing::field::Empty,
+            server.origin = tracing::field::Empty,
+            http.response.status_code = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
+        let result = self
+            .send(execution, params, ctx)
+            .instrument(span.clone())
+            .await;
+        // A call without an answer, or answered with a 4xx or 5xx.
+        let failed = match &result {
+            Ok(output) => output["status"].as_u64().is_none_or(|status| status >= 400),
+            Err(_) => true,
+        };
+        if failed {
+            span.record("otel.status_code", "ERROR");
+        }
+        result
+    }
+
+    /// [`Runner::call`] inside its span.
+    async fn send(
         &self,
         execution: &WorkflowExecution,
         params: &HttpRequestParams,
@@ -385,6 +425,10 @@ impl Runner {
             .unwrap_or_default();
         let method = reqwest::Method::from_bytes(method.as_bytes())
             .map_err(|_| HttpRequestError::InvalidMethod { method })?;
+        let span = tracing::Span::current();
+        span.record("http.request.method", method.as_str());
+        // Scheme, host and port only: a URL's path and query may hold secrets.
+        span.record("server.origin", parsed.origin().ascii_serialization());
         let mut request = self
             .http
             .request(method, parsed)?
@@ -416,6 +460,7 @@ impl Runner {
                 None => HttpRequestError::Request(e),
             })?;
         let status = response.status().as_u16();
+        tracing::Span::current().record("http.response.status_code", status);
         let headers: Map<String, Value> = response
             .headers()
             .iter()
