@@ -93,3 +93,43 @@ impl SubscriberDescription {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worker measures and trims what `queues()` lists: every consumed
+    /// queue and every fed one, none twice, none invented.
+    #[test]
+    fn a_description_lists_its_consumed_then_its_fed_queues() {
+        const AUDIT_AND_FANOUT: SubscriberDescription = SubscriberDescription {
+            name: "app-fanout",
+            consumes: &[
+                ConsumedQueue {
+                    queue: "app.orders",
+                    payload: "`order_id`",
+                },
+                ConsumedQueue {
+                    queue: "app.refunds",
+                    payload: "`refund_id`",
+                },
+            ],
+            feeds: &[DownstreamQueue {
+                queue: "app.ledger",
+                derived_from: &["app.orders", "app.refunds"],
+                task_id: "ledger:<delivery id>",
+            }],
+            dedup: &[],
+        };
+        assert_eq!(
+            AUDIT_AND_FANOUT.queues(),
+            ["app.orders", "app.refunds", "app.ledger"]
+        );
+        let empty = SubscriberDescription {
+            consumes: &[],
+            feeds: &[],
+            ..AUDIT_AND_FANOUT
+        };
+        assert!(empty.queues().is_empty());
+    }
+}

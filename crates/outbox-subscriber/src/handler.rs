@@ -156,6 +156,35 @@ mod tests {
         }
     }
 
+    struct Batching;
+
+    impl JobHandler for Batching {
+        type Job = ();
+
+        fn queue(&self) -> &str {
+            "test.batching"
+        }
+
+        fn concurrency(&self, configured: usize) -> usize {
+            configured.max(100)
+        }
+
+        async fn handle(&self, (): (), _meta: &JobMeta) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    /// The worker asks the type-erased handler how many jobs to run at
+    /// once: a group-committing handler's wish must reach it, and a plain
+    /// handler runs the configured figure.
+    #[test]
+    fn a_handler_that_asks_for_more_concurrency_gets_it_through_the_registry() {
+        let handlers: [&dyn DynHandler; 2] = [&Unit, &Batching];
+        let asked: Vec<usize> = handlers.iter().map(|h| h.concurrency(8)).collect();
+        assert_eq!(asked, [8, 100]);
+        assert_eq!(DynHandler::concurrency(&Batching, 250), 250);
+    }
+
     #[test]
     fn corrupt_bodies_are_permanent_failures_named_by_what_they_are() {
         let meta = JobMeta {
