@@ -225,7 +225,7 @@ async fn supervise(
     shutdown: CancellationToken,
 ) {
     let queue = queue.as_str();
-    let mut delay = Duration::from_secs(1);
+    let mut delay = FIRST_RESTART_DELAY;
     loop {
         let started = Instant::now();
         let result = run_queue(
@@ -243,10 +243,7 @@ async fn supervise(
             }
             return;
         }
-        if started.elapsed() > Duration::from_secs(60) {
-            // It ran fine for a while: this is a new incident, start the backoff over.
-            delay = Duration::from_secs(1);
-        }
+        delay = restart_delay(delay, started.elapsed());
         match result {
             Ok(()) => tracing::warn!(
                 queue,
@@ -263,8 +260,32 @@ async fn supervise(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(30));
+        delay = next_restart_delay(delay);
     }
+}
+
+/// The wait before a stopped queue worker's first restart.
+const FIRST_RESTART_DELAY: Duration = Duration::from_secs(1);
+/// The longest wait between restarts.
+const MAX_RESTART_DELAY: Duration = Duration::from_secs(30);
+/// A worker that ran longer than this before stopping stopped in a new
+/// incident: its backoff starts over.
+const RESTART_RESET_AFTER: Duration = Duration::from_secs(60);
+
+/// The wait before restarting a queue worker that stopped after running
+/// for `ran_for`, when `delay` was next: [`FIRST_RESTART_DELAY`] again after
+/// a run of over [`RESTART_RESET_AFTER`], else `delay`.
+fn restart_delay(delay: Duration, ran_for: Duration) -> Duration {
+    if ran_for > RESTART_RESET_AFTER {
+        FIRST_RESTART_DELAY
+    } else {
+        delay
+    }
+}
+
+/// The wait after `delay`: doubled, up to [`MAX_RESTART_DELAY`].
+fn next_restart_delay(delay: Duration) -> Duration {
+    (delay * 2).min(MAX_RESTART_DELAY)
 }
 
 /// A unique worker name: queue, host, pid and a random suffix (apalis
@@ -505,6 +526,24 @@ async fn run_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A queue worker that keeps failing at once is restarted after 1, 2,
+    /// 4, … s, never waiting more than 30 s; one that ran for over a minute
+    /// before it stopped is restarted after 1 s again.
+    #[test]
+    fn a_stopped_queue_worker_restarts_with_backoff_that_starts_over_after_a_long_run() {
+        let secs = Duration::from_secs;
+        let mut delay = FIRST_RESTART_DELAY;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            delay = restart_delay(delay, secs(2));
+            waits.push(delay.as_secs());
+            delay = next_restart_delay(delay);
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert_eq!(restart_delay(secs(30), secs(60)), secs(30));
+        assert_eq!(restart_delay(secs(30), secs(61)), secs(1));
+    }
 
     #[test]
     fn a_failing_job_comes_back_after_the_documented_rounds() {
