@@ -67,7 +67,21 @@ pub struct MutantsArgs {
     /// ratio in a 1/N of the time of a full run.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub sample: Option<u32>,
+    /// The least time a mutant's tests get before they count as timed out.
+    /// cargo-mutants sets the limit from the unmutated run; on a busy
+    /// machine the same tests later run several times slower, and a
+    /// passing suite cut short would be counted as a caught mutant.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_MIN_TEST_TIMEOUT)]
+    pub min_test_timeout: u64,
+    /// Only the mutants whose name (as `cargo mutants --list` shows it)
+    /// matches this regular expression, e.g. to test again the ones an
+    /// earlier run timed out on.
+    #[arg(long, value_name = "REGEX")]
+    pub only: Option<String>,
 }
+
+/// Default of `--min-test-timeout`, in seconds.
+pub const DEFAULT_MIN_TEST_TIMEOUT: u64 = 300;
 
 /// Runs cargo-mutants (when not `--report-only`) and prints the summary;
 /// fails when cargo-mutants is not installed.
@@ -126,6 +140,10 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
         if let Some(n) = args.sample {
             command.args(sample_args(n));
         }
+        if let Some(only) = &args.only {
+            command.args(["--re", only]);
+        }
+        command.args(["--minimum-test-timeout", &args.min_test_timeout.to_string()]);
         eprintln!(
             "==> cargo mutants on {} (budget {} min{})",
             crates.join(", "),
