@@ -43,7 +43,7 @@ use outbox_workflow::executor::Executor;
 use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
-pub use bridge::{bridge_main, run_bridge};
+pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
 pub use builder::{Resources, WorkerBuilder, handler_group};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
