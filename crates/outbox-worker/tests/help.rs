@@ -13,6 +13,7 @@ use outbox_worker::variables::{bridge_variables, variables};
 const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
 const MAIL: &str = env!("CARGO_BIN_EXE_worker-mail");
 const BRIDGE: &str = env!("CARGO_BIN_EXE_workflow-bridge");
+const OPERATIONS: &str = include_str!("../../../docs/operations.md");
 
 /// Runs `binary args` with an empty environment: (exit code, stdout, stderr).
 fn run(binary: &str, args: &[&str]) -> (Option<i32>, String, String) {
@@ -230,4 +231,60 @@ fn a_bad_bridge_variable_or_flag_exits_2_naming_the_variable() {
             "a secret is never echoed"
         );
     }
+}
+
+/// The (variable, read by) rows of the configuration table of
+/// `docs/operations.md`.
+fn documented_variables() -> Vec<(String, String)> {
+    let table = OPERATIONS
+        .split("| variable | read by | default | meaning |")
+        .nth(1)
+        .expect("the configuration table with its read-by column");
+    table
+        .lines()
+        .skip(1)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            (cells[1].trim_matches('`').to_owned(), cells[2].to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn the_docs_say_which_binary_reads_each_variable() {
+    let rows = documented_variables();
+    assert!(rows.len() > 20, "{rows:?}");
+    let bridge: Vec<String> = bridge_variables()
+        .iter()
+        .map(|v| v.name().to_owned())
+        .collect();
+    let workers: Vec<String> = variables(Group::General)
+        .iter()
+        .map(|v| v.name().to_owned())
+        .collect();
+    for (name, read_by) in &rows {
+        let by: Vec<&str> = read_by.split(", ").collect();
+        assert_eq!(
+            by.contains(&"bridge"),
+            bridge.contains(name),
+            "{name}: read by {read_by}"
+        );
+        assert_eq!(
+            by.contains(&"workers"),
+            workers.contains(name),
+            "{name}: read by {read_by}"
+        );
+    }
+    // Every variable of the bridge is in the table, but DATABASE_URL, which
+    // the text before it names.
+    for name in &bridge {
+        assert!(
+            name == "DATABASE_URL" || rows.iter().any(|(row, _)| row == name),
+            "{name} is not in the table"
+        );
+    }
+    let before = OPERATIONS.split("| variable | read by |").next().unwrap();
+    assert!(before.contains("`workflow-bridge` needs Postgres only: it reads `DATABASE_URL`"));
+    assert!(before.contains("`workflow-bridge --help`"));
 }
