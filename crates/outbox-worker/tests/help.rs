@@ -140,6 +140,7 @@ fn the_bridge_s_help_lists_each_of_its_variables_with_its_default_and_starts_not
 fn the_bridge_s_help_never_shows_the_environment_s_values() {
     let output = Command::new(BRIDGE)
         .arg("--help")
+        .env_clear()
         .env("WORKFLOW_BRIDGE_SECRET", "s3cr3t-key-s3cr3t-key-s3cr3t-key")
         .env("DATABASE_URL", "postgres://app:s3cr3t-db@db/app")
         .output()
