@@ -21,27 +21,36 @@ use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
-use crate::{EXIT_CONFIGURATION, init_tracing, shutdown_signal};
+use crate::{EXIT_CONFIGURATION, init_tracing, shutdown_signal, variables};
+
+/// The binary's name: its `--help`, its log and error lines, its metrics'
+/// `binary` label, and the default `OTEL_SERVICE_NAME`.
+pub const BRIDGE_BINARY: &str = "workflow-bridge";
 
 /// How often request ids older than the signature window are deleted.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
-/// The entry point of `workflow-bridge`.
+/// The entry point of `workflow-bridge`: command line (`--help` lists
+/// every variable, see [`variables::bridge_variables`]), configuration,
+/// runtime, exit code.
 #[must_use]
 pub fn bridge_main() -> ExitCode {
+    // Exits 0 after --help or --version, 2 on an unknown flag.
+    let matches = variables::bridge_command().get_matches();
+    let lookup = variables::lookup(&matches);
     // Declared before the runtime, so dropped after it: the last spans are
     // sent once the requests in progress are done, outside the runtime.
-    let _traces = match init_tracing(&|name| std::env::var(name).ok(), "workflow-bridge") {
+    let _traces = match init_tracing(&lookup, BRIDGE_BINARY) {
         Ok(traces) => traces,
         Err(e) => {
-            eprintln!("workflow-bridge: {e}");
+            eprintln!("{BRIDGE_BINARY}: {e}");
             return ExitCode::from(EXIT_CONFIGURATION);
         }
     };
-    let config = match BridgeConfig::from_env() {
+    let config = match BridgeConfig::from_lookup(&lookup) {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("workflow-bridge: {e}");
+            eprintln!("{BRIDGE_BINARY}: {e}");
             tracing::error!(variable = e.variable, "{e}");
             return ExitCode::from(EXIT_CONFIGURATION);
         }
@@ -52,7 +61,7 @@ pub fn bridge_main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("workflow-bridge: cannot start the runtime: {e}");
+            eprintln!("{BRIDGE_BINARY}: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -60,7 +69,7 @@ pub fn bridge_main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %format!("{e:#}"), "bridge failed");
-            eprintln!("workflow-bridge: {e:#}");
+            eprintln!("{BRIDGE_BINARY}: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -114,7 +123,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// When Postgres cannot be reached at start, the address cannot be bound,
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
-    let metrics_handle = crate::install_metrics("workflow-bridge")?;
+    let metrics_handle = crate::install_metrics(BRIDGE_BINARY)?;
     let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {

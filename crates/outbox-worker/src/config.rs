@@ -730,10 +730,10 @@ impl BridgeConfig {
             });
         }
         let addr_text = env
-            .raw("WORKFLOW_BRIDGE_ADDR")
+            .raw(v::WORKFLOW_BRIDGE_ADDR.name)
             .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
         let addr = addr_text.trim().parse().map_err(|_| ConfigError {
-            variable: "WORKFLOW_BRIDGE_ADDR",
+            variable: v::WORKFLOW_BRIDGE_ADDR.name,
             value: addr_text.clone(),
             problem: "is not an address like 127.0.0.1:8787".into(),
         })?;
@@ -745,19 +745,19 @@ impl BridgeConfig {
             })
         };
         let mut secrets = vec![secret(
-            "WORKFLOW_BRIDGE_SECRET",
-            env.required("WORKFLOW_BRIDGE_SECRET")?,
+            v::WORKFLOW_BRIDGE_SECRET_BRIDGE.name,
+            env.required(v::WORKFLOW_BRIDGE_SECRET_BRIDGE.name)?,
         )?];
-        if let Some(previous) = env.raw("WORKFLOW_BRIDGE_PREVIOUS_SECRET") {
-            secrets.push(secret("WORKFLOW_BRIDGE_PREVIOUS_SECRET", previous)?);
+        if let Some(previous) = env.raw(v::WORKFLOW_BRIDGE_PREVIOUS_SECRET.name) {
+            secrets.push(secret(v::WORKFLOW_BRIDGE_PREVIOUS_SECRET.name, previous)?);
         }
         Ok(Self {
             database_url,
             addr,
             secrets,
-            pool_size: env.whole(&v::DATABASE_POOL_SIZE)?,
-            allow_private_addresses: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES)?,
-            shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?,
+            pool_size: env.whole(&v::DATABASE_POOL_SIZE_BRIDGE)?,
+            allow_private_addresses: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE)?,
+            shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS_BRIDGE)?,
         })
     }
 }

@@ -3,8 +3,10 @@
 //! worker processes built on it with nothing added, `worker-general` and
 //! `worker-mail`; and `workflow-bridge` ([`bridge_main`], [`run_bridge`]),
 //! the signed bridge that runs workflow executions for workers in `hybrid`
-//! and `http` mode. Each reads its environment once into a [`WorkerConfig`]
-//! (a bad value stops start-up with a message naming the variable), wires
+//! and `http` mode. Each lists its variables in its `--help` (see
+//! [`variables`]). A worker reads its environment once into a
+//! [`WorkerConfig`], the bridge into a [`BridgeConfig`] (a bad value stops
+//! start-up with a message naming the variable); a worker then wires
 //! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
 //! the daily retention job when it is the general group, serves `/healthz`,
 //! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
@@ -43,7 +45,7 @@ use outbox_workflow::executor::Executor;
 use outbox_workflow::runner::{AddressPolicy, Runner};
 use tokio_util::sync::CancellationToken;
 
-pub use bridge::{bridge_main, run_bridge};
+pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
 pub use builder::{Resources, WorkerBuilder, handler_group};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,

@@ -1,16 +1,18 @@
-//! Every environment variable `worker-general` and `worker-mail` read: its
-//! default (the constant of the library type that uses it), the values it
-//! accepts and what it means. [`WorkerConfig::from_lookup`] reads through
-//! these specifications, and [`command`] turns them into the binaries'
-//! `--help` (with clap's `env` support, so each variable is also a flag of
-//! the same name in lowercase: `OUTBOX_DISPATCH_BATCH_SIZE` is
-//! `--outbox-dispatch-batch-size`).
+//! Every environment variable `worker-general`, `worker-mail` and
+//! `workflow-bridge` read: its default (the constant of the library type
+//! that uses it), the values it accepts and what it means.
+//! [`WorkerConfig::from_lookup`] and [`BridgeConfig::from_lookup`] read
+//! through these specifications, and [`command`] and [`bridge_command`]
+//! turn them into the binaries' `--help` (with clap's `env` support, so
+//! each variable is also a flag of the same name in lowercase:
+//! `OUTBOX_DISPATCH_BATCH_SIZE` is `--outbox-dispatch-batch-size`).
 //!
 //! A new variable is one constant here, one line in [`variables`], and its
 //! read in `config.rs`; a unit test fails when the configuration reads a
 //! variable this table does not list.
 //!
 //! [`WorkerConfig::from_lookup`]: crate::WorkerConfig::from_lookup
+//! [`BridgeConfig::from_lookup`]: crate::BridgeConfig::from_lookup
 
 use std::time::Duration;
 
@@ -436,6 +438,52 @@ pub const OTEL_SERVICE_NAME: Text = Text {
     meaning: "the service name of exported spans",
 };
 
+/// `WORKFLOW_BRIDGE_ADDR` of `workflow-bridge`.
+pub const WORKFLOW_BRIDGE_ADDR: Text = Text {
+    name: "WORKFLOW_BRIDGE_ADDR",
+    default: crate::DEFAULT_BRIDGE_ADDR,
+    form: "host:port",
+    meaning: "where the bridge serves its signed endpoints, /healthz, /readyz and /metrics (loopback only by default)",
+};
+/// `WORKFLOW_BRIDGE_SECRET` of `workflow-bridge`.
+pub const WORKFLOW_BRIDGE_SECRET_BRIDGE: Text = Text {
+    default: "required",
+    meaning: "the key a request's signature must verify with; never printed",
+    ..WORKFLOW_BRIDGE_SECRET
+};
+/// `WORKFLOW_BRIDGE_PREVIOUS_SECRET` of `workflow-bridge`.
+pub const WORKFLOW_BRIDGE_PREVIOUS_SECRET: Text = Text {
+    name: "WORKFLOW_BRIDGE_PREVIOUS_SECRET",
+    default: "unset (only WORKFLOW_BRIDGE_SECRET is accepted)",
+    form: "at least 32 bytes",
+    meaning: "a second key the bridge also accepts, during a key rotation; never printed",
+};
+/// `DATABASE_POOL_SIZE` of `workflow-bridge`.
+pub const DATABASE_POOL_SIZE_BRIDGE: Whole = Whole {
+    meaning: "Postgres connections",
+    ..DATABASE_POOL_SIZE
+};
+/// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES` of `workflow-bridge`.
+pub const WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE: Flag = Flag {
+    meaning: "allow loopback, private and link-local targets of workflow HTTP blocks (tests, demos)",
+    ..WEBHOOK_ALLOW_PRIVATE_ADDRESSES
+};
+/// `WORKER_SHUTDOWN_GRACE_MS` of `workflow-bridge`.
+pub const WORKER_SHUTDOWN_GRACE_MS_BRIDGE: Whole = Whole {
+    meaning: "time requests in progress may take after SIGTERM, in ms",
+    ..WORKER_SHUTDOWN_GRACE_MS
+};
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` of `workflow-bridge`.
+pub const OTEL_EXPORTER_OTLP_ENDPOINT_BRIDGE: Text = Text {
+    meaning: "export the span of each request (protobuf, to <URL>/v1/traces), in its caller's trace",
+    ..OTEL_EXPORTER_OTLP_ENDPOINT
+};
+/// `OTEL_SERVICE_NAME` of `workflow-bridge`.
+pub const OTEL_SERVICE_NAME_BRIDGE: Text = Text {
+    default: crate::BRIDGE_BINARY,
+    ..OTEL_SERVICE_NAME
+};
+
 /// Every variable the binary of `group` reads, in the order `--help`
 /// lists them.
 #[must_use]
@@ -490,11 +538,36 @@ pub fn variables(group: Group) -> Vec<Variable> {
     ]
 }
 
+/// Every variable `workflow-bridge` reads, in the order its `--help`
+/// lists them.
+#[must_use]
+pub fn bridge_variables() -> Vec<Variable> {
+    use Variable::{Flag as F, Text as T, Whole as W};
+    vec![
+        T(DATABASE_URL),
+        T(WORKFLOW_BRIDGE_ADDR),
+        T(WORKFLOW_BRIDGE_SECRET_BRIDGE),
+        T(WORKFLOW_BRIDGE_PREVIOUS_SECRET),
+        W(DATABASE_POOL_SIZE_BRIDGE),
+        F(WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE),
+        W(WORKER_SHUTDOWN_GRACE_MS_BRIDGE),
+        T(LOG_FORMAT),
+        T(OTEL_EXPORTER_OTLP_ENDPOINT_BRIDGE),
+        T(OTEL_SERVICE_NAME_BRIDGE),
+    ]
+}
+
 /// What `--help` says after the variables.
 const AFTER_HELP: &str = "Every setting is an environment variable; the flag of the same name \
     overrides it. Values are checked at start: a bad one stops the process with exit code 2 and \
     a message naming the variable. Exit codes: 0 stopped cleanly (SIGTERM, Ctrl-C); 1 failed; \
     2 bad configuration, or a Redis that may evict keys.";
+
+/// What the bridge's `--help` says after the variables.
+const BRIDGE_AFTER_HELP: &str = "Every setting is an environment variable; the flag of the same \
+    name overrides it. Values are checked at start: a bad one stops the process with exit code 2 \
+    and a message naming the variable. Exit codes: 0 stopped cleanly (SIGTERM, Ctrl-C); 1 failed \
+    (Postgres unreachable at start, the address taken); 2 bad configuration.";
 
 /// The command line of the binary of `group`: `--help` lists every
 /// variable of [`variables`] with its default, accepted values and
@@ -512,12 +585,36 @@ pub fn command(group: Group) -> clap::Command {
             "The transactional outbox's mail worker: the queues outbox.mail, outbox.marketing, outbox.webhook, toolctrl.email.",
         ),
     };
+    described(name, about, AFTER_HELP, variables(group))
+}
+
+/// The command line of `workflow-bridge`, as [`command`] is the workers':
+/// `--help` lists every variable of [`bridge_variables`], `--version`
+/// prints the version.
+#[must_use]
+pub fn bridge_command() -> clap::Command {
+    described(
+        crate::BRIDGE_BINARY,
+        "The transactional outbox's workflow bridge: runs, over signed HTTP, the workflow executions that workers in hybrid or http mode hand it, and stream runs. Needs Postgres only.",
+        BRIDGE_AFTER_HELP,
+        bridge_variables(),
+    )
+}
+
+/// A command named `name` whose flags are `variables`, each also read
+/// from the environment variable of its name (never shown in the help).
+fn described(
+    name: &'static str,
+    about: &'static str,
+    after_help: &'static str,
+    variables: Vec<Variable>,
+) -> clap::Command {
     let mut command = clap::Command::new(name)
         .version(env!("CARGO_PKG_VERSION"))
         .about(about)
-        .after_help(AFTER_HELP)
+        .after_help(after_help)
         .next_line_help(true);
-    for variable in variables(group) {
+    for variable in variables {
         command = command.arg(
             clap::Arg::new(variable.name())
                 .long(variable.flag())
@@ -581,6 +678,42 @@ mod tests {
             unique.dedup();
             assert_eq!(unique.len(), listed.len(), "a variable is listed twice");
         }
+    }
+
+    #[test]
+    fn the_bridge_lists_exactly_the_variables_it_reads() {
+        let asked = RefCell::new(Vec::new());
+        let get = |name: &str| {
+            asked.borrow_mut().push(name.to_owned());
+            match name {
+                "DATABASE_URL" => Some("postgres://x/y".to_owned()),
+                "WORKFLOW_BRIDGE_SECRET" | "WORKFLOW_BRIDGE_PREVIOUS_SECRET" => {
+                    Some("k".repeat(32))
+                }
+                "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4318".to_owned()),
+                _ => None,
+            }
+        };
+        crate::BridgeConfig::from_lookup(&get).unwrap();
+        LogFormat::from_lookup(&get).unwrap();
+        let traces = TraceExportConfig::from_lookup(&get, crate::BRIDGE_BINARY).unwrap();
+        let mut read = asked.into_inner();
+        read.sort_unstable();
+        read.dedup();
+        let mut listed: Vec<String> = bridge_variables()
+            .iter()
+            .map(|v| v.name().to_owned())
+            .collect();
+        let count = listed.len();
+        listed.sort_unstable();
+        listed.dedup();
+        assert_eq!(listed.len(), count, "a variable is listed twice");
+        assert_eq!(read, listed);
+        // The default service name is the one the help states.
+        assert_eq!(
+            traces.unwrap().service_name,
+            OTEL_SERVICE_NAME_BRIDGE.default
+        );
     }
 
     #[test]
