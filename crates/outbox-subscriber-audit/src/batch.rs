@@ -254,6 +254,54 @@ mod tests {
         ))
     }
 
+    fn job(id: uuid::Uuid) -> outbox_queue::OutboxJob {
+        serde_json::from_value(serde_json::json!({
+            "outbox_event_id": id,
+            "tenant_id": "acme",
+            "event_type": "audit.user.login",
+            "payload": {},
+            "dispatch_key": null,
+            "created_at": "2026-11-30T12:00:00Z",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Whether a job logs "already recorded" depends on the statement's
+    /// `RETURNING` list matching the row's own event: a new event's row is
+    /// an insert, a redelivered one (not returned) is not, for both tables.
+    #[test]
+    fn a_row_counts_as_inserted_only_when_the_statement_returned_its_event() {
+        use crate::db::{AuditRow, NotificationRow};
+        let (new, old) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+        let audit = [
+            AuditRow {
+                job: job(new),
+                actor: None,
+            },
+            AuditRow {
+                job: job(old),
+                actor: None,
+            },
+        ];
+        let expected = [Written::Inserted, Written::AlreadyRecorded];
+        let got: Vec<Written> = outcomes(&audit, &[new])
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(got, expected);
+        let notification = [old, new].map(|id| NotificationRow {
+            job: job(id),
+            user_id: None,
+            title: "t".to_owned(),
+            body: None,
+        });
+        let got: Vec<Written> = outcomes(&notification, &[new])
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        assert_eq!(got, [Written::AlreadyRecorded, Written::Inserted]);
+    }
+
     #[test]
     fn a_failed_batch_is_split_only_when_a_row_may_be_the_cause() {
         use AfterFailure::{FailAll, OneByOne};
