@@ -1,4 +1,5 @@
-//! The delivery handlers called directly, on real Postgres, Redis and an HTTP
+//! The delivery handlers (and the plugin hook fan-out) called directly, on
+//! real Postgres, Redis and an HTTP
 //! sink, with the same job more than once (a redelivery the queue cannot
 //! see, or the next try after a failure): what the receivers get.
 
@@ -6,10 +7,11 @@
 
 use diesel_async::SimpleAsyncConnection;
 use outbox_idempotency::RedisIdempotencyStore;
-use outbox_queue::{OutboxJob, queues};
+use outbox_queue::{OutboxJob, QueueNamespace, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_webhook::{
-    Deliverer, DeliverySettings, OnceSettings, PluginInvokeHandler, PluginInvokeJob, WebhookHandler,
+    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
+    PluginInvokeJob, WebhookHandler, invoke_task_id,
 };
 use outbox_test_support::{HttpSink, TestDatabase, TestRedis};
 use uuid::Uuid;
@@ -186,4 +188,74 @@ async fn a_delivered_plugin_invocation_is_not_sent_again_when_its_job_comes_back
         1,
         "the plugin was invoked once"
     );
+}
+
+/// The task ids waiting on `toolctrl.plugin-invoke` in `namespace`, sorted.
+async fn invocation_task_ids(env: &Env, namespace: &QueueNamespace) -> Vec<String> {
+    let mut conn = env.redis.conn().await;
+    let mut ids: Vec<String> = redis::cmd("HKEYS")
+        .arg(format!(
+            "{}:data",
+            namespace.queue(queues::TOOLCTRL_PLUGIN_INVOKE)
+        ))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    ids.sort();
+    ids
+}
+
+#[tokio::test]
+async fn a_plugin_hook_event_fans_out_one_invocation_per_enabled_subscription_of_its_tenant_and_hook()
+ {
+    let env = Env::new().await;
+    let namespace = QueueNamespace::prefixed(env.redis.prefix().to_owned());
+    let (slack, teams) = (Uuid::now_v7(), Uuid::now_v7());
+    let others = [
+        ("acme", "workflow.executed", false),
+        ("globex", "workflow.executed", true),
+        ("acme", "workflow.failed", true),
+    ];
+    for (id, tenant, hook, enabled) in [
+        (slack, "acme", "workflow.executed", true),
+        (teams, "acme", "workflow.executed", true),
+    ]
+    .into_iter()
+    .chain(others.map(|(t, h, e)| (Uuid::now_v7(), t, h, e)))
+    {
+        env.sql(&format!(
+            "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret, enabled)
+             VALUES ('{id}', '{tenant}', 'plugin-{id}', '{hook}', 'http://127.0.0.1:9/', 'k', {enabled})"
+        ))
+        .await;
+    }
+    let handler = PluginHookHandler::new(
+        env.db.pool().clone(),
+        env.redis.conn().await,
+        namespace.clone(),
+    );
+    assert_eq!(handler.queue(), queues::PLUGIN_HOOK);
+    let event_id = Uuid::now_v7();
+    let job: OutboxJob = serde_json::from_str(&format!(
+        r#"{{"outbox_event_id": "{event_id}", "tenant_id": "acme",
+            "event_type": "plugin.hook.workflow.executed", "payload": {{"workflowId": "w1"}},
+            "dispatch_key": null, "created_at": "2026-01-05T10:00:00Z"}}"#
+    ))
+    .unwrap();
+
+    handler
+        .handle(job.clone(), &meta(queues::PLUGIN_HOOK, "outbox:hook"))
+        .await
+        .unwrap();
+    // A redelivery of the hook event fans out to the same task ids: nothing new.
+    handler
+        .handle(job, &meta(queues::PLUGIN_HOOK, "outbox:hook"))
+        .await
+        .unwrap();
+    let mut expected = vec![
+        invoke_task_id(&event_id.to_string(), slack),
+        invoke_task_id(&event_id.to_string(), teams),
+    ];
+    expected.sort();
+    assert_eq!(invocation_task_ids(&env, &namespace).await, expected);
 }
