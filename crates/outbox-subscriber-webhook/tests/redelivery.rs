@@ -1,7 +1,7 @@
 //! The delivery handlers (and the plugin hook fan-out) called directly, on
-//! real Postgres, Redis and an HTTP
-//! sink, with the same job more than once (a redelivery the queue cannot
-//! see, or the next try after a failure): what the receivers get.
+//! real Postgres, Redis and an HTTP sink, with the same job more than once
+//! (a redelivery the queue cannot see, or the next try after a failure):
+//! what the receivers get.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
