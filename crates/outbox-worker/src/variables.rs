@@ -563,6 +563,14 @@ const AFTER_HELP: &str = "Every setting is an environment variable; the flag of 
     a message naming the variable. Exit codes: 0 stopped cleanly (SIGTERM, Ctrl-C); 1 failed; \
     2 bad configuration, or a Redis that may evict keys.";
 
+/// What every binary's `--help` says last: the trace exporter's own
+/// variables, which the OpenTelemetry SDK reads, not this list.
+const SDK_VARIABLES: &str = "With OTEL_EXPORTER_OTLP_ENDPOINT set, the OpenTelemetry SDK's own \
+    variables (OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_MAX_QUEUE_SIZE, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, \
+    OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_RESOURCE_ATTRIBUTES, ...) apply \
+    as the SDK defines them; they are not checked at start. RUST_LOG filters the log lines \
+    (default: info, with the queue library at warn).";
+
 /// What the bridge's `--help` says after the variables.
 const BRIDGE_AFTER_HELP: &str = "Every setting is an environment variable; the flag of the same \
     name overrides it. Values are checked at start: a bad one stops the process with exit code 2 \
@@ -612,7 +620,7 @@ fn described(
     let mut command = clap::Command::new(name)
         .version(env!("CARGO_PKG_VERSION"))
         .about(about)
-        .after_help(after_help)
+        .after_help(format!("{after_help}\n\n{SDK_VARIABLES}"))
         .next_line_help(true);
     for variable in variables {
         command = command.arg(

@@ -50,6 +50,7 @@ fn help_lists_every_variable_with_its_default_and_range_and_starts_nothing() {
         );
         assert!(stdout.contains(group.default_http_addr()), "{stdout}");
         assert!(stdout.contains("Exit codes"), "{stdout}");
+        assert!(stdout.contains("OTEL_BSP_SCHEDULE_DELAY"), "{stdout}");
     }
 }
 
