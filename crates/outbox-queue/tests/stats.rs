@@ -1,6 +1,7 @@
 //! `queue_stats`, which `outbox health` and the worker's gauges read: a
 //! worker whose heartbeat is older than the stall limit counts as stalled,
-//! a fresh one does not, and jobs in flight are counted across workers.
+//! a fresh one does not, jobs in flight are counted across workers, and
+//! the backlog holds the waiting and the fetched jobs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,7 @@ use outbox_queue::{QueueNamespace, RedisSettings, apalis_config, push_raw, queue
 use outbox_test_support::TestRedis;
 
 #[tokio::test]
-async fn a_worker_silent_past_the_stall_limit_is_stalled_and_a_fresh_one_is_not() {
+async fn a_silent_worker_is_stalled_a_fresh_one_is_not_and_running_and_waiting_jobs_add_up() {
     let redis = TestRedis::new().await;
     let namespace = QueueNamespace::prefixed(redis.prefix());
     let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
@@ -38,6 +39,15 @@ async fn a_worker_silent_past_the_stall_limit_is_stalled_and_a_fresh_one_is_not(
             .unwrap();
     }
 
+    // One more job, "d", fetched onto the active list and not yet claimed
+    // by a worker: part of the backlog, and due.
+    let _: () = redis::cmd("LPUSH")
+        .arg(config.active_jobs_list())
+        .arg("d")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
     let stats = queue_stats(&mut conn, &namespace, "q.jobs", Duration::from_secs(120))
         .await
         .unwrap();
@@ -45,6 +55,7 @@ async fn a_worker_silent_past_the_stall_limit_is_stalled_and_a_fresh_one_is_not(
         (stats.workers, stats.stalled_workers, stats.running),
         (2, 1, 3)
     );
+    assert_eq!((stats.backlog, stats.due), (4, 4), "{stats:?}");
     let lenient = queue_stats(&mut conn, &namespace, "q.jobs", Duration::from_secs(3600))
         .await
         .unwrap();
