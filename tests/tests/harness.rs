@@ -5,7 +5,9 @@
 
 use diesel::sql_types::BigInt;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use outbox_test_support::{TestDatabase, TestRedis, database_server_url, with_database};
+use outbox_test_support::{
+    TestDatabase, TestRedis, database_server_url, sweep_abandoned_namespaces, with_database,
+};
 use redis::AsyncCommands;
 
 #[derive(diesel::QueryableByName)]
@@ -72,4 +74,27 @@ async fn redis_namespace_is_unique_and_cleaned_up() {
     drop(a);
     let exists: bool = conn.exists(&probe).await.unwrap();
     assert!(!exists, "dropping the namespace deletes its keys");
+}
+
+#[tokio::test]
+async fn a_namespace_left_by_a_killed_test_is_swept_and_live_ones_are_kept() {
+    let live = TestRedis::new().await;
+    let mut conn = live.conn().await;
+    let _: () = conn.set(live.key("job"), 1).await.unwrap();
+    // What a test process killed mid-run leaves: keys under its namespace,
+    // and no liveness key any more (it expired when the renewals stopped).
+    let abandoned = format!("outbox-test:{}:", uuid::Uuid::new_v4().simple());
+    for n in 0..1500 {
+        let _: () = conn.set(format!("{abandoned}q:data:{n}"), n).await.unwrap();
+    }
+
+    let swept = sweep_abandoned_namespaces(live.url()).unwrap();
+    assert!(swept.namespaces >= 1 && swept.keys >= 1500, "{swept:?}");
+    let left: Vec<String> = conn.keys(format!("{abandoned}*")).await.unwrap();
+    assert!(left.is_empty(), "{} keys left", left.len());
+    assert_eq!(
+        live.keys().await,
+        vec![live.key("job")],
+        "a live namespace is kept"
+    );
 }

@@ -54,6 +54,16 @@ pub async fn run(args: TestArgs) -> Result<()> {
         "xtask: DATABASE_URL={} REDIS_URL={}",
         found.database_url, found.redis_url
     );
+    // Keys of test processes killed in an earlier run (a timeout, an
+    // interrupted mutation run) would slow every Redis call of this one.
+    match outbox_test_support::sweep_abandoned_namespaces(&found.redis_url) {
+        Ok(swept) if swept.namespaces > 0 => eprintln!(
+            "xtask: removed {} keys of {} test namespaces whose test process was killed",
+            swept.keys, swept.namespaces
+        ),
+        Ok(_) => {}
+        Err(e) => eprintln!("xtask: warning: cannot sweep abandoned test keys: {e}"),
+    }
     // Passed to each child rather than set on this process.
     let env = test_env(&found);
 

@@ -39,7 +39,7 @@ pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use pki::TestPki;
 pub use postgres_process::PostgresProcess;
-pub use redis_ns::TestRedis;
+pub use redis_ns::{Swept, TestRedis, sweep_abandoned_namespaces};
 pub use redis_process::RedisProcess;
 pub use smtp_sink::{ReceivedMail, SmtpSink};
 pub use url::{database_server_url, redis_server_url, with_database, workflow_e2e_server_url};

@@ -1,15 +1,36 @@
-//! [`TestRedis`]: a Redis key namespace per test.
+//! [`TestRedis`]: a Redis key namespace per test, and
+//! [`sweep_abandoned_namespaces`] for the namespaces of test processes that
+//! were killed before they could clean up.
+
+use std::sync::mpsc;
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
 use crate::url::redis_server_url;
 
+/// Every test namespace's prefix starts with this.
+const NAMESPACE_ROOT: &str = "outbox-test:";
+/// A live namespace `outbox-test:<id>:` keeps the key `outbox-test-alive:<id>`.
+const ALIVE_ROOT: &str = "outbox-test-alive:";
+/// How long the liveness key lasts without being renewed: a test process
+/// killed (a timeout, a mutation run cancelling the rest of a suite, a
+/// Ctrl-C) stops renewing it, and its namespace counts as abandoned after
+/// this.
+const ALIVE_FOR: Duration = Duration::from_secs(120);
+/// How often a live namespace renews its liveness key.
+const RENEW_EVERY: Duration = Duration::from_secs(30);
+
 /// A unique key prefix on the test Redis server; every key under it is
-/// deleted when the value is dropped (also on panic).
+/// deleted when the value is dropped (also on panic). While it lives it
+/// renews a liveness key, so that [`sweep_abandoned_namespaces`] can tell
+/// its keys from those of a test process that was killed.
 pub struct TestRedis {
     url: String,
     prefix: String,
     client: redis::Client,
+    /// Dropping it stops the renewal thread.
+    _alive: mpsc::Sender<()>,
 }
 
 impl TestRedis {
@@ -35,11 +56,39 @@ impl TestRedis {
             .query_async(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("Redis at {url} does not answer PING: {e}"));
-        let prefix = format!("outbox-test:{}:", uuid::Uuid::new_v4().simple());
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let alive_key = format!("{ALIVE_ROOT}{id}");
+        // The liveness key exists before any key of the namespace does.
+        let _: () = redis::cmd("SET")
+            .arg(&alive_key)
+            .arg(1)
+            .arg("EX")
+            .arg(ALIVE_FOR.as_secs())
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {url}: cannot mark the namespace alive: {e}"));
+        let (alive, stopped) = mpsc::channel::<()>();
+        let renew = client.clone();
+        std::thread::spawn(move || {
+            // Renews until the namespace is dropped (the sender goes away),
+            // then removes the key; a killed process just stops renewing.
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(RENEW_EVERY) {
+                if let Ok(mut conn) = renew.get_connection() {
+                    let _: Result<bool, _> = redis::cmd("EXPIRE")
+                        .arg(&alive_key)
+                        .arg(ALIVE_FOR.as_secs())
+                        .query(&mut conn);
+                }
+            }
+            if let Ok(mut conn) = renew.get_connection() {
+                let _: Result<i64, _> = redis::cmd("DEL").arg(&alive_key).query(&mut conn);
+            }
+        });
         Self {
             url,
-            prefix,
+            prefix: format!("{NAMESPACE_ROOT}{id}:"),
             client,
+            _alive: alive,
         }
     }
 
@@ -78,13 +127,31 @@ impl TestRedis {
     ///
     /// When Redis fails.
     pub async fn keys(&self) -> Vec<String> {
-        let mut conn = self.conn().await;
-        let mut keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}*", self.prefix))
-            .query_async(&mut conn)
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection()
             .await
-            .unwrap_or_else(|e| panic!("KEYS failed: {e}"));
+            .unwrap_or_else(|e| panic!("cannot connect to Redis at {}: {e}", self.url));
+        let mut keys: Vec<String> = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("{}*", self.prefix))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("SCAN failed: {e}"));
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
         keys.sort();
+        keys.dedup();
         keys
     }
 }
@@ -94,15 +161,78 @@ impl Drop for TestRedis {
         let Ok(mut conn) = self.client.get_connection() else {
             return;
         };
-        let pattern = format!("{}*", self.prefix);
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(&pattern)
-            .query(&mut conn)
-            .unwrap_or_default();
-        for chunk in keys.chunks(500) {
-            let _: Result<i64, _> = redis::cmd("DEL").arg(chunk).query(&mut conn);
+        let _ = unlink_matching(&mut conn, &format!("{}*", self.prefix));
+    }
+}
+
+/// Deletes every key matching `pattern`, scanning (never `KEYS`, which
+/// blocks the server for the whole keyspace); returns how many.
+fn unlink_matching(conn: &mut redis::Connection, pattern: &str) -> redis::RedisResult<u64> {
+    let keys: Vec<String> = redis::cmd("SCAN")
+        .cursor_arg(0)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(1000)
+        .clone()
+        .iter(conn)?
+        .collect::<redis::RedisResult<_>>()?;
+    let mut removed = 0;
+    for chunk in keys.chunks(500) {
+        removed += redis::cmd("UNLINK").arg(chunk).query::<u64>(conn)?;
+    }
+    Ok(removed)
+}
+
+/// What [`sweep_abandoned_namespaces`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Namespaces whose test process is gone.
+    pub namespaces: usize,
+    /// Keys deleted with them.
+    pub keys: u64,
+}
+
+/// Deletes the keys of test namespaces whose [`TestRedis`] stopped renewing
+/// its liveness key more than two minutes ago: those of test processes that
+/// were killed before their clean-up ran. A suite that leaves them behind
+/// (one interrupted backlog test leaves 100,000 jobs) slows every later
+/// test's Redis calls. Namespaces in use, by this or another suite on the
+/// same server, are left alone.
+///
+/// # Errors
+///
+/// When Redis fails.
+pub fn sweep_abandoned_namespaces(url: &str) -> redis::RedisResult<Swept> {
+    let client = redis::Client::open(url)?;
+    let mut conn = client.get_connection()?;
+    let keys: Vec<String> = redis::cmd("SCAN")
+        .cursor_arg(0)
+        .arg("MATCH")
+        .arg(format!("{NAMESPACE_ROOT}*"))
+        .arg("COUNT")
+        .arg(1000)
+        .clone()
+        .iter(&mut conn)?
+        .collect::<redis::RedisResult<_>>()?;
+    let mut ids: Vec<String> = keys
+        .iter()
+        .filter_map(|key| key.strip_prefix(NAMESPACE_ROOT)?.split(':').next())
+        .map(str::to_owned)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut swept = Swept::default();
+    for id in ids {
+        let alive: bool = redis::cmd("EXISTS")
+            .arg(format!("{ALIVE_ROOT}{id}"))
+            .query(&mut conn)?;
+        if !alive {
+            swept.keys += unlink_matching(&mut conn, &format!("{NAMESPACE_ROOT}{id}:*"))?;
+            swept.namespaces += 1;
         }
     }
+    Ok(swept)
 }
 
 impl std::fmt::Debug for TestRedis {
