@@ -20,6 +20,11 @@ const ALIVE_ROOT: &str = "outbox-test-alive:";
 const ALIVE_FOR: Duration = Duration::from_secs(120);
 /// How often a live namespace renews its liveness key.
 const RENEW_EVERY: Duration = Duration::from_secs(30);
+/// Held while one test process sweeps: at most one sweep this often, across
+/// every process using the server.
+const SWEEP_LOCK: &str = "outbox-test-sweep";
+/// See [`SWEEP_LOCK`].
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// A unique key prefix on the test Redis server; every key under it is
 /// deleted when the value is dropped (also on panic). While it lives it
@@ -67,6 +72,26 @@ impl TestRedis {
             .query_async(&mut conn)
             .await
             .unwrap_or_else(|e| panic!("Redis at {url}: cannot mark the namespace alive: {e}"));
+        // At most once a minute across all test processes, one of them
+        // removes what killed ones left (a mutation run kills suites all the
+        // time), in the background: the test does not wait for it.
+        let sweep: Option<String> = redis::cmd("SET")
+            .arg(SWEEP_LOCK)
+            .arg(1)
+            .arg("NX")
+            .arg("EX")
+            .arg(SWEEP_EVERY.as_secs())
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(None);
+        if sweep.is_some() {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                if let Err(e) = sweep_abandoned_namespaces(&url) {
+                    eprintln!("outbox-test-support: sweeping abandoned test keys failed: {e}");
+                }
+            });
+        }
         let (alive, stopped) = mpsc::channel::<()>();
         let renew = client.clone();
         std::thread::spawn(move || {
@@ -195,7 +220,9 @@ pub struct Swept {
 
 /// Deletes the keys of test namespaces whose [`TestRedis`] stopped renewing
 /// its liveness key more than two minutes ago: those of test processes that
-/// were killed before their clean-up ran. A suite that leaves them behind
+/// were killed before their clean-up ran. [`TestRedis::new`] runs it in the
+/// background at most once a minute per server, and `cargo xtask test`
+/// before the suite. A suite that leaves them behind
 /// (one interrupted backlog test leaves 100,000 jobs) slows every later
 /// test's Redis calls. Namespaces in use, by this or another suite on the
 /// same server, are left alone.
