@@ -300,15 +300,15 @@ async fn a_bulk_dry_run_lists_the_refused_rows_beside_those_it_would_requeue() {
     let done = env.insert("acme", "mail.user.welcome", "DONE", None).await;
     let before = env.rows().await;
 
-    let run = env.outbox(&[
+    let dry_run = [
         "requeue",
         "--status",
         "failed",
         "--status",
         "done",
         "--dry-run",
-        "--json",
-    ]);
+    ];
+    let run = env.outbox(&[&dry_run[..], &["--json"]].concat());
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let plan = run.json();
     let ids = |key: &str| -> Vec<String> {
@@ -325,14 +325,7 @@ async fn a_bulk_dry_run_lists_the_refused_rows_beside_those_it_would_requeue() {
     let reason = plan["refused"][0]["refused"].as_str().unwrap_or_default();
     assert!(reason.contains("--replay"), "{plan}");
 
-    let table = env.outbox(&[
-        "requeue",
-        "--status",
-        "failed",
-        "--status",
-        "done",
-        "--dry-run",
-    ]);
+    let table = env.outbox(&dry_run);
     assert!(
         table.stdout.contains(&format!("refused {done}")),
         "{}",
