@@ -14,7 +14,6 @@ use std::time::Duration;
 use common::{BRIDGE, BRIDGE_SECRET, GENERAL, MAIL, Stack};
 use diesel_async::AsyncConnection;
 use outbox_publish::OutboxTx;
-use outbox_test_support::eventually;
 use outbox_trace::TraceContext;
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::bridge::{BridgeCallError, BridgeClient, BridgeSecret};
@@ -234,27 +233,13 @@ async fn with_an_otlp_endpoint_the_bridge_exports_its_request_spans_in_the_calle
         matches!(refused, BridgeCallError::Refused { status: 404, .. }),
         "{refused:?}"
     );
-    let trace_id: Vec<u8> = (0..trace_id.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&trace_id[i..i + 2], 16).unwrap())
-        .collect();
-    // OTLP/HTTP protobuf: a span's trace id is its 16 raw bytes; names are
-    // plain strings.
-    let exported = || {
-        stack
-            .http
-            .requests_to("/collector/v1/traces")
-            .into_iter()
-            .filter(|r| r.body.windows(trace_id.len()).any(|w| w == trace_id))
-            .collect::<Vec<_>>()
-    };
-    eventually(
-        "the bridge's span of the caller's trace at the collector",
-        Duration::from_secs(60),
-        async || !exported().is_empty(),
-    )
-    .await;
-    let body = &exported()[0].body;
+    let exported = stack
+        .exported_spans_of(
+            trace_id,
+            "the bridge's span of the caller's trace at the collector",
+        )
+        .await;
+    let body = &exported[0].body;
     let contains = |text: &str| body.windows(text.len()).any(|w| w == text.as_bytes());
     assert!(
         contains("outbox.bridge.request"),

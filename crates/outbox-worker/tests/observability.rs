@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::{GENERAL, MAIL, Stack};
 use outbox_publish::NewOutboxEvent;
-use outbox_test_support::eventually;
 use outbox_worker::catalog::{Kind, METRICS};
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::store::{self, NewExecution, TriggerKind, WorkflowStatus};
@@ -115,26 +114,10 @@ async fn with_an_otlp_endpoint_the_worker_exports_the_spans_of_the_trace() {
              VALUES ('acme', 'audit.user.login', '{{\"user\": \"ada\"}}', '{TRACEPARENT}')"
         ))
         .await;
-    let trace_id: Vec<u8> = (0..TRACE_ID.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&TRACE_ID[i..i + 2], 16).unwrap())
-        .collect();
-    // OTLP/HTTP protobuf: the spans' trace ids are their 16 raw bytes.
-    let exported = || {
-        stack
-            .http
-            .requests_to("/collector/v1/traces")
-            .into_iter()
-            .filter(|r| r.body.windows(trace_id.len()).any(|w| w == trace_id))
-            .collect::<Vec<_>>()
-    };
-    eventually(
-        "spans of the producer's trace at the collector",
-        Duration::from_secs(60),
-        async || !exported().is_empty(),
-    )
-    .await;
-    let request = &exported()[0];
+    let exported = stack
+        .exported_spans_of(TRACE_ID, "spans of the producer's trace at the collector")
+        .await;
+    let request = &exported[0];
     assert_eq!(request.method, "POST");
     assert_eq!(
         request.header("content-type"),

@@ -10,7 +10,9 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use outbox_queue::{QueueNamespace, QueueStats, RedisSettings};
-use outbox_test_support::{ChildOutput, HttpSink, SmtpSink, TestDatabase, TestRedis, eventually};
+use outbox_test_support::{
+    ChildOutput, HttpSink, ReceivedRequest, SmtpSink, TestDatabase, TestRedis, eventually,
+};
 
 /// How long an end-to-end test waits for an effect.
 const WAIT: Duration = Duration::from_secs(60);
@@ -124,6 +126,29 @@ pub struct Stack {
 }
 
 impl Stack {
+    /// The OTLP/HTTP requests at the sink's `/collector/v1/traces` that
+    /// carry spans of the trace `trace_id` (32 hex digits), waiting up to
+    /// 60 s for the first, named `what` if none comes. In protobuf a span's
+    /// trace id is its 16 raw bytes; span names are plain strings.
+    pub async fn exported_spans_of(&self, trace_id: &str, what: &str) -> Vec<ReceivedRequest> {
+        let raw: Vec<u8> = (0..trace_id.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&trace_id[i..i + 2], 16).unwrap())
+            .collect();
+        let exported = || {
+            self.http
+                .requests_to("/collector/v1/traces")
+                .into_iter()
+                .filter(|r| r.body.windows(raw.len()).any(|w| w == raw))
+                .collect::<Vec<_>>()
+        };
+        eventually(what, Duration::from_secs(60), async || {
+            !exported().is_empty()
+        })
+        .await;
+        exported()
+    }
+
     pub async fn new() -> Self {
         Self::with_database(TestDatabase::new().await).await
     }
