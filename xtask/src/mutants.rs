@@ -67,6 +67,11 @@ pub struct MutantsArgs {
     /// ratio in a 1/N of the time of a full run.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub sample: Option<u32>,
+    /// Which of the `--sample` shards to test, from 0 to N-1: another
+    /// shard draws other mutants, for a fresh estimate after tests were
+    /// added for the misses of an earlier one.
+    #[arg(long, value_name = "K", default_value_t = 0, requires = "sample")]
+    pub sample_shard: u32,
     /// The least time a mutant's tests get before they count as timed out.
     /// cargo-mutants sets the limit from the unmutated run; on a busy
     /// machine the same tests later run several times slower, and a
@@ -96,6 +101,7 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
         std::fs::create_dir_all(&out)
             .with_context(|| format!("cannot create {}", out.display()))?;
         let found = services::ensure().await?;
+        services::sweep_abandoned_databases(&found.database_url).await;
         let crates: Vec<String> = if args.crates.is_empty() {
             DEFAULT_CRATES.iter().map(|c| (*c).to_owned()).collect()
         } else {
@@ -138,7 +144,14 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             command.args(["--file", &format!("**/*{file}*")]);
         }
         if let Some(n) = args.sample {
-            command.args(sample_args(n));
+            if args.sample_shard >= n {
+                bail!(
+                    "--sample-shard {} is out of range: with --sample {n} it is 0 to {}",
+                    args.sample_shard,
+                    n - 1
+                );
+            }
+            command.args(sample_args(args.sample_shard, n));
         }
         if let Some(only) = &args.only {
             command.args(["--re", only]);
@@ -148,8 +161,10 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             "==> cargo mutants on {} (budget {} min{})",
             crates.join(", "),
             args.budget_minutes,
-            args.sample
-                .map_or_else(String::new, |n| format!(", one mutant in {n}"))
+            args.sample.map_or_else(String::new, |n| format!(
+                ", one mutant in {n}, shard {}",
+                args.sample_shard
+            ))
         );
         let mut child = command.spawn().context("cannot start cargo mutants")?;
         let deadline = Instant::now() + Duration::from_secs(args.budget_minutes * 60);
@@ -174,14 +189,14 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
     Ok(())
 }
 
-/// The cargo-mutants arguments that test one mutant in every `n`: shard 0
-/// of `n`, dealt round-robin so that the sample covers every file rather
-/// than the first `1/n` of the list.
+/// The cargo-mutants arguments that test one mutant in every `n`: shard
+/// `k` of `n`, dealt round-robin so that the sample covers every file
+/// rather than the `k`-th `1/n` of the list.
 #[must_use]
-pub fn sample_args(n: u32) -> [String; 4] {
+pub fn sample_args(k: u32, n: u32) -> [String; 4] {
     [
         "--shard".to_owned(),
-        format!("0/{n}"),
+        format!("{k}/{n}"),
         "--sharding".to_owned(),
         "round-robin".to_owned(),
     ]
@@ -339,6 +354,14 @@ mod tests {
         let table = render(&summary);
         assert!(table.contains("lease.rs:7:9"), "{table}");
         assert!(table.contains("80.0%"), "{table}");
+    }
+
+    #[test]
+    fn a_sample_is_one_round_robin_shard_of_n() {
+        assert_eq!(
+            sample_args(3, 8),
+            ["--shard", "3/8", "--sharding", "round-robin"].map(str::to_owned)
+        );
     }
 
     #[test]

@@ -64,6 +64,7 @@ pub async fn run(args: TestArgs) -> Result<()> {
         Ok(_) => {}
         Err(e) => eprintln!("xtask: warning: cannot sweep abandoned test keys: {e}"),
     }
+    crate::services::sweep_abandoned_databases(&found.database_url).await;
     // Passed to each child rather than set on this process.
     let env = test_env(&found);
 

@@ -9,6 +9,34 @@ use crate::url::{database_server_url, with_database};
 /// Advisory lock key serializing template creation across test processes.
 const TEMPLATE_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox"
 
+/// The prefix of every test database's name; the rest is the second it
+/// was created at (Unix time) and a random id.
+const TEST_DATABASE_PREFIX: &str = "outbox_test_";
+
+/// The name of a new test database created at `unix_seconds`.
+fn test_database_name(unix_seconds: u64) -> String {
+    format!(
+        "{TEST_DATABASE_PREFIX}{unix_seconds}_{}",
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// When the test database `name` was created (Unix seconds); `None` for a
+/// name of another shape.
+fn created_at(name: &str) -> Option<u64> {
+    let rest = name.strip_prefix(TEST_DATABASE_PREFIX)?;
+    let (seconds, id) = rest.split_once('_')?;
+    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| seconds.parse().ok())
+        .flatten()
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// A fresh, migrated database for one test, dropped with the value.
 ///
 /// Creating one clones a template database (`outbox_tpl_<fingerprint>`) that
@@ -61,7 +89,7 @@ impl TestDatabase {
         let server = server.to_owned();
         let admin_url = with_database(&server, "postgres");
         let template = ensure_template(&admin_url).await;
-        let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+        let name = test_database_name(unix_now());
         let mut admin = connect(&admin_url).await;
         admin
             .batch_execute(&format!(
@@ -142,6 +170,56 @@ impl std::fmt::Debug for TestDatabase {
     }
 }
 
+#[derive(diesel::QueryableByName)]
+struct Idle {
+    #[diesel(sql_type = Text)]
+    datname: String,
+}
+
+/// Drops the test databases on the Postgres server of `server` (only its
+/// server part matters) that a killed test left behind: those created more
+/// than `older_than` ago that no session is connected to. A test that is
+/// killed (a timeout, an interrupted mutation run) never runs its
+/// [`TestDatabase`]'s drop; `cargo xtask test` and `cargo xtask mutants`
+/// call this before they start. Returns the names dropped.
+///
+/// # Errors
+///
+/// When the server cannot be reached or a database cannot be dropped.
+pub async fn sweep_abandoned_databases(
+    server: &str,
+    older_than: std::time::Duration,
+) -> Result<Vec<String>, String> {
+    let admin_url = with_database(server, "postgres");
+    let mut admin = outbox_model::establish(&admin_url)
+        .await
+        .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
+    let idle: Vec<Idle> = diesel::sql_query(
+        "SELECT d.datname::text AS datname FROM pg_database d \
+         WHERE starts_with(d.datname, $1) \
+           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)",
+    )
+    .bind::<Text, _>(TEST_DATABASE_PREFIX)
+    .load(&mut admin)
+    .await
+    .map_err(|e| format!("cannot list the test databases: {e}"))?;
+    let cutoff = unix_now().saturating_sub(older_than.as_secs());
+    let mut dropped = Vec::new();
+    for Idle { datname } in idle {
+        if created_at(&datname).is_none_or(|created| created > cutoff) {
+            continue;
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS \"{datname}\" WITH (FORCE)"
+            ))
+            .await
+            .map_err(|e| format!("cannot drop {datname}: {e}"))?;
+        dropped.push(datname);
+    }
+    Ok(dropped)
+}
+
 async fn connect(url: &str) -> AsyncPgConnection {
     outbox_model::establish(url).await.unwrap_or_else(|e| {
         panic!(
@@ -208,4 +286,29 @@ async fn database_exists(admin: &mut AsyncPgConnection, name: &str) -> bool {
         .await
         .unwrap_or_else(|e| panic!("cannot list databases: {e}"))
         .exists
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_test_database_name_carries_its_creation_time() {
+        let name = test_database_name(1_764_500_000);
+        assert!(name.len() <= 63, "{name} is longer than Postgres allows");
+        assert_eq!(created_at(&name), Some(1_764_500_000));
+    }
+
+    #[test]
+    fn names_of_another_shape_have_no_creation_time() {
+        for name in [
+            "outbox_test_0f3c9a2b5d6e4f708192a3b4c5d6e7f8",
+            "outbox_tpl_1234",
+            "outbox_test_12_short",
+            "outbox_test_x_0f3c9a2b5d6e4f708192a3b4c5d6e7f8",
+            "orders",
+        ] {
+            assert_eq!(created_at(name), None, "{name}");
+        }
+    }
 }

@@ -34,7 +34,7 @@ mod smtp_sink;
 mod url;
 
 pub use child_output::ChildOutput;
-pub use database::TestDatabase;
+pub use database::{TestDatabase, sweep_abandoned_databases};
 pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use pki::TestPki;
