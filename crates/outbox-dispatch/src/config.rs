@@ -24,6 +24,15 @@ pub const DEFAULT_BATCH_SIZE: u32 = 500;
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1000);
 /// Default pushes in flight within a tick (`OUTBOX_DISPATCH_CONCURRENCY`).
 pub const DEFAULT_CONCURRENCY: usize = 10;
+/// Default of `OUTBOX_DISPATCH_LOOPS`: claim-and-hand-off loops a
+/// dispatcher runs at once. One loop runs claim, push and `DONE` in
+/// sequence and leaves the machine half idle; measured with the release
+/// `worker-general` on two cores (`cargo xtask bench --only handoff`,
+/// docs/performance.md, "Loops"), two loops hand off about 1.3 times as many
+/// events a second as one, as two processes do.
+pub const DEFAULT_LOOPS: usize = 2;
+/// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
+pub const MAX_LOOPS: usize = 64;
 /// Default failed hand-offs retried before FAILED (`OUTBOX_MAX_RETRIES`).
 pub const DEFAULT_MAX_RETRIES: u32 = 6;
 /// Default lease of a claimed row (`OUTBOX_LOCK_TIMEOUT_MS`).
@@ -40,6 +49,11 @@ pub struct DispatcherConfig {
     pub batch_size: u32,
     /// Most queue pushes in flight at once within a tick.
     pub concurrency: usize,
+    /// Claim-and-hand-off loops run at once ([`DEFAULT_LOOPS`]); each holds
+    /// one pooled connection while it ticks. A loop that claims a whole
+    /// batch wakes an idle one, so a backlog keeps them all busy while a
+    /// trickle wakes one.
+    pub loops: usize,
     /// Failed hand-offs retried before a row is dead-lettered (FAILED).
     pub max_retries: u32,
     /// Lease of a claimed row; past it, another dispatcher may re-claim it.
@@ -56,6 +70,7 @@ impl Default for DispatcherConfig {
             interval: DEFAULT_INTERVAL,
             batch_size: DEFAULT_BATCH_SIZE,
             concurrency: DEFAULT_CONCURRENCY,
+            loops: DEFAULT_LOOPS,
             max_retries: DEFAULT_MAX_RETRIES,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             backoff: DEFAULT_BACKOFF.to_vec(),
@@ -93,6 +108,12 @@ impl DispatcherConfig {
         }
         if self.concurrency == 0 {
             return fail("OUTBOX_DISPATCH_CONCURRENCY", "must be greater than 0");
+        }
+        if self.loops == 0 {
+            return fail("OUTBOX_DISPATCH_LOOPS", "must be greater than 0");
+        }
+        if self.loops > MAX_LOOPS {
+            return fail("OUTBOX_DISPATCH_LOOPS", "must be at most 64");
         }
         if self.lock_timeout < Duration::from_secs(1) {
             return fail("OUTBOX_LOCK_TIMEOUT_MS", "must be at least 1000");
@@ -185,6 +206,22 @@ mod tests {
             "OUTBOX_DISPATCH_BATCH_SIZE"
         );
         assert!(DispatcherConfig::default().validate().is_ok());
+        for loops in [0, MAX_LOOPS + 1] {
+            let config = DispatcherConfig {
+                loops,
+                ..DispatcherConfig::default()
+            };
+            assert_eq!(
+                config.validate().unwrap_err().field,
+                "OUTBOX_DISPATCH_LOOPS",
+                "{loops} loops"
+            );
+        }
+        let most = DispatcherConfig {
+            loops: MAX_LOOPS,
+            ..DispatcherConfig::default()
+        };
+        assert!(most.validate().is_ok());
     }
 
     #[test]

@@ -168,9 +168,10 @@ impl Dispatcher {
         self.wake.notify_one();
     }
 
-    /// Runs until `shutdown` is cancelled: ticks on every insert notification
-    /// (when `config.listen`), every `config.interval`, and back to back
-    /// while full batches keep coming. On shutdown it claims nothing more,
+    /// Runs until `shutdown` is cancelled, in `config.loops` loops at once:
+    /// a loop ticks on an insert notification (when `config.listen`), every
+    /// `config.interval`, and back to back while full batches keep coming,
+    /// waking an idle loop each time. On shutdown each loop claims nothing more,
     /// finishes the pushes already started, releases the rest of its claim
     /// back to `PENDING`, and returns.
     ///
@@ -192,11 +193,35 @@ impl Dispatcher {
         tracing::info!(
             batch_size = self.config.batch_size,
             concurrency = self.config.concurrency,
+            loops = self.config.loops,
             interval_ms = self.config.interval.as_millis() as u64,
             namespace = self.namespace.prefix(),
             redis_guard = guard.is_some(),
             "dispatcher started"
         );
+        let loops: Vec<_> = (0..self.config.loops)
+            .map(|_| tokio::spawn(self.clone().run_loop(shutdown.clone())))
+            .collect();
+        for (n, handle) in loops.into_iter().enumerate() {
+            if let Err(e) = handle.await {
+                tracing::error!(error = %e, dispatch_loop = n, "a dispatch loop stopped abnormally");
+            }
+        }
+        if let Some(listener) = listener {
+            listener.abort();
+        }
+        if let Some(guard) = guard {
+            let _ = guard.await;
+        }
+        tracing::info!("dispatcher stopped");
+        Ok(())
+    }
+
+    /// One of the [`DispatcherConfig::loops`] loops of [`Dispatcher::run`]:
+    /// ticks back to back while its batches come back full (waking an idle
+    /// sibling each time, since more rows are probably due), otherwise
+    /// waits for a wake-up or the poll interval.
+    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken) {
         while !shutdown.is_cancelled() {
             let full = match self.tick_until(&shutdown).await {
                 Ok(report) => {
@@ -213,6 +238,9 @@ impl Dispatcher {
                 }
             };
             if full {
+                if self.config.loops > 1 {
+                    self.wake.notify_one();
+                }
                 continue;
             }
             tokio::select! {
@@ -221,14 +249,6 @@ impl Dispatcher {
                 () = tokio::time::sleep(self.config.interval) => {}
             }
         }
-        if let Some(listener) = listener {
-            listener.abort();
-        }
-        if let Some(guard) = guard {
-            let _ = guard.await;
-        }
-        tracing::info!("dispatcher stopped");
-        Ok(())
     }
 
     /// Spawns [`Dispatcher::run`] on the current runtime.

@@ -61,7 +61,8 @@ pub mod stats;
 
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_MAX_RETRIES, DispatcherConfig, RetentionConfig,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DispatcherConfig, MAX_LOOPS,
+    RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Harness, exec, quick_config};
+use common::{Harness, PausableRedis, exec, quick_config};
 use diesel::sql_types::Text;
 use diesel_async::RunQueryDsl;
 use outbox_dispatch::TickReport;
@@ -641,4 +641,62 @@ async fn stats_add_up_the_rows_of_every_event_type_on_a_queue() {
     assert_eq!(stats.by_queue["outbox.mail"]["PENDING"], 2, "{stats:?}");
     assert_eq!(stats.by_queue["outbox.audit"]["PENDING"], 1, "{stats:?}");
     assert_eq!(stats.by_queue["(unrouted)"]["PENDING"], 1, "{stats:?}");
+}
+
+async fn processing(h: &Harness) -> usize {
+    h.rows()
+        .await
+        .iter()
+        .filter(|row| row.status == OutboxStatus::Processing)
+        .count()
+}
+
+// Break checked: `run` starting one loop whatever `loops` says fails with
+// "each of the two loops to hold a batch of 10".
+#[tokio::test]
+async fn each_dispatch_loop_claims_its_own_batch_while_the_pushes_of_the_others_wait() {
+    let h = Harness::new().await;
+    // A Redis of its own, to pause without disturbing other tests.
+    let mut redis = PausableRedis::start().await;
+    h.publish(
+        (0..30)
+            .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+            .collect(),
+    )
+    .await;
+    redis.pause_writes().await;
+    let dispatcher = h.dispatcher_on(
+        &redis.process.url(),
+        outbox_dispatch::DispatcherConfig {
+            batch_size: 10,
+            loops: 2,
+            backoff: vec![Duration::from_millis(100)],
+            ..quick_config()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let run = dispatcher.spawn(shutdown.clone());
+
+    // Every push waits on the paused Redis, so a loop holds its claim until
+    // the push times out: two batches at once means two loops claimed.
+    h.wait_for(
+        "each of the two loops to hold a batch of 10",
+        Duration::from_secs(30),
+        async || processing(&h).await == 20,
+    )
+    .await;
+    redis.unpause().await;
+    h.wait_for(
+        "every row to be handed off",
+        Duration::from_secs(60),
+        async || {
+            h.rows()
+                .await
+                .iter()
+                .all(|row| row.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
 }

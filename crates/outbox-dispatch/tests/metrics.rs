@@ -10,14 +10,13 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Harness, exec, quick_config};
+use common::{Harness, PausableRedis, exec, quick_config};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_dispatch::DispatcherConfig;
 use outbox_dispatch::db;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::push_raw;
-use outbox_test_support::RedisProcess;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -168,24 +167,16 @@ fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
     recording(&recorder, async || {
         let h = Harness::new().await;
         // A Redis of its own, to pause without disturbing other tests.
-        let redis = RedisProcess::start().await;
+        let mut redis = PausableRedis::start().await;
         let id = h.publish_one("audit.user.login").await;
         let dispatcher = h.dispatcher_on(
-            &redis.url(),
+            &redis.process.url(),
             DispatcherConfig {
                 lock_timeout: Duration::from_secs(1),
                 ..quick_config()
             },
         );
-        let client = redis::Client::open(redis.url()).unwrap();
-        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
-        redis::cmd("CLIENT")
-            .arg("PAUSE")
-            .arg(60_000)
-            .arg("WRITE")
-            .query_async::<()>(&mut admin)
-            .await
-            .unwrap();
+        redis.pause_writes().await;
 
         // The tick claims the row, then its push waits on the paused Redis.
         let tick = tokio::spawn({
@@ -207,11 +198,7 @@ fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
         )
         .await;
         let taken_over = h.row(id).await;
-        redis::cmd("CLIENT")
-            .arg("UNPAUSE")
-            .query_async::<()>(&mut admin)
-            .await
-            .unwrap();
+        redis.unpause().await;
 
         let report = tick.await.unwrap().unwrap();
         assert_eq!(

@@ -134,6 +134,48 @@ pub fn task_id(event_id: Uuid) -> String {
 mod tests {
     use super::*;
 
+    fn stored_event(traceparent: Option<&str>, tracestate: Option<&str>) -> OutboxEvent {
+        let at = DateTime::from_timestamp(0, 0).unwrap();
+        OutboxEvent {
+            id: Uuid::nil(),
+            tenant_id: "acme".into(),
+            event_type: "audit.user.login".into(),
+            payload: RawJson::from_text("{}").unwrap(),
+            dispatch_key: None,
+            status: outbox_model::OutboxStatus::Processing,
+            retries: 0,
+            scheduled_at: at,
+            locked_until: None,
+            processed_at: None,
+            last_error: None,
+            target_queue: None,
+            created_at: at,
+            failed_at: None,
+            generation: 0,
+            traceparent: traceparent.map(str::to_owned),
+            tracestate: tracestate.map(str::to_owned),
+        }
+    }
+
+    // Break checked: `stored_trace_context` returning `None` fails here (the
+    // job would start a new trace instead of continuing the producer's).
+    #[test]
+    fn a_job_carries_the_trace_context_its_producer_stored_and_drops_a_malformed_one() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let job = OutboxJob::from_event(&stored_event(Some(traceparent), Some("vendor=1")));
+        let context = job.trace_context.expect("the stored trace context");
+        assert_eq!(context.traceparent(), traceparent);
+        assert_eq!(context.tracestate(), Some("vendor=1"));
+        assert_eq!(context.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        for stored in [None, Some("not a traceparent")] {
+            assert_eq!(
+                OutboxJob::from_event(&stored_event(stored, None)).trace_context,
+                None,
+                "{stored:?}"
+            );
+        }
+    }
+
     #[test]
     fn envelope_has_the_contract_fields() {
         let job = OutboxJob {

@@ -363,6 +363,7 @@ impl WorkerConfig {
             interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
             batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
             concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
+            loops: env.whole(&v::OUTBOX_DISPATCH_LOOPS)?,
             max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
             lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
             ..DispatcherConfig::default()

@@ -229,6 +229,14 @@ pub const OUTBOX_DISPATCH_CONCURRENCY: Whole = Whole {
     max: 1000,
     meaning: "queue pushes in flight within a tick",
 };
+/// `OUTBOX_DISPATCH_LOOPS`.
+pub const OUTBOX_DISPATCH_LOOPS: Whole = Whole {
+    name: "OUTBOX_DISPATCH_LOOPS",
+    default: outbox_dispatch::DEFAULT_LOOPS as u64,
+    min: 1,
+    max: outbox_dispatch::MAX_LOOPS as u64,
+    meaning: "claim-and-hand-off loops the dispatcher runs at once (each uses one Postgres connection while it ticks)",
+};
 /// `OUTBOX_MAX_RETRIES`.
 pub const OUTBOX_MAX_RETRIES: Whole = Whole {
     name: "OUTBOX_MAX_RETRIES",
@@ -508,6 +516,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         W(OUTBOX_DISPATCH_INTERVAL_MS),
         W(OUTBOX_DISPATCH_BATCH_SIZE),
         W(OUTBOX_DISPATCH_CONCURRENCY),
+        W(OUTBOX_DISPATCH_LOOPS),
         W(OUTBOX_MAX_RETRIES),
         W(OUTBOX_LOCK_TIMEOUT_MS),
         W(OUTBOX_DONE_RETENTION_HOURS),

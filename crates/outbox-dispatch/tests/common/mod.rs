@@ -189,6 +189,45 @@ impl Harness {
     }
 }
 
+/// A private Redis whose writes can be held: pushes hang while it is
+/// paused, as they do on a Redis that stopped answering.
+pub struct PausableRedis {
+    pub process: outbox_test_support::RedisProcess,
+    admin: redis::aio::MultiplexedConnection,
+}
+
+impl PausableRedis {
+    pub async fn start() -> Self {
+        let process = outbox_test_support::RedisProcess::start().await;
+        let admin = process
+            .client()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        Self { process, admin }
+    }
+
+    /// Holds every write (pushes included) for up to a minute.
+    pub async fn pause_writes(&mut self) {
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(60_000)
+            .arg("WRITE")
+            .query_async::<()>(&mut self.admin)
+            .await
+            .unwrap();
+    }
+
+    /// Lets the held writes through.
+    pub async fn unpause(&mut self) {
+        redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async::<()>(&mut self.admin)
+            .await
+            .unwrap();
+    }
+}
+
 /// A config for tests: quick polling, no listener unless asked.
 pub fn quick_config() -> DispatcherConfig {
     DispatcherConfig {
