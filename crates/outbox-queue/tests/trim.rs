@@ -134,3 +134,34 @@ async fn one_call_walks_the_whole_set_and_the_limit_caps_removals() {
         .unwrap();
     assert_eq!(bodies, 500);
 }
+
+// Break checked: the SSCAN loop of `dead_task_ids` stopping after its first
+// page (`next == 0` → `!=`) returns a part of the ids and fails here.
+#[tokio::test]
+async fn every_dead_task_id_is_listed_once_however_many_pages_the_set_takes() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let config = apalis_config(&namespace, "q.dead");
+    // 1,200 dead jobs: three SSCAN round trips of 500.
+    let mut expected: Vec<String> = (0..1_200).map(|i| format!("job-{i:04}")).collect();
+    let mut pipe = redis::pipe();
+    for id in &expected {
+        pipe.sadd(config.dead_jobs_set(), id);
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+
+    let ids = outbox_queue::dead_task_ids(&mut conn, &namespace, "q.dead")
+        .await
+        .unwrap();
+
+    expected.sort_unstable();
+    assert_eq!(ids.len(), 1_200);
+    assert_eq!(ids, expected);
+    assert!(
+        outbox_queue::dead_task_ids(&mut conn, &namespace, "q.empty")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
