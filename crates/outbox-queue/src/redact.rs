@@ -77,7 +77,7 @@ pub fn redact_url(url: &str) -> String {
 pub fn endpoint_origin(url: &str) -> String {
     match url::Url::parse(url.trim()) {
         Ok(parsed) => match parsed.host_str() {
-            Some(host) if !host.is_empty() => match parsed.port() {
+            Some(host) => match parsed.port() {
                 Some(port) => format!("{}://{host}:{port}/…", parsed.scheme()),
                 None => format!("{}://{host}/…", parsed.scheme()),
             },
@@ -217,6 +217,23 @@ fn value_end(value: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // The URL parser gives no host (rather than an empty one) for each of
+    // these, so an endpoint without a host is refused without a guard of
+    // its own.
+    #[test]
+    fn an_endpoint_without_a_host_is_shown_as_invalid() {
+        for url in [
+            "file:///etc/passwd",
+            "unix:/run/app.sock",
+            "foo:///path",
+            "foo://",
+            "redis:///0",
+        ] {
+            assert_eq!(endpoint_origin(url), INVALID_URL, "{url}");
+        }
+        assert_eq!(endpoint_origin("https://h.example"), "https://h.example/…");
+    }
 
     #[test]
     fn passwords_in_connection_urls_are_hidden() {
