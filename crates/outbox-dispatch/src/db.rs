@@ -515,15 +515,14 @@ pub async fn mark_pending(
 
 /// Moves the safe point of `queue` forward to `mark` (never back), unless a
 /// reconciliation of the queue is due or the marker's epoch is no longer
-/// `epoch` (a loss was detected since the scan began). Returns whether it
-/// moved.
+/// `epoch` (a loss was detected since the scan began): then it leaves it.
 pub async fn advance_drained(
     conn: &mut AsyncPgConnection,
     namespace: &str,
     queue: &str,
     epoch: Uuid,
     mark: DateTime<Utc>,
-) -> diesel::QueryResult<bool> {
+) -> diesel::QueryResult<()> {
     diesel::sql_query(
         "UPDATE outbox_redis_safe_point s SET drained_before = GREATEST(s.drained_before, $4)
          WHERE s.namespace = $1 AND s.queue = $2 AND s.pending_since IS NULL
@@ -535,7 +534,7 @@ pub async fn advance_drained(
     .bind::<Timestamptz, _>(mark)
     .execute(conn)
     .await
-    .map(|n| n > 0)
+    .map(|_| ())
 }
 
 /// Moves a queue's pending reconciliation from the cursor `from` to `to`

@@ -20,7 +20,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{
     Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
-    Reconciler, RedisGuardSettings, Router, Standing,
+    Reconciler, RedisGuardSettings, Router, Standing, db,
 };
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -952,5 +952,77 @@ async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
         metrics.counter("outbox_reconcile_checked_total", ("queue", queues::MAIL)),
         40 + 40,
         "the first sight and the loss: each row checked once each time"
+    );
+}
+
+#[derive(diesel::QueryableByName, Debug, PartialEq)]
+struct PendingCursor {
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pending_since: Option<DateTime<Utc>>,
+    #[diesel(sql_type = Nullable<diesel::sql_types::Uuid>)]
+    pending_after_id: Option<Uuid>,
+}
+
+// Break checked: `advance_pending` answering "moved" when it did not
+// (`n > 0` → `n == 0`) fails here; the guard then goes on reconciling
+// from a cursor a new loss has set back, or stops after one batch.
+#[tokio::test]
+async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    conn.batch_execute(
+        "INSERT INTO outbox_redis_epoch (namespace, epoch, run_id, checked_at) \
+         VALUES ('ns:', gen_random_uuid(), 'run', now()); \
+         INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before, pending_since) \
+         VALUES ('ns:', 'outbox.audit', now(), '2026-11-30 10:00:00+00')",
+    )
+    .await
+    .unwrap();
+    let cursor = async |conn: &mut diesel_async::AsyncPgConnection| {
+        diesel::sql_query(
+            "SELECT pending_since, pending_after_id FROM outbox_redis_safe_point \
+             WHERE namespace = 'ns:' AND queue = 'outbox.audit'",
+        )
+        .get_result::<PendingCursor>(conn)
+        .await
+        .unwrap()
+    };
+    let start: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().unwrap();
+    let next = ("2026-11-30T10:05:00Z".parse().unwrap(), Uuid::now_v7());
+
+    let moved = db::advance_pending(&mut conn, "ns:", "outbox.audit", (start, None), Some(next))
+        .await
+        .unwrap();
+    assert!(moved, "the cursor stood where the caller said: it moves");
+    let moved_to = PendingCursor {
+        pending_since: Some(next.0),
+        pending_after_id: Some(next.1),
+    };
+    assert_eq!(cursor(&mut conn).await, moved_to);
+
+    // A caller still at the old place (a new loss, another dispatcher) is
+    // told so and changes nothing.
+    let stale = db::advance_pending(&mut conn, "ns:", "outbox.audit", (start, None), None)
+        .await
+        .unwrap();
+    assert!(!stale, "the cursor had moved on: nothing moves");
+    assert_eq!(cursor(&mut conn).await, moved_to);
+
+    let done = db::advance_pending(
+        &mut conn,
+        "ns:",
+        "outbox.audit",
+        (next.0, Some(next.1)),
+        None,
+    )
+    .await
+    .unwrap();
+    assert!(done, "the last batch ends the reconciliation");
+    assert_eq!(
+        cursor(&mut conn).await,
+        PendingCursor {
+            pending_since: None,
+            pending_after_id: None
+        }
     );
 }

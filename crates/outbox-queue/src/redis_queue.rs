@@ -383,6 +383,22 @@ pub fn retry_round(task_id: &str) -> (&str, usize) {
 mod tests {
     use super::*;
 
+    // Break checked: any other prefix (the writers and readers would still
+    // agree) fails here; docs/adopting.md names these keys for operators
+    // who remove a namespace, and records written by an earlier version
+    // must still be found.
+    #[test]
+    fn idempotency_records_live_under_the_documented_keys() {
+        assert_eq!(
+            idempotency_prefix(&QueueNamespace::root()),
+            "outbox:idempotency:"
+        );
+        assert_eq!(
+            idempotency_prefix(&QueueNamespace::checked("adopt-app:").unwrap()),
+            "adopt-app:outbox:idempotency:"
+        );
+    }
+
     #[test]
     fn a_queue_prefix_must_end_with_the_separator() {
         assert_eq!(QueueNamespace::checked(""), Ok(QueueNamespace::root()));
