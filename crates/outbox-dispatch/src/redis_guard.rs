@@ -724,8 +724,6 @@ mod tests {
         ServerInfo {
             run_id: run_id.to_owned(),
             uptime: Duration::from_secs(uptime_s),
-            aof_enabled: matches!(persistence, Persistence::Aof { .. }),
-            loading: false,
             persistence,
         }
     }

@@ -162,8 +162,8 @@ impl std::fmt::Display for Persistence {
     }
 }
 
-/// What a server says about itself: `INFO server`, `INFO persistence`
-/// and, where allowed, `CONFIG GET`.
+/// What a server says about itself: `INFO server` and, where allowed,
+/// `CONFIG GET`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerInfo {
     /// `run_id`: random per server start. Another value means the server
@@ -171,10 +171,6 @@ pub struct ServerInfo {
     pub run_id: String,
     /// `uptime_in_seconds`.
     pub uptime: Duration,
-    /// `aof_enabled` from `INFO persistence` (readable where `CONFIG` is not).
-    pub aof_enabled: bool,
-    /// `loading`: the server is still reading its data set from disk.
-    pub loading: bool,
     /// The persistence as `CONFIG GET` reports it.
     pub persistence: Persistence,
 }
@@ -189,24 +185,17 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// Asks the server for [`ServerInfo`]: two `INFO` sections in one round
-/// trip, then `CONFIG GET appendonly appendfsync save`, whose refusal only
-/// makes the persistence [`Persistence::Unknown`].
+/// Asks the server for [`ServerInfo`]: `INFO server`, then `CONFIG GET
+/// appendonly appendfsync save`, whose refusal only makes the persistence
+/// [`Persistence::Unknown`].
 ///
 /// # Errors
 ///
 /// [`QueueError::Redis`] when Redis does not answer `INFO`, or
 /// [`QueueError::Unexpected`] when the answer has no `run_id`.
 pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo, QueueError> {
-    let (server, persistence): (String, String) = redis::pipe()
-        .cmd("INFO")
-        .arg("server")
-        .cmd("INFO")
-        .arg("persistence")
-        .query_async(conn)
-        .await?;
+    let server: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
     let server = parse_info(&server);
-    let persisted = parse_info(&persistence);
     let run_id = server
         .get("run_id")
         .cloned()
@@ -220,8 +209,6 @@ pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo
                 .and_then(|s| s.parse().ok())
                 .unwrap_or_default(),
         ),
-        aof_enabled: persisted.get("aof_enabled").is_some_and(|v| v == "1"),
-        loading: persisted.get("loading").is_some_and(|v| v == "1"),
         persistence,
     })
 }
