@@ -1,0 +1,281 @@
+//! What a queue worker sees of [`WorkerStore`] on real Redis: a job finished
+//! by a worker presumed dead is counted as a stale acknowledgement and runs
+//! again elsewhere, and jobs a stopping worker fetched but never started go
+//! straight back to the queue.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use apalis_core::backend::TaskResult;
+use apalis_core::backend::persistence::{Persistence, TaskEvent};
+use apalis_core::task::Task;
+use apalis_core::task::status::Status;
+use apalis_core::worker::context::WorkerContext;
+use apalis_redis::{Config, ConnectionManager};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use outbox_queue::{QueueNamespace, RedisSettings, WorkerStore, apalis_config, push_raw};
+use outbox_test_support::{TestRedis, eventually};
+
+const QUEUE: &str = "q.jobs";
+
+/// Runs `body` on a current-thread runtime with `recorder` installed for
+/// this thread (the runtime keeps every call on it).
+fn recording<T>(recorder: &DebuggingRecorder, body: impl AsyncFnOnce() -> T) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(recorder, || runtime.block_on(body()))
+}
+
+/// `outbox_queue_stale_acks_total{queue}`; 0 when it was never recorded.
+fn stale_acks(recorder: &DebuggingRecorder, queue: &str) -> u64 {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, _, _, _)| {
+            let key = key.key();
+            key.name() == "outbox_queue_stale_acks_total"
+                && key
+                    .labels()
+                    .any(|l| l.key() == "queue" && l.value() == queue)
+        })
+        .map(|(_, _, _, value)| match value {
+            DebugValue::Counter(n) => n,
+            other => panic!("outbox_queue_stale_acks_total is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+async fn push(conn: &mut ConnectionManager, namespace: &QueueNamespace, id: &str) {
+    let report = push_raw(conn, namespace, QUEUE, &[(id.to_owned(), b"{}".to_vec())])
+        .await
+        .unwrap();
+    assert_eq!(report.new, 1, "{id} was pushed");
+}
+
+/// A worker registered on the queue, as apalis starts one.
+async fn started(store: &mut WorkerStore, name: &str) -> WorkerContext {
+    let worker = WorkerContext::new(name);
+    store.register(&worker).await.unwrap();
+    worker
+}
+
+/// The ids of a fetched batch.
+fn ids(tasks: &[Task<Vec<u8>>]) -> Vec<String> {
+    tasks
+        .iter()
+        .map(|t| t.task_id().expect("fetched jobs have ids").to_string())
+        .collect()
+}
+
+/// The handler finished `task` successfully, as apalis reports it.
+fn done(task: &Task<Vec<u8>>) -> TaskEvent<serde_json::Value> {
+    TaskEvent::Complete(TaskResult {
+        task_id: task.task_id().unwrap().clone(),
+        attempt: 1,
+        status: Status::Done,
+        result: Ok(serde_json::Value::Null),
+    })
+}
+
+async fn waiting(conn: &mut ConnectionManager, config: &Config) -> Vec<String> {
+    redis::cmd("LRANGE")
+        .arg(config.active_jobs_list())
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn members(conn: &mut ConnectionManager, set: &str) -> Vec<String> {
+    let mut members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(set)
+        .query_async(conn)
+        .await
+        .unwrap();
+    members.sort();
+    members
+}
+
+async fn meta_status(conn: &mut ConnectionManager, config: &Config, id: &str) -> Option<String> {
+    redis::cmd("HGET")
+        .arg(format!("{}:{id}", config.job_meta_hash()))
+        .arg("status")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+// Break checked: deleting the `!` in `if !stale.is_empty()` (acknowledge)
+// fails with "the finished job the dead worker no longer held is counted
+// once as a stale ack ... left: 0 right: 1".
+#[test]
+fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again() {
+    let recorder = DebuggingRecorder::new();
+    recording(&recorder, async || {
+        let redis = TestRedis::new().await;
+        let namespace = QueueNamespace::prefixed(redis.prefix());
+        let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+        // Worker A: the default orphan window (minutes), so nothing it
+        // does itself recovers anything.
+        let config = apalis_config(&namespace, QUEUE);
+        let queue = namespace.queue(QUEUE);
+        let mut a_store = WorkerStore::new(conn.clone(), config.clone());
+        let a = started(&mut a_store, "worker-a").await;
+
+        // A normal ack: A still holds the job it finishes.
+        push(&mut conn, &namespace, "held").await;
+        let held = a_store.fetch_next(&a).await.unwrap();
+        assert_eq!(ids(&held), ["held"]);
+        a_store
+            .handle_events(vec![done(&held[0])], &a)
+            .await
+            .unwrap();
+        assert_eq!(
+            stale_acks(&recorder, &queue),
+            0,
+            "a normal ack of a held job counts no stale ack"
+        );
+        assert_eq!(
+            members(&mut conn, &config.done_jobs_set()).await,
+            ["held"],
+            "the held job is done"
+        );
+
+        // A fetches another job, then stops heartbeating.
+        push(&mut conn, &namespace, "orphan").await;
+        let orphan = a_store.fetch_next(&a).await.unwrap();
+        assert_eq!(ids(&orphan), ["orphan"]);
+
+        // Worker B counts a worker as dead one second after its last
+        // heartbeat. Its heartbeats run the store's orphan recovery; this
+        // waits for the wall clock to pass A's heartbeat by that second,
+        // which is what the recovery compares against.
+        let b_config = apalis_config(&namespace, QUEUE)
+            .heartbeat_interval(Duration::from_secs(1))
+            .missed_heartbeats(1);
+        let mut b_store = WorkerStore::new(conn.clone(), b_config);
+        let b = started(&mut b_store, "worker-b").await;
+        eventually(
+            "worker B to put the job of worker A back on the queue",
+            Duration::from_secs(10),
+            async || {
+                b_store.heartbeat(&b).await.unwrap();
+                waiting(&mut conn, &config).await == ["orphan"]
+            },
+        )
+        .await;
+        assert!(
+            members(&mut conn, &config.inflight_set_for(&a))
+                .await
+                .is_empty(),
+            "worker A no longer holds the job"
+        );
+
+        // A, unaware, finishes the job it no longer holds.
+        a_store
+            .handle_events(vec![done(&orphan[0])], &a)
+            .await
+            .unwrap();
+
+        assert_eq!(
+            stale_acks(&recorder, &queue),
+            1,
+            "the finished job the dead worker no longer held is counted once as a stale ack"
+        );
+        assert_eq!(
+            members(&mut conn, &config.done_jobs_set()).await,
+            ["held"],
+            "the stale ack does not mark the job done"
+        );
+        assert_eq!(
+            waiting(&mut conn, &config).await,
+            ["orphan"],
+            "the job stays on the queue where the recovery put it"
+        );
+        assert_eq!(
+            meta_status(&mut conn, &config, "orphan").await.as_deref(),
+            Some("Pending"),
+            "the job is still pending"
+        );
+        let again = b_store.fetch_next(&b).await.unwrap();
+        assert_eq!(ids(&again), ["orphan"], "the job runs again on worker B");
+    });
+}
+
+// Break checked: replacing the body of `reenqueue_abandoned` with `Ok(1)`
+// fails with "the released job is back on the queue at once ... left: []
+// right: [\"unstarted\"]".
+#[tokio::test]
+async fn a_job_released_at_shutdown_is_fetched_by_another_worker_at_once() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    // The default orphan window (minutes): only the release can bring the
+    // job back within this test.
+    let config = apalis_config(&namespace, QUEUE);
+    let mut store = WorkerStore::new(conn.clone(), config.clone());
+    push(&mut conn, &namespace, "unstarted").await;
+    let a = started(&mut store, "worker-a").await;
+    let fetched = store.fetch_next(&a).await.unwrap();
+    assert_eq!(ids(&fetched), ["unstarted"]);
+    assert_eq!(
+        members(&mut conn, &config.inflight_set_for(&a)).await,
+        ["unstarted"]
+    );
+
+    // A stops before starting the job.
+    let released = store.reenqueue_abandoned(fetched, &a).await.unwrap();
+
+    assert_eq!(released, 1, "one job released");
+    assert_eq!(
+        waiting(&mut conn, &config).await,
+        ["unstarted"],
+        "the released job is back on the queue at once"
+    );
+    assert!(
+        members(&mut conn, &config.inflight_set_for(&a))
+            .await
+            .is_empty(),
+        "the stopping worker no longer holds the released job"
+    );
+    assert_eq!(
+        meta_status(&mut conn, &config, "unstarted")
+            .await
+            .as_deref(),
+        Some("Pending"),
+        "the released job is pending again"
+    );
+    let mut other = WorkerStore::new(conn.clone(), config.clone());
+    let b = started(&mut other, "worker-b").await;
+    let again = other.fetch_next(&b).await.unwrap();
+    assert_eq!(
+        ids(&again),
+        ["unstarted"],
+        "another worker fetches the released job"
+    );
+}
+
+// Break checked: replacing the body of `reenqueue_abandoned` with `Ok(1)`
+// fails with "a worker stopping with no unstarted jobs releases none ...
+// left: 1 right: 0".
+#[tokio::test]
+async fn a_worker_stopping_with_no_unstarted_jobs_releases_none() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let mut store = WorkerStore::new(conn, apalis_config(&namespace, QUEUE));
+    let a = started(&mut store, "worker-a").await;
+
+    let released = store.reenqueue_abandoned(Vec::new(), &a).await.unwrap();
+
+    assert_eq!(
+        released, 0,
+        "a worker stopping with no unstarted jobs releases none"
+    );
+}
