@@ -180,6 +180,25 @@ impl Rig {
             .kind
     }
 
+    /// What the mail worker leaves when it delivered each of `ids`: the
+    /// mail job and its send job finished.
+    async fn deliver_mails(&self, ids: &[Uuid]) {
+        let mut redis = self.redis();
+        for id in ids {
+            self.finish(queues::MAIL, &task_id(*id)).await;
+            let send = format!("email:{id}");
+            outbox_queue::push_raw(
+                &mut redis,
+                &self.namespace,
+                queues::TOOLCTRL_EMAIL,
+                &[(send.clone(), b"{}".to_vec())],
+            )
+            .await
+            .unwrap();
+            self.finish(queues::TOOLCTRL_EMAIL, &send).await;
+        }
+    }
+
     /// What a worker does when a job ran: out of the queue, into the done set.
     async fn finish(&self, queue: &str, task_id: &str) {
         let config = apalis_config(&self.namespace, queue);
@@ -765,20 +784,8 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
     assert_eq!(rig.check().await, Assessment::FirstSight);
     rig.repair().await;
     // The first batch is delivered (the mail jobs and their send jobs finish).
+    rig.deliver_mails(&first).await;
     let mut redis = rig.redis();
-    for id in &first {
-        rig.finish(queues::MAIL, &task_id(*id)).await;
-        let send = format!("email:{id}");
-        outbox_queue::push_raw(
-            &mut redis,
-            &rig.namespace,
-            queues::TOOLCTRL_EMAIL,
-            &[(send.clone(), b"{}".to_vec())],
-        )
-        .await
-        .unwrap();
-        rig.finish(queues::TOOLCTRL_EMAIL, &send).await;
-    }
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
     let rows = rig.rows(queues::MAIL).await;
@@ -819,6 +826,37 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
             JobStateKind::Waiting
         );
     }
+}
+
+// Break checked: the scan taking a full page for the last one
+// (`rows.len() < limit` → `<=` in `advance_safe_points`) moves the safe
+// point past the waiting jobs and fails here: after a loss they would not
+// be pushed again.
+#[tokio::test]
+async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_ones() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    // More delivered jobs than the scan's first page (16), then waiting ones.
+    let delivered = rig.hand_off((0..20).map(mail).collect()).await;
+    let waiting = rig.hand_off((20..23).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    rig.deliver_mails(&delivered).await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.repair().await;
+    let first_waiting = rig
+        .rows(queues::MAIL)
+        .await
+        .into_iter()
+        .find(|r| r.id == waiting[0])
+        .unwrap()
+        .processed_at
+        .unwrap();
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await.0,
+        first_waiting,
+        "the safe point stops at the first job still waiting"
+    );
 }
 
 #[tokio::test]
