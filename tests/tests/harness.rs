@@ -6,7 +6,8 @@
 use diesel::sql_types::BigInt;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
 use outbox_test_support::{
-    TestDatabase, TestRedis, database_server_url, sweep_abandoned_namespaces, with_database,
+    TestDatabase, TestRedis, database_server_url, sweep_abandoned_databases,
+    sweep_abandoned_namespaces, with_database,
 };
 use redis::AsyncCommands;
 
@@ -120,4 +121,51 @@ async fn namespaces_left_by_killed_tests_are_swept_and_live_ones_are_kept() {
         vec![live.key("job")],
         "a live namespace is kept"
     );
+}
+
+#[tokio::test]
+async fn an_old_test_database_nobody_uses_is_dropped_and_a_used_or_recent_one_is_kept() {
+    let server = database_server_url();
+    let mut admin = outbox_model::establish(&with_database(&server, "postgres"))
+        .await
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let id = || uuid::Uuid::new_v4().simple().to_string();
+    // Left by a test killed two hours ago.
+    let abandoned = format!("outbox_test_{}_{}", now - 7_200, id());
+    // Two hours old too, but a session is still connected to it.
+    let in_use = format!("outbox_test_{}_{}", now - 7_200, id());
+    // Created a minute ago, no session yet (a test about to connect).
+    let recent = format!("outbox_test_{}_{}", now - 60, id());
+    for name in [&abandoned, &in_use, &recent] {
+        admin
+            .batch_execute(&format!("CREATE DATABASE \"{name}\""))
+            .await
+            .unwrap();
+    }
+    let user = outbox_model::establish(&with_database(&server, &in_use))
+        .await
+        .unwrap();
+    let live = TestDatabase::new().await;
+
+    let dropped = sweep_abandoned_databases(&server, std::time::Duration::from_secs(3_600))
+        .await
+        .unwrap();
+
+    assert!(dropped.contains(&abandoned), "{dropped:?}");
+    assert_eq!(database_count(&abandoned).await, 0);
+    for kept in [&in_use, &recent, &live.name().to_owned()] {
+        assert!(!dropped.contains(kept), "{kept} dropped: {dropped:?}");
+        assert_eq!(database_count(kept).await, 1, "{kept} is gone");
+    }
+    drop(user);
+    for name in [&in_use, &recent] {
+        admin
+            .batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
+            .await
+            .unwrap();
+    }
 }
