@@ -224,6 +224,10 @@ async fn wait_for_audit(
     .context("the audit rows of the published events did not all appear")
 }
 
+/// Events slower than this are counted per second of the run
+/// (`over_100ms_by_second`), to tell a start-up delay from a recurring one.
+const SLOW_MS: f64 = 100.0;
+
 /// Percentiles (nearest rank) of sorted `values`.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -253,13 +257,24 @@ async fn report(
     let recorded: HashMap<String, i64> = recorded.into_iter().map(|r| (r.id, r.us)).collect();
     let mut latencies = Vec::with_capacity(published.commits.len());
     let mut from_before = Vec::with_capacity(published.commits.len());
+    let first_commit = published.commits.iter().map(|c| c.2).min().unwrap_or(0);
+    let mut slow_by_second = std::collections::BTreeMap::<u64, usize>::new();
     for (id, before, committed) in &published.commits {
         let Some(at) = recorded.get(id) else {
             bail!("no audit row for event {id}");
         };
-        latencies.push((at - committed) as f64 / 1000.0);
+        let latency = (at - committed) as f64 / 1000.0;
+        if latency > SLOW_MS {
+            let second = u64::try_from((committed - first_commit) / 1_000_000).unwrap_or(0);
+            *slow_by_second.entry(second).or_default() += 1;
+        }
+        latencies.push(latency);
         from_before.push((at - before) as f64 / 1000.0);
     }
+    let slow_by_second: serde_json::Map<String, serde_json::Value> = slow_by_second
+        .into_iter()
+        .map(|(second, n)| (second.to_string(), json!(n)))
+        .collect();
     latencies.sort_by(f64::total_cmp);
     from_before.sort_by(f64::total_cmp);
     let mut late = published.late_ms;
@@ -280,6 +295,7 @@ async fn report(
             "max": round2(percentile(&from_before, 1.0)),
         },
         "publish_late_p99_ms": round2(percentile(&late, 0.99)),
+        "over_100ms_by_second": slow_by_second,
     }));
     Ok(())
 }
