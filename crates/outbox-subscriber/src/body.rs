@@ -268,6 +268,29 @@ impl WireFormatBackend for LenientRedis {
 mod tests {
     use super::*;
 
+    // Break checked: `trace_context` returning `None` fails here (the job's
+    // span would start a new trace instead of continuing the producer's).
+    #[test]
+    fn a_body_gives_its_trace_context_when_it_carries_a_valid_one() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let body = |raw: String| JobBody::from_bytes(raw.into_bytes());
+        let traced = body(format!(
+            r#"{{"outbox_event_id":"x","trace_context":{{"traceparent":"{traceparent}"}}}}"#
+        ));
+        assert_eq!(
+            traced.trace_context().map(|cx| cx.traceparent().to_owned()),
+            Some(traceparent.to_owned())
+        );
+        for raw in [
+            r#"{"outbox_event_id":"x"}"#,
+            r#"{"trace_context":{"traceparent":"not one"}}"#,
+            r#"["trace_context"]"#,
+            "not json",
+        ] {
+            assert_eq!(body(raw.to_owned()).trace_context(), None, "{raw}");
+        }
+    }
+
     #[test]
     fn ids_come_from_an_object_only() {
         let ids = |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).ids();

@@ -562,3 +562,25 @@ async fn a_job_whose_body_is_gone_is_dropped_and_the_worker_keeps_serving() {
     shutdown.cancel();
     runner.await.unwrap().unwrap();
 }
+
+// Break checked: `HandlerGroup::queues` returning no queue lets a second
+// handler for the same queue in, and fails here.
+#[test]
+fn a_group_refuses_a_second_handler_for_a_queue_it_already_consumes() {
+    let group = HandlerGroup::new()
+        .with(Recorder::default())
+        .unwrap()
+        .with(Stubborn {
+            calls: Arc::default(),
+            succeed_on: 1,
+        })
+        .unwrap();
+    assert_eq!(group.queues(), ["test.jobs", "test.stubborn"]);
+    match group.with(Recorder::default()) {
+        Err(outbox_subscriber::SubscriberError::DuplicateQueue(queue)) => {
+            assert_eq!(queue, "test.jobs");
+        }
+        Err(other) => panic!("another error: {other}"),
+        Ok(_) => panic!("a second handler for test.jobs was accepted"),
+    }
+}
