@@ -527,6 +527,28 @@ async fn run_queue(
 mod tests {
     use super::*;
 
+    // Break checked: the host name dropped when it is not empty (the `!`
+    // deleted) names every worker `…@host:…` and fails here.
+    #[test]
+    fn a_worker_is_named_after_its_queue_host_and_process() {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
+        let name = worker_name("outbox.audit");
+        let expected = format!("outbox.audit@{host}:{}:", std::process::id());
+        assert!(
+            name.starts_with(&expected),
+            "{name} does not start with {expected}"
+        );
+        let suffix = &name[expected.len()..];
+        assert!(
+            suffix.len() >= 8 && suffix.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{name}"
+        );
+    }
+
     /// A queue worker that keeps failing at once is restarted after 1, 2,
     /// 4, … s, never waiting more than 30 s; one that ran for over a minute
     /// before it stopped is restarted after 1 s again.
