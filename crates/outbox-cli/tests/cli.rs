@@ -121,10 +121,13 @@ async fn requeue_of_one_failed_row_delivers_it_once() {
         .await;
 
     // A dry run of the one row says so in its report and changes nothing.
-    // Break checked: leaving `dry_run` out of the one-row report fails this.
+    // Break checked: leaving `dry_run` or `matching` out of the one-row
+    // report fails this.
     let dry = env.outbox(&["requeue", &id.to_string(), "--dry-run", "--json"]);
     assert_eq!(dry.code, 0, "{}{}", dry.stdout, dry.stderr);
     assert_eq!(dry.json()["dry_run"], true, "{}", dry.stdout);
+    assert_eq!(dry.json()["matching"], 1, "{}", dry.stdout);
+    assert_eq!(dry.json()["to_requeue"], 1, "{}", dry.stdout);
     assert_eq!(env.rows().await[0].status, OutboxStatus::Failed);
 
     let run = env.outbox(&["requeue", &id.to_string(), "--reason", "Redis is back"]);
