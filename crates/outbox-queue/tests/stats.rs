@@ -5,16 +5,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
-use outbox_queue::{QueueNamespace, RedisSettings, apalis_config, push_raw, queue_stats};
-use outbox_test_support::TestRedis;
+use outbox_queue::{apalis_config, push_raw, queue_stats};
 
 #[tokio::test]
 async fn a_silent_worker_is_stalled_a_fresh_one_is_not_and_running_and_waiting_jobs_add_up() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
     let jobs: Vec<(String, Vec<u8>)> = ["a", "b", "c"]
         .iter()
         .map(|id| ((*id).to_owned(), b"{}".to_vec()))

@@ -2,16 +2,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
-use outbox_queue::{QueueNamespace, RedisSettings, apalis_config, push_raw, trim_finished};
-use outbox_test_support::TestRedis;
+use outbox_queue::{apalis_config, push_raw, trim_finished};
 
 #[tokio::test]
 async fn only_old_finished_jobs_are_trimmed() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
     let jobs: Vec<(String, Vec<u8>)> = ["old-done", "new-done", "old-dead", "waiting"]
         .iter()
         .map(|id| ((*id).to_owned(), b"{}".to_vec()))
@@ -85,9 +84,7 @@ async fn only_old_finished_jobs_are_trimmed() {
 
 #[tokio::test]
 async fn one_call_walks_the_whole_set_and_the_limit_caps_removals() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
     let config = apalis_config(&namespace, "q.many");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -139,9 +136,7 @@ async fn one_call_walks_the_whole_set_and_the_limit_caps_removals() {
 // page (`next == 0` → `!=`) returns a part of the ids and fails here.
 #[tokio::test]
 async fn every_dead_task_id_is_listed_once_however_many_pages_the_set_takes() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
     let config = apalis_config(&namespace, "q.dead");
     // 1,200 dead jobs: three SSCAN round trips of 500.
     let mut expected: Vec<String> = (0..1_200).map(|i| format!("job-{i:04}")).collect();

@@ -5,6 +5,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::time::Duration;
 
 use apalis_core::backend::TaskResult;
@@ -14,8 +16,8 @@ use apalis_core::task::status::Status;
 use apalis_core::worker::context::WorkerContext;
 use apalis_redis::{Config, ConnectionManager};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use outbox_queue::{QueueNamespace, RedisSettings, WorkerStore, apalis_config, push_raw};
-use outbox_test_support::{TestRedis, eventually};
+use outbox_queue::{QueueNamespace, WorkerStore, apalis_config, push_raw};
+use outbox_test_support::eventually;
 
 const QUEUE: &str = "q.jobs";
 
@@ -118,9 +120,7 @@ async fn meta_status(conn: &mut ConnectionManager, config: &Config, id: &str) ->
 fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again() {
     let recorder = DebuggingRecorder::new();
     recording(&recorder, async || {
-        let redis = TestRedis::new().await;
-        let namespace = QueueNamespace::prefixed(redis.prefix());
-        let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+        let (_redis, namespace, mut conn) = common::redis_queue().await;
         // Worker A: the default orphan window (minutes), so nothing it
         // does itself recovers anything.
         let config = apalis_config(&namespace, QUEUE);
@@ -213,9 +213,7 @@ fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again
 // right: [\"unstarted\"]".
 #[tokio::test]
 async fn a_job_released_at_shutdown_is_fetched_by_another_worker_at_once() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let mut conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
     // The default orphan window (minutes): only the release can bring the
     // job back within this test.
     let config = apalis_config(&namespace, QUEUE);
@@ -266,9 +264,7 @@ async fn a_job_released_at_shutdown_is_fetched_by_another_worker_at_once() {
 // left: 1 right: 0".
 #[tokio::test]
 async fn a_worker_stopping_with_no_unstarted_jobs_releases_none() {
-    let redis = TestRedis::new().await;
-    let namespace = QueueNamespace::prefixed(redis.prefix());
-    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let (_redis, namespace, conn) = common::redis_queue().await;
     let mut store = WorkerStore::new(conn, apalis_config(&namespace, QUEUE));
     let a = started(&mut store, "worker-a").await;
 
