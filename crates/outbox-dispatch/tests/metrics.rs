@@ -17,6 +17,7 @@ use outbox_dispatch::db;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::push_raw;
+use outbox_test_support::with_metrics_recorder;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -110,7 +111,7 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
 #[test]
 fn the_handoff_latency_counts_seconds_from_when_the_row_became_due() {
     let recorder = DebuggingRecorder::new();
-    recording(&recorder, async || {
+    with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         let mut conn = h.conn().await;
         exec(
@@ -141,17 +142,6 @@ fn the_handoff_latency_counts_seconds_from_when_the_row_became_due() {
     );
 }
 
-/// Runs `body` on a current-thread runtime with `recorder` installed for this
-/// thread, so that everything it spawns (the run loop, the listener) records
-/// into it too.
-fn recording<T>(recorder: &DebuggingRecorder, body: impl AsyncFnOnce() -> T) -> T {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(recorder, || runtime.block_on(body()))
-}
-
 /// A counter's value in a snapshot; 0 when it was never recorded.
 fn counter(snapshot: &HashMap<String, f64>, name: &str) -> f64 {
     snapshot.get(name).copied().unwrap_or(0.0)
@@ -164,7 +154,7 @@ fn counter(snapshot: &HashMap<String, f64>, name: &str) -> f64 {
 #[test]
 fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
     let recorder = DebuggingRecorder::new();
-    recording(&recorder, async || {
+    with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         // A Redis of its own, to pause without disturbing other tests.
         let mut redis = PausableRedis::start().await;
@@ -226,7 +216,7 @@ fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
 #[test]
 fn a_job_already_in_redis_is_counted_as_a_duplicate_hand_off() {
     let recorder = DebuggingRecorder::new();
-    let report = recording(&recorder, async || {
+    let report = with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         let ids = h
             .publish(vec![
@@ -261,7 +251,7 @@ fn a_job_already_in_redis_is_counted_as_a_duplicate_hand_off() {
 #[test]
 fn a_stopping_dispatcher_counts_the_claims_it_gives_back() {
     let recorder = DebuggingRecorder::new();
-    let report = recording(&recorder, async || {
+    let report = with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         let events = (0..5)
             .map(|i| NewOutboxEvent::new("acme", "webhook.order.created", json!({ "n": i })))
@@ -285,7 +275,7 @@ fn a_stopping_dispatcher_counts_the_claims_it_gives_back() {
 #[test]
 fn a_killed_listener_connection_is_counted_as_a_reconnect() {
     let recorder = DebuggingRecorder::new();
-    recording(&recorder, async || {
+    with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         let config = DispatcherConfig {
             interval: Duration::from_secs(60),

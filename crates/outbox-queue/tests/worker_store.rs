@@ -17,19 +17,9 @@ use apalis_core::worker::context::WorkerContext;
 use apalis_redis::{Config, ConnectionManager};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_queue::{QueueNamespace, WorkerStore, apalis_config, push_raw};
-use outbox_test_support::eventually;
+use outbox_test_support::{eventually, with_metrics_recorder};
 
 const QUEUE: &str = "q.jobs";
-
-/// Runs `body` on a current-thread runtime with `recorder` installed for
-/// this thread (the runtime keeps every call on it).
-fn recording<T>(recorder: &DebuggingRecorder, body: impl AsyncFnOnce() -> T) -> T {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    metrics::with_local_recorder(recorder, || runtime.block_on(body()))
-}
 
 /// `outbox_queue_stale_acks_total{queue}`; 0 when it was never recorded.
 fn stale_acks(recorder: &DebuggingRecorder, queue: &str) -> u64 {
@@ -119,7 +109,7 @@ async fn meta_status(conn: &mut ConnectionManager, config: &Config, id: &str) ->
 #[test]
 fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again() {
     let recorder = DebuggingRecorder::new();
-    recording(&recorder, async || {
+    with_metrics_recorder(&recorder, async || {
         let (_redis, namespace, mut conn) = common::redis_queue().await;
         // Worker A: the default orphan window (minutes), so nothing it
         // does itself recovers anything.
