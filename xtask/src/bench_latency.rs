@@ -56,8 +56,13 @@ pub struct Plan {
 struct Recorded {
     #[diesel(sql_type = Text)]
     id: String,
+    /// The handler's `recorded_at`, µs since the epoch.
     #[diesel(sql_type = BigInt)]
     us: i64,
+    /// The dispatcher's `processed_at` (the hand-off recorded), µs since
+    /// the epoch.
+    #[diesel(sql_type = BigInt)]
+    handed_off_us: i64,
 }
 
 fn now_us() -> i64 {
@@ -237,6 +242,22 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank - 1]
 }
 
+/// `[[second, events], …]` in order of the second of the run in which the
+/// events slower than [`SLOW_MS`] were committed; `seconds[i]` belongs to
+/// `millis[i]` (both unsorted).
+fn slow_by_second(seconds: &[u64], millis: &[f64]) -> serde_json::Value {
+    let mut by_second = std::collections::BTreeMap::<u64, usize>::new();
+    for (&second, &ms) in seconds.iter().zip(millis) {
+        if ms > SLOW_MS {
+            *by_second.entry(second).or_default() += 1;
+        }
+    }
+    by_second
+        .into_iter()
+        .map(|(second, n)| json!([second, n]))
+        .collect()
+}
+
 fn round2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -248,35 +269,43 @@ async fn report(
     published: Published,
 ) -> Result<()> {
     let recorded: Vec<Recorded> = diesel::sql_query(
-        "SELECT outbox_event_id::text AS id,
-                (extract(epoch FROM recorded_at) * 1000000)::bigint AS us
-         FROM audit_log",
+        "SELECT a.outbox_event_id::text AS id,
+                (extract(epoch FROM a.recorded_at) * 1000000)::bigint AS us,
+                (extract(epoch FROM e.processed_at) * 1000000)::bigint AS handed_off_us
+         FROM audit_log a JOIN outbox_event e ON e.id = a.outbox_event_id",
     )
     .load(conn)
     .await?;
-    let recorded: HashMap<String, i64> = recorded.into_iter().map(|r| (r.id, r.us)).collect();
-    let mut latencies = Vec::with_capacity(published.commits.len());
-    let mut from_before = Vec::with_capacity(published.commits.len());
+    let recorded: HashMap<String, (i64, i64)> = recorded
+        .into_iter()
+        .map(|r| (r.id, (r.handed_off_us, r.us)))
+        .collect();
+    let n = published.commits.len();
+    let (mut latencies, mut from_before) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut to_hand_off, mut from_hand_off) = (Vec::with_capacity(n), Vec::with_capacity(n));
     let first_commit = published.commits.iter().map(|c| c.2).min().unwrap_or(0);
-    let mut slow_by_second = std::collections::BTreeMap::<u64, usize>::new();
+    let mut seconds = Vec::with_capacity(n);
     for (id, before, committed) in &published.commits {
-        let Some(at) = recorded.get(id) else {
+        let Some(&(handed_off, at)) = recorded.get(id) else {
             bail!("no audit row for event {id}");
         };
+        let second = u64::try_from((committed - first_commit) / 1_000_000).unwrap_or(0);
         let latency = (at - committed) as f64 / 1000.0;
-        if latency > SLOW_MS {
-            let second = u64::try_from((committed - first_commit) / 1_000_000).unwrap_or(0);
-            *slow_by_second.entry(second).or_default() += 1;
-        }
+        seconds.push(second);
         latencies.push(latency);
         from_before.push((at - before) as f64 / 1000.0);
+        to_hand_off.push((handed_off - committed) as f64 / 1000.0);
+        from_hand_off.push((at - handed_off) as f64 / 1000.0);
     }
-    let slow_by_second: serde_json::Map<String, serde_json::Value> = slow_by_second
-        .into_iter()
-        .map(|(second, n)| (second.to_string(), json!(n)))
-        .collect();
+    let slow = serde_json::json!({
+        "total": slow_by_second(&seconds, &latencies),
+        "to_hand_off": slow_by_second(&seconds, &to_hand_off),
+        "from_hand_off": slow_by_second(&seconds, &from_hand_off),
+    });
     latencies.sort_by(f64::total_cmp);
     from_before.sort_by(f64::total_cmp);
+    to_hand_off.sort_by(f64::total_cmp);
+    from_hand_off.sort_by(f64::total_cmp);
     let mut late = published.late_ms;
     late.sort_by(f64::total_cmp);
     let events = latencies.len();
@@ -295,7 +324,17 @@ async fn report(
             "max": round2(percentile(&from_before, 1.0)),
         },
         "publish_late_p99_ms": round2(percentile(&late, 0.99)),
-        "over_100ms_by_second": slow_by_second,
+        "to_hand_off": {
+            "p50": round2(percentile(&to_hand_off, 0.50)),
+            "p99": round2(percentile(&to_hand_off, 0.99)),
+            "max": round2(percentile(&to_hand_off, 1.0)),
+        },
+        "from_hand_off": {
+            "p50": round2(percentile(&from_hand_off, 0.50)),
+            "p99": round2(percentile(&from_hand_off, 0.99)),
+            "max": round2(percentile(&from_hand_off, 1.0)),
+        },
+        "over_100ms_by_second": slow,
     }));
     Ok(())
 }
