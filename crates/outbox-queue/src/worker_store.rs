@@ -17,7 +17,8 @@
 //! inspection in [`crate::queue_stats`] and trimming are unchanged.
 
 use std::str::FromStr;
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use apalis_core::backend::codec::Codec;
 use apalis_core::backend::persistence::{Persistence, TaskEvent};
@@ -38,6 +39,12 @@ pub const QUEUE_RESCHEDULE_ATTEMPTS: u32 = 25;
 /// Most jobs one orphan-recovery call moves; the caller repeats until done.
 const RECOVER_STEP: usize = 5_000;
 
+/// Most fetches one [`Persistence::fetch_next`] call makes while wake-ups
+/// keep arriving during fetches that find nothing (another worker took the
+/// jobs they announced); after that the call returns empty and the wake-up
+/// still pending wakes the worker again.
+const MAX_FETCHES_PER_CALL: usize = 4;
+
 static FETCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/fetch.lua")));
 static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
@@ -46,6 +53,13 @@ static REGISTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("l
 static HEARTBEAT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/heartbeat.lua")));
 static RETIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/retire.lua")));
+
+/// Whether a fetch that found `found` jobs is made again: only when it
+/// found none and the wake-up count moved from `before` to `after` while it
+/// ran.
+fn fetch_again(found: usize, before: u64, after: u64) -> bool {
+    found == 0 && after != before
+}
 
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -67,13 +81,30 @@ fn invalid(message: String) -> apalis_redis::Error {
 pub struct WorkerStore {
     conn: ConnectionManager,
     config: Config,
+    wake_count: Option<Arc<AtomicU64>>,
 }
 
 impl WorkerStore {
     /// The store of the apalis queue `config.queue`.
     #[must_use]
     pub fn new(conn: ConnectionManager, config: Config) -> Self {
-        Self { conn, config }
+        Self {
+            conn,
+            config,
+            wake_count: None,
+        }
+    }
+
+    /// Counts the queue's wake-up messages as they arrive (the listener
+    /// adds one per message): a fetch that finds nothing while the count
+    /// moved is made again, since the push a wake-up announces may have
+    /// reached Redis just after the fetch script ran, and the worker,
+    /// having taken that wake-up as the reason for this very fetch, would
+    /// otherwise wait for its next poll.
+    #[must_use]
+    pub fn with_wake_count(mut self, count: Arc<AtomicU64>) -> Self {
+        self.wake_count = Some(count);
+        self
     }
 
     /// The queue's apalis configuration.
@@ -90,6 +121,34 @@ impl WorkerStore {
 
     fn queue(&self) -> &str {
         self.config.queue.as_ref()
+    }
+
+    /// One run of the fetch script: up to a batch of due jobs, marked
+    /// running for `worker`.
+    async fn fetch_once(
+        &mut self,
+        worker: &WorkerContext,
+    ) -> Result<Vec<Task<Vec<u8>>>, apalis_redis::Error> {
+        let reply: Vec<Value> = FETCH
+            .key(self.config.workers_set())
+            .key(self.config.active_jobs_list())
+            .key(self.config.inflight_set_for(worker))
+            .key(self.config.job_data_hash())
+            .key(self.config.job_meta_hash())
+            .key(self.config.scheduled_jobs_set())
+            .arg(now_secs())
+            .arg(self.config.batch_size.max(1))
+            .arg(worker.name())
+            .invoke_async(&mut self.conn)
+            .await?;
+        let fetched = decode_fetch(reply)?;
+        if !fetched.missing.is_empty() {
+            tracing::warn!(queue = %self.queue(), task_ids = ?fetched.missing,
+                "jobs on the queue had no body (trimmed or deleted); dropped them");
+            metrics::counter!("outbox_queue_jobs_without_body_total", "queue" => self.queue().to_owned())
+                .increment(fetched.missing.len() as u64);
+        }
+        Ok(fetched.tasks)
     }
 
     /// Puts the jobs of workers whose heartbeat is older than the orphan
@@ -194,26 +253,16 @@ impl Persistence for WorkerStore {
         &mut self,
         worker: &WorkerContext,
     ) -> Result<Vec<Task<Vec<u8>>>, Self::Error> {
-        let reply: Vec<Value> = FETCH
-            .key(self.config.workers_set())
-            .key(self.config.active_jobs_list())
-            .key(self.config.inflight_set_for(worker))
-            .key(self.config.job_data_hash())
-            .key(self.config.job_meta_hash())
-            .key(self.config.scheduled_jobs_set())
-            .arg(now_secs())
-            .arg(self.config.batch_size.max(1))
-            .arg(worker.name())
-            .invoke_async(&mut self.conn)
-            .await?;
-        let fetched = decode_fetch(reply)?;
-        if !fetched.missing.is_empty() {
-            tracing::warn!(queue = %self.queue(), task_ids = ?fetched.missing,
-                "jobs on the queue had no body (trimmed or deleted); dropped them");
-            metrics::counter!("outbox_queue_jobs_without_body_total", "queue" => self.queue().to_owned())
-                .increment(fetched.missing.len() as u64);
+        let count = self.wake_count.clone();
+        let read = || count.as_ref().map_or(0, |c| c.load(Ordering::SeqCst));
+        for _ in 0..MAX_FETCHES_PER_CALL {
+            let before = read();
+            let tasks = self.fetch_once(worker).await?;
+            if !fetch_again(tasks.len(), before, read()) {
+                return Ok(tasks);
+            }
         }
-        Ok(fetched.tasks)
+        Ok(Vec::new())
     }
 
     async fn reenqueue_abandoned(
@@ -408,3 +457,15 @@ where
 #[derive(Debug, thiserror::Error)]
 #[error("job response is not JSON: {0}")]
 pub struct ResponseCodecError(serde_json::Error);
+
+#[cfg(test)]
+mod tests {
+    use super::fetch_again;
+
+    #[test]
+    fn an_empty_fetch_is_made_again_only_when_a_wake_up_arrived_while_it_ran() {
+        assert!(fetch_again(0, 7, 8), "a wake-up came during an empty fetch");
+        assert!(!fetch_again(0, 7, 7), "nothing came: the worker waits");
+        assert!(!fetch_again(3, 7, 8), "jobs were found: they run first");
+    }
+}

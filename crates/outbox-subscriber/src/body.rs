@@ -181,8 +181,23 @@ impl LenientRedis {
     /// The backend of the apalis queue `config.queue`.
     #[must_use]
     pub fn new(conn: ConnectionManager, config: apalis_redis::Config) -> Self {
+        Self::with_store(WorkerStore::new(conn, config))
+    }
+
+    /// The backend of the apalis queue `config.queue` whose fetches heed
+    /// the queue's wake-up count (see [`WorkerStore::with_wake_count`]).
+    #[must_use]
+    pub fn with_wake_count(
+        conn: ConnectionManager,
+        config: apalis_redis::Config,
+        count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
+        Self::with_store(WorkerStore::new(conn, config).with_wake_count(count))
+    }
+
+    fn with_store(store: WorkerStore) -> Self {
         Self {
-            persisted: Persisted::new(WorkerStore::new(conn, config)),
+            persisted: Persisted::new(store),
             codec: LenientCodec,
             retire: None,
         }

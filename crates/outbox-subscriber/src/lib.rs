@@ -26,4 +26,4 @@ pub use body::{JobBody, LenientCodec, LenientRedis};
 pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};
-pub use wake::{WakeStream, listen_for_wakeups};
+pub use wake::{QueueWakeups, WakeStream, listen_for_wakeups};

@@ -166,9 +166,11 @@ impl HandlerGroup {
         let mut senders = std::collections::HashMap::new();
         for handler in &self.handlers {
             let queue = handler.queue().to_owned();
-            let (sender, wakeups) = tokio::sync::mpsc::channel(1);
-            senders.insert(outbox_queue::wake_channel(namespace, &queue), sender);
-            let wakeups = std::sync::Arc::new(std::sync::Mutex::new(wakeups));
+            let wakeups = crate::QueueWakeups::default();
+            senders.insert(
+                outbox_queue::wake_channel(namespace, &queue),
+                wakeups.clone(),
+            );
             let (handler, conn, namespace, settings, shutdown) = (
                 handler.clone(),
                 conn.clone(),
@@ -221,7 +223,7 @@ async fn supervise(
     conn: ConnectionManager,
     namespace: QueueNamespace,
     settings: WorkerSettings,
-    wakeups: Arc<std::sync::Mutex<tokio::sync::mpsc::Receiver<()>>>,
+    wakeups: crate::QueueWakeups,
     shutdown: CancellationToken,
 ) {
     let queue = queue.as_str();
@@ -233,7 +235,7 @@ async fn supervise(
             conn.clone(),
             namespace.clone(),
             settings.clone(),
-            crate::WakeStream::new(settings.poll_interval, wakeups.clone()),
+            &wakeups,
             shutdown.clone(),
         )
         .await;
@@ -488,7 +490,7 @@ async fn run_queue(
     conn: ConnectionManager,
     namespace: QueueNamespace,
     settings: WorkerSettings,
-    wakeups: crate::WakeStream,
+    wakeups: &crate::QueueWakeups,
     shutdown: CancellationToken,
 ) -> Result<(), apalis_core::error::WorkerError> {
     let queue = handler.queue().to_owned();
@@ -498,8 +500,8 @@ async fn run_queue(
         .batch_size(settings.fetch_batch.max(1));
     let conn_for_jobs = conn.clone();
     let backend = PollWith::new(
-        crate::LenientRedis::new(conn, config),
-        StreamStrategy::new(wakeups),
+        crate::LenientRedis::with_wake_count(conn, config, wakeups.count()),
+        StreamStrategy::new(wakeups.stream(settings.poll_interval)),
     );
     let name = worker_name(&queue);
     let concurrency = handler.concurrency(settings.concurrency).max(1);

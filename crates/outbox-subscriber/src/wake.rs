@@ -6,9 +6,24 @@
 //! interval, and is woken at once by a Redis pub/sub message on
 //! `<queue>:wake`, which [`outbox_queue::push_raw`] publishes after every
 //! push that added jobs.
+//!
+//! Two things make sure no wake-up is lost. apalis polls the wake-up stream
+//! once per look at the backend and ignores what it yields, so a wake-up
+//! taken in that poll leaves the stream not listening for the next one:
+//! [`WakeStream`] therefore drains its sources until they are pending, and
+//! is always listening when it returns. And a wake-up can arrive while a
+//! fetch is on its way: its push reached Redis just after the fetch script
+//! ran, the fetch comes back empty, and the worker, having taken the
+//! wake-up already, would park until its next poll; so every message also
+//! counts on [`QueueWakeups::count`], and a fetch that found nothing while
+//! the count moved is made again
+//! ([`outbox_queue::WorkerStore::with_wake_count`]). Without the two, jobs
+//! waited up to a poll interval (1 s by default) a few times a minute at
+//! 500 jobs a second.
 
 use std::collections::HashMap;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -16,6 +31,48 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// One queue's wake-ups: the listener signals them, the queue's worker (and
+/// every restart of it) waits on them. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct QueueWakeups {
+    count: Arc<AtomicU64>,
+    sender: mpsc::Sender<()>,
+    receiver: Arc<Mutex<mpsc::Receiver<()>>>,
+}
+
+impl Default for QueueWakeups {
+    fn default() -> Self {
+        // One pending wake-up is as good as many.
+        let (sender, receiver) = mpsc::channel(1);
+        Self {
+            count: Arc::new(AtomicU64::new(0)),
+            sender,
+            receiver: Arc::new(Mutex::new(receiver)),
+        }
+    }
+}
+
+impl QueueWakeups {
+    /// Records a wake-up: counts it, then wakes the worker if it waits.
+    pub fn signal(&self) {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        // A full channel already holds a pending wake-up.
+        let _ = self.sender.try_send(());
+    }
+
+    /// How many wake-ups arrived so far (for the worker's fetches).
+    #[must_use]
+    pub fn count(&self) -> Arc<AtomicU64> {
+        self.count.clone()
+    }
+
+    /// A stream ticking every `every` and on each wake-up.
+    #[must_use]
+    pub fn stream(&self, every: Duration) -> WakeStream {
+        WakeStream::new(every, self.receiver.clone())
+    }
+}
 
 /// Yields whenever the worker should look for jobs: every poll interval, and
 /// on every wake-up message.
@@ -40,25 +97,33 @@ impl WakeStream {
 impl Stream for WakeStream {
     type Item = ();
 
+    /// Takes every tick and wake-up that is due and yields once for all of
+    /// them; returns only when both sources are pending again, so that the
+    /// task is woken by the next one even when this item is ignored.
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<()>> {
-        if self.interval.poll_tick(cx).is_ready() {
-            return Poll::Ready(Some(()));
+        let mut due = false;
+        while self.interval.poll_tick(cx).is_ready() {
+            due = true;
         }
         let mut wakeups = self.wakeups.lock().unwrap_or_else(PoisonError::into_inner);
-        match wakeups.poll_recv(cx) {
-            Poll::Ready(Some(())) => Poll::Ready(Some(())),
-            // No more wake-ups (listener gone): the interval keeps us going.
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        // Closed (no more wake-ups) counts as pending: the interval goes on.
+        while let Poll::Ready(Some(())) = wakeups.poll_recv(cx) {
+            due = true;
+        }
+        if due {
+            Poll::Ready(Some(()))
+        } else {
+            Poll::Pending
         }
     }
 }
 
-/// Listens on the `<queue>:wake` channels and forwards each message to the
-/// matching worker until `shutdown`; reconnects with backoff when the
-/// subscription drops (the poll interval covers the gap).
+/// Listens on the `<queue>:wake` channels and signals each message to the
+/// matching queue's wake-ups until `shutdown`; reconnects with backoff when
+/// the subscription drops (the poll interval covers the gap).
 pub async fn listen_for_wakeups(
     client: redis::Client,
-    senders: HashMap<String, mpsc::Sender<()>>,
+    senders: HashMap<String, QueueWakeups>,
     shutdown: CancellationToken,
 ) {
     let mut delay = Duration::from_millis(100);
@@ -81,9 +146,8 @@ pub async fn listen_for_wakeups(
                             () = shutdown.cancelled() => return,
                             message = messages.next() => match message {
                                 Some(message) => {
-                                    if let Some(sender) = senders.get(message.get_channel_name()) {
-                                        // A full channel already holds a pending wake-up.
-                                        let _ = sender.try_send(());
+                                    if let Some(wakeups) = senders.get(message.get_channel_name()) {
+                                        wakeups.signal();
                                     }
                                 }
                                 None => break,
@@ -100,5 +164,83 @@ pub async fn listen_for_wakeups(
             () = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll, Wake, Waker};
+    use std::time::Duration;
+
+    use futures::{Stream, StreamExt};
+
+    use super::QueueWakeups;
+
+    #[derive(Default)]
+    struct CountingWaker(AtomicUsize);
+
+    impl Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    // Break checked: taking one wake-up and returning at once (the stream
+    // as it was) leaves the second signal waking nobody, and this fails.
+    #[tokio::test]
+    async fn after_yielding_for_a_wake_up_the_stream_is_woken_by_the_next_one() {
+        let wakeups = QueueWakeups::default();
+        let mut stream = wakeups.stream(Duration::from_secs(3600));
+        let counter = Arc::new(CountingWaker::default());
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        // The interval's first tick is due at once.
+        assert_eq!(stream.next().await, Some(()));
+        assert_eq!(Pin::new(&mut stream).poll_next(&mut cx), Poll::Pending);
+
+        wakeups.signal();
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            1,
+            "the first wake-up woke the task"
+        );
+        // apalis polls the stream once and ignores the item.
+        assert_eq!(
+            Pin::new(&mut stream).poll_next(&mut cx),
+            Poll::Ready(Some(()))
+        );
+
+        wakeups.signal();
+        assert_eq!(
+            counter.0.load(Ordering::SeqCst),
+            2,
+            "the second wake-up must wake the task although the stream was not polled since"
+        );
+        assert_eq!(wakeups.count().load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn wake_ups_that_pile_up_make_one_item() {
+        let wakeups = QueueWakeups::default();
+        let mut stream = wakeups.stream(Duration::from_secs(3600));
+        let waker = Waker::from(Arc::new(CountingWaker::default()));
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(stream.next().await, Some(()), "the interval's first tick");
+        for _ in 0..5 {
+            wakeups.signal();
+        }
+        assert_eq!(
+            Pin::new(&mut stream).poll_next(&mut cx),
+            Poll::Ready(Some(()))
+        );
+        assert_eq!(Pin::new(&mut stream).poll_next(&mut cx), Poll::Pending);
+        assert_eq!(
+            wakeups.count().load(Ordering::SeqCst),
+            5,
+            "every wake-up is counted"
+        );
     }
 }
