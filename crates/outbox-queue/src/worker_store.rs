@@ -40,9 +40,9 @@ pub const QUEUE_RESCHEDULE_ATTEMPTS: u32 = 25;
 const RECOVER_STEP: usize = 5_000;
 
 /// Most fetches one [`Persistence::fetch_next`] call makes while wake-ups
-/// keep arriving during fetches that find nothing (another worker took the
-/// jobs they announced); after that the call returns empty and the wake-up
-/// still pending wakes the worker again.
+/// keep arriving during fetches that find nothing (other workers of the
+/// queue took the jobs they announced); after that the call returns empty
+/// and the worker looks again at its next wake-up or poll.
 const MAX_FETCHES_PER_CALL: usize = 4;
 
 static FETCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/fetch.lua")));
