@@ -118,6 +118,15 @@ impl Stream for WakeStream {
     }
 }
 
+/// The wait before the first attempt to subscribe again.
+const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
+
+/// The wait after `delay` when subscribing failed again: twice as long, at
+/// most 5 s (the poll interval keeps the workers going meanwhile).
+fn next_reconnect_delay(delay: Duration) -> Duration {
+    (delay * 2).min(Duration::from_secs(5))
+}
+
 /// Listens on the `<queue>:wake` channels and signals each message to the
 /// matching queue's wake-ups until `shutdown`; reconnects with backoff when
 /// the subscription drops (the poll interval covers the gap).
@@ -126,7 +135,7 @@ pub async fn listen_for_wakeups(
     senders: HashMap<String, QueueWakeups>,
     shutdown: CancellationToken,
 ) {
-    let mut delay = Duration::from_millis(100);
+    let mut delay = FIRST_RECONNECT_DELAY;
     while !shutdown.is_cancelled() {
         match client.get_async_pubsub().await {
             Ok(mut pubsub) => {
@@ -139,7 +148,7 @@ pub async fn listen_for_wakeups(
                     }
                 }
                 if subscribed {
-                    delay = Duration::from_millis(100);
+                    delay = FIRST_RECONNECT_DELAY;
                     let mut messages = pubsub.on_message();
                     loop {
                         tokio::select! {
@@ -163,7 +172,7 @@ pub async fn listen_for_wakeups(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = next_reconnect_delay(delay);
     }
 }
 
@@ -177,7 +186,18 @@ mod tests {
 
     use futures::{Stream, StreamExt};
 
-    use super::QueueWakeups;
+    use super::{FIRST_RECONNECT_DELAY, QueueWakeups, next_reconnect_delay};
+
+    #[test]
+    fn subscribing_again_backs_off_doubling_from_a_tenth_of_a_second_to_five_seconds() {
+        let mut delay = FIRST_RECONNECT_DELAY;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            waits.push(delay.as_millis());
+            delay = next_reconnect_delay(delay);
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1600, 3200, 5000, 5000]);
+    }
 
     #[derive(Default)]
     struct CountingWaker(AtomicUsize);
