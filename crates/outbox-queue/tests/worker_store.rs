@@ -1,7 +1,8 @@
 //! What a queue worker sees of [`WorkerStore`] on real Redis: a job finished
 //! by a worker presumed dead is counted as a stale acknowledgement and runs
-//! again elsewhere, and jobs a stopping worker fetched but never started go
-//! straight back to the queue.
+//! again elsewhere, jobs a stopping worker fetched but never started go
+//! straight back to the queue, and a job whose body is gone is dropped at
+//! fetch and counted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -23,6 +24,11 @@ const QUEUE: &str = "q.jobs";
 
 /// `outbox_queue_stale_acks_total{queue}`; 0 when it was never recorded.
 fn stale_acks(recorder: &DebuggingRecorder, queue: &str) -> u64 {
+    counter(recorder, "outbox_queue_stale_acks_total", queue)
+}
+
+/// The counter `name{queue}`; 0 when it was never recorded.
+fn counter(recorder: &DebuggingRecorder, name: &str, queue: &str) -> u64 {
     recorder
         .snapshotter()
         .snapshot()
@@ -30,14 +36,14 @@ fn stale_acks(recorder: &DebuggingRecorder, queue: &str) -> u64 {
         .into_iter()
         .filter(|(key, _, _, _)| {
             let key = key.key();
-            key.name() == "outbox_queue_stale_acks_total"
+            key.name() == name
                 && key
                     .labels()
                     .any(|l| l.key() == "queue" && l.value() == queue)
         })
         .map(|(_, _, _, value)| match value {
             DebugValue::Counter(n) => n,
-            other => panic!("outbox_queue_stale_acks_total is not a counter: {other:?}"),
+            other => panic!("{name} is not a counter: {other:?}"),
         })
         .sum()
 }
@@ -264,4 +270,51 @@ async fn a_worker_stopping_with_no_unstarted_jobs_releases_none() {
         released, 0,
         "a worker stopping with no unstarted jobs releases none"
     );
+}
+
+// Break checked: deleting the `!` in `if !fetched.missing.is_empty()`
+// (fetch_once) fails with "the job whose body is gone is counted ... left: 0
+// right: 1".
+#[test]
+fn a_job_whose_body_is_gone_is_dropped_at_fetch_and_counted() {
+    let recorder = DebuggingRecorder::new();
+    with_metrics_recorder(&recorder, async || {
+        let (_redis, namespace, mut conn) = common::redis_queue().await;
+        let config = apalis_config(&namespace, QUEUE);
+        let queue = namespace.queue(QUEUE);
+        let mut store = WorkerStore::new(conn.clone(), config.clone());
+        let worker = started(&mut store, "worker-a").await;
+
+        push(&mut conn, &namespace, "kept").await;
+        let kept = store.fetch_next(&worker).await.unwrap();
+        assert_eq!(ids(&kept), ["kept"]);
+        assert_eq!(
+            counter(&recorder, "outbox_queue_jobs_without_body_total", &queue),
+            0,
+            "a job with its body is not counted"
+        );
+
+        push(&mut conn, &namespace, "trimmed").await;
+        let () = redis::cmd("HDEL")
+            .arg(config.job_data_hash())
+            .arg("trimmed")
+            .query_async::<i64>(&mut conn)
+            .await
+            .map(|_| ())
+            .unwrap();
+        let fetched = store.fetch_next(&worker).await.unwrap();
+        assert!(
+            fetched.is_empty(),
+            "a job without a body is not handed to the worker"
+        );
+        assert_eq!(
+            counter(&recorder, "outbox_queue_jobs_without_body_total", &queue),
+            1,
+            "the job whose body is gone is counted"
+        );
+        assert!(
+            waiting(&mut conn, &config).await.is_empty(),
+            "the bodiless job does not stay on the queue"
+        );
+    });
 }
