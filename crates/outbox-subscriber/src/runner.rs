@@ -551,6 +551,31 @@ mod tests {
         );
     }
 
+    /// In-process retries wait 200 ms, 400 ms, … up to 10 s with the
+    /// defaults, each plus at most a tenth of itself as jitter.
+    // Break checked: the jitter divided with `%` instead of `/` (waits of
+    // up to a thousand times the delay) fails here.
+    #[test]
+    fn in_process_retries_double_from_the_minimum_to_the_cap_with_at_most_a_tenth_of_jitter() {
+        let settings = WorkerSettings::default();
+        let ms = Duration::from_millis;
+        for (n, base) in [
+            (0, ms(200)),
+            (1, ms(400)),
+            (2, ms(800)),
+            (5, ms(6_400)),
+            (6, ms(10_000)),
+            (40, ms(10_000)),
+        ] {
+            let delay = in_process_delay(&settings, n);
+            assert!(
+                delay >= base && delay <= base + base / 10,
+                "retry {n}: {delay:?} is not within {base:?} and {:?}",
+                base + base / 10
+            );
+        }
+    }
+
     /// A queue worker that keeps failing at once is restarted after 1, 2,
     /// 4, … s, never waiting more than 30 s; one that ran for over a minute
     /// before it stopped is restarted after 1 s again.
