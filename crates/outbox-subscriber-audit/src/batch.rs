@@ -266,6 +266,31 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// When the last handler clone is gone, the writer task ends rather
+    /// than spinning on its closed inbox. Its pool points nowhere: a task
+    /// that went on would try to write empty batches through it forever.
+    // Break checked: `recv_many(..) > 0` turned into `>= 0` never ends and
+    // fails here at the deadline.
+    #[tokio::test]
+    async fn the_writer_task_ends_once_every_sender_is_gone() {
+        use diesel_async::AsyncPgConnection;
+        use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+        let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(
+            "postgres://nobody@127.0.0.1:1/nowhere",
+        );
+        let pool = bb8::Pool::builder()
+            .connection_timeout(std::time::Duration::from_millis(50))
+            .build_unchecked(manager);
+        let (sender, inbox) = mpsc::unbounded_channel::<Pending<crate::db::AuditRow>>();
+        drop(sender);
+        let ended = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            run_writer(pool, "outbox.audit", inbox),
+        )
+        .await;
+        assert!(ended.is_ok(), "the writer task still runs with its inbox closed");
+    }
+
     /// Whether a job logs "already recorded" depends on the statement's
     /// `RETURNING` list matching the row's own event: a new event's row is
     /// an insert, a redelivered one (not returned) is not, for both tables.
