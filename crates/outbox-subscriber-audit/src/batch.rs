@@ -288,7 +288,10 @@ mod tests {
             run_writer(pool, "outbox.audit", inbox),
         )
         .await;
-        assert!(ended.is_ok(), "the writer task still runs with its inbox closed");
+        assert!(
+            ended.is_ok(),
+            "the writer task still runs with its inbox closed"
+        );
     }
 
     /// Whether a job logs "already recorded" depends on the statement's

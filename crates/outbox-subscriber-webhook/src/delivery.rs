@@ -218,6 +218,34 @@ mod tests {
         }
     }
 
+    /// A peer that takes the request and never answers: the attempt ends
+    /// at the timeout, is retried, and says so in the reason operators
+    /// read (`last_error`, the logs).
+    // Break checked: the `is_timeout()` guard made `false` gives reqwest's
+    // own error chain instead of "timed out after 200ms" and fails here.
+    #[tokio::test]
+    async fn a_peer_that_never_answers_is_retried_with_the_timeout_as_the_reason() {
+        let deliverer = Deliverer::new(DeliverySettings {
+            allow_private_addresses: true,
+            timeout: Duration::from_millis(200),
+            ..DeliverySettings::default()
+        })
+        .unwrap();
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", silent.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((stream, _)) = silent.accept().await {
+                connections.push(stream);
+            }
+        });
+        let verdict = deliverer
+            .deliver(&url, "whsec_c2VjcmV0", "msg_1", &serde_json::json!({}))
+            .await;
+        held.abort();
+        assert_eq!(verdict, Delivery::Retry("timed out after 200ms".to_owned()));
+    }
+
     #[tokio::test]
     async fn reasons_never_contain_the_endpoint_url() {
         let deliverer = Deliverer::new(DeliverySettings {
