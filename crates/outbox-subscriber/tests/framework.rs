@@ -55,6 +55,25 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
     eventually(what, WAIT, async || check()).await;
 }
 
+/// Waits until a worker listens for `queue`'s wake-ups.
+async fn wake_subscribed(
+    probe: &mut redis::aio::ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+) {
+    let channel = outbox_queue::wake_channel(namespace, queue);
+    eventually(&format!("a subscriber on {channel}"), WAIT, async || {
+        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(probe)
+            .await
+            .unwrap();
+        subscribers > 0
+    })
+    .await;
+}
+
 /// How long a test waits for an effect: a deadline, not a timing. 30 s
 /// ran out once on a machine at load 14 while three requeue rounds went
 /// through the scheduled set; the effects arrive in well under a second
@@ -229,17 +248,7 @@ async fn a_push_wakes_an_idle_worker_long_before_its_next_poll() {
         stats.workers > 0
     })
     .await;
-    let channel = outbox_queue::wake_channel(&namespace, "test.jobs");
-    eventually(&format!("a subscriber on {channel}"), WAIT, async || {
-        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut probe)
-            .await
-            .unwrap();
-        subscribers > 0
-    })
-    .await;
+    wake_subscribed(&mut probe, &namespace, "test.jobs").await;
 
     let body = serde_json::to_vec(&serde_json::json!({ "name": "woken", "mode": "ok" })).unwrap();
     push_raw(
@@ -634,17 +643,7 @@ async fn jobs_pushed_while_the_worker_fetches_are_all_run_without_waiting_for_a_
         })
     };
     let mut probe = conn.clone();
-    let channel = outbox_queue::wake_channel(&namespace, "test.relay");
-    eventually(&format!("a subscriber on {channel}"), WAIT, async || {
-        let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut probe)
-            .await
-            .unwrap();
-        subscribers > 0
-    })
-    .await;
+    wake_subscribed(&mut probe, &namespace, "test.relay").await;
 
     const JOBS: usize = 3_000;
     let mut spacing = 0x2545_f491_u32;
