@@ -1,6 +1,6 @@
-//! LISTEN/NOTIFY wake-ups: with a one-minute poll interval, a new event is
-//! still dispatched promptly, and again after the listening connection is
-//! killed.
+//! Wake-ups: with a one-minute poll interval, a new event is still
+//! dispatched promptly through LISTEN/NOTIFY, and again after the listening
+//! connection is killed; without LISTEN, `Dispatcher::wake` starts a tick.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -78,6 +78,56 @@ async fn insert_notification_wakes_the_dispatcher_even_after_the_listener_is_kil
         "the event published after the reconnect to be dispatched",
         deadline,
         async || h.row(ids[0]).await.status == OutboxStatus::Done,
+    )
+    .await;
+
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}
+
+/// A program that embeds the dispatcher and knows it just wrote events can
+/// wake it without `LISTEN`: `Dispatcher::wake` starts a tick at once.
+// Break checked: `wake` doing nothing leaves the second event waiting for
+// the hour-long poll, and the test fails at its deadline.
+#[tokio::test]
+async fn wake_starts_a_tick_at_once_without_listen() {
+    let h = Harness::new().await;
+    let config = DispatcherConfig {
+        interval: Duration::from_secs(3600),
+        listen: false,
+        loops: 1,
+        ..DispatcherConfig::default()
+    };
+    let dispatcher = h.dispatcher(config);
+    // Published before the start: the loop's first tick takes it, then the
+    // loop waits (an hour, unless woken).
+    let first = h
+        .publish(vec![NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({}),
+        )])
+        .await;
+    let shutdown = CancellationToken::new();
+    let handle = dispatcher.clone().spawn(shutdown.clone());
+    let deadline = Duration::from_secs(20);
+    h.wait_for("the first tick", deadline, async || {
+        h.row(first[0]).await.status == OutboxStatus::Done
+    })
+    .await;
+
+    let second = h
+        .publish(vec![NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({}),
+        )])
+        .await;
+    dispatcher.wake();
+    h.wait_for(
+        "the woken tick to dispatch the second event",
+        deadline,
+        async || h.row(second[0]).await.status == OutboxStatus::Done,
     )
     .await;
 
