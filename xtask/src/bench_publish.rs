@@ -106,7 +106,9 @@ async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
             let mut done = 0usize;
             while Instant::now() < deadline {
                 conn.transaction::<_, PublishError, _>(async |conn| {
-                    diesel::sql_query(
+                    // Kept prepared, as a business insert written with
+                    // diesel's query builder would be.
+                    outbox_model::prepared(
                         "INSERT INTO bench_order (tenant_id, amount) VALUES ($1, $2)",
                     )
                     .bind::<Text, _>(format!("tenant-{client}"))

@@ -75,7 +75,7 @@ pub async fn publish_outbox_event(
     let outcome = match row.dispatch_key.clone() {
         None => {
             let id = diesel::insert_into(outbox_event::table)
-                .values(&row)
+                .values(one_row(&row))
                 .returning(outbox_event::id)
                 .get_result::<Uuid>(tx.conn())
                 .await?;
@@ -83,7 +83,7 @@ pub async fn publish_outbox_event(
         }
         Some(key) => {
             let inserted = diesel::insert_into(outbox_event::table)
-                .values(&row)
+                .values(one_row(&row))
                 .on_conflict(outbox_event::dispatch_key)
                 .do_nothing()
                 .returning(outbox_event::id)
@@ -215,4 +215,48 @@ async fn existing_holders(
         .into_iter()
         .filter_map(|(key, id)| key.map(|key| (key, id)))
         .collect())
+}
+
+diesel::define_sql_function! {
+    /// `COALESCE` of a timestamp that may be absent and one that is not.
+    fn coalesce(
+        value: diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>,
+        otherwise: diesel::sql_types::Timestamptz,
+    ) -> diesel::sql_types::Timestamptz;
+}
+
+/// The bound columns of one event's insert (see [`one_row`]).
+type OneRow<'r> = (
+    diesel::dsl::Eq<outbox_event::id, Uuid>,
+    diesel::dsl::Eq<outbox_event::tenant_id, &'r str>,
+    diesel::dsl::Eq<outbox_event::event_type, &'r str>,
+    diesel::dsl::Eq<outbox_event::payload, &'r serde_json::Value>,
+    diesel::dsl::Eq<outbox_event::dispatch_key, Option<&'r str>>,
+    diesel::dsl::Eq<
+        outbox_event::scheduled_at,
+        coalesce<Option<chrono::DateTime<chrono::Utc>>, diesel::dsl::now>,
+    >,
+    diesel::dsl::Eq<outbox_event::traceparent, Option<&'r str>>,
+    diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
+);
+
+/// The values of one event's `INSERT`, every column bound (an absent
+/// `scheduled_at` becomes the database's `now()`).
+///
+/// The row type's own `Insertable` writes `DEFAULT` for an absent optional
+/// column, so its statement text depends on the values and diesel prepares
+/// it afresh on every call: a `Parse` round trip before the insert. Bound
+/// this way the text is fixed, the connection keeps the statement prepared,
+/// and a publish is one round trip.
+fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
+    (
+        outbox_event::id.eq(row.id),
+        outbox_event::tenant_id.eq(row.tenant_id.as_str()),
+        outbox_event::event_type.eq(row.event_type.as_str()),
+        outbox_event::payload.eq(&row.payload),
+        outbox_event::dispatch_key.eq(row.dispatch_key.as_deref()),
+        outbox_event::scheduled_at.eq(coalesce(row.scheduled_at, diesel::dsl::now)),
+        outbox_event::traceparent.eq(row.traceparent.as_deref()),
+        outbox_event::tracestate.eq(row.tracestate.as_deref()),
+    )
 }

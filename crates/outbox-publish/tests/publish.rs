@@ -779,3 +779,76 @@ async fn published_event_notifies_listeners_only_on_commit() {
         tokio::time::timeout(std::time::Duration::from_millis(300), notifications.next()).await;
     assert!(more.is_err(), "unexpected second notification: {more:?}");
 }
+
+#[derive(diesel::QueryableByName)]
+struct PreparedStatement {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    statement: String,
+}
+
+/// Publishing one event is one round trip: the connection keeps each form
+/// of the insert (with and without a dispatch key) prepared, whatever the
+/// optional values, instead of preparing it afresh on every call. An
+/// absent schedule still takes the database's `now()` (the transaction's
+/// time, as `created_at`), a given one is kept.
+// Break checked: inserting through the row type's own `Insertable` again
+// (which writes `DEFAULT` for absent values) leaves no insert prepared.
+#[tokio::test]
+async fn each_form_of_the_insert_stays_prepared_on_the_connection() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let later = chrono::DateTime::parse_from_rfc3339("2031-05-06T07:08:09.123456Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    for i in 0..4_i64 {
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, activated(i)).await?;
+            publish_outbox_event(&mut tx, activated(i).scheduled_at(later)).await?;
+            publish_outbox_event(&mut tx, activated(i).dispatch_key(format!("key-{i}"))).await?;
+            publish_outbox_event(&mut tx, activated(i).dispatch_key("key-0")).await
+        })
+        .await
+        .unwrap();
+    }
+
+    let kept: Vec<PreparedStatement> =
+        diesel::sql_query("SELECT statement FROM pg_prepared_statements")
+            .load(&mut conn)
+            .await
+            .unwrap();
+    let inserts: Vec<&str> = kept
+        .iter()
+        .map(|p| p.statement.as_str())
+        .filter(|sql| sql.starts_with("INSERT INTO \"outbox_event\""))
+        .collect();
+    assert_eq!(
+        inserts.len(),
+        2,
+        "one prepared insert with and one without ON CONFLICT: {inserts:?}"
+    );
+    assert_eq!(
+        inserts
+            .iter()
+            .filter(|sql| sql.contains("ON CONFLICT"))
+            .count(),
+        1,
+        "{inserts:?}"
+    );
+
+    let events = all_events(&mut conn).await;
+    assert_eq!(
+        events.len(),
+        4 * 3,
+        "3 new events per transaction, one duplicate"
+    );
+    let scheduled: Vec<_> = events.iter().filter(|e| e.scheduled_at == later).collect();
+    assert_eq!(scheduled.len(), 4, "the given schedule is kept");
+    assert!(
+        events
+            .iter()
+            .filter(|e| e.scheduled_at != later)
+            .all(|e| e.scheduled_at == e.created_at),
+        "an absent schedule is the transaction's now()"
+    );
+}
