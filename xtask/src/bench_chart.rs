@@ -118,17 +118,17 @@ fn sections(lines: &[Value]) -> Vec<Section> {
                 single("business transaction alone", field(p, "bare_per_second")),
                 single(
                     format!(
-                        "business transaction + one event ({:.2})",
+                        "business transaction + one event, no dispatcher waiting ({:.2})",
                         field(p, "ratio")
                     ),
                     field(p, "with_event_per_second"),
                 ),
                 single(
                     format!(
-                        "+ one event, NOTIFY trigger disabled ({:.2})",
-                        field(p, "ratio_without_notify")
+                        "+ one event, a dispatcher waiting: each commit notifies ({:.2})",
+                        field(p, "ratio_dispatcher_waiting")
                     ),
-                    field(p, "with_event_without_notify_per_second"),
+                    field(p, "with_event_dispatcher_waiting_per_second"),
                 ),
             ]
         })

@@ -134,3 +134,83 @@ async fn wake_starts_a_tick_at_once_without_listen() {
     shutdown.cancel();
     handle.await.unwrap().unwrap();
 }
+
+/// The last statement of the dispatcher's listening connection and when it
+/// started.
+async fn listener_query(h: &Harness) -> Option<(String, String)> {
+    #[derive(diesel::QueryableByName)]
+    struct Query {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        query: String,
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        started: String,
+    }
+    let mut conn = h.conn().await;
+    diesel_async::RunQueryDsl::get_result::<Query>(
+        diesel::sql_query(
+            "SELECT query, query_start::text AS started FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind::<diesel::sql_types::Text, _>(outbox_dispatch::LISTENER_APPLICATION_NAME),
+        &mut conn,
+    )
+    .await
+    .ok()
+    .map(|row| (row.query, row.started))
+}
+
+/// An event inserted while no dispatcher waited sends no `NOTIFY` (its
+/// transaction holds the wake gate shared instead). The dispatcher that
+/// then finds nothing to claim cannot take the gate while that transaction
+/// is open, so it claims again shortly instead of waiting for its poll, and
+/// hands the event off once it commits, long before the hour-long poll.
+// Break checked: waiting on a contended gate as on a held one stops the
+// tries, and the test fails at its first deadline.
+#[tokio::test]
+async fn an_event_committed_without_a_notification_is_handed_off_without_waiting_for_the_poll() {
+    let h = Harness::new().await;
+    let mut publisher = h.conn().await;
+    exec(
+        &mut publisher,
+        "BEGIN; INSERT INTO outbox_event (tenant_id, event_type, payload) VALUES ('t', 'audit.user.login', '{}')",
+    )
+    .await;
+
+    let config = DispatcherConfig {
+        interval: Duration::from_secs(3600),
+        listen: true,
+        ..DispatcherConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    let handle = h.dispatcher(config).spawn(shutdown.clone());
+    let deadline = Duration::from_secs(20);
+    // Each try of the gate is a statement on the listening connection; a
+    // few different ones mean the dispatcher keeps coming back to it (and
+    // the commit below comes after it went back to waiting).
+    let mut tries = std::collections::HashSet::new();
+    h.wait_for(
+        "the dispatcher to find the wake gate taken by the open transaction, again and again",
+        deadline,
+        async || {
+            if let Some((query, started)) = listener_query(&h).await
+                && query.contains("pg_try_advisory_lock")
+            {
+                tries.insert(started);
+            }
+            tries.len() >= 3
+        },
+    )
+    .await;
+    exec(&mut publisher, "COMMIT").await;
+    h.wait_for("the event to be handed off", deadline, async || {
+        h.rows()
+            .await
+            .iter()
+            .all(|r| r.status == OutboxStatus::Done)
+    })
+    .await;
+    assert_eq!(h.rows().await.len(), 1);
+
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}

@@ -4,7 +4,9 @@
 
 use diesel::prelude::*;
 use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{
+    AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection, TransactionManager,
+};
 use outbox_model::schema::outbox_event;
 use outbox_model::{
     EventTypeError, MAX_PAYLOAD_BYTES, NewOutboxEventRow, OutboxEvent, OutboxStatus,
@@ -743,12 +745,33 @@ async fn two_hundred_concurrent_publishers_all_land() {
     assert_eq!(distinct_n, 200);
 }
 
+/// Takes the wake gate's lock on `conn` as a waiting dispatcher does;
+/// whether it was free.
+async fn take_wake_gate(conn: &mut AsyncPgConnection) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct Taken {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        taken: bool,
+    }
+    let (key1, key2) = outbox_model::WAKE_GATE_LOCK;
+    diesel::sql_query("SELECT pg_try_advisory_lock($1, $2) AS taken")
+        .bind::<diesel::sql_types::Integer, _>(key1)
+        .bind::<diesel::sql_types::Integer, _>(key2)
+        .get_result::<Taken>(conn)
+        .await
+        .unwrap()
+        .taken
+}
+
+/// While a dispatcher waits (holds the wake gate), a publish notifies it,
+/// once per statement and only on commit.
 #[tokio::test]
-async fn published_event_notifies_listeners_only_on_commit() {
+async fn published_event_notifies_a_waiting_dispatcher_only_on_commit() {
     use futures::StreamExt;
     let db = TestDatabase::new().await;
     let mut listener = db.conn().await;
     listener.batch_execute("LISTEN outbox_event").await.unwrap();
+    assert!(take_wake_gate(&mut listener).await);
     let mut notifications = Box::pin(listener.notifications_stream());
 
     let mut conn = db.conn().await;
@@ -778,6 +801,43 @@ async fn published_event_notifies_listeners_only_on_commit() {
     let more =
         tokio::time::timeout(std::time::Duration::from_millis(300), notifications.next()).await;
     assert!(more.is_err(), "unexpected second notification: {more:?}");
+}
+
+/// While no dispatcher waits, a publishing transaction sends no `NOTIFY`
+/// (which would make its commit wait on a database-wide lock); instead it
+/// holds the wake gate shared until it ends, so that a dispatcher can
+/// start waiting only after the event is committed (and claims it first).
+// Break checked: the trigger notifying unconditionally again (no lock)
+// fails the "took the gate while uncommitted" assertion; taking the lock
+// shared for the session instead of the transaction fails "stays taken".
+#[tokio::test]
+async fn without_a_waiting_dispatcher_a_publish_sends_no_notification_and_holds_the_gate_until_commit()
+ {
+    use futures::StreamExt;
+    let db = TestDatabase::new().await;
+    let mut listener = db.conn().await;
+    listener.batch_execute("LISTEN outbox_event").await.unwrap();
+    let mut dispatcher = db.conn().await;
+    let mut publisher = db.conn().await;
+
+    type Manager = <AsyncPgConnection as AsyncConnection>::TransactionManager;
+    Manager::begin_transaction(&mut publisher).await.unwrap();
+    let mut tx = OutboxTx::new(&mut publisher).unwrap();
+    publish_outbox_event(&mut tx, activated(1)).await.unwrap();
+    assert!(
+        !take_wake_gate(&mut dispatcher).await,
+        "a dispatcher took the gate while an event it cannot see yet was uncommitted"
+    );
+    Manager::commit_transaction(&mut publisher).await.unwrap();
+    assert!(
+        take_wake_gate(&mut dispatcher).await,
+        "the gate stays taken after the publishing transaction ended"
+    );
+
+    let mut notifications = Box::pin(listener.notifications_stream());
+    let sent =
+        tokio::time::timeout(std::time::Duration::from_millis(300), notifications.next()).await;
+    assert!(sent.is_err(), "a notification nobody waited for: {sent:?}");
 }
 
 #[derive(diesel::QueryableByName)]

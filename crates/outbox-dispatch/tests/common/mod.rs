@@ -164,7 +164,8 @@ impl Harness {
         counts
     }
 
-    /// The backend pid of the dispatcher's LISTEN connection, when one is connected.
+    /// The backend pid of the dispatcher's LISTEN connection, when one is
+    /// connected (its last statement is the `LISTEN` or a wake gate one).
     pub async fn listener_pid(&self) -> Option<i32> {
         #[derive(diesel::QueryableByName)]
         struct Pid {
@@ -174,7 +175,8 @@ impl Harness {
         let mut conn = self.conn().await;
         diesel::sql_query(
             "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = $1 AND query ILIKE '%LISTEN%'",
+             WHERE datname = current_database() AND application_name = $1
+               AND (query ILIKE '%LISTEN%' OR query ILIKE '%advisory%')",
         )
         .bind::<diesel::sql_types::Text, _>(LISTENER_APPLICATION_NAME)
         .get_result::<Pid>(&mut conn)
