@@ -16,7 +16,7 @@ use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
 use crate::db::{self, Failure, Lease, Retry};
-use crate::listener::{Gate, WakeGate};
+use crate::gate::WakeGate;
 use crate::{DispatchError, DispatcherConfig, Receivers, RedisGuard, RedisGuardSettings, Router};
 
 /// Most jobs sent to Redis in one push call.
@@ -180,18 +180,22 @@ impl Dispatcher {
     ///
     /// None so far: tick errors are logged and retried at the next tick.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), DispatchError> {
-        let (gate, listener) = if self.config.listen {
-            let (gate, inbox) = WakeGate::new();
-            let listener = tokio::spawn(crate::listener::listen(
+        let listener = self.config.listen.then(|| {
+            tokio::spawn(crate::listener::listen(
                 self.database_url.clone(),
                 self.wake.clone(),
-                inbox,
                 shutdown.child_token(),
-            ));
-            (Some(Arc::new(gate)), Some(listener))
-        } else {
-            (None, None)
-        };
+            ))
+        });
+        let gate = self.config.listen.then(|| Arc::new(WakeGate::default()));
+        let gate_task = gate.clone().map(|gate| {
+            tokio::spawn(crate::gate::run(
+                self.database_url.clone(),
+                gate,
+                self.wake.clone(),
+                shutdown.child_token(),
+            ))
+        });
         let guard = self
             .guard
             .clone()
@@ -216,6 +220,9 @@ impl Dispatcher {
         if let Some(listener) = listener {
             listener.abort();
         }
+        if let Some(gate_task) = gate_task {
+            gate_task.abort();
+        }
         if let Some(guard) = guard {
             let _ = guard.await;
         }
@@ -230,7 +237,6 @@ impl Dispatcher {
     /// does after a tick that was not full follows the wake gate
     /// ([`Next::after`]).
     async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, gate: Option<Arc<WakeGate>>) {
-        let mut contended = CONTENDED_PAUSE_MIN;
         while !shutdown.is_cancelled() {
             let claimed = match self.tick_until(&shutdown).await {
                 Ok(report) => {
@@ -255,25 +261,13 @@ impl Dispatcher {
             if full && self.config.loops > 1 {
                 self.wake.notify_one();
             }
-            let pause = match Next::after(claimed, full, gate.as_deref()).await {
-                Next::TickAtOnce => {
-                    contended = CONTENDED_PAUSE_MIN;
-                    continue;
-                }
-                Next::TickSoon => {
-                    let pause = contended.min(self.config.interval);
-                    contended = (contended * 2).min(CONTENDED_PAUSE_MAX);
-                    pause
-                }
-                Next::Wait => {
-                    contended = CONTENDED_PAUSE_MIN;
-                    self.config.interval
-                }
-            };
+            if Next::after(claimed, full, gate.as_deref()) == Next::TickAtOnce {
+                continue;
+            }
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = self.wake.notified() => {}
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(self.config.interval) => {}
             }
         }
     }
@@ -545,26 +539,16 @@ impl Dispatcher {
 /// OpenTelemetry layer makes no spans here and passes the stored context on
 /// unchanged.
 /// A tick that claims at least this many rows finds the dispatcher busy
-/// (publishers commit faster than a tick takes): it lets go of the wake
-/// gate so that publishers stop sending `NOTIFY`, and ticks back to back
+/// (publishers commit faster than a tick takes): it gives the wake gate
+/// back so that publishers stop sending `NOTIFY`, and ticks back to back
 /// until a claim comes back empty.
 const BUSY_CLAIM: usize = 2;
-
-/// The first pause before claiming again while inserting transactions hold
-/// the wake gate shared; it doubles up to [`CONTENDED_PAUSE_MAX`].
-const CONTENDED_PAUSE_MIN: Duration = Duration::from_millis(1);
-
-/// The longest pause while the wake gate is contended (never longer than
-/// the poll interval).
-const CONTENDED_PAUSE_MAX: Duration = Duration::from_millis(50);
 
 /// What a dispatch loop does after a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
     /// Tick again at once.
     TickAtOnce,
-    /// Tick again after a short pause (or a wake-up).
-    TickSoon,
     /// Wait for a wake-up or the poll interval.
     Wait,
 }
@@ -573,34 +557,30 @@ impl Next {
     /// After a tick that claimed `claimed` rows (`None`: it failed),
     /// `full` when that was a whole batch. Without a gate (wake-ups off) a
     /// loop ticks again at once only after a full batch. With one, a loop
-    /// waits only while inserts notify somebody (see `listener`):
+    /// waits only while inserts notify (see `gate`):
     /// - after a full batch, a busy claim (at least [`BUSY_CLAIM`] rows,
-    ///   which released the gate), or any claim of rows while this process
-    ///   does not hold the gate (publishers may not notify): at once;
-    /// - after an empty claim it asks to wait: the gate just taken means
-    ///   once more at once; held (here or by another dispatcher), or no
-    ///   listening connection: wait; contended: soon;
+    ///   which gave the gate back), or any claim of rows while this process
+    ///   neither holds nor queues for the gate: at once;
+    /// - after an empty claim it asks for the gate and waits (the gate
+    ///   wakes a loop to claim once more when it is granted);
     /// - after a failed tick: wait, as before.
-    async fn after(claimed: Option<usize>, full: bool, gate: Option<&WakeGate>) -> Self {
+    fn after(claimed: Option<usize>, full: bool, gate: Option<&WakeGate>) -> Self {
         if full {
             return Self::TickAtOnce;
         }
         let (Some(claimed), Some(gate)) = (claimed, gate) else {
             return Self::Wait;
         };
-        if claimed > 0 {
-            // A busy tick has just asked to release the gate; `held` may
-            // not say so yet.
-            return if claimed < BUSY_CLAIM && gate.held() {
-                Self::Wait
-            } else {
-                Self::TickAtOnce
-            };
+        if claimed == 0 {
+            gate.want();
+            return Self::Wait;
         }
-        match gate.ask_to_wait().await {
-            Gate::Taken => Self::TickAtOnce,
-            Gate::Contended => Self::TickSoon,
-            Gate::Held | Gate::Others | Gate::Unavailable => Self::Wait,
+        // A busy tick has just given the gate back; `covered` may not say
+        // so yet.
+        if claimed < BUSY_CLAIM && gate.covered() {
+            Self::Wait
+        } else {
+            Self::TickAtOnce
         }
     }
 }
@@ -754,80 +734,37 @@ mod tests {
         assert!(claimed(1).was_full(1));
     }
 
-    /// A gate whose listener answers every request to wait with `answer`
-    /// (`None`: no listener at all), held by this process or not.
-    fn gate(held: bool, answer: Option<super::Gate>) -> super::WakeGate {
-        let (gate, mut inbox) = super::WakeGate::new();
-        inbox.held.store(held, std::sync::atomic::Ordering::Release);
-        if let Some(answer) = answer {
-            tokio::spawn(async move {
-                while let Some(request) = inbox.inbox.recv().await {
-                    if let crate::listener::Request::Wait(reply) = request {
-                        let _ = reply.send(answer);
-                    }
-                }
-            });
-        }
-        gate
-    }
-
     /// What a loop does after each kind of tick: the table of `Next::after`.
-    #[tokio::test]
-    async fn a_loop_waits_only_while_inserts_notify_somebody() {
-        use super::Gate::{Contended, Others, Taken, Unavailable};
-        use super::Next::{self, TickAtOnce, TickSoon, Wait};
+    #[test]
+    fn a_loop_waits_only_while_inserts_notify() {
+        use super::Next::{self, TickAtOnce, Wait};
+        use super::WakeGate;
 
+        let covered = || {
+            let gate = WakeGate::default();
+            gate.want();
+            gate
+        };
         // Wake-ups off: only a full batch ticks again at once.
-        assert_eq!(Next::after(Some(100), true, None).await, TickAtOnce);
-        assert_eq!(Next::after(Some(99), false, None).await, Wait);
-        assert_eq!(Next::after(Some(0), false, None).await, Wait);
+        assert_eq!(Next::after(Some(100), true, None), TickAtOnce);
+        assert_eq!(Next::after(Some(99), false, None), Wait);
+        assert_eq!(Next::after(Some(0), false, None), Wait);
         // A failed tick waits, gate or not.
-        assert_eq!(
-            Next::after(None, false, Some(&gate(false, Some(Taken)))).await,
-            Wait
-        );
+        assert_eq!(Next::after(None, false, Some(&WakeGate::default())), Wait);
         // A full batch, gate or not.
+        assert_eq!(Next::after(Some(100), true, Some(&covered())), TickAtOnce);
+        // One row while this process holds or queues for the gate: wait.
+        assert_eq!(Next::after(Some(1), false, Some(&covered())), Wait);
+        // One row without it: publishers may not notify, tick again.
         assert_eq!(
-            Next::after(Some(100), true, Some(&gate(true, None))).await,
+            Next::after(Some(1), false, Some(&WakeGate::default())),
             TickAtOnce
         );
-        // One row while this process holds the gate: inserts notify, wait.
-        assert_eq!(
-            Next::after(Some(1), false, Some(&gate(true, None))).await,
-            Wait
-        );
-        // One row without the gate: publishers may not notify, tick again.
-        assert_eq!(
-            Next::after(Some(1), false, Some(&gate(false, None))).await,
-            TickAtOnce
-        );
-        // A busy claim has just released the gate, whatever `held` says yet.
-        assert_eq!(
-            Next::after(Some(2), false, Some(&gate(true, None))).await,
-            TickAtOnce
-        );
-        // Nothing claimed: what the gate answers.
-        for (answer, next) in [
-            (Taken, TickAtOnce),
-            (Others, Wait),
-            (Contended, TickSoon),
-            (Unavailable, Wait),
-        ] {
-            assert_eq!(
-                Next::after(Some(0), false, Some(&gate(false, Some(answer)))).await,
-                next,
-                "{answer:?}"
-            );
-        }
-        // Held here already: no question asked (no listener to answer).
-        assert_eq!(
-            Next::after(Some(0), false, Some(&gate(true, None))).await,
-            Wait
-        );
-        // The listener gone: as if no listening connection.
-        assert_eq!(
-            Next::after(Some(0), false, Some(&gate(false, None))).await,
-            Wait
-        );
+        // A busy claim has just given the gate back, whatever `covered` says.
+        assert_eq!(Next::after(Some(2), false, Some(&covered())), TickAtOnce);
+        // Nothing claimed: ask for the gate (inserts notify from now) and wait.
+        let gate = WakeGate::default();
+        assert_eq!(Next::after(Some(0), false, Some(&gate)), Wait);
+        assert!(gate.covered(), "an empty claim did not ask for the gate");
     }
 }

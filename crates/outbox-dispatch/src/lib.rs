@@ -51,6 +51,7 @@ mod config;
 pub mod db;
 mod dispatcher;
 mod error;
+mod gate;
 mod listener;
 mod reconcile;
 mod redis_guard;
@@ -66,6 +67,7 @@ pub use config::{
 };
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
+pub use gate::GATE_APPLICATION_NAME;
 pub use listener::LISTENER_APPLICATION_NAME;
 pub use reconcile::{
     BatchOutcome, DEFAULT_RECONCILE_BATCH, DerivedJob, MissingJob, QueueCounts, RETENTION_MARGIN,

@@ -146,7 +146,7 @@ async fn listener_ssl(conn: &mut AsyncPgConnection) -> Option<bool> {
     diesel::sql_query(
         "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
          WHERE a.datname = current_database() AND a.application_name = $1 \
-           AND (a.query ILIKE '%LISTEN%' OR a.query ILIKE '%advisory%')",
+           AND a.query ILIKE '%LISTEN%'",
     )
     .bind::<Text, _>(LISTENER_APPLICATION_NAME)
     .get_result::<Ssl>(conn)

@@ -42,16 +42,16 @@ pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 pub const NOTIFY_CHANNEL: &str = "outbox_event";
 
 /// The advisory lock (the two-key form, `pg_advisory_lock(int, int)`) that
-/// says a dispatcher waits for new rows.
+/// says a dispatcher waits for new rows: the wake gate.
 ///
-/// A dispatcher with nothing to do holds it (session level, exclusive) on
-/// its listening connection; the `outbox_event` insert trigger sends
-/// `NOTIFY` only when it cannot take the same lock shared, that is while a
-/// dispatcher waits. Otherwise the inserting transaction keeps the shared
-/// lock until it ends, so a dispatcher that wants to wait again can take
-/// the lock only once that transaction has committed, and claims once more
-/// before it waits. `NOTIFY` makes every committing transaction take one
-/// database-wide lock; this keeps that cost to the times somebody listens.
-/// The trigger function (migration `notify_only_waiting_dispatchers`)
-/// repeats these numbers.
+/// A dispatcher with nothing to claim queues for it (session level,
+/// exclusive) on a connection of its own; the `outbox_event` insert trigger
+/// sends `NOTIFY` only when it cannot take the same lock shared, that is
+/// while a dispatcher holds it or queues for it. Otherwise the inserting
+/// transaction keeps the shared lock until it ends, so the dispatcher's
+/// request is granted only once that transaction has committed, and the
+/// dispatcher claims once more when it is. `NOTIFY` makes every committing
+/// transaction take one database-wide lock; this keeps that cost to the
+/// times somebody waits. The trigger function (migration
+/// `notify_only_waiting_dispatchers`) repeats these numbers.
 pub const WAKE_GATE_LOCK: (i32, i32) = (1_868_722_040, 1);

@@ -323,7 +323,7 @@ pub const DATABASE_POOL_SIZE: Whole = Whole {
     default: outbox_model::DEFAULT_POOL_SIZE as u64,
     min: 1,
     max: 1000,
-    meaning: "Postgres connections (plus one for LISTEN)",
+    meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate)",
 };
 /// `WEBHOOK_TIMEOUT_MS`.
 pub const WEBHOOK_TIMEOUT_MS: Whole = Whole {

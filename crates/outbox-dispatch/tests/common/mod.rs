@@ -164,8 +164,7 @@ impl Harness {
         counts
     }
 
-    /// The backend pid of the dispatcher's LISTEN connection, when one is
-    /// connected (its last statement is the `LISTEN` or a wake gate one).
+    /// The backend pid of the dispatcher's LISTEN connection, when one is connected.
     pub async fn listener_pid(&self) -> Option<i32> {
         #[derive(diesel::QueryableByName)]
         struct Pid {
@@ -175,8 +174,7 @@ impl Harness {
         let mut conn = self.conn().await;
         diesel::sql_query(
             "SELECT pid FROM pg_stat_activity
-             WHERE datname = current_database() AND application_name = $1
-               AND (query ILIKE '%LISTEN%' OR query ILIKE '%advisory%')",
+             WHERE datname = current_database() AND application_name = $1 AND query ILIKE '%LISTEN%'",
         )
         .bind::<diesel::sql_types::Text, _>(LISTENER_APPLICATION_NAME)
         .get_result::<Pid>(&mut conn)

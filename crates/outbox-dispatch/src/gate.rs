@@ -1,0 +1,215 @@
+//! The wake gate: `NOTIFY` only while a dispatcher waits.
+//!
+//! `NOTIFY` makes every committing transaction that sent one take a
+//! database-wide lock and hold it through its commit, so publishers that
+//! notify commit one after another. The insert trigger therefore notifies
+//! only while a dispatcher waits: it tries to take the advisory lock
+//! [`outbox_model::WAKE_GATE_LOCK`] shared and notifies when it cannot,
+//! that is while a dispatcher holds the lock or queues for it (Postgres
+//! refuses a new shared request behind a queued exclusive one). When it
+//! can, the inserting transaction keeps the shared lock until it ends.
+//!
+//! A dispatch loop that found nothing to claim asks for the gate
+//! ([`WakeGate::want`]). A task of its own, on a dedicated connection
+//! ([`GATE_APPLICATION_NAME`]), then queues for the lock exclusively: from
+//! that moment every insert notifies. Postgres grants the lock once every
+//! transaction that inserted without notifying has ended, so their rows are
+//! committed: the task then wakes one loop, which claims once more before
+//! it waits. A loop that claims two or more rows is busy: it gives the gate
+//! back ([`WakeGate::release`]), publishers stop notifying, and it ticks
+//! back to back until a claim comes back empty. A lost gate connection
+//! loses the lock with it; the task reconnects and wakes a loop to catch
+//! up, and the poll interval stays the backstop throughout.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::time::Duration;
+
+use diesel::sql_types::Integer;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use outbox_model::{WAKE_GATE_LOCK, prepared};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The `application_name` of the gate's connection (visible in
+/// `pg_stat_activity`, waiting on a `Lock` while other transactions hold
+/// the gate).
+pub const GATE_APPLICATION_NAME: &str = "outbox-dispatcher-gate";
+
+/// Where this process stands with the lock.
+const FREE: u8 = 0;
+/// Asked for, not yet granted: inserts notify already.
+const QUEUED: u8 = 1;
+/// Granted: inserts notify.
+const HELD: u8 = 2;
+
+/// The dispatch loops' side of the wake gate (see the module
+/// documentation); [`run`] is the task that holds the lock.
+#[derive(Debug, Default)]
+pub(crate) struct WakeGate {
+    state: AtomicU8,
+    wanted: AtomicBool,
+    changed: Notify,
+}
+
+impl WakeGate {
+    /// Whether inserts notify because of this process: it holds the lock
+    /// or queues for it.
+    pub(crate) fn covered(&self) -> bool {
+        self.state.load(Ordering::Acquire) != FREE
+    }
+
+    /// Asks for the lock: a loop found nothing to claim and will wait. The
+    /// lock is queued for at once; when it is granted, a loop is woken to
+    /// claim once more.
+    pub(crate) fn want(&self) {
+        self.wanted.store(true, Ordering::Release);
+        if self
+            .state
+            .compare_exchange(FREE, QUEUED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Gives the lock back (once granted, if it is still queued): a loop is
+    /// busy, publishers may stop notifying.
+    pub(crate) fn release(&self) {
+        if self.wanted.swap(false, Ordering::AcqRel) {
+            self.changed.notify_one();
+        }
+    }
+}
+
+/// Holds the lock for `gate` until `shutdown`: queues for it while a loop
+/// wants it, wakes `wake` when it is granted, lets it go when no loop wants
+/// it any more. A failed connection frees it; the task reconnects with
+/// backoff (100 ms doubling to 5 s) and wakes `wake` once to catch up.
+pub(crate) async fn run(
+    database_url: String,
+    gate: Arc<WakeGate>,
+    wake: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let mut delay = Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        match connect(&database_url).await {
+            Ok(mut conn) => {
+                delay = Duration::from_millis(100);
+                match serve(&mut conn, &gate, &wake, &shutdown).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "wake gate connection failed; reconnecting")
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "cannot open the wake gate connection; inserts notify only while another dispatcher waits")
+            }
+        }
+        // The lock went with the connection; a loop may be waiting on it.
+        gate.state.store(FREE, Ordering::Release);
+        wake.notify_one();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Serves the gate on one connection until `shutdown` (`Ok`) or an error.
+async fn serve(
+    conn: &mut AsyncPgConnection,
+    gate: &WakeGate,
+    wake: &Notify,
+    shutdown: &CancellationToken,
+) -> Result<(), diesel::result::Error> {
+    loop {
+        // Until a loop wants the gate.
+        while !gate.wanted.load(Ordering::Acquire) {
+            gate.state.store(FREE, Ordering::Release);
+            // A `want` between the store above and this check set QUEUED
+            // and notified; the stored permit ends the wait below at once.
+            if gate.wanted.load(Ordering::Acquire) {
+                break;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = gate.changed.notified() => {}
+            }
+        }
+        gate.state.store(QUEUED, Ordering::Release);
+        // Queues behind every transaction that holds the gate shared (and
+        // behind a dispatcher that holds it); meanwhile inserts notify.
+        let lock = lock(conn);
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            granted = lock => { granted?; }
+        }
+        gate.state.store(HELD, Ordering::Release);
+        tracing::debug!("wake gate held");
+        // Rows of transactions that inserted without notifying are
+        // committed now: one more claim before the loops wait.
+        wake.notify_one();
+        while gate.wanted.load(Ordering::Acquire) {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = gate.changed.notified() => {}
+            }
+        }
+        conn.batch_execute(UNLOCK_SQL).await?;
+        tracing::debug!("wake gate released");
+    }
+}
+
+/// Queues for the gate's lock exclusively and returns once it is granted.
+/// Binds: the two keys of [`WAKE_GATE_LOCK`].
+const LOCK_SQL: &str = "SELECT pg_advisory_lock($1, $2)";
+
+/// Lets go of the gate's lock (the only advisory lock this connection takes).
+const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock_all()";
+
+/// Returns once this connection holds the gate's lock.
+async fn lock(conn: &mut AsyncPgConnection) -> Result<(), diesel::result::Error> {
+    use diesel_async::RunQueryDsl;
+
+    prepared(LOCK_SQL)
+        .bind::<Integer, _>(WAKE_GATE_LOCK.0)
+        .bind::<Integer, _>(WAKE_GATE_LOCK.1)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
+    let mut conn = outbox_model::establish(database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    conn.batch_execute(&format!("SET application_name = '{GATE_APPLICATION_NAME}'"))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(conn)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FREE, QUEUED, WakeGate};
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn wanting_queues_at_once_and_releasing_leaves_the_state_to_the_task() {
+        let gate = WakeGate::default();
+        assert!(!gate.covered());
+        gate.want();
+        assert_eq!(gate.state.load(Ordering::Acquire), QUEUED);
+        assert!(gate.covered(), "inserts notify from the moment a loop asks");
+        gate.release();
+        assert!(!gate.wanted.load(Ordering::Acquire));
+        // The task gives the lock back; until then inserts still notify.
+        assert!(gate.covered());
+        gate.state.store(FREE, Ordering::Release);
+        assert!(!gate.covered());
+    }
+}
