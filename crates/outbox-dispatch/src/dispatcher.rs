@@ -238,21 +238,23 @@ impl Dispatcher {
     /// ([`Next::after`]).
     async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, gate: Option<Arc<WakeGate>>) {
         while !shutdown.is_cancelled() {
-            let claimed = match self.tick_until(&shutdown).await {
+            let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
                     if report.handoff_failed()
                         && let Some(guard) = &self.guard
                     {
                         guard.poke();
                     }
-                    Some(report.claimed)
+                    (
+                        Some(report.claimed),
+                        report.was_full(self.config.batch_size),
+                    )
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "dispatcher tick failed; claimed rows are re-claimed after their lease");
-                    None
+                    (None, false)
                 }
             };
-            let full = claimed.is_some_and(|n| n >= self.config.batch_size as usize);
             if claimed.is_some_and(|n| n >= BUSY_CLAIM)
                 && let Some(gate) = &gate
             {
@@ -528,16 +530,6 @@ impl Dispatcher {
     }
 }
 
-/// The jobs of a unit, and the hand-off span of each event when this process
-/// traces with OpenTelemetry (called inside the unit's push span).
-///
-/// An event's hand-off span continues the trace stored with its row (the
-/// producer's `outbox.publish` span, or what a plain-SQL producer wrote) and
-/// starts a new trace when there is none; either way it links to the push
-/// span of the batch it went out in. The job carries the hand-off span's
-/// context, so the subscriber's span becomes its child. A process without an
-/// OpenTelemetry layer makes no spans here and passes the stored context on
-/// unchanged.
 /// A tick that claims at least this many rows finds the dispatcher busy
 /// (publishers commit faster than a tick takes): it gives the wake gate
 /// back so that publishers stop sending `NOTIFY`, and ticks back to back
@@ -563,12 +555,18 @@ impl Next {
     ///   neither holds nor queues for the gate: at once;
     /// - after an empty claim it asks for the gate and waits (the gate
     ///   wakes a loop to claim once more when it is granted);
-    /// - after a failed tick: wait, as before.
+    /// - after a failed tick: the same as after an empty claim.
     fn after(claimed: Option<usize>, full: bool, gate: Option<&WakeGate>) -> Self {
         if full {
             return Self::TickAtOnce;
         }
-        let (Some(claimed), Some(gate)) = (claimed, gate) else {
+        let Some(gate) = gate else {
+            return Self::Wait;
+        };
+        // A failed tick (Postgres down, say) waits as after an empty claim,
+        // asking for the gate so that inserts notify meanwhile.
+        let Some(claimed) = claimed else {
+            gate.want();
             return Self::Wait;
         };
         if claimed == 0 {
@@ -585,6 +583,16 @@ impl Next {
     }
 }
 
+/// The jobs of a unit, and the hand-off span of each event when this process
+/// traces with OpenTelemetry (called inside the unit's push span).
+///
+/// An event's hand-off span continues the trace stored with its row (the
+/// producer's `outbox.publish` span, or what a plain-SQL producer wrote) and
+/// starts a new trace when there is none; either way it links to the push
+/// span of the batch it went out in. The job carries the hand-off span's
+/// context, so the subscriber's span becomes its child. A process without an
+/// OpenTelemetry layer makes no spans here and passes the stored context on
+/// unchanged.
 fn jobs_of(unit: &PushUnit) -> (Vec<OutboxJob>, Vec<tracing::Span>) {
     let mut jobs: Vec<OutboxJob> = unit.events.iter().map(OutboxJob::from_event).collect();
     let Some(push) = TraceContext::of_span(&tracing::Span::current()) else {
@@ -749,8 +757,10 @@ mod tests {
         assert_eq!(Next::after(Some(100), true, None), TickAtOnce);
         assert_eq!(Next::after(Some(99), false, None), Wait);
         assert_eq!(Next::after(Some(0), false, None), Wait);
-        // A failed tick waits, gate or not.
-        assert_eq!(Next::after(None, false, Some(&WakeGate::default())), Wait);
+        // A failed tick waits, gate or not, and asks for the gate.
+        let gate = WakeGate::default();
+        assert_eq!(Next::after(None, false, Some(&gate)), Wait);
+        assert!(gate.covered(), "a failed tick did not ask for the gate");
         // A full batch, gate or not.
         assert_eq!(Next::after(Some(100), true, Some(&covered())), TickAtOnce);
         // One row while this process holds or queues for the gate: wait.

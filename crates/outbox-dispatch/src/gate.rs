@@ -115,7 +115,7 @@ pub(crate) async fn run(
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(delay) => {}
         }
-        delay = (delay * 2).min(Duration::from_secs(5));
+        delay = crate::listener::next_delay(delay);
     }
 }
 
@@ -184,13 +184,11 @@ async fn lock(conn: &mut AsyncPgConnection) -> Result<(), diesel::result::Error>
 }
 
 async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
-    let mut conn = outbox_model::establish(database_url)
-        .await
-        .map_err(|e| e.to_string())?;
-    conn.batch_execute(&format!("SET application_name = '{GATE_APPLICATION_NAME}'"))
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(conn)
+    crate::listener::dedicated(
+        database_url,
+        &format!("SET application_name = '{GATE_APPLICATION_NAME}'"),
+    )
+    .await
 }
 
 #[cfg(test)]

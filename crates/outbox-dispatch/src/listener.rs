@@ -58,22 +58,31 @@ pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: Cancellat
     }
 }
 
-/// The wait before the next attempt to LISTEN after one that failed (or a
-/// connection that was lost) after waiting `delay`: twice as long, at most
-/// five seconds.
-fn next_delay(delay: Duration) -> Duration {
+/// The wait before the next attempt to LISTEN (or to open the wake gate's
+/// connection) after one that failed (or a connection that was lost) after
+/// waiting `delay`: twice as long, at most five seconds.
+pub(crate) fn next_delay(delay: Duration) -> Duration {
     (delay * 2).min(Duration::from_secs(5))
 }
 
 async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
+    dedicated(
+        database_url,
+        &format!("SET application_name = '{LISTENER_APPLICATION_NAME}'; LISTEN {NOTIFY_CHANNEL}"),
+    )
+    .await
+}
+
+/// A connection of its own outside the pool (opened like the pool's, with
+/// the URL's `sslmode`), set up by running `setup`.
+pub(crate) async fn dedicated(
+    database_url: &str,
+    setup: &str,
+) -> Result<AsyncPgConnection, String> {
     let mut conn = outbox_model::establish(database_url)
         .await
         .map_err(|e| e.to_string())?;
-    conn.batch_execute(&format!(
-        "SET application_name = '{LISTENER_APPLICATION_NAME}'; LISTEN {NOTIFY_CHANNEL}"
-    ))
-    .await
-    .map_err(|e| e.to_string())?;
+    conn.batch_execute(setup).await.map_err(|e| e.to_string())?;
     Ok(conn)
 }
 
