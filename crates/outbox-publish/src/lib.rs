@@ -57,9 +57,14 @@
 //! transaction. Two concurrent transactions that publish the same dispatch
 //! key serialize on the unique index: the second waits for the first to
 //! commit or roll back, then reports [`PublishOutcome::Duplicate`] (or
-//! inserts, if the first rolled back). The insert trigger sends a
-//! `NOTIFY outbox_event` that Postgres delivers at commit, waking the
-//! dispatcher; nothing is sent for a rolled-back transaction.
+//! inserts, if the first rolled back). While a dispatcher waits for new
+//! rows, the insert trigger sends a `NOTIFY outbox_event` that Postgres
+//! delivers at commit, waking it; nothing is sent for a rolled-back
+//! transaction. While none waits, the trigger sends nothing (a `NOTIFY`
+//! makes the commit wait on a database-wide lock) and the transaction holds
+//! the wake gate's advisory lock shared until it ends
+//! ([`outbox_model::WAKE_GATE_LOCK`]): a dispatcher that starts to wait
+//! meanwhile claims the event once the transaction has committed.
 
 mod error;
 mod event;
