@@ -162,9 +162,12 @@ async fn an_old_test_database_nobody_uses_is_dropped_and_a_used_or_recent_one_is
         assert_eq!(database_count(kept).await, 1, "{kept} is gone");
     }
     drop(user);
+    // `IF EXISTS`: once its user is gone, `in_use` is an old database
+    // nobody uses, which a sweep running at the same time (another
+    // `cargo xtask test` on the same server) may drop first.
     for name in [&in_use, &recent] {
         admin
-            .batch_execute(&format!("DROP DATABASE \"{name}\" WITH (FORCE)"))
+            .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
             .await
             .unwrap();
     }
