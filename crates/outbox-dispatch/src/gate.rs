@@ -193,8 +193,48 @@ async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{FREE, QUEUED, WakeGate};
+    use super::{FREE, HELD, QUEUED, WakeGate};
+    use std::sync::Arc;
     use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    /// One grant per request: the task takes the lock when a loop wants
+    /// it, wakes one loop, and once no loop wants it any more lets it go
+    /// and stays away from it (no further grant, no further wake-up).
+    // Break checked: inverting the task's wait for a wanting loop makes it
+    // take and drop the lock over and over (waking a loop each time); the
+    // gate is then not seen let go and the test fails at that deadline.
+    #[tokio::test]
+    async fn the_task_takes_the_lock_once_per_request_and_lets_it_go() {
+        let db = outbox_test_support::TestDatabase::new().await;
+        let gate = Arc::new(WakeGate::default());
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let task = tokio::spawn(super::run(
+            db.url().to_owned(),
+            gate.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+        let limit = Duration::from_secs(20);
+
+        gate.want();
+        tokio::time::timeout(limit, wake.notified())
+            .await
+            .expect("the granted gate wakes a loop");
+        assert_eq!(gate.state.load(Ordering::Acquire), HELD);
+
+        gate.release();
+        outbox_test_support::eventually("the gate to be let go", limit, async || {
+            gate.state.load(Ordering::Acquire) == FREE
+        })
+        .await;
+        let again = tokio::time::timeout(Duration::from_millis(300), wake.notified()).await;
+        assert!(again.is_err(), "the task took the lock again unasked");
+
+        shutdown.cancel();
+        task.await.unwrap();
+    }
 
     #[test]
     fn wanting_queues_at_once_and_releasing_leaves_the_state_to_the_task() {
