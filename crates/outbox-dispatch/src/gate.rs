@@ -236,6 +236,112 @@ mod tests {
         task.await.unwrap();
     }
 
+    /// Whether a publishing transaction could take the gate shared (and
+    /// would then send no `NOTIFY`).
+    async fn publisher_skips_notify(url: &str) -> bool {
+        use diesel_async::{AsyncConnection, RunQueryDsl};
+        #[derive(diesel::QueryableByName)]
+        struct Taken {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            taken: bool,
+        }
+        let mut conn = outbox_model::establish(url).await.unwrap();
+        conn.transaction::<_, diesel::result::Error, _>(async |conn| {
+            let (key1, key2) = outbox_model::WAKE_GATE_LOCK;
+            diesel::sql_query("SELECT pg_try_advisory_xact_lock_shared($1, $2) AS taken")
+                .bind::<diesel::sql_types::Integer, _>(key1)
+                .bind::<diesel::sql_types::Integer, _>(key2)
+                .get_result::<Taken>(conn)
+                .await
+                .map(|row| row.taken)
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Two dispatchers: the second queues behind the first, inserts notify
+    /// while either holds or queues, the second gets the gate when the
+    /// first gives it back, and inserts skip `NOTIFY` only once neither
+    /// wants it.
+    // Break checked: `release` not telling the task leaves the first
+    // holding the gate, and the second never gets it (fails at that deadline).
+    #[tokio::test]
+    async fn a_second_dispatcher_queues_behind_the_first_and_inserts_notify_until_both_are_busy() {
+        let db = outbox_test_support::TestDatabase::new().await;
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let start = || {
+            let gate = Arc::new(WakeGate::default());
+            let wake = Arc::new(tokio::sync::Notify::new());
+            let task = tokio::spawn(super::run(
+                db.url().to_owned(),
+                gate.clone(),
+                wake.clone(),
+                shutdown.clone(),
+            ));
+            (gate, wake, task)
+        };
+        let limit = Duration::from_secs(20);
+        let (first, first_wake, first_task) = start();
+        let (second, second_wake, second_task) = start();
+        assert!(
+            publisher_skips_notify(db.url()).await,
+            "nobody wants the gate yet"
+        );
+
+        first.want();
+        tokio::time::timeout(limit, first_wake.notified())
+            .await
+            .expect("the first dispatcher gets the gate");
+        second.want();
+        outbox_test_support::eventually("the second dispatcher to queue", limit, async || {
+            let mut conn = db.conn().await;
+            diesel_async::RunQueryDsl::get_result::<Queued>(
+                diesel::sql_query(
+                    "SELECT count(*) AS queued FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = $1
+                       AND wait_event_type = 'Lock'",
+                )
+                .bind::<diesel::sql_types::Text, _>(super::GATE_APPLICATION_NAME),
+                &mut conn,
+            )
+            .await
+            .unwrap()
+            .queued
+                == 1
+        })
+        .await;
+        assert!(
+            !publisher_skips_notify(db.url()).await,
+            "the first holds it"
+        );
+
+        first.release();
+        tokio::time::timeout(limit, second_wake.notified())
+            .await
+            .expect("the second dispatcher gets the gate once the first gives it back");
+        assert_eq!(second.state.load(Ordering::Acquire), HELD);
+        assert!(
+            !publisher_skips_notify(db.url()).await,
+            "the second holds it"
+        );
+
+        second.release();
+        outbox_test_support::eventually("inserts to skip NOTIFY", limit, async || {
+            publisher_skips_notify(db.url()).await
+        })
+        .await;
+
+        shutdown.cancel();
+        first_task.await.unwrap();
+        second_task.await.unwrap();
+    }
+
+    #[derive(diesel::QueryableByName)]
+    struct Queued {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        queued: i64,
+    }
+
     #[test]
     fn wanting_queues_at_once_and_releasing_leaves_the_state_to_the_task() {
         let gate = WakeGate::default();
