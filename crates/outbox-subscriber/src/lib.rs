@@ -25,5 +25,5 @@ mod wake;
 pub use body::{JobBody, LenientCodec, LenientRedis};
 pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
-pub use runner::{HandlerGroup, SubscriberError, WorkerSettings};
+pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError, WorkerSettings};
 pub use wake::{QueueWakeups, WakeStream, listen_for_wakeups};

@@ -40,7 +40,9 @@ pub struct WorkerSettings {
     pub heartbeat: Duration,
     /// See `heartbeat`.
     pub missed_heartbeats: usize,
-    /// Jobs fetched per poll.
+    /// Jobs fetched per Redis round trip, at least; a queue whose worker
+    /// runs more jobs at once fetches as many as it runs, up to
+    /// [`MAX_FETCH_BATCH`].
     pub fetch_batch: usize,
     /// How often an idle worker looks for due jobs (retries rescheduled by
     /// the queue, and pushes whose wake-up was missed).
@@ -75,6 +77,21 @@ impl Default for WorkerSettings {
             poll_interval: Self::DEFAULT_POLL_INTERVAL,
         }
     }
+}
+
+/// The most jobs one fetch takes when the batch follows a worker's
+/// concurrency (a larger `fetch_batch` set explicitly is kept).
+pub const MAX_FETCH_BATCH: usize = 100;
+
+/// Jobs one fetch of a worker running `concurrency` jobs at once takes:
+/// `configured`, or the concurrency when that is more, up to
+/// [`MAX_FETCH_BATCH`]. A fetch of ten for a worker that runs a hundred (the
+/// audit queue's group commit) made it wait on Redis ten times per hundred
+/// jobs; fetched jobs wait in the worker until a slot is free, and a worker
+/// that dies holding them gives them back after the orphan window like
+/// those it runs.
+fn fetch_batch(configured: usize, concurrency: usize) -> usize {
+    configured.max(concurrency.min(MAX_FETCH_BATCH)).max(1)
 }
 
 /// Why a group could not run.
@@ -494,18 +511,20 @@ async fn run_queue(
     shutdown: CancellationToken,
 ) -> Result<(), apalis_core::error::WorkerError> {
     let queue = handler.queue().to_owned();
+    let concurrency = handler.concurrency(settings.concurrency).max(1);
     let config = apalis_config(&namespace, &queue)
         .heartbeat_interval(settings.heartbeat)
         .missed_heartbeats(settings.missed_heartbeats)
-        .batch_size(settings.fetch_batch.max(1));
+        .batch_size(fetch_batch(settings.fetch_batch, concurrency));
+    let fetch = config.batch_size;
     let conn_for_jobs = conn.clone();
     let backend = PollWith::new(
         crate::LenientRedis::with_wake_count(conn, config, wakeups.count()),
         StreamStrategy::new(wakeups.stream(settings.poll_interval)),
     );
     let name = worker_name(&queue);
-    let concurrency = handler.concurrency(settings.concurrency).max(1);
-    tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, concurrency, "consuming queue");
+    tracing::info!(queue = %queue, apalis_queue = %namespace.queue(&queue), worker = %name, concurrency,
+        fetch_batch = fetch, "consuming queue");
     let worker = WorkerBuilder::new(name)
         .backend(backend)
         .concurrency(concurrency)
@@ -592,6 +611,29 @@ mod tests {
         assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
         assert_eq!(restart_delay(secs(30), secs(60)), secs(30));
         assert_eq!(restart_delay(secs(30), secs(61)), secs(1));
+    }
+
+    /// The mail queue (10 at once) keeps fetching 10; the audit queue's
+    /// group commit (100 at once) fetches 100 per round trip; a larger
+    /// concurrency still fetches 100, a larger batch set on purpose is kept.
+    #[test]
+    fn a_worker_fetches_as_many_jobs_as_it_runs_at_once_up_to_the_cap() {
+        let table = [
+            ((10, 10), 10),
+            ((10, 1), 10),
+            ((10, 100), 100),
+            ((10, 40), 40),
+            ((10, 500), MAX_FETCH_BATCH),
+            ((250, 10), 250),
+            ((0, 0), 1),
+        ];
+        for ((configured, concurrency), expected) in table {
+            assert_eq!(
+                fetch_batch(configured, concurrency),
+                expected,
+                "fetch batch {configured}, concurrency {concurrency}"
+            );
+        }
     }
 
     #[test]
