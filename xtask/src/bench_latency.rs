@@ -109,11 +109,14 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
                     if wakeups { "on" } else { "off (polling only)" }
                 ));
                 let before = audit_rows(&mut conn).await?;
+                let cpu = bench_process::Cpu::sample(&children);
                 let published = publish_at(&scratch.url, load, plan.duration, serial).await?;
+                // Over the load only, not the catch-up after it.
+                let cpu = cpu.shares(&bench_process::Cpu::sample(&children));
                 serial += published.commits.len();
                 let target = before + published.commits.len() as i64;
                 wait_for_audit(&mut conn, &mut children, target).await?;
-                report(&mut conn, wakeups, load, published).await?;
+                report(&mut conn, wakeups, load, published, cpu).await?;
             }
             Ok::<_, anyhow::Error>(())
         }
@@ -267,6 +270,7 @@ async fn report(
     wakeups: bool,
     load: u32,
     published: Published,
+    cpu: serde_json::Value,
 ) -> Result<()> {
     let recorded: Vec<Recorded> = diesel::sql_query(
         "SELECT a.outbox_event_id::text AS id,
@@ -335,6 +339,7 @@ async fn report(
             "max": round2(percentile(&from_hand_off, 1.0)),
         },
         "over_100ms_by_second": slow,
+        "cpu_share": cpu,
     }));
     Ok(())
 }

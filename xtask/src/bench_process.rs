@@ -139,6 +139,8 @@ pub struct Cpu {
     postgres: u64,
     /// Ticks of every `redis-server` process.
     redis: u64,
+    /// Ticks of this process (the bench: its publishers and its queries).
+    bench: u64,
 }
 
 /// User plus system ticks of one process (`/proc/<pid>/stat`).
@@ -174,6 +176,9 @@ impl Cpu {
                 cpu.workers += ticks;
             }
         }
+        if let Some((_, ticks)) = process_ticks("self") {
+            cpu.bench = ticks;
+        }
         if let Ok(entries) = std::fs::read_dir("/proc") {
             for entry in entries.flatten() {
                 let name = entry.file_name();
@@ -195,9 +200,10 @@ impl Cpu {
 
     /// The shares of the machine's CPU time between `self` and `later`, as
     /// JSON: `busy` (all of it), and the parts used by the workers under
-    /// test, Postgres and Redis; the rest of `busy` is other processes (this
-    /// bench, and whatever else runs on the machine). Processes that ended
-    /// in between are not counted.
+    /// test, Postgres, Redis and this bench (its publishers, where a stage
+    /// publishes); the rest of `busy` is whatever else runs on the machine.
+    /// Processes that ended in between are not counted. A share of 1.0 is
+    /// every core; on 2 cores, 0.5 is one core's worth.
     pub fn shares(&self, later: &Self) -> serde_json::Value {
         let total = later.total.saturating_sub(self.total).max(1) as f64;
         let share = |a: u64, b: u64| (b.saturating_sub(a) as f64 / total * 100.0).round() / 100.0;
@@ -206,6 +212,7 @@ impl Cpu {
             "workers": share(self.workers, later.workers),
             "postgres": share(self.postgres, later.postgres),
             "redis": share(self.redis, later.redis),
+            "bench": share(self.bench, later.bench),
         })
     }
 }
