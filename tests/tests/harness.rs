@@ -172,3 +172,35 @@ async fn an_old_test_database_nobody_uses_is_dropped_and_a_used_or_recent_one_is
             .unwrap();
     }
 }
+
+/// A template left by other migrations (each change of the migrations
+/// builds a new one) goes; the template of these migrations stays, and new
+/// test databases are still cloned from it.
+// Break checked: the template sweep left out (only test databases dropped)
+// keeps the old template and fails here.
+#[tokio::test]
+async fn a_template_of_other_migrations_is_dropped_and_the_current_one_is_kept() {
+    let server = database_server_url();
+    // Makes sure the current template exists.
+    let before = TestDatabase::new().await;
+    let mut admin = outbox_model::establish(&with_database(&server, "postgres"))
+        .await
+        .unwrap();
+    let old = format!("outbox_tpl_{}", uuid::Uuid::new_v4().simple());
+    admin
+        .batch_execute(&format!("CREATE DATABASE \"{old}\" IS_TEMPLATE true"))
+        .await
+        .unwrap();
+
+    // Test databases of any age are left to the other sweeping test, whose
+    // old database this sweep would otherwise drop first.
+    let forever = std::time::Duration::from_secs(u64::from(u32::MAX));
+    sweep_abandoned_databases(&server, forever).await.unwrap();
+
+    assert_eq!(database_count(&old).await, 0, "{old} is still there");
+    let current = format!("outbox_tpl_{}", outbox_model::schema_fingerprint());
+    assert_eq!(database_count(&current).await, 1, "{current} is gone");
+    let after = TestDatabase::new().await;
+    assert_eq!(database_count(after.name()).await, 1);
+    drop(before);
+}

@@ -84,14 +84,16 @@ impl Started {
 const ABANDONED_DATABASE_AGE: Duration = Duration::from_secs(3_600);
 
 /// Drops the test databases that killed test processes left on the server
-/// of `database_url` (more than an hour old, no session connected); warns
-/// instead of failing, since the run can go on without it.
+/// of `database_url` (more than an hour old, no session connected) and the
+/// template databases of other migrations; warns instead of failing, since
+/// the run can go on without it.
 pub async fn sweep_abandoned_databases(database_url: &str) {
     match outbox_test_support::sweep_abandoned_databases(database_url, ABANDONED_DATABASE_AGE).await
     {
         Ok(dropped) if !dropped.is_empty() => eprintln!(
-            "xtask: dropped {} test databases whose test process was killed",
-            dropped.len()
+            "xtask: dropped {} databases left behind (test databases of killed test processes, templates of other migrations): {}",
+            dropped.len(),
+            dropped.join(", ")
         ),
         Ok(_) => {}
         Err(e) => eprintln!("xtask: warning: cannot sweep abandoned test databases: {e}"),

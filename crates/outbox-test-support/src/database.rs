@@ -13,6 +13,15 @@ const TEMPLATE_LOCK_KEY: i64 = 0x6f75_7462_6f78; // "outbox"
 /// was created at (Unix time) and a random id.
 const TEST_DATABASE_PREFIX: &str = "outbox_test_";
 
+/// The prefix of the template databases; the rest is the migrations'
+/// fingerprint.
+const TEMPLATE_PREFIX: &str = "outbox_tpl_";
+
+/// The template of the migrations this code was built with.
+fn current_template() -> String {
+    format!("{TEMPLATE_PREFIX}{}", outbox_model::schema_fingerprint())
+}
+
 /// The name of a new test database created at `unix_seconds`.
 fn test_database_name(unix_seconds: u64) -> String {
     format!(
@@ -88,15 +97,24 @@ impl TestDatabase {
     pub async fn on_server(server: &str, pool_size: u32) -> Self {
         let server = server.to_owned();
         let admin_url = with_database(&server, "postgres");
-        let template = ensure_template(&admin_url).await;
         let name = test_database_name(unix_now());
         let mut admin = connect(&admin_url).await;
-        admin
-            .batch_execute(&format!(
-                "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
-            ))
-            .await
-            .unwrap_or_else(|e| panic!("cannot create test database {name}: {e}"));
+        let create = async |admin: &mut AsyncPgConnection| {
+            let template = ensure_template(&admin_url).await;
+            admin
+                .batch_execute(&format!(
+                    "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+                ))
+                .await
+        };
+        // A sweep from a suite of other migrations on the same server may
+        // drop the template between its check and the clone: build it again
+        // and clone once more.
+        if let Err(first) = create(&mut admin).await {
+            create(&mut admin).await.unwrap_or_else(|e| {
+                panic!("cannot create test database {name}: {e} (first attempt: {first})")
+            });
+        }
         let url = with_database(&server, &name);
         let pool = outbox_model::connect_pool(&url, pool_size)
             .await
@@ -181,7 +199,11 @@ struct Idle {
 /// than `older_than` ago that no session is connected to. A test that is
 /// killed (a timeout, an interrupted mutation run) never runs its
 /// [`TestDatabase`]'s drop; `cargo xtask test` and `cargo xtask mutants`
-/// call this before they start. Returns the names dropped.
+/// call this before they start. Also drops the template databases of other
+/// migrations than this code's (each change of the migrations builds a new
+/// one) that no session is connected to; a suite of those migrations still
+/// running builds its template again when it next needs it. Returns the
+/// names dropped.
 ///
 /// # Errors
 ///
@@ -194,15 +216,7 @@ pub async fn sweep_abandoned_databases(
     let mut admin = outbox_model::establish(&admin_url)
         .await
         .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
-    let idle: Vec<Idle> = diesel::sql_query(
-        "SELECT d.datname::text AS datname FROM pg_database d \
-         WHERE starts_with(d.datname, $1) \
-           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)",
-    )
-    .bind::<Text, _>(TEST_DATABASE_PREFIX)
-    .load(&mut admin)
-    .await
-    .map_err(|e| format!("cannot list the test databases: {e}"))?;
+    let idle = idle_databases(&mut admin, TEST_DATABASE_PREFIX).await?;
     let cutoff = unix_now().saturating_sub(older_than.as_secs());
     let mut dropped = Vec::new();
     for Idle { datname } in idle {
@@ -217,7 +231,53 @@ pub async fn sweep_abandoned_databases(
             .map_err(|e| format!("cannot drop {datname}: {e}"))?;
         dropped.push(datname);
     }
+    let templates = idle_databases(&mut admin, TEMPLATE_PREFIX).await?;
+    let current = current_template();
+    for Idle { datname } in templates {
+        if !stale_template(&datname, &current) {
+            continue;
+        }
+        // Postgres refuses to drop a database marked as a template.
+        let dropping = admin
+            .batch_execute(&format!("ALTER DATABASE \"{datname}\" IS_TEMPLATE false"))
+            .await;
+        match dropping {
+            Ok(()) => {
+                admin
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS \"{datname}\""))
+                    .await
+                    .map_err(|e| format!("cannot drop {datname}: {e}"))?;
+                dropped.push(datname);
+            }
+            // Dropped meanwhile by a sweep running at the same time.
+            Err(_) if !database_exists(&mut admin, &datname).await => {}
+            Err(e) => return Err(format!("cannot drop {datname}: {e}")),
+        }
+    }
     Ok(dropped)
+}
+
+/// The databases whose name starts with `prefix` that no session is
+/// connected to.
+async fn idle_databases(admin: &mut AsyncPgConnection, prefix: &str) -> Result<Vec<Idle>, String> {
+    diesel::sql_query(
+        "SELECT d.datname::text AS datname FROM pg_database d \
+         WHERE starts_with(d.datname, $1) \
+           AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)",
+    )
+    .bind::<Text, _>(prefix)
+    .load(admin)
+    .await
+    .map_err(|e| format!("cannot list the databases named {prefix}*: {e}"))
+}
+
+/// Whether the template database `name` belongs to other migrations than
+/// those of `current` (the template of this code, and the one being built
+/// for it, are kept).
+fn stale_template(name: &str, current: &str) -> bool {
+    name.starts_with(TEMPLATE_PREFIX)
+        && name != current
+        && name.strip_suffix("_building") != Some(current)
 }
 
 async fn connect(url: &str) -> AsyncPgConnection {
@@ -231,7 +291,7 @@ async fn connect(url: &str) -> AsyncPgConnection {
 
 /// Makes sure the template for the current migrations exists; returns its name.
 async fn ensure_template(admin_url: &str) -> String {
-    let template = format!("outbox_tpl_{}", outbox_model::schema_fingerprint());
+    let template = current_template();
     let mut admin = connect(admin_url).await;
     if database_exists(&mut admin, &template).await {
         return template;
@@ -297,6 +357,24 @@ mod tests {
         let name = test_database_name(1_764_500_000);
         assert!(name.len() <= 63, "{name} is longer than Postgres allows");
         assert_eq!(created_at(&name), Some(1_764_500_000));
+    }
+
+    #[test]
+    fn only_templates_of_other_migrations_are_stale() {
+        let current = "outbox_tpl_aaaa";
+        for (name, stale) in [
+            ("outbox_tpl_aaaa", false),
+            ("outbox_tpl_aaaa_building", false),
+            ("outbox_tpl_bbbb", true),
+            ("outbox_tpl_bbbb_building", true),
+            (
+                "outbox_test_1764500000_0f3c9a2b5d6e4f708192a3b4c5d6e7f8",
+                false,
+            ),
+            ("orders", false),
+        ] {
+            assert_eq!(stale_template(name, current), stale, "{name}");
+        }
     }
 
     #[test]
