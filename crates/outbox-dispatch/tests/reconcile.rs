@@ -731,6 +731,51 @@ async fn audit_events_whose_rows_exist_are_not_lost_even_without_their_jobs() {
 // Break checked: reading every row as generation 0 in the reconciler finds
 // the first delivery's job, calls nothing missing and leaves the replay's
 // job lost.
+/// `outbox reconcile` goes through every batch of its window: with two
+/// rows per batch, all five lost jobs come back, not only the first two.
+// Break checked: stopping after a full batch (`rows.len() < batch_size`
+// turned into `==`) leaves three jobs missing and fails here.
+#[tokio::test]
+async fn a_reconciliation_goes_through_every_batch_of_its_window() {
+    let rig = Rig::shared().await;
+    let ids = rig.hand_off((0..5).map(webhook).collect()).await;
+    let config = apalis_config(&rig.namespace, queues::WEBHOOK);
+    let mut redis = rig.redis();
+    for id in &ids {
+        let () = redis::cmd("HDEL")
+            .arg(config.job_data_hash())
+            .arg(task_id(*id))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    let mut conn = rig.db.conn().await;
+    let report = rig
+        .reconciler()
+        .with_batch_size(2)
+        .reconcile(
+            &mut conn,
+            &ReconcileOptions {
+                since: Utc::now() - chrono::Duration::hours(1),
+                queues: vec![queues::WEBHOOK.to_owned()],
+                dry_run: false,
+            },
+        )
+        .await
+        .unwrap();
+
+    assert_eq!(report.queues[queues::WEBHOOK].checked, 5, "{report:?}");
+    assert_eq!(report.repushed_total(), 5, "{report:?}");
+    for id in &ids {
+        assert_eq!(
+            rig.state(queues::WEBHOOK, &task_id(*id)).await,
+            JobStateKind::Waiting,
+            "{id} is still lost"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_lost_job_of_a_replayed_row_comes_back_under_its_generations_task_id() {
     let rig = Rig::shared().await;
