@@ -39,18 +39,6 @@ use uuid::Uuid;
 /// whole claim with one value instead of joining a per-row list. The fence
 /// stays strict: a row is re-claimed only once `locked_until <= now()`, so
 /// the next claim's lease is always later than the one it replaces.
-///
-/// The claim commits without waiting for its WAL record to reach the disk:
-/// the statement is its own transaction, and the last condition sets
-/// `synchronous_commit` to `off` for that transaction only (`set_config(…,
-/// true)`, evaluated once, before any row is updated). A flush is the
-/// slowest part of a small claim, and it sat between a publisher's commit
-/// and the push to Redis. A claim lost in a Postgres crash (at most about
-/// three `wal_writer_delay`s after it) leaves the row as it was before, so
-/// it is claimed again after the restart and pushed under the same task id,
-/// which creates no second job; the outcome statements (`DONE`, retry,
-/// dead-letter, release) stay durable, and their flush also covers the
-/// claim before them (docs/reliability.md, "Exactly once").
 pub const CLAIM_SQL: &str = "\
 WITH due AS (
     SELECT id FROM outbox_event
@@ -64,7 +52,6 @@ UPDATE outbox_event e
 SET status = 'PROCESSING',
     locked_until = now() + make_interval(secs => $2 / 1000.0)
 WHERE e.id = ANY(ARRAY(SELECT id FROM due))
-  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
 RETURNING e.*";
 
 /// Claims rows; see [`CLAIM_SQL`]. The result is sorted by `created_at`

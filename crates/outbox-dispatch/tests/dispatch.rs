@@ -459,61 +459,6 @@ async fn the_claim_and_done_statements_stay_prepared_and_keep_their_index_plan()
     );
 }
 
-#[derive(diesel::QueryableByName)]
-struct Setting {
-    #[diesel(sql_type = Text)]
-    synchronous_commit: String,
-}
-
-async fn synchronous_commit(conn: &mut diesel_async::AsyncPgConnection) -> String {
-    diesel::sql_query("SELECT current_setting('synchronous_commit') AS synchronous_commit")
-        .get_result::<Setting>(conn)
-        .await
-        .unwrap()
-        .synchronous_commit
-}
-
-/// A claim commits without waiting for the disk: inside the claim's
-/// transaction `synchronous_commit` is off (on its own the statement is that
-/// transaction, so its commit does not flush). Afterwards the connection is
-/// as before, so the `DONE` update on it commits durably.
-// Break checked: without the `set_config` condition the claim's transaction
-// reads `on` and fails the first assertion; with `set_config(…, false)`
-// (the whole session) the connection stays `off` and fails the second.
-#[tokio::test]
-async fn a_claim_commits_without_waiting_for_the_disk_and_leaves_the_done_update_durable() {
-    use outbox_dispatch::db;
-
-    let h = Harness::new().await;
-    h.publish(
-        (0..2)
-            .map(|i| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": i })))
-            .collect(),
-    )
-    .await;
-    let mut conn = h.conn().await;
-    let before = synchronous_commit(&mut conn).await;
-    // In an explicit transaction the claim's setting can be read before the
-    // transaction ends.
-    exec(&mut conn, "BEGIN").await;
-    assert_eq!(db::claim(&mut conn, 1, 60_000).await.unwrap().len(), 1);
-    assert_eq!(synchronous_commit(&mut conn).await, "off");
-    exec(&mut conn, "COMMIT").await;
-
-    let claimed = db::claim(&mut conn, 1, 60_000).await.unwrap();
-    assert_eq!(claimed.len(), 1);
-    assert_eq!(
-        synchronous_commit(&mut conn).await,
-        before,
-        "the claim changed the connection's setting for what follows"
-    );
-    let done = [(
-        db::Lease::of(&claimed[0]).unwrap(),
-        "outbox.audit".to_owned(),
-    )];
-    assert_eq!(db::mark_done(&mut conn, &done).await.unwrap().len(), 1);
-}
-
 /// Payloads Postgres accepts but `serde_json::Value` cannot hold or would
 /// change: 200 levels of nesting, a number outside f64, an integer past 64
 /// bits, a long decimal.
