@@ -53,6 +53,17 @@ fn guarded_dispatcher(
     redis_url: &str,
     namespace: &QueueNamespace,
 ) -> Dispatcher {
+    guarded_dispatcher_with(db, redis_url, namespace, RedisGuardSettings::default())
+}
+
+/// [`guarded_dispatcher`] whose guard has `settings` (the safe point lag
+/// set to zero).
+fn guarded_dispatcher_with(
+    db: &TestDatabase,
+    redis_url: &str,
+    namespace: &QueueNamespace,
+    settings: RedisGuardSettings,
+) -> Dispatcher {
     let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
     Dispatcher::new(
         db.pool().clone(),
@@ -70,7 +81,7 @@ fn guarded_dispatcher(
         RedisGuardSettings {
             // Rows handed off a moment ago may move the safe point at once.
             safe_point_lag: Duration::ZERO,
-            ..RedisGuardSettings::default()
+            ..settings
         },
         Catalog::built_in().receivers(),
     )
@@ -416,6 +427,49 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
         ),
         10
     );
+}
+
+/// The guard's own reconciliation after a loss goes through every batch:
+/// with two rows per batch, all five jobs a `FLUSHALL` took come back.
+// Break checked: a batch counted as the last when it is full (`>=` turned
+// into `<` in `reconcile_due`) ends the reconciliation after two jobs and
+// fails here.
+#[tokio::test]
+async fn the_guard_reconciles_every_batch_of_a_loss() {
+    let server = RedisProcess::start().await;
+    let mut rig = Rig::private(&server).await;
+    rig.dispatcher = guarded_dispatcher_with(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
+        RedisGuardSettings {
+            batch_size: 2,
+            ..RedisGuardSettings::default()
+        },
+    );
+    let hooks = rig.hand_off((0..5).map(webhook).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+
+    let mut redis = rig.redis();
+    let () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    rig.repair().await;
+
+    for id in &hooks {
+        assert_eq!(
+            rig.state(queues::WEBHOOK, &task_id(*id)).await,
+            JobStateKind::Waiting,
+            "{id} is still lost"
+        );
+    }
+    assert_eq!(rig.safe_point(queues::WEBHOOK).await.1, None, "done");
 }
 
 #[tokio::test]
