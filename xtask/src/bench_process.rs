@@ -143,16 +143,20 @@ pub struct Cpu {
     bench: u64,
 }
 
-/// User plus system ticks of one process (`/proc/<pid>/stat`).
-fn process_ticks(pid: &str) -> Option<(String, u64)> {
+/// User plus system ticks of one process (`/proc/<pid>/stat`), and those
+/// of its children that ended and were waited for. A Postgres backend ends
+/// with its connection (the publishers of a load close theirs), and its
+/// ticks then count in the postmaster's children's ticks, so the server's
+/// share is its processes' own ticks plus their children's.
+fn process_ticks(pid: &str) -> Option<(String, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (head, rest) = stat.rsplit_once(')')?;
     let comm = head.split_once('(')?.1.to_owned();
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the command: state is field 3, utime 14 and stime 15.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((comm, utime + stime))
+    // After the command: state is field 3, utime 14, stime 15, cutime 16
+    // and cstime 17.
+    let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
+    Some((comm, field(14)? + field(15)?, field(16)? + field(17)?))
 }
 
 impl Cpu {
@@ -172,11 +176,11 @@ impl Cpu {
             cpu.busy = cpu.total.saturating_sub(idle);
         }
         for child in workers {
-            if let Some((_, ticks)) = process_ticks(&child.id().to_string()) {
+            if let Some((_, ticks, _)) = process_ticks(&child.id().to_string()) {
                 cpu.workers += ticks;
             }
         }
-        if let Some((_, ticks)) = process_ticks("self") {
+        if let Some((_, ticks, _)) = process_ticks("self") {
             cpu.bench = ticks;
         }
         if let Ok(entries) = std::fs::read_dir("/proc") {
@@ -189,8 +193,10 @@ impl Cpu {
                     continue;
                 };
                 match process_ticks(pid) {
-                    Some((comm, ticks)) if comm == "postgres" => cpu.postgres += ticks,
-                    Some((comm, ticks)) if comm == "redis-server" => cpu.redis += ticks,
+                    Some((comm, ticks, ended)) if comm == "postgres" => {
+                        cpu.postgres += ticks + ended;
+                    }
+                    Some((comm, ticks, _)) if comm == "redis-server" => cpu.redis += ticks,
                     _ => {}
                 }
             }
@@ -202,8 +208,9 @@ impl Cpu {
     /// JSON: `busy` (all of it), and the parts used by the workers under
     /// test, Postgres, Redis and this bench (its publishers, where a stage
     /// publishes); the rest of `busy` is whatever else runs on the machine.
-    /// Processes that ended in between are not counted. A share of 1.0 is
-    /// every core; on 2 cores, 0.5 is one core's worth.
+    /// Processes that ended in between are not counted, except Postgres
+    /// backends (see [`process_ticks`]). A share of 1.0 is every core; on
+    /// 2 cores, 0.5 is one core's worth.
     pub fn shares(&self, later: &Self) -> serde_json::Value {
         let total = later.total.saturating_sub(self.total).max(1) as f64;
         let share = |a: u64, b: u64| (b.saturating_sub(a) as f64 / total * 100.0).round() / 100.0;
