@@ -291,6 +291,12 @@ async fn pending_processing_and_done_rows_are_refused_with_the_reason() {
             run.stdout
         );
     }
+    // The report for scripts counts the refusal too.
+    // Break checked: `refused_count` left out of the one-row report (0)
+    // fails here.
+    let json = env.outbox(&["requeue", &done.to_string(), "--json"]);
+    assert_eq!(json.code, 1, "{}", json.stdout);
+    assert_eq!(json.json()["refused_count"], 1, "{}", json.stdout);
     assert_eq!(env.rows().await, before);
 }
 

@@ -167,6 +167,27 @@ async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_
     let again = env.outbox(&["cancel", done]);
     assert_eq!(again.code, 1);
     assert!(again.stdout.contains("DONE"), "{}", again.stdout);
+
+    // The table of a real run says what it did, not what it would do.
+    // Break checked: every row printed as in a dry run ("would be
+    // cancelled") fails here.
+    let later = "00000000-0000-4000-8000-000000000004";
+    env.sql(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload) \
+         VALUES ('{later}', 'acme', 'audit.user.login', '{{}}')"
+    ))
+    .await;
+    let table = env.outbox(&["cancel", later, "--reason", "test"]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table
+            .stdout
+            .contains(&format!("{later}  PENDING     cancelled"))
+            && !table.stdout.contains("would be cancelled")
+            && table.stdout.contains("1 row(s) cancelled"),
+        "{}",
+        table.stdout
+    );
 }
 
 struct Doomed;

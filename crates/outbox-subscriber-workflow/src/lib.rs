@@ -156,3 +156,29 @@ impl JobHandler for WorkflowHandler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database that fails while a workflow job runs is a blip: the job
+    /// is retried, not dead-lettered; a workflow that does not exist never
+    /// will, so that job goes to the dead set at once.
+    // Break checked: the `Database` arm deleted (every store error
+    // permanent) fails here.
+    #[test]
+    fn a_database_error_is_retried_and_a_missing_workflow_is_not() {
+        let database = StoreError::Database(diesel::result::Error::BrokenTransactionManager);
+        assert!(
+            matches!(store_error(&database), JobError::Retry(_)),
+            "{database}"
+        );
+        let missing = StoreError::WorkflowNotFound {
+            workflow_id: uuid::Uuid::nil(),
+        };
+        assert!(
+            matches!(store_error(&missing), JobError::Permanent(_)),
+            "{missing}"
+        );
+    }
+}
