@@ -191,6 +191,26 @@ impl Rig {
             .kind
     }
 
+    /// `FLUSHALL` on the rig's Redis (only for a private server).
+    async fn flush_all(&self) {
+        let mut redis = self.redis();
+        let () = redis::cmd("FLUSHALL")
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    /// Asserts that the job of each of `ids` waits on `queue`.
+    async fn assert_waiting(&self, queue: &str, ids: &[Uuid]) {
+        for id in ids {
+            assert_eq!(
+                self.state(queue, &task_id(*id)).await,
+                JobStateKind::Waiting,
+                "the job of {id} does not wait on {queue}"
+            );
+        }
+    }
+
     /// What the mail worker leaves when it delivered each of `ids`: the
     /// mail job and its send job finished.
     async fn deliver_mails(&self, ids: &[Uuid]) {
@@ -373,11 +393,7 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
     rig.repair().await;
     assert_eq!(rig.check().await, Assessment::Intact);
 
-    let mut redis = rig.redis();
-    let () = redis::cmd("FLUSHALL")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    rig.flush_all().await;
     assert_eq!(
         rig.state(queues::MAIL, &task_id(mails[0])).await,
         JobStateKind::Missing
@@ -390,18 +406,8 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
     let (_, pending) = rig.safe_point(queues::MAIL).await;
     assert!(pending.is_some(), "a reconciliation is due for outbox.mail");
     rig.repair().await;
-    for id in &mails {
-        assert_eq!(
-            rig.state(queues::MAIL, &task_id(*id)).await,
-            JobStateKind::Waiting
-        );
-    }
-    for id in &hooks {
-        assert_eq!(
-            rig.state(queues::WEBHOOK, &task_id(*id)).await,
-            JobStateKind::Waiting
-        );
-    }
+    rig.assert_waiting(queues::MAIL, &mails).await;
+    rig.assert_waiting(queues::WEBHOOK, &hooks).await;
     assert_eq!(rig.safe_point(queues::MAIL).await.1, None, "done");
     // The marker was written again: the next check finds Redis intact.
     assert_eq!(rig.check().await, Assessment::Intact);
@@ -451,24 +457,14 @@ async fn the_guard_reconciles_every_batch_of_a_loss() {
     assert_eq!(rig.check().await, Assessment::FirstSight);
     rig.repair().await;
 
-    let mut redis = rig.redis();
-    let () = redis::cmd("FLUSHALL")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    rig.flush_all().await;
     assert_eq!(
         rig.check().await,
         Assessment::Lost(LossReason::MarkerMissing)
     );
     rig.repair().await;
 
-    for id in &hooks {
-        assert_eq!(
-            rig.state(queues::WEBHOOK, &task_id(*id)).await,
-            JobStateKind::Waiting,
-            "{id} is still lost"
-        );
-    }
+    rig.assert_waiting(queues::WEBHOOK, &hooks).await;
     assert_eq!(rig.safe_point(queues::WEBHOOK).await.1, None, "done");
 }
 
@@ -487,12 +483,7 @@ async fn a_restart_without_persistence_is_a_loss_and_the_backlog_comes_back() {
         Assessment::Lost(LossReason::MarkerMissing)
     );
     rig.repair().await;
-    for id in &mails {
-        assert_eq!(
-            rig.state(queues::MAIL, &task_id(*id)).await,
-            JobStateKind::Waiting
-        );
-    }
+    rig.assert_waiting(queues::MAIL, &mails).await;
 }
 
 /// A push that fails wakes the Redis guard at once: when Redis comes back
@@ -821,13 +812,7 @@ async fn a_reconciliation_goes_through_every_batch_of_its_window() {
 
     assert_eq!(report.queues[queues::WEBHOOK].checked, 5, "{report:?}");
     assert_eq!(report.repushed_total(), 5, "{report:?}");
-    for id in &ids {
-        assert_eq!(
-            rig.state(queues::WEBHOOK, &task_id(*id)).await,
-            JobStateKind::Waiting,
-            "{id} is still lost"
-        );
-    }
+    rig.assert_waiting(queues::WEBHOOK, &ids).await;
 }
 
 #[tokio::test]
@@ -884,7 +869,6 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
     rig.repair().await;
     // The first batch is delivered (the mail jobs and their send jobs finish).
     rig.deliver_mails(&first).await;
-    let mut redis = rig.redis();
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
     let rows = rig.rows(queues::MAIL).await;
@@ -902,10 +886,7 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
         "the safe point stops at the first job still waiting"
     );
 
-    let () = redis::cmd("FLUSHALL")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    rig.flush_all().await;
     assert_eq!(
         rig.check().await,
         Assessment::Lost(LossReason::MarkerMissing)
@@ -919,12 +900,7 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
             "delivered before the safe point: not sent again"
         );
     }
-    for id in &second {
-        assert_eq!(
-            rig.state(queues::MAIL, &task_id(*id)).await,
-            JobStateKind::Waiting
-        );
-    }
+    rig.assert_waiting(queues::MAIL, &second).await;
 }
 
 // Break checked: the scan taking a full page for the last one
@@ -1036,11 +1012,7 @@ async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
     rig.repair().await;
     assert_eq!(rig.check().await, Assessment::Intact);
 
-    let mut redis = rig.redis();
-    let () = redis::cmd("FLUSHALL")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    rig.flush_all().await;
     let (first, second) = tokio::join!(
         rig.dispatcher.redis_guard().unwrap().check(),
         other.redis_guard().unwrap().check()
@@ -1066,12 +1038,7 @@ async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
     a.unwrap();
     b.unwrap();
     rig.repair().await;
-    for id in &mails {
-        assert_eq!(
-            rig.state(queues::MAIL, &task_id(*id)).await,
-            JobStateKind::Waiting
-        );
-    }
+    rig.assert_waiting(queues::MAIL, &mails).await;
     let metrics = Metrics::read(&recorder);
     assert_eq!(
         metrics.counter(
