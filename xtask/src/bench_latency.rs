@@ -24,6 +24,12 @@
 //! Each load runs with wake-ups on (`NOTIFY` to the dispatcher, Redis
 //! wake-up messages to the queue worker: the default) and with
 //! `OUTBOX_WAKEUPS=false` (polling only, at the default 1 s intervals).
+//!
+//! Each line also says how the server kept the table over the load: whether
+//! it runs autovacuum, how many `VACUUM`s of `outbox_event` ran (the
+//! dispatcher's own, `OUTBOX_DISPATCH_VACUUM_EVERY`) and how many dead row
+//! versions the table held at the end. Until a vacuum, every claim walks
+//! over the dead index entries of the rows handed off before it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -33,8 +39,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 use diesel::QueryableByName;
-use diesel::sql_types::{BigInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel::sql_types::{BigInt, Bool, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
@@ -50,6 +56,70 @@ pub struct Plan {
     pub loads: Vec<u32>,
     /// How long each load runs.
     pub duration: Duration,
+}
+
+/// How the server kept `outbox_event` over one load.
+struct Upkeep {
+    /// The server's `autovacuum` setting.
+    autovacuum: bool,
+    /// Manual vacuums of the table before the load (the dispatcher's).
+    vacuums_before: i64,
+    /// Manual vacuums of the table during the load.
+    vacuums: i64,
+    /// Dead row versions in the table at the end of the load, as the
+    /// server's statistics count them (each handed-off row leaves two).
+    dead_rows: i64,
+}
+
+/// The table's statistics row, as the server counts it now.
+async fn table_stats(conn: &mut AsyncPgConnection) -> Result<TableStats> {
+    // The counters lag the transactions that moved them by up to a second;
+    // this session's snapshot of them must not be older still.
+    conn.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await?;
+    Ok(diesel::sql_query(
+        "SELECT vacuum_count AS vacuums, n_dead_tup AS dead, current_setting('autovacuum')::bool AS autovacuum
+         FROM pg_stat_user_tables WHERE relname = 'outbox_event'",
+    )
+    .get_result(conn)
+    .await?)
+}
+
+impl Upkeep {
+    async fn before_load(conn: &mut AsyncPgConnection) -> Result<Self> {
+        let stats = table_stats(conn).await?;
+        Ok(Self {
+            autovacuum: stats.autovacuum,
+            vacuums_before: stats.vacuums,
+            vacuums: 0,
+            dead_rows: 0,
+        })
+    }
+
+    async fn after_load(mut self, conn: &mut AsyncPgConnection) -> Result<Self> {
+        let stats = table_stats(conn).await?;
+        self.vacuums = stats.vacuums - self.vacuums_before;
+        self.dead_rows = stats.dead;
+        Ok(self)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "autovacuum": self.autovacuum,
+            "vacuums": self.vacuums,
+            "dead_rows_at_end": self.dead_rows,
+        })
+    }
+}
+
+#[derive(QueryableByName)]
+struct TableStats {
+    #[diesel(sql_type = BigInt)]
+    vacuums: i64,
+    #[diesel(sql_type = BigInt)]
+    dead: i64,
+    #[diesel(sql_type = Bool)]
+    autovacuum: bool,
 }
 
 #[derive(QueryableByName)]
@@ -108,6 +178,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
                     plan.duration.as_secs_f64(),
                     if wakeups { "on" } else { "off (polling only)" }
                 ));
+                let upkeep = Upkeep::before_load(&mut conn).await?;
                 let before = audit_rows(&mut conn).await?;
                 let cpu = bench_process::Cpu::sample(&children);
                 let published = publish_at(&scratch.url, load, plan.duration, serial).await?;
@@ -116,7 +187,8 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
                 serial += published.commits.len();
                 let target = before + published.commits.len() as i64;
                 wait_for_audit(&mut conn, &mut children, target).await?;
-                report(&mut conn, wakeups, load, published, cpu).await?;
+                let upkeep = upkeep.after_load(&mut conn).await?;
+                report(&mut conn, wakeups, load, published, cpu, &upkeep).await?;
             }
             Ok::<_, anyhow::Error>(())
         }
@@ -271,6 +343,7 @@ async fn report(
     load: u32,
     published: Published,
     cpu: serde_json::Value,
+    upkeep: &Upkeep,
 ) -> Result<()> {
     let recorded: Vec<Recorded> = diesel::sql_query(
         "SELECT a.outbox_event_id::text AS id,
@@ -340,6 +413,7 @@ async fn report(
         },
         "over_100ms_by_second": slow,
         "cpu_share": cpu,
+        "table_upkeep": upkeep.json(),
     }));
     Ok(())
 }

@@ -33,6 +33,12 @@ pub const DEFAULT_CONCURRENCY: usize = 10;
 pub const DEFAULT_LOOPS: usize = 2;
 /// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
 pub const MAX_LOOPS: usize = 64;
+/// Default of `OUTBOX_DISPATCH_VACUUM_EVERY`: claimed rows between two
+/// `VACUUM (SKIP_LOCKED) outbox_event` of a dispatcher. Until a vacuum, every
+/// claim walks over the dead index entries of the rows handed off before it
+/// (see [`crate::VACUUM_SQL`] and docs/performance.md, "Vacuum and the claim
+/// index").
+pub const DEFAULT_VACUUM_EVERY: u64 = 20_000;
 /// Default failed hand-offs retried before FAILED (`OUTBOX_MAX_RETRIES`).
 pub const DEFAULT_MAX_RETRIES: u32 = 6;
 /// Default lease of a claimed row (`OUTBOX_LOCK_TIMEOUT_MS`).
@@ -62,6 +68,9 @@ pub struct DispatcherConfig {
     pub backoff: Vec<Duration>,
     /// Wake on `NOTIFY outbox_event` (in addition to polling).
     pub listen: bool,
+    /// Claimed rows between two vacuums of `outbox_event` by this dispatcher
+    /// ([`DEFAULT_VACUUM_EVERY`]); 0 leaves the table to autovacuum.
+    pub vacuum_every: u64,
 }
 
 impl Default for DispatcherConfig {
@@ -75,6 +84,7 @@ impl Default for DispatcherConfig {
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             backoff: DEFAULT_BACKOFF.to_vec(),
             listen: true,
+            vacuum_every: DEFAULT_VACUUM_EVERY,
         }
     }
 }

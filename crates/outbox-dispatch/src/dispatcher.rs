@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::db::{self, Failure, Lease, Retry};
 use crate::gate::WakeGate;
+use crate::vacuum::Upkeep;
 use crate::{DispatchError, DispatcherConfig, Receivers, RedisGuard, RedisGuardSettings, Router};
 
 /// Most jobs sent to Redis in one push call.
@@ -78,6 +79,7 @@ pub struct Dispatcher {
     wake: Arc<Notify>,
     gauge_refreshed: Mutex<Option<Instant>>,
     guard: Option<Arc<RedisGuard>>,
+    upkeep: Arc<Upkeep>,
 }
 
 /// One batch of jobs for one queue.
@@ -114,6 +116,7 @@ impl Dispatcher {
             redis,
             namespace,
             router,
+            upkeep: Arc::new(Upkeep::new(config.vacuum_every)),
             config,
             wake: Arc::new(Notify::new()),
             gauge_refreshed: Mutex::new(None),
@@ -200,10 +203,16 @@ impl Dispatcher {
             .guard
             .clone()
             .map(|guard| tokio::spawn(guard.run(shutdown.child_token())));
+        let upkeep = tokio::spawn(
+            self.upkeep
+                .clone()
+                .run(self.pool.clone(), shutdown.child_token()),
+        );
         tracing::info!(
             batch_size = self.config.batch_size,
             concurrency = self.config.concurrency,
             loops = self.config.loops,
+            vacuum_every = self.config.vacuum_every,
             interval_ms = self.config.interval.as_millis() as u64,
             namespace = self.namespace.prefix(),
             redis_guard = guard.is_some(),
@@ -223,6 +232,9 @@ impl Dispatcher {
         if let Some(gate_task) = gate_task {
             gate_task.abort();
         }
+        // Shutdown does not wait for a vacuum round under way (a large table
+        // takes a while); the server finishes or abandons it on its own.
+        upkeep.abort();
         if let Some(guard) = guard {
             let _ = guard.await;
         }
@@ -240,6 +252,7 @@ impl Dispatcher {
         while !shutdown.is_cancelled() {
             let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
+                    self.upkeep.count(report.claimed);
                     if report.handoff_failed()
                         && let Some(guard) = &self.guard
                     {

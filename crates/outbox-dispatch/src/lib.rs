@@ -39,7 +39,8 @@
 //! `outbox_dispatch_duplicates_total`, `outbox_dispatch_retried_total`,
 //! `outbox_dispatch_failed_total{reason}`, `outbox_dispatch_unrouted_total`,
 //! `outbox_dispatch_released_total`, `outbox_dispatch_lost_leases_total`,
-//! `outbox_dispatch_listener_reconnects_total`, `outbox_retention_deleted_total`;
+//! `outbox_dispatch_listener_reconnects_total`, `outbox_dispatch_vacuums_total`,
+//! `outbox_retention_deleted_total`;
 //! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
 //! gauge `outbox_pending_due`; from the Redis guard and reconciliation,
 //! `outbox_redis_loss_detected_total{reason}`,
@@ -59,11 +60,12 @@ mod retention;
 mod router;
 mod routes_file;
 pub mod stats;
+mod vacuum;
 
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DispatcherConfig, MAX_LOOPS,
-    RetentionConfig,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
+    DispatcherConfig, MAX_LOOPS, RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport};
 pub use error::DispatchError;
@@ -80,3 +82,4 @@ pub use redis_guard::{
 pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};
 pub use routes_file::RoutesFileError;
+pub use vacuum::VACUUM_SQL;

@@ -105,6 +105,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "LISTEN connection re-established",
     ),
     (
+        "outbox_dispatch_vacuums_total",
+        Kind::Counter,
+        "VACUUM rounds of outbox_event run by the dispatcher (OUTBOX_DISPATCH_VACUUM_EVERY)",
+    ),
+    (
         "outbox_dispatch_handoff_latency_seconds",
         Kind::Histogram,
         "From when a row became due (created or scheduled) to its hand-off, by queue",

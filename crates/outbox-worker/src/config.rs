@@ -364,6 +364,7 @@ impl WorkerConfig {
             batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
             concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
             loops: env.whole(&v::OUTBOX_DISPATCH_LOOPS)?,
+            vacuum_every: env.whole(&v::OUTBOX_DISPATCH_VACUUM_EVERY)?,
             max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
             lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
             ..DispatcherConfig::default()

@@ -237,6 +237,14 @@ pub const OUTBOX_DISPATCH_LOOPS: Whole = Whole {
     max: outbox_dispatch::MAX_LOOPS as u64,
     meaning: "claim-and-hand-off loops the dispatcher runs at once (each uses one Postgres connection while it ticks)",
 };
+/// `OUTBOX_DISPATCH_VACUUM_EVERY`.
+pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {
+    name: "OUTBOX_DISPATCH_VACUUM_EVERY",
+    default: outbox_dispatch::DEFAULT_VACUUM_EVERY,
+    min: 0,
+    max: 1_000_000_000,
+    meaning: "claimed rows between two VACUUM (SKIP_LOCKED) outbox_event of the dispatcher, which keep dead entries out of the claim index; 0 leaves the table to autovacuum",
+};
 /// `OUTBOX_MAX_RETRIES`.
 pub const OUTBOX_MAX_RETRIES: Whole = Whole {
     name: "OUTBOX_MAX_RETRIES",
@@ -517,6 +525,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         W(OUTBOX_DISPATCH_BATCH_SIZE),
         W(OUTBOX_DISPATCH_CONCURRENCY),
         W(OUTBOX_DISPATCH_LOOPS),
+        W(OUTBOX_DISPATCH_VACUUM_EVERY),
         W(OUTBOX_MAX_RETRIES),
         W(OUTBOX_LOCK_TIMEOUT_MS),
         W(OUTBOX_DONE_RETENTION_HOURS),
