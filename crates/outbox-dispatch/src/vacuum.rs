@@ -56,12 +56,10 @@ impl Upkeep {
     /// Counts `rows` claimed rows; returns whether they made a round due
     /// (and wakes the round).
     pub(crate) fn count(&self, rows: usize) -> bool {
-        if self.every == 0 || rows == 0 {
-            return false;
-        }
+        // With `every` 0 no count is below it, so no round is ever due.
         let rows = rows as u64;
         let before = self.since.fetch_add(rows, Ordering::Relaxed);
-        let due = before < self.every && before + rows >= self.every;
+        let due = before < self.every && before.saturating_add(rows) >= self.every;
         if due {
             self.due.notify_one();
         }
