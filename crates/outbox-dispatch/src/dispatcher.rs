@@ -531,7 +531,11 @@ impl Dispatcher {
     }
 
     async fn refresh_pending_gauge(&self, conn: &mut diesel_async::AsyncPgConnection) {
-        let mut refreshed = self.gauge_refreshed.lock().await;
+        // Another loop counting right now refreshes it for both: this tick
+        // goes on instead of waiting for that count.
+        let Ok(mut refreshed) = self.gauge_refreshed.try_lock() else {
+            return;
+        };
         if refreshed.is_some_and(|at| at.elapsed() < GAUGE_REFRESH) {
             return;
         }
