@@ -249,6 +249,29 @@ impl Rig {
             .unwrap();
     }
 
+    /// What a worker does when a job failed its last round: out of the
+    /// queue, into the dead set.
+    async fn kill(&self, queue: &str, task_id: &str) {
+        let config = apalis_config(&self.namespace, queue);
+        let mut redis = self.redis();
+        let now = Utc::now().timestamp();
+        let () = redis::pipe()
+            .zrem(config.scheduled_jobs_set(), task_id)
+            .lrem(config.active_jobs_list(), 0, task_id)
+            .sadd(config.dead_jobs_set(), task_id)
+            .hset_multiple(
+                format!("{}:{task_id}", config.job_meta_hash()),
+                &[
+                    ("status", "Killed".to_owned()),
+                    ("done_at", now.to_string()),
+                ],
+            )
+            .ignore()
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
     async fn rows(&self, queue: &str) -> Vec<OutboxEvent> {
         let mut conn = self.db.conn().await;
         outbox_dispatch::db::done_rows_after(
@@ -931,6 +954,41 @@ async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_o
         rig.safe_point(queues::MAIL).await.0,
         first_waiting,
         "the safe point stops at the first job still waiting"
+    );
+}
+
+// Break checked: a dead job read as waiting (the `3 => Dead` arm of
+// `job_states` deleted) keeps the safe point at the first dead job, and
+// fails here.
+#[tokio::test]
+async fn the_safe_point_moves_past_dead_lettered_jobs_as_past_finished_ones() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let dead = rig.hand_off((0..2).map(mail).collect()).await;
+    let waiting = rig.hand_off((2..4).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    for id in &dead {
+        rig.kill(queues::MAIL, &task_id(*id)).await;
+        assert_eq!(
+            rig.state(queues::MAIL, &task_id(*id)).await,
+            JobStateKind::Dead
+        );
+    }
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.repair().await;
+    let first_waiting = rig
+        .rows(queues::MAIL)
+        .await
+        .into_iter()
+        .find(|r| r.id == waiting[0])
+        .unwrap()
+        .processed_at
+        .unwrap();
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await.0,
+        first_waiting,
+        "dead jobs have nothing left to lose: the safe point stops at the first waiting one"
     );
 }
 
