@@ -204,6 +204,54 @@ fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again
     });
 }
 
+// Break checked: `more == 0` turned into `!=` in `recover_orphans` ends the
+// recovery after its first step of 5,000 jobs and fails with "every job of
+// the dead worker is back after one heartbeat ... left: 5000 right: 5001".
+#[tokio::test]
+async fn one_heartbeat_puts_back_every_job_of_a_dead_worker_however_many() {
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
+    // More jobs than one step of the recovery script takes (5,000).
+    const JOBS: usize = 5_001;
+    let jobs: Vec<(String, Vec<u8>)> = (0..JOBS)
+        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+        .collect();
+    let report = push_raw(&mut conn, &namespace, QUEUE, &jobs).await.unwrap();
+    assert_eq!(report.new, JOBS);
+    // Worker A takes them all in one fetch, then stops heartbeating.
+    let config = apalis_config(&namespace, QUEUE).batch_size(JOBS);
+    let mut a_store = WorkerStore::new(conn.clone(), config.clone());
+    let a = started(&mut a_store, "worker-a").await;
+    assert_eq!(a_store.fetch_next(&a).await.unwrap().len(), JOBS);
+    assert!(waiting(&mut conn, &config).await.is_empty());
+
+    // Worker B presumes A dead a second after A's last heartbeat.
+    let b_config = apalis_config(&namespace, QUEUE)
+        .heartbeat_interval(Duration::from_secs(1))
+        .missed_heartbeats(1);
+    let mut b_store = WorkerStore::new(conn.clone(), b_config);
+    // Registering runs the recovery too (A may already count as dead then,
+    // on a slow machine): the first call that puts anything back is the one
+    // that must put back everything.
+    let b = started(&mut b_store, "worker-b").await;
+    let mut back = waiting(&mut conn, &config).await.len();
+    if back == 0 {
+        eventually(
+            "a heartbeat of worker B to put jobs of worker A back",
+            Duration::from_secs(10),
+            async || {
+                b_store.heartbeat(&b).await.unwrap();
+                back = waiting(&mut conn, &config).await.len();
+                back > 0
+            },
+        )
+        .await;
+    }
+    assert_eq!(
+        back, JOBS,
+        "every job of the dead worker is back after one recovery"
+    );
+}
+
 // Break checked: replacing the body of `reenqueue_abandoned` with `Ok(1)`
 // fails with "the released job is back on the queue at once ... left: []
 // right: [\"unstarted\"]".
