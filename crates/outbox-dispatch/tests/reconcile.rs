@@ -272,6 +272,16 @@ impl Rig {
             .unwrap();
     }
 
+    /// When the row of `id` on `queue` was handed off (its `processed_at`).
+    async fn handed_off_at(&self, queue: &str, id: Uuid) -> DateTime<Utc> {
+        self.rows(queue)
+            .await
+            .into_iter()
+            .find(|r| r.id == id)
+            .and_then(|r| r.processed_at)
+            .expect("the row was handed off")
+    }
+
     async fn rows(&self, queue: &str) -> Vec<OutboxEvent> {
         let mut conn = self.db.conn().await;
         outbox_dispatch::db::done_rows_after(
@@ -894,18 +904,10 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
     rig.deliver_mails(&first).await;
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
-    let rows = rig.rows(queues::MAIL).await;
-    let handed_off = |id: Uuid| {
-        rows.iter()
-            .find(|r| r.id == id)
-            .unwrap()
-            .processed_at
-            .unwrap()
-    };
     let (drained, _) = rig.safe_point(queues::MAIL).await;
     assert_eq!(
         drained,
-        handed_off(second[0]),
+        rig.handed_off_at(queues::MAIL, second[0]).await,
         "the safe point stops at the first job still waiting"
     );
 
@@ -942,14 +944,7 @@ async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_o
     rig.deliver_mails(&delivered).await;
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
-    let first_waiting = rig
-        .rows(queues::MAIL)
-        .await
-        .into_iter()
-        .find(|r| r.id == waiting[0])
-        .unwrap()
-        .processed_at
-        .unwrap();
+    let first_waiting = rig.handed_off_at(queues::MAIL, waiting[0]).await;
     assert_eq!(
         rig.safe_point(queues::MAIL).await.0,
         first_waiting,
@@ -977,14 +972,7 @@ async fn the_safe_point_moves_past_dead_lettered_jobs_as_past_finished_ones() {
     }
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
-    let first_waiting = rig
-        .rows(queues::MAIL)
-        .await
-        .into_iter()
-        .find(|r| r.id == waiting[0])
-        .unwrap()
-        .processed_at
-        .unwrap();
+    let first_waiting = rig.handed_off_at(queues::MAIL, waiting[0]).await;
     assert_eq!(
         rig.safe_point(queues::MAIL).await.0,
         first_waiting,
