@@ -120,6 +120,10 @@ mod tests {
         let cases = [
             (Duration::from_millis(0), "0 ms"),
             (Duration::from_millis(850), "850 ms"),
+            (Duration::from_millis(999), "999 ms"),
+            (Duration::from_millis(1000), "1.0 s"),
+            (Duration::from_millis(59_900), "59.9 s"),
+            (Duration::from_millis(60_000), "1m"),
             (Duration::from_millis(12_345), "12.3 s"),
             (Duration::from_secs(900), "15m"),
             (Duration::from_secs(125), "2m 5s"),

@@ -124,6 +124,15 @@ async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_
 
     let dry = env.outbox(&["cancel", pending, failed, "--dry-run"]);
     assert_eq!(dry.code, 0, "{}", dry.stderr);
+    for id in [pending, failed] {
+        assert!(
+            dry.stdout
+                .lines()
+                .any(|l| l.starts_with(id) && l.ends_with("would be cancelled")),
+            "the dry run names {id} as a row it would cancel:\n{}",
+            dry.stdout
+        );
+    }
     assert_eq!(
         env.outbox(&["show", pending, "--json"]).json()["event"]["status"],
         "PENDING",
