@@ -232,39 +232,33 @@ impl Rig {
 
     /// What a worker does when a job ran: out of the queue, into the done set.
     async fn finish(&self, queue: &str, task_id: &str) {
-        let config = apalis_config(&self.namespace, queue);
-        let mut redis = self.redis();
-        let now = Utc::now().timestamp();
-        let () = redis::pipe()
-            .zrem(config.scheduled_jobs_set(), task_id)
-            .lrem(config.active_jobs_list(), 0, task_id)
-            .sadd(config.done_jobs_set(), task_id)
-            .hset_multiple(
-                format!("{}:{task_id}", config.job_meta_hash()),
-                &[("status", "Done".to_owned()), ("done_at", now.to_string())],
-            )
-            .ignore()
-            .query_async(&mut redis)
-            .await
-            .unwrap();
+        self.settle(queue, task_id, false).await;
     }
 
     /// What a worker does when a job failed its last round: out of the
     /// queue, into the dead set.
     async fn kill(&self, queue: &str, task_id: &str) {
+        self.settle(queue, task_id, true).await;
+    }
+
+    /// Takes `task_id` off `queue` into the done set (or the dead set),
+    /// finished now.
+    async fn settle(&self, queue: &str, task_id: &str, dead: bool) {
         let config = apalis_config(&self.namespace, queue);
+        let (set, status) = if dead {
+            (config.dead_jobs_set(), "Killed")
+        } else {
+            (config.done_jobs_set(), "Done")
+        };
         let mut redis = self.redis();
         let now = Utc::now().timestamp();
         let () = redis::pipe()
             .zrem(config.scheduled_jobs_set(), task_id)
             .lrem(config.active_jobs_list(), 0, task_id)
-            .sadd(config.dead_jobs_set(), task_id)
+            .sadd(set, task_id)
             .hset_multiple(
                 format!("{}:{task_id}", config.job_meta_hash()),
-                &[
-                    ("status", "Killed".to_owned()),
-                    ("done_at", now.to_string()),
-                ],
+                &[("status", status.to_owned()), ("done_at", now.to_string())],
             )
             .ignore()
             .query_async(&mut redis)
