@@ -7,15 +7,17 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Harness, quick_config};
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
-use diesel_async::RunQueryDsl;
-use outbox_dispatch::DispatcherConfig;
-use outbox_model::OutboxStatus;
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
 use outbox_publish::NewOutboxEvent;
+use outbox_queue::RedisSettings;
+use outbox_test_support::{LogCapture, database_server_url, with_database};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -57,13 +59,8 @@ async fn the_dispatcher_vacuums_the_table_after_every_so_many_claimed_rows() {
     let shutdown = CancellationToken::new();
     let handle = h.dispatcher(config).spawn(shutdown.clone());
     let deadline = Duration::from_secs(30);
-    h.wait_for("every event to be handed off", deadline, async || {
-        h.rows()
-            .await
-            .iter()
-            .all(|r| r.status == OutboxStatus::Done)
-    })
-    .await;
+    h.wait_all_done("every event to be handed off", deadline)
+        .await;
     h.wait_for(
         "the dispatcher to vacuum outbox_event",
         deadline,
@@ -71,6 +68,129 @@ async fn the_dispatcher_vacuums_the_table_after_every_so_many_claimed_rows() {
     )
     .await;
 
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}
+
+/// A role of its own that owns nothing: the dispatcher's connections act
+/// as it through the URL's `options=-c role=…` (so the server needs no
+/// login for it). Dropped with the value, after the test's database, whose
+/// grants would otherwise keep it.
+struct Role {
+    name: String,
+}
+
+impl Role {
+    async fn create() -> Self {
+        let name = format!("outbox_test_role_{}", uuid::Uuid::new_v4().simple());
+        let mut admin = outbox_model::establish(&with_database(&database_server_url(), "postgres"))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE ROLE {name} NOLOGIN"))
+            .await
+            .unwrap();
+        Self { name }
+    }
+
+    /// Lets the role read and write every table of `h`'s database.
+    async fn grant(&self, h: &Harness) {
+        let name = &self.name;
+        h.conn()
+            .await
+            .batch_execute(&format!(
+                "GRANT USAGE ON SCHEMA public TO {name};
+                 GRANT ALL ON ALL TABLES IN SCHEMA public TO {name};
+                 GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {name};"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// `url` with its sessions acting as this role.
+    fn url(&self, url: &str) -> String {
+        let joint = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{joint}options=-c%20role%3D{}", self.name)
+    }
+}
+
+impl Drop for Role {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let admin_url = with_database(&database_server_url(), "postgres");
+        // As the test database's own drop: a thread with its own runtime.
+        let dropper = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let mut admin = outbox_model::establish(&admin_url).await.unwrap();
+                admin
+                    .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
+                    .await
+                    .unwrap();
+            });
+        });
+        let _ = dropper.join();
+    }
+}
+
+// Break checked: skipping the check (vacuuming as any role) logs no
+// warning, and the wait for it times out (Postgres then skips each VACUUM
+// with its own warning, which only the server's log shows).
+#[tokio::test]
+async fn a_role_that_may_not_vacuum_the_table_gets_one_warning_and_every_event_is_still_handed_off()
+{
+    let role = Role::create().await;
+    let h = Harness::new().await;
+    role.grant(&h).await;
+    let logs = LogCapture::start();
+    let events = (0..120)
+        .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+        .collect();
+    h.publish(events).await;
+
+    let url = role.url(h.db.url());
+    let pool = outbox_model::connect_pool(&url, 4).await.unwrap();
+    let redis = outbox_queue::connect(&RedisSettings::new(h.redis.url())).unwrap();
+    let config = DispatcherConfig {
+        batch_size: 10,
+        vacuum_every: 30,
+        ..quick_config()
+    };
+    let dispatcher = Arc::new(
+        Dispatcher::new(
+            pool,
+            &url,
+            redis,
+            h.namespace.clone(),
+            Router::standard(),
+            config,
+        )
+        .unwrap(),
+    );
+    let shutdown = CancellationToken::new();
+    let handle = dispatcher.spawn(shutdown.clone());
+    let deadline = Duration::from_secs(30);
+    h.wait_all_done("every event to be handed off", deadline)
+        .await;
+    let warning = "does not own outbox_event, so the dispatcher cannot vacuum it";
+    h.wait_for("the warning that upkeep stops", deadline, async || {
+        logs.count(warning) > 0
+    })
+    .await;
+
+    // The upkeep stopped at its first round: rows claimed after it make
+    // no round due, so the warning is not repeated, and nothing vacuumed.
+    let more = (0..120)
+        .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "more": n })))
+        .collect();
+    h.publish(more).await;
+    h.wait_all_done("the second batch to be handed off", deadline)
+        .await;
+    assert_eq!(logs.count(warning), 1, "{}", logs.text());
+    assert_eq!(manual_vacuums(&h).await, 0);
     shutdown.cancel();
     handle.await.unwrap().unwrap();
 }

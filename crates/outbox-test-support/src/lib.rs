@@ -16,6 +16,8 @@
 //!   ([`ReceivedRequest`]) and answers with scripted status codes.
 //! - [`ChildOutput`]: the output of a child process (a worker binary),
 //!   collected line by line and echoed to the test's stderr.
+//! - [`LogCapture`]: the log lines the code under test writes on the
+//!   test's thread, for tests of a warning.
 //!
 //! The servers come from `OUTBOX_TEST_DATABASE_URL` / `DATABASE_URL` and
 //! `OUTBOX_TEST_REDIS_URL` / `REDIS_URL`, defaulting to the standard local
@@ -26,6 +28,7 @@ mod child_output;
 mod database;
 mod eventually;
 mod http_sink;
+mod log_capture;
 mod metrics_recording;
 mod pki;
 mod postgres_process;
@@ -38,6 +41,7 @@ pub use child_output::ChildOutput;
 pub use database::{TestDatabase, sweep_abandoned_databases};
 pub use eventually::{POLL, eventually};
 pub use http_sink::{HttpSink, ReceivedRequest};
+pub use log_capture::LogCapture;
 pub use metrics_recording::with_metrics_recorder;
 pub use pki::TestPki;
 pub use postgres_process::PostgresProcess;

@@ -187,6 +187,17 @@ impl Harness {
     pub async fn wait_for(&self, what: &str, limit: Duration, check: impl AsyncFnMut() -> bool) {
         outbox_test_support::eventually(what, limit, check).await;
     }
+
+    /// Waits until every row is `DONE`.
+    pub async fn wait_all_done(&self, what: &str, limit: Duration) {
+        self.wait_for(what, limit, async || {
+            self.rows()
+                .await
+                .iter()
+                .all(|r| r.status == outbox_model::OutboxStatus::Done)
+        })
+        .await;
+    }
 }
 
 /// A private Redis whose writes can be held: pushes hang while it is
