@@ -244,6 +244,14 @@ mod tests {
             "OUTBOX_DISPATCH_BATCH_SIZE"
         );
         assert!(DispatcherConfig::default().validate().is_ok());
+        let batch = |batch_size| DispatcherConfig {
+            batch_size,
+            ..DispatcherConfig::default()
+        };
+        assert!(batch(10_000).validate().is_ok(), "the largest batch");
+        let too_large = batch(10_001).validate().unwrap_err();
+        assert_eq!(too_large.field, "OUTBOX_DISPATCH_BATCH_SIZE");
+        assert_eq!(too_large.problem, "must be at most 10000");
         for loops in [0, MAX_LOOPS + 1] {
             let config = DispatcherConfig {
                 loops,

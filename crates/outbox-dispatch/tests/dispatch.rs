@@ -13,6 +13,7 @@ use diesel_async::RunQueryDsl;
 use outbox_dispatch::TickReport;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
+use outbox_test_support::LogCapture;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -156,6 +157,43 @@ async fn unrouted_events_fail_at_once_with_the_reason() {
         0,
         "FAILED rows are not claimed again"
     );
+}
+
+// Break checked: a dispatcher that drops the stored trace context from
+// its log lines (`trace_id_of` returning `None`) fails this.
+#[tokio::test]
+async fn the_error_log_of_an_unrouted_row_names_the_trace_of_the_transaction_that_wrote_it() {
+    let h = Harness::new().await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        &format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, traceparent)
+             VALUES ('globex', 'legacy.report.generated', '{{}}',
+                     '00-{trace_id}-00f067aa0ba902b7-01')"
+        ),
+    )
+    .await;
+    let logs = LogCapture::start();
+
+    let report = h.dispatcher(quick_config()).tick().await.unwrap();
+
+    assert_eq!(report.unrouted, 1);
+    let id = h.rows().await[0].id.to_string();
+    let lines: Vec<String> = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains(&id))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 1, "{}", logs.text());
+    assert!(
+        lines[0].contains(&format!("trace_id=\"{trace_id}\"")),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].contains("legacy.report.generated"), "{}", lines[0]);
 }
 
 #[tokio::test]
