@@ -165,11 +165,6 @@ pub struct RetentionConfig {
     pub retention: Duration,
     /// Rows deleted per statement; clamped to 1..=10000.
     pub batch_size: u32,
-    /// The share of a run, in percent (1..=100), that the job spends
-    /// deleting: after each full batch it pauses so that its statements
-    /// take at most this share of the run's time, leaving the rest of the
-    /// machine to the dispatcher. 100: no pause.
-    pub busy_percent: u8,
 }
 
 impl RetentionConfig {
@@ -179,42 +174,19 @@ impl RetentionConfig {
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(720 * 3600);
     /// Default rows deleted per batch.
     pub const DEFAULT_BATCH: u32 = 1000;
-    /// Default share of a run spent deleting (percent).
-    pub const DEFAULT_BUSY_PERCENT: u8 = 50;
 
-    /// A configuration with `batch_size` clamped to 1..=10000 and the
-    /// default busy share.
+    /// A configuration with `batch_size` clamped to 1..=10000.
     #[must_use]
     pub fn new(retention: Duration, batch_size: u32) -> Self {
         Self {
             retention,
             batch_size: batch_size.clamp(1, Self::MAX_BATCH),
-            busy_percent: Self::DEFAULT_BUSY_PERCENT,
         }
-    }
-
-    /// This configuration with `percent` (clamped to 1..=100) as its busy
-    /// share.
-    #[must_use]
-    pub fn with_busy_percent(self, percent: u8) -> Self {
-        Self {
-            busy_percent: percent.clamp(1, 100),
-            ..self
-        }
-    }
-
-    /// The pause after a full batch that took `batch`: `batch` ×
-    /// (100 − busy) / busy, so that deleting takes `busy_percent` of the
-    /// time.
-    #[must_use]
-    pub fn pause_after(&self, batch: Duration) -> Duration {
-        let busy = u32::from(self.busy_percent.clamp(1, 100));
-        batch * (100 - busy) / busy
     }
 }
 
 impl Default for RetentionConfig {
-    /// 720 hours, batches of 1000, busy half the time.
+    /// 720 hours, batches of 1000.
     fn default() -> Self {
         Self::new(Self::DEFAULT_RETENTION, Self::DEFAULT_BATCH)
     }
@@ -278,19 +250,5 @@ mod tests {
             10_000
         );
         assert_eq!(RetentionConfig::default().batch_size, 1000);
-    }
-
-    #[test]
-    fn retention_pauses_so_that_deleting_takes_its_busy_share_of_the_time() {
-        let batch = Duration::from_millis(30);
-        let half = RetentionConfig::default();
-        assert_eq!(half.busy_percent, 50);
-        assert_eq!(half.pause_after(batch), batch, "busy half the time");
-        let quarter = half.with_busy_percent(25);
-        assert_eq!(quarter.pause_after(batch), Duration::from_millis(90));
-        let full = half.with_busy_percent(100);
-        assert_eq!(full.pause_after(batch), Duration::ZERO, "no pause");
-        assert_eq!(half.with_busy_percent(0).busy_percent, 1, "clamped");
-        assert_eq!(half.with_busy_percent(200).busy_percent, 100, "clamped");
     }
 }

@@ -1,6 +1,6 @@
 //! `outbox-done-retention`: purging old DONE rows.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_model::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -14,9 +14,6 @@ pub const RETENTION_JOB_NAME: &str = "outbox-done-retention";
 /// Deletes DONE rows whose `processed_at` is older than the retention
 /// window, one batch per statement (`FOR UPDATE SKIP LOCKED`, so it never
 /// waits on or blocks the dispatcher), until a batch comes back short.
-/// After each full batch it pauses ([`RetentionConfig::pause_after`]) so
-/// that a large purge takes only [`RetentionConfig::busy_percent`] of the
-/// time it runs, not all the cores the dispatcher needs.
 /// FAILED, CANCELLED, PENDING and PROCESSING rows are never touched.
 /// Returns how many rows were deleted.
 ///
@@ -43,19 +40,11 @@ pub async fn purge_done_until(
     let older_than = config.retention.as_secs_f64();
     let mut deleted = 0u64;
     while !stop.is_cancelled() {
-        let started = Instant::now();
         let n = db::purge_done_batch(&mut conn, older_than, config.batch_size).await?;
         deleted += n as u64;
         metrics::counter!("outbox_retention_deleted_total").increment(n as u64);
         if n < config.batch_size as usize {
             break;
-        }
-        let pause = config.pause_after(started.elapsed());
-        if !pause.is_zero() {
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = tokio::time::sleep(pause) => {}
-            }
         }
     }
     tracing::Span::current().record("deleted", deleted);

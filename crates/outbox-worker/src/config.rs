@@ -373,8 +373,7 @@ impl WorkerConfig {
             env.spec_hours(&v::OUTBOX_DONE_RETENTION_HOURS)?,
             // Out-of-range batch sizes are clamped, as the contract says; non-numbers are errors.
             env.whole(&v::OUTBOX_DONE_RETENTION_BATCH_SIZE)?,
-        )
-        .with_busy_percent(env.whole(&v::OUTBOX_DONE_RETENTION_BUSY_PERCENT)?);
+        );
         let worker = WorkerSettings {
             concurrency: env.whole(&v::WORKER_CONCURRENCY)?,
             retries: env.whole(&v::WORKER_RETRIES)?,
@@ -903,8 +902,6 @@ mod tests {
             ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
             ("WORKER_HTTP_ADDR", "nine", "host:port"),
             ("OUTBOX_DONE_RETENTION_BATCH_SIZE", "x", "whole number"),
-            ("OUTBOX_DONE_RETENTION_BUSY_PERCENT", "0", "between"),
-            ("OUTBOX_DONE_RETENTION_BUSY_PERCENT", "101", "between"),
             ("WORKER_HEARTBEAT_MS", "500", "between"),
             ("SMTP_URL", "bogus://x", "not smtp"),
             ("SMTP_URL", "smtp://", "no host"),
@@ -986,13 +983,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.retention.batch_size, 10_000);
-        assert_eq!(config.retention.busy_percent, 50, "the default");
-        let config = read(
-            Group::General,
-            &[("OUTBOX_DONE_RETENTION_BUSY_PERCENT", "100")],
-        )
-        .unwrap();
-        assert_eq!(config.retention.busy_percent, 100);
         let err = WorkerConfig::from_lookup(Group::Mail, &|name| match name {
             "DATABASE_URL" => Some("postgres://x/y".into()),
             "REDIS_URL" => Some("redis://x".into()),

@@ -277,14 +277,6 @@ pub const OUTBOX_DONE_RETENTION_BATCH_SIZE: Whole = Whole {
     max: u32::MAX as u64,
     meaning: "rows deleted per retention batch (clamped to 1..=10000)",
 };
-/// `OUTBOX_DONE_RETENTION_BUSY_PERCENT`.
-pub const OUTBOX_DONE_RETENTION_BUSY_PERCENT: Whole = Whole {
-    name: "OUTBOX_DONE_RETENTION_BUSY_PERCENT",
-    default: RetentionConfig::DEFAULT_BUSY_PERCENT as u64,
-    min: 1,
-    max: 100,
-    meaning: "share of its run the retention job spends deleting; it pauses after each batch for the rest (100: no pause)",
-};
 /// `OUTBOX_DONE_RETENTION_INTERVAL_MS`.
 pub const OUTBOX_DONE_RETENTION_INTERVAL_MS: Whole = Whole {
     name: "OUTBOX_DONE_RETENTION_INTERVAL_MS",
@@ -538,7 +530,6 @@ pub fn variables(group: Group) -> Vec<Variable> {
         W(OUTBOX_LOCK_TIMEOUT_MS),
         W(OUTBOX_DONE_RETENTION_HOURS),
         W(OUTBOX_DONE_RETENTION_BATCH_SIZE),
-        W(OUTBOX_DONE_RETENTION_BUSY_PERCENT),
         W(OUTBOX_DONE_RETENTION_INTERVAL_MS),
         W(WORKER_CONCURRENCY),
         W(WORKER_RETRIES),
