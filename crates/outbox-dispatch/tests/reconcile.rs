@@ -462,11 +462,13 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
     );
 }
 
-/// The guard's own reconciliation after a loss goes through every batch:
-/// with two rows per batch, all five jobs a `FLUSHALL` took come back.
+/// The guard's own reconciliation after a loss goes through every batch,
+/// in one pass: with two rows per batch, all five jobs a `FLUSHALL` took
+/// come back.
 // Break checked: a batch counted as the last when it is full (`>=` turned
 // into `<` in `reconcile_due`) ends the reconciliation after two jobs and
-// fails here.
+// fails here; so does a pass that ends after each batch that moved the
+// cursor (`!moved` turned into `moved`).
 #[tokio::test]
 async fn the_guard_reconciles_every_batch_of_a_loss() {
     let server = RedisProcess::start().await;
@@ -489,9 +491,17 @@ async fn the_guard_reconciles_every_batch_of_a_loss() {
         rig.check().await,
         Assessment::Lost(LossReason::MarkerMissing)
     );
-    rig.repair().await;
-
+    // One pass goes through all three batches: the guard waits its check
+    // interval between passes, so a pass that stopped after each batch
+    // would bring a large loss back one batch per interval.
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    let still_due = guard
+        .reconcile_pending(&CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(!still_due, "one pass reconciles 5 jobs in batches of 2");
     rig.assert_waiting(queues::WEBHOOK, &hooks).await;
+    rig.repair().await;
     assert_eq!(rig.safe_point(queues::WEBHOOK).await.1, None, "done");
 }
 
@@ -925,14 +935,16 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
 // Break checked: the scan taking a full page for the last one
 // (`rows.len() < limit` → `<=` in `advance_safe_points`) moves the safe
 // point past the waiting jobs and fails here: after a loss they would not
-// be pushed again.
+// be pushed again. So do pages that shrink instead of growing (`limit * 4`
+// → `limit / 4`: pages of 16, 4, 1, then none, read as the end).
 #[tokio::test]
 async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_ones() {
     let server = RedisProcess::start().await;
     let rig = Rig::private(&server).await;
-    // More delivered jobs than the scan's first page (16), then waiting ones.
-    let delivered = rig.hand_off((0..20).map(mail).collect()).await;
-    let waiting = rig.hand_off((20..23).map(mail).collect()).await;
+    // More delivered jobs than the scan's first pages (16, then 64) would
+    // reach if they did not grow, then waiting ones.
+    let delivered = rig.hand_off((0..25).map(mail).collect()).await;
+    let waiting = rig.hand_off((25..28).map(mail).collect()).await;
     assert_eq!(rig.check().await, Assessment::FirstSight);
     rig.repair().await;
     rig.deliver_mails(&delivered).await;
