@@ -333,6 +333,10 @@ async fn a_bulk_dry_run_lists_the_refused_rows_beside_those_it_would_requeue() {
     assert_eq!(plan["refused_count"], 1);
     let reason = plan["refused"][0]["refused"].as_str().unwrap_or_default();
     assert!(reason.contains("--replay"), "{plan}");
+    assert!(
+        plan["warning"].is_null(),
+        "no DONE row is replayed, so no replay warning: {plan}"
+    );
 
     let table = env.outbox(&dry_run);
     assert!(

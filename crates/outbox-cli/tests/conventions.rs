@@ -199,6 +199,59 @@ async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_
     );
 }
 
+#[tokio::test]
+async fn a_row_handed_off_while_cancel_waits_for_it_is_left_alone_and_reported_so() {
+    use diesel_async::SimpleAsyncConnection;
+
+    let env = Env::new().await;
+    let id = "00000000-0000-4000-8000-000000000005";
+    env.sql(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload) \
+         VALUES ('{id}', 'acme', 'audit.user.login', '{{}}')"
+    ))
+    .await;
+    // A dispatcher holds the row: cancel reads it as PENDING, then waits
+    // on its lock while the dispatcher hands it off.
+    let mut dispatcher = env.db.conn().await;
+    dispatcher
+        .batch_execute(&format!(
+            "BEGIN; SELECT id FROM outbox_event WHERE id = '{id}' FOR UPDATE"
+        ))
+        .await
+        .unwrap();
+    let cancel = env.start(&["cancel", id]);
+    eventually(
+        "cancel to wait on the row's lock",
+        Duration::from_secs(30),
+        async || env.db.waits_on_a_lock("%FOR UPDATE%").await,
+    )
+    .await;
+    dispatcher
+        .batch_execute(&format!(
+            "UPDATE outbox_event SET status = 'DONE', processed_at = now() WHERE id = '{id}'; COMMIT"
+        ))
+        .await
+        .unwrap();
+
+    let run = cancel.finish().await;
+    assert_eq!(
+        run.code, 1,
+        "nothing was cancelled:\n{}{}",
+        run.stdout, run.stderr
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("{id}  PENDING     left alone: changed meanwhile"))
+            && run.stdout.contains("0 row(s) cancelled"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(
+        env.outbox(&["show", id, "--json"]).json()["event"]["status"],
+        "DONE"
+    );
+}
+
 struct Doomed;
 
 impl JobHandler for Doomed {

@@ -92,22 +92,10 @@ async fn block_writes(db: &TestDatabase, table: &str) -> AsyncPgConnection {
 }
 
 async fn wait_until_a_write_is_blocked(db: &TestDatabase) {
-    let mut conn = db.conn().await;
-    let name = db.name().to_owned();
     eventually(
         "the writer to wait on the lock",
         Duration::from_secs(30),
-        async || {
-            diesel::sql_query(
-                "SELECT count(*) AS n FROM pg_stat_activity
-             WHERE datname = $1 AND wait_event_type = 'Lock' AND query LIKE 'INSERT%'",
-            )
-            .bind::<Text, _>(&name)
-            .get_result::<Count>(&mut conn)
-            .await
-            .expect("read pg_stat_activity")
-            .n > 0
-        },
+        async || db.waits_on_a_lock("INSERT%").await,
     )
     .await;
 }

@@ -153,6 +153,32 @@ impl TestDatabase {
     pub async fn conn(&self) -> AsyncPgConnection {
         connect(&self.url).await
     }
+
+    /// Whether a session of this database is waiting on a lock right now
+    /// with a statement matching `query_like` (an SQL `LIKE` pattern), such
+    /// as the writer a test holds back with a lock of its own.
+    ///
+    /// # Panics
+    ///
+    /// When `pg_stat_activity` cannot be read.
+    pub async fn waits_on_a_lock(&self, query_like: &str) -> bool {
+        #[derive(diesel::QueryableByName)]
+        struct Waiting {
+            #[diesel(sql_type = Bool)]
+            waiting: bool,
+        }
+        let mut conn = self.conn().await;
+        diesel::sql_query(
+            "SELECT count(*) > 0 AS waiting FROM pg_stat_activity
+             WHERE datname = $1 AND wait_event_type = 'Lock' AND query LIKE $2",
+        )
+        .bind::<Text, _>(&self.name)
+        .bind::<Text, _>(query_like)
+        .get_result::<Waiting>(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("cannot read pg_stat_activity: {e}"))
+        .waiting
+    }
 }
 
 impl Drop for TestDatabase {

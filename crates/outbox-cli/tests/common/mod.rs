@@ -4,7 +4,7 @@
 // Each test file uses the part it needs.
 #![allow(dead_code, clippy::unwrap_used, missing_docs)]
 
-use std::process::Command;
+use std::process::{Child, Command, Output, Stdio};
 
 use diesel_async::SimpleAsyncConnection;
 use outbox_queue::QueueNamespace;
@@ -36,9 +36,35 @@ impl Env {
         outbox(&self.db, &self.redis, &self.namespace, args)
     }
 
+    /// Starts `outbox args` on this database and these queues without
+    /// waiting for it; [`Started::finish`] waits and collects its output.
+    pub fn start(&self, args: &[&str]) -> Started {
+        Started(
+            command(&self.db, &self.redis, &self.namespace, args)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
     /// Runs `sql` (any number of statements) on the test database.
     pub async fn sql(&self, sql: &str) {
         self.db.conn().await.batch_execute(sql).await.unwrap();
+    }
+}
+
+/// A run of `outbox` under way.
+pub struct Started(Child);
+
+impl Started {
+    /// Waits for the run to end (off the async runtime) and returns it.
+    pub async fn finish(self) -> Run {
+        let output = tokio::task::spawn_blocking(move || self.0.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        Run::from(output)
     }
 }
 
@@ -66,19 +92,34 @@ impl Run {
     }
 }
 
-/// Runs `outbox args` on `db` and the queues of `namespace` in `redis`.
-fn outbox(db: &TestDatabase, redis: &TestRedis, namespace: &QueueNamespace, args: &[&str]) -> Run {
-    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+impl From<Output> for Run {
+    fn from(output: Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+/// `outbox args` on `db` and the queues of `namespace` in `redis`.
+fn command(
+    db: &TestDatabase,
+    redis: &TestRedis,
+    namespace: &QueueNamespace,
+    args: &[&str],
+) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox"));
+    command
         .args(args)
         .env("DATABASE_URL", db.url())
         .env("REDIS_URL", redis.url())
         .env("OUTBOX_QUEUE_PREFIX", namespace.prefix())
-        .env_remove("USER")
-        .output()
-        .unwrap();
-    Run {
-        code: output.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+        .env_remove("USER");
+    command
+}
+
+/// Runs `outbox args` on `db` and the queues of `namespace` in `redis`.
+fn outbox(db: &TestDatabase, redis: &TestRedis, namespace: &QueueNamespace, args: &[&str]) -> Run {
+    Run::from(command(db, redis, namespace, args).output().unwrap())
 }
