@@ -302,6 +302,15 @@ async fn show_lists_the_block_runs_in_order_with_the_error_of_the_failed_block()
     let env = Env::new().await;
     let s = seed(&env).await;
 
+    // Runs of known length: the execution took 1.5 s, its `call` block 250 ms.
+    env.sql(&format!(
+        "UPDATE workflow_execution SET finished_at = started_at + interval '1500 ms' \
+           WHERE id = '{failed}';
+         UPDATE workflow_block_execution SET finished_at = started_at + interval '250 ms' \
+           WHERE execution_id = '{failed}' AND block_id = 'call'",
+        failed = s.failed
+    ))
+    .await;
     let run = env.outbox(&["workflow", "show", &s.failed.to_string(), "--json"]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let shown = run.json();
@@ -322,7 +331,7 @@ async fn show_lists_the_block_runs_in_order_with_the_error_of_the_failed_block()
         execution["started_by"]["event_type"],
         "workflow.execution.requested"
     );
-    assert!(execution["duration_ms"].is_i64());
+    assert_eq!(execution["duration_ms"], 1500);
     let blocks = shown["blocks"].as_array().unwrap();
     let summary: Vec<(&str, &str, &str, i64)> = blocks
         .iter()
@@ -352,7 +361,7 @@ async fn show_lists_the_block_runs_in_order_with_the_error_of_the_failed_block()
         "{}",
         blocks[2]
     );
-    assert!(blocks[2]["duration_ms"].is_i64());
+    assert_eq!(blocks[2]["duration_ms"], 250);
 
     let table = env.outbox(&["workflow", "show", &s.failed.to_string()]);
     assert_eq!(table.code, 0);
@@ -372,6 +381,15 @@ async fn show_lists_the_block_runs_in_order_with_the_error_of_the_failed_block()
     assert!(table.line("status").contains("error"));
     assert!(table.line("error").contains("block call:"));
     assert!(table.stdout.contains("\"order\": 7"), "{}", table.stdout);
+
+    // Nothing has finished yet: no duration, not a duration of zero.
+    let waiting = env
+        .outbox(&["workflow", "show", &s.waiting.to_string(), "--json"])
+        .json();
+    assert!(waiting["execution"]["duration_ms"].is_null(), "{waiting}");
+    let ask = &waiting["blocks"].as_array().unwrap().last().unwrap();
+    assert_eq!(ask["block_id"], "ask");
+    assert!(ask["duration_ms"].is_null(), "{ask}");
 
     let waiting = env.outbox(&["workflow", "show", &s.waiting.to_string()]);
     assert_eq!(waiting.code, 0);
