@@ -70,6 +70,31 @@ impl Env {
         .await;
         id
     }
+
+    /// Subscribes plugin `slack` of tenant `acme` to hook `workflow.executed`
+    /// on the sink's `path`.
+    async fn plugin_subscription(&self, path: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        self.sql(&format!(
+            "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret)
+             VALUES ('{id}', 'acme', 'slack', 'workflow.executed', '{}', 'k1')",
+            self.sink.url_for(path)
+        ))
+        .await;
+        id
+    }
+}
+
+/// The invocation of `subscription` for generation `generation` of event
+/// `event_id`.
+fn plugin_job(event_id: Uuid, generation: u32, subscription: Uuid) -> PluginInvokeJob {
+    serde_json::from_str(&format!(
+        r#"{{"outbox_event_id": "{event_id}", "tenant_id": "acme", "generation": {generation},
+            "subscription_id": "{subscription}", "plugin": "slack", "hook": "workflow.executed",
+            "event_type": "plugin.hook.workflow.executed", "payload": {{"workflowId": "w1"}},
+            "created_at": "2026-01-05T10:00:00Z"}}"#
+    ))
+    .unwrap()
 }
 
 fn meta(queue: &str, task_id: &str) -> JobMeta {
@@ -156,22 +181,9 @@ async fn a_retry_after_one_endpoint_failed_sends_only_to_that_endpoint() {
 #[tokio::test]
 async fn a_delivered_plugin_invocation_is_not_sent_again_when_its_job_comes_back() {
     let env = Env::new().await;
-    let subscription = Uuid::now_v7();
-    env.sql(&format!(
-        "INSERT INTO plugin_hook_subscription (id, tenant_id, plugin, hook, endpoint, secret)
-         VALUES ('{subscription}', 'acme', 'slack', 'workflow.executed', '{}', 'k1')",
-        env.sink.url_for("/slack")
-    ))
-    .await;
+    let subscription = env.plugin_subscription("/slack").await;
     let handler = env.plugin_handler().await;
-    let event_id = Uuid::now_v7();
-    let job: PluginInvokeJob = serde_json::from_str(&format!(
-        r#"{{"outbox_event_id": "{event_id}", "tenant_id": "acme",
-            "subscription_id": "{subscription}", "plugin": "slack", "hook": "workflow.executed",
-            "event_type": "plugin.hook.workflow.executed", "payload": {{"workflowId": "w1"}},
-            "created_at": "2026-01-05T10:00:00Z"}}"#
-    ))
-    .unwrap();
+    let job = plugin_job(Uuid::now_v7(), 0, subscription);
     let task_id = outbox_subscriber_webhook::invoke_task_id(&job.delivery_id(), subscription);
 
     handler
@@ -187,6 +199,42 @@ async fn a_delivered_plugin_invocation_is_not_sent_again_when_its_job_comes_back
         env.sink.requests_to("/slack").len(),
         1,
         "the plugin was invoked once"
+    );
+}
+
+#[tokio::test]
+async fn each_event_invokes_a_plugin_once_under_its_own_message_id() {
+    let env = Env::new().await;
+    let subscription = env.plugin_subscription("/slack").await;
+    let handler = env.plugin_handler().await;
+    let (first, second) = (Uuid::now_v7(), Uuid::now_v7());
+    // Two events, then a replay of the first (its generation 1).
+    for (n, (event_id, generation)) in [(first, 0), (second, 0), (first, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        handler
+            .handle(
+                plugin_job(event_id, generation, subscription),
+                &meta(queues::TOOLCTRL_PLUGIN_INVOKE, &format!("task-{n}")),
+            )
+            .await
+            .unwrap();
+    }
+    let ids: Vec<String> = env
+        .sink
+        .requests_to("/slack")
+        .iter()
+        .map(|r| r.header("webhook-id").unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            first.to_string(),
+            second.to_string(),
+            outbox_queue::delivery_id(first, 1),
+        ],
+        "one invocation per event and generation, each under its own id"
     );
 }
 

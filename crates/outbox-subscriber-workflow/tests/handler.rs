@@ -12,7 +12,7 @@ use outbox_publish::OutboxTx;
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_workflow::WorkflowHandler;
-use outbox_test_support::TestDatabase;
+use outbox_test_support::{LogCapture, TestDatabase};
 use outbox_workflow::WorkflowDefinition;
 use outbox_workflow::executor::Executor;
 use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
@@ -161,6 +161,7 @@ async fn an_execution_request_runs_the_queued_execution_and_a_continuation_resum
         producers::request_execution(tx, "t1", workflow, RunTrigger::Api, &json!({})).await
     });
     let handler = handler(&db);
+    let logs = LogCapture::start();
     let requested = job(&mut conn, "workflow.execution.requested").await;
     handler.handle(requested.clone(), &meta()).await.unwrap();
     let run = store::get_execution(&mut conn, id).await.unwrap().unwrap();
@@ -186,6 +187,32 @@ async fn an_execution_request_runs_the_queued_execution_and_a_continuation_resum
         handler.handle(late, &meta()).await.unwrap();
     }
     assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
+    // Each job's log line names the execution and what became of it.
+    let advanced: Vec<String> = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("workflow execution advanced"))
+        .map(str::to_owned)
+        .collect();
+    let outcomes: Vec<&str> = advanced
+        .iter()
+        .map(|l| {
+            assert!(l.contains(&format!("execution={id}")), "{l}");
+            l.split("outcome=").nth(1).unwrap_or_default().trim()
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            r#"Waiting("ask")"#,
+            "Finished(Success)",
+            "Unchanged(Success)",
+            "Unchanged(Success)",
+            "Unchanged(Success)",
+        ],
+        "{}",
+        logs.text()
+    );
     let status: String = workflow_execution::table
         .find(id)
         .select(workflow_execution::status)
