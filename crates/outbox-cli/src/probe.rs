@@ -649,6 +649,39 @@ mod tests {
         execution: None,
     };
 
+    /// The stages `advance` marks as reached for `seen`.
+    fn reached(seen: &Observed) -> Vec<Stage> {
+        let mut progress = Progress::new(Instant::now(), false, false);
+        advance(&mut progress, seen);
+        progress
+            .stages
+            .iter()
+            .filter(|s| s.reached)
+            .map(|s| s.stage)
+            .collect()
+    }
+
+    #[test]
+    fn a_done_row_or_a_handled_job_each_show_the_hand_off_alone() {
+        let done = Observed {
+            event: Some(row(OutboxStatus::Done, 0, None)),
+            ..Observed::default()
+        };
+        assert_eq!(reached(&done), [Stage::HandedOff]);
+        // The worker can write its row before the dispatcher's DONE commits.
+        let handled_first = Observed {
+            event: Some(row(OutboxStatus::Processing, 0, None)),
+            handled: true,
+            ..Observed::default()
+        };
+        assert_eq!(reached(&handled_first), [Stage::HandedOff, Stage::Handled]);
+        let pending = Observed {
+            event: Some(row(OutboxStatus::Pending, 0, None)),
+            ..Observed::default()
+        };
+        assert_eq!(reached(&pending), []);
+    }
+
     #[test]
     fn a_pending_event_never_tried_names_the_missing_dispatcher() {
         let seen = Observed {

@@ -348,6 +348,57 @@ async fn a_bulk_dry_run_lists_the_refused_rows_beside_those_it_would_requeue() {
 }
 
 #[tokio::test]
+async fn a_bulk_replay_over_several_batches_counts_every_replayed_row_in_its_warning() {
+    let env = Env::new().await;
+    for _ in 0..3 {
+        env.insert("acme", "audit.user.login", "DONE", None).await;
+    }
+    for _ in 0..2 {
+        env.insert("acme", "audit.user.login", "FAILED", Some("down"))
+            .await;
+    }
+    let run = env.outbox(&[
+        "requeue",
+        "--status",
+        "done",
+        "--status",
+        "failed",
+        "--replay",
+        "--yes",
+        "--batch-size",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let out = run.json();
+    assert_eq!(
+        (&out["requeued"].as_array().map(Vec::len), &out["replayed"]),
+        (&Some(5), &Value::from(3)),
+        "{out}"
+    );
+    assert!(
+        out["warning"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("3 DONE row(s) replayed")),
+        "{out}"
+    );
+    let generations: Vec<(OutboxStatus, i32)> = env
+        .rows()
+        .await
+        .iter()
+        .map(|r| (r.status, r.generation))
+        .collect();
+    assert_eq!(
+        generations
+            .iter()
+            .filter(|g| **g == (OutboxStatus::Pending, 1))
+            .count(),
+        3,
+        "each DONE row starts generation 1: {generations:?}"
+    );
+}
+
+#[tokio::test]
 async fn replaying_a_done_row_starts_a_new_generation_with_its_own_job() {
     let env = Env::new().await;
     let id = env
