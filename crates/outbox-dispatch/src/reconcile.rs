@@ -383,12 +383,6 @@ impl Reconciler {
         self.batch_size
     }
 
-    /// The namespace.
-    #[must_use]
-    pub fn namespace(&self) -> &QueueNamespace {
-        &self.namespace
-    }
-
     /// Where each of `rows` (DONE rows of `queue`) stands, in order.
     ///
     /// # Errors

@@ -139,3 +139,53 @@ async fn retention_keeps_the_requeue_history_of_the_rows_it_deletes() {
         "retention deleted requeue history"
     );
 }
+
+/// Old DONE rows, `tenant` their tenant.
+async fn old_done_rows(conn: &mut diesel_async::AsyncPgConnection, tenant: &str, n: usize) {
+    exec(
+        conn,
+        &format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at, created_at)
+             SELECT '{tenant}', 'audit.user.login', '{{}}', 'DONE', now() - interval '31 days', now() - interval '31 days'
+             FROM generate_series(1, {n})"
+        ),
+    )
+    .await;
+}
+
+/// The workers' retention task purges old DONE rows, again every period,
+/// until the worker stops.
+// Break checked: a task that does nothing (`run_retention` emptied) leaves
+// the old rows in place and fails here.
+#[tokio::test]
+async fn the_retention_task_purges_every_period_until_shutdown() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    old_done_rows(&mut conn, "first", 4).await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(outbox_dispatch::run_retention(
+        h.db.pool().clone(),
+        RetentionConfig::default(),
+        Duration::from_millis(100),
+        shutdown.clone(),
+    ));
+    outbox_test_support::eventually(
+        "the first run to purge the old rows",
+        Duration::from_secs(30),
+        async || h.rows().await.is_empty(),
+    )
+    .await;
+    // Rows that grow old later go at a later run.
+    old_done_rows(&mut conn, "later", 3).await;
+    outbox_test_support::eventually(
+        "a later run to purge the rows that came after",
+        Duration::from_secs(30),
+        async || h.rows().await.is_empty(),
+    )
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the task ends once the worker stops")
+        .unwrap();
+}
