@@ -85,6 +85,10 @@ pub struct MutantsArgs {
     pub only: Option<String>,
 }
 
+/// The nextest option that ends a mutant's test run at its first failure,
+/// without waiting for the tests still running.
+pub const IMMEDIATE_STOP: &str = "--max-fail=1:immediate";
+
 /// Default of `--min-test-timeout`, in seconds.
 pub const DEFAULT_MIN_TEST_TIMEOUT: u64 = 300;
 
@@ -157,6 +161,14 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             command.args(["--re", only]);
         }
         command.args(["--minimum-test-timeout", &args.min_test_timeout.to_string()]);
+        // A mutant is caught by its first failing test. By default nextest
+        // then waits for the tests still running, and a test the mutant
+        // broke in another way may wait out its whole deadline (a
+        // reconciliation test waited over two minutes so): end them at once.
+        // nextest signals each test's process group, so a private
+        // `redis-server` a killed test started goes with it; the keys and
+        // databases it leaves are swept as after any killed suite.
+        command.arg(format!("--cargo-test-arg={IMMEDIATE_STOP}"));
         eprintln!(
             "==> cargo mutants on {} (budget {} min{})",
             crates.join(", "),
