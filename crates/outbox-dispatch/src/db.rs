@@ -749,3 +749,32 @@ pub async fn hook_subscriptions(
     .load(conn)
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RowTable;
+
+    // The same cases as `RowTable::parse`'s doctest, as a unit test: a
+    // mutation run does not run doctests, and a `||` for the `&&` there let
+    // any name ending in `.outbox_event_id`, an SQL injection among them,
+    // into the statements the table name is pasted into.
+    #[test]
+    fn only_a_plain_table_with_the_event_id_column_is_a_row_table() {
+        let audit = RowTable::parse("audit_log.outbox_event_id").unwrap();
+        assert_eq!(
+            (audit.table(), audit.column()),
+            ("audit_log", "outbox_event_id")
+        );
+        assert!(RowTable::parse("_t2.outbox_event_id").is_some());
+        for refused in [
+            "workflow_execution.trigger_event_id",
+            "idempotency store",
+            "a\"; DROP TABLE x; --.outbox_event_id",
+            "Audit.outbox_event_id",
+            "2fa.outbox_event_id",
+            ".outbox_event_id",
+        ] {
+            assert_eq!(RowTable::parse(refused), None, "{refused}");
+        }
+    }
+}
