@@ -17,7 +17,7 @@ use outbox_dispatch::db;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::push_raw;
-use outbox_test_support::with_metrics_recorder;
+use outbox_test_support::{LogCapture, with_metrics_recorder};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -150,10 +150,13 @@ fn counter(snapshot: &HashMap<String, f64>, name: &str) -> f64 {
 // Breaks checked: `report.lost_leases` left at 0 in `tick_until` fails with
 // "the taken-over row is counted as lost ... left: (1, 0, 0) right: (1, 0, 1)";
 // `outbox_dispatch_lost_leases_total` incremented by 0 fails with "left: 0.0,
-// right: 1.0".
+// right: 1.0"; the warning written on `lost_leases == 0` instead of `> 0`
+// fails here (no warning) and in the duplicate test below (a warning on a
+// healthy tick).
 #[test]
 fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
     let recorder = DebuggingRecorder::new();
+    let log = LogCapture::start();
     with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         // A Redis of its own, to pause without disturbing other tests.
@@ -202,6 +205,12 @@ fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
             "the new owner's row is untouched"
         );
     });
+    assert_eq!(
+        log.count("leases expired before the outcome was recorded"),
+        1,
+        "one warning names the lost lease: {}",
+        log.text()
+    );
     let m = snapshot(&recorder);
     assert_eq!(counter(&m, "outbox_dispatch_lost_leases_total"), 1.0);
     assert_eq!(
@@ -216,6 +225,7 @@ fn a_lease_taken_over_while_the_push_hangs_is_counted_as_lost_not_dispatched() {
 #[test]
 fn a_job_already_in_redis_is_counted_as_a_duplicate_hand_off() {
     let recorder = DebuggingRecorder::new();
+    let log = LogCapture::start();
     let report = with_metrics_recorder(&recorder, async || {
         let h = Harness::new().await;
         let ids = h
@@ -238,6 +248,12 @@ fn a_job_already_in_redis_is_counted_as_a_duplicate_hand_off() {
     });
     let m = snapshot(&recorder);
     assert_eq!((report.dispatched, report.duplicates), (2, 1), "{report:?}");
+    assert_eq!(
+        log.count("leases expired"),
+        0,
+        "a tick that lost no lease warns of none: {}",
+        log.text()
+    );
     assert_eq!(counter(&m, "outbox_dispatch_duplicates_total"), 1.0);
     assert_eq!(
         counter(&m, "outbox_dispatch_dispatched_total{queue=outbox.audit}"),
