@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{Harness, PausableRedis, exec, quick_config};
 use diesel::sql_types::Text;
 use diesel_async::RunQueryDsl;
-use outbox_dispatch::TickReport;
+use outbox_dispatch::{DispatcherConfig, TickReport};
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
 use outbox_test_support::LogCapture;
@@ -737,4 +737,19 @@ async fn each_dispatch_loop_claims_its_own_batch_while_the_pushes_of_the_others_
     .await;
     shutdown.cancel();
     run.await.unwrap().unwrap();
+}
+
+// Break checked: the dispatcher's `Debug` replaced by an empty result
+// (a mutation run's shard 6) fails here.
+#[tokio::test]
+async fn a_dispatcher_in_a_log_line_names_its_namespace_and_settings() {
+    let h = Harness::new().await;
+    let config = DispatcherConfig {
+        batch_size: 37,
+        ..quick_config()
+    };
+    let shown = format!("{:?}", h.dispatcher(config));
+    assert!(shown.starts_with("Dispatcher"), "{shown}");
+    assert!(shown.contains(h.namespace.prefix()), "{shown}");
+    assert!(shown.contains("batch_size: 37"), "{shown}");
 }
