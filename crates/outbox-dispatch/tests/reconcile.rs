@@ -309,6 +309,27 @@ impl Rig {
         (point.drained_before, point.pending_since)
     }
 
+    /// How many queues before `queue` (in name order) have a reconciliation
+    /// due.
+    async fn pending_queues_before(&self, queue: &str) -> usize {
+        #[derive(diesel::QueryableByName)]
+        struct Count {
+            #[diesel(sql_type = diesel::sql_types::BigInt)]
+            n: i64,
+        }
+        let mut conn = self.db.conn().await;
+        let count: Count = diesel::sql_query(
+            "SELECT count(*) AS n FROM outbox_redis_safe_point
+             WHERE namespace = $1 AND queue < $2 AND pending_since IS NOT NULL",
+        )
+        .bind::<Text, _>(self.namespace.prefix())
+        .bind::<Text, _>(queue)
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        usize::try_from(count.n).unwrap()
+    }
+
     async fn sql(&self, sql: &str) {
         self.db.conn().await.batch_execute(sql).await.unwrap();
     }
@@ -522,6 +543,103 @@ async fn the_guard_reconciles_every_batch_of_a_loss() {
     rig.assert_waiting(queues::WEBHOOK, &hooks).await;
     rig.repair().await;
     assert_eq!(rig.safe_point(queues::WEBHOOK).await.1, None, "done");
+}
+
+/// How many of `ids` have a job waiting on `queue`.
+async fn waiting_count(rig: &Rig, queue: &str, ids: &[Uuid]) -> usize {
+    let mut waiting = 0;
+    for id in ids {
+        if rig.state(queue, &task_id(*id)).await == JobStateKind::Waiting {
+            waiting += 1;
+        }
+    }
+    waiting
+}
+
+/// A rig whose guard reconciles `batch_size` rows a batch, with the jobs
+/// of `n` webhook events handed off and then lost to a `FLUSHALL`.
+async fn rig_with_a_lost_backlog(
+    server: &RedisProcess,
+    n: usize,
+    batch_size: usize,
+) -> (Rig, Vec<Uuid>) {
+    let mut rig = Rig::private(server).await;
+    rig.dispatcher = guarded_dispatcher_with(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
+        RedisGuardSettings {
+            batch_size,
+            ..RedisGuardSettings::default()
+        },
+    );
+    let hooks = rig.hand_off((0..n).map(webhook).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    rig.flush_all().await;
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    (rig, hooks)
+}
+
+// Break checked: `||` turned into `&&` in `reconcile_due`'s stop test (a
+// mutation run's shard 6) goes on through every batch although the worker
+// is stopping, and fails here.
+#[tokio::test]
+async fn a_stopping_guard_leaves_a_pending_reconciliation_for_its_next_start() {
+    let server = RedisProcess::start().await;
+    let (rig, hooks) = rig_with_a_lost_backlog(&server, 5, 2).await;
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    let stopping = CancellationToken::new();
+    stopping.cancel();
+    assert!(
+        guard.reconcile_pending(&stopping).await.unwrap(),
+        "a pass asked to stop reports the reconciliation still due"
+    );
+    assert_eq!(
+        waiting_count(&rig, queues::WEBHOOK, &hooks).await,
+        0,
+        "no batch is pushed again once the worker is stopping"
+    );
+    assert!(
+        rig.safe_point(queues::WEBHOOK).await.1.is_some(),
+        "the reconciliation stays pending"
+    );
+    // The next start takes it up.
+    rig.repair().await;
+    rig.assert_waiting(queues::WEBHOOK, &hooks).await;
+}
+
+// Break checked: the same `&&` makes one pass go on past its 40 batches
+// (the guard checks the marker between passes), and `>=` turned into `>`
+// there does one batch more; each fails here.
+#[tokio::test]
+async fn one_guard_pass_reconciles_at_most_forty_batches_and_the_next_pass_goes_on() {
+    let server = RedisProcess::start().await;
+    let (rig, hooks) = rig_with_a_lost_backlog(&server, 45, 1).await;
+    // The loss made every queue's reconciliation due; the pass takes them
+    // in the order of their names, and each queue before the webhook queue
+    // costs one batch (an empty one: its jobs were not lost).
+    let before = rig.pending_queues_before(queues::WEBHOOK).await;
+    assert!(before < 40, "{before} queues before the webhook queue");
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    let stop = CancellationToken::new();
+    assert!(
+        guard.reconcile_pending(&stop).await.unwrap(),
+        "45 jobs in batches of 1 take more than one pass"
+    );
+    assert_eq!(
+        waiting_count(&rig, queues::WEBHOOK, &hooks).await,
+        40 - before,
+        "one pass does 40 batches of 1, {before} of them on the queues before"
+    );
+    assert!(
+        !guard.reconcile_pending(&stop).await.unwrap(),
+        "the second pass ends it"
+    );
+    rig.assert_waiting(queues::WEBHOOK, &hooks).await;
 }
 
 #[tokio::test]
