@@ -14,7 +14,7 @@ use futures::future::join_all;
 use outbox_model::{PgPool, RawJson};
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
-use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
+use outbox_subscriber_audit::{AuditHandler, GROUP_COMMIT_CONCURRENCY, NotificationHandler};
 use outbox_test_support::{TestDatabase, database_server_url, eventually, with_database};
 use uuid::Uuid;
 
@@ -319,4 +319,36 @@ async fn when_the_database_is_down_every_waiting_job_fails_and_succeeds_once_it_
     let retried = join_all(waiting.iter().cloned().map(|job| deliver(&audit, job))).await;
     assert!(retried.iter().all(Result::is_ok), "{retried:?}");
     assert_eq!(total(&mut conn, "audit_log").await, 22);
+}
+
+// Breaks checked (a mutation run's shard 6 of the subscriber crates): either
+// handler's `concurrency` answering 0 (the worker then runs one job at a
+// time, so no group commit ever holds more than one row), and either
+// handler consuming another queue than the one the description gives the
+// routing table, fail here.
+#[tokio::test]
+async fn both_handlers_consume_the_described_queues_and_run_a_group_commits_worth_of_jobs_at_once()
+{
+    let db = TestDatabase::new().await;
+    let audit = AuditHandler::new(db.pool().clone());
+    let notifications = NotificationHandler::new(db.pool().clone());
+    let mut consumed = vec![audit.queue().to_owned(), notifications.queue().to_owned()];
+    consumed.sort();
+    let mut described: Vec<String> = outbox_subscriber_audit::DESCRIPTION
+        .queues()
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    described.sort();
+    assert_eq!(consumed, described);
+    for configured in [1, 8, GROUP_COMMIT_CONCURRENCY] {
+        assert_eq!(audit.concurrency(configured), GROUP_COMMIT_CONCURRENCY);
+        assert_eq!(
+            notifications.concurrency(configured),
+            GROUP_COMMIT_CONCURRENCY
+        );
+    }
+    // A larger WORKER_CONCURRENCY is kept.
+    assert_eq!(audit.concurrency(500), 500);
+    assert_eq!(notifications.concurrency(500), 500);
 }

@@ -5,10 +5,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use diesel_async::SimpleAsyncConnection;
+use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{OutboxJob, QueueNamespace, queues};
 use outbox_subscriber::{JobHandler, JobMeta};
-use outbox_subscriber_mail::{EmailJob, MailRequestHandler, MarketingLeadHandler, Templates};
-use outbox_test_support::{TestDatabase, TestRedis};
+use outbox_subscriber_mail::{
+    EmailJob, MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
+};
+use outbox_test_support::{SmtpSink, TestDatabase, TestRedis};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -146,4 +149,32 @@ async fn a_marketing_lead_becomes_one_mail_to_the_tenants_sales_inbox() {
         text.contains("Grace Hopper") && text.contains("grace@navy.example"),
         "{text}"
     );
+}
+
+// Break checked (a mutation run's shard 6 of the subscriber crates): the
+// SMTP handler consuming another queue (`queue()` answering "") fails
+// here; so would the request or lead handler.
+#[tokio::test]
+async fn the_handlers_consume_the_queues_the_description_names() {
+    let env = Env::new().await;
+    let smtp = SmtpSink::start().await;
+    let store = RedisIdempotencyStore::new(env.redis.conn().await).with_prefix(env.redis.prefix());
+    let requests = MailRequestHandler::new(
+        Templates::standard(),
+        env.redis.conn().await,
+        env.namespace.clone(),
+    );
+    let leads = MarketingLeadHandler::new(
+        env.db.pool().clone(),
+        Templates::standard(),
+        env.redis.conn().await,
+        env.namespace.clone(),
+    );
+    let sender = SmtpHandler::new(SmtpSettings::new(smtp.url()), store).unwrap();
+    let mut consumed = vec![requests.queue(), leads.queue(), sender.queue()];
+    consumed.sort_unstable();
+    let mut described = outbox_subscriber_mail::DESCRIPTION.queues();
+    described.sort_unstable();
+    assert_eq!(consumed, described);
+    assert_eq!(sender.queue(), queues::TOOLCTRL_EMAIL);
 }

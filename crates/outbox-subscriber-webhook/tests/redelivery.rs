@@ -307,3 +307,21 @@ async fn a_plugin_hook_event_fans_out_one_invocation_per_enabled_subscription_of
     expected.sort();
     assert_eq!(invocation_task_ids(&env, &namespace).await, expected);
 }
+
+// Break checked (a mutation run's shard 6 of the subscriber crates): the
+// plugin invocation handler consuming another queue (`queue()` answering
+// "xyzzy") fails here; so would the webhook or hook handler.
+#[tokio::test]
+async fn the_handlers_consume_the_queues_the_description_names() {
+    let env = Env::new().await;
+    let namespace = QueueNamespace::prefixed(env.redis.prefix().to_owned());
+    let webhooks = env.webhook_handler().await;
+    let invocations = env.plugin_handler().await;
+    let hooks = PluginHookHandler::new(env.db.pool().clone(), env.redis.conn().await, namespace);
+    let mut consumed = vec![webhooks.queue(), hooks.queue(), invocations.queue()];
+    consumed.sort_unstable();
+    let mut described = outbox_subscriber_webhook::DESCRIPTION.queues();
+    described.sort_unstable();
+    assert_eq!(consumed, described);
+    assert_eq!(invocations.queue(), queues::TOOLCTRL_PLUGIN_INVOKE);
+}

@@ -378,3 +378,15 @@ async fn a_run_started_by_a_workflows_row_event_makes_no_external_call() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].json()["title"], "from the app");
 }
+
+// Break checked (a mutation run's shard 6 of the subscriber crates): the
+// handler consuming another queue (`queue()` answering "") fails here.
+#[tokio::test]
+async fn the_handler_consumes_the_queue_the_description_names() {
+    let db = TestDatabase::new().await;
+    assert_eq!(
+        vec![handler(&db).queue()],
+        outbox_subscriber_workflow::DESCRIPTION.queues()
+    );
+    assert_eq!(handler(&db).queue(), outbox_queue::queues::WORKFLOW);
+}
