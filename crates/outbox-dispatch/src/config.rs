@@ -196,6 +196,31 @@ impl Default for RetentionConfig {
 mod tests {
     use super::*;
 
+    // Break checked: `repush_window` answering 0 (a mutation run's shard 7)
+    // fails here; the worker then accepted a queue retention shorter than
+    // the time in which the same job may be pushed again.
+    #[test]
+    fn the_repush_window_is_a_lease_plus_every_retry_and_its_lease() {
+        let config = DispatcherConfig {
+            lock_timeout: Duration::from_secs(10),
+            max_retries: 3,
+            backoff: vec![Duration::from_secs(1), Duration::from_secs(4)],
+            ..DispatcherConfig::default()
+        };
+        // 10 + (1 + 10) + (4 + 10) + (4 + 10): the last step repeats.
+        assert_eq!(config.repush_window(), Duration::from_secs(49));
+        let no_retries = DispatcherConfig {
+            max_retries: 0,
+            ..config
+        };
+        assert_eq!(no_retries.repush_window(), Duration::from_secs(10));
+        // The defaults: a 5-minute lease and 1 + 2 + 4 + 8 + 16 + 32 minutes.
+        assert_eq!(
+            DispatcherConfig::default().repush_window(),
+            Duration::from_secs(60 * (5 + 63 + 6 * 5))
+        );
+    }
+
     #[test]
     fn backoff_follows_the_schedule_and_stays_at_the_last_step() {
         let config = DispatcherConfig::default();
