@@ -1344,3 +1344,14 @@ async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
         }
     );
 }
+
+// Break checked: the reconciler's `Debug` replaced by an empty result (a
+// mutation run's shard 7) fails here.
+#[tokio::test]
+async fn a_reconciler_in_a_log_line_names_its_namespace_and_batch_size() {
+    let rig = Rig::shared().await;
+    let shown = format!("{:?}", rig.reconciler().with_batch_size(7));
+    assert!(shown.starts_with("Reconciler"), "{shown}");
+    assert!(shown.contains(rig.namespace.prefix()), "{shown}");
+    assert!(shown.contains("batch_size: 7"), "{shown}");
+}
