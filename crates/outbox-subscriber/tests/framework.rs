@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use outbox_queue::{QueueNamespace, RedisSettings, dead_jobs, push_raw, queue_stats};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
-use outbox_test_support::{TestRedis, eventually};
+use outbox_test_support::{LogCapture, TestRedis, eventually};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
@@ -391,6 +391,7 @@ async fn run_stubborn(succeed_on: usize) -> (Vec<String>, Vec<outbox_queue::Dead
 
 #[tokio::test]
 async fn a_job_failing_past_its_in_process_retries_comes_back_later_on_the_queue() {
+    let log = LogCapture::start();
     // Two tries per round; success on the fifth call, in the third round.
     let (calls, dead, _) = run_stubborn(5).await;
     assert_eq!(
@@ -404,6 +405,17 @@ async fn a_job_failing_past_its_in_process_retries_comes_back_later_on_the_queue
         ]
     );
     assert!(dead.is_empty(), "{dead:?}");
+    // Each failed round waits in process once, after its first try, and
+    // puts the job back after its last: no wait after the last try (`<`
+    // turned into `<=` in `deliver` waited and announced a retry that
+    // never came, before putting the job back).
+    assert_eq!(
+        log.count("retry_in_ms="),
+        2,
+        "one in-process retry per failed round: {}",
+        log.text()
+    );
+    assert_eq!(log.count("job failed; retrying later"), 2, "{}", log.text());
 }
 
 #[tokio::test]
