@@ -677,6 +677,42 @@ async fn bad_flags_and_missing_configuration_exit_2_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("cannot connect to Postgres"));
 }
 
+// Break checked: `Filters::is_empty` answering true (a mutation run's
+// shard 8 of the CLI) let an id with filters through, and the filters were
+// silently ignored; each filter below is refused on its own.
+#[tokio::test]
+async fn requeue_of_an_id_with_any_filter_is_refused_and_changes_nothing() {
+    let env = Env::new().await;
+    let id = env
+        .insert("acme", "audit.user.login", "FAILED", Some("timeout"))
+        .await;
+    let id = id.to_string();
+    for filter in [
+        &["--status", "failed"][..],
+        &["--type-prefix", "audit."],
+        &["--tenant", "acme"],
+        &["--created-after", "2026-01-01T00:00:00Z"],
+        &["--created-before", "2999-01-01T00:00:00Z"],
+        &["--failed-after", "2026-01-01T00:00:00Z"],
+        &["--failed-before", "2999-01-01T00:00:00Z"],
+    ] {
+        let mut args = vec!["requeue", id.as_str()];
+        args.extend_from_slice(filter);
+        let run = env.outbox(&args);
+        assert_eq!(run.code, 2, "{filter:?}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("give either an id or filters"),
+            "{filter:?}: {}",
+            run.stderr
+        );
+        assert_eq!(
+            env.rows().await[0].status,
+            OutboxStatus::Failed,
+            "{filter:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn filter_values_full_of_quotes_and_semicolons_are_harmless() {
     let env = Env::new().await;
