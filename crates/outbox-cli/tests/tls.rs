@@ -13,17 +13,7 @@ use outbox_test_support::{PostgresProcess, RedisProcess, TestPki};
 
 /// Runs `outbox args` against `database_url`: (exit code, stdout, stderr).
 fn outbox(database_url: &str, args: &[&str]) -> (Option<i32>, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .args(args)
-        .env_clear()
-        .env("DATABASE_URL", database_url)
-        .output()
-        .unwrap();
-    (
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    outbox_with(&[("DATABASE_URL", database_url)], args)
 }
 
 #[test]

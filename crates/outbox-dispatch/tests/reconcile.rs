@@ -512,25 +512,7 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
 #[tokio::test]
 async fn the_guard_reconciles_every_batch_of_a_loss() {
     let server = RedisProcess::start().await;
-    let mut rig = Rig::private(&server).await;
-    rig.dispatcher = guarded_dispatcher_with(
-        &rig.db,
-        &rig.redis_url,
-        &rig.namespace,
-        RedisGuardSettings {
-            batch_size: 2,
-            ..RedisGuardSettings::default()
-        },
-    );
-    let hooks = rig.hand_off((0..5).map(webhook).collect()).await;
-    assert_eq!(rig.check().await, Assessment::FirstSight);
-    rig.repair().await;
-
-    rig.flush_all().await;
-    assert_eq!(
-        rig.check().await,
-        Assessment::Lost(LossReason::MarkerMissing)
-    );
+    let (rig, hooks) = rig_with_a_lost_backlog(&server, 5, 2).await;
     // One pass goes through all three batches: the guard waits its check
     // interval between passes, so a pass that stopped after each batch
     // would bring a large loss back one batch per interval.
