@@ -651,7 +651,7 @@ mod tests {
 
     /// The stages `advance` marks as reached for `seen`.
     fn reached(seen: &Observed) -> Vec<Stage> {
-        let mut progress = Progress::new(Instant::now(), false, false);
+        let mut progress = Progress::new(Instant::now(), seen.execution.is_some(), false);
         advance(&mut progress, seen);
         progress
             .stages
@@ -680,6 +680,57 @@ mod tests {
             ..Observed::default()
         };
         assert_eq!(reached(&pending), []);
+    }
+
+    /// The probe run in `status`, started (`started_at` set) or not.
+    fn run(status: ExecutionStatus, started: bool) -> WorkflowExecution {
+        let now = Utc::now();
+        WorkflowExecution {
+            id: Uuid::nil(),
+            tenant_id: "acme".to_owned(),
+            workflow_id: Uuid::nil(),
+            workflow_version: 1,
+            trigger_kind: store::TriggerKind::Manual,
+            status,
+            input: json!({}),
+            output: None,
+            error: None,
+            waiting_block: None,
+            vars: json!({}),
+            trigger_event_id: None,
+            created_at: now,
+            updated_at: now,
+            started_at: started.then_some(now),
+            finished_at: None,
+            allow_external_callouts: true,
+        }
+    }
+
+    // Break checked: `||` turned into `&&` in `advance` (a mutation run's
+    // shard 9 of the CLI) showed a run that a worker rejected in preflight,
+    // which never starts a block, as not yet picked up.
+    #[test]
+    fn a_run_counts_as_picked_up_once_it_left_queued_or_started() {
+        let with_run = |execution| Observed {
+            execution: Some(execution),
+            ..Observed::default()
+        };
+        let table = [
+            (run(ExecutionStatus::Queued, false), vec![]),
+            (run(ExecutionStatus::Running, true), vec![Stage::RunStarted]),
+            (
+                run(ExecutionStatus::Rejected, false),
+                vec![Stage::RunStarted],
+            ),
+            (
+                run(ExecutionStatus::Success, true),
+                vec![Stage::RunStarted, Stage::RunSucceeded],
+            ),
+        ];
+        for (execution, expected) in table {
+            let status = execution.status;
+            assert_eq!(reached(&with_run(execution)), expected, "{status:?}");
+        }
     }
 
     #[test]

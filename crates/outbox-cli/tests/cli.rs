@@ -977,11 +977,16 @@ async fn a_bulk_requeue_changes_every_matching_row_and_the_guard_counts_them_all
 async fn failed_after_and_before_select_by_when_the_row_went_failed() {
     let env = Env::new().await;
     // Due recently but failed long ago: scheduled_at must not be what counts.
+    // A FAILED row that was cancelled keeps its failed_at (`outbox cancel`
+    // changes only the status), yet it is no longer failed: `||` turned
+    // into `&&` in `Filters::query` dropped the FAILED condition of a
+    // single time filter and listed it (a mutation run's shard 9 of the CLI).
     env.sql(
         "INSERT INTO outbox_event (tenant_id, event_type, payload, status, scheduled_at, failed_at, last_error)
          VALUES ('acme', 'audit.user.login', '{}', 'FAILED', now(), now() - interval '3 hours', 'old'),
                 ('acme', 'audit.user.login', '{}', 'FAILED', now() - interval '3 hours', now() - interval '1 hour', 'recent'),
-                ('acme', 'audit.user.login', '{}', 'CANCELLED', now(), NULL, 'cancelled')",
+                ('acme', 'audit.user.login', '{}', 'CANCELLED', now(), now() - interval '1 hour', 'cancelled'),
+                ('acme', 'audit.user.login', '{}', 'CANCELLED', now(), now() - interval '3 hours', 'cancelled long ago')",
     )
     .await;
     let errors = |run: Run| -> Vec<String> {
