@@ -372,3 +372,28 @@ async fn a_routes_file_adds_its_queues_to_health_and_a_bad_one_is_refused() {
         refused.stderr
     );
 }
+
+#[tokio::test]
+async fn a_misspelled_queue_is_refused_by_dead_and_retry_dead_with_the_list_of_queues() {
+    let env = Env::new().await;
+    for args in [
+        vec!["dead", "outbox.webhok"],
+        vec!["dead", "outbox.webhok", "--json"],
+        vec!["retry-dead", "outbox.webhok", "--yes"],
+    ] {
+        let refused = env.outbox(&args);
+        assert_eq!(refused.code, 2, "{args:?}: {}", refused.stdout);
+        assert!(
+            refused.stderr.contains("unknown queue \"outbox.webhok\"")
+                && refused.stderr.contains(queues::WEBHOOK)
+                && refused.stderr.contains(queues::AUDIT),
+            "{args:?}: {}",
+            refused.stderr
+        );
+        assert!(
+            !refused.stdout.contains("dead job"),
+            "{args:?} printed as if the queue existed: {}",
+            refused.stdout
+        );
+    }
+}
