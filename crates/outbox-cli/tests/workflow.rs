@@ -378,6 +378,9 @@ async fn show_lists_the_block_runs_in_order_with_the_error_of_the_failed_block()
         call.contains("httpRequest") && call.contains("error") && call.contains("internal address"),
         "{call}"
     );
+    assert!(call.contains("250 ms"), "the block's duration: {call}");
+    let finished = table.line("finished");
+    assert!(finished.contains("(ran 1.5 s)"), "{finished}");
     assert!(table.line("status").contains("error"));
     assert!(table.line("error").contains("block call:"));
     assert!(table.stdout.contains("\"order\": 7"), "{}", table.stdout);
