@@ -270,6 +270,16 @@ async fn bad_flags_exit_2_naming_the_problem() {
         "{}",
         far.stderr
     );
+    // The reach the refusal suggests is the furthest one allowed, and it is allowed.
+    let suggested = far
+        .stderr
+        .split("use --since ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no suggested --since: {}", far.stderr));
+    assert_eq!(suggested, "1430m", "24 h less the 10 minutes of margin");
+    let furthest = env.outbox(&["reconcile", "--since", suggested, "--dry-run"]);
+    assert_eq!(furthest.code, 0, "{}{}", furthest.stdout, furthest.stderr);
     let allowed = env.outbox(&["reconcile", "--since", "30h", "--retention-hours", "48"]);
     assert_eq!(allowed.code, 0, "{}{}", allowed.stdout, allowed.stderr);
     let unreadable = env.outbox(&["reconcile", "--since", "soon"]);
