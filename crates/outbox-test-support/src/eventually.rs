@@ -22,3 +22,87 @@ pub async fn eventually(what: &str, limit: Duration, mut check: impl AsyncFnMut(
         tokio::time::sleep(POLL).await;
     }
 }
+
+/// Waits until `count` reaches `target`, failing as soon as it stops
+/// growing for `stall`, or when `limit` passes.
+///
+/// For a large drain: its whole time on a slow machine can be minutes, but
+/// a jammed queue shows in seconds as a count that does not move, so the
+/// test fails then instead of at the end of the long limit.
+///
+/// # Panics
+///
+/// When the count stays put for `stall` or `limit` passes first, naming
+/// `what`, the count reached and the target.
+pub async fn eventually_reaching(
+    what: &str,
+    target: usize,
+    stall: Duration,
+    limit: Duration,
+    mut count: impl AsyncFnMut() -> usize,
+) {
+    let start = tokio::time::Instant::now();
+    let (mut best, mut moved) = (count().await, start);
+    while best < target {
+        let now = tokio::time::Instant::now();
+        assert!(
+            now.duration_since(moved) < stall,
+            "{what}: stuck at {best} of {target} for {stall:?}"
+        );
+        assert!(
+            now.duration_since(start) < limit,
+            "timed out after {limit:?} waiting for {what}: {best} of {target}"
+        );
+        tokio::time::sleep(POLL).await;
+        let seen = count().await;
+        if seen > best {
+            (best, moved) = (seen, tokio::time::Instant::now());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const STALL: Duration = Duration::from_millis(200);
+
+    #[tokio::test]
+    async fn a_count_that_keeps_growing_is_waited_for_past_the_stall_time() {
+        let (n, start) = (AtomicUsize::new(0), tokio::time::Instant::now());
+        eventually_reaching("growth", 30, STALL, Duration::from_secs(60), async || {
+            n.fetch_add(1, Ordering::Relaxed)
+        })
+        .await;
+        assert!(
+            start.elapsed() >= Duration::from_secs(1),
+            "30 polls of 50 ms: {:?}",
+            start.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "a jam: stuck at 3 of 10")]
+    async fn a_count_that_stops_fails_after_the_stall_time() {
+        let n = AtomicUsize::new(0);
+        eventually_reaching("a jam", 10, STALL, Duration::from_secs(60), async || {
+            n.fetch_add(1, Ordering::Relaxed).min(3)
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "timed out after 500ms waiting for slow growth")]
+    async fn a_count_that_grows_too_slowly_fails_at_the_limit() {
+        let n = AtomicUsize::new(0);
+        eventually_reaching(
+            "slow growth",
+            usize::MAX,
+            STALL,
+            Duration::from_millis(500),
+            async || n.fetch_add(1, Ordering::Relaxed),
+        )
+        .await;
+    }
+}
