@@ -1,8 +1,9 @@
 //! What a queue worker sees of [`WorkerStore`] on real Redis: a job finished
 //! by a worker presumed dead is counted as a stale acknowledgement and runs
 //! again elsewhere, jobs a stopping worker fetched but never started go
-//! straight back to the queue, and a job whose body is gone is dropped at
-//! fetch and counted.
+//! straight back to the queue, a stopping worker leaves the workers set
+//! only once it holds no job, recovered orphans are counted, and a job
+//! whose body is gone is dropped at fetch and counted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -206,50 +207,66 @@ fn a_job_finished_by_a_worker_presumed_dead_counts_as_a_stale_ack_and_runs_again
 
 // Break checked: `more == 0` turned into `!=` in `recover_orphans` ends the
 // recovery after its first step of 5,000 jobs and fails with "every job of
-// the dead worker is back after one heartbeat ... left: 5000 right: 5001".
-#[tokio::test]
-async fn one_heartbeat_puts_back_every_job_of_a_dead_worker_however_many() {
-    let (_redis, namespace, mut conn) = common::redis_queue().await;
-    // More jobs than one step of the recovery script takes (5,000).
-    const JOBS: usize = 5_001;
-    let jobs: Vec<(String, Vec<u8>)> = (0..JOBS)
-        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
-        .collect();
-    let report = push_raw(&mut conn, &namespace, QUEUE, &jobs).await.unwrap();
-    assert_eq!(report.new, JOBS);
-    // Worker A takes them all in one fetch, then stops heartbeating.
-    let config = apalis_config(&namespace, QUEUE).batch_size(JOBS);
-    let mut a_store = WorkerStore::new(conn.clone(), config.clone());
-    let a = started(&mut a_store, "worker-a").await;
-    assert_eq!(a_store.fetch_next(&a).await.unwrap().len(), JOBS);
-    assert!(waiting(&mut conn, &config).await.is_empty());
+// the dead worker is back after one heartbeat ... left: 5000 right: 5001";
+// `total > 0` turned into `==` there (only recoveries that found nothing
+// touch the counter) fails with "the recovered jobs are counted once each".
+#[test]
+fn one_heartbeat_puts_back_every_job_of_a_dead_worker_however_many() {
+    let recorder = DebuggingRecorder::new();
+    with_metrics_recorder(&recorder, async || {
+        let (_redis, namespace, mut conn) = common::redis_queue().await;
+        // More jobs than one step of the recovery script takes (5,000).
+        const JOBS: usize = 5_001;
+        let jobs: Vec<(String, Vec<u8>)> = (0..JOBS)
+            .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+            .collect();
+        let report = push_raw(&mut conn, &namespace, QUEUE, &jobs).await.unwrap();
+        assert_eq!(report.new, JOBS);
+        // Worker A takes them all in one fetch, then stops heartbeating.
+        let config = apalis_config(&namespace, QUEUE).batch_size(JOBS);
+        let mut a_store = WorkerStore::new(conn.clone(), config.clone());
+        let a = started(&mut a_store, "worker-a").await;
+        assert_eq!(a_store.fetch_next(&a).await.unwrap().len(), JOBS);
+        assert!(waiting(&mut conn, &config).await.is_empty());
 
-    // Worker B presumes A dead a second after A's last heartbeat.
-    let b_config = apalis_config(&namespace, QUEUE)
-        .heartbeat_interval(Duration::from_secs(1))
-        .missed_heartbeats(1);
-    let mut b_store = WorkerStore::new(conn.clone(), b_config);
-    // Registering runs the recovery too (A may already count as dead then,
-    // on a slow machine): the first call that puts anything back is the one
-    // that must put back everything.
-    let b = started(&mut b_store, "worker-b").await;
-    let mut back = waiting(&mut conn, &config).await.len();
-    if back == 0 {
-        eventually(
-            "a heartbeat of worker B to put jobs of worker A back",
-            Duration::from_secs(10),
-            async || {
-                b_store.heartbeat(&b).await.unwrap();
-                back = waiting(&mut conn, &config).await.len();
-                back > 0
-            },
-        )
-        .await;
-    }
-    assert_eq!(
-        back, JOBS,
-        "every job of the dead worker is back after one recovery"
-    );
+        // Worker B presumes A dead a second after A's last heartbeat.
+        let b_config = apalis_config(&namespace, QUEUE)
+            .heartbeat_interval(Duration::from_secs(1))
+            .missed_heartbeats(1);
+        let mut b_store = WorkerStore::new(conn.clone(), b_config);
+        // Registering runs the recovery too (A may already count as dead
+        // then, on a slow machine): the first call that puts anything back
+        // is the one that must put back everything.
+        let b = started(&mut b_store, "worker-b").await;
+        let mut back = waiting(&mut conn, &config).await.len();
+        if back == 0 {
+            eventually(
+                "a heartbeat of worker B to put jobs of worker A back",
+                Duration::from_secs(10),
+                async || {
+                    b_store.heartbeat(&b).await.unwrap();
+                    back = waiting(&mut conn, &config).await.len();
+                    back > 0
+                },
+            )
+            .await;
+        }
+        assert_eq!(
+            back, JOBS,
+            "every job of the dead worker is back after one recovery"
+        );
+        // Later heartbeats find nothing more to recover.
+        b_store.heartbeat(&b).await.unwrap();
+        assert_eq!(
+            counter(
+                &recorder,
+                "outbox_queue_orphans_recovered_total",
+                &namespace.queue(QUEUE)
+            ),
+            JOBS as u64,
+            "the recovered jobs are counted once each"
+        );
+    });
 }
 
 // Break checked: replacing the body of `reenqueue_abandoned` with `Ok(1)`
@@ -317,6 +334,48 @@ async fn a_worker_stopping_with_no_unstarted_jobs_releases_none() {
     assert_eq!(
         released, 0,
         "a worker stopping with no unstarted jobs releases none"
+    );
+}
+
+// Break checked: `retire_worker` answering `Ok(true)` without running its
+// script fails with "a worker holding a job is not retired".
+#[tokio::test]
+async fn a_stopping_worker_leaves_the_workers_set_only_once_it_holds_no_job() {
+    let (_redis, namespace, mut conn) = common::redis_queue().await;
+    let config = apalis_config(&namespace, QUEUE);
+    let mut store = WorkerStore::new(conn.clone(), config.clone());
+    let a = started(&mut store, "worker-a").await;
+    let workers = async |conn: &mut ConnectionManager| -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(config.workers_set())
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .unwrap()
+    };
+    push(&mut conn, &namespace, "held").await;
+    let held = store.fetch_next(&a).await.unwrap();
+    assert_eq!(ids(&held), ["held"]);
+
+    let retired = outbox_queue::retire_worker(&mut conn, &config, &a)
+        .await
+        .unwrap();
+    assert!(!retired, "a worker holding a job is not retired");
+    assert_eq!(
+        workers(&mut conn).await,
+        ["worker-a"],
+        "it stays registered, so its job comes back once its heartbeat is old"
+    );
+
+    store.handle_events(vec![done(&held[0])], &a).await.unwrap();
+    let retired = outbox_queue::retire_worker(&mut conn, &config, &a)
+        .await
+        .unwrap();
+    assert!(retired, "a worker holding no job is retired");
+    assert!(
+        workers(&mut conn).await.is_empty(),
+        "it left the workers set"
     );
 }
 
