@@ -81,14 +81,19 @@ fn done(task: &Task<Vec<u8>>) -> TaskEvent<serde_json::Value> {
     })
 }
 
-async fn waiting(conn: &mut ConnectionManager, config: &Config) -> Vec<String> {
-    redis::cmd("LRANGE")
-        .arg(config.active_jobs_list())
+/// The whole of the list or sorted set `key` (`LRANGE` or `ZRANGE`).
+async fn range(conn: &mut ConnectionManager, command: &str, key: &str) -> Vec<String> {
+    redis::cmd(command)
+        .arg(key)
         .arg(0)
         .arg(-1)
         .query_async(conn)
         .await
         .unwrap()
+}
+
+async fn waiting(conn: &mut ConnectionManager, config: &Config) -> Vec<String> {
+    range(conn, "LRANGE", &config.active_jobs_list()).await
 }
 
 async fn members(conn: &mut ConnectionManager, set: &str) -> Vec<String> {
@@ -346,13 +351,7 @@ async fn a_stopping_worker_leaves_the_workers_set_only_once_it_holds_no_job() {
     let mut store = WorkerStore::new(conn.clone(), config.clone());
     let a = started(&mut store, "worker-a").await;
     let workers = async |conn: &mut ConnectionManager| -> Vec<String> {
-        redis::cmd("ZRANGE")
-            .arg(config.workers_set())
-            .arg(0)
-            .arg(-1)
-            .query_async(conn)
-            .await
-            .unwrap()
+        range(conn, "ZRANGE", &config.workers_set()).await
     };
     push(&mut conn, &namespace, "held").await;
     let held = store.fetch_next(&a).await.unwrap();
