@@ -804,6 +804,11 @@ async fn a_restart_with_appendfsync_always_loses_nothing_and_everysec_is_checked
         if expected {
             assert_eq!(verdict, Assessment::RestartedSafely, "appendfsync {fsync}");
             assert_eq!(rig.safe_point(queues::MAIL).await.1, None);
+            assert_eq!(
+                rig.check().await,
+                Assessment::Intact,
+                "the marker now names the new server run, so the next check finds all in order"
+            );
         } else {
             assert!(
                 matches!(verdict, Assessment::Lost(LossReason::Restarted { .. })),
