@@ -43,8 +43,18 @@ async fn next(wakeups: &mut (impl futures::Stream<Item = redis::Msg> + Unpin)) -
     message.get_payload().unwrap()
 }
 
-fn job(id: &str) -> (String, Vec<u8>) {
-    (id.to_owned(), b"{}".to_vec())
+/// Pushes jobs with empty bodies under `ids` to `queue`.
+async fn push(
+    conn: &mut redis::aio::ConnectionManager,
+    namespace: &outbox_queue::QueueNamespace,
+    queue: &str,
+    ids: &[&str],
+) -> outbox_queue::PushReport {
+    let jobs: Vec<(String, Vec<u8>)> = ids
+        .iter()
+        .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+        .collect();
+    push_raw(conn, namespace, queue, &jobs).await.unwrap()
 }
 
 #[tokio::test]
@@ -53,13 +63,9 @@ async fn a_push_wakes_the_workers_with_its_count_and_a_push_of_duplicates_wakes_
     let mut wakeups = Box::pin(wakeups(redis.url(), &namespace, QUEUE).await);
 
     // A push to another queue wakes that queue's workers, not these.
-    let other = push_raw(&mut conn, &namespace, "q.other", &[job("x")])
-        .await
-        .unwrap();
+    let other = push(&mut conn, &namespace, "q.other", &["x"]).await;
     assert_eq!(other.new, 1);
-    let first = push_raw(&mut conn, &namespace, QUEUE, &[job("a"), job("b")])
-        .await
-        .unwrap();
+    let first = push(&mut conn, &namespace, QUEUE, &["a", "b"]).await;
     assert_eq!(first.new, 2);
     assert_eq!(
         next(&mut wakeups).await,
@@ -67,15 +73,11 @@ async fn a_push_wakes_the_workers_with_its_count_and_a_push_of_duplicates_wakes_
         "the first wake-up is this queue's push, naming the jobs it added"
     );
 
-    let again = push_raw(&mut conn, &namespace, QUEUE, &[job("a"), job("b")])
-        .await
-        .unwrap();
+    let again = push(&mut conn, &namespace, QUEUE, &["a", "b"]).await;
     assert_eq!((again.new, again.duplicates), (0, 2));
     // The next message is the one of the next push that adds a job: the
     // push of duplicates published nothing in between.
-    let last = push_raw(&mut conn, &namespace, QUEUE, &[job("a"), job("c")])
-        .await
-        .unwrap();
+    let last = push(&mut conn, &namespace, QUEUE, &["a", "c"]).await;
     assert_eq!(last.new, 1);
     assert_eq!(
         next(&mut wakeups).await,
@@ -91,9 +93,7 @@ async fn a_push_wakes_the_workers_with_its_count_and_a_push_of_duplicates_wakes_
 async fn a_dead_job_put_back_wakes_the_workers_and_a_call_that_puts_none_back_wakes_none() {
     let (redis, namespace, mut conn) = common::redis_queue().await;
     let mut wakeups = Box::pin(wakeups(redis.url(), &namespace, QUEUE).await);
-    push_raw(&mut conn, &namespace, QUEUE, &[job("d")])
-        .await
-        .unwrap();
+    push(&mut conn, &namespace, QUEUE, &["d"]).await;
     assert_eq!(next(&mut wakeups).await, "1");
     // The job ran out of attempts: out of the schedule, in the dead set.
     let config = outbox_queue::apalis_config(&namespace, QUEUE);
