@@ -460,12 +460,31 @@ pub struct ResponseCodecError(serde_json::Error);
 
 #[cfg(test)]
 mod tests {
-    use super::fetch_again;
+    use redis::Value;
+
+    use super::{build_task, fetch_again};
 
     #[test]
     fn an_empty_fetch_is_made_again_only_when_a_wake_up_arrived_while_it_ran() {
         assert!(fetch_again(0, 7, 8), "a wake-up came during an empty fetch");
         assert!(!fetch_again(0, 7, 7), "nothing came: the worker waits");
         assert!(!fetch_again(3, 7, 8), "jobs were found: they run first");
+    }
+
+    #[test]
+    fn a_fetched_job_keeps_the_idempotency_key_it_was_pushed_with_and_an_empty_one_is_none() {
+        let meta = |key: &str| {
+            [
+                Value::BulkString(b"idempotency_key".to_vec()),
+                Value::BulkString(key.as_bytes().to_vec()),
+                Value::BulkString(b"attempts".to_vec()),
+                Value::BulkString(b"2".to_vec()),
+            ]
+        };
+        let keyed = build_task("job-1", b"{}".to_vec(), &meta("mail:42")).unwrap();
+        assert_eq!(keyed.ctx().idempotency_key(), Some("mail:42"));
+        assert_eq!(keyed.ctx().attempt(), 2);
+        let unkeyed = build_task("job-2", b"{}".to_vec(), &meta("")).unwrap();
+        assert_eq!(unkeyed.ctx().idempotency_key(), None);
     }
 }

@@ -1,7 +1,8 @@
 //! `queue_stats`, which `outbox health` and the worker's gauges read: a
 //! worker whose heartbeat is older than the stall limit counts as stalled,
-//! a fresh one does not, jobs in flight are counted across workers, and
-//! the backlog holds the waiting and the fetched jobs.
+//! a fresh one does not, every registered worker counts, jobs in flight
+//! are counted across workers, and the backlog holds the waiting and the
+//! fetched jobs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,14 +29,19 @@ async fn a_silent_worker_is_stalled_a_fresh_one_is_not_and_running_and_waiting_j
         .as_secs();
     // What apalis keeps per worker: its last heartbeat as the score in the
     // workers set, and the jobs it holds in its own in-flight set.
-    for (worker, seen_ago, holding) in [("fresh", 5, &["a"][..]), ("silent", 600, &["b", "c"][..])]
-    {
-        let _: () = redis::pipe()
-            .zadd(config.workers_set(), worker, now - seen_ago)
-            .sadd(format!("{}:{worker}", config.inflight_jobs_set()), holding)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+    // Three workers, so that every member of the set must be read: a third,
+    // "idle", holds nothing.
+    for (worker, seen_ago, holding) in [
+        ("fresh", 5, &["a"][..]),
+        ("silent", 600, &["b", "c"][..]),
+        ("idle", 1, &[][..]),
+    ] {
+        let mut pipe = redis::pipe();
+        pipe.zadd(config.workers_set(), worker, now - seen_ago);
+        if !holding.is_empty() {
+            pipe.sadd(format!("{}:{worker}", config.inflight_jobs_set()), holding);
+        }
+        let _: () = pipe.query_async(&mut conn).await.unwrap();
     }
 
     // One more job, "d", fetched onto the active list and not yet claimed
@@ -52,7 +58,7 @@ async fn a_silent_worker_is_stalled_a_fresh_one_is_not_and_running_and_waiting_j
         .unwrap();
     assert_eq!(
         (stats.workers, stats.stalled_workers, stats.running),
-        (2, 1, 3)
+        (3, 1, 3)
     );
     assert_eq!((stats.backlog, stats.due), (4, 4), "{stats:?}");
     let lenient = queue_stats(&mut conn, &namespace, "q.jobs", Duration::from_secs(3600))
