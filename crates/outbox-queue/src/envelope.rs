@@ -220,6 +220,12 @@ mod tests {
             replayed.task_id(),
             "outbox:00000000-0000-0000-0000-000000000000:g3"
         );
+        // What receivers build their idempotency keys and message ids from.
+        assert_eq!(
+            replayed.delivery_id(),
+            "00000000-0000-0000-0000-000000000000:g3"
+        );
+        assert_eq!(job.delivery_id(), "00000000-0000-0000-0000-000000000000");
         assert!(serde_json::from_str::<OutboxJob>("{\"outbox_event_id\": 1}").is_err());
 
         let traced = OutboxJob {
