@@ -266,6 +266,11 @@ mod tests {
                 "postgres://app:s3%40cr%2Fet@db/x",
                 "postgres://app:***@db/x",
             ),
+            // An empty secret stays empty: the operator sees that it is missing.
+            (
+                "postgres://db/x?password=&user=app",
+                "postgres://db/x?password=&user=app",
+            ),
             // Several hosts (libpq form).
             (
                 "postgres://app:s3cr3t@db1:5432,db2:5432/x",

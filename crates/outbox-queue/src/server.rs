@@ -331,6 +331,15 @@ pub async fn confirm_marker_run(
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_marker_lives_under_the_documented_key_of_its_namespace() {
+        assert_eq!(marker_key(&QueueNamespace::root()), "outbox:redis-marker");
+        assert_eq!(
+            marker_key(&QueueNamespace::checked("adopt-app:").unwrap()),
+            "adopt-app:outbox:redis-marker"
+        );
+    }
+
     fn config(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs
             .iter()

@@ -460,9 +460,10 @@ pub struct ResponseCodecError(serde_json::Error);
 
 #[cfg(test)]
 mod tests {
+    use apalis_core::backend::codec::Codec;
     use redis::Value;
 
-    use super::{build_task, fetch_again};
+    use super::{ResponseCodec, build_task, fetch_again};
 
     #[test]
     fn an_empty_fetch_is_made_again_only_when_a_wake_up_arrived_while_it_ran() {
@@ -486,5 +487,20 @@ mod tests {
         assert_eq!(keyed.ctx().attempt(), 2);
         let unkeyed = build_task("job-2", b"{}".to_vec(), &meta("")).unwrap();
         assert_eq!(unkeyed.ctx().idempotency_key(), None);
+    }
+
+    #[test]
+    fn a_handler_response_is_stored_as_its_json_and_read_back() {
+        let response = serde_json::json!({"sent": 2, "to": ["a@b.c"]});
+        let stored =
+            <ResponseCodec as Codec<serde_json::Value>>::encode(&ResponseCodec, &response).unwrap();
+        assert_eq!(stored, response);
+        let read: (u32, String) = ResponseCodec
+            .decode(&serde_json::json!([7, "done"]))
+            .unwrap();
+        assert_eq!(read, (7, "done".to_owned()));
+        assert!(
+            <ResponseCodec as Codec<u32>>::decode(&ResponseCodec, &serde_json::json!("x")).is_err()
+        );
     }
 }
