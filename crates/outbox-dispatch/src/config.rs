@@ -37,7 +37,8 @@ pub const MAX_LOOPS: usize = 64;
 /// `VACUUM (SKIP_LOCKED) outbox_event` of a dispatcher. Until a vacuum, every
 /// claim walks over the dead index entries of the rows handed off before it
 /// (see [`crate::VACUUM_SQL`] and docs/performance.md, "Vacuum and the claim
-/// index").
+/// index"). The first round comes sooner, and so do later ones while the
+/// table is small ([`crate::FIRST_VACUUM_ROUND`]).
 pub const DEFAULT_VACUUM_EVERY: u64 = 20_000;
 /// Default failed hand-offs retried before FAILED (`OUTBOX_MAX_RETRIES`).
 pub const DEFAULT_MAX_RETRIES: u32 = 6;

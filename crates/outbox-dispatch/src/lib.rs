@@ -82,4 +82,4 @@ pub use redis_guard::{
 pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
 pub use router::{RouteError, Router};
 pub use routes_file::RoutesFileError;
-pub use vacuum::VACUUM_SQL;
+pub use vacuum::{FIRST_VACUUM_ROUND, VACUUM_SQL};

@@ -16,6 +16,21 @@
 //! skips the round when another vacuum of the table (autovacuum, another
 //! dispatcher) is under way instead of queuing behind it.
 //!
+//! The first round comes sooner, after [`FIRST_VACUUM_ROUND`] claimed rows,
+//! and while the table is small the next one comes once the rows claimed
+//! since match the rows the table held after the last round (so about
+//! when it has doubled): the gap is that row count, at least
+//! [`FIRST_VACUUM_ROUND`] and at most `vacuum_every`. A `VACUUM`
+//! also makes every session plan its prepared statements on the table again
+//! (it updates the table's size in the catalog), and a plan made while the
+//! table was nearly empty is a sequential scan that stays in use while the
+//! table grows: the claim's `UPDATE` read the whole table for each claim
+//! (2.5 ms a claim at 16,000 rows, 45 ms for a claim of 500 at 20,000)
+//! until the first round came 20,000 rows later. Autovacuum's `ANALYZE` does
+//! the same on a server that runs it, at a tenth of the table's growth; a
+//! server with autovacuum off has only these rounds (docs/performance.md,
+//! "Plans that go stale").
+//!
 //! A role that does not own the table cannot vacuum it (Postgres would
 //! skip it with a warning): the first round checks, logs a warning and
 //! stops the upkeep for this process.
@@ -25,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use diesel::QueryableByName;
-use diesel::sql_types::Bool;
+use diesel::sql_types::{Bool, Double};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -35,19 +50,30 @@ use outbox_model::PgPool;
 /// The statement of one round.
 pub const VACUUM_SQL: &str = "VACUUM (SKIP_LOCKED) outbox_event";
 
+/// Claimed rows before a dispatcher's first vacuum round (or `vacuum_every`
+/// when that is smaller), and the smallest gap between two rounds; a later
+/// gap is the table's row count after the round before, up to
+/// `vacuum_every`.
+pub const FIRST_VACUUM_ROUND: u64 = 1_000;
+
 /// Counts claimed rows and runs the vacuum rounds they call for.
 #[derive(Debug)]
 pub(crate) struct Upkeep {
     every: u64,
+    /// Claimed rows that make the next round due: [`FIRST_VACUUM_ROUND`],
+    /// then the table's size after each round, at most `every`.
+    gap: AtomicU64,
     since: AtomicU64,
     due: Notify,
 }
 
 impl Upkeep {
-    /// Upkeep after every `every` claimed rows (0: never).
+    /// Upkeep after every `every` claimed rows (0: never), the first round
+    /// sooner (see [`FIRST_VACUUM_ROUND`]).
     pub(crate) fn new(every: u64) -> Self {
         Self {
             every,
+            gap: AtomicU64::new(FIRST_VACUUM_ROUND.min(every)),
             since: AtomicU64::new(0),
             due: Notify::new(),
         }
@@ -56,14 +82,33 @@ impl Upkeep {
     /// Counts `rows` claimed rows; returns whether they made a round due
     /// (and wakes the round).
     pub(crate) fn count(&self, rows: usize) -> bool {
-        // With `every` 0 no count is below it, so no round is ever due.
+        // With `every` 0 the gap is 0 and no count is below it, so no round
+        // is ever due.
         let rows = rows as u64;
+        let gap = AtomicU64::load(&self.gap, Ordering::Relaxed);
         let before = self.since.fetch_add(rows, Ordering::Relaxed);
-        let due = before < self.every && before.saturating_add(rows) >= self.every;
+        let due = before < gap && before.saturating_add(rows) >= gap;
         if due {
             self.due.notify_one();
         }
         due
+    }
+
+    /// Starts a round: the count goes back to zero. Returns the rows
+    /// counted since the last round.
+    fn start_round(&self) -> u64 {
+        self.since.swap(0, Ordering::Relaxed)
+    }
+
+    /// Sets the gap to the next round from the rows the table holds after
+    /// this one (`reltuples`; negative when Postgres has no count): the
+    /// table's size, at least [`FIRST_VACUUM_ROUND`], at most `every`.
+    fn next_gap(&self, table_rows: f64) -> u64 {
+        // `as` saturates: a negative count is 0, a huge one u64::MAX.
+        let rows = table_rows as u64;
+        let gap = rows.clamp(FIRST_VACUUM_ROUND.min(self.every), self.every);
+        self.gap.store(gap, Ordering::Relaxed);
+        gap
     }
 
     /// Runs a round each time [`Upkeep::count`] makes one due, until
@@ -78,7 +123,7 @@ impl Upkeep {
                 () = shutdown.cancelled() => return,
                 () = self.due.notified() => {}
             }
-            let rows = self.since.swap(0, Ordering::Relaxed);
+            let rows = self.start_round();
             let mut conn = match pool.get().await {
                 Ok(conn) => conn,
                 Err(e) => {
@@ -106,8 +151,14 @@ impl Upkeep {
             match conn.batch_execute(VACUUM_SQL).await {
                 Ok(()) => {
                     metrics::counter!("outbox_dispatch_vacuums_total").increment(1);
+                    // Without a count the gap stays as it was.
+                    let next = match table_rows(&mut conn).await {
+                        Ok(n) => self.next_gap(n),
+                        Err(_) => AtomicU64::load(&self.gap, Ordering::Relaxed),
+                    };
                     tracing::debug!(
                         rows_since_last = rows,
+                        next_round_after = next,
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "vacuumed outbox_event"
                     );
@@ -118,6 +169,23 @@ impl Upkeep {
             }
         }
     }
+}
+
+#[derive(QueryableByName)]
+struct TableRows {
+    #[diesel(sql_type = Double)]
+    n: f64,
+}
+
+/// The rows of `outbox_event` as the catalog counts them (set by the
+/// vacuum that just ran; -1 when never counted).
+async fn table_rows(conn: &mut AsyncPgConnection) -> diesel::QueryResult<f64> {
+    let row: TableRows = diesel::sql_query(
+        "SELECT reltuples::float8 AS n FROM pg_class WHERE oid = 'outbox_event'::regclass",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.n)
 }
 
 #[derive(QueryableByName)]
@@ -150,9 +218,43 @@ mod tests {
         assert!(upkeep.count(40), "60 + 40 reaches 100");
         assert!(!upkeep.count(500), "already due: one round, not two");
         // The round takes the count back to zero.
-        upkeep.since.swap(0, Ordering::Relaxed);
+        assert_eq!(upkeep.start_round(), 600);
         assert!(!upkeep.count(99));
         assert!(upkeep.count(1));
+    }
+
+    /// Claimed rows, one at a time, until a round is due.
+    fn rows_to_next_round(upkeep: &Upkeep) -> u64 {
+        let mut rows = 1;
+        while !upkeep.count(1) {
+            rows += 1;
+        }
+        upkeep.start_round();
+        rows
+    }
+
+    #[test]
+    fn the_first_round_comes_soon_and_later_gaps_follow_the_tables_size_up_to_the_setting() {
+        let upkeep = Upkeep::new(20_000);
+        assert_eq!(rows_to_next_round(&upkeep), 1_000);
+        let mut gaps = Vec::new();
+        // Table sizes after each round: never counted, tiny, growing,
+        // beyond the setting, then small again (retention emptied it).
+        for table_rows in [-1.0, 10.0, 2_500.0, 9_000.7, 20_001.0, 3.5e9, 4_000.0] {
+            upkeep.next_gap(table_rows);
+            gaps.push(rows_to_next_round(&upkeep));
+        }
+        assert_eq!(gaps, [1_000, 1_000, 2_500, 9_000, 20_000, 20_000, 4_000]);
+    }
+
+    #[test]
+    fn a_setting_below_the_first_round_is_every_gap() {
+        let upkeep = Upkeep::new(50);
+        assert_eq!(rows_to_next_round(&upkeep), 50);
+        upkeep.next_gap(1e6);
+        assert_eq!(rows_to_next_round(&upkeep), 50);
+        upkeep.next_gap(-1.0);
+        assert_eq!(rows_to_next_round(&upkeep), 50);
     }
 
     #[test]

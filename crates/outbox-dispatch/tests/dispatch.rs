@@ -322,6 +322,60 @@ fn text(plan: Vec<PlanLine>) -> String {
         .join("\n")
 }
 
+/// The plans of the four outcome statements (`DONE`, retry, failed,
+/// release) for `ids` under `lease`, by name.
+async fn outcome_plans(
+    conn: &mut diesel_async::AsyncPgConnection,
+    ids: &[uuid::Uuid],
+    lease: chrono::DateTime<chrono::Utc>,
+) -> [(&'static str, String); 4] {
+    use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
+    use outbox_dispatch::db;
+
+    let queues: serde_json::Map<String, serde_json::Value> = ids
+        .iter()
+        .map(|id| (id.to_string(), json!("outbox.audit")))
+        .collect();
+    let explain = |sql: &str| diesel::sql_query(format!("EXPLAIN {sql}"));
+    let done = explain(db::DONE_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.to_vec())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<Jsonb, _>(serde_json::Value::Object(queues))
+        .load(conn)
+        .await
+        .unwrap();
+    let retry = explain(db::RETRY_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.to_vec())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<BigInt, _>(1000_i64)
+        .bind::<Text, _>("boom")
+        .bind::<Text, _>("outbox.audit")
+        .load(conn)
+        .await
+        .unwrap();
+    let failed = explain(db::FAILED_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.to_vec())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<Int4, _>(1)
+        .bind::<Text, _>("boom")
+        .bind::<Nullable<Text>, _>(Some("outbox.audit"))
+        .load(conn)
+        .await
+        .unwrap();
+    let release = explain(db::RELEASE_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.to_vec())
+        .bind::<Timestamptz, _>(lease)
+        .load(conn)
+        .await
+        .unwrap();
+    [
+        ("done", text(done)),
+        ("retry", text(retry)),
+        ("failed", text(failed)),
+        ("release", text(release)),
+    ]
+}
+
 /// A join of the batch against the table is what made big batches slow: at
 /// 500 rows and more the planner hash-joined the claim over a sequential
 /// scan of the table, and with statistics taken before the claim (saying
@@ -335,7 +389,7 @@ fn text(plan: Vec<PlanLine>) -> String {
 // the claim's former `FROM due WHERE e.id = due.id` with a Hash Join.
 #[tokio::test]
 async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
-    use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
+    use diesel::sql_types::BigInt;
     use outbox_dispatch::db;
 
     let h = Harness::new().await;
@@ -362,48 +416,8 @@ async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
         "one lease for the whole claim"
     );
     let ids: Vec<uuid::Uuid> = claimed.iter().map(|e| e.id).collect();
-    let queues: serde_json::Map<String, serde_json::Value> = ids
-        .iter()
-        .map(|id| (id.to_string(), json!("outbox.audit")))
-        .collect();
-    let done = explain(db::DONE_SQL)
-        .bind::<Array<SqlUuid>, _>(ids.clone())
-        .bind::<Timestamptz, _>(lease)
-        .bind::<Jsonb, _>(serde_json::Value::Object(queues))
-        .load(&mut conn)
-        .await
-        .unwrap();
-    let retry = explain(db::RETRY_SQL)
-        .bind::<Array<SqlUuid>, _>(ids.clone())
-        .bind::<Timestamptz, _>(lease)
-        .bind::<BigInt, _>(1000_i64)
-        .bind::<Text, _>("boom")
-        .bind::<Text, _>("outbox.audit")
-        .load(&mut conn)
-        .await
-        .unwrap();
-    let failed = explain(db::FAILED_SQL)
-        .bind::<Array<SqlUuid>, _>(ids.clone())
-        .bind::<Timestamptz, _>(lease)
-        .bind::<Int4, _>(1)
-        .bind::<Text, _>("boom")
-        .bind::<Nullable<Text>, _>(Some("outbox.audit"))
-        .load(&mut conn)
-        .await
-        .unwrap();
-    let release = explain(db::RELEASE_SQL)
-        .bind::<Array<SqlUuid>, _>(ids)
-        .bind::<Timestamptz, _>(lease)
-        .load(&mut conn)
-        .await
-        .unwrap();
-    let plans = [
-        ("claim", text(claim)),
-        ("done", text(done)),
-        ("retry", text(retry)),
-        ("failed", text(failed)),
-        ("release", text(release)),
-    ];
+    let mut plans = vec![("claim", text(claim))];
+    plans.extend(outcome_plans(&mut conn, &ids, lease).await);
     for (name, plan) in &plans {
         for forbidden in ["Nested Loop", "Hash Join", "Merge Join", "Function Scan"] {
             assert!(
@@ -417,6 +431,53 @@ async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
         claim_plan.contains("outbox_event_claimable_idx") && !claim_plan.contains("Sort"),
         "the claim does not walk the claim index:\n{claim_plan}"
     );
+}
+
+/// Statistics taken while nothing was due say the claim index is nearly
+/// empty; then a backlog builds (a worker was down). The outcome statements
+/// must still find their rows through the primary key: read through the
+/// claim index (whose predicate a plain `status = 'PROCESSING'` matches),
+/// each of them walked the entries of all 50,000 due rows, 5 ms a statement
+/// instead of 0.04 (docs/performance.md, "Plans that go stale").
+// Break checked: the fence written `status = 'PROCESSING'` again fails this
+// with `Index Scan using outbox_event_claimable_idx` in every plan.
+#[tokio::test]
+async fn the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics() {
+    use outbox_dispatch::db;
+
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         SELECT 't', 'audit.user.login', '{}', 'DONE', now() FROM generate_series(1, 2000);
+         ANALYZE outbox_event;
+         INSERT INTO outbox_event (tenant_id, event_type, payload)
+         SELECT 't', 'audit.user.login', '{}' FROM generate_series(1, 50000)",
+    )
+    .await;
+    let claimed = db::claim(&mut conn, 3, 300_000).await.unwrap();
+    assert_eq!(claimed.len(), 3);
+    let lease = claimed[0].locked_until.unwrap();
+    let ids: Vec<uuid::Uuid> = claimed.iter().map(|e| e.id).collect();
+    for (name, plan) in outcome_plans(&mut conn, &ids, lease).await {
+        assert!(
+            plan.contains("outbox_event_pkey") && !plan.contains("outbox_event_claimable_idx"),
+            "{name} does not find its rows through the primary key:\n{plan}"
+        );
+    }
+    // And the fence still fences: the rows are DONE under their lease, and
+    // a second DONE under it finds no row still PROCESSING.
+    let done: Vec<(db::Lease, String)> = claimed
+        .iter()
+        .map(|e| (db::Lease::of(e).unwrap(), "outbox.audit".to_owned()))
+        .collect();
+    let mut updated = db::mark_done(&mut conn, &done).await.unwrap();
+    updated.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(updated, expected);
+    assert!(db::mark_done(&mut conn, &done).await.unwrap().is_empty());
 }
 
 #[derive(diesel::QueryableByName)]

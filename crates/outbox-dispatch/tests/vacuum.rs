@@ -72,6 +72,102 @@ async fn the_dispatcher_vacuums_the_table_after_every_so_many_claimed_rows() {
     handle.await.unwrap().unwrap();
 }
 
+/// With the default gap of 20,000 rows, the first round still comes after
+/// the first 1,000 (`FIRST_VACUUM_ROUND`): a `VACUUM` is also what makes
+/// the dispatcher's connections plan their statements again, and the plans
+/// made while the table was nearly empty read it whole (docs/performance.md,
+/// "Plans that go stale").
+// Break checked: an upkeep whose first gap is `vacuum_every` runs no round
+// in these 1,200 rows and the wait times out.
+#[tokio::test]
+async fn the_first_vacuum_comes_after_the_first_thousand_claimed_rows_whatever_the_gap() {
+    assert_eq!(outbox_dispatch::FIRST_VACUUM_ROUND, 1_000);
+    let h = Harness::new().await;
+    let events = (0..1_200)
+        .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+        .collect();
+    h.publish(events).await;
+
+    let config = DispatcherConfig {
+        batch_size: 100,
+        ..quick_config()
+    };
+    assert_eq!(
+        config.vacuum_every,
+        outbox_dispatch::DEFAULT_VACUUM_EVERY,
+        "the default gap"
+    );
+    let shutdown = CancellationToken::new();
+    let handle = h.dispatcher(config).spawn(shutdown.clone());
+    let deadline = Duration::from_secs(30);
+    h.wait_all_done("every event to be handed off", deadline)
+        .await;
+    h.wait_for(
+        "the dispatcher's first vacuum of outbox_event",
+        deadline,
+        async || manual_vacuums(&h).await >= 1,
+    )
+    .await;
+
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}
+
+/// After a round the gap to the next is the rows the table holds (at least
+/// 1,000, at most the setting): here 6,200 rows after the first round, so
+/// 2,300 more claimed rows make no round due, and 6,300 do.
+// Break checked: a gap that stays at 1,000, or doubles to 2,000, runs a
+// second round within the 2,300 rows and fails the count of one.
+#[tokio::test]
+async fn after_a_round_the_next_comes_once_the_claimed_rows_match_the_tables_size() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         SELECT 't', 'audit.user.login', '{}', 'DONE', now() FROM generate_series(1, 5000)",
+    )
+    .await
+    .unwrap();
+    let events = |from: usize, n: usize| {
+        (from..from + n)
+            .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+            .collect()
+    };
+    h.publish(events(0, 1_200)).await;
+    let config = DispatcherConfig {
+        batch_size: 100,
+        ..quick_config()
+    };
+    let shutdown = CancellationToken::new();
+    let handle = h.dispatcher(config).spawn(shutdown.clone());
+    let deadline = Duration::from_secs(60);
+    h.wait_all_done("the first 1,200 events", deadline).await;
+    h.wait_for("the first round", deadline, async || {
+        manual_vacuums(&h).await >= 1
+    })
+    .await;
+
+    h.publish(events(1_200, 2_100)).await;
+    h.wait_all_done("2,100 more events", deadline).await;
+    // A round made due by these rows would have been woken by now; give it
+    // time to finish before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        manual_vacuums(&h).await,
+        1,
+        "no round before 6,200 claimed rows"
+    );
+
+    h.publish(events(3_300, 4_000)).await;
+    h.wait_all_done("4,000 more events", deadline).await;
+    h.wait_for("the second round", deadline, async || {
+        manual_vacuums(&h).await >= 2
+    })
+    .await;
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+}
+
 /// A role of its own that owns nothing: the dispatcher's connections act
 /// as it through the URL's `options=-c role=…` (so the server needs no
 /// login for it). Dropped with the value, after the test's database, whose
