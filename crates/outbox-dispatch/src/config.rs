@@ -69,8 +69,9 @@ pub struct DispatcherConfig {
     pub backoff: Vec<Duration>,
     /// Wake on `NOTIFY outbox_event` (in addition to polling).
     pub listen: bool,
-    /// Claimed rows between two vacuums of `outbox_event` by this dispatcher
-    /// ([`DEFAULT_VACUUM_EVERY`]); 0 leaves the table to autovacuum.
+    /// The most claimed rows between two vacuums of `outbox_event` by this
+    /// dispatcher ([`DEFAULT_VACUUM_EVERY`]; the first round comes after
+    /// [`crate::FIRST_VACUUM_ROUND`]); 0 leaves the table to autovacuum.
     pub vacuum_every: u64,
 }
 

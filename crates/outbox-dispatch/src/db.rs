@@ -111,7 +111,9 @@ impl Lease {
 /// claim index instead of the primary key: every outcome statement then
 /// walked every due row's entry (5 ms a statement with 50,000 rows waiting,
 /// against 0.04 ms through the key; docs/performance.md, "Plans that go
-/// stale").
+/// stale"). That rests on the planner not seeing through `IS TRUE`; the
+/// test `the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics`
+/// fails if a Postgres version starts to.
 macro_rules! fenced {
     () => {
         "WHERE id = ANY($1) AND (status = 'PROCESSING') IS TRUE AND locked_until = $2

@@ -40,11 +40,23 @@ async fn manual_vacuums(h: &Harness) -> i64 {
     .n
 }
 
+/// Turns autovacuum off for `outbox_event` in `h`'s database: a round that
+/// finds autovacuum at the table is skipped (`SKIP_LOCKED`), which would
+/// leave a test waiting for it.
+async fn without_autovacuum(h: &Harness) {
+    h.conn()
+        .await
+        .batch_execute("ALTER TABLE outbox_event SET (autovacuum_enabled = off)")
+        .await
+        .unwrap();
+}
+
 // Break checked: a dispatcher that never starts its upkeep task leaves
 // `vacuum_count` at 0 and the wait times out.
 #[tokio::test]
 async fn the_dispatcher_vacuums_the_table_after_every_so_many_claimed_rows() {
     let h = Harness::new().await;
+    without_autovacuum(&h).await;
     assert_eq!(manual_vacuums(&h).await, 0, "a new database");
     let events = (0..120)
         .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
@@ -83,6 +95,8 @@ async fn the_dispatcher_vacuums_the_table_after_every_so_many_claimed_rows() {
 async fn the_first_vacuum_comes_after_the_first_thousand_claimed_rows_whatever_the_gap() {
     assert_eq!(outbox_dispatch::FIRST_VACUUM_ROUND, 1_000);
     let h = Harness::new().await;
+    without_autovacuum(&h).await;
+    assert_eq!(manual_vacuums(&h).await, 0, "a new database");
     let events = (0..1_200)
         .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
         .collect();
@@ -114,13 +128,14 @@ async fn the_first_vacuum_comes_after_the_first_thousand_claimed_rows_whatever_t
 }
 
 /// After a round the gap to the next is the rows the table holds (at least
-/// 1,000, at most the setting): here 6,200 rows after the first round, so
-/// 2,300 more claimed rows make no round due, and 6,300 do.
+/// 1,000, at most the setting): here about 6,200 rows after the first
+/// round, so 2,300 more claimed rows make no round due, and 7,300 do.
 // Break checked: a gap that stays at 1,000, or doubles to 2,000, runs a
 // second round within the 2,300 rows and fails the count of one.
 #[tokio::test]
 async fn after_a_round_the_next_comes_once_the_claimed_rows_match_the_tables_size() {
     let h = Harness::new().await;
+    without_autovacuum(&h).await;
     let mut conn = h.conn().await;
     conn.batch_execute(
         "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
@@ -158,8 +173,11 @@ async fn after_a_round_the_next_comes_once_the_claimed_rows_match_the_tables_siz
         "no round before 6,200 claimed rows"
     );
 
-    h.publish(events(3_300, 4_000)).await;
-    h.wait_all_done("4,000 more events", deadline).await;
+    // 5,000 more: past the gap of about 6,200 with room for the rows that
+    // were claimed while the first round ran and for `reltuples` being an
+    // estimate (a few hundred either way).
+    h.publish(events(3_300, 5_000)).await;
+    h.wait_all_done("5,000 more events", deadline).await;
     h.wait_for("the second round", deadline, async || {
         manual_vacuums(&h).await >= 2
     })

@@ -243,7 +243,7 @@ pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {
     default: outbox_dispatch::DEFAULT_VACUUM_EVERY,
     min: 0,
     max: 1_000_000_000,
-    meaning: "claimed rows between two VACUUM (SKIP_LOCKED) outbox_event of the dispatcher, which keep dead entries out of the claim index; 0 leaves the table to autovacuum",
+    meaning: "the most claimed rows between two VACUUM (SKIP_LOCKED) outbox_event of the dispatcher (the first after 1,000, later ones after the table's row count while that is smaller), which keep dead entries out of the claim index and plans fresh; 0 leaves the table to autovacuum",
 };
 /// `OUTBOX_MAX_RETRIES`.
 pub const OUTBOX_MAX_RETRIES: Whole = Whole {
