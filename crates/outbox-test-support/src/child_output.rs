@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Everything a child process wrote to stdout and stderr, line by line, as
@@ -10,6 +11,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 #[derive(Debug, Clone, Default)]
 pub struct ChildOutput {
     text: Arc<Mutex<String>>,
+    /// Streams still being read (not yet closed by the child).
+    open: Arc<AtomicUsize>,
 }
 
 impl ChildOutput {
@@ -28,6 +31,14 @@ impl ChildOutput {
         output
     }
 
+    /// Whether every captured stream has been read to its end: after the
+    /// child exits, [`ChildOutput::text`] then holds all it wrote. Until
+    /// then the reader threads may still be behind the exit.
+    #[must_use]
+    pub fn closed(&self) -> bool {
+        self.open.load(Ordering::Acquire) == 0
+    }
+
     /// What was collected so far.
     #[must_use]
     pub fn text(&self) -> String {
@@ -39,7 +50,17 @@ impl ChildOutput {
 
     fn read(&self, stream: impl Read + Send + 'static) {
         let text = self.text.clone();
+        let open = self.open.clone();
+        open.fetch_add(1, Ordering::AcqRel);
         std::thread::spawn(move || {
+            /// Counts the stream closed however the loop ends.
+            struct Closed(Arc<AtomicUsize>);
+            impl Drop for Closed {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            let _closed = Closed(open);
             // Bytes, not `lines()`: a line that is not UTF-8 must not stop
             // the reader (the child would block on a full pipe).
             for line in BufReader::new(stream).split(b'\n') {

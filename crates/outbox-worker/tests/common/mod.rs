@@ -94,16 +94,20 @@ impl Worker {
         assert!(status.success(), "kill -{signal} failed");
     }
 
-    /// Waits for the process to exit, failing after `limit`.
+    /// Waits for the process to exit and for its output to be read to the
+    /// end (so that [`Worker::output`] holds its last lines), failing after
+    /// `limit`.
     pub async fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
         let deadline = tokio::time::Instant::now() + limit;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.child.try_wait().unwrap()
+                && self.output.closed()
+            {
                 return status;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "worker did not exit within {limit:?}"
+                "worker did not exit (and close its output) within {limit:?}"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
