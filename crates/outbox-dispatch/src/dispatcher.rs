@@ -249,6 +249,8 @@ impl Dispatcher {
     /// does after a tick that was not full follows the wake gate
     /// ([`Next::after`]).
     async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, gate: Option<Arc<WakeGate>>) {
+        // Whether the gate counts this loop as ticking back to back.
+        let mut counted_busy = false;
         while !shutdown.is_cancelled() {
             let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
@@ -276,7 +278,12 @@ impl Dispatcher {
             if full && self.config.loops > 1 {
                 self.wake.notify_one();
             }
-            if Next::after(claimed, full, gate.as_deref()) == Next::TickAtOnce {
+            let next = Next::after(
+                claimed,
+                full,
+                gate.as_deref().map(|gate| (gate, &mut counted_busy)),
+            );
+            if next == Next::TickAtOnce {
                 continue;
             }
             tokio::select! {
@@ -571,32 +578,38 @@ impl Next {
     ///   which gave the gate back), or any claim of rows while this process
     ///   neither holds nor queues for the gate: at once;
     /// - after an empty claim it asks for the gate and waits (the gate
-    ///   wakes a loop to claim once more when it is granted);
-    /// - after a failed tick: the same as after an empty claim.
-    fn after(claimed: Option<usize>, full: bool, gate: Option<&WakeGate>) -> Self {
-        if full {
-            return Self::TickAtOnce;
-        }
-        let Some(gate) = gate else {
-            return Self::Wait;
+    ///   wakes a loop to claim once more when it is granted), unless
+    ///   another loop of the process still ticks back to back: that one
+    ///   finds what comes, and asks for the gate when it finds nothing;
+    /// - after a failed tick: it asks for the gate and waits.
+    ///
+    /// `gate` comes with whether it counts this loop as ticking back to
+    /// back, which is updated with the answer.
+    fn after(claimed: Option<usize>, full: bool, gate: Option<(&WakeGate, &mut bool)>) -> Self {
+        let Some((gate, counted_busy)) = gate else {
+            return if full { Self::TickAtOnce } else { Self::Wait };
         };
-        // A failed tick (Postgres down, say) waits as after an empty claim,
-        // asking for the gate so that inserts notify meanwhile.
-        let Some(claimed) = claimed else {
-            gate.want();
-            return Self::Wait;
+        let next = match claimed {
+            _ if full => Self::TickAtOnce,
+            // A failed tick (Postgres down, say) asks for the gate so that
+            // inserts notify meanwhile.
+            None => {
+                gate.want();
+                Self::Wait
+            }
+            Some(0) => {
+                if !gate.idle_while_another_is_busy(counted_busy) {
+                    gate.want();
+                }
+                return Self::Wait;
+            }
+            // A busy tick has just given the gate back; `covered` may not
+            // say so yet.
+            Some(claimed) if claimed < BUSY_CLAIM && gate.covered() => Self::Wait,
+            Some(_) => Self::TickAtOnce,
         };
-        if claimed == 0 {
-            gate.want();
-            return Self::Wait;
-        }
-        // A busy tick has just given the gate back; `covered` may not say
-        // so yet.
-        if claimed < BUSY_CLAIM && gate.covered() {
-            Self::Wait
-        } else {
-            Self::TickAtOnce
-        }
+        gate.busy(counted_busy, next == Self::TickAtOnce);
+        next
     }
 }
 
@@ -770,28 +783,86 @@ mod tests {
             gate.want();
             gate
         };
+        // One loop: whether the gate counts it busy before and after.
+        let after = |claimed, full, gate: &WakeGate| {
+            let mut busy = false;
+            let next = Next::after(claimed, full, Some((gate, &mut busy)));
+            (next, busy)
+        };
         // Wake-ups off: only a full batch ticks again at once.
         assert_eq!(Next::after(Some(100), true, None), TickAtOnce);
         assert_eq!(Next::after(Some(99), false, None), Wait);
         assert_eq!(Next::after(Some(0), false, None), Wait);
-        // A failed tick waits, gate or not, and asks for the gate.
+        // A failed tick waits and asks for the gate.
         let gate = WakeGate::default();
-        assert_eq!(Next::after(None, false, Some(&gate)), Wait);
+        assert_eq!(after(None, false, &gate), (Wait, false));
         assert!(gate.covered(), "a failed tick did not ask for the gate");
-        // A full batch, gate or not.
-        assert_eq!(Next::after(Some(100), true, Some(&covered())), TickAtOnce);
+        // A full batch.
+        assert_eq!(after(Some(100), true, &covered()), (TickAtOnce, true));
         // One row while this process holds or queues for the gate: wait.
-        assert_eq!(Next::after(Some(1), false, Some(&covered())), Wait);
+        assert_eq!(after(Some(1), false, &covered()), (Wait, false));
         // One row without it: publishers may not notify, tick again.
         assert_eq!(
-            Next::after(Some(1), false, Some(&WakeGate::default())),
-            TickAtOnce
+            after(Some(1), false, &WakeGate::default()),
+            (TickAtOnce, true)
         );
         // A busy claim has just given the gate back, whatever `covered` says.
-        assert_eq!(Next::after(Some(2), false, Some(&covered())), TickAtOnce);
+        assert_eq!(after(Some(2), false, &covered()), (TickAtOnce, true));
         // Nothing claimed: ask for the gate (inserts notify from now) and wait.
         let gate = WakeGate::default();
-        assert_eq!(Next::after(Some(0), false, Some(&gate)), Wait);
+        assert_eq!(after(Some(0), false, &gate), (Wait, false));
         assert!(gate.covered(), "an empty claim did not ask for the gate");
+    }
+
+    /// Two loops of one process: the first to find nothing while the other
+    /// ticks back to back waits without asking for the gate; the other asks
+    /// when it finds nothing in turn.
+    // Break checked: asking for the gate on every empty claim (the check
+    // of the other loop dropped) fails the first `covered` assertion; a
+    // loop that does not take itself out of the count before it looks
+    // (its own busy tick taken for another's) fails the second.
+    #[test]
+    fn of_two_loops_only_the_last_to_find_nothing_asks_for_the_gate() {
+        use super::Next::{self, TickAtOnce, Wait};
+        use super::WakeGate;
+
+        let gate = WakeGate::default();
+        let (mut first, mut second) = (false, false);
+        assert_eq!(
+            Next::after(Some(3), false, Some((&gate, &mut first))),
+            TickAtOnce
+        );
+        assert_eq!(
+            Next::after(Some(2), false, Some((&gate, &mut second))),
+            TickAtOnce
+        );
+        assert!(first && second);
+
+        assert_eq!(Next::after(Some(0), false, Some((&gate, &mut first))), Wait);
+        assert!(!first);
+        assert!(
+            !gate.covered(),
+            "asked for the gate while the other loop was busy"
+        );
+        // The second finds rows again, then nothing.
+        assert_eq!(
+            Next::after(Some(4), false, Some((&gate, &mut second))),
+            TickAtOnce
+        );
+        assert_eq!(
+            Next::after(Some(0), false, Some((&gate, &mut second))),
+            Wait
+        );
+        assert!(!second);
+        assert!(
+            gate.covered(),
+            "the last loop to find nothing did not ask for the gate"
+        );
+        // The first, woken (say, by the granted gate), finds nothing again:
+        // no loop is busy, it asks as well.
+        let gate = WakeGate::default();
+        let mut idle = false;
+        assert_eq!(Next::after(Some(0), false, Some((&gate, &mut idle))), Wait);
+        assert!(gate.covered());
     }
 }
