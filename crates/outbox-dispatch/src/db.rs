@@ -650,6 +650,32 @@ pub async fn done_rows_after(
     .await
 }
 
+/// As [`done_rows_after`], only rows handed off before `before`: the
+/// safe-point scan, which cannot move a safe point past `before` whatever
+/// it finds later, reads no further.
+pub async fn done_rows_between(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    after: (DateTime<Utc>, Uuid),
+    before: DateTime<Utc>,
+    limit: usize,
+) -> diesel::QueryResult<Vec<OutboxEvent>> {
+    diesel::sql_query(
+        "SELECT * FROM outbox_event
+         WHERE status = 'DONE' AND target_queue = $1
+           AND (processed_at, id) > ($2, $3) AND processed_at < $4
+         ORDER BY processed_at, id
+         LIMIT $5",
+    )
+    .bind::<Text, _>(queue)
+    .bind::<Timestamptz, _>(after.0)
+    .bind::<SqlUuid, _>(after.1)
+    .bind::<Timestamptz, _>(before)
+    .bind::<BigInt, _>(i64::try_from(limit).unwrap_or(i64::MAX))
+    .load(conn)
+    .await
+}
+
 /// Of `event_ids`, those that have a row in `table` (one row per event,
 /// keyed by the event id): events whose handler already wrote what it
 /// writes.

@@ -1082,6 +1082,56 @@ async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_o
     );
 }
 
+/// The safe-point scan reads only rows handed off before the closest a
+/// safe point may come to now: later rows cannot move it, and under load
+/// they were a third of every check's reading.
+// Break checked: the scan without its upper bound (`done_rows_after` in
+// `advance_safe_points`, as before) reads the five rows through the
+// lagging guard too, and fails the first assertion.
+#[tokio::test]
+async fn the_safe_point_scan_reads_no_row_handed_off_within_the_lag() {
+    let rig = Rig::shared().await;
+    let delivered = rig.hand_off((0..5).map(mail).collect()).await;
+    rig.deliver_mails(&delivered).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    let stop = CancellationToken::new();
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    while guard.reconcile_pending(&stop).await.unwrap() {}
+
+    // A guard of the same namespace whose safe points stay an hour behind.
+    let lagging = Dispatcher::new(
+        rig.db.pool().clone(),
+        rig.db.url(),
+        rig.redis(),
+        rig.namespace.clone(),
+        Router::standard(),
+        DispatcherConfig {
+            listen: false,
+            ..DispatcherConfig::default()
+        },
+    )
+    .unwrap()
+    .with_redis_guard(
+        RedisGuardSettings {
+            safe_point_lag: Duration::from_secs(3600),
+            ..RedisGuardSettings::default()
+        },
+        Catalog::built_in().receivers(),
+    );
+    let read = lagging
+        .redis_guard()
+        .unwrap()
+        .advance_safe_points(&stop)
+        .await
+        .unwrap();
+    assert_eq!(read, 0, "rows handed off within the lag were read");
+    // The rig's guard (no lag) reads all five and moves past them.
+    assert_eq!(guard.advance_safe_points(&stop).await.unwrap(), 5);
+    let (drained, pending) = rig.safe_point(queues::MAIL).await;
+    assert_eq!(pending, None);
+    assert!(drained >= rig.handed_off_at(queues::MAIL, delivered[4]).await);
+}
+
 /// The guard's round (the check, a reconciliation pass when one is due,
 /// else the safe points' move) moves the safe point once nothing is due:
 /// the window a later loss must walk stays short.
