@@ -64,6 +64,21 @@ fn guarded_dispatcher_with(
     namespace: &QueueNamespace,
     settings: RedisGuardSettings,
 ) -> Dispatcher {
+    let settings = RedisGuardSettings {
+        // Rows handed off a moment ago may move the safe point at once.
+        safe_point_lag: Duration::ZERO,
+        ..settings
+    };
+    dispatcher_guarded_as(db, redis_url, namespace, settings)
+}
+
+/// A dispatcher whose guard has exactly `settings`.
+fn dispatcher_guarded_as(
+    db: &TestDatabase,
+    redis_url: &str,
+    namespace: &QueueNamespace,
+    settings: RedisGuardSettings,
+) -> Dispatcher {
     let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
     Dispatcher::new(
         db.pool().clone(),
@@ -77,14 +92,7 @@ fn guarded_dispatcher_with(
         },
     )
     .unwrap()
-    .with_redis_guard(
-        RedisGuardSettings {
-            // Rows handed off a moment ago may move the safe point at once.
-            safe_point_lag: Duration::ZERO,
-            ..settings
-        },
-        Catalog::built_in().receivers(),
-    )
+    .with_redis_guard(settings, Catalog::built_in().receivers())
 }
 
 impl Rig {
@@ -1099,24 +1107,14 @@ async fn the_safe_point_scan_reads_no_row_handed_off_within_the_lag() {
     while guard.reconcile_pending(&stop).await.unwrap() {}
 
     // A guard of the same namespace whose safe points stay an hour behind.
-    let lagging = Dispatcher::new(
-        rig.db.pool().clone(),
-        rig.db.url(),
-        rig.redis(),
-        rig.namespace.clone(),
-        Router::standard(),
-        DispatcherConfig {
-            listen: false,
-            ..DispatcherConfig::default()
-        },
-    )
-    .unwrap()
-    .with_redis_guard(
+    let lagging = dispatcher_guarded_as(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
         RedisGuardSettings {
             safe_point_lag: Duration::from_secs(3600),
             ..RedisGuardSettings::default()
         },
-        Catalog::built_in().receivers(),
     );
     let read = lagging
         .redis_guard()
