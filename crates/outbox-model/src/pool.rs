@@ -29,8 +29,8 @@ pub const DEFAULT_POOL_SIZE: u32 = 10;
 /// A checkout costs no round trip: the pool hands out an idle connection
 /// unless its socket has closed (the server restarted, or ended the
 /// backend) or it was left in a broken transaction, in which case it opens
-/// another. A server that closes a connection is seen at once (the
-/// connection's task reads the end of the stream); a peer that vanishes
+/// another. A server that closes a connection is seen as soon as the
+/// connection's task has read the end of the stream; a peer that vanishes
 /// without closing it is seen by the next statement's error.
 ///
 /// # Errors
@@ -77,10 +77,11 @@ pub async fn pool_with(options: PgConnectOptions, max_size: u32) -> Result<PgPoo
 /// connection is refused (and another opened) when its socket has closed or
 /// its transaction state is broken. No statement is sent: the check of
 /// diesel-async's default (`SELECT 1` before every checkout) added a round
-/// trip to every dispatcher tick and every handler's statement, about half
-/// of all statements the server ran under steady load. A peer that
-/// vanishes without closing the connection is only seen by the next
-/// statement's error, as it was by the ping's (or by its timeout).
+/// trip to every dispatcher tick and every handler's statement (59,936
+/// pings against 33,068 claims over one latency stage of the bench). A peer
+/// that vanishes without closing the connection is now seen by the next
+/// statement's error, where the ping saw it at checkout (after the pool's
+/// connection timeout).
 ///
 /// # Errors
 ///
