@@ -16,6 +16,7 @@ use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
 use crate::db::{self, Failure, Lease, Retry};
+use crate::draining::Draining;
 use crate::gate::WakeGate;
 use crate::vacuum::Upkeep;
 use crate::{DispatchError, DispatcherConfig, Receivers, RedisGuard, RedisGuardSettings, Router};
@@ -80,6 +81,7 @@ pub struct Dispatcher {
     gauge_refreshed: Mutex<Option<Instant>>,
     guard: Option<Arc<RedisGuard>>,
     upkeep: Arc<Upkeep>,
+    draining: Draining,
 }
 
 /// One batch of jobs for one queue.
@@ -121,7 +123,16 @@ impl Dispatcher {
             wake: Arc::new(Notify::new()),
             gauge_refreshed: Mutex::new(None),
             guard: None,
+            draining: Draining::default(),
         })
+    }
+
+    /// Whether this dispatcher's loops drain a backlog (ticking back to
+    /// back on full batches), for work that should yield to them: the
+    /// workers give it to [`crate::run_retention`].
+    #[must_use]
+    pub fn draining(&self) -> Draining {
+        self.draining.clone()
     }
 
     /// Runs a [`RedisGuard`] with [`Dispatcher::run`]: it keeps a marker in
@@ -251,6 +262,8 @@ impl Dispatcher {
     async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, gate: Option<Arc<WakeGate>>) {
         // Whether the gate counts this loop as ticking back to back.
         let mut counted_busy = false;
+        // Whether `draining` counts this loop's last tick as full.
+        let mut counted_full = false;
         while !shutdown.is_cancelled() {
             let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
@@ -275,6 +288,7 @@ impl Dispatcher {
             {
                 gate.release();
             }
+            self.draining.record(&mut counted_full, full);
             if full && self.config.loops > 1 {
                 self.wake.notify_one();
             }
@@ -292,6 +306,7 @@ impl Dispatcher {
                 () = tokio::time::sleep(self.config.interval) => {}
             }
         }
+        self.draining.record(&mut counted_full, false);
     }
 
     /// Spawns [`Dispatcher::run`] on the current runtime.

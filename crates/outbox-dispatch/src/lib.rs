@@ -51,6 +51,7 @@
 mod config;
 pub mod db;
 mod dispatcher;
+mod draining;
 mod error;
 mod gate;
 mod listener;
@@ -68,6 +69,7 @@ pub use config::{
     DispatcherConfig, MAX_LOOPS, RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport};
+pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;
 pub use listener::LISTENER_APPLICATION_NAME;
@@ -79,7 +81,9 @@ pub use redis_guard::{
     Assessment, CheckReport, GuardStatus, LossReason, RedisGuard, RedisGuardSettings,
     SAFE_POINT_LAG, assess, guard_status, next_safe_point, window_start,
 };
-pub use retention::{RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention};
+pub use retention::{
+    PAUSE_WHILE_DRAINING, RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention,
+};
 pub use router::{RouteError, Router};
 pub use routes_file::RoutesFileError;
 pub use vacuum::{FIRST_VACUUM_ROUND, VACUUM_SQL};

@@ -275,6 +275,58 @@ async fn run_loop_dispatches_and_exits_on_shutdown() {
     assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
 }
 
+/// `Dispatcher::draining` (what the workers' retention job yields to) says
+/// so while a loop hands a backlog off in full batches, and stops saying
+/// so once the backlog is gone.
+// Break checked: a loop that never records its ticks (`draining.record`
+// removed from `run_loop`) fails "the dispatcher to say it drains".
+#[tokio::test]
+async fn the_dispatcher_says_it_drains_while_its_batches_come_back_full() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    // One row a claim: 2,000 full ticks back to back.
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload)
+         SELECT 'acme', 'audit.user.login', '{}' FROM generate_series(1, 2000)",
+    )
+    .await;
+    let dispatcher = h.dispatcher(DispatcherConfig {
+        batch_size: 1,
+        loops: 1,
+        ..quick_config()
+    });
+    let draining = dispatcher.draining();
+    assert!(!draining.is_draining(), "nothing claimed yet");
+    let shutdown = CancellationToken::new();
+    let handle = dispatcher.spawn(shutdown.clone());
+
+    h.wait_for(
+        "the dispatcher to say it drains",
+        Duration::from_secs(30),
+        async || draining.is_draining(),
+    )
+    .await;
+    h.wait_for(
+        "the backlog to be handed off and the dispatcher to stop saying it drains",
+        Duration::from_secs(60),
+        async || {
+            !draining.is_draining()
+                && h.rows()
+                    .await
+                    .iter()
+                    .all(|row| row.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
 #[derive(diesel::QueryableByName)]
 struct PlanLine {
     #[diesel(sql_type = Text, column_name = "QUERY PLAN")]

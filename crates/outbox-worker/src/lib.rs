@@ -383,6 +383,9 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
 
     let mut background = tokio::task::JoinSet::new();
     if config.group == Group::General {
+        // Retention slows down while this process's dispatcher drains a
+        // backlog.
+        let mut draining = None;
         if config.dispatcher_enabled {
             let dispatcher = Arc::new(
                 Dispatcher::new(
@@ -410,6 +413,7 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
                      noticed: reconciliation pushes lost parents again but cannot find these jobs"
                 );
             }
+            draining = Some(dispatcher.draining());
             let token = shutdown.clone();
             background.spawn(async move {
                 if let Err(e) = dispatcher.run(token).await {
@@ -423,6 +427,7 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
             pool.clone(),
             config.retention,
             config.retention_every,
+            draining,
             shutdown.clone(),
         ));
         background.spawn(trim_queues(

@@ -67,3 +67,63 @@ async fn a_mail_worker_down_while_a_large_backlog_builds_sends_every_mail_once_w
         "{drained:?}"
     );
 }
+
+/// Old rows left for retention while the dispatcher drains a backlog.
+const OLD_ROWS: usize = 100;
+
+/// The retention run that starts with `worker-general` while its
+/// dispatcher drains a backlog yields to it: the run pauses between its
+/// batches (its log line says for how long) and still deletes every old row.
+// Break checked: the worker not giving its dispatcher's `draining()` to the
+// retention task (`None` in `outbox_worker::run`) logs
+// `paused_for_dispatch_ms=0` and fails "the run paused for the dispatcher".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_yields_to_the_backlog_its_dispatcher_drains() {
+    let stack = Stack::new().await;
+    stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+             SELECT 'acme', 'audit.user.login', '{{}}', 'DONE',
+                    now() - interval '31 days' - g * interval '1 ms'
+             FROM generate_series(1, {OLD_ROWS}) AS g"
+        ))
+        .await;
+    // Mail no worker-mail sends here, one row a claim: thousands of full
+    // ticks back to back.
+    stack
+        .sql(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload)
+             SELECT 'acme', 'mail.user.welcome',
+                    jsonb_build_object('to', 'user' || g || '@example.com', 'template', 'welcome')
+             FROM generate_series(1, 5000) AS g",
+        )
+        .await;
+
+    let general = stack
+        .start(
+            GENERAL,
+            &[
+                ("OUTBOX_DISPATCH_BATCH_SIZE", "1"),
+                ("OUTBOX_DONE_RETENTION_BATCH_SIZE", "1"),
+                ("LOG_FORMAT", "json"),
+            ],
+        )
+        .await;
+
+    let output = general.wait_output("retention run finished").await;
+    let run = output
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .map(|line| line["fields"].clone())
+        .find(|fields| fields["message"] == "retention run finished")
+        .unwrap();
+    assert_eq!(run["deleted"], OLD_ROWS, "{run}");
+    let paused = run["paused_for_dispatch_ms"].as_u64().unwrap();
+    assert!(paused > 0, "the run paused for the dispatcher: {run}");
+    stack
+        .wait_count(
+            "SELECT count(*) FROM outbox_event WHERE status = 'DONE' AND processed_at < now() - interval '30 days'",
+            0,
+        )
+        .await;
+}
