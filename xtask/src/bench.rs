@@ -170,6 +170,25 @@ impl Scratch {
         })
     }
 
+    /// Creates `name` as a copy of this database (`CREATE DATABASE …
+    /// TEMPLATE`, dropping an earlier `name` first) and returns its URL;
+    /// nothing may be connected to this database meanwhile.
+    pub async fn copy(&mut self, name: &str) -> Result<String> {
+        self.remove_copy(name).await?;
+        self.admin
+            .batch_execute(&format!("CREATE DATABASE {name} TEMPLATE {}", self.name))
+            .await?;
+        Ok(with_database(&self.url, name))
+    }
+
+    /// Drops a copy made by [`Scratch::copy`].
+    pub async fn remove_copy(&mut self, name: &str) -> Result<()> {
+        self.admin
+            .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            .await?;
+        Ok(())
+    }
+
     /// Drops the database.
     pub async fn remove(mut self) -> Result<()> {
         self.admin
@@ -412,6 +431,7 @@ async fn more_stages(
         let plan = crate::bench_retention::Plan {
             done_rows: run.size(1_000_000, 3_000),
             pending_rows: run.size(200_000, 2_000),
+            rounds: run.size(3, 1),
         };
         crate::bench_retention::run(run, binary, &plan).await?;
     }

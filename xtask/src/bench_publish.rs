@@ -9,27 +9,33 @@
 //! dispatchers are busy or none runs), then with a connection holding the
 //! wake gate as a waiting dispatcher does, so that every commit notifies
 //! (`NOTIFY` makes each commit take a database-wide lock on the
-//! notification queue). The arms alternate over the rounds so that the load
-//! of a shared machine falls on all alike; the summary gives the medians
-//! and their ratios to the bare transaction. No dispatcher runs.
+//! notification queue). A fourth arm inserts the same event row with one
+//! plain prepared statement instead of the publisher (no validation, no
+//! span, no trace context): the SQL's own cost, so that the publisher's
+//! share shows. The arms alternate over the rounds so that the load
+//! of a shared machine falls on all alike; each round's line gives the
+//! machine's CPU shares (`cpu_share`: the bench's clients and the server
+//! split the cores), the summary the medians and their ratios to the bare
+//! transaction. No dispatcher runs.
 
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use diesel::sql_types::{BigInt, Text};
+use diesel::sql_types::{BigInt, Jsonb, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
 use crate::bench::{Run, Scratch, line, stage};
 use crate::bench_handoff::{median, ratio};
+use crate::bench_process::Cpu;
 
 /// Concurrent clients.
 const CLIENTS: usize = 8;
 
 /// What to measure.
 pub struct Plan {
-    /// Rounds (each runs both arms).
+    /// Rounds (each runs every arm).
     pub rounds: usize,
     /// How long each arm runs per round.
     pub duration: Duration,
@@ -52,15 +58,17 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
          )",
     )
     .await?;
-    // (arm, publishes an event, a dispatcher waits so that commits notify)
+    // (arm, how the event is written, a dispatcher waits so that commits
+    // notify)
     let arms = [
-        ("bare", false, false),
-        ("with_event", true, false),
-        ("with_event_dispatcher_waiting", true, true),
+        ("bare", Event::None, false),
+        ("with_event", Event::Publisher, false),
+        ("with_event_dispatcher_waiting", Event::Publisher, true),
+        ("with_event_sql_only", Event::SqlOnly, false),
     ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     for round in 1..=plan.rounds {
-        for (&(arm, publish, waiting), rates) in arms.iter().zip(rates.iter_mut()) {
+        for (&(arm, event, waiting), rates) in arms.iter().zip(rates.iter_mut()) {
             stage(&format!(
                 "publish_overhead {arm}, round {round}/{}, {CLIENTS} clients",
                 plan.rounds
@@ -74,33 +82,49 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
                 "SELECT pg_advisory_unlock_all()".to_owned()
             })
             .await?;
-            let rate = measure(&scratch.url, publish, plan.duration).await?;
+            let (rate, cpu) = measure(&scratch.url, event, plan.duration).await?;
             line(json!({
                 "bench": "publish_overhead_round", "arm": arm, "round": round,
-                "clients": CLIENTS, "per_second": rate.round(),
+                "clients": CLIENTS, "per_second": rate.round(), "cpu_share": cpu,
             }));
             rates.push(rate);
         }
     }
     let medians: Vec<f64> = rates.into_iter().map(median).collect();
-    let (bare, with_event, waiting) = (medians[0], medians[1], medians[2]);
+    let (bare, with_event, waiting, sql_only) = (medians[0], medians[1], medians[2], medians[3]);
     line(json!({
         "bench": "publish_overhead", "clients": CLIENTS, "rounds": plan.rounds,
         "bare_per_second": bare.round(), "with_event_per_second": with_event.round(),
         "ratio": ratio(with_event, bare),
         "with_event_dispatcher_waiting_per_second": waiting.round(),
         "ratio_dispatcher_waiting": ratio(waiting, bare),
+        "with_event_sql_only_per_second": sql_only.round(),
+        "ratio_sql_only": ratio(sql_only, bare),
     }));
     drop(conn);
     scratch.remove().await
 }
 
-/// Transactions per second of `CLIENTS` clients for `duration`.
-async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
+/// How an arm's transactions write their event.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// No event: the bare business transaction.
+    None,
+    /// `publish_outbox_event`.
+    Publisher,
+    /// The publisher's columns in one prepared `INSERT`, nothing else.
+    SqlOnly,
+}
+
+/// Transactions per second of `CLIENTS` clients for `duration`, and the
+/// machine's CPU shares meanwhile (sampled while the clients' connections
+/// are open: a backend's time counts for the server only until it exits).
+async fn measure(url: &str, event: Event, duration: Duration) -> Result<(f64, serde_json::Value)> {
     let mut conns = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
         conns.push(outbox_model::establish(url).await?);
     }
+    let before = Cpu::sample(&[]);
     let started = Instant::now();
     let deadline = started + duration;
     let clients = conns
@@ -119,7 +143,19 @@ async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
                     .bind::<BigInt, _>(done as i64)
                     .execute(conn)
                     .await?;
-                    if publish {
+                    if event == Event::SqlOnly {
+                        outbox_model::prepared(
+                            "INSERT INTO outbox_event (id, tenant_id, event_type, payload)
+                             VALUES ($1, $2, $3, $4)",
+                        )
+                        .bind::<SqlUuid, _>(uuid::Uuid::now_v7())
+                        .bind::<Text, _>(format!("tenant-{client}"))
+                        .bind::<Text, _>("billing.invoice.paid")
+                        .bind::<Jsonb, _>(json!({ "order": done, "amount": done }))
+                        .execute(conn)
+                        .await?;
+                    }
+                    if event == Event::Publisher {
                         let mut tx = OutboxTx::new(conn)?;
                         publish_outbox_event(
                             &mut tx,
@@ -136,11 +172,12 @@ async fn measure(url: &str, publish: bool, duration: Duration) -> Result<f64> {
                 .await?;
                 done += 1;
             }
-            Ok::<_, anyhow::Error>(done)
+            Ok::<_, anyhow::Error>((done, conn))
         });
-    let done: usize = futures::future::try_join_all(clients)
-        .await?
-        .into_iter()
-        .sum();
-    Ok(done as f64 / started.elapsed().as_secs_f64())
+    let finished = futures::future::try_join_all(clients).await?;
+    let rate = finished.iter().map(|(done, _)| done).sum::<usize>() as f64
+        / started.elapsed().as_secs_f64();
+    let cpu = before.shares(&Cpu::sample(&[]));
+    drop(finished);
+    Ok((rate, cpu))
 }
