@@ -15,9 +15,9 @@ pub const RETENTION_JOB_NAME: &str = "outbox-done-retention";
 /// this many times as long as each batch took before the next one, so it
 /// spends at most half its time deleting: on a 2-core machine that runs
 /// both and the database, a run over 1,000,000 rows at full speed took a
-/// fifth to a fourth of the hand-off's throughput while it lasted, paced it
-/// took about a tenth (docs/performance.md, "Retention"). Old rows can
-/// wait; the backlog's events should not.
+/// fifth to a fourth of the hand-off's throughput while it lasted, paced
+/// a tenth or less (docs/performance.md, "Retention"). Old rows can wait;
+/// the backlog's events should not.
 pub const PAUSE_WHILE_DRAINING: u32 = 1;
 
 /// Deletes DONE rows whose `processed_at` is older than the retention
