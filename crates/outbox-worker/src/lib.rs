@@ -236,7 +236,13 @@ pub(crate) fn init_tracing(
         }
         _ => {
             let _ = registry
-                .with(tracing_subscriber::fmt::layer().with_target(false))
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_target(false)
+                        // Colours only on a terminal: a file or a log
+                        // collector would get the escape codes as text.
+                        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout())),
+                )
                 .try_init();
         }
     }

@@ -54,6 +54,30 @@ const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-
 
 /// Inserts a `webhook.order.created` event of `acme` by plain SQL, with
 /// [`TRACEPARENT`].
+/// Text logs written to a pipe or a file carry no terminal colour codes:
+/// a log collector would store them as text, and a search for
+/// `deleted=100` would not find `deleted\x1b[2m=\x1b[0m100`.
+// Break checked: the text layer without `with_ansi(…is_terminal())` writes
+// escape codes around each field name here, and the line no longer holds
+// `group="general"`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_on_a_pipe_carry_no_colour_codes() {
+    let stack = Stack::new().await;
+    let general = stack.start(GENERAL, &[("LOG_FORMAT", "text")]).await;
+
+    let output = general.wait_output("worker started").await;
+
+    let line = output
+        .lines()
+        .find(|line| line.contains("worker started"))
+        .unwrap();
+    assert!(line.contains(" group=\"general\""), "{line}");
+    assert!(
+        !output.contains('\u{1b}'),
+        "a colour code in piped text logs: {line:?}"
+    );
+}
+
 async fn insert_traced_webhook_event(stack: &Stack) {
     stack
         .sql(&format!(
