@@ -28,7 +28,7 @@
 //! up, and the poll interval stays the backstop throughout.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use diesel::sql_types::Integer;
@@ -36,6 +36,8 @@ use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_model::{WAKE_GATE_LOCK, prepared};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use crate::draining::LoopCount;
 
 /// The `application_name` of the gate's connection (visible in
 /// `pg_stat_activity`, waiting on a `Lock` while other transactions hold
@@ -58,7 +60,7 @@ pub(crate) struct WakeGate {
     changed: Notify,
     /// Loops of this process that tick again at once after their last
     /// tick (see [`WakeGate::busy`]).
-    busy_loops: AtomicUsize,
+    busy_loops: LoopCount,
 }
 
 impl WakeGate {
@@ -93,14 +95,7 @@ impl WakeGate {
     /// Records whether a loop ticks again at once (`busy`) or waits, given
     /// what it recorded last (`counted`, updated).
     pub(crate) fn busy(&self, counted: &mut bool, busy: bool) {
-        if busy != *counted {
-            if busy {
-                self.busy_loops.fetch_add(1, Ordering::SeqCst);
-            } else {
-                self.busy_loops.fetch_sub(1, Ordering::SeqCst);
-            }
-            *counted = busy;
-        }
+        self.busy_loops.record(counted, busy);
     }
 
     /// A loop found nothing to claim and will wait: records it as waiting
@@ -109,12 +104,7 @@ impl WakeGate {
     /// the last to record itself sees none busy, so one of them always
     /// asks for the gate.
     pub(crate) fn idle_while_another_is_busy(&self, counted: &mut bool) -> bool {
-        let others = if std::mem::take(counted) {
-            self.busy_loops.fetch_sub(1, Ordering::SeqCst) - 1
-        } else {
-            self.busy_loops.load(Ordering::SeqCst)
-        };
-        others > 0
+        self.busy_loops.leave(counted) > 0
     }
 }
 

@@ -16,8 +16,8 @@ pub const RETENTION_JOB_NAME: &str = "outbox-done-retention";
 /// spends at most half its time deleting: on a 2-core machine that runs
 /// both and the database, a run over 1,000,000 rows at full speed took a
 /// fifth to a fourth of the hand-off's throughput while it lasted, paced
-/// a tenth or less (docs/performance.md, "Retention"). Old rows can wait;
-/// the backlog's events should not.
+/// between nothing and a fifth (docs/performance.md, "Retention"). Old rows
+/// can wait; the backlog's events should not.
 pub const PAUSE_WHILE_DRAINING: u32 = 1;
 
 /// Deletes DONE rows whose `processed_at` is older than the retention
