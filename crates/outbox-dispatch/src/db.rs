@@ -711,6 +711,35 @@ pub async fn done_rows_between(
     .await
 }
 
+/// The earliest hand-off (`processed_at`) at or after `from` among the
+/// `DONE` rows of `queue` whose ids are in `event_ids`; `None` when there
+/// is none.
+pub async fn first_handed_off(
+    conn: &mut AsyncPgConnection,
+    queue: &str,
+    event_ids: &[Uuid],
+    from: DateTime<Utc>,
+) -> diesel::QueryResult<Option<DateTime<Utc>>> {
+    #[derive(QueryableByName)]
+    struct First {
+        #[diesel(sql_type = Nullable<Timestamptz>)]
+        at: Option<DateTime<Utc>>,
+    }
+    if event_ids.is_empty() {
+        return Ok(None);
+    }
+    diesel::sql_query(
+        "SELECT min(processed_at) AS at FROM outbox_event
+         WHERE id = ANY($1) AND status = 'DONE' AND target_queue = $2 AND processed_at >= $3",
+    )
+    .bind::<Array<SqlUuid>, _>(event_ids)
+    .bind::<Text, _>(queue)
+    .bind::<Timestamptz, _>(from)
+    .get_result::<First>(conn)
+    .await
+    .map(|first| first.at)
+}
+
 /// Of `event_ids`, those that have a row in `table` (one row per event,
 /// keyed by the event id): events whose handler already wrote what it
 /// writes.

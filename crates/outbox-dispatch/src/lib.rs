@@ -78,8 +78,9 @@ pub use reconcile::{
     Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
 };
 pub use redis_guard::{
-    Assessment, CheckReport, GuardStatus, LossReason, RedisGuard, RedisGuardSettings,
-    SAFE_POINT_LAG, assess, guard_status, next_safe_point, window_start,
+    Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason, RedisGuard,
+    RedisGuardSettings, SAFE_POINT_LAG, SafePointPass, assess, guard_status, next_safe_point,
+    window_start,
 };
 pub use retention::{
     PAUSE_WHILE_DRAINING, RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention,

@@ -135,6 +135,22 @@ impl Receiver {
         }
     }
 
+    /// The queue this receiver's handler derives jobs on, if any.
+    ///
+    /// ```
+    /// use outbox_dispatch::Receiver;
+    /// assert_eq!(Receiver::Email.derives_on(), Some("toolctrl.email"));
+    /// assert_eq!(Receiver::Plain.derives_on(), None);
+    /// ```
+    #[must_use]
+    pub fn derives_on(&self) -> Option<&'static str> {
+        match self {
+            Self::Email => Some(queues::TOOLCTRL_EMAIL),
+            Self::PluginHook => Some(queues::TOOLCTRL_PLUGIN_INVOKE),
+            Self::Row(_) | Self::Plain => None,
+        }
+    }
+
     /// The receiver of a queue whose handler records its work where
     /// `recorded_in` says (a subscriber description's words): a row per
     /// event for `<table>.outbox_event_id`, nothing readable otherwise.
@@ -381,6 +397,12 @@ impl Reconciler {
     #[must_use]
     pub fn batch_size(&self) -> usize {
         self.batch_size
+    }
+
+    /// What `queue`'s handler leaves behind.
+    #[must_use]
+    pub fn receiver_of(&self, queue: &str) -> Receiver {
+        self.receivers.of(queue)
     }
 
     /// Where each of `rows` (DONE rows of `queue`) stands, in order.

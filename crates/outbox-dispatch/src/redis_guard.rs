@@ -37,10 +37,16 @@
 //! after the safe point and were lost are pushed again too: their receivers
 //! may see them twice, which is the window `docs/reliability.md` states.
 //!
-//! Healthy checks move each safe point forward: from it, in hand-off order,
-//! up to the first job not finished yet, never closer to now than
+//! Healthy checks move each safe point forward to the first job not
+//! finished yet, in hand-off order, never closer to now than
 //! [`SAFE_POINT_LAG`] (a row's `processed_at` is the start of the statement
-//! that recorded it, which may commit a little later).
+//! that recorded it, which may commit a little later). Where that job is
+//! comes from Redis' list of the queue's unfinished jobs when it is short
+//! (the usual case: consumers keeping up), from a scan of the rows after
+//! the safe point when the queue holds a backlog
+//! ([`RedisGuard::advance_safe_points`]). The two differ only for a job
+//! whose body vanished while the marker stayed (a key deleted by hand):
+//! the scan stops at it, the list does not hold it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,8 +55,8 @@ use chrono::{DateTime, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_model::PgPool;
 use outbox_queue::{
-    Marker, Persistence, QueueNamespace, ServerInfo, confirm_marker_run, read_marker,
-    read_server_info, write_marker,
+    Marker, Persistence, QueueNamespace, ServerInfo, Unfinished, confirm_marker_run, event_of_task,
+    read_marker, read_server_info, unfinished_jobs, write_marker,
 };
 use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
@@ -103,7 +109,19 @@ pub struct RedisGuardSettings {
     /// `processed_at` is the start of the statement that recorded it, which
     /// commits a little later, so the newest rows may still have company.
     pub safe_point_lag: Duration,
+    /// Most unfinished jobs of a queue (its own and those derived from it)
+    /// whose ids a healthy check reads from Redis to move the queue's safe
+    /// point to the oldest of them ([`DEFAULT_UNFINISHED_LIMIT`]); a queue
+    /// holding more is scanned row by row from its safe point instead. 0
+    /// always scans.
+    pub unfinished_limit: usize,
 }
+
+/// Most unfinished jobs per queue the guard reads at once by default
+/// ([`RedisGuardSettings::unfinished_limit`]): a queue whose consumers keep
+/// up holds a few dozen; one holding more has a backlog, whose first rows
+/// after the safe point the scan finds unfinished at once.
+pub const DEFAULT_UNFINISHED_LIMIT: usize = 2_000;
 
 impl RedisGuardSettings {
     /// Default of `check_every` (`OUTBOX_REDIS_CHECK_INTERVAL_MS`).
@@ -111,13 +129,15 @@ impl RedisGuardSettings {
 }
 
 impl Default for RedisGuardSettings {
-    /// Every 10 s, 24 h retention, batches of 500, [`SAFE_POINT_LAG`].
+    /// Every 10 s, 24 h retention, batches of 500, [`SAFE_POINT_LAG`],
+    /// [`DEFAULT_UNFINISHED_LIMIT`].
     fn default() -> Self {
         Self {
             check_every: Self::DEFAULT_CHECK_EVERY,
             retention: Duration::from_secs(24 * 3600),
             batch_size: crate::DEFAULT_RECONCILE_BATCH,
             safe_point_lag: SAFE_POINT_LAG,
+            unfinished_limit: DEFAULT_UNFINISHED_LIMIT,
         }
     }
 }
@@ -613,12 +633,26 @@ impl RedisGuard {
     }
 
     /// Moves each queue's safe point forward as far as its jobs have
-    /// finished (see the module docs); returns how many handed-off rows it
-    /// read. It reads only rows handed off before the closest a safe point
-    /// may come to now ([`RedisGuardSettings::safe_point_lag`]): what comes
-    /// after cannot move it further (under a steady load the rows of the
-    /// last 5 s were a third of what each check read, read again at the
-    /// next).
+    /// finished (see the module docs).
+    ///
+    /// For each queue it first asks Redis, in one step, for the queue's
+    /// unfinished jobs and those derived from them ([`unfinished_jobs`],
+    /// with the marker): when there are at most
+    /// [`RedisGuardSettings::unfinished_limit`], the safe point moves to
+    /// the earliest hand-off among them, read by id, and no finished job is
+    /// looked at. A queue holding more (a backlog) is scanned instead: its
+    /// `DONE` rows from the safe point, in hand-off order, up to the first
+    /// job not finished (with a backlog, one of the first rows). The scan
+    /// reads only rows handed off before the closest a safe point may come
+    /// to now ([`RedisGuardSettings::safe_point_lag`]): what comes after
+    /// cannot move it further.
+    ///
+    /// What Redis said counts only if it came from the data set and the
+    /// server run this round's check found intact: the marker read with
+    /// the jobs holds the remembered epoch (not flushed meanwhile) and the
+    /// server's run after the readings is the remembered one (not
+    /// restarted from an older snapshot meanwhile); otherwise no safe point
+    /// moves until the next check has decided.
     ///
     /// # Errors
     ///
@@ -626,63 +660,144 @@ impl RedisGuard {
     pub async fn advance_safe_points(
         &self,
         stop: &CancellationToken,
-    ) -> Result<usize, DispatchError> {
+    ) -> Result<SafePointPass, DispatchError> {
         let prefix = self.namespace.prefix();
+        let mut pass = SafePointPass::default();
         let mut conn = self.pool.get().await?;
         let Some(remembered) = db::remembered_epoch(&mut conn, prefix).await? else {
-            return Ok(0);
+            return Ok(pass);
         };
         let now = db::db_now(&mut conn).await?;
         let closest = next_safe_point(now, None, self.settings.safe_point_lag);
-        let mut read = 0;
         let floor = retention_floor(now, self.settings.retention);
         db::ensure_safe_points(&mut conn, prefix, &self.queues, floor).await?;
-        for point in db::safe_points(&mut conn, prefix).await? {
+        let points: Vec<SafePointRow> = db::safe_points(&mut conn, prefix)
+            .await?
+            .into_iter()
+            .filter(|point| point.pending_since.is_none())
+            .collect();
+
+        let mut redis = self.redis.clone();
+        let mut readings = Vec::with_capacity(points.len());
+        for point in &points {
+            readings.push(if self.settings.unfinished_limit == 0 {
+                None
+            } else {
+                let receiver = self.reconciler.receiver_of(&point.queue);
+                let mut queues = vec![point.queue.as_str()];
+                queues.extend(receiver.derives_on());
+                Some(
+                    unfinished_jobs(
+                        &mut redis,
+                        &self.namespace,
+                        &queues,
+                        self.settings.unfinished_limit,
+                    )
+                    .await?,
+                )
+            });
+        }
+        if readings.iter().any(Option::is_some)
+            && read_server_info(&mut redis).await?.run_id != remembered.run_id
+        {
+            tracing::info!(
+                namespace = %prefix,
+                "Redis restarted since the check; the safe points wait for the next check"
+            );
+            return Ok(pass);
+        }
+
+        for (point, reading) in points.iter().zip(readings) {
             if stop.is_cancelled() {
                 break;
             }
-            if point.pending_since.is_some() {
-                continue;
-            }
-            let mut cursor = cursor_from(point.drained_before.max(floor));
-            let mut scanned = 0;
-            let mut first_unfinished = None;
-            // A queue whose first job is still waiting is the common case:
-            // look at a few rows first, then at more.
-            let mut limit = FIRST_SCAN.min(self.reconciler.batch_size());
-            loop {
-                let rows =
-                    db::done_rows_between(&mut conn, &point.queue, cursor, closest, limit).await?;
-                read += rows.len();
-                let standings = self
-                    .reconciler
-                    .classify(&mut conn, &point.queue, &rows)
-                    .await?;
-                if let Some((row, _)) = rows.iter().zip(&standings).find(|(_, s)| !s.is_finished())
-                {
-                    first_unfinished = Some(row.processed_at.unwrap_or(row.created_at));
-                    break;
+            let from = point.drained_before.max(floor);
+            let first_unfinished = match reading {
+                Some(reading) if reading.epoch != Some(remembered.epoch) => {
+                    tracing::info!(
+                        namespace = %prefix, queue = %point.queue,
+                        "the Redis marker changed since the check; the safe points wait for the next check"
+                    );
+                    return Ok(pass);
                 }
-                scanned += rows.len();
-                let Some(last) = rows.last() else { break };
-                cursor = (last.processed_at.unwrap_or(last.created_at), last.id);
-                if rows.len() < limit {
-                    break;
+                Some(Unfinished {
+                    task_ids: Some(ids),
+                    ..
+                }) => {
+                    pass.queues_by_unfinished += 1;
+                    let events: Vec<Uuid> = ids.iter().filter_map(|id| event_of_task(id)).collect();
+                    db::first_handed_off(&mut conn, &point.queue, &events, from).await?
                 }
-                if scanned >= MAX_SCAN_PER_QUEUE {
-                    first_unfinished = Some(cursor.0);
-                    break;
+                _ => {
+                    pass.queues_scanned += 1;
+                    let (first, read) = self.scan(&mut conn, &point.queue, from, closest).await?;
+                    pass.rows_read += read;
+                    first
                 }
-                limit = (limit * 4).min(self.reconciler.batch_size());
-            }
+            };
             let mark = next_safe_point(now, first_unfinished, self.settings.safe_point_lag);
             if mark > point.drained_before {
                 db::advance_drained(&mut conn, prefix, &point.queue, remembered.epoch, mark)
                     .await?;
             }
         }
-        Ok(read)
+        Ok(pass)
     }
+
+    /// The scan of [`RedisGuard::advance_safe_points`] for a queue holding
+    /// more unfinished jobs than it reads at once: the `DONE` rows of
+    /// `queue` handed off from `from` until `before`, in hand-off order, up
+    /// to the first whose job has not finished. Returns that job's hand-off
+    /// (or where the scan stopped; `None` when every row had finished) and
+    /// how many rows it read.
+    async fn scan(
+        &self,
+        conn: &mut AsyncPgConnection,
+        queue: &str,
+        from: DateTime<Utc>,
+        before: DateTime<Utc>,
+    ) -> Result<(Option<DateTime<Utc>>, usize), DispatchError> {
+        let mut cursor = cursor_from(from);
+        let mut read = 0;
+        // A queue whose first job is still waiting is the common case:
+        // look at a few rows first, then at more.
+        let mut limit = FIRST_SCAN.min(self.reconciler.batch_size());
+        loop {
+            let rows = db::done_rows_between(conn, queue, cursor, before, limit).await?;
+            let standings = self.reconciler.classify(conn, queue, &rows).await?;
+            if let Some((row, _)) = rows.iter().zip(&standings).find(|(_, s)| !s.is_finished()) {
+                return Ok((
+                    Some(row.processed_at.unwrap_or(row.created_at)),
+                    read + rows.len(),
+                ));
+            }
+            read += rows.len();
+            let Some(last) = rows.last() else {
+                return Ok((None, read));
+            };
+            cursor = (last.processed_at.unwrap_or(last.created_at), last.id);
+            if rows.len() < limit {
+                return Ok((None, read));
+            }
+            if read >= MAX_SCAN_PER_QUEUE {
+                return Ok((Some(cursor.0), read));
+            }
+            limit = (limit * 4).min(self.reconciler.batch_size());
+        }
+    }
+}
+
+/// What one [`RedisGuard::advance_safe_points`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SafePointPass {
+    /// Queues whose safe point moved to their earliest unfinished job as
+    /// Redis listed them, without reading any finished one.
+    pub queues_by_unfinished: usize,
+    /// Queues scanned row by row (more unfinished jobs than the limit, or
+    /// the limit 0).
+    pub queues_scanned: usize,
+    /// Handed-off rows the scans read.
+    pub rows_read: usize,
 }
 
 fn epoch_of(remembered: &Option<EpochRow>) -> Uuid {

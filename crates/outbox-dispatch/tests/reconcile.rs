@@ -20,7 +20,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{
     Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
-    Reconciler, RedisGuardSettings, Router, Standing, db,
+    Reconciler, RedisGuardSettings, Router, SafePointPass, Standing, db,
 };
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -97,9 +97,18 @@ fn dispatcher_guarded_as(
 
 impl Rig {
     async fn on(redis_url: String, namespace: QueueNamespace, shared: Option<TestRedis>) -> Self {
+        Self::on_with(redis_url, namespace, shared, RedisGuardSettings::default()).await
+    }
+
+    async fn on_with(
+        redis_url: String,
+        namespace: QueueNamespace,
+        shared: Option<TestRedis>,
+        settings: RedisGuardSettings,
+    ) -> Self {
         outbox_test_support::init_tracing();
         let db = TestDatabase::new().await;
-        let dispatcher = guarded_dispatcher(&db, &redis_url, &namespace);
+        let dispatcher = guarded_dispatcher_with(&db, &redis_url, &namespace, settings);
         Self {
             db,
             redis_url,
@@ -111,6 +120,21 @@ impl Rig {
 
     async fn private(redis: &RedisProcess) -> Self {
         Self::on(redis.url(), QueueNamespace::root(), None).await
+    }
+
+    /// A rig on a private server whose guard always scans (the unfinished
+    /// jobs' list turned off).
+    async fn private_scanning(redis: &RedisProcess) -> Self {
+        Self::on_with(
+            redis.url(),
+            QueueNamespace::root(),
+            None,
+            RedisGuardSettings {
+                unfinished_limit: 0,
+                ..RedisGuardSettings::default()
+            },
+        )
+        .await
     }
 
     async fn shared() -> Self {
@@ -236,6 +260,83 @@ impl Rig {
             .unwrap();
             self.finish(queues::TOOLCTRL_EMAIL, &send).await;
         }
+    }
+
+    /// What the mail worker leaves when it ran the mail job of `id` but its
+    /// send job has not run yet: the mail job finished, the send job
+    /// waiting on `toolctrl.email`.
+    async fn derive_send_job(&self, id: Uuid) {
+        self.finish(queues::MAIL, &task_id(id)).await;
+        let mut redis = self.redis();
+        outbox_queue::push_raw(
+            &mut redis,
+            &self.namespace,
+            queues::TOOLCTRL_EMAIL,
+            &[(format!("email:{id}"), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+    }
+
+    /// What the fetch script does when the worker `worker` takes `task_id`:
+    /// off the queue, into its in-flight set.
+    async fn start_running(&self, queue: &str, task_id: &str, worker: &str) {
+        let config = apalis_config(&self.namespace, queue);
+        let mut redis = self.redis();
+        let () = redis::pipe()
+            .zadd(config.workers_set(), worker, Utc::now().timestamp())
+            .ignore()
+            .zrem(config.scheduled_jobs_set(), task_id)
+            .ignore()
+            .lrem(config.active_jobs_list(), 0, task_id)
+            .ignore()
+            .sadd(format!("{}:{worker}", config.inflight_jobs_set()), task_id)
+            .ignore()
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    /// What a worker does when a running job asks for a later retry: a
+    /// copy `<task id>~retry1` due in an hour, and the job itself done.
+    async fn retry_later(&self, queue: &str, task_id: &str, worker: &str) {
+        let config = apalis_config(&self.namespace, queue);
+        let mut redis = self.redis();
+        outbox_queue::push_raw_at(
+            &mut redis,
+            &self.namespace,
+            queue,
+            &[(outbox_queue::retry_task_id(task_id, 1), b"{}".to_vec())],
+            Some(std::time::SystemTime::now() + Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+        let () = redis::pipe()
+            .srem(format!("{}:{worker}", config.inflight_jobs_set()), task_id)
+            .ignore()
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        self.finish(queue, task_id).await;
+    }
+
+    /// One move of the safe points by the rig's guard, tried again while
+    /// it fails (the first command after a Redis restart finds the old
+    /// connection broken).
+    async fn advance(&self) -> SafePointPass {
+        let guard = self.dispatcher.redis_guard().unwrap();
+        let stop = CancellationToken::new();
+        let mut pass = None;
+        outbox_test_support::eventually(
+            "a move of the safe points that succeeds",
+            Duration::from_secs(10),
+            async || {
+                pass = guard.advance_safe_points(&stop).await.ok();
+                pass.is_some()
+            },
+        )
+        .await;
+        pass.unwrap()
     }
 
     /// What a worker does when a job ran: out of the queue, into the done set.
@@ -1070,9 +1171,9 @@ async fn the_safe_point_keeps_jobs_that_had_finished_out_of_the_window() {
 // be pushed again. So do pages that shrink instead of growing (`limit * 4`
 // → `limit / 4`: pages of 16, 4, 1, then none, read as the end).
 #[tokio::test]
-async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_ones() {
+async fn the_safe_point_scan_stops_at_a_waiting_job_past_its_first_page_of_finished_ones() {
     let server = RedisProcess::start().await;
-    let rig = Rig::private(&server).await;
+    let rig = Rig::private_scanning(&server).await;
     // More delivered jobs than the scan's first pages (16, then 64) would
     // reach if they did not grow, then waiting ones.
     let delivered = rig.hand_off((0..25).map(mail).collect()).await;
@@ -1094,8 +1195,8 @@ async fn the_safe_point_stops_at_a_waiting_job_past_the_first_page_of_finished_o
 /// safe point may come to now: later rows cannot move it, and under load
 /// they were a third of every check's reading.
 // Break checked: the scan without its upper bound (`done_rows_after` in
-// `advance_safe_points`, as before) reads the five rows through the
-// lagging guard too, and fails the first assertion.
+// `RedisGuard::scan`, as before) reads the five rows through the lagging
+// guard too, and fails the first assertion.
 #[tokio::test]
 async fn the_safe_point_scan_reads_no_row_handed_off_within_the_lag() {
     let rig = Rig::shared().await;
@@ -1106,28 +1207,255 @@ async fn the_safe_point_scan_reads_no_row_handed_off_within_the_lag() {
     let guard = rig.dispatcher.redis_guard().unwrap();
     while guard.reconcile_pending(&stop).await.unwrap() {}
 
-    // A guard of the same namespace whose safe points stay an hour behind.
-    let lagging = dispatcher_guarded_as(
-        &rig.db,
-        &rig.redis_url,
-        &rig.namespace,
-        RedisGuardSettings {
-            safe_point_lag: Duration::from_secs(3600),
-            ..RedisGuardSettings::default()
-        },
-    );
-    let read = lagging
+    // Scanning guards of the same namespace: one whose safe points stay an
+    // hour behind, one without a lag.
+    let scanning = |safe_point_lag| {
+        dispatcher_guarded_as(
+            &rig.db,
+            &rig.redis_url,
+            &rig.namespace,
+            RedisGuardSettings {
+                safe_point_lag,
+                unfinished_limit: 0,
+                ..RedisGuardSettings::default()
+            },
+        )
+    };
+    let lagging = scanning(Duration::from_secs(3600));
+    let pass = lagging
         .redis_guard()
         .unwrap()
         .advance_safe_points(&stop)
         .await
         .unwrap();
-    assert_eq!(read, 0, "rows handed off within the lag were read");
-    // The rig's guard (no lag) reads all five and moves past them.
-    assert_eq!(guard.advance_safe_points(&stop).await.unwrap(), 5);
+    assert!(pass.queues_scanned > 0, "{pass:?}");
+    assert_eq!(
+        pass.rows_read, 0,
+        "rows handed off within the lag were read"
+    );
+    // Without the lag it reads all five and moves past them.
+    let eager = scanning(Duration::ZERO);
+    let pass = eager
+        .redis_guard()
+        .unwrap()
+        .advance_safe_points(&stop)
+        .await
+        .unwrap();
+    assert_eq!(pass.rows_read, 5, "{pass:?}");
     let (drained, pending) = rig.safe_point(queues::MAIL).await;
     assert_eq!(pending, None);
     assert!(drained >= rig.handed_off_at(queues::MAIL, delivered[4]).await);
+}
+
+/// With consumers keeping up, the safe point moves to the first job still
+/// waiting by the list of the queue's unfinished jobs that Redis keeps:
+/// none of the finished jobs before it is read or asked about.
+// Break checked: the listed ids not looked up (`events` empty in
+// `advance_safe_points`) moves the safe point past the waiting jobs and
+// fails the last assertion; the guard never listing (`unfinished_limit`
+// read as 0) scans the rows and fails the second.
+#[tokio::test]
+async fn the_safe_point_moves_past_finished_jobs_without_reading_them() {
+    let rig = Rig::shared().await;
+    let delivered = rig.hand_off((0..200).map(mail).collect()).await;
+    let waiting = rig.hand_off((200..203).map(mail).collect()).await;
+    rig.deliver_mails(&delivered).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    let stop = CancellationToken::new();
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    while guard.reconcile_pending(&stop).await.unwrap() {}
+
+    let pass = rig.advance().await;
+    assert!(pass.queues_by_unfinished > 0, "{pass:?}");
+    assert_eq!((pass.queues_scanned, pass.rows_read), (0, 0), "{pass:?}");
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await,
+        (rig.handed_off_at(queues::MAIL, waiting[0]).await, None),
+        "the safe point stops at the first job still waiting"
+    );
+}
+
+/// A mail whose job finished but whose send job has not run yet is not
+/// finished: the safe point of `outbox.mail` stops at it.
+// Break checked: the guard listing only the queue's own jobs (the
+// `derives_on` queue not added in `advance_safe_points`) moves the safe
+// point past the first mail and fails here.
+#[tokio::test]
+async fn a_send_job_still_waiting_holds_the_safe_point_of_its_mail() {
+    let rig = Rig::shared().await;
+    let first = rig.hand_off(vec![mail(0)]).await;
+    let later = rig.hand_off((1..3).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    rig.derive_send_job(first[0]).await;
+    rig.deliver_mails(&later).await;
+    assert_eq!(
+        rig.state(queues::MAIL, &task_id(first[0])).await,
+        JobStateKind::Done
+    );
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.advance().await;
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await.0,
+        rig.handed_off_at(queues::MAIL, first[0]).await,
+        "the mail's send job still waits"
+    );
+}
+
+/// A job a worker is running, and then a job waiting as a retry copy due
+/// later, hold the safe point; once the copy finished it moves on.
+// Break checked: `unfinished.lua` without the in-flight sets (neither
+// counted nor read) moves the safe point to the job after the running one
+// and fails the first assertion.
+#[tokio::test]
+async fn a_running_job_and_its_retry_copy_hold_the_safe_point() {
+    let rig = Rig::shared().await;
+    // One tick each: three hand-off times.
+    let done = rig.hand_off(vec![webhook(0)]).await[0];
+    let running = rig.hand_off(vec![webhook(1)]).await[0];
+    let waiting = rig.hand_off(vec![webhook(2)]).await[0];
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    rig.finish(queues::WEBHOOK, &task_id(done)).await;
+    rig.start_running(queues::WEBHOOK, &task_id(running), "worker-1")
+        .await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.advance().await;
+    let running_at = rig.handed_off_at(queues::WEBHOOK, running).await;
+    assert_eq!(
+        rig.safe_point(queues::WEBHOOK).await.0,
+        running_at,
+        "the running job holds the safe point"
+    );
+
+    rig.retry_later(queues::WEBHOOK, &task_id(running), "worker-1")
+        .await;
+    assert_eq!(
+        rig.state(queues::WEBHOOK, &task_id(running)).await,
+        JobStateKind::Waiting,
+        "its retry copy waits"
+    );
+    rig.advance().await;
+    assert_eq!(rig.safe_point(queues::WEBHOOK).await.0, running_at);
+
+    let copy = outbox_queue::retry_task_id(&task_id(running), 1);
+    rig.finish(queues::WEBHOOK, &copy).await;
+    rig.advance().await;
+    assert_eq!(
+        rig.safe_point(queues::WEBHOOK).await.0,
+        rig.handed_off_at(queues::WEBHOOK, waiting).await,
+        "the retry copy finished: the safe point moves to the next job waiting"
+    );
+}
+
+/// A queue holding more unfinished jobs than the guard lists at once (a
+/// backlog) is scanned from its safe point instead, and the scan stops at
+/// the first of them.
+// Break checked: the limit ignored (`count <= limit` → `true` in
+// `unfinished.lua`, and `Some(ids)` in `unfinished_jobs`) lists the queue
+// and fails the first assertion.
+#[tokio::test]
+async fn a_queue_holding_more_unfinished_jobs_than_the_limit_is_scanned() {
+    let redis = TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let rig = Rig::on_with(
+        redis.url().to_owned(),
+        namespace,
+        Some(redis),
+        RedisGuardSettings {
+            unfinished_limit: 3,
+            ..RedisGuardSettings::default()
+        },
+    )
+    .await;
+    let delivered = rig.hand_off((0..2).map(mail).collect()).await;
+    let waiting = rig.hand_off((2..7).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    let stop = CancellationToken::new();
+    let guard = rig.dispatcher.redis_guard().unwrap();
+    while guard.reconcile_pending(&stop).await.unwrap() {}
+    rig.deliver_mails(&delivered).await;
+
+    let pass = rig.advance().await;
+    assert_eq!(
+        pass.queues_scanned, 1,
+        "only outbox.mail holds more than 3: {pass:?}"
+    );
+    assert!(pass.rows_read > 0, "{pass:?}");
+    assert_eq!(
+        rig.safe_point(queues::MAIL).await.0,
+        rig.handed_off_at(queues::MAIL, waiting[0]).await,
+        "the scan stops at the first job still waiting"
+    );
+}
+
+/// Redis flushed between the check and the move of the safe points: the
+/// list of unfinished jobs is empty, but it comes without the marker, so no
+/// safe point moves, and the next check reconciles the waiting jobs.
+// Break checked: the marker read with the jobs not compared (the epoch
+// arm disabled in `advance_safe_points`) moves the safe point past the
+// waiting jobs and fails the first assertion.
+#[tokio::test]
+async fn a_flush_between_the_check_and_the_safe_points_moves_none() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let waiting = rig.hand_off((0..3).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    let before = rig.safe_point(queues::MAIL).await.0;
+    assert!(before <= rig.handed_off_at(queues::MAIL, waiting[0]).await);
+
+    rig.flush_all().await;
+    rig.advance().await;
+    assert_eq!(rig.safe_point(queues::MAIL).await.0, before);
+
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    rig.repair().await;
+    rig.assert_waiting(queues::MAIL, &waiting).await;
+}
+
+/// Redis restarted from an older snapshot between the check and the move
+/// of the safe points: the marker survived, the jobs pushed after the
+/// snapshot did not, so the list misses them. The server's run differs
+/// from the one the check saw, so no safe point moves, and the next check
+/// finds the restart and pushes the lost jobs again.
+// Break checked: the run not compared (the `run_id` test disabled in
+// `advance_safe_points`) moves the safe point past the lost jobs and
+// fails the first assertion.
+#[tokio::test]
+async fn a_restart_between_the_check_and_the_safe_points_moves_none() {
+    let dir = AofDir::new();
+    let mut server = RedisProcess::start_with(&["--dir", dir.path()]).await;
+    let rig = Rig::private(&server).await;
+    let delivered = rig.hand_off((0..2).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    rig.deliver_mails(&delivered).await;
+    let mut redis = rig.redis();
+    let () = redis::cmd("SAVE").query_async(&mut redis).await.unwrap();
+    // Handed off after the snapshot: lost with the restart.
+    let lost = rig.hand_off((2..5).map(mail).collect()).await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    let before = rig.safe_point(queues::MAIL).await.0;
+    assert!(before <= rig.handed_off_at(queues::MAIL, lost[0]).await);
+
+    server.restart().await;
+    rig.advance().await;
+    assert_eq!(rig.safe_point(queues::MAIL).await.0, before);
+
+    assert!(
+        matches!(
+            rig.check().await,
+            Assessment::Lost(LossReason::Restarted { .. })
+        ),
+        "the restart from a snapshot is a loss"
+    );
+    rig.repair().await;
+    rig.assert_waiting(queues::MAIL, &lost).await;
 }
 
 /// The guard's round (the check, a reconciliation pass when one is due,

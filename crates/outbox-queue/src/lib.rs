@@ -10,7 +10,8 @@
 //! `docs/reliability.md`): what a server says about its run and persistence
 //! ([`read_server_info`], [`Persistence`]), the marker the dispatchers keep
 //! in it ([`marker_key`], [`read_marker`], [`write_marker`]), whether jobs
-//! are still there ([`job_states`]), running a finished job again
+//! are still there ([`job_states`]), which have not finished
+//! ([`unfinished_jobs`], [`event_of_task`]), running a finished job again
 //! ([`rerun_finished`]), and the task ids of derived jobs
 //! ([`email_task_id`], [`plugin_invoke_task_id`]).
 //!
@@ -28,8 +29,8 @@ mod worker_store;
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
 pub use inspect::{DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats, trim_finished};
 pub use presence::{
-    JobState, JobStateKind, email_task_id, job_states, plugin_invoke_task_id, rerun_finished,
-    retry_dead,
+    JobState, JobStateKind, Unfinished, email_task_id, event_of_task, job_states,
+    plugin_invoke_task_id, rerun_finished, retry_dead, unfinished_jobs,
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{

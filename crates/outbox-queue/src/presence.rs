@@ -18,6 +18,8 @@ use crate::{MAX_RETRY_ROUNDS, QueueError, QueueNamespace, apalis_config, wake_ch
 
 static STATES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/states.lua")));
 static RERUN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/rerun.lua")));
+static UNFINISHED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/unfinished.lua")));
 
 /// Most task ids one [`job_states`] or [`rerun_finished`] call sends to
 /// Redis; longer lists are split.
@@ -110,6 +112,97 @@ pub async fn job_states(
         )));
     }
     Ok(states)
+}
+
+/// The jobs of some queues that have not finished (ready, due later or
+/// running), read in one step together with the namespace's marker: see
+/// [`unfinished_jobs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    /// The marker's epoch at that instant (`None`: no marker, or one
+    /// without a readable epoch).
+    pub epoch: Option<Uuid>,
+    /// How many unfinished jobs the queues held.
+    pub count: usize,
+    /// Their task ids (retry copies as `<id>~retry<n>`), when `count` was
+    /// within the limit asked for; `None` when it was not.
+    pub task_ids: Option<Vec<String>>,
+}
+
+/// The unfinished jobs of `queues` and the marker of `namespace`, read by
+/// one Lua call (so at one instant): the active list, the scheduled set and
+/// the in-flight set of every registered worker of each queue. The ids are
+/// read only when there are at most `limit` of them; a queue holding a
+/// backlog costs Redis O(queues + workers), not O(backlog).
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails, [`QueueError::Unexpected`] when
+/// the answer has the wrong shape.
+pub async fn unfinished_jobs(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queues: &[&str],
+    limit: usize,
+) -> Result<Unfinished, QueueError> {
+    let mut call = UNFINISHED.prepare_invoke();
+    call.key(crate::marker_key(namespace));
+    for queue in queues {
+        let config = apalis_config(namespace, queue);
+        call.key(config.active_jobs_list())
+            .key(config.scheduled_jobs_set())
+            .key(config.workers_set())
+            .key(config.inflight_jobs_set());
+    }
+    call.arg(limit);
+    let (epoch, count, ids): (String, i64, Vec<String>) = call.invoke_async(conn).await?;
+    let count = usize::try_from(count)
+        .map_err(|_| QueueError::Unexpected(format!("a negative count of jobs: {count}")))?;
+    let task_ids = (count <= limit).then_some(ids);
+    if task_ids.as_ref().is_some_and(|ids| ids.len() != count) {
+        return Err(QueueError::Unexpected(format!(
+            "counted {count} unfinished jobs, read {}",
+            task_ids.map_or(0, |ids| ids.len())
+        )));
+    }
+    Ok(Unfinished {
+        epoch: epoch.parse().ok(),
+        count,
+        task_ids,
+    })
+}
+
+/// The outbox event a task id belongs to: its own job (`outbox:<event
+/// id>`, `outbox:<event id>:g<n>`), a job derived from it
+/// (`email:<delivery id>`, `plugin-invoke:<delivery id>:<subscription>`),
+/// or a retry copy of either (`…~retry<n>`). `None` for any other id.
+///
+/// ```
+/// let event = uuid::Uuid::now_v7();
+/// let sub = uuid::Uuid::nil();
+/// for id in [
+///     outbox_queue::task_id(event),
+///     outbox_queue::generation_task_id(event, 2),
+///     outbox_queue::email_task_id(&outbox_queue::delivery_id(event, 1)),
+///     outbox_queue::plugin_invoke_task_id(&event.to_string(), sub),
+///     outbox_queue::retry_task_id(&outbox_queue::task_id(event), 3),
+/// ] {
+///     assert_eq!(outbox_queue::event_of_task(&id), Some(event), "{id}");
+/// }
+/// assert_eq!(outbox_queue::event_of_task("send-report-42"), None);
+/// assert_eq!(outbox_queue::event_of_task("outbox:not-a-uuid"), None);
+/// ```
+#[must_use]
+pub fn event_of_task(task_id: &str) -> Option<Uuid> {
+    let (base, _) = crate::retry_round(task_id);
+    let rest = ["outbox:", "email:", "plugin-invoke:"]
+        .iter()
+        .find_map(|prefix| base.strip_prefix(prefix))?;
+    let event = rest.get(..36)?;
+    match rest.as_bytes().get(36) {
+        None | Some(b':') => event.parse().ok(),
+        Some(_) => None,
+    }
 }
 
 /// Runs finished jobs of `queue` again: each task id that is in the done
