@@ -741,6 +741,13 @@ impl RedisGuard {
                     .await?;
             }
         }
+        tracing::debug!(
+            namespace = %prefix,
+            queues_by_unfinished = pass.queues_by_unfinished,
+            queues_scanned = pass.queues_scanned,
+            rows_read = pass.rows_read,
+            "safe points moved"
+        );
         Ok(pass)
     }
 
