@@ -44,9 +44,11 @@
 //! comes from Redis' list of the queue's unfinished jobs when it is short
 //! (the usual case: consumers keeping up), from a scan of the rows after
 //! the safe point when the queue holds a backlog
-//! ([`RedisGuard::advance_safe_points`]). The two differ only for a job
-//! whose body vanished while the marker stayed (a key deleted by hand):
-//! the scan stops at it, the list does not hold it.
+//! ([`RedisGuard::advance_safe_points`]). The list lets a safe point pass
+//! a job the scan would stop at in one case only: a job whose body
+//! vanished while the marker stayed (a key deleted by hand), which the
+//! list does not hold. Elsewhere it is the more cautious of the two (a
+//! derived job still running whose receiver already recorded it holds it).
 
 use std::sync::Arc;
 use std::time::Duration;
