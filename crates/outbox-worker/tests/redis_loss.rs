@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::{GENERAL, MAIL, Stack};
-use diesel::sql_types::{Nullable, Timestamptz};
 use diesel_async::RunQueryDsl;
 use outbox_test_support::{RedisProcess, eventually};
 
@@ -59,19 +58,8 @@ fn arrivals(stack: &Stack) -> (HashMap<String, usize>, HashMap<String, usize>) {
     (mails, hooks)
 }
 
-#[derive(diesel::QueryableByName)]
-struct At {
-    #[diesel(sql_type = Nullable<Timestamptz>)]
-    at: Option<chrono::DateTime<chrono::Utc>>,
-}
-
 async fn at(stack: &Stack, sql: &str) -> Option<chrono::DateTime<chrono::Utc>> {
-    let mut conn = stack.db.conn().await;
-    diesel::sql_query(sql)
-        .get_result::<At>(&mut conn)
-        .await
-        .unwrap()
-        .at
+    stack.timestamp(sql).await
 }
 
 #[derive(diesel::QueryableByName)]

@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use common::{GENERAL, MAIL, Stack};
-use diesel::sql_types::Timestamptz;
-use diesel_async::RunQueryDsl;
 use outbox_publish::NewOutboxEvent;
 use outbox_test_support::eventually;
 use serde_json::json;
@@ -27,19 +25,8 @@ const WAIT: Duration = Duration::from_secs(60);
 /// hold it.
 const HOLD: Duration = Duration::from_secs(15);
 
-#[derive(diesel::QueryableByName)]
-struct At {
-    #[diesel(sql_type = Timestamptz)]
-    at: DateTime<Utc>,
-}
-
 async fn at(stack: &Stack, sql: &str) -> DateTime<Utc> {
-    let mut conn = stack.db.conn().await;
-    diesel::sql_query(sql)
-        .get_result::<At>(&mut conn)
-        .await
-        .unwrap()
-        .at
+    stack.timestamp(sql).await.expect("a timestamp")
 }
 
 async fn handed_off_at(stack: &Stack, id: Uuid) -> DateTime<Utc> {

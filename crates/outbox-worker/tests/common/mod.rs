@@ -274,6 +274,21 @@ impl Stack {
         self.db.conn().await.batch_execute(sql).await.unwrap();
     }
 
+    /// The timestamp `sql` selects as `at` from its one row (`None` for
+    /// NULL).
+    pub async fn timestamp(&self, sql: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+        #[derive(diesel::QueryableByName)]
+        struct At {
+            #[diesel(sql_type = diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>)]
+            at: Option<chrono::DateTime<chrono::Utc>>,
+        }
+        let mut conn = self.db.conn().await;
+        diesel_async::RunQueryDsl::get_result::<At>(diesel::sql_query(sql), &mut conn)
+            .await
+            .unwrap()
+            .at
+    }
+
     pub async fn stats(&self, queue: &str) -> QueueStats {
         let mut conn = outbox_queue::connect(&RedisSettings::new(self.redis.url())).unwrap();
         outbox_queue::queue_stats(&mut conn, &self.namespace, queue, Duration::from_secs(3600))
