@@ -114,7 +114,7 @@ pub fn delivery_id(event_id: Uuid, generation: u32) -> String {
 /// ```
 #[must_use]
 pub fn generation_task_id(event_id: Uuid, generation: u32) -> String {
-    format!("outbox:{}", delivery_id(event_id, generation))
+    format!("{OUTBOX_TASK_PREFIX}{}", delivery_id(event_id, generation))
 }
 
 /// `outbox:<event id>`: the apalis task id of an event's job. Pushing the
@@ -127,8 +127,12 @@ pub fn generation_task_id(event_id: Uuid, generation: u32) -> String {
 /// ```
 #[must_use]
 pub fn task_id(event_id: Uuid) -> String {
-    format!("outbox:{event_id}")
+    format!("{OUTBOX_TASK_PREFIX}{event_id}")
 }
+
+/// How the task id of an event's own job begins (`outbox:<delivery id>`);
+/// [`crate::event_of_task`] reads ids back by it.
+pub(crate) const OUTBOX_TASK_PREFIX: &str = "outbox:";
 
 #[cfg(test)]
 mod tests {

@@ -195,9 +195,13 @@ pub async fn unfinished_jobs(
 #[must_use]
 pub fn event_of_task(task_id: &str) -> Option<Uuid> {
     let (base, _) = crate::retry_round(task_id);
-    let rest = ["outbox:", "email:", "plugin-invoke:"]
-        .iter()
-        .find_map(|prefix| base.strip_prefix(prefix))?;
+    let rest = [
+        crate::envelope::OUTBOX_TASK_PREFIX,
+        EMAIL_TASK_PREFIX,
+        PLUGIN_INVOKE_TASK_PREFIX,
+    ]
+    .iter()
+    .find_map(|prefix| base.strip_prefix(prefix))?;
     let event = rest.get(..36)?;
     match rest.as_bytes().get(36) {
         None | Some(b':') => event.parse().ok(),
@@ -294,8 +298,11 @@ async fn put_back(
 /// ```
 #[must_use]
 pub fn email_task_id(delivery_id: &str) -> String {
-    format!("email:{delivery_id}")
+    format!("{EMAIL_TASK_PREFIX}{delivery_id}")
 }
+
+/// How the task id of a mail's send job begins ([`email_task_id`]).
+const EMAIL_TASK_PREFIX: &str = "email:";
 
 /// The task id (and receiver idempotency key) of one plugin invocation a
 /// `plugin.hook.*` event's handler derives on `toolctrl.plugin-invoke`:
@@ -310,5 +317,8 @@ pub fn email_task_id(delivery_id: &str) -> String {
 /// ```
 #[must_use]
 pub fn plugin_invoke_task_id(delivery_id: &str, subscription_id: Uuid) -> String {
-    format!("plugin-invoke:{delivery_id}:{subscription_id}")
+    format!("{PLUGIN_INVOKE_TASK_PREFIX}{delivery_id}:{subscription_id}")
 }
+
+/// How the task id of a plugin invocation begins ([`plugin_invoke_task_id`]).
+const PLUGIN_INVOKE_TASK_PREFIX: &str = "plugin-invoke:";

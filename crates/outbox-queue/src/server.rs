@@ -194,12 +194,7 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
 /// [`QueueError::Redis`] when Redis does not answer `INFO`, or
 /// [`QueueError::Unexpected`] when the answer has no `run_id`.
 pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo, QueueError> {
-    let server: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
-    let server = parse_info(&server);
-    let run_id = server
-        .get("run_id")
-        .cloned()
-        .ok_or_else(|| QueueError::Unexpected("INFO server has no run_id".to_owned()))?;
+    let (run_id, server) = read_server_section(conn).await?;
     let persistence = read_persistence(conn).await;
     Ok(ServerInfo {
         run_id,
@@ -211,6 +206,29 @@ pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo
         ),
         persistence,
     })
+}
+
+/// The server's `run_id` alone (one `INFO server`): whether the same
+/// server run still answers.
+///
+/// # Errors
+///
+/// As [`read_server_info`].
+pub async fn read_run_id(conn: &mut ConnectionManager) -> Result<String, QueueError> {
+    Ok(read_server_section(conn).await?.0)
+}
+
+/// `INFO server`, parsed, with its `run_id`.
+async fn read_server_section(
+    conn: &mut ConnectionManager,
+) -> Result<(String, HashMap<String, String>), QueueError> {
+    let server: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
+    let server = parse_info(&server);
+    let run_id = server
+        .get("run_id")
+        .cloned()
+        .ok_or_else(|| QueueError::Unexpected("INFO server has no run_id".to_owned()))?;
+    Ok((run_id, server))
 }
 
 /// `CONFIG GET appendonly appendfsync save` as [`Persistence`]; a refusal

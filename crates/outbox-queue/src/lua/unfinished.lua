@@ -5,7 +5,7 @@
 -- A job that has not finished is in exactly one of: the active list
 -- (ready), the scheduled set (due later, retry copies included) or the
 -- in-flight set of the worker running it. Every script that moves a job
--- between them (push, fetch, ack, release, recover) does so in one step,
+-- between them (push, fetch, ack, release, recover, rerun) does so in one step,
 -- so this reading sees each unfinished job once.
 --
 -- KEYS[1] the marker hash (field `epoch`)
