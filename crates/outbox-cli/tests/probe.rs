@@ -119,7 +119,7 @@ impl Env {
             .env("WORKER_POLL_INTERVAL_MS", "200")
             .env("WORKER_GAUGE_INTERVAL_MS", "1000")
             .env("WORKER_SHUTDOWN_GRACE_MS", "3000")
-            .env("DATABASE_POOL_SIZE", "3")
+            .env("DATABASE_POOL_SIZE", "6")
             .env(
                 "RUST_LOG",
                 "info,apalis=warn,apalis_core=warn,apalis_redis=warn",

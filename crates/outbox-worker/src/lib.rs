@@ -393,6 +393,15 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
         // backlog.
         let mut draining = None;
         if config.dispatcher_enabled {
+            if config.dispatcher.loops >= config.pool_size as usize {
+                tracing::warn!(
+                    loops = config.dispatcher.loops,
+                    pool_size = config.pool_size,
+                    "OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE: under a backlog the \
+                     dispatch loops can hold every pooled connection while this process's \
+                     handlers wait for one"
+                );
+            }
             let dispatcher = Arc::new(
                 Dispatcher::new(
                     pool.clone(),

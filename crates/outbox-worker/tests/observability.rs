@@ -52,6 +52,44 @@ async fn json_logs_name_the_event_tenant_queue_and_attempt_of_each_job_line() {
 const TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
 
+/// A pool no larger than the dispatcher's loops is named at start-up: under
+/// a backlog every pooled connection could be a loop's, and handlers would
+/// wait. With the defaults (10 connections, 4 loops) nothing is said.
+// Break checked: with the warning's condition inverted, the first start
+// says nothing and the test fails waiting for its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_no_larger_than_the_dispatch_loops_is_named_at_start_up() {
+    let stack = Stack::new().await;
+    let small = stack
+        .start(
+            GENERAL,
+            &[("LOG_FORMAT", "text"), ("DATABASE_POOL_SIZE", "4")],
+        )
+        .await;
+    let output = small
+        .wait_output("OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE")
+        .await;
+    let line = output
+        .lines()
+        .find(|line| line.contains("OUTBOX_DISPATCH_LOOPS is not below"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(
+        line.contains("loops=4") && line.contains("pool_size=4"),
+        "{line}"
+    );
+    drop(small);
+
+    let default = stack
+        .start_without(GENERAL, &["DATABASE_POOL_SIZE"], &[("LOG_FORMAT", "text")])
+        .await;
+    let output = default.wait_output("dispatcher started").await;
+    assert!(
+        !output.contains("OUTBOX_DISPATCH_LOOPS"),
+        "warned with the default pool: {output}"
+    );
+}
+
 /// Inserts a `webhook.order.created` event of `acme` by plain SQL, with
 /// [`TRACEPARENT`].
 /// Text logs written to a pipe or a file carry no terminal colour codes:

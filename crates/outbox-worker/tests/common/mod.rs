@@ -186,7 +186,7 @@ impl Stack {
             ("DELIVERY_LEASE_MS", "3000".to_owned()),
             ("WORKER_HEARTBEAT_MS", "1000".to_owned()),
             ("WORKER_RETRIES", "2".to_owned()),
-            ("DATABASE_POOL_SIZE", "3".to_owned()),
+            ("DATABASE_POOL_SIZE", "6".to_owned()),
             (
                 "WORKER_SHUTDOWN_GRACE_MS",
                 SHUTDOWN_GRACE.as_millis().to_string(),
