@@ -26,6 +26,16 @@ const MAX_JOBS_PER_PUSH: usize = 500;
 
 /// How often the pending gauge is refreshed at most.
 const GAUGE_REFRESH: Duration = Duration::from_secs(5);
+/// The loops of a dispatcher that answer wake-ups (insert notifications,
+/// the wake gate, [`Dispatcher::wake`]) and the poll interval. Loops beyond
+/// these only help drain a backlog: one is woken when a loop's claim comes
+/// back full (at the claim, so that it claims while that loop pushes), it
+/// ticks back to back while its own batches come back full, and waits
+/// again after the first that does not. Without this, every loop polled and then kept
+/// ticking back to back on a few rows a claim under a steady load, so four
+/// loops at 500 events/s kept the machine busier than two and raised the
+/// latency (docs/performance.md, "Four loops").
+pub const WAKE_LOOPS: usize = 2;
 
 /// What one tick did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -78,6 +88,8 @@ pub struct Dispatcher {
     router: Router,
     config: DispatcherConfig,
     wake: Arc<Notify>,
+    /// Wakes a loop beyond the first [`WAKE_LOOPS`] (a claim came back full).
+    more: Arc<Notify>,
     gauge_refreshed: Mutex<Option<Instant>>,
     guard: Option<Arc<RedisGuard>>,
     upkeep: Arc<Upkeep>,
@@ -121,6 +133,7 @@ impl Dispatcher {
             upkeep: Arc::new(Upkeep::new(config.vacuum_every)),
             config,
             wake: Arc::new(Notify::new()),
+            more: Arc::new(Notify::new()),
             gauge_refreshed: Mutex::new(None),
             guard: None,
             draining: Draining::default(),
@@ -230,7 +243,14 @@ impl Dispatcher {
             "dispatcher started"
         );
         let loops: Vec<_> = (0..self.config.loops)
-            .map(|_| tokio::spawn(self.clone().run_loop(shutdown.clone(), gate.clone())))
+            .map(|n| {
+                let role = if n < WAKE_LOOPS {
+                    LoopRole::Answering(gate.clone())
+                } else {
+                    LoopRole::Helping
+                };
+                tokio::spawn(self.clone().run_loop(shutdown.clone(), role))
+            })
             .collect();
         for (n, handle) in loops.into_iter().enumerate() {
             if let Err(e) = handle.await {
@@ -256,10 +276,22 @@ impl Dispatcher {
     /// One of the [`DispatcherConfig::loops`] loops of [`Dispatcher::run`]:
     /// ticks back to back while its batches come back full (waking an idle
     /// sibling each time, since more rows are probably due), otherwise
-    /// waits for a wake-up or the poll interval. With wake-ups on, what it
-    /// does after a tick that was not full follows the wake gate
-    /// ([`Next::after`]).
-    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, gate: Option<Arc<WakeGate>>) {
+    /// waits: an answering loop for a wake-up or the poll interval, a
+    /// helping one for a full claim of another loop (`tick_until` wakes it). With wake-ups on, what
+    /// an answering loop does after a tick that was not full follows the
+    /// wake gate ([`Next::after`]); a helping one leaves the gate alone.
+    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, role: LoopRole) {
+        let helping = matches!(role, LoopRole::Helping);
+        let gate = match role {
+            LoopRole::Answering(gate) => gate,
+            LoopRole::Helping => None,
+        };
+        if helping {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.more.notified() => {}
+            }
+        }
         // Whether the gate counts this loop as ticking back to back.
         let mut counted_busy = false;
         // Whether `draining` counts this loop's last tick as full.
@@ -298,6 +330,13 @@ impl Dispatcher {
                 gate.as_deref().map(|gate| (gate, &mut counted_busy)),
             );
             if next == Next::TickAtOnce {
+                continue;
+            }
+            if helping {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = self.more.notified() => {}
+                }
                 continue;
             }
             tokio::select! {
@@ -352,6 +391,11 @@ impl Dispatcher {
             return Ok(report);
         }
         metrics::counter!("outbox_dispatch_claimed_total").increment(claimed.len() as u64);
+        if report.was_full(self.config.batch_size) && self.config.loops > WAKE_LOOPS {
+            // More rows are probably due: a helping loop claims them while
+            // this tick pushes.
+            self.more.notify_one();
+        }
 
         let (claimed, mut failures) = refuse_oversized(claimed);
         report.oversized = failures.len();
@@ -574,6 +618,15 @@ impl Dispatcher {
 /// back so that publishers stop sending `NOTIFY`, and ticks back to back
 /// until a claim comes back empty.
 const BUSY_CLAIM: usize = 2;
+
+/// What wakes a dispatch loop (see [`WAKE_LOOPS`]).
+enum LoopRole {
+    /// Wake-ups and the poll interval, with the process's wake gate when
+    /// wake-ups are on.
+    Answering(Option<Arc<WakeGate>>),
+    /// Only a full batch of another loop.
+    Helping,
+}
 
 /// What a dispatch loop does after a tick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -886,6 +886,129 @@ async fn each_dispatch_loop_claims_its_own_batch_while_the_pushes_of_the_others_
     run.await.unwrap().unwrap();
 }
 
+// Break checked: without the wake-up of a helping loop at a full claim
+// (`more.notify_one()` left out) this fails with "each of the four loops to
+// hold a batch of 10".
+#[tokio::test]
+async fn loops_beyond_the_answering_two_join_in_while_batches_come_back_full() {
+    let h = Harness::with_pool_size(8).await;
+    let mut redis = PausableRedis::start().await;
+    h.publish(
+        (0..50)
+            .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+            .collect(),
+    )
+    .await;
+    redis.pause_writes().await;
+    let dispatcher = h.dispatcher_on(
+        &redis.process.url(),
+        outbox_dispatch::DispatcherConfig {
+            batch_size: 10,
+            loops: 4,
+            backoff: vec![Duration::from_millis(100)],
+            ..quick_config()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let run = dispatcher.spawn(shutdown.clone());
+    h.wait_for(
+        "each of the four loops to hold a batch of 10",
+        Duration::from_secs(30),
+        async || processing(&h).await == 40,
+    )
+    .await;
+    redis.unpause().await;
+    h.wait_for(
+        "every row to be handed off",
+        Duration::from_secs(60),
+        async || {
+            h.rows()
+                .await
+                .iter()
+                .all(|row| row.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
+/// Under a trickle (no claim comes back full) only the first
+/// `WAKE_LOOPS` loops claim: the others neither poll nor answer wake-ups,
+/// so that a steady load is not split into more, smaller ticks.
+// Break checked: with every loop answering the poll interval (the
+// behaviour before), the later trickles are claimed by the helping loops
+// and this fails ("a helping loop claimed a trickle"), in two runs of two.
+#[tokio::test]
+async fn loops_beyond_the_answering_two_stay_out_of_a_trickle() {
+    assert_eq!(outbox_dispatch::WAKE_LOOPS, 2);
+    let h = Harness::with_pool_size(8).await;
+    let mut redis = PausableRedis::start().await;
+    redis.pause_writes().await;
+    let dispatcher = h.dispatcher_on(
+        &redis.process.url(),
+        outbox_dispatch::DispatcherConfig {
+            batch_size: 10,
+            loops: 4,
+            backoff: vec![Duration::from_millis(100)],
+            ..quick_config()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let run = dispatcher.spawn(shutdown.clone());
+    let trickle = async |from: usize| {
+        h.publish(
+            (from..from + 3)
+                .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
+                .collect(),
+        )
+        .await
+    };
+    // A loop that claims waits on the paused Redis (up to its 5 s response
+    // timeout) and holds its rows meanwhile; the rows of one claim share
+    // their `locked_until`.
+    let claims_in_flight = async || {
+        let rows = h.rows().await;
+        let held: std::collections::BTreeSet<_> = rows
+            .iter()
+            .filter(|row| row.status == OutboxStatus::Processing)
+            .filter_map(|row| row.locked_until)
+            .collect();
+        held.len()
+    };
+    trickle(0).await;
+    h.wait_for(
+        "the first trickle to be claimed",
+        Duration::from_secs(30),
+        async || processing(&h).await == 3,
+    )
+    .await;
+    // Apart by three poll intervals, so that a loop that polled would claim
+    // each trickle on its own, and one more second for the last.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    trickle(3).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    trickle(6).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let claims = claims_in_flight().await;
+    assert!(
+        (1..=2).contains(&claims),
+        "{claims} claims in flight: a helping loop claimed a trickle"
+    );
+    redis.unpause().await;
+    h.wait_for(
+        "every row to be handed off",
+        Duration::from_secs(60),
+        async || {
+            let rows = h.rows().await;
+            rows.len() == 9 && rows.iter().all(|row| row.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 // Break checked: the dispatcher's `Debug` replaced by an empty result
 // (a mutation run's shard 6) fails here.
 #[tokio::test]
