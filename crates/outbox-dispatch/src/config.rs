@@ -29,11 +29,12 @@ pub const DEFAULT_CONCURRENCY: usize = 10;
 /// sequence and leaves the machine half idle; measured with the release
 /// `worker-general` on two cores (`cargo xtask bench --only handoff`,
 /// docs/performance.md, "Loops"), two loops hand off about 1.3 times as many
-/// events a second as one, and four about 1.1 times as many as two in one
-/// process (the machine 0.84 busy instead of 0.71), with no change beside
-/// other processes. Loops beyond the first join in under a backlog (a
-/// loop whose batch came back full wakes the next); otherwise each waits,
-/// holding no connection, and polls once per `OUTBOX_DISPATCH_INTERVAL_MS`.
+/// events a second as one, and four 1.14 to 1.20 times as many as two in
+/// one process (the machine about 0.82 busy instead of 0.70), with no
+/// change beside other processes. Only the first [`crate::WAKE_LOOPS`] answer wake-ups
+/// and poll; the others join in only under a backlog (a claim that came
+/// back full wakes one) and otherwise wait holding no connection, so a
+/// steady load runs as on two loops (docs/performance.md, "Four loops").
 pub const DEFAULT_LOOPS: usize = 4;
 /// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
 pub const MAX_LOOPS: usize = 64;
@@ -61,9 +62,10 @@ pub struct DispatcherConfig {
     /// Most queue pushes in flight at once within a tick.
     pub concurrency: usize,
     /// Claim-and-hand-off loops run at once ([`DEFAULT_LOOPS`]); each holds
-    /// one pooled connection while it ticks. A loop that claims a whole
-    /// batch wakes an idle one, so a backlog keeps them all busy while a
-    /// trickle wakes one.
+    /// one pooled connection while it ticks. The first
+    /// [`crate::WAKE_LOOPS`] answer wake-ups and the poll interval; a loop
+    /// that claims a whole batch wakes an idle one, so a backlog keeps them
+    /// all busy while a trickle keeps at most those first ones busy.
     pub loops: usize,
     /// Failed hand-offs retried before a row is dead-lettered (FAILED).
     pub max_retries: u32,
