@@ -34,7 +34,8 @@ pub const DEFAULT_CONCURRENCY: usize = 10;
 /// change beside other processes. Only the first [`crate::WAKE_LOOPS`] answer wake-ups
 /// and poll; the others join in only under a backlog (a claim that came
 /// back full wakes one) and otherwise wait holding no connection, so a
-/// steady load runs as on two loops (docs/performance.md, "Four loops").
+/// steady load whose claims stay below a batch is claimed by the first
+/// two only (docs/performance.md, "Four loops").
 pub const DEFAULT_LOOPS: usize = 4;
 /// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
 pub const MAX_LOOPS: usize = 64;

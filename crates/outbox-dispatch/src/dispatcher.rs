@@ -31,10 +31,10 @@ const GAUGE_REFRESH: Duration = Duration::from_secs(5);
 /// these only help drain a backlog: one is woken when a loop's claim comes
 /// back full (at the claim, so that it claims while that loop pushes), it
 /// ticks back to back while its own batches come back full, and waits
-/// again after the first that does not. Without this, every loop polled and then kept
-/// ticking back to back on a few rows a claim under a steady load, so four
-/// loops at 500 events/s kept the machine busier than two and raised the
-/// latency (docs/performance.md, "Four loops").
+/// again after the first that does not. Without this, every loop polled
+/// and then kept ticking back to back on a few rows a claim under a steady
+/// load, so four loops at 500 events/s kept the machine busier than two
+/// and raised the latency (docs/performance.md, "Four loops").
 pub const WAKE_LOOPS: usize = 2;
 
 /// What one tick did.

@@ -836,101 +836,82 @@ async fn processing(h: &Harness) -> usize {
         .count()
 }
 
-// Break checked: `run` starting one loop whatever `loops` says fails with
-// "each of the two loops to hold a batch of 10".
-#[tokio::test]
-async fn each_dispatch_loop_claims_its_own_batch_while_the_pushes_of_the_others_wait() {
-    let h = Harness::new().await;
-    // A Redis of its own, to pause without disturbing other tests.
-    let mut redis = PausableRedis::start().await;
+/// A dispatcher of `loops` loops (batches of 10, quick polling) on a Redis
+/// of its own whose writes are paused: every push waits (up to the
+/// connection's 5 s response timeout), so a loop that claimed holds its
+/// rows meanwhile, and the rows in flight show which loops claimed.
+struct PausedLoops {
+    redis: PausableRedis,
+    shutdown: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), outbox_dispatch::DispatchError>>,
+}
+
+impl PausedLoops {
+    async fn start(h: &Harness, loops: usize) -> Self {
+        let mut redis = PausableRedis::start().await;
+        redis.pause_writes().await;
+        let dispatcher = h.dispatcher_on(
+            &redis.process.url(),
+            outbox_dispatch::DispatcherConfig {
+                batch_size: 10,
+                loops,
+                backoff: vec![Duration::from_millis(100)],
+                ..quick_config()
+            },
+        );
+        let shutdown = CancellationToken::new();
+        let run = dispatcher.spawn(shutdown.clone());
+        Self {
+            redis,
+            shutdown,
+            run,
+        }
+    }
+
+    /// Lets the pushes through, waits until every row is handed off and
+    /// stops the dispatcher.
+    async fn finish(mut self, h: &Harness) {
+        self.redis.unpause().await;
+        h.wait_all_done("every row to be handed off", Duration::from_secs(60))
+            .await;
+        self.shutdown.cancel();
+        self.run.await.unwrap().unwrap();
+    }
+}
+
+/// Publishes a batch more than `loops` loops claim and waits until each of
+/// them holds a batch of 10 behind the paused Redis.
+async fn each_loop_holds_a_batch(loops: usize) {
+    let h = Harness::with_pool_size(8).await;
     h.publish(
-        (0..30)
+        (0..(loops + 1) * 10)
             .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
             .collect(),
     )
     .await;
-    redis.pause_writes().await;
-    let dispatcher = h.dispatcher_on(
-        &redis.process.url(),
-        outbox_dispatch::DispatcherConfig {
-            batch_size: 10,
-            loops: 2,
-            backoff: vec![Duration::from_millis(100)],
-            ..quick_config()
-        },
-    );
-    let shutdown = CancellationToken::new();
-    let run = dispatcher.spawn(shutdown.clone());
-
-    // Every push waits on the paused Redis, so a loop holds its claim until
-    // the push times out: two batches at once means two loops claimed.
+    let paused = PausedLoops::start(&h, loops).await;
     h.wait_for(
-        "each of the two loops to hold a batch of 10",
+        &format!("each of the {loops} loops to hold a batch of 10"),
         Duration::from_secs(30),
-        async || processing(&h).await == 20,
+        async || processing(&h).await == loops * 10,
     )
     .await;
-    redis.unpause().await;
-    h.wait_for(
-        "every row to be handed off",
-        Duration::from_secs(60),
-        async || {
-            h.rows()
-                .await
-                .iter()
-                .all(|row| row.status == OutboxStatus::Done)
-        },
-    )
-    .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    paused.finish(&h).await;
+}
+
+// Break checked: `run` starting one loop whatever `loops` says fails with
+// "each of the 2 loops to hold a batch of 10".
+#[tokio::test]
+async fn each_dispatch_loop_claims_its_own_batch_while_the_pushes_of_the_others_wait() {
+    each_loop_holds_a_batch(2).await;
 }
 
 // Break checked: without the wake-up of a helping loop at a full claim
-// (`more.notify_one()` left out) this fails with "each of the four loops to
+// (`more.notify_one()` left out) this fails with "each of the 4 loops to
 // hold a batch of 10".
 #[tokio::test]
 async fn loops_beyond_the_answering_two_join_in_while_batches_come_back_full() {
-    let h = Harness::with_pool_size(8).await;
-    let mut redis = PausableRedis::start().await;
-    h.publish(
-        (0..50)
-            .map(|n| NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })))
-            .collect(),
-    )
-    .await;
-    redis.pause_writes().await;
-    let dispatcher = h.dispatcher_on(
-        &redis.process.url(),
-        outbox_dispatch::DispatcherConfig {
-            batch_size: 10,
-            loops: 4,
-            backoff: vec![Duration::from_millis(100)],
-            ..quick_config()
-        },
-    );
-    let shutdown = CancellationToken::new();
-    let run = dispatcher.spawn(shutdown.clone());
-    h.wait_for(
-        "each of the four loops to hold a batch of 10",
-        Duration::from_secs(30),
-        async || processing(&h).await == 40,
-    )
-    .await;
-    redis.unpause().await;
-    h.wait_for(
-        "every row to be handed off",
-        Duration::from_secs(60),
-        async || {
-            h.rows()
-                .await
-                .iter()
-                .all(|row| row.status == OutboxStatus::Done)
-        },
-    )
-    .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    each_loop_holds_a_batch(4).await;
 }
 
 /// Under a trickle (no claim comes back full) only the first
@@ -943,19 +924,7 @@ async fn loops_beyond_the_answering_two_join_in_while_batches_come_back_full() {
 async fn loops_beyond_the_answering_two_stay_out_of_a_trickle() {
     assert_eq!(outbox_dispatch::WAKE_LOOPS, 2);
     let h = Harness::with_pool_size(8).await;
-    let mut redis = PausableRedis::start().await;
-    redis.pause_writes().await;
-    let dispatcher = h.dispatcher_on(
-        &redis.process.url(),
-        outbox_dispatch::DispatcherConfig {
-            batch_size: 10,
-            loops: 4,
-            backoff: vec![Duration::from_millis(100)],
-            ..quick_config()
-        },
-    );
-    let shutdown = CancellationToken::new();
-    let run = dispatcher.spawn(shutdown.clone());
+    let paused = PausedLoops::start(&h, 4).await;
     let trickle = async |from: usize| {
         h.publish(
             (from..from + 3)
@@ -964,17 +933,16 @@ async fn loops_beyond_the_answering_two_stay_out_of_a_trickle() {
         )
         .await
     };
-    // A loop that claims waits on the paused Redis (up to its 5 s response
-    // timeout) and holds its rows meanwhile; the rows of one claim share
-    // their `locked_until`.
-    let claims_in_flight = async || {
+    // The rows of one claim share their `locked_until`: the loops holding
+    // rows are the distinct values among the rows in flight.
+    let one_or_two_claims = async || {
         let rows = h.rows().await;
         let held: std::collections::BTreeSet<_> = rows
             .iter()
             .filter(|row| row.status == OutboxStatus::Processing)
             .filter_map(|row| row.locked_until)
             .collect();
-        held.len()
+        (1..=2).contains(&held.len())
     };
     trickle(0).await;
     h.wait_for(
@@ -983,30 +951,17 @@ async fn loops_beyond_the_answering_two_stay_out_of_a_trickle() {
         async || processing(&h).await == 3,
     )
     .await;
-    // Apart by three poll intervals, so that a loop that polled would claim
-    // each trickle on its own, and one more second for the last.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Each trickle three poll intervals after the one before, so that a
+    // loop that polled would claim it on its own, and a second more after
+    // the last. Every claim holds its rows meanwhile (well within the 5 s
+    // push timeout).
+    let what = "one or two claims in flight: a helping loop claimed a trickle";
+    outbox_test_support::consistently(what, Duration::from_millis(300), one_or_two_claims).await;
     trickle(3).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    outbox_test_support::consistently(what, Duration::from_millis(300), one_or_two_claims).await;
     trickle(6).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let claims = claims_in_flight().await;
-    assert!(
-        (1..=2).contains(&claims),
-        "{claims} claims in flight: a helping loop claimed a trickle"
-    );
-    redis.unpause().await;
-    h.wait_for(
-        "every row to be handed off",
-        Duration::from_secs(60),
-        async || {
-            let rows = h.rows().await;
-            rows.len() == 9 && rows.iter().all(|row| row.status == OutboxStatus::Done)
-        },
-    )
-    .await;
-    shutdown.cancel();
-    run.await.unwrap().unwrap();
+    outbox_test_support::consistently(what, Duration::from_secs(1), one_or_two_claims).await;
+    paused.finish(&h).await;
 }
 
 // Break checked: the dispatcher's `Debug` replaced by an empty result

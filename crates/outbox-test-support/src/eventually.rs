@@ -1,5 +1,6 @@
 //! [`eventually`]: waiting on a condition with a deadline, the one way tests
-//! here wait for something asynchronous to happen.
+//! here wait for something asynchronous to happen; [`consistently`], its
+//! counterpart for something that must not happen.
 
 use std::time::Duration;
 
@@ -19,6 +20,27 @@ pub async fn eventually(what: &str, limit: Duration, mut check: impl AsyncFnMut(
             tokio::time::Instant::now() < deadline,
             "timed out after {limit:?} waiting for {what}"
         );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Re-checks `check` every 50 ms for `window`, failing at the first check
+/// that returns false.
+///
+/// For an effect that must not happen (a loop that must not claim, say),
+/// which no condition can wait for: the window is how long the test gives
+/// the effect to show, and a break shows at once rather than at its end.
+///
+/// # Panics
+///
+/// When `check` returns false within `window`, naming `what`.
+pub async fn consistently(what: &str, window: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let end = tokio::time::Instant::now() + window;
+    loop {
+        assert!(check().await, "no longer true: {what}");
+        if tokio::time::Instant::now() >= end {
+            return;
+        }
         tokio::time::sleep(POLL).await;
     }
 }
@@ -80,6 +102,27 @@ mod tests {
             "30 polls of 50 ms: {:?}",
             start.elapsed()
         );
+    }
+
+    #[tokio::test]
+    async fn a_condition_that_holds_is_checked_for_the_whole_window() {
+        let n = AtomicUsize::new(0);
+        consistently("always", Duration::from_millis(300), async || {
+            n.fetch_add(1, Ordering::Relaxed);
+            true
+        })
+        .await;
+        assert!(n.load(Ordering::Relaxed) >= 6, "{n:?} checks in 300 ms");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "no longer true: a quiet loop")]
+    async fn a_condition_that_breaks_within_the_window_fails() {
+        let n = AtomicUsize::new(0);
+        consistently("a quiet loop", Duration::from_secs(60), async || {
+            n.fetch_add(1, Ordering::Relaxed) < 3
+        })
+        .await;
     }
 
     #[tokio::test]

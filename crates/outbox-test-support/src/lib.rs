@@ -39,7 +39,7 @@ mod url;
 
 pub use child_output::ChildOutput;
 pub use database::{TestDatabase, sweep_abandoned_databases};
-pub use eventually::{POLL, eventually, eventually_reaching};
+pub use eventually::{POLL, consistently, eventually, eventually_reaching};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use log_capture::LogCapture;
 pub use metrics_recording::with_metrics_recorder;

@@ -66,13 +66,9 @@ async fn a_pool_no_larger_than_the_dispatch_loops_is_named_at_start_up() {
             &[("LOG_FORMAT", "text"), ("DATABASE_POOL_SIZE", "4")],
         )
         .await;
-    let output = small
-        .wait_output("OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE")
+    let line = small
+        .wait_line("OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE")
         .await;
-    let line = output
-        .lines()
-        .find(|line| line.contains("OUTBOX_DISPATCH_LOOPS is not below"))
-        .unwrap();
     assert!(line.contains("WARN"), "{line}");
     assert!(
         line.contains("loops=4") && line.contains("pool_size=4"),
@@ -90,8 +86,6 @@ async fn a_pool_no_larger_than_the_dispatch_loops_is_named_at_start_up() {
     );
 }
 
-/// Inserts a `webhook.order.created` event of `acme` by plain SQL, with
-/// [`TRACEPARENT`].
 /// Text logs written to a pipe or a file carry no terminal colour codes:
 /// a log collector would store them as text, and a search for
 /// `deleted=100` would not find `deleted\x1b[2m=\x1b[0m100`.
@@ -103,19 +97,16 @@ async fn text_logs_on_a_pipe_carry_no_colour_codes() {
     let stack = Stack::new().await;
     let general = stack.start(GENERAL, &[("LOG_FORMAT", "text")]).await;
 
-    let output = general.wait_output("worker started").await;
-
-    let line = output
-        .lines()
-        .find(|line| line.contains("worker started"))
-        .unwrap();
+    let line = general.wait_line("worker started").await;
     assert!(line.contains(" group=\"general\""), "{line}");
     assert!(
-        !output.contains('\u{1b}'),
+        !general.output().contains('\u{1b}'),
         "a colour code in piped text logs: {line:?}"
     );
 }
 
+/// Inserts a `webhook.order.created` event of `acme` by plain SQL, with
+/// [`TRACEPARENT`].
 async fn insert_traced_webhook_event(stack: &Stack) {
     stack
         .sql(&format!(

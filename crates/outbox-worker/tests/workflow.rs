@@ -194,11 +194,7 @@ async fn the_general_group_starts_the_workflow_subscriber_and_the_mail_group_doe
         );
     }
     let general = stack.start(GENERAL, &[]).await;
-    let output = general.wait_output("worker started").await;
-    let started = output
-        .lines()
-        .find(|line| line.contains("worker started"))
-        .unwrap();
+    let started = general.wait_line("worker started").await;
     assert!(started.contains(queues::WORKFLOW), "{started}");
 }
 

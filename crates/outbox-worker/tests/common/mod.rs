@@ -57,6 +57,14 @@ impl Worker {
         self.output()
     }
 
+    /// Waits until the process has written a line holding `text`, and
+    /// returns the first such line.
+    pub async fn wait_line(&self, text: &str) -> String {
+        let output = self.wait_output(text).await;
+        let line = output.lines().find(|line| line.contains(text));
+        line.expect("the output holds the text").to_owned()
+    }
+
     /// Waits until `/readyz` answers 200, failing if the process exits first.
     pub async fn wait_ready(&mut self) {
         let client = reqwest::Client::new();
