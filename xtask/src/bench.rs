@@ -314,6 +314,12 @@ pub struct BenchArgs {
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
+    /// Offered loads of the latency stage, events per second.
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 1_000, 2_000])]
+    pub latency_loads: Vec<u32>,
+    /// The latency stage runs with wake-ups on only, not polling only too.
+    #[arg(long)]
+    pub latency_wakeups_only: bool,
     /// Events per second of the soak stage.
     #[arg(long, default_value_t = 500)]
     pub soak_rate: usize,
@@ -341,6 +347,8 @@ impl BenchArgs {
             handoff_processes: Vec::new(),
             chart: None,
             handoff_rounds: 0,
+            latency_loads: Vec::new(),
+            latency_wakeups_only: false,
             soak_rate: 0,
             soak_seconds: 0,
             smoke: true,
@@ -415,7 +423,12 @@ async fn more_stages(
     }
     if let Some(binary) = binary.filter(|_| wants("latency")) {
         let plan = crate::bench_latency::Plan {
-            loads: run.size(vec![500, 1_000, 2_000], vec![50]),
+            loads: run.size(args.latency_loads.clone(), vec![50]),
+            wakeups: if args.latency_wakeups_only {
+                &[true]
+            } else {
+                &[true, false]
+            },
             duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
         };
         crate::bench_latency::run(run, binary, &plan).await?;

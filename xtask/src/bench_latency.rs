@@ -56,6 +56,8 @@ pub struct Plan {
     pub loads: Vec<u32>,
     /// How long each load runs.
     pub duration: Duration,
+    /// With wake-ups on (`true`), polling only (`false`), in this order.
+    pub wakeups: &'static [bool],
 }
 
 /// How the server kept `outbox_event` over one load.
@@ -161,7 +163,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
     let mut conn = outbox_model::establish(&scratch.url).await?;
     let mut serial = 0usize;
     let prefix = run.stage_prefix("latency");
-    for wakeups in [true, false] {
+    for &wakeups in plan.wakeups {
         clear_redis(&run.found.redis_url, &prefix).await?;
         let vars = [("OUTBOX_WAKEUPS", wakeups.to_string())];
         let target = (scratch.url.as_str(), prefix.as_str());
@@ -223,7 +225,9 @@ async fn publish_one(conn: &mut AsyncPgConnection, n: usize) -> Result<(String, 
         .transaction::<_, PublishError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
             let outcome = publish_outbox_event(&mut tx, event(n)).await?;
-            let clock: Clock = diesel::sql_query(
+            // Kept prepared: the instrument's own statement should cost the
+            // shared cores as little as it can (one round trip, no parse).
+            let clock: Clock = outbox_model::prepared(
                 "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS us",
             )
             .get_result(tx.conn())
