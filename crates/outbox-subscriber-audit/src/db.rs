@@ -5,12 +5,63 @@
 //! redelivered event insert nothing, also when two deliveries of it meet in
 //! the same statement. `RETURNING` names the events that were new, so that
 //! each job can tell whether it wrote its row.
+//!
+//! The rows travel as one array per column (`unnest`), so the statement's
+//! text is the same for any number of rows and each connection keeps it
+//! prepared: a batch is one round trip with no parse or plan. A multi-row
+//! `VALUES` list has a text per row count, which diesel never keeps, and
+//! Postgres parsed, analysed and planned it for every batch.
 
-use diesel::prelude::*;
+use diesel::QueryResult;
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::{audit_log, notification};
+use outbox_model::{RawJson, prepared};
 use outbox_queue::OutboxJob;
 use uuid::Uuid;
+
+/// The insert of `audit_log` rows, one array per column.
+const INSERT_AUDIT_SQL: &str = "INSERT INTO audit_log
+        (outbox_event_id, tenant_id, event_type, actor, payload, occurred_at)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[],
+                         $6::timestamptz[])
+    ON CONFLICT (outbox_event_id) DO NOTHING
+    RETURNING outbox_event_id";
+
+/// The insert of `notification` rows, one array per column.
+const INSERT_NOTIFICATION_SQL: &str = "INSERT INTO notification
+        (outbox_event_id, tenant_id, user_id, kind, title, body, data)
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[],
+                         $6::text[], $7::jsonb[])
+    ON CONFLICT (outbox_event_id) DO NOTHING
+    RETURNING outbox_event_id";
+
+/// An event id an insert returned.
+#[derive(QueryableByName)]
+struct Inserted {
+    #[diesel(sql_type = SqlUuid)]
+    outbox_event_id: Uuid,
+}
+
+/// The event ids of the rows an insert returned.
+fn event_ids(rows: Vec<Inserted>) -> Vec<Uuid> {
+    rows.into_iter().map(|row| row.outbox_event_id).collect()
+}
+
+/// The jobs' event ids, tenants, event types and payloads, one vector each.
+#[allow(clippy::type_complexity)]
+fn job_columns<'a>(
+    jobs: impl Iterator<Item = &'a OutboxJob>,
+) -> (Vec<Uuid>, Vec<&'a str>, Vec<&'a str>, Vec<&'a RawJson>) {
+    let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for job in jobs {
+        columns.0.push(job.outbox_event_id);
+        columns.1.push(job.tenant_id.as_str());
+        columns.2.push(job.event_type.as_str());
+        columns.3.push(&job.payload);
+    }
+    columns
+}
 
 /// A row one job wants written, ready for a multi-row insert.
 pub(crate) trait Row: Send + Sync + 'static {
@@ -39,26 +90,19 @@ impl Row for AuditRow {
     }
 
     async fn insert_all(conn: &mut AsyncPgConnection, rows: &[Self]) -> QueryResult<Vec<Uuid>> {
-        let values: Vec<_> = rows
-            .iter()
-            .map(|row| {
-                (
-                    audit_log::outbox_event_id.eq(row.job.outbox_event_id),
-                    audit_log::tenant_id.eq(&row.job.tenant_id),
-                    audit_log::event_type.eq(&row.job.event_type),
-                    audit_log::actor.eq(row.actor.as_deref()),
-                    audit_log::payload.eq(&row.job.payload),
-                    audit_log::occurred_at.eq(row.job.created_at),
-                )
-            })
-            .collect();
-        diesel::insert_into(audit_log::table)
-            .values(values)
-            .on_conflict(audit_log::outbox_event_id)
-            .do_nothing()
-            .returning(audit_log::outbox_event_id)
-            .get_results(conn)
+        let (ids, tenants, types, payloads) = job_columns(rows.iter().map(|row| &row.job));
+        let actors: Vec<Option<&str>> = rows.iter().map(|row| row.actor.as_deref()).collect();
+        let occurred: Vec<_> = rows.iter().map(|row| row.job.created_at).collect();
+        prepared(INSERT_AUDIT_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Array<Text>, _>(tenants)
+            .bind::<Array<Text>, _>(types)
+            .bind::<Array<Nullable<Text>>, _>(actors)
+            .bind::<Array<Jsonb>, _>(payloads)
+            .bind::<Array<Timestamptz>, _>(occurred)
+            .load::<Inserted>(conn)
             .await
+            .map(event_ids)
     }
 }
 
@@ -76,26 +120,20 @@ impl Row for NotificationRow {
     }
 
     async fn insert_all(conn: &mut AsyncPgConnection, rows: &[Self]) -> QueryResult<Vec<Uuid>> {
-        let values: Vec<_> = rows
-            .iter()
-            .map(|row| {
-                (
-                    notification::outbox_event_id.eq(row.job.outbox_event_id),
-                    notification::tenant_id.eq(&row.job.tenant_id),
-                    notification::user_id.eq(row.user_id.as_deref()),
-                    notification::kind.eq(&row.job.event_type),
-                    notification::title.eq(&row.title),
-                    notification::body.eq(row.body.as_deref()),
-                    notification::data.eq(&row.job.payload),
-                )
-            })
-            .collect();
-        diesel::insert_into(notification::table)
-            .values(values)
-            .on_conflict(notification::outbox_event_id)
-            .do_nothing()
-            .returning(notification::outbox_event_id)
-            .get_results(conn)
+        let (ids, tenants, kinds, data) = job_columns(rows.iter().map(|row| &row.job));
+        let users: Vec<Option<&str>> = rows.iter().map(|row| row.user_id.as_deref()).collect();
+        let titles: Vec<&str> = rows.iter().map(|row| row.title.as_str()).collect();
+        let bodies: Vec<Option<&str>> = rows.iter().map(|row| row.body.as_deref()).collect();
+        prepared(INSERT_NOTIFICATION_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Array<Text>, _>(tenants)
+            .bind::<Array<Nullable<Text>>, _>(users)
+            .bind::<Array<Text>, _>(kinds)
+            .bind::<Array<Text>, _>(titles)
+            .bind::<Array<Nullable<Text>>, _>(bodies)
+            .bind::<Array<Jsonb>, _>(data)
+            .load::<Inserted>(conn)
             .await
+            .map(event_ids)
     }
 }

@@ -352,3 +352,133 @@ async fn both_handlers_consume_the_described_queues_and_run_a_group_commits_wort
     assert_eq!(audit.concurrency(500), 500);
     assert_eq!(notifications.concurrency(500), 500);
 }
+
+#[derive(diesel::QueryableByName)]
+struct Described {
+    #[diesel(sql_type = Text)]
+    t: String,
+}
+
+#[derive(diesel::QueryableByName)]
+struct Kept {
+    #[diesel(sql_type = Text)]
+    statement: String,
+}
+
+/// The statements `conn` keeps prepared that start with `prefix`.
+async fn kept_on(conn: &mut AsyncPgConnection, prefix: &str) -> Vec<String> {
+    let kept: Vec<Kept> = diesel::sql_query("SELECT statement FROM pg_prepared_statements")
+        .load(conn)
+        .await
+        .expect("read the prepared statements");
+    kept.into_iter()
+        .map(|kept| kept.statement)
+        .filter(|sql| sql.starts_with(prefix))
+        .collect()
+}
+
+/// Delivers `jobs` so that they reach the writer together: the first write
+/// waits on a lock of `table` until the rest are queued behind it.
+async fn deliver_as_one_batch<H: JobHandler<Job = OutboxJob>>(
+    db: &TestDatabase,
+    handler: &H,
+    table: &str,
+    jobs: Vec<OutboxJob>,
+) {
+    let mut lock = block_writes(db, table).await;
+    let mut calls: Vec<_> = jobs
+        .into_iter()
+        .map(|job| Box::pin(deliver(handler, job)))
+        .collect();
+    assert!(futures::poll!(calls[0].as_mut()).is_pending());
+    wait_until_a_write_is_blocked(db).await;
+    for call in &mut calls[1..] {
+        assert!(futures::poll!(call.as_mut()).is_pending());
+    }
+    lock.batch_execute("COMMIT")
+        .await
+        .expect("release the lock");
+    for result in join_all(calls).await {
+        assert_eq!(result, Ok(()));
+    }
+}
+
+// Batches of one, three and two rows through one pooled connection leave
+// one prepared insert per table on it: the statement's text does not
+// depend on the number of rows. Fails when the insert goes back to a
+// multi-row `VALUES` list (a text per row count, none of them kept: every
+// batch parsed and planned again).
+#[tokio::test]
+async fn batches_of_any_size_run_one_insert_the_connection_keeps_prepared() {
+    let db = TestDatabase::with_pool_size(1).await;
+    let audit = AuditHandler::new(db.pool().clone());
+    let notifications = NotificationHandler::new(db.pool().clone());
+    let audit_jobs: Vec<_> = (0..6)
+        .map(|n| job("audit.user.login", &format!(r#"{{"actor":"user-{n}"}}"#)))
+        .collect();
+    let notification_jobs: Vec<_> = (0..6)
+        .map(|n| {
+            job(
+                "notification.user.mentioned",
+                &format!(r#"{{"title":"Hello {n}","body":"b","userId":"u-{n}"}}"#),
+            )
+        })
+        .collect();
+    for (first, end) in [(0, 1), (1, 4), (4, 6)] {
+        let batch = audit_jobs[first..end].to_vec();
+        if batch.len() == 1 {
+            deliver(&audit, batch[0].clone()).await.expect("audit");
+        } else {
+            deliver_as_one_batch(&db, &audit, "audit_log", batch).await;
+        }
+        let batch = notification_jobs[first..end].to_vec();
+        if batch.len() == 1 {
+            deliver(&notifications, batch[0].clone())
+                .await
+                .expect("notification");
+        } else {
+            deliver_as_one_batch(&db, &notifications, "notification", batch).await;
+        }
+    }
+    // Every column of every row is the job's (the arrays line up).
+    let mut observer = db.conn().await;
+    for (n, job) in audit_jobs.iter().enumerate() {
+        let row: Described = diesel::sql_query(
+            "SELECT concat_ws('|', tenant_id, event_type, actor, payload::text,
+                    occurred_at = $2) AS t
+             FROM audit_log WHERE outbox_event_id = $1",
+        )
+        .bind::<SqlUuid, _>(job.outbox_event_id)
+        .bind::<diesel::sql_types::Timestamptz, _>(job.created_at)
+        .get_result(&mut observer)
+        .await
+        .expect("the audit row");
+        assert_eq!(
+            row.t,
+            format!(r#"acme|audit.user.login|user-{n}|{{"actor": "user-{n}"}}|t"#)
+        );
+    }
+    for (n, job) in notification_jobs.iter().enumerate() {
+        let row: Described = diesel::sql_query(
+            "SELECT concat_ws('|', tenant_id, user_id, kind, title, body, data->>'title')
+                 AS t
+             FROM notification WHERE outbox_event_id = $1",
+        )
+        .bind::<SqlUuid, _>(job.outbox_event_id)
+        .get_result(&mut observer)
+        .await
+        .expect("the notification row");
+        assert_eq!(
+            row.t,
+            format!("acme|u-{n}|notification.user.mentioned|Hello {n}|b|Hello {n}")
+        );
+    }
+    assert_eq!(total(&mut observer, "audit_log").await, 6);
+    assert_eq!(total(&mut observer, "notification").await, 6);
+
+    let mut pooled = db.pool().get().await.expect("the pool's one connection");
+    let audit_inserts = kept_on(&mut pooled, "INSERT INTO audit_log").await;
+    assert_eq!(audit_inserts.len(), 1, "{audit_inserts:?}");
+    let notification_inserts = kept_on(&mut pooled, "INSERT INTO notification").await;
+    assert_eq!(notification_inserts.len(), 1, "{notification_inserts:?}");
+}
