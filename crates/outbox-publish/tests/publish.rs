@@ -840,6 +840,62 @@ async fn without_a_waiting_dispatcher_a_publish_sends_no_notification_and_holds_
     assert!(sent.is_err(), "a notification nobody waited for: {sent:?}");
 }
 
+/// The calls of the trigger's function in `conn`'s open transaction.
+async fn notify_calls_in_transaction(conn: &mut AsyncPgConnection) -> i64 {
+    #[derive(diesel::QueryableByName)]
+    struct Calls {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        calls: i64,
+    }
+    diesel::sql_query(
+        "SELECT coalesce(pg_stat_get_xact_function_calls('outbox_event_notify'::regproc), 0)
+             AS calls",
+    )
+    .get_result::<Calls>(conn)
+    .await
+    .unwrap()
+    .calls
+}
+
+/// The wake gate is tried in the trigger's `WHEN` condition: while no
+/// dispatcher waits, a publishing statement calls no PL/pgSQL function at
+/// all; while one waits, the function runs once per statement (and sends
+/// the `NOTIFY`).
+// Break checked: the test back in the function's body (the trigger of
+// 2026-12-04-000000 with no WHEN) fails "no function call".
+#[tokio::test]
+async fn the_trigger_calls_its_function_only_while_a_dispatcher_waits() {
+    let db = TestDatabase::new().await;
+    let mut dispatcher = db.conn().await;
+    let mut publisher = db.conn().await;
+    type Manager = <AsyncPgConnection as AsyncConnection>::TransactionManager;
+
+    for waiting in [false, true] {
+        if waiting {
+            assert!(take_wake_gate(&mut dispatcher).await);
+        }
+        Manager::begin_transaction(&mut publisher).await.unwrap();
+        // Superuser only; counts this transaction's calls of PL/pgSQL
+        // functions.
+        publisher
+            .batch_execute("SET LOCAL track_functions = 'pl'")
+            .await
+            .unwrap();
+        let mut tx = OutboxTx::new(&mut publisher).unwrap();
+        publish_outbox_event(&mut tx, activated(1)).await.unwrap();
+        publish_outbox_events(&mut tx, vec![activated(2), activated(3)])
+            .await
+            .unwrap();
+        let calls = notify_calls_in_transaction(&mut publisher).await;
+        Manager::commit_transaction(&mut publisher).await.unwrap();
+        if waiting {
+            assert_eq!(calls, 2, "one function call per statement while a dispatcher waits");
+        } else {
+            assert_eq!(calls, 0, "no function call while no dispatcher waits");
+        }
+    }
+}
+
 #[derive(diesel::QueryableByName)]
 struct PreparedStatement {
     #[diesel(sql_type = diesel::sql_types::Text)]
