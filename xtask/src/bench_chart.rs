@@ -130,6 +130,20 @@ fn sections(lines: &[Value]) -> Vec<Section> {
                     ),
                     field(p, "with_event_dispatcher_waiting_per_second"),
                 ),
+                single(
+                    format!(
+                        "+ the event row by one plain INSERT ({:.2})",
+                        field(p, "ratio_sql_only")
+                    ),
+                    field(p, "with_event_sql_only_per_second"),
+                ),
+                single(
+                    format!(
+                        "+ that row into the table without its CHECKs ({:.2})",
+                        field(p, "ratio_sql_only_unchecked")
+                    ),
+                    field(p, "with_event_sql_only_unchecked_per_second"),
+                ),
             ]
         })
         .collect();

@@ -12,7 +12,10 @@
 //! notification queue). A fourth arm inserts the same event row with one
 //! plain prepared statement instead of the publisher (no validation, no
 //! span, no trace context): the SQL's own cost, so that the publisher's
-//! share shows. The arms alternate over the rounds so that the load
+//! share shows. A fifth writes the same row into a copy of the table
+//! without its `CHECK` constraints and its trigger (`bench_event_unchecked`,
+//! same columns, defaults and indexes): what the table's checks cost the
+//! transaction. The arms alternate over the rounds so that the load
 //! of a shared machine falls on all alike; each round's line gives the
 //! machine's CPU shares (`cpu_share`: the bench's clients and the server
 //! split the cores), the summary the medians and their ratios to the bare
@@ -58,6 +61,12 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
          )",
     )
     .await?;
+    // The event table without its checks and trigger, for the fifth arm.
+    conn.batch_execute(
+        "CREATE TABLE bench_event_unchecked
+             (LIKE outbox_event INCLUDING DEFAULTS INCLUDING INDEXES)",
+    )
+    .await?;
     // (arm, how the event is written, a dispatcher waits so that commits
     // notify)
     let arms = [
@@ -65,6 +74,7 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         ("with_event", Event::Publisher, false),
         ("with_event_dispatcher_waiting", Event::Publisher, true),
         ("with_event_sql_only", Event::SqlOnly, false),
+        ("with_event_sql_only_unchecked", Event::SqlUnchecked, false),
     ];
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); arms.len()];
     for round in 1..=plan.rounds {
@@ -91,7 +101,8 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         }
     }
     let medians: Vec<f64> = rates.into_iter().map(median).collect();
-    let (bare, with_event, waiting, sql_only) = (medians[0], medians[1], medians[2], medians[3]);
+    let (bare, with_event, waiting, sql_only, unchecked) =
+        (medians[0], medians[1], medians[2], medians[3], medians[4]);
     line(json!({
         "bench": "publish_overhead", "clients": CLIENTS, "rounds": plan.rounds,
         "bare_per_second": bare.round(), "with_event_per_second": with_event.round(),
@@ -100,6 +111,8 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         "ratio_dispatcher_waiting": ratio(waiting, bare),
         "with_event_sql_only_per_second": sql_only.round(),
         "ratio_sql_only": ratio(sql_only, bare),
+        "with_event_sql_only_unchecked_per_second": unchecked.round(),
+        "ratio_sql_only_unchecked": ratio(unchecked, bare),
     }));
     drop(conn);
     scratch.remove().await
@@ -114,6 +127,8 @@ enum Event {
     Publisher,
     /// The publisher's columns in one prepared `INSERT`, nothing else.
     SqlOnly,
+    /// The same `INSERT` into `bench_event_unchecked`.
+    SqlUnchecked,
 }
 
 /// Transactions per second of `CLIENTS` clients for `duration`, and the
@@ -143,11 +158,14 @@ async fn measure(url: &str, event: Event, duration: Duration) -> Result<(f64, se
                     .bind::<BigInt, _>(done as i64)
                     .execute(conn)
                     .await?;
-                    if event == Event::SqlOnly {
-                        outbox_model::prepared(
+                    if matches!(event, Event::SqlOnly | Event::SqlUnchecked) {
+                        outbox_model::prepared(if event == Event::SqlOnly {
                             "INSERT INTO outbox_event (id, tenant_id, event_type, payload)
-                             VALUES ($1, $2, $3, $4)",
-                        )
+                             VALUES ($1, $2, $3, $4)"
+                        } else {
+                            "INSERT INTO bench_event_unchecked (id, tenant_id, event_type, payload)
+                             VALUES ($1, $2, $3, $4)"
+                        })
                         .bind::<SqlUuid, _>(uuid::Uuid::now_v7())
                         .bind::<Text, _>(format!("tenant-{client}"))
                         .bind::<Text, _>("billing.invoice.paid")

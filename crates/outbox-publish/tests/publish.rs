@@ -889,7 +889,10 @@ async fn the_trigger_calls_its_function_only_while_a_dispatcher_waits() {
         let calls = notify_calls_in_transaction(&mut publisher).await;
         Manager::commit_transaction(&mut publisher).await.unwrap();
         if waiting {
-            assert_eq!(calls, 2, "one function call per statement while a dispatcher waits");
+            assert_eq!(
+                calls, 2,
+                "one function call per statement while a dispatcher waits"
+            );
         } else {
             assert_eq!(calls, 0, "no function call while no dispatcher waits");
         }
