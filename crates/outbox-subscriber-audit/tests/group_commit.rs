@@ -143,15 +143,16 @@ async fn concurrent_jobs_write_one_row_each_and_are_answered_after_it_is_committ
     let actor: String =
         diesel::sql_query("SELECT actor AS t FROM audit_log WHERE outbox_event_id = $1")
             .bind::<SqlUuid, _>(audited[7].outbox_event_id)
-            .get_result::<Actor>(&mut conn)
+            .get_result::<TextColumn>(&mut conn)
             .await
             .expect("the row")
             .t;
     assert_eq!(actor, "user-7");
 }
 
+/// One text column, `t`.
 #[derive(diesel::QueryableByName)]
-struct Actor {
+struct TextColumn {
     #[diesel(sql_type = Text)]
     t: String,
 }
@@ -172,25 +173,10 @@ async fn a_redelivered_job_writes_nothing_and_succeeds_also_within_one_batch() {
     );
 
     // Two deliveries of a new event and one of the old in the same statement.
-    let mut lock = block_writes(&db, "audit_log").await;
     let opener = job("audit.user.login", "{}");
     let twice = job("audit.user.login", r#"{"actor":"bob"}"#);
-    let mut calls: Vec<_> = [opener.clone(), twice.clone(), twice.clone(), first.clone()]
-        .into_iter()
-        .map(|job| Box::pin(deliver(&audit, job)))
-        .collect();
-    assert!(futures::poll!(calls[0].as_mut()).is_pending());
-    wait_until_a_write_is_blocked(&db).await;
-    for call in &mut calls[1..] {
-        // Polled once, the row is handed to the writer.
-        assert!(futures::poll!(call.as_mut()).is_pending());
-    }
-    lock.batch_execute("COMMIT")
-        .await
-        .expect("release the lock");
-    for result in join_all(calls).await {
-        assert_eq!(result, Ok(()));
-    }
+    let batch = vec![opener.clone(), twice.clone(), twice.clone(), first.clone()];
+    deliver_as_one_batch(&db, &audit, "audit_log", batch).await;
     for event in [&first, &opener, &twice] {
         assert_eq!(
             rows_of(&others, "audit_log", event.outbox_event_id).await,
@@ -354,12 +340,6 @@ async fn both_handlers_consume_the_described_queues_and_run_a_group_commits_wort
 }
 
 #[derive(diesel::QueryableByName)]
-struct Described {
-    #[diesel(sql_type = Text)]
-    t: String,
-}
-
-#[derive(diesel::QueryableByName)]
 struct Kept {
     #[diesel(sql_type = Text)]
     statement: String,
@@ -393,6 +373,7 @@ async fn deliver_as_one_batch<H: JobHandler<Job = OutboxJob>>(
     assert!(futures::poll!(calls[0].as_mut()).is_pending());
     wait_until_a_write_is_blocked(db).await;
     for call in &mut calls[1..] {
+        // Polled once, the row is handed to the writer.
         assert!(futures::poll!(call.as_mut()).is_pending());
     }
     lock.batch_execute("COMMIT")
@@ -443,7 +424,7 @@ async fn batches_of_any_size_run_one_insert_the_connection_keeps_prepared() {
     // Every column of every row is the job's (the arrays line up).
     let mut observer = db.conn().await;
     for (n, job) in audit_jobs.iter().enumerate() {
-        let row: Described = diesel::sql_query(
+        let row: TextColumn = diesel::sql_query(
             "SELECT concat_ws('|', tenant_id, event_type, actor, payload::text,
                     occurred_at = $2) AS t
              FROM audit_log WHERE outbox_event_id = $1",
@@ -459,7 +440,7 @@ async fn batches_of_any_size_run_one_insert_the_connection_keeps_prepared() {
         );
     }
     for (n, job) in notification_jobs.iter().enumerate() {
-        let row: Described = diesel::sql_query(
+        let row: TextColumn = diesel::sql_query(
             "SELECT concat_ws('|', tenant_id, user_id, kind, title, body, data->>'title')
                  AS t
              FROM notification WHERE outbox_event_id = $1",
