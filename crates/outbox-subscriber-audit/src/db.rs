@@ -48,21 +48,6 @@ fn event_ids(rows: Vec<Inserted>) -> Vec<Uuid> {
     rows.into_iter().map(|row| row.outbox_event_id).collect()
 }
 
-/// The jobs' event ids, tenants, event types and payloads, one vector each.
-#[allow(clippy::type_complexity)]
-fn job_columns<'a>(
-    jobs: impl Iterator<Item = &'a OutboxJob>,
-) -> (Vec<Uuid>, Vec<&'a str>, Vec<&'a str>, Vec<&'a RawJson>) {
-    let mut columns = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for job in jobs {
-        columns.0.push(job.outbox_event_id);
-        columns.1.push(job.tenant_id.as_str());
-        columns.2.push(job.event_type.as_str());
-        columns.3.push(&job.payload);
-    }
-    columns
-}
-
 /// A row one job wants written, ready for a multi-row insert.
 pub(crate) trait Row: Send + Sync + 'static {
     /// The event the row records (the dedup key).
@@ -90,7 +75,10 @@ impl Row for AuditRow {
     }
 
     async fn insert_all(conn: &mut AsyncPgConnection, rows: &[Self]) -> QueryResult<Vec<Uuid>> {
-        let (ids, tenants, types, payloads) = job_columns(rows.iter().map(|row| &row.job));
+        let ids: Vec<Uuid> = rows.iter().map(|row| row.job.outbox_event_id).collect();
+        let tenants: Vec<&str> = rows.iter().map(|row| row.job.tenant_id.as_str()).collect();
+        let types: Vec<&str> = rows.iter().map(|row| row.job.event_type.as_str()).collect();
+        let payloads: Vec<&RawJson> = rows.iter().map(|row| &row.job.payload).collect();
         let actors: Vec<Option<&str>> = rows.iter().map(|row| row.actor.as_deref()).collect();
         let occurred: Vec<_> = rows.iter().map(|row| row.job.created_at).collect();
         prepared(INSERT_AUDIT_SQL)
@@ -120,7 +108,10 @@ impl Row for NotificationRow {
     }
 
     async fn insert_all(conn: &mut AsyncPgConnection, rows: &[Self]) -> QueryResult<Vec<Uuid>> {
-        let (ids, tenants, kinds, data) = job_columns(rows.iter().map(|row| &row.job));
+        let ids: Vec<Uuid> = rows.iter().map(|row| row.job.outbox_event_id).collect();
+        let tenants: Vec<&str> = rows.iter().map(|row| row.job.tenant_id.as_str()).collect();
+        let kinds: Vec<&str> = rows.iter().map(|row| row.job.event_type.as_str()).collect();
+        let data: Vec<&RawJson> = rows.iter().map(|row| &row.job.payload).collect();
         let users: Vec<Option<&str>> = rows.iter().map(|row| row.user_id.as_deref()).collect();
         let titles: Vec<&str> = rows.iter().map(|row| row.title.as_str()).collect();
         let bodies: Vec<Option<&str>> = rows.iter().map(|row| row.body.as_deref()).collect();
