@@ -703,6 +703,8 @@ mod tests {
             started_at: started.then_some(now),
             finished_at: None,
             allow_external_callouts: true,
+            lease_owner: None,
+            lease_until: None,
         }
     }
 

@@ -218,7 +218,7 @@ diesel::table! {
         block_id -> Text,
         /// The block's run number within the execution: 1, then 2 after a retry or a resumed wait.
         sequence -> Int4,
-        /// `success`, `error` or `waiting`.
+        /// `running` (claimed before its call), `success`, `error` or `waiting`.
         status -> Text,
         /// The block's output (`blocks.<id>.output`).
         output -> Nullable<Jsonb>,
@@ -226,6 +226,8 @@ diesel::table! {
         error -> Nullable<Text>,
         started_at -> Timestamptz,
         finished_at -> Nullable<Timestamptz>,
+        /// How many times the block was claimed: 2 or more means an earlier holder died after claiming it (its call may have been made).
+        attempt -> Int4,
     }
 }
 
@@ -269,6 +271,10 @@ diesel::table! {
         finished_at -> Nullable<Timestamptz>,
         /// False for runs started by an event a workflow's own row block caused: their httpRequest blocks fail instead of calling out.
         allow_external_callouts -> Bool,
+        /// The job holding the run (a fresh id per take); the fence every block write checks.
+        lease_owner -> Nullable<Uuid>,
+        /// Until when the holder may write without renewing; NULL or past: anyone may take the run. The sweep resumes running runs whose lease ran out.
+        lease_until -> Nullable<Timestamptz>,
     }
 }
 

@@ -13,6 +13,11 @@
 //!   `timeout` (kind `timeout`). The first continuation wins; when the
 //!   execution no longer waits in that block, the job does nothing.
 //!
+//! A job that finds its run held by another job (a live lease, see
+//! [`outbox_workflow::runner`]) leaves it alone. Runs whose holder died
+//! are resumed by [`sweep`], which the general group runs beside the
+//! handler.
+//!
 //! Any other event type, a payload that does not parse, or a missing
 //! execution fails the job permanently with the reason; database errors
 //! and an unreachable bridge are retried (the run resumes at the first
@@ -87,7 +92,54 @@ fn parse<T: serde::de::DeserializeOwned>(job: &OutboxJob) -> Result<T, JobError>
 }
 
 fn log_outcome(execution: uuid::Uuid, outcome: &RunOutcome) {
-    tracing::info!(%execution, outcome = ?outcome, "workflow execution advanced");
+    match outcome {
+        RunOutcome::Taken => tracing::info!(
+            %execution,
+            "workflow execution held by another job: left alone"
+        ),
+        _ => tracing::info!(%execution, outcome = ?outcome, "workflow execution advanced"),
+    }
+}
+
+/// Every `every`, until `shutdown`: requests the resume of the runs left
+/// `running` whose lease (`lease`, the runners') expired
+/// ([`outbox_workflow::sweep::resume_orphans`]). Several workers may sweep
+/// at once: each dead holder's run gets one resume event. Counts
+/// `outbox_workflow_runs_resumed_total` and logs what it found.
+pub async fn sweep(
+    pool: PgPool,
+    lease: std::time::Duration,
+    every: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let pass = match pool.get().await {
+            Ok(mut conn) => outbox_workflow::sweep::resume_orphans(&mut conn, lease)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(format!("database error: {e}")),
+        };
+        match pass {
+            Ok(pass) => {
+                if pass.published > 0 {
+                    metrics::counter!("outbox_workflow_runs_resumed_total")
+                        .increment(pass.published as u64);
+                }
+                if pass.orphaned > 0 {
+                    tracing::info!(
+                        orphaned = pass.orphaned,
+                        published = pass.published,
+                        "workflow sweep: runs left running with nobody holding them"
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "workflow sweep failed; trying again later"),
+        }
+    }
 }
 
 impl JobHandler for WorkflowHandler {

@@ -136,7 +136,8 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
         config.allow_private_addresses,
     ))
     .context("cannot build the workflow runner's HTTP client")?
-    .with_bridge_blocks();
+    .with_bridge_blocks()
+    .with_lease(config.workflow_lease);
     let app = router(BridgeState::new(
         pool.clone(),
         runner,

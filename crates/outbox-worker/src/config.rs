@@ -138,6 +138,14 @@ pub struct WorkerConfig {
     /// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: required for the
     /// `hybrid` and `http` executors.
     pub workflow_bridge: Option<BridgeSettings>,
+    /// `WORKFLOW_RUN_LEASE_MS`: how long a workflow run stays held after
+    /// its holder's last write ([`outbox_workflow::runner::DEFAULT_LEASE`]),
+    /// so how soon a run whose worker died can be resumed.
+    pub workflow_lease: Duration,
+    /// `WORKFLOW_SWEEP_INTERVAL_MS`: how often the general group looks for
+    /// runs left `running` with an expired lease and requests their resume
+    /// ([`outbox_workflow::sweep::DEFAULT_SWEEP_INTERVAL`]).
+    pub workflow_sweep_interval: Duration,
 }
 
 /// Where the signed workflow bridge is, and the key to sign with.
@@ -189,6 +197,8 @@ impl std::fmt::Debug for WorkerConfig {
             allow_redis_eviction,
             workflow_executor,
             workflow_bridge,
+            workflow_lease,
+            workflow_sweep_interval,
         } = self;
         f.debug_struct("WorkerConfig")
             .field("group", group)
@@ -219,6 +229,8 @@ impl std::fmt::Debug for WorkerConfig {
             .field("allow_redis_eviction", allow_redis_eviction)
             .field("workflow_executor", workflow_executor)
             .field("workflow_bridge", workflow_bridge)
+            .field("workflow_lease", workflow_lease)
+            .field("workflow_sweep_interval", workflow_sweep_interval)
             .finish()
     }
 }
@@ -466,6 +478,8 @@ impl WorkerConfig {
         Ok(Self {
             workflow_executor,
             workflow_bridge,
+            workflow_lease: env.spec_millis(&v::WORKFLOW_RUN_LEASE_MS)?,
+            workflow_sweep_interval: env.spec_millis(&v::WORKFLOW_SWEEP_INTERVAL_MS)?,
             group,
             database_url,
             redis_url,
@@ -682,6 +696,9 @@ pub struct BridgeConfig {
     /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
     /// after SIGTERM.
     pub shutdown_grace: Duration,
+    /// `WORKFLOW_RUN_LEASE_MS`: the lease the bridge's runner holds runs
+    /// with (as the workers').
+    pub workflow_lease: Duration,
 }
 
 impl std::fmt::Debug for BridgeConfig {
@@ -693,6 +710,7 @@ impl std::fmt::Debug for BridgeConfig {
             .field("pool_size", &self.pool_size)
             .field("allow_private_addresses", &self.allow_private_addresses)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("workflow_lease", &self.workflow_lease)
             .finish()
     }
 }
@@ -760,6 +778,7 @@ impl BridgeConfig {
             pool_size: env.whole(&v::DATABASE_POOL_SIZE_BRIDGE)?,
             allow_private_addresses: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE)?,
             shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS_BRIDGE)?,
+            workflow_lease: env.spec_millis(&v::WORKFLOW_RUN_LEASE_MS)?,
         })
     }
 }

@@ -290,7 +290,8 @@ pub(crate) fn install_metrics(
 pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
     let runner =
         Runner::with_address_policy(AddressPolicy::allow_internal(config.webhook_allow_private))
-            .context("cannot build the workflow runner's HTTP client")?;
+            .context("cannot build the workflow runner's HTTP client")?
+            .with_lease(config.workflow_lease);
     let bridge = config
         .workflow_bridge
         .as_ref()
@@ -443,6 +444,12 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
             config.retention,
             config.retention_every,
             draining,
+            shutdown.clone(),
+        ));
+        background.spawn(outbox_subscriber_workflow::sweep(
+            pool.clone(),
+            config.workflow_lease,
+            config.workflow_sweep_interval,
             shutdown.clone(),
         ));
         background.spawn(trim_queues(

@@ -422,6 +422,22 @@ pub const WORKFLOW_BRIDGE_SECRET: Text = Text {
     form: "at least 32 bytes",
     meaning: "the key requests to the bridge are signed with; never printed",
 };
+/// `WORKFLOW_RUN_LEASE_MS`.
+pub const WORKFLOW_RUN_LEASE_MS: Whole = Whole {
+    name: "WORKFLOW_RUN_LEASE_MS",
+    default: millis(outbox_workflow::runner::DEFAULT_LEASE),
+    min: 100,
+    max: 86_400_000,
+    meaning: "how long a workflow run stays held after its holder's last write (an HTTP call holds it for its timeout plus this), so how soon a run whose worker died is resumed, in ms",
+};
+/// `WORKFLOW_SWEEP_INTERVAL_MS`.
+pub const WORKFLOW_SWEEP_INTERVAL_MS: Whole = Whole {
+    name: "WORKFLOW_SWEEP_INTERVAL_MS",
+    default: millis(outbox_workflow::sweep::DEFAULT_SWEEP_INTERVAL),
+    min: 100,
+    max: MAX_MILLIS,
+    meaning: "how often worker-general looks for workflow runs left running with an expired lease and requests their resume, in ms",
+};
 /// `LOG_FORMAT`.
 pub const LOG_FORMAT: Text = Text {
     name: "LOG_FORMAT",
@@ -549,6 +565,8 @@ pub fn variables(group: Group) -> Vec<Variable> {
         T(WORKFLOW_EXECUTOR),
         T(WORKFLOW_BRIDGE_URL),
         T(WORKFLOW_BRIDGE_SECRET),
+        W(WORKFLOW_RUN_LEASE_MS),
+        W(WORKFLOW_SWEEP_INTERVAL_MS),
         T(LOG_FORMAT),
         T(SENTRY_DSN),
         T(OTEL_EXPORTER_OTLP_ENDPOINT),
@@ -569,6 +587,7 @@ pub fn bridge_variables() -> Vec<Variable> {
         W(DATABASE_POOL_SIZE_BRIDGE),
         F(WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE),
         W(WORKER_SHUTDOWN_GRACE_MS_BRIDGE),
+        W(WORKFLOW_RUN_LEASE_MS),
         T(LOG_FORMAT),
         T(OTEL_EXPORTER_OTLP_ENDPOINT_BRIDGE),
         T(OTEL_SERVICE_NAME_BRIDGE),

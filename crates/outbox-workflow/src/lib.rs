@@ -80,6 +80,7 @@ pub mod producers;
 mod registry;
 pub mod runner;
 pub mod store;
+pub mod sweep;
 mod template;
 mod validate;
 mod workflow;

@@ -61,7 +61,8 @@ pub struct StreamRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutcomeBody {
-    /// `finished`, `waiting`, `unchanged` or `paused`.
+    /// `finished`, `waiting`, `unchanged`, `taken` (another job holds the
+    /// run) or `paused`.
     pub outcome: String,
     /// The execution's status (`finished`, `unchanged`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -77,6 +78,7 @@ impl From<&RunOutcome> for OutcomeBody {
             RunOutcome::Finished(status) => ("finished", Some(status.as_str()), None),
             RunOutcome::Waiting(block) => ("waiting", None, Some(block.clone())),
             RunOutcome::Unchanged(status) => ("unchanged", Some(status.as_str()), None),
+            RunOutcome::Taken => ("taken", None, None),
             RunOutcome::Paused => ("paused", None, None),
         };
         Self {
@@ -105,6 +107,7 @@ impl TryFrom<OutcomeBody> for RunOutcome {
                 body.waiting_block
                     .ok_or("outcome waiting without a block")?,
             )),
+            "taken" => Ok(Self::Taken),
             "paused" => Ok(Self::Paused),
             other => Err(format!("unknown outcome {other:?}")),
         }

@@ -54,24 +54,40 @@ pub(super) async fn completed_blocks(
         .collect())
 }
 
-/// Whether `block` of execution `id` has a success row.
-pub(super) async fn block_completed(
+/// Records the result of `block`: on the `running` row its claim left
+/// (see [`super::lease::claim_block`]), or as a new run of the block (the
+/// next sequence number for it).
+pub(super) async fn record_block(
     conn: &mut AsyncPgConnection,
     id: Uuid,
     block: &str,
-) -> Result<bool, RunError> {
-    Ok(diesel::select(diesel::dsl::exists(
+    status: BlockExecutionStatus,
+    output: Option<&Value>,
+    error: Option<&str>,
+) -> Result<(), RunError> {
+    let finished = (status != BlockExecutionStatus::Waiting).then(chrono::Utc::now);
+    let claimed = diesel::update(
         workflow_block_execution::table
             .filter(workflow_block_execution::execution_id.eq(id))
             .filter(workflow_block_execution::block_id.eq(block))
-            .filter(workflow_block_execution::status.eq(BlockExecutionStatus::Success.as_str())),
+            .filter(workflow_block_execution::status.eq(BlockExecutionStatus::Running.as_str())),
+    )
+    .set((
+        workflow_block_execution::status.eq(status.as_str()),
+        workflow_block_execution::output.eq(output),
+        workflow_block_execution::error.eq(error),
+        workflow_block_execution::finished_at.eq(finished),
     ))
-    .get_result(conn)
-    .await?)
+    .execute(conn)
+    .await?;
+    if claimed == 0 {
+        insert_block(conn, id, block, status, output, error).await?;
+    }
+    Ok(())
 }
 
-/// Records one run of `block` (the next sequence number for it).
-pub(super) async fn record_block(
+/// Inserts one run of `block` (the next sequence number for it).
+pub(super) async fn insert_block(
     conn: &mut AsyncPgConnection,
     id: Uuid,
     block: &str,
@@ -85,7 +101,11 @@ pub(super) async fn record_block(
         .select(diesel::dsl::max(workflow_block_execution::sequence))
         .get_result(conn)
         .await?;
-    let finished = (status != BlockExecutionStatus::Waiting).then(chrono::Utc::now);
+    let finished = matches!(
+        status,
+        BlockExecutionStatus::Success | BlockExecutionStatus::Error
+    )
+    .then(chrono::Utc::now);
     diesel::insert_into(workflow_block_execution::table)
         .values((
             workflow_block_execution::execution_id.eq(id),
@@ -102,7 +122,8 @@ pub(super) async fn record_block(
 }
 
 /// Sets the execution's status (and `waiting_block`, set exactly when
-/// `waiting`) and its variables.
+/// `waiting`) and its variables. A `waiting` run has no holder: its lease
+/// is cleared.
 pub(super) async fn set_state(
     conn: &mut AsyncPgConnection,
     id: Uuid,
@@ -110,15 +131,25 @@ pub(super) async fn set_state(
     waiting_block: Option<&str>,
     vars: &Value,
 ) -> Result<(), RunError> {
-    diesel::update(workflow_execution::table.find(id))
-        .set((
-            workflow_execution::status.eq(status.as_str()),
-            workflow_execution::waiting_block.eq(waiting_block),
-            workflow_execution::vars.eq(vars),
-            workflow_execution::updated_at.eq(now),
-        ))
-        .execute(conn)
-        .await?;
+    let target = workflow_execution::table.find(id);
+    let state = (
+        workflow_execution::status.eq(status.as_str()),
+        workflow_execution::waiting_block.eq(waiting_block),
+        workflow_execution::vars.eq(vars),
+        workflow_execution::updated_at.eq(now),
+    );
+    if status == ExecutionStatus::Waiting {
+        diesel::update(target)
+            .set((
+                state,
+                workflow_execution::lease_owner.eq(None::<Uuid>),
+                workflow_execution::lease_until.eq(None::<chrono::DateTime<chrono::Utc>>),
+            ))
+            .execute(conn)
+            .await?;
+    } else {
+        diesel::update(target).set(state).execute(conn).await?;
+    }
     Ok(())
 }
 
@@ -154,6 +185,8 @@ pub(super) async fn finish(
             workflow_execution::waiting_block.eq(None::<String>),
             workflow_execution::finished_at.eq(now),
             workflow_execution::updated_at.eq(now),
+            workflow_execution::lease_owner.eq(None::<Uuid>),
+            workflow_execution::lease_until.eq(None::<chrono::DateTime<chrono::Utc>>),
         ))
         .execute(tx.conn())
         .await?;

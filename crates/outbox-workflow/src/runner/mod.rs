@@ -1,13 +1,33 @@
-//! The native runner: runs an execution block by block, each block durable.
+//! The native runner: runs an execution block by block, each block durable,
+//! one writer per run.
 //!
-//! Every block's effect, its `workflow_block_execution` row and the
-//! execution's variables commit in one transaction. Running an execution
-//! again (a redelivered job, a worker that died mid-run) walks the path
-//! from the trigger, skips every block that has a success row (reading its
-//! recorded output) and continues at the first unfinished one, so no
-//! block's effect happens twice. The one exception is `httpRequest`: its
-//! call happens before the transaction that records it, so it is at least
-//! once.
+//! **One writer.** Every call that advances a run ([`Runner::run`],
+//! [`Runner::resume`]) first takes the run's lease (see `lease.rs`): a fresh
+//! owner id and an expiry by the database's clock, taken only when nobody
+//! holds the run. A call that finds the lease live leaves the run alone
+//! without running anything ([`RunOutcome::Taken`]). Each block's
+//! transaction locks the execution and checks that the lease is still its
+//! own before it writes, then moves the expiry on; a holder whose lease was
+//! taken over stops. The lease is released when the run waits, ends, or the
+//! call fails, and expires by itself when the holder dies; the sweep
+//! ([`crate::sweep`]) resumes runs left `running` with an expired lease.
+//!
+//! **Durable blocks.** Every block's effect, its `workflow_block_execution`
+//! row and the execution's variables commit in one transaction. Running an
+//! execution again walks the path from the trigger, skips every block that
+//! has a success row (reading its recorded output) and continues at the
+//! first unfinished one, so no block's effect on this database happens
+//! twice.
+//!
+//! **Calls after claims.** A block whose work happens before its
+//! transaction (`httpRequest`'s call, a bridge runner's `code`) is claimed
+//! first: a `running` block row committed with a lease that covers the
+//! call's timeout. So a call is made only by the holder, and a second job
+//! cannot take the run while the call may still be in flight. The call is
+//! at least once: a holder that dies between the call and its transaction
+//! leaves the `running` row, and the next holder calls again (the row's
+//! `attempt` counts the claims), with the same `Idempotency-Key` header
+//! ([`idempotency_key`]).
 //!
 //! `httpRequest` calls go through the address guard of
 //! [`outbox_http_guard`] (the webhook subscriber's): internal addresses are
@@ -28,23 +48,25 @@
 //!
 //! A runner made [`with_bridge_blocks`](Runner::with_bridge_blocks) (the
 //! bridge process's) also runs `code` blocks, in the sandbox of
-//! [`crate::code`], computed before the block's transaction like an HTTP
-//! call.
+//! [`crate::code`], claimed and computed before the block's transaction
+//! like an HTTP call.
 
 mod blocks;
+mod call;
 mod db;
 mod error;
+mod lease;
 
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use outbox_http_guard::{GuardError, GuardedClient};
+use outbox_http_guard::GuardedClient;
 use outbox_publish::OutboxTx;
 use serde_json::{Map, Value, json};
-use tracing::Instrument;
 use uuid::Uuid;
 
 pub use blocks::EMAIL_EVENT;
+pub use call::{IDEMPOTENCY_KEY_HEADER, idempotency_key};
 pub use db::{HOOK_EXECUTED, HOOK_FAILED};
 pub use error::{HttpRequestError, RunError};
 pub use outbox_http_guard::AddressPolicy;
@@ -52,7 +74,14 @@ pub use outbox_http_guard::AddressPolicy;
 use self::blocks::{Effect, StepError, apply, label_of};
 use crate::events::ContinueKind;
 use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
-use crate::{Block, BlockParams, HttpRequestParams, ValidatedWorkflow};
+use crate::{Block, BlockParams, ValidatedWorkflow};
+
+/// How long a holder keeps a run without writing, by default
+/// ([`Runner::with_lease`]; `WORKFLOW_RUN_LEASE_MS`): each block's
+/// transaction moves the expiry on by this much, and a block claimed before
+/// its call holds the run for the call's own limit plus this much. When
+/// the holder dies, the run is free again this long after its last write.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// Why an `aiAgent` block fails in a bridge runner
 /// ([`Runner::with_bridge_blocks`]): there is no model provider integration.
@@ -71,7 +100,11 @@ pub enum RunOutcome {
     /// or waiting and not continued), or it no longer waits in the block a
     /// continuation named.
     Unchanged(ExecutionStatus),
-    /// The run stopped after [`Runner::stop_after`] blocks (tests).
+    /// Another job holds the run (its lease is live), or took it over
+    /// while this call worked: this call left the run alone from then on.
+    Taken,
+    /// The run stopped after [`Runner::stop_after`] blocks (tests), its
+    /// lease released as after a crash once the lease expired.
     Paused,
 }
 
@@ -82,6 +115,7 @@ pub struct Runner {
     stop_after: Option<usize>,
     progress: Option<tokio::sync::mpsc::UnboundedSender<BlockProgress>>,
     bridge_blocks: bool,
+    lease: Duration,
 }
 
 /// A block the runner just ran (committed), for an observer: the bridge's
@@ -124,7 +158,25 @@ impl Runner {
             stop_after: None,
             progress: None,
             bridge_blocks: false,
+            lease: DEFAULT_LEASE,
         })
+    }
+
+    /// Holds runs with leases of `lease` instead of [`DEFAULT_LEASE`]: how
+    /// long a run stays taken after its holder's last write, so how soon
+    /// another job (or the sweep) may resume a run whose holder died.
+    /// Longer than any pause of a live holder between two writes (a
+    /// database round trip; calls are covered by their own limits).
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The lease this runner takes runs with.
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// Runs the bridge-only blocks too, for the bridge process only: the
@@ -177,72 +229,34 @@ impl Runner {
 
     /// Runs execution `id` from where it stands: a `queued` run is
     /// preflighted and started, a `running` one resumes at its first
-    /// unfinished block; a waiting or finished one is left alone.
+    /// unfinished block; a waiting or finished one is left alone, and so is
+    /// one another job holds ([`RunOutcome::Taken`]).
     ///
     /// # Errors
     ///
     /// [`RunError`] when the database fails (the execution stays where its
-    /// last committed block left it) or there is no such execution.
+    /// last committed block left it, its lease released) or there is no
+    /// such execution.
     pub async fn run(
         &self,
         conn: &mut AsyncPgConnection,
         id: Uuid,
     ) -> Result<RunOutcome, RunError> {
-        let execution = store::get_execution(conn, id)
-            .await?
-            .ok_or(RunError::ExecutionNotFound { execution_id: id })?;
-        let status = execution.status;
-        if !matches!(status, ExecutionStatus::Queued | ExecutionStatus::Running) {
-            return Ok(RunOutcome::Unchanged(status));
-        }
-        let workflow = match store::load_version(
-            conn,
-            execution.workflow_id,
-            execution.workflow_version,
-        )
-        .await
-        {
-            Ok(workflow) => workflow,
-            Err(
-                error @ (StoreError::StoredDefinition { .. } | StoreError::VersionNotFound { .. }),
-            ) => {
-                let reason = error.to_string();
-                return finish(
-                    conn,
-                    &execution,
-                    ExecutionStatus::Error,
-                    None,
-                    Some(&reason),
-                    None,
-                )
-                .await;
-            }
-            Err(error) => return Err(error.into()),
+        let owner = Uuid::new_v4();
+        let Some(execution) = lease::take(conn, id, owner, self.lease).await? else {
+            return left_alone(conn, id).await;
         };
-        if status == ExecutionStatus::Queued {
-            // No credential store yet: a block naming a credential cannot
-            // run natively.
-            if let Err(error) = workflow.preflight(!self.bridge_blocks, &|_| false) {
-                let reason = error.to_string();
-                return finish(
-                    conn,
-                    &execution,
-                    ExecutionStatus::Rejected,
-                    None,
-                    Some(&reason),
-                    None,
-                )
-                .await;
-            }
-            db::start(conn, id).await?;
-        }
-        self.walk(conn, execution, &workflow).await
+        self.hold(conn, execution, owner).await
     }
 
     /// Continues execution `id`, waiting in `waiting_block`: with the
     /// answer `input` (output `input`) or, for [`ContinueKind::Timeout`],
-    /// along output `timeout`. The first continuation wins; when the
-    /// execution no longer waits in that block, nothing changes.
+    /// along output `timeout`. The first continuation wins: when the
+    /// execution waits elsewhere or has ended, nothing changes. When it is
+    /// `running` (a continuation redelivered after its holder died, or the
+    /// other continuation of the same wait), it is run as by
+    /// [`run`](Self::run): resumed at its first unfinished block unless
+    /// another job holds it.
     ///
     /// # Errors
     ///
@@ -256,6 +270,8 @@ impl Runner {
         input: &Value,
     ) -> Result<RunOutcome, RunError> {
         let output = json!({ "kind": kind.as_str(), "answer": input });
+        let owner = Uuid::new_v4();
+        let lease = self.lease;
         let resumed = conn
             .transaction::<_, RunError, _>(async |conn| {
                 let execution = db::lock_execution(conn, id)
@@ -269,13 +285,72 @@ impl Runner {
                 let success = BlockExecutionStatus::Success;
                 db::record_block(conn, id, waiting_block, success, Some(&output), None).await?;
                 db::set_state(conn, id, ExecutionStatus::Running, None, &execution.vars).await?;
-                Ok(Ok(()))
+                Ok(Ok(lease::take(conn, id, owner, lease).await?))
             })
             .await?;
         match resumed {
-            Ok(()) => self.run(conn, id).await,
+            Ok(Some(execution)) => self.hold(conn, execution, owner).await,
+            // Running since the lock: nobody else can have taken it.
+            Ok(None) => left_alone(conn, id).await,
+            Err(ExecutionStatus::Running) => self.run(conn, id).await,
             Err(status) => Ok(RunOutcome::Unchanged(status)),
         }
+    }
+
+    /// Advances `execution`, whose lease `owner` holds, and gives the lease
+    /// up when the call stops without the run waiting or ending.
+    async fn hold(
+        &self,
+        conn: &mut AsyncPgConnection,
+        execution: WorkflowExecution,
+        owner: Uuid,
+    ) -> Result<RunOutcome, RunError> {
+        let id = execution.id;
+        let outcome = self.advance(conn, execution, owner).await;
+        if matches!(outcome, Err(_) | Ok(RunOutcome::Paused)) {
+            // Best effort: a lease not released expires by itself.
+            if let Err(error) = lease::release(conn, id, owner).await {
+                tracing::warn!(execution = %id, %error, "cannot release the run's lease");
+            }
+        }
+        outcome
+    }
+
+    async fn advance(
+        &self,
+        conn: &mut AsyncPgConnection,
+        execution: WorkflowExecution,
+        owner: Uuid,
+    ) -> Result<RunOutcome, RunError> {
+        let id = execution.id;
+        let workflow = match store::load_version(
+            conn,
+            execution.workflow_id,
+            execution.workflow_version,
+        )
+        .await
+        {
+            Ok(workflow) => workflow,
+            Err(
+                error @ (StoreError::StoredDefinition { .. } | StoreError::VersionNotFound { .. }),
+            ) => {
+                let reason = error.to_string();
+                let end = End::new(ExecutionStatus::Error).error(&reason);
+                return finish(conn, &execution, owner, end).await;
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if execution.status == ExecutionStatus::Queued {
+            // No credential store yet: a block naming a credential cannot
+            // run natively.
+            if let Err(error) = workflow.preflight(!self.bridge_blocks, &|_| false) {
+                let reason = error.to_string();
+                let end = End::new(ExecutionStatus::Rejected).error(&reason);
+                return finish(conn, &execution, owner, end).await;
+            }
+            db::start(conn, id).await?;
+        }
+        self.walk(conn, execution, &workflow, owner).await
     }
 
     async fn walk(
@@ -283,6 +358,7 @@ impl Runner {
         conn: &mut AsyncPgConnection,
         execution: WorkflowExecution,
         workflow: &ValidatedWorkflow,
+        owner: Uuid,
     ) -> Result<RunOutcome, RunError> {
         let done = db::completed_blocks(conn, execution.id).await?;
         let mut vars = match &execution.vars {
@@ -301,23 +377,28 @@ impl Runner {
                     return Ok(RunOutcome::Paused);
                 }
                 let ctx = json!({ "input": execution.input, "vars": vars, "blocks": outputs });
-                let http = match &block.params {
-                    BlockParams::HttpRequest(p) => Some(
-                        self.call(&execution, &block.id, p, &ctx)
-                            .await
-                            .map_err(|e| e.to_string()),
-                    ),
-                    BlockParams::Code(p) if self.bridge_blocks => {
-                        Some(crate::code::run(p, &ctx).await.map_err(|e| e.to_string()))
-                    }
-                    BlockParams::AiAgent(_) if self.bridge_blocks => {
-                        Some(Err(NO_MODEL_PROVIDER.to_owned()))
-                    }
-                    _ => None,
+                let early = match self
+                    .before_transaction(conn, &execution, block, &ctx, owner)
+                    .await?
+                {
+                    Early::Lost => return left_alone(conn, execution.id).await,
+                    Early::Done(result) => Some(result),
+                    Early::Nothing => None,
                 };
+                let lease = self.lease;
                 let step = conn
                     .transaction::<_, StepError, _>(async |conn| {
-                        step(conn, execution.id, block, &ctx, vars.clone(), http).await
+                        step(
+                            conn,
+                            execution.id,
+                            owner,
+                            lease,
+                            block,
+                            &ctx,
+                            vars.clone(),
+                            early,
+                        )
+                        .await
                     })
                     .await;
                 ran += 1;
@@ -331,22 +412,17 @@ impl Runner {
                         self.report(block, BlockExecutionStatus::Waiting, None, None);
                         return Ok(RunOutcome::Waiting(block.id.clone()));
                     }
-                    // Another runner got there first: start over.
-                    Ok(None) => return Box::pin(self.run(conn, execution.id)).await,
+                    // Taken over, cancelled or ended meanwhile: this call
+                    // writes nothing more.
+                    Ok(None) => return left_alone(conn, execution.id).await,
                     Err(StepError::Run(error)) => return Err(error),
                     Err(StepError::Block(reason)) => {
                         self.report(block, BlockExecutionStatus::Error, None, Some(&reason));
                         let reason = format!("block {}: {reason}", block.id);
-                        let failed = Some(block.id.as_str());
-                        return finish(
-                            conn,
-                            &execution,
-                            ExecutionStatus::Error,
-                            None,
-                            Some(&reason),
-                            failed,
-                        )
-                        .await;
+                        let end = End::new(ExecutionStatus::Error)
+                            .error(&reason)
+                            .failed_block(&block.id);
+                        return finish(conn, &execution, owner, end).await;
                     }
                 }
             };
@@ -354,150 +430,90 @@ impl Runner {
             last = output;
             current = workflow.next(&block.id, &label);
         }
-        finish(
-            conn,
-            &execution,
-            ExecutionStatus::Success,
-            Some(&last),
-            None,
-            None,
-        )
-        .await
+        let end = End::new(ExecutionStatus::Success).output(&last);
+        finish(conn, &execution, owner, end).await
     }
 
-    /// The HTTP call of an `httpRequest` block: its output
-    /// `{status, headers, body}`, or why it failed. A run that may not call
-    /// out fails before anything is rendered or sent.
-    ///
-    /// The call runs in an `outbox.http.request` span (a child of the
-    /// current span: a worker's `outbox.job`, or the bridge's
-    /// `outbox.bridge.request`) and carries the W3C `traceparent` (and
-    /// `tracestate`) of that span, or of the context passed on when the
-    /// process has no OpenTelemetry layer, unless the block sets those
-    /// headers itself.
-    async fn call(
+    /// The work of `block` that happens before its transaction: the HTTP
+    /// call of `httpRequest` and, in a bridge runner, the script of `code`
+    /// (and the refusal of `aiAgent`). A call is made only once the block
+    /// is claimed under `owner`'s lease, held long enough to cover it.
+    async fn before_transaction(
         &self,
+        conn: &mut AsyncPgConnection,
         execution: &WorkflowExecution,
-        block_id: &str,
-        params: &HttpRequestParams,
+        block: &Block,
         ctx: &Value,
-    ) -> Result<Value, HttpRequestError> {
-        let span = tracing::info_span!(
-            "outbox.http.request",
-            otel.kind = "client",
-            block_id,
-            http.request.method = tracing::field::Empty,
-            server.origin = tracing::field::Empty,
-            http.response.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        );
-        let result = self
-            .send(execution, params, ctx)
-            .instrument(span.clone())
-            .await;
-        // A call without an answer, or answered with a 4xx or 5xx.
-        let failed = match &result {
-            Ok(output) => output["status"].as_u64().is_none_or(|status| status >= 400),
-            Err(_) => true,
-        };
-        if failed {
-            span.record("otel.status_code", "ERROR");
-        }
-        result
-    }
-
-    /// [`Runner::call`] inside its span.
-    async fn send(
-        &self,
-        execution: &WorkflowExecution,
-        params: &HttpRequestParams,
-        ctx: &Value,
-    ) -> Result<Value, HttpRequestError> {
-        if !execution.allow_external_callouts {
-            return Err(HttpRequestError::CalloutsDisabled);
-        }
-        let url = params.url.render(ctx);
-        let parsed =
-            url::Url::parse(&url).map_err(|source| HttpRequestError::InvalidUrl { url, source })?;
-        let method = serde_json::to_value(params.method)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        let method = reqwest::Method::from_bytes(method.as_bytes())
-            .map_err(|_| HttpRequestError::InvalidMethod { method })?;
-        let span = tracing::Span::current();
-        span.record("http.request.method", method.as_str());
-        // Scheme, host and port only: a URL's path and query may hold secrets.
-        span.record("server.origin", parsed.origin().ascii_serialization());
-        let mut request = self
-            .http
-            .request(method, parsed)?
-            .timeout(Duration::from_millis(params.timeout_ms()));
-        // The run's trace goes on to the peer, unless the block sets these
-        // headers itself.
-        if let Some(trace) = outbox_trace::TraceContext::current() {
-            for (name, value) in trace.headers() {
-                if !params
-                    .headers
-                    .keys()
-                    .any(|set| set.eq_ignore_ascii_case(name))
-                {
-                    request = request.header(name, value);
-                }
+        owner: Uuid,
+    ) -> Result<Early, RunError> {
+        let limit = match &block.params {
+            BlockParams::HttpRequest(p) => Duration::from_millis(p.timeout_ms()),
+            BlockParams::Code(_) if self.bridge_blocks => crate::code::TIME_LIMIT,
+            BlockParams::AiAgent(_) if self.bridge_blocks => {
+                return Ok(Early::Done(Err(NO_MODEL_PROVIDER.to_owned())));
             }
+            _ => return Ok(Early::Nothing),
+        };
+        let hold = limit + self.lease;
+        let Some(attempt) = lease::claim_block(conn, execution.id, owner, &block.id, hold).await?
+        else {
+            return Ok(Early::Lost);
+        };
+        if attempt > 1 {
+            tracing::warn!(
+                execution = %execution.id,
+                block = %block.id,
+                attempt,
+                "a holder died after claiming this block: its work runs again"
+            );
         }
-        for (name, value) in &params.headers {
-            request = request.header(name, value.render(ctx));
-        }
-        if let Some(body) = &params.body {
-            request = request.json(body.resolve(ctx));
-        }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| match GuardError::find(&e) {
-                Some(refused) => HttpRequestError::Refused(refused.clone()),
-                None => HttpRequestError::Request(e),
-            })?;
-        let status = response.status().as_u16();
-        tracing::Span::current().record("http.response.status_code", status);
-        let headers: Map<String, Value> = response
-            .headers()
-            .iter()
-            .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
-            .collect();
-        let text = response.text().await.map_err(HttpRequestError::Body)?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        Ok(json!({ "status": status, "headers": headers, "body": body }))
+        let result = match &block.params {
+            BlockParams::HttpRequest(p) => self
+                .call(execution, &block.id, p, ctx)
+                .await
+                .map_err(|e| e.to_string()),
+            BlockParams::Code(p) => crate::code::run(p, ctx).await.map_err(|e| e.to_string()),
+            _ => return Ok(Early::Nothing),
+        };
+        Ok(Early::Done(result))
     }
 }
 
-/// One block in its transaction: `None` when the execution is no longer
-/// running or the block already completed (another runner).
+/// What happened before a block's transaction.
+enum Early {
+    /// The block has no such work.
+    Nothing,
+    /// Its result (the call's output, or why it failed).
+    Done(Result<Value, String>),
+    /// The lease was lost before the claim: nothing was done.
+    Lost,
+}
+
+/// One block in its transaction, fenced by `owner`'s lease: `None` when the
+/// run is no longer `owner`'s to advance (taken over, cancelled, ended).
+#[allow(clippy::too_many_arguments)]
 async fn step(
     conn: &mut AsyncPgConnection,
     id: Uuid,
+    owner: Uuid,
+    lease: Duration,
     block: &Block,
     ctx: &Value,
     mut vars: Map<String, Value>,
-    http: Option<Result<Value, String>>,
+    early: Option<Result<Value, String>>,
 ) -> Result<Option<(Effect, Map<String, Value>)>, StepError> {
-    let Some(execution) = db::lock_execution(conn, id).await? else {
+    let Some(execution) = lease::fence(conn, id, owner).await? else {
         return Ok(None);
     };
-    if execution.status != ExecutionStatus::Running
-        || db::block_completed(conn, id, &block.id).await?
-    {
-        return Ok(None);
-    }
     let mut tx = OutboxTx::new(conn).map_err(RunError::from)?;
-    let effect = apply(&mut tx, &execution, block, ctx, &mut vars, http).await?;
+    let effect = apply(&mut tx, &execution, block, ctx, &mut vars, early).await?;
     let state = Value::Object(vars.clone());
     match &effect {
         Effect::Next { output, .. } => {
             let success = BlockExecutionStatus::Success;
             db::record_block(tx.conn(), id, &block.id, success, Some(output), None).await?;
             db::set_state(tx.conn(), id, ExecutionStatus::Running, None, &state).await?;
+            lease::renew(tx.conn(), id, lease).await?;
         }
         Effect::Wait => {
             let waiting = BlockExecutionStatus::Waiting;
@@ -507,15 +523,65 @@ async fn step(
     Ok(Some((effect, vars)))
 }
 
-/// Ends the run (unless it already ended), recording `failed_block`'s
+/// What a call that did not advance the run reports: the run's status when
+/// it is no longer there to advance, else [`RunOutcome::Taken`].
+async fn left_alone(conn: &mut AsyncPgConnection, id: Uuid) -> Result<RunOutcome, RunError> {
+    let execution = store::get_execution(conn, id)
+        .await?
+        .ok_or(RunError::ExecutionNotFound { execution_id: id })?;
+    Ok(match execution.status {
+        ExecutionStatus::Queued | ExecutionStatus::Running => RunOutcome::Taken,
+        status => RunOutcome::Unchanged(status),
+    })
+}
+
+/// How a run ends.
+struct End<'a> {
+    status: ExecutionStatus,
+    output: Option<&'a Value>,
+    error: Option<&'a str>,
+    failed_block: Option<&'a str>,
+}
+
+impl<'a> End<'a> {
+    fn new(status: ExecutionStatus) -> Self {
+        Self {
+            status,
+            output: None,
+            error: None,
+            failed_block: None,
+        }
+    }
+
+    fn output(self, output: &'a Value) -> Self {
+        Self {
+            output: Some(output),
+            ..self
+        }
+    }
+
+    fn error(self, error: &'a str) -> Self {
+        Self {
+            error: Some(error),
+            ..self
+        }
+    }
+
+    fn failed_block(self, block: &'a str) -> Self {
+        Self {
+            failed_block: Some(block),
+            ..self
+        }
+    }
+}
+
+/// Ends the run, if `owner` still holds it, recording the failed block's
 /// error row with the reason, in one transaction with the hook.
 async fn finish(
     conn: &mut AsyncPgConnection,
     execution: &WorkflowExecution,
-    status: ExecutionStatus,
-    output: Option<&Value>,
-    error: Option<&str>,
-    failed_block: Option<&str>,
+    owner: Uuid,
+    end: End<'_>,
 ) -> Result<RunOutcome, RunError> {
     conn.transaction::<_, RunError, _>(async |conn| {
         let current =
@@ -530,13 +596,16 @@ async fn finish(
         ) {
             return Ok(RunOutcome::Unchanged(current.status));
         }
-        if let Some(block) = failed_block {
+        if current.lease_owner != Some(owner) {
+            return Ok(RunOutcome::Taken);
+        }
+        if let Some(block) = end.failed_block {
             let failed = BlockExecutionStatus::Error;
-            db::record_block(conn, execution.id, block, failed, None, error).await?;
+            db::record_block(conn, execution.id, block, failed, None, end.error).await?;
         }
         let mut tx = OutboxTx::new(conn)?;
-        db::finish(&mut tx, &current, status, output, error).await?;
-        Ok(RunOutcome::Finished(status))
+        db::finish(&mut tx, &current, end.status, end.output, end.error).await?;
+        Ok(RunOutcome::Finished(end.status))
     })
     .await
 }

@@ -122,6 +122,9 @@ text_enum! {
 text_enum! {
     /// `workflow_block_execution.status`.
     BlockExecutionStatus, "block execution status" {
+        /// Claimed before its call (`httpRequest`, a bridge's `code`): the
+        /// call may have been made; no result is recorded yet.
+        Running => "running",
         /// The block finished and took an output.
         Success => "success",
         /// The block failed.
@@ -210,6 +213,11 @@ pub struct WorkflowExecution {
     /// Whether its `httpRequest` blocks may call out: false for a run
     /// started by an event a workflow's own row block caused.
     pub allow_external_callouts: bool,
+    /// The job holding the run (a fresh id per take of the lease).
+    pub lease_owner: Option<Uuid>,
+    /// Until when the holder may write without renewing; `None` or past:
+    /// the run is free to take.
+    pub lease_until: Option<DateTime<Utc>>,
 }
 
 /// A `workflow_block_execution` row: one block run of an execution.
@@ -234,6 +242,9 @@ pub struct WorkflowBlockExecution {
     pub started_at: DateTime<Utc>,
     /// When it ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// How many times the block was claimed (2 or more: a holder died
+    /// after claiming it, and its call may have been made).
+    pub attempt: i32,
 }
 
 /// An `entity_row` row: a generic entity row the row blocks work on.

@@ -1,0 +1,182 @@
+//! The sweep: finds runs left `running` with nobody holding them and asks
+//! for them to be resumed.
+//!
+//! A run is `running` while a job advances it under its lease (see
+//! [`crate::runner`]). When that job's process dies, the lease expires
+//! [`Runner::lease`](crate::runner::Runner::lease) after its last write, and
+//! the job itself comes back only if the queue redelivers it (and, if it
+//! comes back while the lease is still live, it leaves the run alone). The
+//! sweep closes that gap: every run `running` whose lease has expired (or,
+//! for a run never leased, whose last change is older than the lease) is
+//! orphaned, and [`resume_orphans`] publishes a
+//! `workflow.execution.requested` event for it, which the `outbox.workflow`
+//! subscriber runs like any other: the run resumes at its first unfinished
+//! block.
+//!
+//! Publishing is idempotent per holder: the dispatch key
+//! `wf-resume:<execution>:<lease owner>` means that sweeps of several
+//! workers, or repeated sweeps while the event waits in a backlog, publish
+//! one event for one dead holder. A resume that takes the run writes a new
+//! owner, so if it dies too, the next sweep publishes again.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel::sql_types::Double;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_model::schema::workflow_execution;
+use outbox_publish::{NewOutboxEvent, OutboxTx, publish_outbox_event};
+use uuid::Uuid;
+
+use crate::events::{EXECUTION_REQUESTED, ExecutionRequestedPayload};
+use crate::producers::ProducerError;
+
+/// How often a worker sweeps, by default (`WORKFLOW_SWEEP_INTERVAL_MS`).
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The most orphaned runs one sweep resumes (the rest wait for the next).
+pub const SWEEP_BATCH: i64 = 500;
+
+/// The dispatch key of the sweep's resume of `execution_id`, orphaned by
+/// the holder `lease_owner` (`None`: a run that was never leased).
+#[must_use]
+pub fn resume_key(execution_id: Uuid, lease_owner: Option<Uuid>) -> String {
+    match lease_owner {
+        Some(owner) => format!("wf-resume:{execution_id}:{owner}"),
+        None => format!("wf-resume:{execution_id}:none"),
+    }
+}
+
+/// A run left `running` with nobody holding it.
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[diesel(table_name = workflow_execution)]
+#[diesel(check_for_backend(diesel::pg::Pg))]
+pub struct OrphanedRun {
+    /// The execution.
+    pub id: Uuid,
+    /// Its tenant.
+    pub tenant_id: String,
+    /// Its workflow.
+    pub workflow_id: Uuid,
+    /// The holder that died (`None`: never leased).
+    pub lease_owner: Option<Uuid>,
+    /// When its lease expired (`None`: never leased).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// Its last change of status or block.
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The filter of orphaned runs: `running`, and the lease expired (a run
+/// never leased: unchanged for longer than `lease`), by the database's
+/// clock.
+fn orphaned(
+    lease: Duration,
+) -> diesel::expression::SqlLiteral<
+    diesel::sql_types::Bool,
+    diesel::expression::UncheckedBind<
+        diesel::expression::SqlLiteral<diesel::sql_types::Bool>,
+        <f64 as diesel::expression::AsExpression<Double>>::Expression,
+    >,
+> {
+    diesel::dsl::sql::<diesel::sql_types::Bool>(
+        "status = 'running' AND coalesce(lease_until, updated_at + make_interval(secs => ",
+    )
+    .bind::<Double, _>(lease.as_secs_f64())
+    .sql(")) < now()")
+}
+
+/// Up to `limit` orphaned runs (see the module docs), the longest orphaned
+/// first.
+///
+/// # Errors
+///
+/// The database's.
+pub async fn orphaned_runs(
+    conn: &mut AsyncPgConnection,
+    lease: Duration,
+    limit: i64,
+) -> Result<Vec<OrphanedRun>, diesel::result::Error> {
+    workflow_execution::table
+        .filter(orphaned(lease))
+        .order(workflow_execution::updated_at)
+        .limit(limit)
+        .select(OrphanedRun::as_select())
+        .load(conn)
+        .await
+}
+
+/// How many runs are orphaned now (for `outbox health` and a gauge).
+///
+/// # Errors
+///
+/// The database's.
+pub async fn count_orphaned_runs(
+    conn: &mut AsyncPgConnection,
+    lease: Duration,
+) -> Result<i64, diesel::result::Error> {
+    workflow_execution::table
+        .filter(orphaned(lease))
+        .select(diesel::dsl::count_star())
+        .get_result(conn)
+        .await
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SweepPass {
+    /// Orphaned runs found.
+    pub orphaned: usize,
+    /// Resume events published now (the others were published by an
+    /// earlier sweep for the same holder and wait to be handled).
+    pub published: usize,
+}
+
+/// Publishes a resume (`workflow.execution.requested`) for each run
+/// orphaned under runners holding runs for `lease`, up to
+/// [`SWEEP_BATCH`].
+///
+/// # Errors
+///
+/// [`ProducerError`] when the database fails; the runs handled before
+/// stay handled.
+pub async fn resume_orphans(
+    conn: &mut AsyncPgConnection,
+    lease: Duration,
+) -> Result<SweepPass, ProducerError> {
+    let runs = orphaned_runs(conn, lease, SWEEP_BATCH).await?;
+    let mut pass = SweepPass {
+        orphaned: runs.len(),
+        published: 0,
+    };
+    for run in runs {
+        let outcome = conn
+            .transaction::<_, ProducerError, _>(async |conn| {
+                let mut tx = OutboxTx::new(conn)?;
+                let payload = ExecutionRequestedPayload {
+                    execution_id: run.id,
+                    tenant_id: run.tenant_id.clone(),
+                    workflow_id: run.workflow_id,
+                };
+                let event = NewOutboxEvent::new(
+                    &run.tenant_id,
+                    EXECUTION_REQUESTED,
+                    serde_json::to_value(&payload)?,
+                )
+                .dispatch_key(resume_key(run.id, run.lease_owner));
+                Ok(publish_outbox_event(&mut tx, event).await?)
+            })
+            .await?;
+        if !outcome.is_duplicate() {
+            pass.published += 1;
+            tracing::warn!(
+                execution = %run.id,
+                tenant = %run.tenant_id,
+                dead_holder = ?run.lease_owner,
+                lease_until = ?run.lease_until,
+                "workflow run left running with nobody holding it: resume requested"
+            );
+        }
+    }
+    Ok(pass)
+}
