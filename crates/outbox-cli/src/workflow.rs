@@ -411,15 +411,26 @@ pub struct WorkflowHealth {
     stuck: Vec<Stuck>,
     /// Executions waiting for input: information, never stuck.
     waiting: u64,
+    /// Executions `running` whose holder's lease expired over
+    /// [`ORPHAN_ALERT_AFTER`] ago: worker-general's sweep resumes such runs
+    /// within seconds, so these say that no sweep runs.
+    orphaned: u64,
     /// Why the section alerts; empty when it does not.
     pub alerts: Vec<String>,
     #[serde(skip)]
     stuck_after: Duration,
 }
 
+/// How long a run may stay `running` with an expired lease before `health`
+/// alerts: many sweeps of worker-general (every 10 s by default) should
+/// have resumed it by then.
+pub const ORPHAN_ALERT_AFTER: Duration = Duration::from_secs(120);
+
 /// Reads the workflow section of `outbox health`: executions stuck in
 /// `queued` or `running` for longer than `stuck_after`, counted by status,
-/// with the oldest; each such status is an alert.
+/// with the oldest; each such status is an alert. Runs `running` with an
+/// expired lease for over [`ORPHAN_ALERT_AFTER`] (nobody holds them and no
+/// sweep resumed them) are an alert too.
 ///
 /// # Errors
 ///
@@ -457,11 +468,25 @@ pub async fn health(
             }
         })
         .collect();
-    let alerts = stuck.iter().filter_map(|s| s.alert.clone()).collect();
+    let orphaned = outbox_workflow::sweep::count_orphaned_runs(
+        conn,
+        outbox_workflow::runner::DEFAULT_LEASE,
+        ORPHAN_ALERT_AFTER,
+    )
+    .await?;
+    let orphaned = u64::try_from(orphaned).unwrap_or(0);
+    let mut alerts: Vec<String> = stuck.iter().filter_map(|s| s.alert.clone()).collect();
+    if orphaned > 0 {
+        alerts.push(format!(
+            "{orphaned} execution(s) running with nobody holding them for over {}: is worker-general (its workflow sweep) running?",
+            span(ORPHAN_ALERT_AFTER)
+        ));
+    }
     Ok(WorkflowHealth {
         stuck_after_secs: stuck_after.as_secs(),
         stuck,
         waiting,
+        orphaned,
         alerts,
         stuck_after,
     })
@@ -488,8 +513,10 @@ pub fn print_health(health: &WorkflowHealth) {
         );
     }
     println!(
-        "stuck: queued or running, unchanged for over {}; {} execution(s) waiting for input (never stuck)",
+        "stuck: queued or running, unchanged for over {}; {} execution(s) waiting for input (never stuck); {} running with nobody holding them for over {}",
         span(health.stuck_after),
-        health.waiting
+        health.waiting,
+        health.orphaned,
+        span(ORPHAN_ALERT_AFTER)
     );
 }

@@ -511,3 +511,40 @@ async fn health_alerts_on_an_execution_running_past_the_threshold_but_not_on_wai
     assert_eq!(workflows["stuck"][1]["count"], 0);
     assert_eq!(workflows["stuck_after_secs"], 7200);
 }
+
+#[tokio::test]
+async fn health_alerts_on_a_run_left_running_with_an_expired_lease_that_no_sweep_resumed() {
+    let env = Env::new().await;
+    let s = seed(&env).await;
+
+    // Its holder's lease ran out a minute ago: a sweep may still come.
+    env.sql(&format!(
+        "UPDATE workflow_execution SET lease_owner = gen_random_uuid(),
+                lease_until = now() - interval '1 minute' WHERE id = '{}'",
+        s.running
+    ))
+    .await;
+    let recent = env.outbox(&["health", "--json"]);
+    assert_eq!(recent.code, 0, "{}{}", recent.stdout, recent.stderr);
+    assert_eq!(recent.json()["workflows"]["orphaned"], 0);
+
+    // Ten minutes: no sweep ran.
+    env.sql(&format!(
+        "UPDATE workflow_execution SET lease_until = now() - interval '10 minutes'
+          WHERE id = '{}'",
+        s.running
+    ))
+    .await;
+    let orphaned = env.outbox(&["health", "--json"]);
+    assert_eq!(orphaned.code, 1, "{}{}", orphaned.stdout, orphaned.stderr);
+    let workflows = &orphaned.json()["workflows"];
+    assert_eq!(workflows["orphaned"], 1);
+    let alert = workflows["alerts"][0].as_str().unwrap();
+    assert!(alert.contains("nobody holding them"), "{alert}");
+    let table = env.outbox(&["health"]);
+    assert!(
+        table.stdout.contains("1 running with nobody holding them"),
+        "{}",
+        table.stdout
+    );
+}

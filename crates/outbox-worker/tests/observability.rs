@@ -285,7 +285,10 @@ async fn a_workflow_run_unchanged_for_an_hour_shows_in_the_gauges_of_running_exe
             execution.id
         ))
         .await;
-    let general = stack.start(GENERAL, &[]).await;
+    // No sweep during the test: it would resume the run.
+    let general = stack
+        .start(GENERAL, &[("WORKFLOW_SWEEP_INTERVAL_MS", "3600000")])
+        .await;
     let value = |body: &str, series: &str| -> Option<f64> {
         body.lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())

@@ -11,41 +11,26 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod workflow_support;
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use common::{GENERAL, MAIL, Stack};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
 use outbox_model::OutboxEvent;
-use outbox_model::schema::{outbox_event, workflow_block_execution};
+use outbox_model::schema::outbox_event;
 use outbox_publish::OutboxTx;
 use outbox_queue::{OutboxJob, RedisSettings, push_raw, queues};
-use outbox_test_support::{TestDatabase, eventually, workflow_e2e_server_url};
 use outbox_worker::{Group, WorkerConfig, handler_group};
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use outbox_workflow::producers::{self, EventContext, ProducerError};
+use outbox_workflow::store::{ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
-
-const WAIT: Duration = Duration::from_secs(60);
-
-async fn stack() -> Stack {
-    Stack::with_database(TestDatabase::on_server(&workflow_e2e_server_url(), 4).await).await
-}
-
-/// Saves `definition` as the tenant `acme`'s workflow `name`; its id.
-async fn save(stack: &Stack, name: &str, status: WorkflowStatus, definition: Value) -> Uuid {
-    let definition = WorkflowDefinition::from_value(definition).unwrap();
-    let mut conn = stack.db.conn().await;
-    store::save_workflow(&mut conn, "acme", name, status, &definition)
-        .await
-        .unwrap()
-        .workflow
-        .id
-}
+use workflow_support::{
+    WAIT, block_rows, continue_run, execution, request_run, save, settled_subjects, stack,
+    successes, wait_status,
+};
 
 /// Subscribes the plugin `plugin` of `acme` to `hook` at the sink's `path`.
 async fn subscribe(stack: &Stack, plugin: &str, hook: &str, path: &str) {
@@ -72,75 +57,6 @@ async fn create_row(stack: &Stack, entity: &str, data: Value) -> Uuid {
     .unwrap()
     .row
     .id
-}
-
-/// Requests a manual run of `workflow` with `input`; the execution's id.
-async fn request_run(stack: &Stack, workflow: Uuid, input: Value) -> Uuid {
-    let mut conn = stack.db.conn().await;
-    conn.transaction::<_, ProducerError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        producers::request_execution(&mut tx, "acme", workflow, RunTrigger::Manual, &input).await
-    })
-    .await
-    .unwrap()
-}
-
-async fn execution(stack: &Stack, id: Uuid) -> WorkflowExecution {
-    let mut conn = stack.db.conn().await;
-    store::get_execution(&mut conn, id).await.unwrap().unwrap()
-}
-
-/// Waits until execution `id` has `status`; the execution then.
-async fn wait_status(stack: &Stack, id: Uuid, status: ExecutionStatus) -> WorkflowExecution {
-    eventually(&format!("execution {id} {status:?}"), WAIT, async || {
-        execution(stack, id).await.status == status
-    })
-    .await;
-    execution(stack, id).await
-}
-
-/// The execution's block rows: (block, sequence, status), in run order.
-async fn block_rows(stack: &Stack, id: Uuid) -> Vec<(String, i32, String)> {
-    let mut conn = stack.db.conn().await;
-    workflow_block_execution::table
-        .filter(workflow_block_execution::execution_id.eq(id))
-        .order((
-            workflow_block_execution::started_at,
-            workflow_block_execution::sequence,
-        ))
-        .select((
-            workflow_block_execution::block_id,
-            workflow_block_execution::sequence,
-            workflow_block_execution::status,
-        ))
-        .load(&mut conn)
-        .await
-        .unwrap()
-}
-
-fn successes(blocks: &[&str]) -> Vec<(String, i32, String)> {
-    blocks
-        .iter()
-        .map(|b| ((*b).to_owned(), 1, "success".to_owned()))
-        .collect()
-}
-
-/// The subjects of every mail the SMTP sink received, sorted, once `n`
-/// arrived and the queues on the way to it are idle (so that no later mail
-/// can still come).
-async fn settled_subjects(stack: &Stack, n: usize) -> Vec<String> {
-    stack.smtp.wait_for_messages(n, WAIT).await;
-    stack
-        .wait_idle(&[queues::WORKFLOW, queues::MAIL, queues::TOOLCTRL_EMAIL])
-        .await;
-    let mut subjects: Vec<String> = stack
-        .smtp
-        .messages()
-        .iter()
-        .map(|m| m.header("subject").unwrap_or_default())
-        .collect();
-    subjects.sort();
-    subjects
 }
 
 /// eventTrigger(order created) → if total > 100 → email → httpRequest →
@@ -430,16 +346,6 @@ fn approval_workflow(timeout_ms: u64, version: &str) -> Value {
     })
 }
 
-async fn continue_run(stack: &Stack, id: Uuid, input: Value) -> Result<(), ProducerError> {
-    let mut conn = stack.db.conn().await;
-    conn.transaction::<_, ProducerError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        producers::request_continuation(&mut tx, "acme", id, &input, None).await
-    })
-    .await
-    .map(|_| ())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_run_resumes_on_its_own_version_and_another_takes_its_timeout_branch() {
     let stack = stack().await;
@@ -510,77 +416,4 @@ async fn a_waiting_run_resumes_on_its_own_version_and_another_takes_its_timeout_
         settled_subjects(&stack, 2).await,
         vec!["Answered (v1): true", "No answer"]
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_killed_mid_workflow_finishes_it_after_restart_with_each_effect_once() {
-    let stack = stack().await;
-    stack.http.respond_after("/slow", Duration::from_secs(30));
-    let workflow = save(
-        &stack,
-        "onboarding",
-        WorkflowStatus::Live,
-        json!({
-            "blocks": [
-                { "id": "start", "type": "manualTrigger" },
-                { "id": "hello", "type": "email", "params": {
-                    "to": ["{{ input.email }}"], "subject": "Step one", "text": "1" } },
-                { "id": "account", "type": "rowCreate", "params": {
-                    "entity": "account", "values": { "email": { "var": "input.email" } } } },
-                { "id": "provision", "type": "httpRequest", "params": {
-                    "method": "POST", "url": stack.http.url_for("/slow"),
-                    "body": { "var": "blocks.account.output" }, "timeoutMs": 60000 } },
-                { "id": "activate", "type": "rowUpdate", "params": {
-                    "entity": "account", "id": { "var": "blocks.account.output.id" },
-                    "patch": { "active": true } } },
-                { "id": "done", "type": "email", "params": {
-                    "to": ["{{ input.email }}"], "subject": "Step two", "text": "2" } }
-            ],
-            "edges": [
-                { "from": "start", "to": "hello" },
-                { "from": "hello", "to": "account" },
-                { "from": "account", "to": "provision" },
-                { "from": "provision", "to": "activate" },
-                { "from": "activate", "to": "done" }
-            ]
-        }),
-    )
-    .await;
-    let mut general = stack.start(GENERAL, &[]).await;
-    let _mail = stack.start(MAIL, &[]).await;
-
-    let id = request_run(&stack, workflow, json!({ "email": "ada@example.com" })).await;
-    // The call is in flight: the blocks before it have committed.
-    stack.http.wait_for_requests("/slow", 1, WAIT).await;
-    general.signal("KILL");
-    general.wait_exit(WAIT).await;
-    stack.http.respond_after("/slow", Duration::ZERO);
-    let _general = stack.start(GENERAL, &[]).await;
-
-    let run = wait_status(&stack, id, ExecutionStatus::Success).await;
-    assert_eq!(run.error, None);
-    assert_eq!(
-        block_rows(&stack, id).await,
-        successes(&["start", "hello", "account", "provision", "activate", "done"])
-    );
-    assert_eq!(
-        settled_subjects(&stack, 2).await,
-        vec!["Step one", "Step two"],
-        "each mail once"
-    );
-    stack
-        .wait_count(
-            "SELECT count(*) FROM entity_row WHERE entity = 'account' AND data->>'active' = 'true'",
-            1,
-        )
-        .await;
-    stack
-        .wait_count(
-            "SELECT count(*) FROM entity_row WHERE entity = 'account'",
-            1,
-        )
-        .await;
-    // The call is the one effect at least once: the killed attempt's call
-    // went out, and the rerun of its block called again.
-    assert_eq!(stack.http.requests_to("/slow").len(), 2);
 }

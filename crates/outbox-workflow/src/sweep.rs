@@ -67,23 +67,33 @@ pub struct OrphanedRun {
     pub updated_at: DateTime<Utc>,
 }
 
-/// The filter of orphaned runs: `running`, and the lease expired (a run
-/// never leased: unchanged for longer than `lease`), by the database's
-/// clock.
-fn orphaned(
-    lease: Duration,
-) -> diesel::expression::SqlLiteral<
+/// The SQL filter `status = 'running' AND coalesce(lease_until, updated_at
+/// + <lease>) < now() - <for>`.
+type OrphanFilter = diesel::expression::SqlLiteral<
     diesel::sql_types::Bool,
     diesel::expression::UncheckedBind<
-        diesel::expression::SqlLiteral<diesel::sql_types::Bool>,
+        diesel::expression::SqlLiteral<
+            diesel::sql_types::Bool,
+            diesel::expression::UncheckedBind<
+                diesel::expression::SqlLiteral<diesel::sql_types::Bool>,
+                <f64 as diesel::expression::AsExpression<Double>>::Expression,
+            >,
+        >,
         <f64 as diesel::expression::AsExpression<Double>>::Expression,
     >,
-> {
+>;
+
+/// The filter of runs orphaned for longer than `expired_for`: `running`,
+/// and the lease expired (a run never leased: unchanged for longer than
+/// `lease`), by the database's clock.
+fn orphaned(lease: Duration, expired_for: Duration) -> OrphanFilter {
     diesel::dsl::sql::<diesel::sql_types::Bool>(
         "status = 'running' AND coalesce(lease_until, updated_at + make_interval(secs => ",
     )
     .bind::<Double, _>(lease.as_secs_f64())
-    .sql(")) < now()")
+    .sql(")) < now() - make_interval(secs => ")
+    .bind::<Double, _>(expired_for.as_secs_f64())
+    .sql(")")
 }
 
 /// Up to `limit` orphaned runs (see the module docs), the longest orphaned
@@ -98,7 +108,7 @@ pub async fn orphaned_runs(
     limit: i64,
 ) -> Result<Vec<OrphanedRun>, diesel::result::Error> {
     workflow_execution::table
-        .filter(orphaned(lease))
+        .filter(orphaned(lease, Duration::ZERO))
         .order(workflow_execution::updated_at)
         .limit(limit)
         .select(OrphanedRun::as_select())
@@ -106,7 +116,8 @@ pub async fn orphaned_runs(
         .await
 }
 
-/// How many runs are orphaned now (for `outbox health` and a gauge).
+/// How many runs have been orphaned for longer than `expired_for` (for
+/// `outbox health`: runs the sweep should have resumed by then).
 ///
 /// # Errors
 ///
@@ -114,9 +125,10 @@ pub async fn orphaned_runs(
 pub async fn count_orphaned_runs(
     conn: &mut AsyncPgConnection,
     lease: Duration,
+    expired_for: Duration,
 ) -> Result<i64, diesel::result::Error> {
     workflow_execution::table
-        .filter(orphaned(lease))
+        .filter(orphaned(lease, expired_for))
         .select(diesel::dsl::count_star())
         .get_result(conn)
         .await

@@ -1,0 +1,430 @@
+//! Workflow runs under SIGKILL, with the real binaries: `worker-general` is
+//! killed before, during and after an `httpRequest` block's call, in the
+//! main path and in the branches a wait's answer or timeout takes, and
+//! restarted. Every run reaches its terminal status (resumed by its
+//! redelivered job or by the sweep), each mail and row effect happens once,
+//! and a call is repeated only when the killed process made it, with the
+//! same `Idempotency-Key`. Two live jobs on one run make one call.
+//!
+//! The workers run with a 1 s run lease and a 300 ms sweep, so a run whose
+//! holder died is free again about a second after its last write (a call
+//! holds it for its own limit plus the lease).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+mod workflow_support;
+
+use std::time::Duration;
+
+use common::{GENERAL, MAIL, Stack, Worker};
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::schema::{outbox_event, workflow_block_execution};
+use outbox_queue::{OutboxJob, RedisSettings, push_raw, queues};
+use outbox_test_support::{ReceivedRequest, eventually};
+use outbox_workflow::events::EXECUTION_REQUESTED;
+use outbox_workflow::runner::{IDEMPOTENCY_KEY_HEADER, idempotency_key};
+use outbox_workflow::store::{ExecutionStatus, WorkflowStatus};
+use serde_json::{Value, json};
+use uuid::Uuid;
+use workflow_support::{
+    WAIT, block_rows, continue_run, request_run, save, settled_subjects, stack, successes,
+    wait_status,
+};
+
+/// The workers' run lease and sweep in these tests.
+const FAST_RECOVERY: [(&str, &str); 2] = [
+    ("WORKFLOW_RUN_LEASE_MS", "1000"),
+    ("WORKFLOW_SWEEP_INTERVAL_MS", "300"),
+];
+
+async fn general(stack: &Stack) -> Worker {
+    stack.start(GENERAL, &FAST_RECOVERY).await
+}
+
+/// Kills `worker` with SIGKILL and waits until it is gone.
+async fn kill(mut worker: Worker) {
+    worker.signal("KILL");
+    worker.wait_exit(WAIT).await;
+}
+
+/// manualTrigger → email → rowCreate → httpRequest(`url`) → rowUpdate →
+/// email.
+fn onboarding(url: &str) -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "hello", "type": "email", "params": {
+                "to": ["{{ input.email }}"], "subject": "Step one", "text": "1" } },
+            { "id": "account", "type": "rowCreate", "params": {
+                "entity": "account", "values": { "email": { "var": "input.email" } } } },
+            { "id": "provision", "type": "httpRequest", "params": {
+                "method": "POST", "url": url,
+                "body": { "var": "blocks.account.output" }, "timeoutMs": 5000 } },
+            { "id": "activate", "type": "rowUpdate", "params": {
+                "entity": "account", "id": { "var": "blocks.account.output.id" },
+                "patch": { "active": true } } },
+            { "id": "done", "type": "email", "params": {
+                "to": ["{{ input.email }}"], "subject": "Step two", "text": "2" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "hello" },
+            { "from": "hello", "to": "account" },
+            { "from": "account", "to": "provision" },
+            { "from": "provision", "to": "activate" },
+            { "from": "activate", "to": "done" }
+        ]
+    })
+}
+
+/// manualTrigger → waitForInput (`timeout_ms`) → `input`: httpRequest to
+/// `/answered` then a mail; `timeout`: httpRequest to `/late` then a mail.
+fn approval(stack: &Stack, timeout_ms: u64) -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "ask", "type": "waitForInput",
+              "params": { "prompt": "Approve?", "timeoutMs": timeout_ms } },
+            { "id": "tell", "type": "httpRequest", "params": {
+                "method": "POST", "url": stack.http.url_for("/answered"),
+                "body": { "var": "blocks.ask.output.answer" }, "timeoutMs": 5000 } },
+            { "id": "thanks", "type": "email", "params": {
+                "to": ["boss@example.com"], "subject": "Answered", "text": "thanks" } },
+            { "id": "escalate", "type": "httpRequest", "params": {
+                "method": "POST", "url": stack.http.url_for("/late"), "timeoutMs": 5000 } },
+            { "id": "sorry", "type": "email", "params": {
+                "to": ["boss@example.com"], "subject": "No answer", "text": "timed out" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "ask" },
+            { "from": "ask", "to": "tell", "label": "input" },
+            { "from": "tell", "to": "thanks" },
+            { "from": "ask", "to": "escalate", "label": "timeout" },
+            { "from": "escalate", "to": "sorry" }
+        ]
+    })
+}
+
+/// Asserts that every call is the block's, with its idempotency key.
+fn assert_keyed(calls: &[ReceivedRequest], execution: Uuid, block: &str) {
+    let key = idempotency_key(execution, block);
+    for call in calls {
+        assert_eq!(
+            call.header(IDEMPOTENCY_KEY_HEADER),
+            Some(key.as_str()),
+            "every attempt carries the block's key"
+        );
+    }
+}
+
+/// The attempt count of `block`'s row in execution `id`.
+async fn attempts(stack: &Stack, id: Uuid, block: &str) -> i32 {
+    let mut conn = stack.db.conn().await;
+    workflow_block_execution::table
+        .filter(workflow_block_execution::execution_id.eq(id))
+        .filter(workflow_block_execution::block_id.eq(block))
+        .select(workflow_block_execution::attempt)
+        .first(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// The onboarding run's own effects, once each: two mails, one account,
+/// active.
+async fn assert_onboarding_effects_once(stack: &Stack, id: Uuid) {
+    let run = wait_status(stack, id, ExecutionStatus::Success).await;
+    assert_eq!(run.error, None);
+    assert_eq!(
+        block_rows(stack, id).await,
+        successes(&["start", "hello", "account", "provision", "activate", "done"])
+    );
+    assert_eq!(
+        settled_subjects(stack, 2).await,
+        vec!["Step one", "Step two"],
+        "each mail once"
+    );
+    stack
+        .wait_count(
+            "SELECT count(*) FROM entity_row WHERE entity = 'account' AND data->>'active' = 'true'",
+            1,
+        )
+        .await;
+    stack
+        .wait_count(
+            "SELECT count(*) FROM entity_row WHERE entity = 'account'",
+            1,
+        )
+        .await;
+}
+
+/// A connection holding an open transaction (a lock the test takes), and
+/// a wait for a worker's statement to queue behind it.
+struct Blocker {
+    conn: AsyncPgConnection,
+}
+
+impl Blocker {
+    async fn hold(stack: &Stack, sql: &str) -> Self {
+        let mut conn = stack.db.conn().await;
+        conn.batch_execute(&format!("BEGIN; {sql}")).await.unwrap();
+        Self { conn }
+    }
+
+    /// Waits until a statement of the worker waits for the lock this
+    /// blocker holds (`what` says which, for the failure message).
+    async fn wait_for_waiter(stack: &Stack, what: &str) {
+        let sql = "SELECT count(*) FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        eventually(
+            &format!("a statement waiting on {what}"),
+            WAIT,
+            async || {
+                let mut conn = stack.db.conn().await;
+                let n: i64 = diesel::sql_query(sql)
+                    .get_result::<Count>(&mut conn)
+                    .await
+                    .unwrap()
+                    .count;
+                n >= 1
+            },
+        )
+        .await;
+    }
+
+    async fn release(mut self) {
+        self.conn.batch_execute("ROLLBACK").await.unwrap();
+    }
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    count: i64,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_a_call_the_run_finishes_and_repeats_the_call_once_with_its_key() {
+    let stack = stack().await;
+    stack.http.respond_after("/slow", Duration::from_secs(30));
+    let workflow = save(
+        &stack,
+        "onboarding",
+        WorkflowStatus::Live,
+        onboarding(&stack.http.url_for("/slow")),
+    )
+    .await;
+    let worker = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let id = request_run(&stack, workflow, json!({ "email": "ada@example.com" })).await;
+    // The call is in flight: the blocks before it have committed.
+    stack.http.wait_for_requests("/slow", 1, WAIT).await;
+    kill(worker).await;
+    stack.http.respond_after("/slow", Duration::ZERO);
+    let _general = general(&stack).await;
+
+    assert_onboarding_effects_once(&stack, id).await;
+    // The call is the one effect at least once: the killed process made
+    // it, and the next holder made it again, under the same key.
+    let calls = stack.http.requests_to("/slow");
+    assert_eq!(calls.len(), 2);
+    assert_keyed(&calls, id, "provision");
+    assert_eq!(attempts(&stack, id, "provision").await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_a_call_answered_before_it_was_recorded_the_call_is_repeated_once() {
+    let stack = stack().await;
+    stack
+        .http
+        .respond_after("/crm", Duration::from_millis(1500));
+    let workflow = save(
+        &stack,
+        "onboarding",
+        WorkflowStatus::Live,
+        onboarding(&stack.http.url_for("/crm")),
+    )
+    .await;
+    let worker = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let id = request_run(&stack, workflow, json!({ "email": "ada@example.com" })).await;
+    stack.http.wait_for_requests("/crm", 1, WAIT).await;
+    // While the receiver holds the answer, lock the run: the worker gets
+    // the answer and waits to record it.
+    let blocker = Blocker::hold(
+        &stack,
+        &format!("SELECT 1 FROM workflow_execution WHERE id = '{id}' FOR UPDATE"),
+    )
+    .await;
+    Blocker::wait_for_waiter(&stack, "the run's row").await;
+    kill(worker).await;
+    blocker.release().await;
+    stack.http.respond_after("/crm", Duration::ZERO);
+    let _general = general(&stack).await;
+
+    assert_onboarding_effects_once(&stack, id).await;
+    let calls = stack.http.requests_to("/crm");
+    assert_eq!(calls.len(), 2, "answered once, recorded never: made again");
+    assert_keyed(&calls, id, "provision");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_before_a_call_the_run_finishes_and_makes_the_call_once() {
+    let stack = stack().await;
+    let workflow = save(
+        &stack,
+        "onboarding",
+        WorkflowStatus::Live,
+        onboarding(&stack.http.url_for("/crm")),
+    )
+    .await;
+    let worker = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    // The block before the call waits for its insert: the run is taken, its
+    // first blocks committed, the call not yet claimed.
+    let blocker = Blocker::hold(&stack, "LOCK TABLE entity_row IN SHARE MODE").await;
+    let id = request_run(&stack, workflow, json!({ "email": "ada@example.com" })).await;
+    Blocker::wait_for_waiter(&stack, "entity_row").await;
+    kill(worker).await;
+    blocker.release().await;
+    let _general = general(&stack).await;
+
+    assert_onboarding_effects_once(&stack, id).await;
+    let calls = stack.http.requests_to("/crm");
+    assert_eq!(calls.len(), 1, "the killed process never made it");
+    assert_keyed(&calls, id, "provision");
+    assert_eq!(attempts(&stack, id, "provision").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_the_call_of_an_answered_branch_the_run_finishes() {
+    let stack = stack().await;
+    stack
+        .http
+        .respond_after("/answered", Duration::from_secs(30));
+    let workflow = save(
+        &stack,
+        "approval",
+        WorkflowStatus::Live,
+        approval(&stack, 60_000),
+    )
+    .await;
+    let worker = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let id = request_run(&stack, workflow, json!({})).await;
+    wait_status(&stack, id, ExecutionStatus::Waiting).await;
+    continue_run(&stack, id, json!({ "approved": true }))
+        .await
+        .unwrap();
+    stack.http.wait_for_requests("/answered", 1, WAIT).await;
+    kill(worker).await;
+    stack.http.respond_after("/answered", Duration::ZERO);
+    let _general = general(&stack).await;
+
+    let run = wait_status(&stack, id, ExecutionStatus::Success).await;
+    assert_eq!(run.error, None);
+    let blocks: Vec<String> = block_rows(&stack, id)
+        .await
+        .into_iter()
+        .map(|(block, _, _)| block)
+        .collect();
+    assert_eq!(blocks, vec!["start", "ask", "ask", "tell", "thanks"]);
+    assert_eq!(settled_subjects(&stack, 1).await, vec!["Answered"]);
+    let calls = stack.http.requests_to("/answered");
+    assert_eq!(calls.len(), 2);
+    assert_keyed(&calls, id, "tell");
+    assert!(stack.http.requests_to("/late").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_during_the_call_of_a_timeout_branch_the_run_finishes() {
+    let stack = stack().await;
+    stack.http.respond_after("/late", Duration::from_secs(30));
+    let workflow = save(
+        &stack,
+        "approval",
+        WorkflowStatus::Live,
+        approval(&stack, 1_000),
+    )
+    .await;
+    let worker = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let id = request_run(&stack, workflow, json!({})).await;
+    stack.http.wait_for_requests("/late", 1, WAIT).await;
+    kill(worker).await;
+    stack.http.respond_after("/late", Duration::ZERO);
+    let _general = general(&stack).await;
+
+    wait_status(&stack, id, ExecutionStatus::Success).await;
+    assert_eq!(settled_subjects(&stack, 1).await, vec!["No answer"]);
+    let calls = stack.http.requests_to("/late");
+    assert_eq!(calls.len(), 2);
+    assert_keyed(&calls, id, "escalate");
+    assert!(stack.http.requests_to("/answered").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_live_job_on_a_run_whose_call_is_in_flight_calls_nothing() {
+    let stack = stack().await;
+    stack
+        .http
+        .respond_after("/answered", Duration::from_secs(4));
+    let workflow = save(
+        &stack,
+        "approval",
+        WorkflowStatus::Live,
+        approval(&stack, 60_000),
+    )
+    .await;
+    let _general = general(&stack).await;
+    let _mail = stack.start(MAIL, &[]).await;
+
+    let id = request_run(&stack, workflow, json!({})).await;
+    wait_status(&stack, id, ExecutionStatus::Waiting).await;
+    continue_run(&stack, id, json!({ "approved": true }))
+        .await
+        .unwrap();
+    stack.http.wait_for_requests("/answered", 1, WAIT).await;
+
+    // The run's request job again, as a redelivery after an earlier kill:
+    // a second live job on the run while the answer's job calls.
+    let request = {
+        let mut conn = stack.db.conn().await;
+        outbox_event::table
+            .filter(outbox_event::event_type.eq(EXECUTION_REQUESTED))
+            .select(outbox_model::OutboxEvent::as_select())
+            .first(&mut conn)
+            .await
+            .unwrap()
+    };
+    let done = stack.stats(queues::WORKFLOW).await.done;
+    let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
+    let job = OutboxJob::from_event(&request);
+    push_raw(
+        &mut redis,
+        &stack.namespace,
+        queues::WORKFLOW,
+        &[(
+            "request-redelivery".into(),
+            serde_json::to_vec(&job).unwrap(),
+        )],
+    )
+    .await
+    .unwrap();
+    stack.wait_done(queues::WORKFLOW, done + 1).await;
+    assert_eq!(
+        stack.http.requests_to("/answered").len(),
+        1,
+        "the second job left the run alone while the call was in flight"
+    );
+
+    wait_status(&stack, id, ExecutionStatus::Success).await;
+    assert_eq!(settled_subjects(&stack, 1).await, vec!["Answered"]);
+    assert_eq!(stack.http.requests_to("/answered").len(), 1, "one call");
+    assert_eq!(attempts(&stack, id, "tell").await, 1);
+}

@@ -1,0 +1,329 @@
+//! One writer per run, on real Postgres and a real HTTP peer: a run held by
+//! a live lease is left alone, two jobs at once make one call, a holder
+//! that died is followed by exactly one repeat of its claimed call (same
+//! idempotency key), a continuation that finds its run `running` resumes
+//! it, a holder whose lease was taken over writes nothing, and the sweep
+//! requests one resume per dead holder.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod runs;
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::schema::{outbox_event, workflow_block_execution};
+use outbox_test_support::{HttpSink, TestDatabase};
+use outbox_workflow::events::{ContinueKind, EXECUTION_REQUESTED};
+use outbox_workflow::runner::{
+    AddressPolicy, IDEMPOTENCY_KEY_HEADER, RunOutcome, Runner, idempotency_key,
+};
+use outbox_workflow::store::ExecutionStatus;
+use outbox_workflow::sweep::{self, resume_key};
+use runs::{block_rows, execution, queued};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// A runner that may call the local sink, holding runs for `lease`.
+fn runner(lease: Duration) -> Runner {
+    Runner::with_address_policy(AddressPolicy::AllowInternal)
+        .unwrap()
+        .with_lease(lease)
+}
+
+/// manualTrigger → httpRequest(url, 2 s limit) → log.
+fn call_workflow(url: &str) -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "call", "type": "httpRequest", "params": {
+                "method": "POST", "url": url, "body": { "var": "input" }, "timeoutMs": 2000 } },
+            { "id": "after", "type": "log", "params": { "message": "called" } }
+        ],
+        "edges": [{ "from": "start", "to": "call" }, { "from": "call", "to": "after" }]
+    })
+}
+
+/// manualTrigger → waitForInput → (input) httpRequest(url) → log.
+fn answered_call_workflow(url: &str) -> Value {
+    json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "ask", "type": "waitForInput", "params": { "prompt": "ok?" } },
+            { "id": "call", "type": "httpRequest", "params": {
+                "method": "POST", "url": url, "timeoutMs": 2000 } },
+            { "id": "after", "type": "log", "params": { "message": "called" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "ask" },
+            { "from": "ask", "to": "call", "label": "input" },
+            { "from": "call", "to": "after" }
+        ]
+    })
+}
+
+/// (block, attempt, status) of the execution's `call` block rows.
+async fn call_rows(conn: &mut AsyncPgConnection, id: Uuid) -> Vec<(i32, String)> {
+    workflow_block_execution::table
+        .filter(workflow_block_execution::execution_id.eq(id))
+        .filter(workflow_block_execution::block_id.eq("call"))
+        .select((
+            workflow_block_execution::attempt,
+            workflow_block_execution::status,
+        ))
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+async fn set_lease(conn: &mut AsyncPgConnection, id: Uuid, owner: Uuid, until: &str) {
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET status = 'running', started_at = now(),
+                lease_owner = '{owner}', lease_until = {until} WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_run_held_by_a_live_lease_is_left_alone_without_calling() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/hook")), json!({})).await;
+    set_lease(&mut conn, id, Uuid::new_v4(), "now() + interval '1 hour'").await;
+
+    let outcome = runner(Duration::from_secs(30)).run(&mut conn, id).await;
+    assert_eq!(outcome.unwrap(), RunOutcome::Taken);
+    assert!(sink.requests_to("/hook").is_empty(), "no call");
+    assert!(block_rows(&mut conn, id).await.is_empty(), "no block ran");
+    assert_eq!(
+        execution(&mut conn, id).await.status,
+        ExecutionStatus::Running
+    );
+}
+
+#[tokio::test]
+async fn two_jobs_advancing_one_run_at_once_make_one_call() {
+    let db = TestDatabase::new().await;
+    let (mut first, mut second) = (db.conn().await, db.conn().await);
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(800));
+    let id = queued(&mut first, call_workflow(&sink.url_for("/slow")), json!({})).await;
+    let runner = runner(Duration::from_secs(30));
+
+    let (a, b) = tokio::join!(runner.run(&mut first, id), async {
+        // The second job arrives while the first one's call is in flight.
+        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
+            .await;
+        runner.run(&mut second, id).await
+    });
+    assert_eq!(a.unwrap(), RunOutcome::Finished(ExecutionStatus::Success));
+    assert_eq!(b.unwrap(), RunOutcome::Taken);
+    assert_eq!(sink.requests_to("/slow").len(), 1, "one call");
+    assert_eq!(call_rows(&mut first, id).await, vec![(1, "success".into())]);
+}
+
+#[tokio::test]
+async fn a_claimed_call_whose_holder_died_is_made_again_once_with_the_same_idempotency_key() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(1500));
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
+    let runner = runner(Duration::from_millis(200));
+
+    // The holder dies while its call is in flight: its future is dropped.
+    {
+        let mut dying = db.conn().await;
+        let cut = tokio::time::timeout(Duration::from_millis(500), runner.run(&mut dying, id));
+        assert!(
+            cut.await.is_err(),
+            "the first holder was cut during its call"
+        );
+    }
+    assert_eq!(call_rows(&mut conn, id).await, vec![(1, "running".into())]);
+    // Its lease covers the call's limit (2 s) and one lease: until then, a
+    // second job leaves the run alone.
+    assert_eq!(runner.run(&mut conn, id).await.unwrap(), RunOutcome::Taken);
+    assert_eq!(sink.requests_to("/slow").len(), 1);
+
+    sink.respond_after("/slow", Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let outcome = runner.run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let calls = sink.requests_to("/slow");
+    assert_eq!(calls.len(), 2, "the dead holder's call and one repeat");
+    let key = idempotency_key(id, "call");
+    for call in &calls {
+        assert_eq!(call.header(IDEMPOTENCY_KEY_HEADER), Some(key.as_str()));
+    }
+    assert_eq!(call_rows(&mut conn, id).await, vec![(2, "success".into())]);
+}
+
+#[tokio::test]
+async fn an_answer_redelivered_after_its_holder_died_resumes_the_run() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(1500));
+    let id = queued(
+        &mut conn,
+        answered_call_workflow(&sink.url_for("/slow")),
+        json!({}),
+    )
+    .await;
+    let runner = runner(Duration::from_millis(200));
+    assert_eq!(
+        runner.run(&mut conn, id).await.unwrap(),
+        RunOutcome::Waiting("ask".into())
+    );
+    let answer = json!({ "ok": true });
+    {
+        let mut dying = db.conn().await;
+        let resume = runner.resume(&mut dying, id, "ask", ContinueKind::Input, &answer);
+        let cut = tokio::time::timeout(Duration::from_millis(500), resume);
+        assert!(
+            cut.await.is_err(),
+            "the answer's holder was cut during the call"
+        );
+    }
+    assert_eq!(
+        execution(&mut conn, id).await.status,
+        ExecutionStatus::Running
+    );
+
+    sink.respond_after("/slow", Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    // The same answer job, redelivered.
+    let outcome = runner
+        .resume(&mut conn, id, "ask", ContinueKind::Input, &answer)
+        .await
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    assert_eq!(sink.requests_to("/slow").len(), 2);
+    let blocks: Vec<String> = block_rows(&mut conn, id)
+        .await
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(blocks, vec!["start", "ask", "ask", "call", "after"]);
+}
+
+#[tokio::test]
+async fn a_holder_whose_lease_was_taken_over_records_nothing_of_its_call() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(600));
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
+    let runner = runner(Duration::from_secs(30));
+
+    let mut holder = db.conn().await;
+    let (outcome, ()) = tokio::join!(runner.run(&mut holder, id), async {
+        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
+            .await;
+        // Another job took the run over (as after an expiry).
+        set_lease(&mut conn, id, Uuid::new_v4(), "now() + interval '1 hour'").await;
+    });
+    assert_eq!(outcome.unwrap(), RunOutcome::Taken);
+    assert_eq!(call_rows(&mut conn, id).await, vec![(1, "running".into())]);
+    let run = execution(&mut conn, id).await;
+    assert_eq!(run.status, ExecutionStatus::Running);
+    assert!(run.finished_at.is_none());
+}
+
+/// The resume events the sweep published: their dispatch keys.
+async fn resumes(conn: &mut AsyncPgConnection) -> Vec<Option<String>> {
+    outbox_event::table
+        .filter(outbox_event::event_type.eq(EXECUTION_REQUESTED))
+        .filter(outbox_event::dispatch_key.like("wf-resume:%"))
+        .select(outbox_event::dispatch_key)
+        .order(outbox_event::created_at)
+        .load(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_sweep_requests_one_resume_per_dead_holder_and_none_for_a_live_one() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    let lease = Duration::from_secs(30);
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/hook")), json!({})).await;
+
+    let live = Uuid::new_v4();
+    set_lease(&mut conn, id, live, "now() + interval '1 hour'").await;
+    let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!((pass.orphaned, pass.published), (0, 0));
+
+    let dead = Uuid::new_v4();
+    set_lease(&mut conn, id, dead, "now() - interval '1 second'").await;
+    assert_eq!(
+        sweep::count_orphaned_runs(&mut conn, lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!((pass.orphaned, pass.published), (1, 1));
+    // A second sweep (another worker, or the event still waits): no more.
+    let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!((pass.orphaned, pass.published), (1, 0));
+    assert_eq!(
+        resumes(&mut conn).await,
+        vec![Some(resume_key(id, Some(dead)))]
+    );
+
+    // The resume's holder died too: one more.
+    let next = Uuid::new_v4();
+    set_lease(&mut conn, id, next, "now() - interval '1 second'").await;
+    sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!(
+        resumes(&mut conn).await,
+        vec![
+            Some(resume_key(id, Some(dead))),
+            Some(resume_key(id, Some(next)))
+        ]
+    );
+
+    // The resume runs the run to its end; nothing is orphaned after.
+    let outcome = runner(lease).run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    assert_eq!(
+        sweep::count_orphaned_runs(&mut conn, lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn a_run_never_leased_is_orphaned_once_unchanged_for_longer_than_the_lease() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let id = queued(&mut conn, call_workflow("http://127.0.0.1:9/"), json!({})).await;
+    let lease = Duration::from_secs(60);
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET status = 'running', updated_at = now() - interval '30 seconds'
+         WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        sweep::count_orphaned_runs(&mut conn, lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        0
+    );
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET updated_at = now() - interval '2 minutes' WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+    let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!((pass.orphaned, pass.published), (1, 1));
+    assert_eq!(resumes(&mut conn).await, vec![Some(resume_key(id, None))]);
+}
