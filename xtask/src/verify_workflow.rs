@@ -87,6 +87,10 @@ pub const PARTS: &[Part] = &[
         name: "bridge signature checks",
         filter: "binary_id(=outbox-workflow::bridge)",
     },
+    Part {
+        name: "one writer per run, resumed after kills",
+        filter: "binary_id(=outbox-workflow::lease) | binary_id(=outbox-worker::workflow_kills)",
+    },
 ];
 
 /// `cargo xtask verify-workflow-outbox-native`: finds the services, then

@@ -217,6 +217,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "Queued ids whose body was gone; dropped",
     ),
     (
+        "outbox_workflow_runs_resumed_total",
+        Kind::Counter,
+        "Workflow runs left running with an expired lease whose resume the sweep published",
+    ),
+    (
         "workflow_bridge_requests_total",
         Kind::Counter,
         "Bridge requests that ran, by endpoint: run, continue, stream",

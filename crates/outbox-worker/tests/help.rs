@@ -113,6 +113,7 @@ fn the_bridge_s_help_lists_each_of_its_variables_with_its_default_and_starts_not
         ("DATABASE_POOL_SIZE", "[range: 1..=1000] [default: 10]"),
         ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "[default: false]"),
         ("WORKER_SHUTDOWN_GRACE_MS", "[default: 30000]"),
+        ("WORKFLOW_RUN_LEASE_MS", "[default: 30000]"),
         ("LOG_FORMAT", "[values: text, json] [default: text]"),
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "[default: unset"),
         ("OTEL_SERVICE_NAME", "[default: workflow-bridge]"),
