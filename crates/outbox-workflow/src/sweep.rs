@@ -1,5 +1,5 @@
-//! The sweep: finds runs left `running` with nobody holding them and asks
-//! for them to be resumed.
+//! The sweep: finds runs left `running` (or taken and never started) with
+//! nobody holding them and asks for them to be resumed.
 //!
 //! A run is `running` while a job advances it under its lease (see
 //! [`crate::runner`]). When that job's process dies, the lease expires
@@ -67,8 +67,7 @@ pub struct OrphanedRun {
     pub updated_at: DateTime<Utc>,
 }
 
-/// The SQL filter `status = 'running' AND coalesce(lease_until, updated_at
-/// + <lease>) < now() - <for>`.
+/// The SQL filter of [`orphaned`].
 type OrphanFilter = diesel::expression::SqlLiteral<
     diesel::sql_types::Bool,
     diesel::expression::UncheckedBind<
@@ -83,15 +82,19 @@ type OrphanFilter = diesel::expression::SqlLiteral<
     >,
 >;
 
-/// The filter of runs orphaned for longer than `expired_for`: `running`,
-/// and the lease expired (a run never leased: unchanged for longer than
-/// `lease`), by the database's clock.
+/// The filter of runs orphaned for longer than `expired_for`: `running`
+/// with the lease expired (a run never leased: unchanged for longer than
+/// `lease`), or `queued` with the lease expired (taken, never started), by
+/// the database's clock.
 fn orphaned(lease: Duration, expired_for: Duration) -> OrphanFilter {
+    // A queued run is orphaned only once taken: a holder died between
+    // taking it and starting it. One never taken waits for its event.
     diesel::dsl::sql::<diesel::sql_types::Bool>(
-        "status = 'running' AND coalesce(lease_until, updated_at + make_interval(secs => ",
+        "status IN ('queued', 'running') AND coalesce(lease_until, \
+         CASE WHEN status = 'running' THEN updated_at + make_interval(secs => ",
     )
     .bind::<Double, _>(lease.as_secs_f64())
-    .sql(")) < now() - make_interval(secs => ")
+    .sql(") END) < now() - make_interval(secs => ")
     .bind::<Double, _>(expired_for.as_secs_f64())
     .sql(")")
 }

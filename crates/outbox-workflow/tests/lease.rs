@@ -327,3 +327,37 @@ async fn a_run_never_leased_is_orphaned_once_unchanged_for_longer_than_the_lease
     assert_eq!((pass.orphaned, pass.published), (1, 1));
     assert_eq!(resumes(&mut conn).await, vec![Some(resume_key(id, None))]);
 }
+
+#[tokio::test]
+async fn a_queued_run_is_orphaned_only_once_taken_by_a_holder_that_died() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let id = queued(&mut conn, call_workflow("http://127.0.0.1:9/"), json!({})).await;
+    let lease = Duration::from_secs(60);
+    // Never taken, however old: its request event is on its way.
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET updated_at = now() - interval '1 hour' WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        sweep::count_orphaned_runs(&mut conn, lease, Duration::ZERO)
+            .await
+            .unwrap(),
+        0
+    );
+    // Taken by a holder that died before starting it.
+    let dead = Uuid::new_v4();
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET lease_owner = '{dead}',
+                lease_until = now() - interval '1 second' WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+    let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!((pass.orphaned, pass.published), (1, 1));
+    assert_eq!(
+        resumes(&mut conn).await,
+        vec![Some(resume_key(id, Some(dead)))]
+    );
+}
