@@ -54,6 +54,7 @@
 mod blocks;
 mod call;
 mod db;
+mod end;
 mod error;
 mod lease;
 
@@ -72,6 +73,7 @@ pub use error::{HttpRequestError, RunError};
 pub use outbox_http_guard::AddressPolicy;
 
 use self::blocks::{Effect, StepError, apply, label_of};
+use self::end::{End, finish};
 use crate::events::ContinueKind;
 use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
 use crate::{Block, BlockParams, ValidatedWorkflow};
@@ -290,7 +292,7 @@ impl Runner {
             .await?;
         match resumed {
             Ok(Some(execution)) => self.hold(conn, execution, owner).await,
-            // Running since the lock: nobody else can have taken it.
+            // Not under the lock: a waiting run has no holder.
             Ok(None) => left_alone(conn, id).await,
             Err(ExecutionStatus::Running) => self.run(conn, id).await,
             Err(status) => Ok(RunOutcome::Unchanged(status)),
@@ -533,79 +535,4 @@ async fn left_alone(conn: &mut AsyncPgConnection, id: Uuid) -> Result<RunOutcome
         ExecutionStatus::Queued | ExecutionStatus::Running => RunOutcome::Taken,
         status => RunOutcome::Unchanged(status),
     })
-}
-
-/// How a run ends.
-struct End<'a> {
-    status: ExecutionStatus,
-    output: Option<&'a Value>,
-    error: Option<&'a str>,
-    failed_block: Option<&'a str>,
-}
-
-impl<'a> End<'a> {
-    fn new(status: ExecutionStatus) -> Self {
-        Self {
-            status,
-            output: None,
-            error: None,
-            failed_block: None,
-        }
-    }
-
-    fn output(self, output: &'a Value) -> Self {
-        Self {
-            output: Some(output),
-            ..self
-        }
-    }
-
-    fn error(self, error: &'a str) -> Self {
-        Self {
-            error: Some(error),
-            ..self
-        }
-    }
-
-    fn failed_block(self, block: &'a str) -> Self {
-        Self {
-            failed_block: Some(block),
-            ..self
-        }
-    }
-}
-
-/// Ends the run, if `owner` still holds it, recording the failed block's
-/// error row with the reason, in one transaction with the hook.
-async fn finish(
-    conn: &mut AsyncPgConnection,
-    execution: &WorkflowExecution,
-    owner: Uuid,
-    end: End<'_>,
-) -> Result<RunOutcome, RunError> {
-    conn.transaction::<_, RunError, _>(async |conn| {
-        let current =
-            db::lock_execution(conn, execution.id)
-                .await?
-                .ok_or(RunError::ExecutionNotFound {
-                    execution_id: execution.id,
-                })?;
-        if !matches!(
-            current.status,
-            ExecutionStatus::Queued | ExecutionStatus::Running
-        ) {
-            return Ok(RunOutcome::Unchanged(current.status));
-        }
-        if current.lease_owner != Some(owner) {
-            return Ok(RunOutcome::Taken);
-        }
-        if let Some(block) = end.failed_block {
-            let failed = BlockExecutionStatus::Error;
-            db::record_block(conn, execution.id, block, failed, None, end.error).await?;
-        }
-        let mut tx = OutboxTx::new(conn)?;
-        db::finish(&mut tx, &current, end.status, end.output, end.error).await?;
-        Ok(RunOutcome::Finished(end.status))
-    })
-    .await
 }
