@@ -3,6 +3,9 @@
 //! stuck in `queued` or `running`).
 //!
 //! Everything here reads through `outbox_workflow::store`; nothing writes.
+//! The commands that change workflows and runs (`validate`, `save`,
+//! `publish`, `versions`, `start`, `answer`, `cancel`) are dispatched from
+//! here to their modules in `workflow_admin`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +27,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::render::{first_line, showing_of, span, truncated};
+use crate::workflow_admin;
 use crate::{
     Cli, DEFAULT_LIST_LIMIT, ExitStatus, Failure, MAX_LIST_LIMIT, Outcome, connect, print_json,
 };
@@ -53,6 +57,41 @@ enum WorkflowCommand {
         /// The execution id.
         id: Uuid,
     },
+    /// Check a definition (JSON) against every rule; prints ok or the first rule broken, naming the block or edge. Touches no database.
+    #[command(
+        after_help = "Examples:\n  outbox workflow validate order-flow.json\n  cat order-flow.json | outbox workflow validate - --json\n\nExit codes: 0 valid; 1 invalid; 2 the file cannot be read or a usage error."
+    )]
+    Validate(workflow_admin::validate::ValidateArgs),
+    /// Validate and save a definition as a tenant's named workflow (version 1 on the first save); prints its id, version and status.
+    #[command(
+        after_help = "Without --live or --draft the workflow keeps its status (a new one is a draft). Saving a live workflow appends a version; runs in flight keep theirs.\n\nExamples:\n  outbox workflow save --tenant acme --name order-flow order-flow.json\n  outbox workflow save --tenant acme --name order-flow --live order-flow.json\n\nExit codes: 0 saved; 1 the definition is invalid (nothing saved); 2 the file cannot be read, a usage, configuration or connection error."
+    )]
+    Save(workflow_admin::save::SaveArgs),
+    /// Make a workflow (id or name) live: triggers start runs on its current version.
+    #[command(
+        after_help = "Examples:\n  outbox workflow publish --tenant acme order-flow\n\nExit codes: 0 live; 1 the tenant has no such workflow; 2 a usage, configuration or connection error."
+    )]
+    Publish(workflow_admin::publish::PublishArgs),
+    /// List the saved versions of a workflow (id or name), the current one marked.
+    #[command(
+        after_help = "Examples:\n  outbox workflow versions --tenant acme order-flow --json\n\nExit codes: 0 listed; 1 the tenant has no such workflow; 2 a usage, configuration or connection error."
+    )]
+    Versions(workflow_admin::versions::VersionsArgs),
+    /// Request a manual run of a workflow (id or name) on its current version; prints the execution id. A worker runs it.
+    #[command(
+        after_help = "Examples:\n  outbox workflow start --tenant acme order-flow --input '{\"order\": {\"id\": 7, \"total\": 120}}'\n  outbox workflow start --tenant acme order-flow --input-file input.json --json\n\nExit codes: 0 requested; 1 the tenant has no such workflow; 2 input that is not JSON, a usage, configuration or connection error."
+    )]
+    Start(workflow_admin::start::StartArgs),
+    /// Answer a run waiting in a waitForInput block; the answer becomes the block's output. A worker resumes the run.
+    #[command(
+        after_help = "Examples:\n  outbox workflow answer --tenant acme <execution id> --input '{\"approved\": true}'\n\nExit codes: 0 answered; 1 no such execution, the run is not waiting (the message names its status), or the wait was already answered (nothing written); 2 input that is not JSON, a usage, configuration or connection error."
+    )]
+    Answer(workflow_admin::answer::AnswerArgs),
+    /// Cancel a run that is queued, running or waiting: it ends cancelled and the plugin hook plugin.hook.workflow.failed is published. A running run stops at its next block.
+    #[command(
+        after_help = "Examples:\n  outbox workflow cancel --tenant acme <execution id> --by alice\n\nExit codes: 0 cancelled; 1 no such execution, or the run already finished (the message names its status); 2 a usage, configuration or connection error."
+    )]
+    Cancel(workflow_admin::cancel::CancelArgs),
 }
 
 /// `outbox workflow executions` arguments.
@@ -72,7 +111,7 @@ struct ExecutionsArgs {
     limit: u64,
 }
 
-/// Accepts the six statuses (any case) and lists them in `--help` and in
+/// Accepts the execution statuses (any case) and lists them in `--help` and in
 /// the message for any other value.
 fn status_parser() -> impl TypedValueParser<Value = ExecutionStatus> {
     PossibleValuesParser::new(ExecutionStatus::ALL.iter().map(|s| s.as_str()))
@@ -84,6 +123,13 @@ pub async fn run(cli: &Cli, args: &WorkflowArgs) -> Outcome {
     match &args.command {
         WorkflowCommand::Executions(args) => executions(cli, args).await,
         WorkflowCommand::Show { id } => show(cli, *id).await,
+        WorkflowCommand::Validate(args) => workflow_admin::validate::run(cli, args).await,
+        WorkflowCommand::Save(args) => workflow_admin::save::run(cli, args).await,
+        WorkflowCommand::Publish(args) => workflow_admin::publish::run(cli, args).await,
+        WorkflowCommand::Versions(args) => workflow_admin::versions::run(cli, args).await,
+        WorkflowCommand::Start(args) => workflow_admin::start::run(cli, args).await,
+        WorkflowCommand::Answer(args) => workflow_admin::answer::run(cli, args).await,
+        WorkflowCommand::Cancel(args) => workflow_admin::cancel::run(cli, args).await,
     }
 }
 
@@ -161,7 +207,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
         }
     } else {
         println!(
-            "{:<36}  {:<8}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  WAITING IN / ERROR",
+            "{:<36}  {:<9}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  WAITING IN / ERROR",
             "ID",
             "STATUS",
             "TENANT",
@@ -179,7 +225,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
                 (None, None) => "-",
             };
             println!(
-                "{:<36}  {:<8}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  {note}",
+                "{:<36}  {:<9}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  {note}",
                 r.id,
                 r.status,
                 r.tenant_id,
