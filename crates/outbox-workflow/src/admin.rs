@@ -11,7 +11,7 @@
 //!   ([`WorkflowRef`]).
 //! - [`start_run`] requests a manual run and [`answer_run`] answers a
 //!   waiting one: each publishes its `workflow.*` event in a transaction of
-//!   its own through [`producers`](crate::producers) and runs nothing.
+//!   its own through [`producers`] and runs nothing.
 //! - Cancelling is [`store::cancel_execution`].
 //!
 //! [`AdminError::is_refusal`] tells a refusal (the request was wrong or
@@ -171,6 +171,7 @@ impl DocumentSource {
 ///
 /// [`AdminError::Definition`] (nothing written) when the definition is
 /// refused; [`AdminError::Store`] when the database fails.
+#[tracing::instrument(skip(conn, text), fields(tenant = tenant_id), err)]
 pub async fn save_document(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,
@@ -207,6 +208,7 @@ pub async fn save_document(
 /// [`StoreError::WorkflowNotFoundByRef`] (in [`AdminError::Store`]) when
 /// the tenant has no such workflow; [`AdminError::Store`] when the
 /// database fails.
+#[tracing::instrument(skip(conn), fields(tenant = tenant_id, workflow = %reference), err)]
 pub async fn publish_workflow(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,
@@ -225,6 +227,7 @@ pub async fn publish_workflow(
 /// # Errors
 ///
 /// As [`publish_workflow`].
+#[tracing::instrument(skip(conn), fields(tenant = tenant_id, workflow = %reference), err)]
 pub async fn list_versions(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,
@@ -255,6 +258,7 @@ pub struct StartedRun {
 ///
 /// As [`publish_workflow`]; [`AdminError::Producer`] when publishing
 /// fails.
+#[tracing::instrument(skip(conn, input), fields(tenant = tenant_id, workflow = %reference), err)]
 pub async fn start_run(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,
@@ -298,6 +302,7 @@ pub struct AnsweredRun {
 /// (naming the status), in [`AdminError::Producer`], when the run cannot
 /// be answered (nothing written); [`AdminError::Producer`] when the
 /// database fails.
+#[tracing::instrument(skip(conn, input), fields(tenant = tenant_id, execution = %execution_id), err)]
 pub async fn answer_run(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,

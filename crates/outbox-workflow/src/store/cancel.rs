@@ -103,6 +103,7 @@ pub fn cancelled_by(by: &str) -> String {
 /// execution; [`CancelError::Finished`] (naming the status) when it already
 /// ended; [`CancelError::Database`] or [`CancelError::Publish`] otherwise.
 /// See the module for the locks.
+#[tracing::instrument(skip(conn), fields(tenant = tenant_id, execution = %id), err)]
 pub async fn cancel_execution(
     conn: &mut AsyncPgConnection,
     tenant_id: &str,
