@@ -58,39 +58,25 @@ enum WorkflowCommand {
         id: Uuid,
     },
     /// Check a definition (JSON) against every rule; prints ok or the first rule broken, naming the block or edge. Touches no database.
-    #[command(
-        after_help = "Examples:\n  outbox workflow validate order-flow.json\n  cat order-flow.json | outbox workflow validate - --json\n\nExit codes: 0 valid; 1 invalid; 2 the file cannot be read or a usage error."
-    )]
+    #[command(after_help = workflow_admin::validate::AFTER_HELP)]
     Validate(workflow_admin::validate::ValidateArgs),
     /// Validate and save a definition as a tenant's named workflow (version 1 on the first save); prints its id, version and status.
-    #[command(
-        after_help = "Without --live or --draft the workflow keeps its status (a new one is a draft). Saving a live workflow appends a version; runs in flight keep theirs.\n\nExamples:\n  outbox workflow save --tenant acme --name order-flow order-flow.json\n  outbox workflow save --tenant acme --name order-flow --live order-flow.json\n\nExit codes: 0 saved; 1 the definition is invalid (nothing saved); 2 the file cannot be read, a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::save::AFTER_HELP)]
     Save(workflow_admin::save::SaveArgs),
     /// Make a workflow (id or name) live: triggers start runs on its current version.
-    #[command(
-        after_help = "Examples:\n  outbox workflow publish --tenant acme order-flow\n\nExit codes: 0 live; 1 the tenant has no such workflow; 2 a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::publish::AFTER_HELP)]
     Publish(workflow_admin::publish::PublishArgs),
     /// List the saved versions of a workflow (id or name), the current one marked.
-    #[command(
-        after_help = "Examples:\n  outbox workflow versions --tenant acme order-flow --json\n\nExit codes: 0 listed; 1 the tenant has no such workflow; 2 a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::versions::AFTER_HELP)]
     Versions(workflow_admin::versions::VersionsArgs),
     /// Request a manual run of a workflow (id or name) on its current version; prints the execution id. A worker runs it.
-    #[command(
-        after_help = "Examples:\n  outbox workflow start --tenant acme order-flow --input '{\"order\": {\"id\": 7, \"total\": 120}}'\n  outbox workflow start --tenant acme order-flow --input-file input.json --json\n\nExit codes: 0 requested; 1 the tenant has no such workflow; 2 input that is not JSON, a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::start::AFTER_HELP)]
     Start(workflow_admin::start::StartArgs),
     /// Answer a run waiting in a waitForInput block; the answer becomes the block's output. A worker resumes the run.
-    #[command(
-        after_help = "Examples:\n  outbox workflow answer --tenant acme <execution id> --input '{\"approved\": true}'\n\nExit codes: 0 answered; 1 no such execution, the run is not waiting (the message names its status), or the wait was already answered (nothing written); 2 input that is not JSON, a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::answer::AFTER_HELP)]
     Answer(workflow_admin::answer::AnswerArgs),
     /// Cancel a run that is queued, running or waiting: it ends cancelled and the plugin hook plugin.hook.workflow.failed is published. A running run stops at its next block.
-    #[command(
-        after_help = "Examples:\n  outbox workflow cancel --tenant acme <execution id> --by alice\n\nExit codes: 0 cancelled; 1 no such execution, or the run already finished (the message names its status); 2 a usage, configuration or connection error."
-    )]
+    #[command(after_help = workflow_admin::cancel::AFTER_HELP)]
     Cancel(workflow_admin::cancel::CancelArgs),
 }
 

@@ -552,3 +552,30 @@ async fn cancel_ends_queued_and_waiting_runs_cancelled_with_one_failed_hook_each
         .unwrap();
     assert_eq!(cancelled, 2);
 }
+
+/// The reference of the CLI in `docs/operations.md`.
+const OPERATIONS: &str = include_str!("../../../docs/operations.md");
+
+#[test]
+fn each_workflow_command_s_help_and_the_operations_reference_give_its_exit_codes() {
+    for command in [
+        "validate", "save", "publish", "versions", "start", "answer", "cancel",
+    ] {
+        let run = outbox_without_database(&["workflow", command, "--help"], None);
+        assert_eq!(run.code, 0, "{command}: {}", run.stderr);
+        let codes = run
+            .stdout
+            .split("Exit codes: ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{command}: no exit codes in\n{}", run.stdout));
+        for code in ["0 ", "; 1 ", "; 2 "] {
+            assert!(codes.contains(code), "{command}: {code:?} in {codes}");
+        }
+        let row = OPERATIONS
+            .lines()
+            .find(|line| line.starts_with(&format!("| `workflow {command} ")))
+            .unwrap_or_else(|| panic!("{command}: no row in docs/operations.md"));
+        // what it does | exit 0 | exit 1 | exit 2
+        assert_eq!(row.matches(" | ").count(), 4, "{command}: {row}");
+    }
+}

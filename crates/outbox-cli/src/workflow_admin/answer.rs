@@ -13,6 +13,9 @@ use uuid::Uuid;
 use super::{InputArgs, failure};
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Examples:\n  outbox workflow answer --tenant acme <execution id> --input '{\"approved\": true}'\n\nExit codes: 0 answered; 1 no such execution, the run is not waiting (the message names its status), or the wait was already answered (nothing written); 2 input that is not JSON, a usage, configuration or connection error.";
+
 /// `outbox workflow answer` arguments.
 #[derive(Debug, Args)]
 pub struct AnswerArgs {

@@ -14,6 +14,9 @@ use crate::{Cli, ExitStatus, Failure, Outcome, connect, print_json};
 /// Who cancels when neither `--by` nor `USER` says.
 const DEFAULT_BY: &str = "operator";
 
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Examples:\n  outbox workflow cancel --tenant acme <execution id> --by alice\n\nExit codes: 0 cancelled; 1 no such execution, or the run already finished (the message names its status); 2 a usage, configuration or connection error.";
+
 /// `outbox workflow cancel` arguments.
 #[derive(Debug, Args)]
 pub struct CancelArgs {

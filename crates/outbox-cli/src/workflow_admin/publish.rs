@@ -9,6 +9,9 @@ use serde_json::json;
 use super::failure;
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Examples:\n  outbox workflow publish --tenant acme order-flow\n\nExit codes: 0 live; 1 the tenant has no such workflow; 2 a usage, configuration or connection error.";
+
 /// `outbox workflow publish` arguments.
 #[derive(Debug, Args)]
 pub struct PublishArgs {

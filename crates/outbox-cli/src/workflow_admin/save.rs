@@ -11,6 +11,9 @@ use serde_json::json;
 use super::failure;
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Without --live or --draft the workflow keeps its status (a new one is a draft). Saving a live workflow appends a version; runs in flight keep theirs.\n\nExamples:\n  outbox workflow save --tenant acme --name order-flow order-flow.json\n  outbox workflow save --tenant acme --name order-flow --live order-flow.json\n\nExit codes: 0 saved; 1 the definition is invalid (nothing saved); 2 the file cannot be read, a usage, configuration or connection error.";
+
 /// `outbox workflow save` arguments.
 #[derive(Debug, Args)]
 pub struct SaveArgs {

@@ -6,11 +6,14 @@
 
 use clap::Args;
 use outbox_workflow::admin::{self, StartedRun};
-use outbox_workflow::store::WorkflowRef;
+use outbox_workflow::store::{ExecutionStatus, WorkflowRef};
 use serde_json::json;
 
 use super::{InputArgs, failure};
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
+
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Examples:\n  outbox workflow start --tenant acme order-flow --input '{\"order\": {\"id\": 7, \"total\": 120}}'\n  outbox workflow start --tenant acme order-flow --input-file input.json --json\n\nExit codes: 0 requested; 1 the tenant has no such workflow; 2 input that is not JSON, a usage, configuration or connection error.";
 
 /// `outbox workflow start` arguments.
 #[derive(Debug, Args)]
@@ -45,7 +48,7 @@ fn render(cli: &Cli, started: &StartedRun) -> anyhow::Result<()> {
             "workflow_id": workflow.id,
             "name": workflow.name,
             "version": workflow.current_version,
-            "status": "queued",
+            "status": ExecutionStatus::Queued,
         }));
     }
     println!(

@@ -10,6 +10,9 @@ use serde::Serialize;
 
 use crate::{Cli, ExitStatus, Failure, Outcome, print_json};
 
+/// What `--help` shows after the flags: examples and the exit codes.
+pub const AFTER_HELP: &str = "Examples:\n  outbox workflow validate order-flow.json\n  cat order-flow.json | outbox workflow validate - --json\n\nExit codes: 0 valid; 1 invalid; 2 the file cannot be read or a usage error.";
+
 /// `outbox workflow validate` arguments.
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
