@@ -2,7 +2,8 @@
 //!
 //! `outbox migrate [--status|--dry-run] | stats | health | dead QUEUE |
 //! retry-dead QUEUE | list | show ID | requeue | cancel ID… | reconcile |
-//! workflow executions | workflow show ID | probe | completions SHELL`
+//! workflow executions | workflow show ID | workflow validate | save |
+//! publish | versions | start | answer | cancel | probe | completions SHELL`
 //! (one module per command; this file holds the command line, the
 //! connections and the dispatch to the modules). Every command prints a table, or JSON with `--json`
 //! (errors on stderr); output into a closed pipe ends quietly. `health`
@@ -15,7 +16,8 @@
 //! probe workflow) on the live environment and waits until it is handed off
 //! and handled (and the run succeeded), naming what is missing on timeout
 //! (see the `probe` module). Exit codes: 0 fine; 1 an alert fired, nothing
-//! matched or the probe did not get through; 2 a usage, configuration or
+//! matched, the probe did not get through or a workflow command was
+//! refused (nothing written); 2 a usage, configuration or
 //! connection error, a value no flag accepts, or a bulk requeue above
 //! `--confirm-above` without `--yes` (nothing changed). The runbook in
 //! `docs/operations.md` says when to run what.
@@ -52,6 +54,7 @@ mod retry_dead;
 mod show;
 mod stats;
 mod workflow;
+mod workflow_admin;
 
 /// `outbox requeue`: the policy and the transaction are the library's
 /// ([`outbox_cli::requeue`]); selecting, batching and printing are here.
@@ -80,8 +83,10 @@ use crate::requeue::command::RequeueArgs;
 /// put their examples in front with `concat!`).
 macro_rules! exit_codes {
     () => {
-        "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through or \
-    reconcile found handed-off jobs missing (also with --dry-run); 2 a usage, \
+        "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through, \
+    reconcile found handed-off jobs missing (also with --dry-run) or a workflow command was refused \
+    (an invalid definition, no such workflow or execution, a run not waiting or already finished; \
+    nothing written); 2 a usage, \
     configuration or connection error, a value no flag accepts (the message names the flag), or a \
     bulk requeue above --confirm-above without --yes (nothing changed)."
     };
@@ -161,7 +166,7 @@ enum Command {
     /// Find the DONE rows whose job Redis lost (or a job derived from it) and push them again; --dry-run lists them.
     #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
-    /// Workflow executions: the recent ones, or one with its block runs.
+    /// Workflows: validate, save, publish and list versions of definitions; start, answer and cancel runs; list executions or show one with its block runs.
     #[command(after_help = EXIT_CODES)]
     Workflow(workflow::WorkflowArgs),
     /// Print the shell completion script (bash, elvish, fish, powershell, zsh).

@@ -268,7 +268,7 @@ fn hand_off_problem(what: &str, row: Option<&RowState>, waited: &str) -> Option<
 
 impl Observed {
     /// A failure that no waiting can mend: the probe event went `FAILED`
-    /// or `CANCELLED`, or the run ended `error` or `rejected`.
+    /// or `CANCELLED`, or the run ended `error`, `rejected` or `cancelled`.
     fn failure(&self) -> Option<String> {
         if let Some(event) = &self.event
             && matches!(event.status, OutboxStatus::Failed | OutboxStatus::Cancelled)
@@ -278,7 +278,7 @@ impl Observed {
         let execution = self.execution.as_ref()?;
         matches!(
             execution.status,
-            ExecutionStatus::Error | ExecutionStatus::Rejected
+            ExecutionStatus::Error | ExecutionStatus::Rejected | ExecutionStatus::Cancelled
         )
         .then(|| {
             format!(
@@ -317,7 +317,10 @@ impl Observed {
             return problems;
         };
         match execution.status {
-            ExecutionStatus::Success | ExecutionStatus::Error | ExecutionStatus::Rejected => {}
+            ExecutionStatus::Success
+            | ExecutionStatus::Error
+            | ExecutionStatus::Rejected
+            | ExecutionStatus::Cancelled => {}
             ExecutionStatus::Queued => {
                 match hand_off_problem("the run request", self.request.as_ref(), waited) {
                     Some(problem) => {

@@ -3,6 +3,9 @@
 //! stuck in `queued` or `running`).
 //!
 //! Everything here reads through `outbox_workflow::store`; nothing writes.
+//! The commands that change workflows and runs (`validate`, `save`,
+//! `publish`, `versions`, `start`, `answer`, `cancel`) are dispatched from
+//! here to their modules in `workflow_admin`.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -24,6 +27,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::render::{first_line, showing_of, span, truncated};
+use crate::workflow_admin;
 use crate::{
     Cli, DEFAULT_LIST_LIMIT, ExitStatus, Failure, MAX_LIST_LIMIT, Outcome, connect, print_json,
 };
@@ -53,6 +57,27 @@ enum WorkflowCommand {
         /// The execution id.
         id: Uuid,
     },
+    /// Check a definition (JSON) against every rule; prints ok or the first rule broken, naming the block or edge. Touches no database.
+    #[command(after_help = workflow_admin::validate::AFTER_HELP)]
+    Validate(workflow_admin::validate::ValidateArgs),
+    /// Validate and save a definition as a tenant's named workflow (version 1 on the first save); prints its id, version and status.
+    #[command(after_help = workflow_admin::save::AFTER_HELP)]
+    Save(workflow_admin::save::SaveArgs),
+    /// Make a workflow (id or name) live: triggers start runs on its current version.
+    #[command(after_help = workflow_admin::publish::AFTER_HELP)]
+    Publish(workflow_admin::publish::PublishArgs),
+    /// List the saved versions of a workflow (id or name), the current one marked.
+    #[command(after_help = workflow_admin::versions::AFTER_HELP)]
+    Versions(workflow_admin::versions::VersionsArgs),
+    /// Request a manual run of a workflow (id or name) on its current version; prints the execution id. A worker runs it.
+    #[command(after_help = workflow_admin::start::AFTER_HELP)]
+    Start(workflow_admin::start::StartArgs),
+    /// Answer a run waiting in a waitForInput block; the answer becomes the block's output. A worker resumes the run.
+    #[command(after_help = workflow_admin::answer::AFTER_HELP)]
+    Answer(workflow_admin::answer::AnswerArgs),
+    /// Cancel a run that is queued, running or waiting: it ends cancelled and the plugin hook plugin.hook.workflow.failed is published. A running run stops at its next block.
+    #[command(after_help = workflow_admin::cancel::AFTER_HELP)]
+    Cancel(workflow_admin::cancel::CancelArgs),
 }
 
 /// `outbox workflow executions` arguments.
@@ -72,7 +97,7 @@ struct ExecutionsArgs {
     limit: u64,
 }
 
-/// Accepts the six statuses (any case) and lists them in `--help` and in
+/// Accepts the execution statuses (any case) and lists them in `--help` and in
 /// the message for any other value.
 fn status_parser() -> impl TypedValueParser<Value = ExecutionStatus> {
     PossibleValuesParser::new(ExecutionStatus::ALL.iter().map(|s| s.as_str()))
@@ -84,6 +109,13 @@ pub async fn run(cli: &Cli, args: &WorkflowArgs) -> Outcome {
     match &args.command {
         WorkflowCommand::Executions(args) => executions(cli, args).await,
         WorkflowCommand::Show { id } => show(cli, *id).await,
+        WorkflowCommand::Validate(args) => workflow_admin::validate::run(cli, args).await,
+        WorkflowCommand::Save(args) => workflow_admin::save::run(cli, args).await,
+        WorkflowCommand::Publish(args) => workflow_admin::publish::run(cli, args).await,
+        WorkflowCommand::Versions(args) => workflow_admin::versions::run(cli, args).await,
+        WorkflowCommand::Start(args) => workflow_admin::start::run(cli, args).await,
+        WorkflowCommand::Answer(args) => workflow_admin::answer::run(cli, args).await,
+        WorkflowCommand::Cancel(args) => workflow_admin::cancel::run(cli, args).await,
     }
 }
 
@@ -161,7 +193,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
         }
     } else {
         println!(
-            "{:<36}  {:<8}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  WAITING IN / ERROR",
+            "{:<36}  {:<9}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  WAITING IN / ERROR",
             "ID",
             "STATUS",
             "TENANT",
@@ -179,7 +211,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
                 (None, None) => "-",
             };
             println!(
-                "{:<36}  {:<8}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  {note}",
+                "{:<36}  {:<9}  {:<12}  {:<24}  {:>4}  {:<7}  {:<19}  {:<19}  {:<19}  {note}",
                 r.id,
                 r.status,
                 r.tenant_id,

@@ -265,7 +265,13 @@ async fn bad_values_are_usage_errors_naming_the_flag() {
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("--status"), "{}", run.stderr);
     for accepted in [
-        "queued", "running", "waiting", "success", "error", "rejected",
+        "queued",
+        "running",
+        "waiting",
+        "success",
+        "error",
+        "rejected",
+        "cancelled",
     ] {
         assert!(run.stderr.contains(accepted), "{accepted}: {}", run.stderr);
     }

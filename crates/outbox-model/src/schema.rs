@@ -248,13 +248,13 @@ diesel::table! {
         workflow_version -> Int4,
         /// `manual`, `api`, `event` or `stream`.
         trigger_kind -> Text,
-        /// `queued`, `running`, `waiting`, `success`, `error` or `rejected`.
+        /// `queued`, `running`, `waiting`, `success`, `error`, `rejected` or `cancelled`.
         status -> Text,
         /// The trigger's data, read by blocks as `input…`.
         input -> Jsonb,
         /// The last block's output once the run succeeded.
         output -> Nullable<Jsonb>,
-        /// Why the run ended in `error` or `rejected`.
+        /// Why the run ended in `error` or `rejected`, or who cancelled it (`cancelled by <who>`).
         error -> Nullable<Text>,
         /// The block a `waiting` run waits in; set exactly when status is `waiting`.
         waiting_block -> Nullable<Text>,
@@ -267,7 +267,7 @@ diesel::table! {
         updated_at -> Timestamptz,
         /// When the runner first picked the run up.
         started_at -> Nullable<Timestamptz>,
-        /// When the run reached success, error or rejected.
+        /// When the run reached success, error, rejected or cancelled.
         finished_at -> Nullable<Timestamptz>,
         /// False for runs started by an event a workflow's own row block caused: their httpRequest blocks fail instead of calling out.
         allow_external_callouts -> Bool,

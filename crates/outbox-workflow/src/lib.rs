@@ -27,6 +27,12 @@
 //!   API run requests, continuations of waiting runs); [`events`] holds
 //!   their type names and payloads, which the subscriber parses.
 //!
+//! - [`admin`] is what a person does with workflows without writing Rust
+//!   (read a definition file, save, publish, list versions, start a run,
+//!   answer a waiting one), one function per action, shared by the
+//!   `outbox workflow` commands and any later console or HTTP API;
+//!   [`store::cancel_execution`] cancels a run.
+//!
 //! - [`runner`] runs an execution natively, block by block, each block's
 //!   effect and record in one transaction, and ends it with its plugin
 //!   hook.
@@ -65,6 +71,7 @@
 //! assert!(workflow.preflight(true, &|_| false).is_ok());
 //! ```
 
+pub mod admin;
 pub mod bridge;
 pub mod code;
 mod condition;

@@ -18,6 +18,15 @@ pub enum StoreError {
         /// The id asked for.
         workflow_id: Uuid,
     },
+    /// The tenant has no workflow with this id or name (see
+    /// [`find_workflow`](super::find_workflow)).
+    #[error("tenant {tenant_id:?} has no workflow {reference}")]
+    WorkflowNotFoundByRef {
+        /// The tenant.
+        tenant_id: String,
+        /// The id, or the name in quotes, as asked for.
+        reference: String,
+    },
     /// The workflow exists but has no such version.
     #[error("workflow {workflow_id} has no version {version}")]
     VersionNotFound {

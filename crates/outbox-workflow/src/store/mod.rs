@@ -1,7 +1,8 @@
 //! The workflow tables and their store: row types, and the functions that
 //! save definitions, read versions, match event triggers and create
-//! executions; and the reads operators need (listing and counting
-//! executions, block runs in order, stuck executions).
+//! executions; the reads operators need (a workflow by id or name, its
+//! versions, listing and counting executions, block runs in order, stuck
+//! executions); and [`cancel_execution`], a person stopping a run.
 //!
 //! Every function takes `&mut AsyncPgConnection`, so the caller chooses the
 //! transaction: create an execution in the same transaction as the business
@@ -16,11 +17,14 @@
 //! execution records the version it started on, so no save ever changes a
 //! run in flight. See `docs/workflows.md`, "Data model".
 
+mod cancel;
 mod db;
 mod error;
 mod inspect;
 mod row;
+mod workflows;
 
+pub use cancel::{CancelError, CancelledExecution, cancel_execution, cancelled_by};
 pub use db::{
     ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, count_executions, create_execution,
     event_executions, get_execution, list_executions, live_event_workflows, load_version, publish,
@@ -34,3 +38,4 @@ pub use row::{
     ApplicationEvent, BlockExecutionStatus, EntityRow, ExecutionStatus, TriggerKind, UnknownValue,
     Workflow, WorkflowBlockExecution, WorkflowExecution, WorkflowStatus, WorkflowVersion,
 };
+pub use workflows::{VersionSummary, WorkflowRef, find_workflow, workflow_versions};

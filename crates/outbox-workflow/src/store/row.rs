@@ -102,7 +102,9 @@ text_enum! {
 }
 
 text_enum! {
-    /// `workflow_execution.status`.
+    /// `workflow_execution.status`. `queued`, `running` and `waiting` are
+    /// unfinished ([`ExecutionStatus::is_finished`]); the others are
+    /// final.
     ExecutionStatus, "execution status" {
         /// Created, not yet picked up by the runner.
         Queued => "queued",
@@ -116,6 +118,23 @@ text_enum! {
         Error => "error",
         /// Refused before any block ran (preflight).
         Rejected => "rejected",
+        /// Stopped by a person before it ended
+        /// ([`cancel_execution`](crate::store::cancel_execution)); `error`
+        /// says who. A run the runner is working on stops at its next
+        /// block.
+        Cancelled => "cancelled",
+    }
+}
+
+impl ExecutionStatus {
+    /// True for the final statuses (`success`, `error`, `rejected`,
+    /// `cancelled`): nothing moves such a run again.
+    #[must_use]
+    pub const fn is_finished(self) -> bool {
+        match self {
+            Self::Queued | Self::Running | Self::Waiting => false,
+            Self::Success | Self::Error | Self::Rejected | Self::Cancelled => true,
+        }
     }
 }
 
@@ -194,7 +213,7 @@ pub struct WorkflowExecution {
     pub input: Value,
     /// The last block's output, once it succeeded.
     pub output: Option<Value>,
-    /// Why it ended in error or was rejected.
+    /// Why it ended in error or was rejected, or who cancelled it.
     pub error: Option<String>,
     /// The block a waiting run waits in.
     pub waiting_block: Option<String>,
