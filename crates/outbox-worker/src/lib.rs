@@ -42,7 +42,7 @@ use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_workflow::bridge::BridgeClient;
 use outbox_workflow::executor::Executor;
-use outbox_workflow::runner::{AddressPolicy, Runner};
+use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
@@ -288,9 +288,8 @@ pub(crate) fn install_metrics(
 ///
 /// When the runner's or the bridge client's HTTP client cannot be built.
 pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
-    let runner =
-        Runner::with_address_policy(AddressPolicy::allow_internal(config.webhook_allow_private))
-            .context("cannot build the workflow runner's HTTP client")?;
+    let runner = Runner::with_address_policy(config.address_policy.clone())
+        .context("cannot build the workflow runner's HTTP client")?;
     let bridge = config
         .workflow_bridge
         .as_ref()
