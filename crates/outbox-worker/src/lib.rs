@@ -30,6 +30,7 @@ mod config;
 mod error_reports;
 mod gauges;
 mod http;
+mod pool_demand;
 mod redis_check;
 mod traces;
 pub mod variables;
@@ -385,6 +386,25 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
         smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
         "worker started"
     );
+    let dispatch_loops = if config.group == Group::General && config.dispatcher_enabled {
+        config.dispatcher.loops
+    } else {
+        0
+    };
+    if let Some(shortfall) = pool_demand::pool_shortfall(
+        config.group.as_str(),
+        config.worker.concurrency,
+        &group.queues(),
+        config.pool_size,
+        dispatch_loops,
+    ) {
+        tracing::warn!(
+            worker_concurrency = shortfall.concurrency,
+            connection_jobs = shortfall.jobs(),
+            pool_size = shortfall.pool_size,
+            "{shortfall}"
+        );
+    }
 
     let mut background = tokio::task::JoinSet::new();
     if config.group == Group::General {

@@ -291,7 +291,7 @@ pub const WORKER_CONCURRENCY: Whole = Whole {
     default: WorkerSettings::DEFAULT_CONCURRENCY as u64,
     min: 1,
     max: 1000,
-    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100)",
+    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100); a job of a database-using queue holds a pooled connection, so a value above DATABASE_POOL_SIZE is warned about at start",
 };
 /// `WORKER_RETRIES`.
 pub const WORKER_RETRIES: Whole = Whole {
@@ -331,7 +331,7 @@ pub const DATABASE_POOL_SIZE: Whole = Whole {
     default: outbox_model::DEFAULT_POOL_SIZE as u64,
     min: 1,
     max: 1000,
-    meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate)",
+    meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate); keep it at least WORKER_CONCURRENCY",
 };
 /// `WEBHOOK_TIMEOUT_MS`.
 pub const WEBHOOK_TIMEOUT_MS: Whole = Whole {
