@@ -56,11 +56,12 @@ impl AddressPolicy {
         }
     }
 
-    /// The policy of the two settings: [`AllowInternal`](Self::AllowInternal)
-    /// when `allow_all` (`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`), else
+    /// The policy of the two settings:
+    /// [`AllowInternal`](Self::AllowInternal) when `allow_all`
+    /// (`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`), else
     /// [`AllowListed`](Self::AllowListed) with `listed` (the list of
-    /// [`ALLOW_LIST_VARIABLE`](crate::ALLOW_LIST_VARIABLE)), or [`PublicOnly`](Self::PublicOnly) when
-    /// it is empty.
+    /// [`ALLOW_LIST_VARIABLE`](crate::ALLOW_LIST_VARIABLE)), or
+    /// [`PublicOnly`](Self::PublicOnly) when it is empty.
     #[must_use]
     pub fn from_settings(allow_all: bool, listed: AllowList) -> Self {
         if allow_all {
