@@ -1126,14 +1126,14 @@ fn start_mail_workers(
 /// HTTP sink on 127.0.0.1.
 fn start_delivery_workers(env: &Env) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     use outbox_subscriber_webhook::{
-        Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
-        WebhookHandler,
+        AddressPolicy, Deliverer, DeliverySettings, OnceSettings, PluginHookHandler,
+        PluginInvokeHandler, WebhookHandler,
     };
     let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
     let store = outbox_idempotency::RedisIdempotencyStore::new(conn.clone())
         .with_prefix(outbox_queue::idempotency_prefix(&env.namespace));
     let deliverer = Deliverer::new(DeliverySettings {
-        allow_private_addresses: true,
+        address_policy: AddressPolicy::AllowInternal,
         ..DeliverySettings::default()
     })
     .unwrap();

@@ -1,19 +1,42 @@
 //! [`GuardedClient`]: a `reqwest` client whose requests pass the guard, and
 //! [`check_url`], the check of a URL before any request.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use reqwest::{ClientBuilder, Method, RequestBuilder};
 use url::{Host, Url};
 
-use crate::{GuardError, GuardedResolver, is_internal};
+use crate::{AllowList, GuardError, GuardedResolver, is_internal};
 
-/// Whether the guard refuses internal addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// Which internal addresses the guard lets requests reach.
+///
+/// ```
+/// use outbox_http_guard::{AddressPolicy, AllowList};
+///
+/// // The settings of a deployment: no blanket switch, two exceptions.
+/// let listed: AllowList = "crm.internal,10.20.0.0/16".parse()?;
+/// let policy = AddressPolicy::from_settings(false, listed);
+/// assert!(policy.allows_address("10.20.0.9".parse()?));
+/// assert!(!policy.allows_address("10.30.0.9".parse()?));
+/// assert!(policy.allows_address("93.184.216.34".parse()?)); // public
+///
+/// // Nothing listed is the production default.
+/// assert_eq!(
+///     AddressPolicy::from_settings(false, AllowList::default()),
+///     AddressPolicy::PublicOnly
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum AddressPolicy {
     /// Internal addresses are refused (production).
     #[default]
     PublicOnly,
+    /// Internal addresses are refused except those the list allows: the
+    /// names it lists may resolve to internal addresses, and internal
+    /// addresses in its ranges may be reached (see [`AllowList`]).
+    AllowListed(AllowList),
     /// Internal addresses may be reached: the address checks are lifted
     /// (tests, demos, trusted deployments). Proxies from the environment
     /// and redirects stay off.
@@ -33,17 +56,46 @@ impl AddressPolicy {
         }
     }
 
-    /// Whether internal addresses may be reached.
+    /// The policy of the two settings:
+    /// [`AllowInternal`](Self::AllowInternal) when `allow_all`
+    /// (`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`), else
+    /// [`AllowListed`](Self::AllowListed) with `listed` (the list of
+    /// [`ALLOW_LIST_VARIABLE`](crate::ALLOW_LIST_VARIABLE)), or
+    /// [`PublicOnly`](Self::PublicOnly) when it is empty.
     #[must_use]
-    pub const fn allows_internal(self) -> bool {
+    pub fn from_settings(allow_all: bool, listed: AllowList) -> Self {
+        if allow_all {
+            Self::AllowInternal
+        } else if listed.is_empty() {
+            Self::PublicOnly
+        } else {
+            Self::AllowListed(listed)
+        }
+    }
+
+    /// Whether every internal address may be reached.
+    #[must_use]
+    pub const fn allows_internal(&self) -> bool {
         matches!(self, Self::AllowInternal)
+    }
+
+    /// Whether a request may connect to `ip`: a public address, or an
+    /// internal one the policy allows.
+    #[must_use]
+    pub fn allows_address(&self, ip: IpAddr) -> bool {
+        !is_internal(ip)
+            || match self {
+                Self::PublicOnly => false,
+                Self::AllowListed(listed) => listed.allows_address(ip),
+                Self::AllowInternal => true,
+            }
     }
 }
 
 /// Checks what can be checked of `url` before a request: the scheme is
-/// `http` or `https`, there is a host, and under
-/// [`AddressPolicy::PublicOnly`] a host that is an IP literal (which no
-/// resolver sees) is not internal. IPv4 literals in any form the URL
+/// `http` or `https`, there is a host, and a host that is an IP literal
+/// (which no resolver sees) is an address `policy` allows
+/// ([`AddressPolicy::allows_address`]). IPv4 literals in any form the URL
 /// standard accepts (`127.1`, `0x7f.0.0.1`, `2130706433`) and IPv6
 /// literals embedding an IPv4 address (`[::ffff:127.0.0.1]`) are covered.
 /// A host name is checked when it is resolved, by the [`GuardedResolver`].
@@ -52,7 +104,7 @@ impl AddressPolicy {
 ///
 /// [`GuardError::UnsupportedScheme`], [`GuardError::NoHost`],
 /// [`GuardError::InternalAddress`].
-pub fn check_url(url: &Url, policy: AddressPolicy) -> Result<(), GuardError> {
+pub fn check_url(url: &Url, policy: &AddressPolicy) -> Result<(), GuardError> {
     if !matches!(url.scheme(), "http" | "https") {
         return Err(GuardError::UnsupportedScheme {
             scheme: url.scheme().to_owned(),
@@ -63,7 +115,7 @@ pub fn check_url(url: &Url, policy: AddressPolicy) -> Result<(), GuardError> {
         Host::Ipv4(v4) => v4.into(),
         Host::Ipv6(v6) => v6.into(),
     };
-    if !policy.allows_internal() && is_internal(ip) {
+    if !policy.allows_address(ip) {
         return Err(GuardError::InternalAddress { ip });
     }
     Ok(())
@@ -72,11 +124,12 @@ pub fn check_url(url: &Url, policy: AddressPolicy) -> Result<(), GuardError> {
 /// A `reqwest` client behind the address guard. Cheap to clone (the
 /// connection pool is shared).
 ///
-/// Under [`AddressPolicy::PublicOnly`] its resolver is the
-/// [`GuardedResolver`], the only resolution its requests make, and
-/// [`request`](Self::request) refuses internal IP literals with
-/// [`check_url`]. Under either policy it uses no proxy and follows no
-/// redirects (a 3xx is the response).
+/// Unless its policy is [`AddressPolicy::AllowInternal`], its resolver is
+/// the [`GuardedResolver`] (with the policy's [`AllowList`]), the only
+/// resolution its requests make, and [`request`](Self::request) refuses
+/// internal IP literals the policy does not allow with [`check_url`].
+/// Under every policy it uses no proxy and follows no redirects (a 3xx is
+/// the response).
 #[derive(Debug, Clone)]
 pub struct GuardedClient {
     client: reqwest::Client,
@@ -119,8 +172,12 @@ impl GuardedClient {
             .no_proxy()
             // A redirect would lead to a target nobody checked.
             .redirect(reqwest::redirect::Policy::none());
-        if !policy.allows_internal() {
-            builder = builder.dns_resolver(Arc::new(resolver));
+        match &policy {
+            AddressPolicy::AllowInternal => {}
+            AddressPolicy::PublicOnly => builder = builder.dns_resolver(Arc::new(resolver)),
+            AddressPolicy::AllowListed(listed) => {
+                builder = builder.dns_resolver(Arc::new(resolver.allowing(listed.clone())));
+            }
         }
         Ok(Self {
             client: builder.build()?,
@@ -130,8 +187,8 @@ impl GuardedClient {
 
     /// The policy the client was built with.
     #[must_use]
-    pub fn policy(&self) -> AddressPolicy {
-        self.policy
+    pub fn policy(&self) -> &AddressPolicy {
+        &self.policy
     }
 
     /// A `method` request to `url`, once `url` passed [`check_url`]. A host
@@ -142,7 +199,7 @@ impl GuardedClient {
     ///
     /// The refusal of [`check_url`]; nothing was sent.
     pub fn request(&self, method: Method, url: Url) -> Result<RequestBuilder, GuardError> {
-        check_url(&url, self.policy)?;
+        check_url(&url, &self.policy)?;
         Ok(self.client.request(method, url))
     }
 }
@@ -192,11 +249,11 @@ mod tests {
         ] {
             let ip: IpAddr = ip.parse().unwrap();
             assert_eq!(
-                check_url(&url(text), AddressPolicy::PublicOnly),
+                check_url(&url(text), &AddressPolicy::PublicOnly),
                 Err(GuardError::InternalAddress { ip }),
                 "{text}"
             );
-            assert_eq!(check_url(&url(text), AddressPolicy::AllowInternal), Ok(()));
+            assert_eq!(check_url(&url(text), &AddressPolicy::AllowInternal), Ok(()));
         }
         for public in [
             "https://hooks.example.com/x?token=t",
@@ -204,17 +261,17 @@ mod tests {
             "http://[2606:4700::1111]/",
             "http://localhost/",
         ] {
-            assert_eq!(check_url(&url(public), AddressPolicy::PublicOnly), Ok(()));
+            assert_eq!(check_url(&url(public), &AddressPolicy::PublicOnly), Ok(()));
         }
         for policy in [AddressPolicy::PublicOnly, AddressPolicy::AllowInternal] {
             assert_eq!(
-                check_url(&url("ftp://example.com/x"), policy),
+                check_url(&url("ftp://example.com/x"), &policy),
                 Err(GuardError::UnsupportedScheme {
                     scheme: "ftp".into()
                 })
             );
             assert_eq!(
-                check_url(&url("file:///etc/passwd"), policy),
+                check_url(&url("file:///etc/passwd"), &policy),
                 Err(GuardError::UnsupportedScheme {
                     scheme: "file".into()
                 })
@@ -340,8 +397,30 @@ mod tests {
         assert_eq!(sink.requests_to("/hook").len(), 1, "no second request");
     }
 
+    #[tokio::test]
+    async fn an_allow_listed_name_opens_nothing_for_other_names() {
+        let sink = HttpSink::start().await;
+        let target = url(&format!("http://rebind.test:{}/hook", sink.port()));
+        let listed: AllowList = "crm.internal,10.0.0.0/8".parse().unwrap();
+        let dns = Arc::new(Rebinding::default());
+        assert!(!is_internal(first_answer(&dns, "rebind.test").await));
+        let guarded = GuardedClient::build(
+            AddressPolicy::from_settings(false, listed),
+            GuardedResolver::over(dns),
+            |builder| builder,
+        )
+        .unwrap();
+        assert_eq!(
+            refusal_on_send(&guarded, target).await,
+            GuardError::OnlyInternalAddresses {
+                host: "rebind.test".into()
+            }
+        );
+        assert!(sink.requests().is_empty());
+    }
+
     #[test]
-    fn the_policy_follows_the_allow_setting() {
+    fn the_policy_follows_the_settings() {
         assert_eq!(
             AddressPolicy::allow_internal(false),
             AddressPolicy::PublicOnly
@@ -351,5 +430,39 @@ mod tests {
             AddressPolicy::AllowInternal
         );
         assert_eq!(AddressPolicy::default(), AddressPolicy::PublicOnly);
+        let listed: AllowList = "10.0.0.0/8".parse().unwrap();
+        for (allow_all, list, expected) in [
+            (false, AllowList::default(), AddressPolicy::PublicOnly),
+            (
+                false,
+                listed.clone(),
+                AddressPolicy::AllowListed(listed.clone()),
+            ),
+            (true, listed.clone(), AddressPolicy::AllowInternal),
+            (true, AllowList::default(), AddressPolicy::AllowInternal),
+        ] {
+            assert_eq!(
+                AddressPolicy::from_settings(allow_all, list),
+                expected,
+                "{allow_all}"
+            );
+        }
+    }
+
+    #[test]
+    fn literal_addresses_pass_when_public_or_allowed() {
+        let policy = AddressPolicy::from_settings(false, "10.20.0.0/16,fd00::/8".parse().unwrap());
+        for (text, allowed) in [
+            ("http://10.20.0.7/", true),
+            ("http://[::ffff:10.20.0.7]/", true),
+            ("http://[fd00::7]/", true),
+            ("http://93.184.216.34/", true),
+            ("http://10.21.0.7/", false),
+            ("http://127.0.0.1/", false),
+            ("http://[fe80::1]/", false),
+        ] {
+            let checked = check_url(&url(text), &policy);
+            assert_eq!(checked.is_ok(), allowed, "{text}: {checked:?}");
+        }
     }
 }

@@ -17,14 +17,21 @@ pub enum GuardError {
     /// The URL has no host to connect to.
     #[error("the URL has no host")]
     NoHost,
-    /// The URL's host is an internal IP literal.
-    #[error("{ip} is an internal address; refused")]
+    /// The URL's host is an internal IP literal the policy does not allow.
+    #[error(
+        "{ip} is an internal address; refused (list it or its range in {} to allow it)",
+        crate::ALLOW_LIST_VARIABLE
+    )]
     InternalAddress {
         /// The address, as the URL gave it.
         ip: IpAddr,
     },
-    /// Every address the host resolved to is internal.
-    #[error("{host} resolves only to internal addresses; refused")]
+    /// Every address the host resolved to is internal, and neither the
+    /// name nor those addresses are allowed.
+    #[error(
+        "{host} resolves only to internal addresses; refused (list the name in {} to allow it)",
+        crate::ALLOW_LIST_VARIABLE
+    )]
     OnlyInternalAddresses {
         /// The host name.
         host: String,

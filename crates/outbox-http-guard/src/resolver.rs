@@ -5,30 +5,47 @@ use std::sync::Arc;
 
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
-use crate::{GuardError, is_internal};
+use crate::{AllowList, GuardError, is_internal};
 
 /// A `reqwest` resolver that resolves with the system resolver and drops
-/// internal addresses ([`is_internal`]); a name with only internal
-/// addresses fails with [`GuardError::OnlyInternalAddresses`]. Installed as
-/// a client's resolver it is the resolution the connection uses, so what
-/// it let through is what is connected to.
+/// internal addresses ([`is_internal`]) but those its [`AllowList`]
+/// allows; a name with no address left fails with
+/// [`GuardError::OnlyInternalAddresses`]. A name the list names keeps
+/// every address it resolved to. Installed as a client's resolver it is
+/// the resolution the connection uses, so what it let through is what is
+/// connected to.
 #[derive(Clone, Default)]
 pub struct GuardedResolver {
     /// Resolves instead of the system resolver (tests of the guard).
     inner: Option<Arc<dyn Resolve>>,
+    /// The exceptions (none by default).
+    allowed: Arc<AllowList>,
 }
 
 impl GuardedResolver {
-    /// The guard over the system resolver.
+    /// The guard over the system resolver, with no exceptions.
     #[must_use]
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// This guard, letting through the names and addresses `allowed`
+    /// allows.
+    #[must_use]
+    pub fn allowing(self, allowed: AllowList) -> Self {
+        Self {
+            allowed: Arc::new(allowed),
+            ..self
+        }
+    }
+
     /// The guard over `inner` (a resolver whose answers the tests choose).
     #[cfg(test)]
     pub(crate) fn over(inner: Arc<dyn Resolve>) -> Self {
-        Self { inner: Some(inner) }
+        Self {
+            inner: Some(inner),
+            ..Self::default()
+        }
     }
 }
 
@@ -42,6 +59,7 @@ impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let host = name.as_str().to_owned();
         let inner = self.inner.clone();
+        let allowed = Arc::clone(&self.allowed);
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = match inner {
                 Some(inner) => inner.resolve(name).await?.collect(),
@@ -50,12 +68,17 @@ impl Resolve for GuardedResolver {
             if addrs.is_empty() {
                 return Err(format!("{host} has no address").into());
             }
-            let public: Vec<SocketAddr> =
-                addrs.into_iter().filter(|a| !is_internal(a.ip())).collect();
-            if public.is_empty() {
+            if allowed.allows_name(&host) {
+                return Ok(Box::new(addrs.into_iter()) as Addrs);
+            }
+            let reachable: Vec<SocketAddr> = addrs
+                .into_iter()
+                .filter(|a| !is_internal(a.ip()) || allowed.allows_address(a.ip()))
+                .collect();
+            if reachable.is_empty() {
                 return Err(GuardError::OnlyInternalAddresses { host }.into());
             }
-            Ok(Box::new(public.into_iter()) as Addrs)
+            Ok(Box::new(reachable.into_iter()) as Addrs)
         })
     }
 }

@@ -30,7 +30,7 @@ pub use migrations::{
     MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, MigrationState, migration_status,
     run_migrations, schema_fingerprint,
 };
-pub use pool::{DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool, pool_with};
+pub use pool::{CHECKOUT_TIMEOUT, DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool, pool_with};
 pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};

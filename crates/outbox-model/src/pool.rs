@@ -19,6 +19,10 @@ pub type PooledPg<'a> = bb8::PooledConnection<'a, AsyncDieselConnectionManager<A
 /// Default pool size of the processes (`DATABASE_POOL_SIZE`).
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 
+/// How long a checkout waits for a free connection of a full pool before it
+/// fails (bb8's error reads "Timed out in bb8").
+pub const CHECKOUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Builds a pool of at most `max_size` connections to `database_url`,
 /// each opened by [`PgConnectOptions::connect`] (so with the URL's
 /// `sslmode` and `sslrootcert`).
@@ -66,7 +70,7 @@ pub async fn pool_with(options: PgConnectOptions, max_size: u32) -> Result<PgPoo
     let pool = bb8::Pool::builder()
         .max_size(max_size.max(1))
         .min_idle(Some(0))
-        .connection_timeout(std::time::Duration::from_secs(10))
+        .connection_timeout(CHECKOUT_TIMEOUT)
         .build_unchecked(manager);
     // Prove the URL works now: a misconfiguration should fail at start-up.
     drop(pool.dedicated_connection().await?);

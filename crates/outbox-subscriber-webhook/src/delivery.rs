@@ -17,11 +17,15 @@ pub struct DeliverySettings {
     pub timeout: Duration,
     /// Connect timeout.
     pub connect_timeout: Duration,
-    /// Allow loopback, private, link-local and other internal addresses
-    /// ([`outbox_http_guard::is_internal`]). Off in production (it would
-    /// let a tenant aim webhooks at internal services); tests and the demo
-    /// turn it on.
-    pub allow_private_addresses: bool,
+    /// Which internal addresses ([`outbox_http_guard::is_internal`]:
+    /// loopback, private, link-local…) deliveries may reach.
+    /// [`AddressPolicy::PublicOnly`] by default: anything else lets a
+    /// tenant aim webhooks at what it allows.
+    /// [`AddressPolicy::AllowListed`] allows the hosts and ranges of an
+    /// [`AllowList`](outbox_http_guard::AllowList);
+    /// [`AddressPolicy::AllowInternal`] allows every internal address
+    /// (tests, the demo).
+    pub address_policy: AddressPolicy,
 }
 
 impl DeliverySettings {
@@ -34,7 +38,7 @@ impl Default for DeliverySettings {
         Self {
             timeout: Self::DEFAULT_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
-            allow_private_addresses: false,
+            address_policy: AddressPolicy::PublicOnly,
         }
     }
 }
@@ -70,8 +74,7 @@ impl Deliverer {
     ///
     /// When the HTTP client cannot be built (TLS initialisation).
     pub fn new(settings: DeliverySettings) -> Result<Self, reqwest::Error> {
-        let policy = AddressPolicy::allow_internal(settings.allow_private_addresses);
-        let client = GuardedClient::with_builder(policy, |builder| {
+        let client = GuardedClient::with_builder(settings.address_policy.clone(), |builder| {
             builder
                 .timeout(settings.timeout)
                 .connect_timeout(settings.connect_timeout)
@@ -226,7 +229,7 @@ mod tests {
     #[tokio::test]
     async fn a_peer_that_never_answers_is_retried_with_the_timeout_as_the_reason() {
         let deliverer = Deliverer::new(DeliverySettings {
-            allow_private_addresses: true,
+            address_policy: AddressPolicy::AllowInternal,
             timeout: Duration::from_millis(200),
             ..DeliverySettings::default()
         })
@@ -249,7 +252,7 @@ mod tests {
     #[tokio::test]
     async fn reasons_never_contain_the_endpoint_url() {
         let deliverer = Deliverer::new(DeliverySettings {
-            allow_private_addresses: true,
+            address_policy: AddressPolicy::AllowInternal,
             connect_timeout: Duration::from_secs(2),
             ..DeliverySettings::default()
         })
@@ -333,12 +336,18 @@ mod tests {
             // A name: refused on the resolution the connection would use.
             (
                 "localhost",
-                "localhost resolves only to internal addresses; refused",
+                "localhost resolves only to internal addresses; refused \
+                 (list the name in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
             ),
-            ("127.0.0.1", "127.0.0.1 is an internal address; refused"),
+            (
+                "127.0.0.1",
+                "127.0.0.1 is an internal address; refused \
+                 (list it or its range in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
+            ),
             (
                 "[::ffff:127.0.0.1]",
-                "::ffff:127.0.0.1 is an internal address; refused",
+                "::ffff:127.0.0.1 is an internal address; refused \
+                 (list it or its range in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
             ),
         ] {
             let verdict = deliver_to_sink(&guarded, &sink, host).await;
@@ -350,7 +359,7 @@ mod tests {
         assert!(sink.requests().is_empty());
 
         let open = Deliverer::new(DeliverySettings {
-            allow_private_addresses: true,
+            address_policy: AddressPolicy::AllowInternal,
             ..DeliverySettings::default()
         })
         .unwrap();

@@ -15,7 +15,9 @@
 //! connection failures are retried; other 4xx and redirects are permanent
 //! (the job goes to the dead set with the reason). Loopback, private and
 //! link-local targets are refused by the address guard of
-//! [`outbox_http_guard`] unless [`DeliverySettings`] allows them.
+//! [`outbox_http_guard`] unless the [`AddressPolicy`] of
+//! [`DeliverySettings`] allows them (an [`AllowList`] of hosts and ranges,
+//! or every internal address).
 //! Each (event, endpoint) pair is delivered at most once successfully,
 //! remembered in the idempotency store, so a retry after a partial failure
 //! only sends to the endpoints that have not answered yet.
@@ -69,6 +71,7 @@ pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
 
 pub use delivery::{Deliverer, Delivery, DeliverySettings, classify};
 pub use once::{Once, OnceSettings, deliver_once};
+pub use outbox_http_guard::{AddressPolicy, AllowList};
 pub use plugin::{
     HOOK_PREFIX, PluginHookHandler, PluginInvokeHandler, PluginInvokeJob, invoke_task_id,
 };

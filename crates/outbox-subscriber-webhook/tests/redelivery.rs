@@ -10,8 +10,8 @@ use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{OutboxJob, QueueNamespace, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_webhook::{
-    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
-    PluginInvokeJob, WebhookHandler, invoke_task_id,
+    AddressPolicy, Deliverer, DeliverySettings, OnceSettings, PluginHookHandler,
+    PluginInvokeHandler, PluginInvokeJob, WebhookHandler, invoke_task_id,
 };
 use outbox_test_support::{HttpSink, TestDatabase, TestRedis};
 use uuid::Uuid;
@@ -41,7 +41,7 @@ impl Env {
     /// 127.0.0.1, and the delivery records in this test's namespace.
     async fn parts(&self) -> (Deliverer, RedisIdempotencyStore, OnceSettings) {
         let deliverer = Deliverer::new(DeliverySettings {
-            allow_private_addresses: true,
+            address_policy: AddressPolicy::AllowInternal,
             ..DeliverySettings::default()
         })
         .unwrap();

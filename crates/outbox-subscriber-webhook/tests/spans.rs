@@ -6,7 +6,7 @@
 
 use opentelemetry::trace::{Status, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
-use outbox_subscriber_webhook::{Deliverer, Delivery, DeliverySettings};
+use outbox_subscriber_webhook::{AddressPolicy, Deliverer, Delivery, DeliverySettings};
 use outbox_test_support::HttpSink;
 use serde_json::json;
 use tracing::instrument::WithSubscriber;
@@ -25,7 +25,7 @@ async fn deliver_to_a_peer_answering(code: u16) -> (Delivery, Status) {
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
     let deliverer = Deliverer::new(DeliverySettings {
-        allow_private_addresses: true,
+        address_policy: AddressPolicy::AllowInternal,
         ..DeliverySettings::default()
     })
     .unwrap();

@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_model::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
-use outbox_workflow::runner::{AddressPolicy, Runner};
+use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
@@ -132,12 +132,10 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
                 redact_url(&config.database_url)
             )
         })?;
-    let runner = Runner::with_address_policy(AddressPolicy::allow_internal(
-        config.allow_private_addresses,
-    ))
-    .context("cannot build the workflow runner's HTTP client")?
-    .with_bridge_blocks()
-    .with_lease(config.workflow_lease);
+    let runner = Runner::with_address_policy(config.address_policy.clone())
+        .context("cannot build the workflow runner's HTTP client")?
+        .with_bridge_blocks()
+        .with_lease(config.workflow_lease);
     let app = router(BridgeState::new(
         pool.clone(),
         runner,

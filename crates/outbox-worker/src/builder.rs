@@ -332,7 +332,7 @@ fn built_in_handlers(
         .with_prefix(outbox_queue::idempotency_prefix(namespace));
     let deliverer = Deliverer::new(DeliverySettings {
         timeout: config.webhook_timeout,
-        allow_private_addresses: config.webhook_allow_private,
+        address_policy: config.address_policy.clone(),
         ..DeliverySettings::default()
     })
     .context("cannot build the HTTP client")?;

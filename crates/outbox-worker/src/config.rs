@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
+use outbox_http_guard::{AddressPolicy, AllowList, AllowListError};
 use outbox_queue::{QueueError, redact_url};
 use outbox_subscriber::WorkerSettings;
 use outbox_workflow::bridge::BridgeSecret;
 use outbox_workflow::executor::{ExecutorMode, UnknownExecutor};
 
-use crate::variables::{self as v, Flag, WORKER_HTTP_ADDR_GENERAL, Whole};
+use crate::variables::{self as v, Flag, Text, WORKER_HTTP_ADDR_GENERAL, Whole};
 
 /// The two deployable groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,8 +102,11 @@ pub struct WorkerConfig {
     pub mail_from: String,
     /// `WEBHOOK_TIMEOUT_MS`.
     pub webhook_timeout: Duration,
-    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`.
-    pub webhook_allow_private: bool,
+    /// Which internal addresses webhook and plugin deliveries and workflow
+    /// `httpRequest` blocks may reach: every one with
+    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true`, else those
+    /// `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS` lists, else none.
+    pub address_policy: AddressPolicy,
     /// `WORKER_SHUTDOWN_GRACE_MS`: how long in-flight work may take after SIGTERM.
     pub shutdown_grace: Duration,
     /// `DELIVERY_LEASE_MS`: how long a delivery (webhook, plugin, mail) in
@@ -186,7 +190,7 @@ impl std::fmt::Debug for WorkerConfig {
             smtp_url,
             mail_from,
             webhook_timeout,
-            webhook_allow_private,
+            address_policy,
             shutdown_grace,
             delivery_lease,
             queue_done_retention,
@@ -218,7 +222,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("smtp_url", &smtp_url.as_deref().map(redact_url))
             .field("mail_from", mail_from)
             .field("webhook_timeout", webhook_timeout)
-            .field("webhook_allow_private", webhook_allow_private)
+            .field("address_policy", address_policy)
             .field("shutdown_grace", shutdown_grace)
             .field("delivery_lease", delivery_lease)
             .field("queue_done_retention", queue_done_retention)
@@ -297,6 +301,26 @@ impl Env<'_> {
     fn spec_hours(&self, spec: &Whole) -> Result<Duration, ConfigError> {
         self.whole::<u64>(spec)
             .map(|hours| Duration::from_secs(3600 * hours))
+    }
+
+    /// The address policy of the flag `allow_all` and the list `listed`
+    /// ([`AddressPolicy::from_settings`]). The list is read even when the
+    /// flag is on, so that a malformed one stops start-up either way.
+    fn address_policy(
+        &self,
+        allow_all: &Flag,
+        listed: &Text,
+    ) -> Result<AddressPolicy, ConfigError> {
+        let allow_all = self.spec_flag(allow_all)?;
+        let listed = match self.raw(listed.name) {
+            None => AllowList::default(),
+            Some(value) => value.parse().map_err(|e: AllowListError| ConfigError {
+                variable: listed.name,
+                value: value.clone(),
+                problem: e.to_string(),
+            })?,
+        };
+        Ok(AddressPolicy::from_settings(allow_all, listed))
     }
 
     /// A [`Flag`] variable.
@@ -497,7 +521,10 @@ impl WorkerConfig {
             smtp_url,
             mail_from,
             webhook_timeout: env.spec_millis(&v::WEBHOOK_TIMEOUT_MS)?,
-            webhook_allow_private: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES)?,
+            address_policy: env.address_policy(
+                &v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES,
+                &v::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS,
+            )?,
             shutdown_grace,
             delivery_lease: env.spec_millis(&v::DELIVERY_LEASE_MS)?,
             gauge_interval: env.spec_millis(&v::WORKER_GAUGE_INTERVAL_MS)?,
@@ -690,9 +717,10 @@ pub struct BridgeConfig {
     pub secrets: Vec<BridgeSecret>,
     /// `DATABASE_POOL_SIZE`.
     pub pool_size: u32,
-    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`: `httpRequest` blocks may call
-    /// internal addresses.
-    pub allow_private_addresses: bool,
+    /// Which internal addresses `httpRequest` blocks may call
+    /// (`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`, `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS`,
+    /// as [`WorkerConfig::address_policy`]).
+    pub address_policy: AddressPolicy,
     /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
     /// after SIGTERM.
     pub shutdown_grace: Duration,
@@ -708,7 +736,7 @@ impl std::fmt::Debug for BridgeConfig {
             .field("addr", &self.addr)
             .field("secrets", &self.secrets.len())
             .field("pool_size", &self.pool_size)
-            .field("allow_private_addresses", &self.allow_private_addresses)
+            .field("address_policy", &self.address_policy)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("workflow_lease", &self.workflow_lease)
             .finish()
@@ -776,7 +804,10 @@ impl BridgeConfig {
             addr,
             secrets,
             pool_size: env.whole(&v::DATABASE_POOL_SIZE_BRIDGE)?,
-            allow_private_addresses: env.spec_flag(&v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE)?,
+            address_policy: env.address_policy(
+                &v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE,
+                &v::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE,
+            )?,
             shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS_BRIDGE)?,
             workflow_lease: env.spec_millis(&v::WORKFLOW_RUN_LEASE_MS)?,
         })
@@ -801,6 +832,58 @@ mod tests {
             map.insert((*k).to_owned(), (*v).to_owned());
         }
         WorkerConfig::from_lookup(group, &|name| map.get(name).cloned())
+    }
+
+    const LIST: &str = "OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS";
+
+    /// The allow-list becomes the policy of every group; a malformed item
+    /// stops start-up naming the variable and the item, even when
+    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true` would allow everything anyway.
+    #[test]
+    fn the_allow_list_sets_the_address_policy_and_a_bad_item_is_named() {
+        for group in [Group::General, Group::Mail] {
+            let config = read(group, &[(LIST, " crm.internal, 10.20.0.0/16 ")]).unwrap();
+            assert_eq!(
+                config.address_policy,
+                AddressPolicy::AllowListed("crm.internal,10.20.0.0/16".parse().unwrap())
+            );
+            let all = read(
+                group,
+                &[
+                    (LIST, "crm.internal"),
+                    ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true"),
+                ],
+            )
+            .unwrap();
+            assert_eq!(all.address_policy, AddressPolicy::AllowInternal);
+        }
+        for (value, item) in [
+            (
+                "crm.internal,10.0.0.0/33",
+                "\"10.0.0.0/33\" is not a CIDR range",
+            ),
+            ("crm.internal,,10.0.0.0/8", "item 2 is empty"),
+            (
+                "https://crm.internal/",
+                "\"https://crm.internal/\" is not a host name",
+            ),
+        ] {
+            for flag in ["false", "true"] {
+                let error = read(
+                    Group::General,
+                    &[(LIST, value), ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", flag)],
+                )
+                .unwrap_err();
+                assert_eq!(error.variable, LIST);
+                assert_eq!(error.value, value);
+                let message = error.to_string();
+                assert!(
+                    message.starts_with(&format!("invalid configuration: {LIST}=")),
+                    "{message}"
+                );
+                assert!(message.contains(item), "{message}");
+            }
+        }
     }
 
     #[test]
@@ -829,12 +912,16 @@ mod tests {
         assert!(config.wakeups && config.dispatcher.listen);
         // Webhooks, plugin calls and workflow HTTP blocks may not reach
         // loopback, private or link-local addresses unless told.
-        assert!(!config.webhook_allow_private);
-        assert!(!read(Group::Mail, &[]).unwrap().webhook_allow_private);
-        assert!(
+        assert_eq!(config.address_policy, AddressPolicy::PublicOnly);
+        assert_eq!(
+            read(Group::Mail, &[]).unwrap().address_policy,
+            AddressPolicy::PublicOnly
+        );
+        assert_eq!(
             read(Group::Mail, &[("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true")])
                 .unwrap()
-                .webhook_allow_private
+                .address_policy,
+            AddressPolicy::AllowInternal
         );
         assert_eq!(config.redis_check_interval, Duration::from_secs(10));
         assert_eq!(
@@ -1072,7 +1159,14 @@ mod tests {
         ];
         let config = read_bridge(&base).unwrap();
         assert!(config.addr.ip().is_loopback());
-        assert!(!config.allow_private_addresses);
+        assert_eq!(config.address_policy, AddressPolicy::PublicOnly);
+        let listed = read_bridge(&[base[0], base[1], (LIST, "crm.internal")]).unwrap();
+        assert_eq!(
+            listed.address_policy,
+            AddressPolicy::AllowListed("crm.internal".parse().unwrap())
+        );
+        let bad = read_bridge(&[base[0], base[1], (LIST, "crm.internal,")]).unwrap_err();
+        assert_eq!(bad.variable, LIST);
         assert_eq!(config.addr, DEFAULT_BRIDGE_ADDR.parse().unwrap());
         assert_eq!(config.secrets.len(), 1);
         assert!(!format!("{config:?}").contains(&secret));

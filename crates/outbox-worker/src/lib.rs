@@ -30,6 +30,7 @@ mod config;
 mod error_reports;
 mod gauges;
 mod http;
+mod pool_demand;
 mod redis_check;
 mod traces;
 pub mod variables;
@@ -42,7 +43,7 @@ use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_workflow::bridge::BridgeClient;
 use outbox_workflow::executor::Executor;
-use outbox_workflow::runner::{AddressPolicy, Runner};
+use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
@@ -288,10 +289,9 @@ pub(crate) fn install_metrics(
 ///
 /// When the runner's or the bridge client's HTTP client cannot be built.
 pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
-    let runner =
-        Runner::with_address_policy(AddressPolicy::allow_internal(config.webhook_allow_private))
-            .context("cannot build the workflow runner's HTTP client")?
-            .with_lease(config.workflow_lease);
+    let runner = Runner::with_address_policy(config.address_policy.clone())
+        .context("cannot build the workflow runner's HTTP client")?
+        .with_lease(config.workflow_lease);
     let bridge = config
         .workflow_bridge
         .as_ref()
@@ -387,6 +387,25 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
         smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
         "worker started"
     );
+    let dispatch_loops = if config.group == Group::General && config.dispatcher_enabled {
+        config.dispatcher.loops
+    } else {
+        0
+    };
+    if let Some(shortfall) = pool_demand::pool_shortfall(
+        config.group.as_str(),
+        config.worker.concurrency,
+        &group.queues(),
+        config.pool_size,
+        dispatch_loops,
+    ) {
+        tracing::warn!(
+            worker_concurrency = shortfall.concurrency,
+            connection_jobs = shortfall.jobs(),
+            pool_size = shortfall.pool_size,
+            "{shortfall}"
+        );
+    }
 
     let mut background = tokio::task::JoinSet::new();
     if config.group == Group::General {

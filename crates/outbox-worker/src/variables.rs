@@ -291,7 +291,7 @@ pub const WORKER_CONCURRENCY: Whole = Whole {
     default: WorkerSettings::DEFAULT_CONCURRENCY as u64,
     min: 1,
     max: 1000,
-    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100)",
+    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100); a job of a database-using queue holds a pooled connection, so a value above DATABASE_POOL_SIZE is warned about at start",
 };
 /// `WORKER_RETRIES`.
 pub const WORKER_RETRIES: Whole = Whole {
@@ -331,7 +331,7 @@ pub const DATABASE_POOL_SIZE: Whole = Whole {
     default: outbox_model::DEFAULT_POOL_SIZE as u64,
     min: 1,
     max: 1000,
-    meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate)",
+    meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate); keep it at least WORKER_CONCURRENCY",
 };
 /// `WEBHOOK_TIMEOUT_MS`.
 pub const WEBHOOK_TIMEOUT_MS: Whole = Whole {
@@ -346,6 +346,13 @@ pub const WEBHOOK_ALLOW_PRIVATE_ADDRESSES: Flag = Flag {
     name: "WEBHOOK_ALLOW_PRIVATE_ADDRESSES",
     default: false,
     meaning: "allow loopback, private and link-local targets of webhooks, plugins and workflow HTTP blocks (tests, demos)",
+};
+/// `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS`.
+pub const OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS: Text = Text {
+    name: outbox_http_guard::ALLOW_LIST_VARIABLE,
+    default: "unset (no internal target allowed)",
+    form: "comma-separated host names, IP addresses and CIDR ranges: crm.internal,10.20.0.0/16,fd00::/8",
+    meaning: "internal targets webhooks, plugins and workflow HTTP blocks may reach: a listed name may resolve to internal addresses, an internal address in a listed range may be reached; every other internal address stays refused",
 };
 /// `DELIVERY_LEASE_MS`.
 pub const DELIVERY_LEASE_MS: Whole = Whole {
@@ -500,6 +507,11 @@ pub const WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE: Flag = Flag {
     meaning: "allow loopback, private and link-local targets of workflow HTTP blocks (tests, demos)",
     ..WEBHOOK_ALLOW_PRIVATE_ADDRESSES
 };
+/// `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS` of `workflow-bridge`.
+pub const OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE: Text = Text {
+    meaning: "internal targets workflow HTTP blocks may reach: a listed name may resolve to internal addresses, an internal address in a listed range may be reached; every other internal address stays refused",
+    ..OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS
+};
 /// `WORKER_SHUTDOWN_GRACE_MS` of `workflow-bridge`.
 pub const WORKER_SHUTDOWN_GRACE_MS_BRIDGE: Whole = Whole {
     meaning: "time requests in progress may take after SIGTERM, in ms",
@@ -555,6 +567,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         W(DATABASE_POOL_SIZE),
         W(WEBHOOK_TIMEOUT_MS),
         F(WEBHOOK_ALLOW_PRIVATE_ADDRESSES),
+        T(OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS),
         W(DELIVERY_LEASE_MS),
         W(WORKER_GAUGE_INTERVAL_MS),
         W(OUTBOX_REDIS_CHECK_INTERVAL_MS),
@@ -586,6 +599,7 @@ pub fn bridge_variables() -> Vec<Variable> {
         T(WORKFLOW_BRIDGE_PREVIOUS_SECRET),
         W(DATABASE_POOL_SIZE_BRIDGE),
         F(WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE),
+        T(OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE),
         W(WORKER_SHUTDOWN_GRACE_MS_BRIDGE),
         W(WORKFLOW_RUN_LEASE_MS),
         T(LOG_FORMAT),

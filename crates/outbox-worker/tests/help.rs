@@ -112,6 +112,7 @@ fn the_bridge_s_help_lists_each_of_its_variables_with_its_default_and_starts_not
         ("WORKFLOW_BRIDGE_PREVIOUS_SECRET", "[default: unset"),
         ("DATABASE_POOL_SIZE", "[range: 1..=1000] [default: 10]"),
         ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "[default: false]"),
+        ("OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS", "[default: unset"),
         ("WORKER_SHUTDOWN_GRACE_MS", "[default: 30000]"),
         ("WORKFLOW_RUN_LEASE_MS", "[default: 30000]"),
         ("LOG_FORMAT", "[values: text, json] [default: text]"),
@@ -290,4 +291,45 @@ fn the_docs_say_which_binary_reads_each_variable() {
     let before = OPERATIONS.split("| variable | read by |").next().unwrap();
     assert!(before.contains("`workflow-bridge` needs Postgres only: it reads `DATABASE_URL`"));
     assert!(before.contains("`workflow-bridge --help`"));
+}
+
+#[test]
+fn a_malformed_allow_list_stops_every_binary_with_exit_2_naming_the_variable_and_the_item() {
+    // Servers nobody listens on: the configuration is refused before any
+    // connection is tried.
+    let secret = "k".repeat(32);
+    let base = [
+        ("DATABASE_URL", "postgres://127.0.0.1:1/none"),
+        ("REDIS_URL", "redis://127.0.0.1:1"),
+        ("SMTP_URL", "smtp://127.0.0.1:1"),
+        ("WORKFLOW_BRIDGE_SECRET", secret.as_str()),
+    ];
+    let variable = outbox_http_guard::ALLOW_LIST_VARIABLE;
+    for binary in [GENERAL, MAIL, BRIDGE] {
+        for (value, item) in [
+            (
+                "crm.internal,10.0.0.0/33",
+                "\"10.0.0.0/33\" is not a CIDR range",
+            ),
+            ("crm.internal,", "item 2 is empty"),
+            (
+                "http://crm.internal,10.0.0.0/8",
+                "\"http://crm.internal\" is not a host name",
+            ),
+        ] {
+            let output = Command::new(binary)
+                .env_clear()
+                .envs(base)
+                .env(variable, value)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{binary} {value}: {stderr}");
+            assert!(
+                stderr.contains(&format!("invalid configuration: {variable}=")),
+                "{binary} {value}: {stderr}"
+            );
+            assert!(stderr.contains(item), "{binary} {value}: {stderr}");
+        }
+    }
 }

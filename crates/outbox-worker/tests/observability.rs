@@ -86,6 +86,58 @@ async fn a_pool_no_larger_than_the_dispatch_loops_is_named_at_start_up() {
     );
 }
 
+/// A `WORKER_CONCURRENCY` above `DATABASE_POOL_SIZE` is named at start-up
+/// with the numbers: the jobs of one database-using queue alone could ask
+/// for more connections than the pool holds (300 against 10 made workflow
+/// jobs fail with "Timed out in bb8"). With the defaults (10 jobs per
+/// queue, 10 connections) nothing is said.
+// Break checked: with the condition made `concurrency >= pool` the default
+// start warns and the test fails on its last assertion; with the warning
+// never given it fails waiting for the first line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_above_the_pool_is_named_at_start_up_with_the_numbers() {
+    let stack = Stack::new().await;
+    for (binary, expected) in [
+        (
+            GENERAL,
+            "lets up to 900 jobs of the general group's database-using queues \
+             (outbox.workflow, outbox.plugin-hook, toolctrl.plugin-invoke) hold a Postgres \
+             connection at once, 300 of one queue alone, but DATABASE_POOL_SIZE=10, and the \
+             dispatcher's 4 loops also take one each",
+        ),
+        (
+            MAIL,
+            "lets up to 600 jobs of the mail group's database-using queues \
+             (outbox.webhook, outbox.marketing) hold a Postgres connection at once, 300 of one \
+             queue alone, but DATABASE_POOL_SIZE=10: jobs past the pool wait",
+        ),
+    ] {
+        let worker = stack
+            .start(
+                binary,
+                &[
+                    ("LOG_FORMAT", "text"),
+                    ("WORKER_CONCURRENCY", "300"),
+                    ("DATABASE_POOL_SIZE", "10"),
+                ],
+            )
+            .await;
+        let line = worker.wait_line("WORKER_CONCURRENCY=300 lets up to").await;
+        assert!(line.contains("WARN"), "{line}");
+        assert!(line.contains(expected), "{binary}: {line}");
+        assert!(line.contains("Timed out in bb8"), "{line}");
+    }
+
+    let default = stack
+        .start_without(GENERAL, &["DATABASE_POOL_SIZE"], &[("LOG_FORMAT", "text")])
+        .await;
+    let output = default.wait_output("dispatcher started").await;
+    assert!(
+        !output.contains("WORKER_CONCURRENCY="),
+        "warned with the default pool and concurrency: {output}"
+    );
+}
+
 /// Text logs written to a pipe or a file carry no terminal colour codes:
 /// a log collector would store them as text, and a search for
 /// `deleted=100` would not find `deleted\x1b[2m=\x1b[0m100`.

@@ -120,7 +120,7 @@ struct Pipeline {
 /// The handler group of the webhook tests.
 fn webhook_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
     let deliverer = Deliverer::new(DeliverySettings {
-        allow_private_addresses: true,
+        address_policy: AddressPolicy::AllowInternal,
         ..DeliverySettings::default()
     })
     .unwrap();
@@ -158,7 +158,7 @@ fn mail_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
 fn plugin_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
     let redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
     let deliverer = Deliverer::new(DeliverySettings {
-        allow_private_addresses: true,
+        address_policy: AddressPolicy::AllowInternal,
         ..DeliverySettings::default()
     })
     .unwrap();

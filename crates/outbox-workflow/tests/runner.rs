@@ -446,16 +446,19 @@ async fn http_request_to_an_internal_address_fails_the_run_without_calling() {
         // a second lookup cannot answer differently (DNS rebinding).
         (
             format!("http://localhost:{port}/hook"),
-            "localhost resolves only to internal addresses; refused",
+            "localhost resolves only to internal addresses; refused \
+             (list the name in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
         ),
         // IP literals, which no resolver sees: refused before the request.
         (
             sink.url_for("/hook"),
-            "127.0.0.1 is an internal address; refused",
+            "127.0.0.1 is an internal address; refused \
+             (list it or its range in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
         ),
         (
             format!("http://[::ffff:127.0.0.1]:{port}/hook"),
-            "::ffff:127.0.0.1 is an internal address; refused",
+            "::ffff:127.0.0.1 is an internal address; refused \
+             (list it or its range in OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS to allow it)",
         ),
     ] {
         let id = queued(&mut conn, http_workflow(&url), json!({})).await;
