@@ -299,73 +299,98 @@ async fn killed_before_a_call_the_run_finishes_and_makes_the_call_once() {
     assert_eq!(attempts(&stack, id, "provision").await, 1);
 }
 
+/// The approval workflow saved live with `timeout_ms`, both workers
+/// started, and a run requested: (worker-general, worker-mail, the run).
+async fn approval_run(stack: &Stack, timeout_ms: u64) -> (Worker, Worker, Uuid) {
+    let workflow = save(
+        stack,
+        "approval",
+        WorkflowStatus::Live,
+        approval(stack, timeout_ms),
+    )
+    .await;
+    let general = general(stack).await;
+    let mail = stack.start(MAIL, &[]).await;
+    let id = request_run(stack, workflow, json!({})).await;
+    (general, mail, id)
+}
+
+/// One branch of the approval workflow: the path its call goes to, its
+/// block, the mail after it, and the other branch's path.
+struct Branch {
+    path: &'static str,
+    block: &'static str,
+    after: &'static str,
+    mail: &'static str,
+    other: &'static str,
+}
+
+/// Kills worker-general while the call of `branch` is in flight (the
+/// receiver holds it), restarts it, and checks that the run finished along
+/// that branch with the call made twice under its key.
+async fn kill_during_the_branch_call(
+    stack: &Stack,
+    general_worker: Worker,
+    id: Uuid,
+    branch: &Branch,
+) {
+    stack.http.wait_for_requests(branch.path, 1, WAIT).await;
+    kill(general_worker).await;
+    stack.http.respond_after(branch.path, Duration::ZERO);
+    let _general = general(stack).await;
+
+    let run = wait_status(stack, id, ExecutionStatus::Success).await;
+    assert_eq!(run.error, None);
+    let blocks: Vec<String> = block_rows(stack, id)
+        .await
+        .into_iter()
+        .map(|(block, _, _)| block)
+        .collect();
+    assert_eq!(
+        blocks,
+        vec!["start", "ask", "ask", branch.block, branch.after]
+    );
+    assert_eq!(settled_subjects(stack, 1).await, vec![branch.mail]);
+    let calls = stack.http.requests_to(branch.path);
+    assert_eq!(calls.len(), 2);
+    assert_keyed(&calls, id, branch.block);
+    assert!(stack.http.requests_to(branch.other).is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_the_call_of_an_answered_branch_the_run_finishes() {
     let stack = stack().await;
     stack
         .http
         .respond_after("/answered", Duration::from_secs(30));
-    let workflow = save(
-        &stack,
-        "approval",
-        WorkflowStatus::Live,
-        approval(&stack, 60_000),
-    )
-    .await;
-    let worker = general(&stack).await;
-    let _mail = stack.start(MAIL, &[]).await;
-
-    let id = request_run(&stack, workflow, json!({})).await;
+    let (general, _mail, id) = approval_run(&stack, 60_000).await;
     wait_status(&stack, id, ExecutionStatus::Waiting).await;
     continue_run(&stack, id, json!({ "approved": true }))
         .await
         .unwrap();
-    stack.http.wait_for_requests("/answered", 1, WAIT).await;
-    kill(worker).await;
-    stack.http.respond_after("/answered", Duration::ZERO);
-    let _general = general(&stack).await;
-
-    let run = wait_status(&stack, id, ExecutionStatus::Success).await;
-    assert_eq!(run.error, None);
-    let blocks: Vec<String> = block_rows(&stack, id)
-        .await
-        .into_iter()
-        .map(|(block, _, _)| block)
-        .collect();
-    assert_eq!(blocks, vec!["start", "ask", "ask", "tell", "thanks"]);
-    assert_eq!(settled_subjects(&stack, 1).await, vec!["Answered"]);
-    let calls = stack.http.requests_to("/answered");
-    assert_eq!(calls.len(), 2);
-    assert_keyed(&calls, id, "tell");
-    assert!(stack.http.requests_to("/late").is_empty());
+    let answered = Branch {
+        path: "/answered",
+        block: "tell",
+        after: "thanks",
+        mail: "Answered",
+        other: "/late",
+    };
+    kill_during_the_branch_call(&stack, general, id, &answered).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_the_call_of_a_timeout_branch_the_run_finishes() {
     let stack = stack().await;
     stack.http.respond_after("/late", Duration::from_secs(30));
-    let workflow = save(
-        &stack,
-        "approval",
-        WorkflowStatus::Live,
-        approval(&stack, 1_000),
-    )
-    .await;
-    let worker = general(&stack).await;
-    let _mail = stack.start(MAIL, &[]).await;
-
-    let id = request_run(&stack, workflow, json!({})).await;
-    stack.http.wait_for_requests("/late", 1, WAIT).await;
-    kill(worker).await;
-    stack.http.respond_after("/late", Duration::ZERO);
-    let _general = general(&stack).await;
-
-    wait_status(&stack, id, ExecutionStatus::Success).await;
-    assert_eq!(settled_subjects(&stack, 1).await, vec!["No answer"]);
-    let calls = stack.http.requests_to("/late");
-    assert_eq!(calls.len(), 2);
-    assert_keyed(&calls, id, "escalate");
-    assert!(stack.http.requests_to("/answered").is_empty());
+    let (general, _mail, id) = approval_run(&stack, 1_000).await;
+    let timed_out = Branch {
+        path: "/late",
+        block: "escalate",
+        after: "sorry",
+        mail: "No answer",
+        other: "/answered",
+    };
+    kill_during_the_branch_call(&stack, general, id, &timed_out).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,17 +399,7 @@ async fn a_second_live_job_on_a_run_whose_call_is_in_flight_calls_nothing() {
     stack
         .http
         .respond_after("/answered", Duration::from_secs(4));
-    let workflow = save(
-        &stack,
-        "approval",
-        WorkflowStatus::Live,
-        approval(&stack, 60_000),
-    )
-    .await;
-    let _general = general(&stack).await;
-    let _mail = stack.start(MAIL, &[]).await;
-
-    let id = request_run(&stack, workflow, json!({})).await;
+    let (_general, _mail, id) = approval_run(&stack, 60_000).await;
     wait_status(&stack, id, ExecutionStatus::Waiting).await;
     continue_run(&stack, id, json!({ "approved": true }))
         .await

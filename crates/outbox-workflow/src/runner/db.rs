@@ -65,7 +65,7 @@ pub(super) async fn record_block(
     output: Option<&Value>,
     error: Option<&str>,
 ) -> Result<(), RunError> {
-    let finished = (status != BlockExecutionStatus::Waiting).then(chrono::Utc::now);
+    let finished = finished_at(status);
     let claimed = diesel::update(
         workflow_block_execution::table
             .filter(workflow_block_execution::execution_id.eq(id))
@@ -86,6 +86,16 @@ pub(super) async fn record_block(
     Ok(())
 }
 
+/// When a block row of `status` ends: now for a result, never for a
+/// claim or a wait.
+fn finished_at(status: BlockExecutionStatus) -> Option<chrono::DateTime<chrono::Utc>> {
+    matches!(
+        status,
+        BlockExecutionStatus::Success | BlockExecutionStatus::Error
+    )
+    .then(chrono::Utc::now)
+}
+
 /// Inserts one run of `block` (the next sequence number for it).
 pub(super) async fn insert_block(
     conn: &mut AsyncPgConnection,
@@ -101,11 +111,7 @@ pub(super) async fn insert_block(
         .select(diesel::dsl::max(workflow_block_execution::sequence))
         .get_result(conn)
         .await?;
-    let finished = matches!(
-        status,
-        BlockExecutionStatus::Success | BlockExecutionStatus::Error
-    )
-    .then(chrono::Utc::now);
+    let finished = finished_at(status);
     diesel::insert_into(workflow_block_execution::table)
         .values((
             workflow_block_execution::execution_id.eq(id),
