@@ -137,6 +137,10 @@ pub async fn cancel_execution(
                 workflow_execution::waiting_block.eq(None::<String>),
                 workflow_execution::finished_at.eq(now),
                 workflow_execution::updated_at.eq(now),
+                // A holder still working finds the run no longer running
+                // at its next write (its lease is of no use any more).
+                workflow_execution::lease_owner.eq(None::<Uuid>),
+                workflow_execution::lease_until.eq(None::<chrono::DateTime<chrono::Utc>>),
             ))
             .returning(WorkflowExecution::as_returning())
             .get_result(conn)
