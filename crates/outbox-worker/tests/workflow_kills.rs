@@ -325,6 +325,24 @@ struct Branch {
     other: &'static str,
 }
 
+/// The branch an answer takes.
+const ANSWERED: Branch = Branch {
+    path: "/answered",
+    block: "tell",
+    after: "thanks",
+    mail: "Answered",
+    other: "/late",
+};
+
+/// The branch a timeout takes.
+const TIMED_OUT: Branch = Branch {
+    path: "/late",
+    block: "escalate",
+    after: "sorry",
+    mail: "No answer",
+    other: "/answered",
+};
+
 /// Kills worker-general while the call of `branch` is in flight (the
 /// receiver holds it), restarts it, and checks that the run finished along
 /// that branch with the call made twice under its key.
@@ -334,8 +352,40 @@ async fn kill_during_the_branch_call(
     id: Uuid,
     branch: &Branch,
 ) {
+    kill_in_the_branch_call(stack, general_worker, id, branch, Moment::During).await;
+}
+
+/// When a kill lands in a call.
+enum Moment {
+    /// The receiver holds the call.
+    During,
+    /// The receiver answered; the worker waits to record the answer (the
+    /// run's row is locked).
+    Answered,
+}
+
+/// As [`kill_during_the_branch_call`], the kill landing at `moment`.
+async fn kill_in_the_branch_call(
+    stack: &Stack,
+    general_worker: Worker,
+    id: Uuid,
+    branch: &Branch,
+    moment: Moment,
+) {
     stack.http.wait_for_requests(branch.path, 1, WAIT).await;
-    kill(general_worker).await;
+    match moment {
+        Moment::During => kill(general_worker).await,
+        Moment::Answered => {
+            let blocker = Blocker::hold(
+                stack,
+                &format!("SELECT 1 FROM workflow_execution WHERE id = '{id}' FOR UPDATE"),
+            )
+            .await;
+            Blocker::wait_for_waiter(stack, "the run's row").await;
+            kill(general_worker).await;
+            blocker.release().await;
+        }
+    }
     stack.http.respond_after(branch.path, Duration::ZERO);
     let _general = general(stack).await;
 
@@ -368,14 +418,21 @@ async fn killed_during_the_call_of_an_answered_branch_the_run_finishes() {
     continue_run(&stack, id, json!({ "approved": true }))
         .await
         .unwrap();
-    let answered = Branch {
-        path: "/answered",
-        block: "tell",
-        after: "thanks",
-        mail: "Answered",
-        other: "/late",
-    };
-    kill_during_the_branch_call(&stack, general, id, &answered).await;
+    kill_during_the_branch_call(&stack, general, id, &ANSWERED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_after_the_call_of_an_answered_branch_was_answered_the_run_finishes() {
+    let stack = stack().await;
+    stack
+        .http
+        .respond_after("/answered", Duration::from_millis(1500));
+    let (general, _mail, id) = approval_run(&stack, 60_000).await;
+    wait_status(&stack, id, ExecutionStatus::Waiting).await;
+    continue_run(&stack, id, json!({ "approved": true }))
+        .await
+        .unwrap();
+    kill_in_the_branch_call(&stack, general, id, &ANSWERED, Moment::Answered).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,14 +440,7 @@ async fn killed_during_the_call_of_a_timeout_branch_the_run_finishes() {
     let stack = stack().await;
     stack.http.respond_after("/late", Duration::from_secs(30));
     let (general, _mail, id) = approval_run(&stack, 1_000).await;
-    let timed_out = Branch {
-        path: "/late",
-        block: "escalate",
-        after: "sorry",
-        mail: "No answer",
-        other: "/answered",
-    };
-    kill_during_the_branch_call(&stack, general, id, &timed_out).await;
+    kill_during_the_branch_call(&stack, general, id, &TIMED_OUT).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
