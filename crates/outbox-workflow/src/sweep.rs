@@ -13,11 +13,12 @@
 //! subscriber runs like any other: the run resumes at its first unfinished
 //! block.
 //!
-//! Publishing is idempotent per holder: the dispatch key
-//! `wf-resume:<execution>:<lease owner>` means that sweeps of several
-//! workers, or repeated sweeps while the event waits in a backlog, publish
-//! one event for one dead holder. A resume that takes the run writes a new
-//! owner, so if it dies too, the next sweep publishes again.
+//! Publishing is idempotent per dead holder: the dispatch key
+//! `wf-resume:<execution>:<lease owner>:<lease expiry>` ([`resume_key`])
+//! means that sweeps of several workers, or repeated sweeps while the
+//! event waits in a backlog, publish one event for one expired lease. A
+//! resume that takes the run writes a new owner and expiry, so if it dies
+//! too, the next sweep publishes again.
 
 use std::time::Duration;
 
@@ -38,14 +39,18 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// The most orphaned runs one sweep resumes (the rest wait for the next).
 pub const SWEEP_BATCH: i64 = 500;
 
-/// The dispatch key of the sweep's resume of `execution_id`, orphaned by
-/// the holder `lease_owner` (`None`: a run that was never leased).
+/// The dispatch key of the sweep's resume of `run`: its execution, the
+/// holder that died (`none` for a run never leased) and the instant its
+/// lease expired (its last change, for a run never leased). A holder whose
+/// lease lapsed while it was still alive, renewed it and died later leaves
+/// another expiry, so its run gets another resume.
 #[must_use]
-pub fn resume_key(execution_id: Uuid, lease_owner: Option<Uuid>) -> String {
-    match lease_owner {
-        Some(owner) => format!("wf-resume:{execution_id}:{owner}"),
-        None => format!("wf-resume:{execution_id}:none"),
-    }
+pub fn resume_key(run: &OrphanedRun) -> String {
+    let owner = run
+        .lease_owner
+        .map_or_else(|| "none".to_owned(), |owner| owner.to_string());
+    let since = run.lease_until.unwrap_or(run.updated_at).timestamp_micros();
+    format!("wf-resume:{}:{owner}:{since}", run.id)
 }
 
 /// A run left `running` with nobody holding it.
@@ -178,7 +183,7 @@ pub async fn resume_orphans(
                     EXECUTION_REQUESTED,
                     serde_json::to_value(&payload)?,
                 )
-                .dispatch_key(resume_key(run.id, run.lease_owner));
+                .dispatch_key(resume_key(&run));
                 Ok(publish_outbox_event(&mut tx, event).await?)
             })
             .await?;

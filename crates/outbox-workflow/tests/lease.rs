@@ -20,7 +20,7 @@ use outbox_workflow::runner::{
     AddressPolicy, IDEMPOTENCY_KEY_HEADER, RunOutcome, Runner, idempotency_key,
 };
 use outbox_workflow::store::ExecutionStatus;
-use outbox_workflow::sweep::{self, resume_key};
+use outbox_workflow::sweep;
 use runs::{block_rows, execution, queued};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -234,16 +234,25 @@ async fn a_holder_whose_lease_was_taken_over_records_nothing_of_its_call() {
     assert!(run.finished_at.is_none());
 }
 
-/// The resume events the sweep published: their dispatch keys.
-async fn resumes(conn: &mut AsyncPgConnection) -> Vec<Option<String>> {
-    outbox_event::table
+/// The resume events the sweep published: (execution, dead holder) of
+/// each, read from its dispatch key, oldest first.
+async fn resumes(conn: &mut AsyncPgConnection) -> Vec<(String, String)> {
+    let keys: Vec<Option<String>> = outbox_event::table
         .filter(outbox_event::event_type.eq(EXECUTION_REQUESTED))
         .filter(outbox_event::dispatch_key.like("wf-resume:%"))
         .select(outbox_event::dispatch_key)
         .order(outbox_event::created_at)
         .load(conn)
         .await
-        .unwrap()
+        .unwrap();
+    keys.into_iter()
+        .map(|key| {
+            let key = key.unwrap();
+            let parts: Vec<&str> = key.split(':').collect();
+            assert_eq!(parts.len(), 4, "{key}");
+            (parts[1].to_owned(), parts[2].to_owned())
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -272,22 +281,34 @@ async fn the_sweep_requests_one_resume_per_dead_holder_and_none_for_a_live_one()
     // A second sweep (another worker, or the event still waits): no more.
     let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
     assert_eq!((pass.orphaned, pass.published), (1, 0));
-    assert_eq!(
-        resumes(&mut conn).await,
-        vec![Some(resume_key(id, Some(dead)))]
-    );
+    let (run, dead) = (id.to_string(), dead.to_string());
+    assert_eq!(resumes(&mut conn).await, vec![(run.clone(), dead.clone())]);
 
     // The resume's holder died too: one more.
     let next = Uuid::new_v4();
     set_lease(&mut conn, id, next, "now() - interval '1 second'").await;
     sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    let next = next.to_string();
     assert_eq!(
         resumes(&mut conn).await,
-        vec![
-            Some(resume_key(id, Some(dead))),
-            Some(resume_key(id, Some(next)))
-        ]
+        vec![(run.clone(), dead), (run.clone(), next.clone())]
     );
+
+    // That holder was only slow: it renewed its lease, then died for good.
+    set_lease(
+        &mut conn,
+        id,
+        Uuid::parse_str(&next).unwrap(),
+        "now() - interval '10 milliseconds'",
+    )
+    .await;
+    sweep::resume_orphans(&mut conn, lease).await.unwrap();
+    assert_eq!(
+        resumes(&mut conn).await.last(),
+        Some(&(run, next)),
+        "a later expiry of the same holder gets its own resume"
+    );
+    assert_eq!(resumes(&mut conn).await.len(), 3);
 
     // The resume runs the run to its end; nothing is orphaned after.
     let outcome = runner(lease).run(&mut conn, id).await.unwrap();
@@ -325,7 +346,10 @@ async fn a_run_never_leased_is_orphaned_once_unchanged_for_longer_than_the_lease
     .unwrap();
     let pass = sweep::resume_orphans(&mut conn, lease).await.unwrap();
     assert_eq!((pass.orphaned, pass.published), (1, 1));
-    assert_eq!(resumes(&mut conn).await, vec![Some(resume_key(id, None))]);
+    assert_eq!(
+        resumes(&mut conn).await,
+        vec![(id.to_string(), "none".to_owned())]
+    );
 }
 
 #[tokio::test]
@@ -358,6 +382,106 @@ async fn a_queued_run_is_orphaned_only_once_taken_by_a_holder_that_died() {
     assert_eq!((pass.orphaned, pass.published), (1, 1));
     assert_eq!(
         resumes(&mut conn).await,
-        vec![Some(resume_key(id, Some(dead)))]
+        vec![(id.to_string(), dead.to_string())]
     );
+}
+
+#[tokio::test]
+async fn a_block_claimed_the_most_times_without_a_result_fails_without_calling_again() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/hook")), json!({})).await;
+    // Five holders claimed the call and none recorded its result.
+    conn.batch_execute(&format!(
+        "UPDATE workflow_execution SET status = 'running' WHERE id = '{id}';
+         INSERT INTO workflow_block_execution (execution_id, block_id, sequence, status, attempt)
+         VALUES ('{id}', 'call', 1, 'running', {})",
+        outbox_workflow::runner::MAX_CLAIMS
+    ))
+    .await
+    .unwrap();
+
+    let outcome = runner(Duration::from_secs(30)).run(&mut conn, id).await;
+    assert_eq!(
+        outcome.unwrap(),
+        RunOutcome::Finished(ExecutionStatus::Error)
+    );
+    assert!(
+        sink.requests_to("/hook").is_empty(),
+        "not called a sixth time"
+    );
+    assert_eq!(call_rows(&mut conn, id).await, vec![(6, "error".into())]);
+    let error = execution(&mut conn, id).await.error.unwrap();
+    assert!(error.contains("claimed 5 times"), "{error}");
+}
+
+#[tokio::test]
+async fn an_error_no_retry_changes_ends_the_run_instead_of_leaving_it_to_the_sweep() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    // The row block's trigger event would carry more than the outbox takes
+    // (1 MiB): the outbox refuses it, and would again on every resume.
+    let big = "x".repeat(1_100_000);
+    let definition = json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "keep", "type": "rowCreate", "params": {
+                "entity": "note", "values": { "text": { "var": "input.text" } } } }
+        ],
+        "edges": [{ "from": "start", "to": "keep" }]
+    });
+    let id = queued(&mut conn, definition, json!({ "text": big })).await;
+
+    let outcome = runner(Duration::from_secs(30)).run(&mut conn, id).await;
+    assert_eq!(
+        outcome.unwrap(),
+        RunOutcome::Finished(ExecutionStatus::Error)
+    );
+    let run = execution(&mut conn, id).await;
+    assert!(
+        run.error
+            .as_deref()
+            .unwrap()
+            .starts_with("the run cannot go on"),
+        "{:?}",
+        run.error
+    );
+    assert_eq!(
+        sweep::count_orphaned_runs(&mut conn, Duration::ZERO, Duration::ZERO)
+            .await
+            .unwrap(),
+        0,
+        "nothing left for the sweep"
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_records_a_claimed_call_as_an_error_and_its_holder_records_nothing() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(600));
+    let id = queued(&mut conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
+    let runner = runner(Duration::from_secs(30));
+
+    let mut holder = db.conn().await;
+    let (outcome, ()) = tokio::join!(runner.run(&mut holder, id), async {
+        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
+            .await;
+        outbox_workflow::store::cancel_execution(&mut conn, "t1", id, "ops")
+            .await
+            .unwrap();
+    });
+    assert_eq!(
+        outcome.unwrap(),
+        RunOutcome::Unchanged(ExecutionStatus::Cancelled)
+    );
+    assert_eq!(call_rows(&mut conn, id).await, vec![(1, "error".into())]);
+    let blocks: Vec<String> = block_rows(&mut conn, id)
+        .await
+        .into_iter()
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(blocks, vec!["start", "call"], "nothing after the call");
 }

@@ -384,9 +384,9 @@ pub enum TriggerError {
 /// it in this process, sending [`StreamEvent`]s to `events` as it goes;
 /// the outcome.
 ///
-/// The only non-durable path: nothing is queued, so a bridge that stops
-/// mid-run leaves the execution `running` (`outbox health` reports it as
-/// stuck). Everything after a `waitForInput` goes through
+/// Nothing is queued for it: a bridge that stops mid-run leaves the
+/// execution `running`, and once its lease expires the workers' sweep
+/// ([`crate::sweep`]) resumes it through the outbox (its stream is gone). Everything after a `waitForInput` goes through
 /// `workflow.execution.continue.requested` like any run. Only the bridge
 /// may call this.
 ///

@@ -144,7 +144,46 @@ impl Runner {
             .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
             .collect();
         let text = response.text().await.map_err(HttpRequestError::Body)?;
-        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        storable(&mut body);
         Ok(json!({ "status": status, "headers": headers, "body": body }))
+    }
+}
+
+/// Replaces each NUL character of `value`'s strings and keys with U+FFFD:
+/// Postgres' `jsonb` refuses `\u0000`, and an answer that cannot be
+/// recorded would have its call made again.
+fn storable(value: &mut Value) {
+    const NUL: char = '\0';
+    match value {
+        Value::String(text) if text.contains(NUL) => *text = text.replace(NUL, "\u{FFFD}"),
+        Value::Array(items) => items.iter_mut().for_each(storable),
+        Value::Object(map) if map.keys().any(|k| k.contains(NUL)) => {
+            let entries = std::mem::take(map);
+            for (key, mut item) in entries {
+                storable(&mut item);
+                map.insert(key.replace(NUL, "\u{FFFD}"), item);
+            }
+        }
+        Value::Object(map) => map.values_mut().for_each(storable),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::storable;
+
+    #[test]
+    fn nul_characters_become_replacement_characters_in_strings_and_keys() {
+        let mut value: serde_json::Value =
+            serde_json::from_str(r#"{"a\u0000b": ["x\u0000", {"k": "\u0000"}], "n": 1}"#).unwrap();
+        storable(&mut value);
+        assert_eq!(
+            value,
+            json!({ "a\u{FFFD}b": ["x\u{FFFD}", { "k": "\u{FFFD}" }], "n": 1 })
+        );
     }
 }

@@ -31,10 +31,12 @@ type Expiry = SqlLiteral<
     UncheckedBind<SqlLiteral<Nullable<Timestamptz>>, <f64 as AsExpression<Double>>::Expression>,
 >;
 
-/// `now() + <lease>` by the database's clock, so that every holder and the
-/// sweep compare expiries with one clock.
+/// `clock_timestamp() + <lease>` by the database's clock, so that every
+/// holder and the sweep compare expiries with one clock. Not `now()`, the
+/// transaction's start: a transaction that waited on a lock would write a
+/// lease already partly spent.
 fn expiry(lease: Duration) -> Expiry {
-    sql::<Nullable<Timestamptz>>("now() + make_interval(secs => ")
+    sql::<Nullable<Timestamptz>>("clock_timestamp() + make_interval(secs => ")
         .bind::<Double, _>(lease.as_secs_f64())
         .sql(")")
 }

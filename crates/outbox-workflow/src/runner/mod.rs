@@ -78,6 +78,12 @@ use crate::events::ContinueKind;
 use crate::store::{self, BlockExecutionStatus, ExecutionStatus, StoreError, WorkflowExecution};
 use crate::{Block, BlockParams, ValidatedWorkflow};
 
+/// How many times a block with work before its transaction (an HTTP call)
+/// is claimed at most: a claim past this fails the block without calling,
+/// so a result that cannot be recorded, or a block that kills every
+/// holder, does not repeat its call for ever.
+pub const MAX_CLAIMS: i32 = 5;
+
 /// How long a holder keeps a run without writing, by default
 /// ([`Runner::with_lease`]; `WORKFLOW_RUN_LEASE_MS`): each block's
 /// transaction moves the expiry on by this much, and a block claimed before
@@ -308,7 +314,19 @@ impl Runner {
         owner: Uuid,
     ) -> Result<RunOutcome, RunError> {
         let id = execution.id;
-        let outcome = self.advance(conn, execution, owner).await;
+        let outcome = self.advance(conn, execution.clone(), owner).await;
+        let outcome = match outcome {
+            // An error no retry changes (a stored value this version cannot
+            // read, an event the outbox refuses): the run ends here, instead
+            // of being resumed, and failing, again and again.
+            Err(error) if !error.is_transient() => {
+                let reason = format!("the run cannot go on: {error}");
+                tracing::error!(execution = %id, %error, "workflow run ended in error");
+                let end = End::new(ExecutionStatus::Error).error(&reason);
+                finish(conn, &execution, owner, end).await
+            }
+            other => other,
+        };
         if matches!(outcome, Err(_) | Ok(RunOutcome::Paused)) {
             // Best effort: a lease not released expires by itself.
             if let Err(error) = lease::release(conn, id, owner).await {
@@ -461,12 +479,18 @@ impl Runner {
         else {
             return Ok(Early::Lost);
         };
+        if attempt > MAX_CLAIMS {
+            return Ok(Early::Done(Err(format!(
+                "claimed {MAX_CLAIMS} times without a recorded result (each holder died or \
+                 could not record it); not called again"
+            ))));
+        }
         if attempt > 1 {
             tracing::warn!(
                 execution = %execution.id,
                 block = %block.id,
                 attempt,
-                "a holder died after claiming this block: its work runs again"
+                "this block was claimed before without a recorded result: its work runs again"
             );
         }
         let result = match &block.params {

@@ -14,14 +14,14 @@
 use diesel::dsl::now;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::workflow_execution;
+use outbox_model::schema::{workflow_block_execution, workflow_execution};
 use outbox_publish::{
     NewOutboxEvent, NotInTransaction, OutboxTx, PublishError, PublishOutcome, publish_outbox_event,
 };
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{ExecutionStatus, WorkflowExecution};
+use super::{BlockExecutionStatus, ExecutionStatus, WorkflowExecution};
 use crate::runner::HOOK_FAILED;
 
 /// Why [`cancel_execution`] refused or failed. The refusals
@@ -93,9 +93,12 @@ pub fn cancelled_by(by: &str) -> String {
 /// dispatch key `wf-hook:<execution>`, as for a run that failed). Returns
 /// the status it had and the execution as cancelled.
 ///
-/// A `running` run stops at its next block: the block in hand, if any,
-/// completes. Continuations already requested for a `waiting` run are
-/// ignored when they arrive (the run no longer waits).
+/// A `running` run stops at its next write: a block whose transaction had
+/// not committed is not recorded and has no effect on this database; a
+/// block claimed for its call (`running` row) is recorded as an `error`
+/// with the same reason (its call may have been made). Continuations
+/// already requested for a `waiting` run are ignored when they arrive (the
+/// run no longer waits).
 ///
 /// # Errors
 ///
@@ -145,6 +148,21 @@ pub async fn cancel_execution(
             .returning(WorkflowExecution::as_returning())
             .get_result(conn)
             .await?;
+        // A call claimed and not recorded gets no result any more.
+        diesel::update(
+            workflow_block_execution::table
+                .filter(workflow_block_execution::execution_id.eq(id))
+                .filter(
+                    workflow_block_execution::status.eq(BlockExecutionStatus::Running.as_str()),
+                ),
+        )
+        .set((
+            workflow_block_execution::status.eq(BlockExecutionStatus::Error.as_str()),
+            workflow_block_execution::error.eq(&error),
+            workflow_block_execution::finished_at.eq(now),
+        ))
+        .execute(conn)
+        .await?;
         let mut tx = OutboxTx::new(conn)?;
         publish_hook(&mut tx, &execution, &error).await?;
         Ok(CancelledExecution {
