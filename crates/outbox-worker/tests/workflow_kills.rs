@@ -494,3 +494,66 @@ async fn a_second_live_job_on_a_run_whose_call_is_in_flight_calls_nothing() {
     assert_eq!(stack.http.requests_to("/answered").len(), 1, "one call");
     assert_eq!(attempts(&stack, id, "tell").await, 1);
 }
+
+/// The load the issue was found under, scaled to the suite: many answered
+/// runs in their branch's call while worker-general is killed three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_answered_runs_through_three_kills_all_finish_with_calls_repeated_only_under_their_keys()
+ {
+    const RUNS: usize = 40;
+    const KILLS: usize = 3;
+    let stack = stack().await;
+    stack
+        .http
+        .respond_after("/answered", Duration::from_millis(800));
+    let (mut worker, _mail, first) = approval_run(&stack, 600_000).await;
+    let workflow = workflow_support::execution(&stack, first).await.workflow_id;
+    let mut ids = vec![first];
+    for _ in 1..RUNS {
+        ids.push(request_run(&stack, workflow, json!({})).await);
+    }
+    for id in &ids {
+        wait_status(&stack, *id, ExecutionStatus::Waiting).await;
+    }
+    for id in &ids {
+        continue_run(&stack, *id, json!({ "approved": true }))
+            .await
+            .unwrap();
+    }
+    for round in 1..=KILLS {
+        // Calls are in flight: kill the worker making them.
+        stack
+            .http
+            .wait_for_requests("/answered", round * 8, WAIT)
+            .await;
+        kill(worker).await;
+        worker = general(&stack).await;
+    }
+    stack.http.respond_after("/answered", Duration::ZERO);
+
+    for id in &ids {
+        let run = wait_status(&stack, *id, ExecutionStatus::Success).await;
+        assert_eq!(run.error, None);
+    }
+    assert_eq!(settled_subjects(&stack, RUNS).await, vec!["Answered"; RUNS]);
+    let mut calls: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for call in stack.http.requests_to("/answered") {
+        let key = call.header(IDEMPOTENCY_KEY_HEADER).unwrap().to_owned();
+        *calls.entry(key).or_default() += 1;
+    }
+    let mut repeats = 0;
+    for id in &ids {
+        let n = calls.remove(&idempotency_key(*id, "tell")).unwrap_or(0);
+        assert!(n >= 1, "run {id} made its call");
+        assert!(
+            n <= 1 + KILLS,
+            "run {id} called {n} times through {KILLS} kills"
+        );
+        repeats += n - 1;
+    }
+    assert!(calls.is_empty(), "calls under no run's key: {calls:?}");
+    // A repeat only for a call the killed process had made: at most the
+    // worker's concurrency (10) per kill.
+    assert!(repeats <= KILLS * 10, "{repeats} repeated calls");
+    drop(worker);
+}
