@@ -18,8 +18,8 @@ use serde_json::json;
 
 use crate::{Cli, ExitStatus, Outcome, connect, filters, print_json, redis};
 
-/// Default of `--retention-hours` (the workers' `QUEUE_DONE_RETENTION_HOURS`).
-const DEFAULT_RETENTION_HOURS: u64 = 24;
+/// Default of `--retention-hours`: the workers' `QUEUE_DONE_RETENTION_HOURS`.
+const DEFAULT_RETENTION_HOURS: u64 = outbox_queue::DEFAULT_DONE_RETENTION_HOURS;
 
 /// Arguments of `outbox reconcile`.
 #[derive(Debug, Args)]

@@ -20,6 +20,14 @@ pub const DEFAULT_BACKOFF: [Duration; 6] = [
 /// rows a tick holds (and re-pushes after a crash).
 pub const DEFAULT_BATCH_SIZE: u32 = 500;
 
+/// The largest `OUTBOX_DISPATCH_BATCH_SIZE` accepted: rows one claim may
+/// hold (and a crash may re-push).
+pub const MAX_BATCH_SIZE: u32 = 10_000;
+
+/// What [`DispatcherConfig::validate`] says of a batch over
+/// [`MAX_BATCH_SIZE`] (a test holds the two together).
+const MAX_BATCH_PROBLEM: &str = "must be at most 10000";
+
 /// Default poll cadence of the dispatcher (`OUTBOX_DISPATCH_INTERVAL_MS`).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(1000);
 /// Default pushes in flight within a tick (`OUTBOX_DISPATCH_CONCURRENCY`).
@@ -122,8 +130,8 @@ impl DispatcherConfig {
         if self.batch_size == 0 {
             return fail("OUTBOX_DISPATCH_BATCH_SIZE", "must be greater than 0");
         }
-        if self.batch_size > 10_000 {
-            return fail("OUTBOX_DISPATCH_BATCH_SIZE", "must be at most 10000");
+        if self.batch_size > MAX_BATCH_SIZE {
+            return fail("OUTBOX_DISPATCH_BATCH_SIZE", MAX_BATCH_PROBLEM);
         }
         if self.concurrency == 0 {
             return fail("OUTBOX_DISPATCH_CONCURRENCY", "must be greater than 0");
@@ -258,6 +266,11 @@ mod tests {
         let too_large = batch(10_001).validate().unwrap_err();
         assert_eq!(too_large.field, "OUTBOX_DISPATCH_BATCH_SIZE");
         assert_eq!(too_large.problem, "must be at most 10000");
+        assert_eq!(
+            too_large.problem,
+            format!("must be at most {MAX_BATCH_SIZE}"),
+            "the message names the bound"
+        );
         for loops in [0, MAX_LOOPS + 1] {
             let config = DispatcherConfig {
                 loops,

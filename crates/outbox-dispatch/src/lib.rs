@@ -66,7 +66,7 @@ mod vacuum;
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
-    DispatcherConfig, MAX_LOOPS, RetentionConfig,
+    DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
 };
 pub use dispatcher::{Dispatcher, TickReport, WAKE_LOOPS};
 pub use draining::Draining;

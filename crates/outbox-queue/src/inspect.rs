@@ -164,6 +164,12 @@ pub async fn dead_task_ids(
     Ok(ids)
 }
 
+/// How long finished jobs stay in Redis before [`trim_finished`] removes
+/// them, by default, in hours (`QUEUE_DONE_RETENTION_HOURS` of the workers,
+/// `--retention-hours` of `outbox reconcile`): it must cover the
+/// dispatcher's re-push window.
+pub const DEFAULT_DONE_RETENTION_HOURS: u64 = 24;
+
 /// Removes finished jobs from `queue`: jobs in the done set that finished
 /// more than `done_after` ago and jobs in the dead set that died more than
 /// `dead_after` ago (their body, their meta record and their set entry). One

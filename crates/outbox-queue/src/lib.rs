@@ -27,7 +27,10 @@ mod server;
 mod worker_store;
 
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
-pub use inspect::{DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats, trim_finished};
+pub use inspect::{
+    DEFAULT_DONE_RETENTION_HOURS, DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats,
+    trim_finished,
+};
 pub use presence::{
     JobState, JobStateKind, Unfinished, email_task_id, event_of_task, job_states,
     plugin_invoke_task_id, rerun_finished, retry_dead, unfinished_jobs,

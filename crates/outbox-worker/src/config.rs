@@ -632,8 +632,9 @@ fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettin
 /// Default of `DELIVERY_RECORD_TTL_HOURS`.
 pub const DEFAULT_DELIVERY_RECORD_TTL_HOURS: u64 = 48;
 
-/// Default of `QUEUE_DONE_RETENTION_HOURS`.
-pub const DEFAULT_QUEUE_DONE_RETENTION_HOURS: u64 = 24;
+/// Default of `QUEUE_DONE_RETENTION_HOURS` (stated once, beside the trim
+/// it drives: [`outbox_queue::DEFAULT_DONE_RETENTION_HOURS`]).
+pub const DEFAULT_QUEUE_DONE_RETENTION_HOURS: u64 = outbox_queue::DEFAULT_DONE_RETENTION_HOURS;
 
 /// Default of `QUEUE_DEAD_RETENTION_HOURS`: dead jobs stay 30 days for triage.
 pub const DEFAULT_QUEUE_DEAD_RETENTION_HOURS: u64 = 720;

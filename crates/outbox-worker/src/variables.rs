@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use outbox_dispatch::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_MAX_RETRIES, RedisGuardSettings, RetentionConfig,
+    DEFAULT_MAX_RETRIES, MAX_BATCH_SIZE, RedisGuardSettings, RetentionConfig,
 };
 use outbox_subscriber::WorkerSettings;
 use outbox_subscriber_mail::SmtpSettings;
@@ -218,7 +218,7 @@ pub const OUTBOX_DISPATCH_BATCH_SIZE: Whole = Whole {
     name: "OUTBOX_DISPATCH_BATCH_SIZE",
     default: DEFAULT_BATCH_SIZE as u64,
     min: 1,
-    max: 10_000,
+    max: MAX_BATCH_SIZE as u64,
     meaning: "rows the dispatcher claims per tick",
 };
 /// `OUTBOX_DISPATCH_CONCURRENCY`.
