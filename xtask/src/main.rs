@@ -45,6 +45,8 @@ mod bench_publish;
 mod bench_retention;
 mod bench_soak;
 mod cmd;
+#[cfg(test)]
+mod crate_table;
 mod demo;
 mod demo_observe;
 mod demo_progress;
