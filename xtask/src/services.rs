@@ -30,6 +30,19 @@ pub struct Services {
     pub started: Vec<Started>,
 }
 
+impl Services {
+    /// The environment of test processes: these services' URLs under the
+    /// names the test suites read.
+    pub fn test_env(&self) -> [(&'static str, String); 4] {
+        [
+            ("DATABASE_URL", self.database_url.clone()),
+            ("REDIS_URL", self.redis_url.clone()),
+            ("OUTBOX_TEST_DATABASE_URL", self.database_url.clone()),
+            ("OUTBOX_TEST_REDIS_URL", self.redis_url.clone()),
+        ]
+    }
+}
+
 /// A private server started by this process, and how to stop it.
 pub enum Started {
     /// A Postgres cluster, stopped with `pg_ctl stop`.

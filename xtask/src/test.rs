@@ -25,17 +25,6 @@ pub struct TestArgs {
     pub runner_args: Vec<String>,
 }
 
-/// The environment of test processes: the services' URLs under the names
-/// the test suites read.
-pub fn test_env(found: &services::Services) -> [(&'static str, String); 4] {
-    [
-        ("DATABASE_URL", found.database_url.clone()),
-        ("REDIS_URL", found.redis_url.clone()),
-        ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
-        ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
-    ]
-}
-
 /// Runs the pipeline; the first failing step fails the command.
 pub async fn run(args: TestArgs) -> Result<()> {
     // The tests start redis-server themselves, and a private Postgres is
@@ -66,7 +55,7 @@ pub async fn run(args: TestArgs) -> Result<()> {
     }
     crate::services::sweep_abandoned_databases(&found.database_url).await;
     // Passed to each child rather than set on this process.
-    let env = test_env(&found);
+    let env = found.test_env();
 
     if !args.quick {
         step(

@@ -97,7 +97,7 @@ pub const PARTS: &[Part] = &[
 /// [`verify`].
 pub async fn run() -> Result<()> {
     let found = services::ensure().await?;
-    verify(&crate::test::test_env(&found))
+    verify(&found.test_env())
 }
 
 /// Runs the gate, passing `env` to the test processes, and prints the

@@ -261,3 +261,12 @@ fn topological_order(outgoing: &[Vec<OutEdge>]) -> Vec<usize> {
     }
     order
 }
+
+impl TryFrom<WorkflowDefinition> for ValidatedWorkflow {
+    type Error = DefinitionError;
+
+    /// [`WorkflowDefinition::validate`] without the copy.
+    fn try_from(definition: WorkflowDefinition) -> Result<Self, DefinitionError> {
+        validate(definition)
+    }
+}

@@ -219,15 +219,6 @@ fn check_block(
     Ok(())
 }
 
-impl TryFrom<WorkflowDefinition> for ValidatedWorkflow {
-    type Error = DefinitionError;
-
-    /// [`WorkflowDefinition::validate`] without the copy.
-    fn try_from(definition: WorkflowDefinition) -> Result<Self, DefinitionError> {
-        crate::validate::validate(definition)
-    }
-}
-
 impl Serialize for ValidatedWorkflow {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.definition.serialize(serializer)
