@@ -25,8 +25,8 @@ use diesel::sql_types::{BigInt, Double};
 use diesel_async::RunQueryDsl;
 use serde_json::json;
 
-use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
 use crate::bench_handoff::median;
+use crate::bench_kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
 use crate::bench_process;
 
 #[derive(QueryableByName)]

@@ -45,7 +45,7 @@ use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
-use crate::bench::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench_kit::{Run, Scratch, clear_redis, preload_pending};
 use crate::bench_process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
@@ -108,7 +108,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     let mut step = 0;
     let mut progress = |what: &str, round: usize| {
         step += 1;
-        crate::bench::stage(&format!(
+        crate::bench_kit::stage(&format!(
             "handoff {step}/{total}: {what}, round {round}, {} rows",
             plan.rows
         ));
@@ -116,14 +116,14 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     for round in 1..=plan.rounds {
         progress("baseline sql_only", round);
         let rate = sql_only_rate(&scratch.url, &mut conn, plan.rows).await?;
-        crate::bench::line(json!({
+        crate::bench_kit::line(json!({
             "bench": "handoff_baseline_sql_only", "round": round,
             "events": plan.rows, "per_second": rate.round(),
         }));
         sql_only.push(rate);
         progress("baseline redis_only", round);
         let rate = redis_only_rate(run, &mut conn, plan.rows).await?;
-        crate::bench::line(json!({
+        crate::bench_kit::line(json!({
             "bench": "handoff_baseline_redis_only", "round": round,
             "events": plan.rows, "per_second": rate.round(),
         }));
@@ -146,7 +146,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                         .with_context(|| {
                             format!("{label} at batch {batch}, {processes} process(es)")
                         })?;
-                    crate::bench::line(json!({
+                    crate::bench_kit::line(json!({
                         "bench": "handoff", "binary": label, "batch_size": batch,
                         "processes": processes, "round": round, "events": plan.rows,
                         "per_second": rate.round(), "cpu_share": cpu,
@@ -158,7 +158,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     }
     let sql_only = median(sql_only);
     let redis_only = median(redis_only);
-    crate::bench::line(json!({
+    crate::bench_kit::line(json!({
         "bench": "handoff_baselines_median", "rounds": plan.rounds,
         "sql_only_per_second": sql_only.round(), "redis_only_per_second": redis_only.round(),
     }));
@@ -175,7 +175,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                     rates.iter().copied().fold(0.0, f64::max),
                 );
                 let rate = median(rates);
-                crate::bench::line(json!({
+                crate::bench_kit::line(json!({
                     "bench": "handoff_median", "binary": label, "batch_size": batch,
                     "processes": processes, "rounds": plan.rounds, "per_second": rate.round(),
                     "min": min.round(), "max": max.round(),

@@ -44,7 +44,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
-use crate::bench::{Run, Scratch, clear_redis, line, stage};
+use crate::bench_kit::{Run, Scratch, clear_redis, line, stage};
 use crate::bench_process;
 
 /// Publishing connections.

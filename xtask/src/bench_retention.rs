@@ -28,8 +28,8 @@ use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde_json::json;
 
-use crate::bench::{Run, Scratch, clear_redis, line, preload_pending, stage};
 use crate::bench_handoff::{HANDOFF_TYPES, done_rate_where, median, ratio};
+use crate::bench_kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
 use crate::bench_process;
 
 /// The backlog's rows: `DONE` within the last day (the old rows are 60 days

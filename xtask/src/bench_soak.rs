@@ -22,7 +22,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use serde_json::json;
 
-use crate::bench::{Run, Scratch, clear_redis, line, stage};
+use crate::bench_kit::{Run, Scratch, clear_redis, line, stage};
 
 /// How long and how hard.
 pub struct Soak {

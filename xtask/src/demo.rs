@@ -130,8 +130,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let database = format!("{DEMO_DB}{}", args.tag);
     let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
-    let scratch = crate::bench::Scratch::create(&found.database_url, &database).await?;
-    crate::bench::clear_redis(&found.redis_url, &prefix).await?;
+    let scratch = crate::bench_kit::Scratch::create(&found.database_url, &database).await?;
+    crate::bench_kit::clear_redis(&found.redis_url, &prefix).await?;
     say!("database  {}", scratch.url);
     say!("redis     {} (queues prefixed {prefix:?})", found.redis_url);
     say!("migrated  {} migration(s)", scratch.applied.len());
@@ -165,7 +165,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     running.stop().await;
     let logs = stage.logs;
     drop((smtp, http));
-    if let Err(e) = crate::bench::clear_redis(&found.redis_url, &prefix).await {
+    if let Err(e) = crate::bench_kit::clear_redis(&found.redis_url, &prefix).await {
         eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
     }
     if let Err(e) = scratch.remove().await {

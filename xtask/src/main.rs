@@ -39,6 +39,7 @@ mod bench_chart;
 mod bench_drain;
 mod bench_drain_audit;
 mod bench_handoff;
+mod bench_kit;
 mod bench_latency;
 mod bench_process;
 mod bench_publish;
