@@ -58,6 +58,8 @@ mod demo_verdict;
 mod explain;
 mod install;
 mod inventory;
+#[cfg(test)]
+mod module_cycles;
 mod mutants;
 mod schema;
 mod services;
