@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use diesel_async::AsyncPgConnection;
 use futures::StreamExt;
 use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent, PgPool};
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
@@ -15,7 +16,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
-use crate::db::{self, Failure, Lease, Retry};
+mod outcome;
+
+pub use self::outcome::{AfterFailedPush, after_failed_push};
+
+use self::outcome::Outcomes;
+use crate::db::{self, Failure, Lease};
 use crate::draining::Draining;
 use crate::gate::WakeGate;
 use crate::vacuum::Upkeep;
@@ -419,70 +425,31 @@ impl Dispatcher {
         failures.extend(unrouted_failures);
 
         let results = self.push_all(units, stop).await;
-        let mut done = Vec::new();
-        let mut retries = Vec::new();
-        let mut released = Vec::new();
-        let mut latencies = Vec::new();
-        for result in results {
-            match result {
-                PushResult::Pushed(unit, duplicates) => {
-                    report.duplicates += duplicates;
-                    for event in &unit.events {
-                        if let Some(lease) = Lease::of(event) {
-                            done.push((lease, unit.queue.clone()));
-                            // Latency counts from when the row became due: a scheduled or
-                            // retried row is not late for the time it had to wait.
-                            latencies.push((
-                                event.id,
-                                unit.queue.clone(),
-                                event.created_at.max(event.scheduled_at),
-                            ));
-                        }
-                    }
-                }
-                PushResult::Failed(unit, error) => {
-                    for event in &unit.events {
-                        let Some(lease) = Lease::of(event) else {
-                            continue;
-                        };
-                        let attempt = u32::try_from(event.retries).unwrap_or(0) + 1;
-                        if attempt > self.config.max_retries {
-                            tracing::error!(
-                                event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), queue = %unit.queue,
-                                retries = attempt, error = %error, "hand-off failed for the last time; dead-lettering"
-                            );
-                            failures.push(Failure {
-                                lease,
-                                retry_increment: 1,
-                                error: format!("hand-off to {} failed: {error}", unit.queue),
-                                queue: Some(unit.queue.clone()),
-                            });
-                            report.failed += 1;
-                        } else {
-                            let delay = self.config.backoff_for(attempt);
-                            tracing::warn!(
-                                event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), queue = %unit.queue,
-                                retry = attempt, delay_s = delay.as_secs(), error = %error, "hand-off failed; will retry"
-                            );
-                            retries.push(Retry {
-                                lease,
-                                delay_ms: i64::try_from(delay.as_millis()).unwrap_or(i64::MAX),
-                                error: format!("hand-off to {} failed: {error}", unit.queue),
-                                queue: unit.queue.clone(),
-                            });
-                        }
-                    }
-                }
-                PushResult::NotStarted(unit) => {
-                    released.extend(unit.events.iter().filter_map(Lease::of))
-                }
-            }
-        }
+        let mut outcomes = Outcomes::with_failures(failures);
+        outcomes.sort(results, &self.config, &mut report);
+        self.record(&mut conn, &outcomes, &mut report).await?;
+        Ok(report)
+    }
 
-        let done_ids = db::mark_done(&mut conn, &done).await?;
-        let retried_ids = db::mark_retry(&mut conn, &retries).await?;
-        let failed_ids = db::mark_failed(&mut conn, &failures).await?;
-        let released_ids = db::release(&mut conn, &released).await?;
+    /// Records a tick's outcomes, each statement fenced by the rows' leases,
+    /// then its metrics and its span's fields.
+    async fn record(
+        &self,
+        conn: &mut AsyncPgConnection,
+        outcomes: &Outcomes,
+        report: &mut TickReport,
+    ) -> Result<(), DispatchError> {
+        let Outcomes {
+            done,
+            retries,
+            failures,
+            released,
+            latencies,
+        } = outcomes;
+        let done_ids = db::mark_done(conn, done).await?;
+        let retried_ids = db::mark_retry(conn, retries).await?;
+        let failed_ids = db::mark_failed(conn, failures).await?;
+        let released_ids = db::release(conn, released).await?;
         report.dispatched = done_ids.len();
         report.retried = retried_ids.len();
         report.released = released_ids.len();
@@ -498,14 +465,14 @@ impl Dispatcher {
                 "leases expired before the outcome was recorded; another dispatcher owns those rows now"
             );
         }
-        self.record_metrics(&report, &latencies, &done_ids);
+        self.record_metrics(report, latencies, &done_ids);
         let span = tracing::Span::current();
         span.record("claimed", report.claimed);
         span.record("dispatched", report.dispatched);
         span.record("retried", report.retried);
         span.record("failed", report.failed);
         span.record("unrouted", report.unrouted);
-        Ok(report)
+        Ok(())
     }
 
     /// Groups claimed rows by queue in push-sized units; returns the unrouted apart.

@@ -68,7 +68,7 @@ pub use config::{
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
     DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
 };
-pub use dispatcher::{Dispatcher, TickReport, WAKE_LOOPS};
+pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
 pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;
