@@ -151,7 +151,7 @@ impl Scratch {
     pub async fn create(database_url: &str, name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         let admin_url = with_database(database_url, "postgres");
-        let mut admin = outbox_model::establish(&admin_url)
+        let mut admin = outbox_postgres::establish(&admin_url)
             .await
             .with_context(|| format!("cannot connect to {admin_url}"))?;
         admin
@@ -161,7 +161,7 @@ impl Scratch {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await?;
         let url = with_database(database_url, &name);
-        let applied = outbox_model::run_migrations(&url).await?;
+        let applied = outbox_model::run_migrations(outbox_postgres::establish(&url).await?).await?;
         Ok(Self {
             admin,
             name,
@@ -547,7 +547,7 @@ async fn pipeline(run: &Run) -> Result<()> {
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;
-    let mut conn = outbox_model::establish(&url).await?;
+    let mut conn = outbox_postgres::establish(&url).await?;
 
     // 1. One event per business transaction, one connection.
     stage("publish_one_per_transaction");
@@ -579,7 +579,7 @@ async fn pipeline(run: &Run) -> Result<()> {
 
     // 3. Dispatch everything with four dispatchers.
     stage("dispatch_4_dispatchers_batch_500");
-    let pool = outbox_model::connect_pool(&url, 8).await?;
+    let pool = outbox_postgres::connect_pool(&url, 8).await?;
     let namespace = QueueNamespace::prefixed(prefix.clone());
     let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
         let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent, PgPool};
+use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent};
+use outbox_postgres::PgPool;
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
 use outbox_trace::{TraceContext, continue_trace};
 use redis::aio::ConnectionManager;
