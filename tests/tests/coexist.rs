@@ -45,7 +45,7 @@ async fn application_migrations_after_the_outbox_s_coexist() {
     let db = TestDatabase::new().await; // the outbox's migrations applied
     assert_eq!(app_migrate(db.url()).await, (1, 0));
     assert!(
-        outbox_model::run_migrations(db.url())
+        outbox_model::run_migrations(db.conn().await)
             .await
             .unwrap()
             .is_empty()
@@ -65,7 +65,8 @@ async fn the_outbox_s_migrations_after_the_application_s_coexist() {
         .await
         .unwrap();
     assert_eq!(app_migrate(&url).await, (1, 0));
-    assert!(!outbox_model::run_migrations(&url).await.unwrap().is_empty());
+    let conn = outbox_postgres::establish(&url).await.unwrap();
+    assert!(!outbox_model::run_migrations(conn).await.unwrap().is_empty());
     assert_eq!(app_migrate(&url).await, (0, 0));
     both_tables_answer(&url).await;
     admin

@@ -128,21 +128,9 @@ async fn table_constraints_reject_what_the_publisher_rejects() {
 #[tokio::test]
 async fn migrations_are_idempotent_on_a_migrated_database() {
     let db = TestDatabase::new().await;
-    let applied = outbox_model::run_migrations(db.url()).await.unwrap();
+    let applied = outbox_model::run_migrations(db.conn().await).await.unwrap();
     assert!(
         applied.is_empty(),
         "template was already migrated, got {applied:?}"
     );
-}
-
-#[tokio::test]
-async fn migrating_a_broken_url_is_a_clear_error() {
-    let err = outbox_model::run_migrations("postgres://postgres@127.0.0.1:1/none")
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, outbox_model::MigrationError::Connect(_)),
-        "{err:?}"
-    );
-    assert!(err.to_string().contains("cannot connect"), "{err}");
 }

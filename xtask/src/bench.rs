@@ -324,7 +324,7 @@ async fn pipeline(run: &Run) -> Result<()> {
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;
-    let mut conn = outbox_model::establish(&url).await?;
+    let mut conn = outbox_postgres::establish(&url).await?;
 
     // 1. One event per business transaction, one connection.
     stage("publish_one_per_transaction");
@@ -356,7 +356,7 @@ async fn pipeline(run: &Run) -> Result<()> {
 
     // 3. Dispatch everything with four dispatchers.
     stage("dispatch_4_dispatchers_batch_500");
-    let pool = outbox_model::connect_pool(&url, 8).await?;
+    let pool = outbox_postgres::connect_pool(&url, 8).await?;
     let namespace = QueueNamespace::prefixed(prefix.clone());
     let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
         let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;

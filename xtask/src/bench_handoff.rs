@@ -99,7 +99,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
         run.database("outbox_bench_handoff"),
     )
     .await?;
-    let mut conn = outbox_model::establish(&scratch.url).await?;
+    let mut conn = outbox_postgres::establish(&scratch.url).await?;
     let mut results: Vec<(String, u32, usize, f64)> = Vec::new();
     let mut sql_only = Vec::new();
     let mut redis_only = Vec::new();
@@ -253,7 +253,7 @@ async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> 
     conn.batch_execute("TRUNCATE outbox_event").await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
     let clients = (0..2).map(|_| async {
-        let mut conn = outbox_model::establish(url).await?;
+        let mut conn = outbox_postgres::establish(url).await?;
         while diesel::sql_query(CLAIM_AND_DONE_SQL)
             .execute(&mut conn)
             .await?

@@ -50,7 +50,7 @@ pub async fn run(check: bool) -> Result<()> {
 pub async fn generate(server_url: &str) -> Result<String> {
     let admin_url = with_database(server_url, "postgres");
     let scratch = format!("outbox_schema_{}", std::process::id());
-    let mut admin = outbox_model::establish(&admin_url)
+    let mut admin = outbox_postgres::establish(&admin_url)
         .await
         .with_context(|| format!("cannot connect to {admin_url}"))?;
     admin
@@ -63,8 +63,8 @@ pub async fn generate(server_url: &str) -> Result<String> {
         .await?;
     let result = async {
         let url = with_database(server_url, &scratch);
-        outbox_model::run_migrations(&url).await?;
-        let mut conn = outbox_model::establish(&url).await?;
+        outbox_model::run_migrations(outbox_postgres::establish(&url).await?).await?;
+        let mut conn = outbox_postgres::establish(&url).await?;
         render(&mut conn).await
     }
     .await;

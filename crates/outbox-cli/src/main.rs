@@ -225,10 +225,10 @@ fn database_url(cli: &Cli) -> Result<&str> {
 }
 
 /// A Postgres connection as the workers open theirs (`sslmode` and
-/// `sslrootcert` in the URL, see `outbox_model::PgConnectOptions`).
+/// `sslrootcert` in the URL, see `outbox_postgres::PgConnectOptions`).
 async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
     let url = database_url(cli)?;
-    let options = outbox_model::PgConnectOptions::from_url(url)
+    let options = outbox_postgres::PgConnectOptions::from_url(url)
         .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
     options
         .connect()

@@ -5,10 +5,9 @@
 use anyhow::Context;
 use clap::Args;
 use outbox_model::MigrationState;
-use outbox_queue::redact_url;
 use serde_json::json;
 
-use crate::{Cli, ExitStatus, Outcome, database_url, print_json};
+use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
 /// Arguments of `outbox migrate`.
 #[derive(Debug, Args)]
@@ -23,12 +22,11 @@ pub struct MigrateArgs {
 
 /// Runs `outbox migrate`.
 pub async fn run(cli: &Cli, args: &MigrateArgs) -> Outcome {
-    let url = database_url(cli)?;
-    // A wrong sslmode or sslrootcert is a configuration error, said once.
-    outbox_model::PgConnectOptions::from_url(url)
-        .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
+    // A wrong sslmode or sslrootcert is a configuration error, said once,
+    // as is a database that cannot be reached.
+    let mut conn = connect(cli).await?;
     if args.status || args.dry_run {
-        let states = outbox_model::migration_status(url)
+        let states = outbox_model::migration_status(&mut conn)
             .await
             .context("cannot read the migration status")?;
         if args.status {
@@ -38,7 +36,7 @@ pub async fn run(cli: &Cli, args: &MigrateArgs) -> Outcome {
         }
         return Ok(ExitStatus::Ok);
     }
-    let applied = outbox_model::run_migrations(url)
+    let applied = outbox_model::run_migrations(conn)
         .await
         .context("migration failed")?;
     if cli.json {

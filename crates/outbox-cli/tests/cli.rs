@@ -668,13 +668,19 @@ async fn bad_flags_and_missing_configuration_exit_2_with_a_clear_message() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("DATABASE_URL"));
-    let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
-        .arg("stats")
-        .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("cannot connect to Postgres"));
+    for command in ["stats", "migrate"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_outbox"))
+            .arg(command)
+            .env("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{command}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("cannot connect to Postgres"),
+            "{command}: {stderr}"
+        );
+    }
 }
 
 // Break checked: `Filters::is_empty` answering true (a mutation run's

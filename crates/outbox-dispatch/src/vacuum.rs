@@ -45,7 +45,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 
 /// The statement of one round.
 pub const VACUUM_SQL: &str = "VACUUM (SKIP_LOCKED) outbox_event";

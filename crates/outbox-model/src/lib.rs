@@ -1,19 +1,18 @@
 //! The base of the transactional outbox: the diesel schema of
 //! `outbox_event`, its row types, the validated [`EventType`], the
 //! [`OutboxStatus`] life cycle, and the embedded migrations with
-//! [`run_migrations`], and the one way every crate opens Postgres
-//! connections ([`establish`], [`connect_pool`]: `sslmode` and
-//! `sslrootcert` in the URL, TLS through rustls).
+//! [`run_migrations`].
 //!
-//! Every other crate of the workspace builds on this one; it depends on
-//! nothing of theirs and holds no logic beyond validation. Publishing lives
-//! in `outbox-publish`, claiming and routing in `outbox-dispatch`.
+//! Every other crate of the workspace builds on this one, and every
+//! application compiles it through `outbox-publish`; it depends on nothing
+//! of theirs and holds no logic beyond validation. It does not open
+//! connections: the migration functions take one, and URLs, TLS and the
+//! pool are `outbox-postgres`. Publishing lives in `outbox-publish`,
+//! claiming and routing in `outbox-dispatch`.
 
-mod connect;
 mod event_type;
 mod json;
 mod migrations;
-mod pool;
 mod prepared;
 mod row;
 mod status;
@@ -23,14 +22,12 @@ mod status;
 #[allow(missing_docs)]
 pub mod schema;
 
-pub use connect::{DatabaseUrlError, PgConnectOptions, SslMode, establish};
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
 pub use json::RawJson;
 pub use migrations::{
     MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, MigrationState, migration_status,
     run_migrations, schema_fingerprint,
 };
-pub use pool::{CHECKOUT_TIMEOUT, DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool, pool_with};
 pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};

@@ -37,9 +37,6 @@ pub fn schema_fingerprint() -> String {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MigrationError {
-    /// The database could not be reached.
-    #[error("cannot connect to the database to migrate it: {0}")]
-    Connect(#[from] diesel::ConnectionError),
     /// A migration failed; the database is left at the last one that succeeded.
     #[error("migration failed: {0}")]
     Migration(String),
@@ -51,31 +48,35 @@ pub enum MigrationError {
     Task(#[from] tokio::task::JoinError),
 }
 
-/// Applies every pending migration to the database at `database_url` and
-/// returns the versions it applied (empty when the schema was current).
+/// Applies every pending migration on `conn` and returns the versions it
+/// applied (empty when the schema was current).
 ///
-/// Opens one dedicated connection (with the URL's `sslmode`, see
-/// [`crate::establish`]) and runs diesel's synchronous migration harness on
-/// tokio's blocking pool, so it works on any tokio runtime
+/// Takes a connection rather than a URL: this crate opens none. The
+/// outbox's processes open it with `outbox_postgres::establish` (the URL's
+/// `sslmode` and `sslrootcert`); an application may pass one of its own.
+/// The connection is used up: diesel's synchronous migration harness runs
+/// on it on tokio's blocking pool, so this works on any tokio runtime
 /// (current-thread included). Each migration runs in its own transaction;
-/// diesel takes care that two processes migrating at once do not both apply
-/// the same version.
+/// diesel takes care that two processes migrating at once do not both
+/// apply the same version.
 ///
 /// # Errors
 ///
-/// [`MigrationError::Connect`] when the database cannot be reached,
-/// [`MigrationError::Migration`] when a migration fails.
+/// [`MigrationError::Migration`] when a migration fails,
+/// [`MigrationError::Task`] when the blocking task does not finish.
 ///
 /// # Example
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), outbox_model::MigrationError> {
-/// let applied = outbox_model::run_migrations("postgres://postgres@127.0.0.1/app").await?;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use diesel_async::{AsyncConnection, AsyncPgConnection};
+///
+/// let conn = AsyncPgConnection::establish("postgres://postgres@127.0.0.1/app").await?;
+/// let applied = outbox_model::run_migrations(conn).await?;
 /// println!("applied {} migration(s)", applied.len());
 /// # Ok(()) }
 /// ```
-pub async fn run_migrations(database_url: &str) -> Result<Vec<String>, MigrationError> {
-    let conn = crate::establish(database_url).await?;
+pub async fn run_migrations(conn: AsyncPgConnection) -> Result<Vec<String>, MigrationError> {
     tokio::task::spawn_blocking(move || {
         let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(conn);
         let applied = conn
@@ -109,30 +110,30 @@ struct Version {
     version: String,
 }
 
-/// Every embedded migration, oldest first, with whether the database at
-/// `database_url` has it applied. Read-only: unlike diesel's own harness it
+/// Every embedded migration, oldest first, with whether the database of
+/// `conn` has it applied. Read-only: unlike diesel's own harness it
 /// does not create `__diesel_schema_migrations` when it is missing (then
 /// every migration is pending). Versions of other migrations in that table
 /// (an application's own) are ignored.
 ///
 /// # Errors
 ///
-/// [`MigrationError::Connect`] when the database cannot be reached,
 /// [`MigrationError::Query`] when reading the table fails,
 /// [`MigrationError::Migration`] when the embedded list cannot be read.
-pub async fn migration_status(database_url: &str) -> Result<Vec<MigrationState>, MigrationError> {
+pub async fn migration_status(
+    conn: &mut AsyncPgConnection,
+) -> Result<Vec<MigrationState>, MigrationError> {
     use diesel::migration::MigrationSource;
     use diesel_async::RunQueryDsl;
 
-    let mut conn = crate::establish(database_url).await?;
     let present: Present = diesel::sql_query(
         "SELECT to_regclass('__diesel_schema_migrations') IS NOT NULL AS present",
     )
-    .get_result(&mut conn)
+    .get_result(conn)
     .await?;
     let applied: Vec<String> = if present.present {
         diesel::sql_query("SELECT version FROM __diesel_schema_migrations")
-            .load::<Version>(&mut conn)
+            .load::<Version>(conn)
             .await?
             .into_iter()
             .map(|v| v.version)

@@ -20,7 +20,7 @@
 mod batch;
 mod db;
 
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{
     ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,

@@ -23,7 +23,7 @@
 //! and an unreachable bridge are retried (the run resumes at the first
 //! unfinished block).
 
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{
     ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,

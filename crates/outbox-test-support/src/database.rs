@@ -2,7 +2,7 @@
 
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 
 use crate::url::{database_server_url, with_database};
 
@@ -116,7 +116,7 @@ impl TestDatabase {
             });
         }
         let url = with_database(&server, &name);
-        let pool = outbox_model::connect_pool(&url, pool_size)
+        let pool = outbox_postgres::connect_pool(&url, pool_size)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to test database {name}: {e}"));
         Self {
@@ -195,7 +195,7 @@ impl Drop for TestDatabase {
                 return;
             };
             runtime.block_on(async move {
-                if let Ok(mut admin) = outbox_model::establish(&admin_url).await {
+                if let Ok(mut admin) = outbox_postgres::establish(&admin_url).await {
                     let _ = admin
                         .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                         .await;
@@ -239,7 +239,7 @@ pub async fn sweep_abandoned_databases(
     older_than: std::time::Duration,
 ) -> Result<Vec<String>, String> {
     let admin_url = with_database(server, "postgres");
-    let mut admin = outbox_model::establish(&admin_url)
+    let mut admin = outbox_postgres::establish(&admin_url)
         .await
         .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
     let idle = idle_databases(&mut admin, TEST_DATABASE_PREFIX).await?;
@@ -307,7 +307,7 @@ fn stale_template(name: &str, current: &str) -> bool {
 }
 
 async fn connect(url: &str) -> AsyncPgConnection {
-    outbox_model::establish(url).await.unwrap_or_else(|e| {
+    outbox_postgres::establish(url).await.unwrap_or_else(|e| {
         panic!(
             "cannot connect to Postgres at {url}: {e}\n\
              hint: run `cargo xtask services` and export the DATABASE_URL it prints"
@@ -348,7 +348,10 @@ async fn build_template(admin: &mut AsyncPgConnection, admin_url: &str, template
         ] {
             admin.batch_execute(&sql).await.map_err(|e| e.to_string())?;
         }
-        outbox_model::run_migrations(&with_database(admin_url, &building))
+        let conn = outbox_postgres::establish(&with_database(admin_url, &building))
+            .await
+            .map_err(|e| e.to_string())?;
+        outbox_model::run_migrations(conn)
             .await
             .map_err(|e| e.to_string())?;
         // Renamed only once complete, so a template that exists is whole.

@@ -14,7 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
 use outbox_workflow::runner::Runner;
@@ -124,7 +124,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
     let metrics_handle = crate::install_metrics(BRIDGE_BINARY)?;
-    let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
+    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {
             format!(

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{RouteError, Router};
 use outbox_idempotency::RedisIdempotencyStore;
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription};
 use outbox_subscriber_audit::{AuditHandler, NotificationHandler};

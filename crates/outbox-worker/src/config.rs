@@ -462,7 +462,7 @@ impl WorkerConfig {
         }
         // sslmode, sslrootcert and the rest: a mistake stops the worker here,
         // not at its first connection.
-        if let Err(e) = outbox_model::PgConnectOptions::from_url(&database_url) {
+        if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&database_url) {
             return Err(ConfigError {
                 variable: "DATABASE_URL",
                 value: redact_url(&database_url),
@@ -771,7 +771,7 @@ impl BridgeConfig {
         }
         // sslmode, sslrootcert and the rest: a mistake stops the worker here,
         // not at its first connection.
-        if let Err(e) = outbox_model::PgConnectOptions::from_url(&database_url) {
+        if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&database_url) {
             return Err(ConfigError {
                 variable: "DATABASE_URL",
                 value: redact_url(&database_url),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use outbox_dispatch::stats::pending_figures;
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use outbox_queue::{QueueNamespace, queue_stats};
 use outbox_workflow::store::{ExecutionStatus, stuck_executions};
 use redis::aio::ConnectionManager;

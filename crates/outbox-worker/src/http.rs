@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_model::PgPool;
+use outbox_postgres::PgPool;
 use redis::aio::ConnectionManager;
 
 /// What the endpoints need.

@@ -322,7 +322,7 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
 /// `config.router`).
 pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> Result<()> {
     let metrics = install_metrics(builder.binary())?;
-    let pool = outbox_model::connect_pool(&config.database_url, config.pool_size)
+    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
         .await
         .with_context(|| {
             format!(

@@ -328,7 +328,7 @@ pub const WORKER_SHUTDOWN_GRACE_MS: Whole = Whole {
 /// `DATABASE_POOL_SIZE`.
 pub const DATABASE_POOL_SIZE: Whole = Whole {
     name: "DATABASE_POOL_SIZE",
-    default: outbox_model::DEFAULT_POOL_SIZE as u64,
+    default: outbox_postgres::DEFAULT_POOL_SIZE as u64,
     min: 1,
     max: 1000,
     meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate); keep it at least WORKER_CONCURRENCY",

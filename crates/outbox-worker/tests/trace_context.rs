@@ -481,7 +481,9 @@ fn workflow_group(stack: &Stack, _store: RedisIdempotencyStore) -> HandlerGroup 
     let bridge_url = format!("http://{}", listener.local_addr().unwrap());
     let database_url = stack.db.url().to_owned();
     tokio::spawn(async move {
-        let pool = outbox_model::connect_pool(&database_url, 2).await.unwrap();
+        let pool = outbox_postgres::connect_pool(&database_url, 2)
+            .await
+            .unwrap();
         let runner = Runner::with_address_policy(AddressPolicy::allow_internal(true))
             .unwrap()
             .with_bridge_blocks();

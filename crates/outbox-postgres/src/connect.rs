@@ -153,7 +153,7 @@ enum Roots {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let options = outbox_model::PgConnectOptions::from_url(
+/// let options = outbox_postgres::PgConnectOptions::from_url(
 ///     "postgres://app@db.example.com/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
 /// )?;
 /// let conn = options.connect().await?;

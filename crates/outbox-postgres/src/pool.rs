@@ -1,4 +1,4 @@
-//! The Postgres connection pool type shared by the workspace.
+//! The bb8 pool of Postgres connections the processes share.
 
 use std::sync::Arc;
 
