@@ -8,7 +8,8 @@
 //!
 //! The workers run with a 1 s run lease and a 300 ms sweep, so a run whose
 //! holder died is free again about a second after its last write (a call
-//! holds it for its own limit plus the lease).
+//! holds it for its own limit plus the lease), and a 3 s dispatch lease, so
+//! rows a killed dispatcher had claimed are claimed again soon.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -33,10 +34,14 @@ use workflow_support::{
     wait_status,
 };
 
-/// The workers' run lease and sweep in these tests.
-const FAST_RECOVERY: [(&str, &str); 2] = [
+/// The workers' run lease and sweep in these tests, and the dispatcher's
+/// lease: a worker killed in a dispatch tick leaves the rows it claimed
+/// `PROCESSING` until that lease runs out (5 minutes by default), and the
+/// runs' mail events are among them.
+const FAST_RECOVERY: [(&str, &str); 3] = [
     ("WORKFLOW_RUN_LEASE_MS", "1000"),
     ("WORKFLOW_SWEEP_INTERVAL_MS", "300"),
+    ("OUTBOX_LOCK_TIMEOUT_MS", "3000"),
 ];
 
 async fn general(stack: &Stack) -> Worker {
