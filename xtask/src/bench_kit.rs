@@ -1,5 +1,5 @@
 //! What every bench stage shares: the run's sizes and scratch state
-//! ([`Run`], [`Scratch`]), the JSON lines it prints ([`line`], [`rate`],
+//! ([`Run`], [`Scratch`]), the JSON lines it prints ([`line()`], [`rate`],
 //! [`printed`]) and its progress on stderr ([`stage`]), preloading a
 //! backlog and clearing the stage's Redis keys. The stages
 //! (`bench_*.rs`) and the command (`bench.rs`) use it; it uses neither.
