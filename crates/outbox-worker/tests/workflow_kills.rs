@@ -320,6 +320,18 @@ async fn approval_run(stack: &Stack, timeout_ms: u64) -> (Worker, Worker, Uuid) 
     (general, mail, id)
 }
 
+/// An approval run answered `approved: true`, its branch's receiver holding
+/// the call for `hold`: (worker-general, worker-mail, the run).
+async fn answered_run(stack: &Stack, hold: Duration) -> (Worker, Worker, Uuid) {
+    stack.http.respond_after("/answered", hold);
+    let (general, mail, id) = approval_run(stack, 60_000).await;
+    wait_status(stack, id, ExecutionStatus::Waiting).await;
+    continue_run(stack, id, json!({ "approved": true }))
+        .await
+        .unwrap();
+    (general, mail, id)
+}
+
 /// One branch of the approval workflow: the path its call goes to, its
 /// block, the mail after it, and the other branch's path.
 struct Branch {
@@ -415,28 +427,14 @@ async fn kill_in_the_branch_call(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_during_the_call_of_an_answered_branch_the_run_finishes() {
     let stack = stack().await;
-    stack
-        .http
-        .respond_after("/answered", Duration::from_secs(30));
-    let (general, _mail, id) = approval_run(&stack, 60_000).await;
-    wait_status(&stack, id, ExecutionStatus::Waiting).await;
-    continue_run(&stack, id, json!({ "approved": true }))
-        .await
-        .unwrap();
+    let (general, _mail, id) = answered_run(&stack, Duration::from_secs(30)).await;
     kill_during_the_branch_call(&stack, general, id, &ANSWERED).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_after_the_call_of_an_answered_branch_was_answered_the_run_finishes() {
     let stack = stack().await;
-    stack
-        .http
-        .respond_after("/answered", Duration::from_millis(1500));
-    let (general, _mail, id) = approval_run(&stack, 60_000).await;
-    wait_status(&stack, id, ExecutionStatus::Waiting).await;
-    continue_run(&stack, id, json!({ "approved": true }))
-        .await
-        .unwrap();
+    let (general, _mail, id) = answered_run(&stack, Duration::from_millis(1500)).await;
     kill_in_the_branch_call(&stack, general, id, &ANSWERED, Moment::Answered).await;
 }
 
@@ -451,14 +449,7 @@ async fn killed_during_the_call_of_a_timeout_branch_the_run_finishes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_live_job_on_a_run_whose_call_is_in_flight_calls_nothing() {
     let stack = stack().await;
-    stack
-        .http
-        .respond_after("/answered", Duration::from_secs(4));
-    let (general, _mail, id) = approval_run(&stack, 60_000).await;
-    wait_status(&stack, id, ExecutionStatus::Waiting).await;
-    continue_run(&stack, id, json!({ "approved": true }))
-        .await
-        .unwrap();
+    let (general, _mail, id) = answered_run(&stack, Duration::from_secs(4)).await;
     stack.http.wait_for_requests("/answered", 1, WAIT).await;
 
     // The run's request job again, as a redelivery after an earlier kill:

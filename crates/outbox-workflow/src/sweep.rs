@@ -44,6 +44,27 @@ pub const SWEEP_BATCH: i64 = 500;
 /// lease expired (its last change, for a run never leased). A holder whose
 /// lease lapsed while it was still alive, renewed it and died later leaves
 /// another expiry, so its run gets another resume.
+///
+/// ```
+/// use chrono::{TimeZone, Utc};
+/// use outbox_workflow::sweep::{OrphanedRun, resume_key};
+/// use uuid::Uuid;
+///
+/// let expired = Utc.timestamp_opt(1_765_000_000, 0).unwrap();
+/// let run = OrphanedRun {
+///     id: Uuid::nil(),
+///     tenant_id: "acme".into(),
+///     workflow_id: Uuid::nil(),
+///     lease_owner: Some(Uuid::max()),
+///     lease_until: Some(expired),
+///     updated_at: expired,
+/// };
+/// assert_eq!(
+///     resume_key(&run),
+///     "wf-resume:00000000-0000-0000-0000-000000000000:\
+///      ffffffff-ffff-ffff-ffff-ffffffffffff:1765000000000000"
+/// );
+/// ```
 #[must_use]
 pub fn resume_key(run: &OrphanedRun) -> String {
     let owner = run

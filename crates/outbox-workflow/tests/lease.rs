@@ -77,6 +77,54 @@ async fn call_rows(conn: &mut AsyncPgConnection, id: Uuid) -> Vec<(i32, String)>
         .unwrap()
 }
 
+/// Waits until the lease of execution `id` has expired (its dead holder's
+/// call limit and lease have passed), by the database's clock.
+async fn lease_expired(conn: &mut AsyncPgConnection, id: Uuid) {
+    let sql = format!(
+        "SELECT count(*) AS n FROM workflow_execution
+         WHERE id = '{id}' AND lease_until < clock_timestamp()"
+    );
+    outbox_test_support::eventually(
+        "the run's lease to expire",
+        Duration::from_secs(10),
+        async || {
+            diesel::sql_query(&sql)
+                .get_result::<Count>(conn)
+                .await
+                .unwrap()
+                .n
+                == 1
+        },
+    )
+    .await;
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+/// Runs a workflow whose call the receiver holds 600 ms and, once the call
+/// is in flight, does `meanwhile` on `conn`: what the run returned, and the
+/// execution.
+async fn while_the_call_is_in_flight(
+    db: &TestDatabase,
+    conn: &mut AsyncPgConnection,
+    meanwhile: impl AsyncFnOnce(&mut AsyncPgConnection, Uuid),
+) -> (RunOutcome, Uuid) {
+    let sink = HttpSink::start().await;
+    sink.respond_after("/slow", Duration::from_millis(600));
+    let id = queued(conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
+    let (mut holder, runner) = (db.conn().await, runner(Duration::from_secs(30)));
+    let (outcome, ()) = tokio::join!(runner.run(&mut holder, id), async {
+        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
+            .await;
+        meanwhile(conn, id).await;
+    });
+    (outcome.unwrap(), id)
+}
+
 async fn set_lease(conn: &mut AsyncPgConnection, id: Uuid, owner: Uuid, until: &str) {
     conn.batch_execute(&format!(
         "UPDATE workflow_execution SET status = 'running', started_at = now(),
@@ -150,7 +198,7 @@ async fn a_claimed_call_whose_holder_died_is_made_again_once_with_the_same_idemp
     assert_eq!(sink.requests_to("/slow").len(), 1);
 
     sink.respond_after("/slow", Duration::ZERO);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    lease_expired(&mut conn, id).await;
     let outcome = runner.run(&mut conn, id).await.unwrap();
     assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
     let calls = sink.requests_to("/slow");
@@ -195,7 +243,7 @@ async fn an_answer_redelivered_after_its_holder_died_resumes_the_run() {
     );
 
     sink.respond_after("/slow", Duration::ZERO);
-    tokio::time::sleep(Duration::from_millis(2300)).await;
+    lease_expired(&mut conn, id).await;
     // The same answer job, redelivered.
     let outcome = runner
         .resume(&mut conn, id, "ask", ContinueKind::Input, &answer)
@@ -215,19 +263,12 @@ async fn an_answer_redelivered_after_its_holder_died_resumes_the_run() {
 async fn a_holder_whose_lease_was_taken_over_records_nothing_of_its_call() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    let sink = HttpSink::start().await;
-    sink.respond_after("/slow", Duration::from_millis(600));
-    let id = queued(&mut conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
-    let runner = runner(Duration::from_secs(30));
-
-    let mut holder = db.conn().await;
-    let (outcome, ()) = tokio::join!(runner.run(&mut holder, id), async {
-        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
-            .await;
+    let (outcome, id) = while_the_call_is_in_flight(&db, &mut conn, async |conn, id| {
         // Another job took the run over (as after an expiry).
-        set_lease(&mut conn, id, Uuid::new_v4(), "now() + interval '1 hour'").await;
-    });
-    assert_eq!(outcome.unwrap(), RunOutcome::Taken);
+        set_lease(conn, id, Uuid::new_v4(), "now() + interval '1 hour'").await;
+    })
+    .await;
+    assert_eq!(outcome, RunOutcome::Taken);
     assert_eq!(call_rows(&mut conn, id).await, vec![(1, "running".into())]);
     let run = execution(&mut conn, id).await;
     assert_eq!(run.status, ExecutionStatus::Running);
@@ -256,7 +297,7 @@ async fn resumes(conn: &mut AsyncPgConnection) -> Vec<(String, String)> {
 }
 
 #[tokio::test]
-async fn the_sweep_requests_one_resume_per_dead_holder_and_none_for_a_live_one() {
+async fn the_sweep_requests_one_resume_per_expired_lease_and_none_for_a_live_one() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
     let sink = HttpSink::start().await;
@@ -460,23 +501,13 @@ async fn an_error_no_retry_changes_ends_the_run_instead_of_leaving_it_to_the_swe
 async fn a_cancel_records_a_claimed_call_as_an_error_and_its_holder_records_nothing() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    let sink = HttpSink::start().await;
-    sink.respond_after("/slow", Duration::from_millis(600));
-    let id = queued(&mut conn, call_workflow(&sink.url_for("/slow")), json!({})).await;
-    let runner = runner(Duration::from_secs(30));
-
-    let mut holder = db.conn().await;
-    let (outcome, ()) = tokio::join!(runner.run(&mut holder, id), async {
-        sink.wait_for_requests("/slow", 1, Duration::from_secs(10))
-            .await;
-        outbox_workflow::store::cancel_execution(&mut conn, "t1", id, "ops")
+    let (outcome, id) = while_the_call_is_in_flight(&db, &mut conn, async |conn, id| {
+        outbox_workflow::store::cancel_execution(conn, "t1", id, "ops")
             .await
             .unwrap();
-    });
-    assert_eq!(
-        outcome.unwrap(),
-        RunOutcome::Unchanged(ExecutionStatus::Cancelled)
-    );
+    })
+    .await;
+    assert_eq!(outcome, RunOutcome::Unchanged(ExecutionStatus::Cancelled));
     assert_eq!(call_rows(&mut conn, id).await, vec![(1, "error".into())]);
     let blocks: Vec<String> = block_rows(&mut conn, id)
         .await

@@ -31,6 +31,18 @@ pub enum AfterFailedPush {
 
 /// The decision for a row that had `retries` retries before this failed
 /// hand-off, under `config`'s `max_retries` and back-off.
+///
+/// ```
+/// use std::time::Duration;
+/// use outbox_dispatch::{AfterFailedPush, DispatcherConfig, after_failed_push};
+///
+/// let config = DispatcherConfig { max_retries: 2, ..DispatcherConfig::default() };
+/// assert_eq!(
+///     after_failed_push(0, &config),
+///     AfterFailedPush::Retry { attempt: 1, delay: Duration::from_secs(60) }
+/// );
+/// assert_eq!(after_failed_push(2, &config), AfterFailedPush::DeadLetter { attempt: 3 });
+/// ```
 #[must_use]
 pub fn after_failed_push(retries: i32, config: &DispatcherConfig) -> AfterFailedPush {
     let attempt = u32::try_from(retries).unwrap_or(0) + 1;
