@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig};
 use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
 };
@@ -365,7 +365,7 @@ async fn pipeline(run: &Run) -> Result<()> {
             url.clone(),
             redis,
             namespace.clone(),
-            Router::standard(),
+            outbox_catalog::standard_router()?,
             config,
         )?))
     };

@@ -40,7 +40,6 @@ use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Double};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures::{StreamExt, TryStreamExt};
-use outbox_dispatch::Router;
 use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
@@ -272,7 +271,7 @@ async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -
     let events: Vec<OutboxEvent> = diesel::sql_query("SELECT * FROM outbox_event")
         .load(conn)
         .await?;
-    let router = Router::standard();
+    let router = outbox_catalog::standard_router()?;
     let mut by_queue: BTreeMap<&str, Vec<OutboxJob>> = BTreeMap::new();
     for event in &events {
         let queue = router

@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{HttpSink, SmtpSink};
 use outbox_worker::{Group, WorkerConfig, handler_group};
@@ -301,10 +300,11 @@ impl Stage<'_> {
             published: published.clone(),
         };
         let mut publishing = tokio::spawn(async move { mix.run().await });
+        let routed = outbox_catalog::Catalog::built_in().routed_queues();
         let watched: Vec<String> = setup
             .subscribed
             .iter()
-            .filter(|q| OUTBOX_QUEUES.contains(&q.as_str()))
+            .filter(|q| routed.contains(&q.as_str()))
             .cloned()
             .collect();
         let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;

@@ -11,7 +11,6 @@ use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
-use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, apalis_config, job_states, queue_stats, task_id};
 use outbox_test_support::{HttpSink, SmtpSink};
 use redis::aio::ConnectionManager;
@@ -237,7 +236,8 @@ impl<'a> Watch<'a> {
                 seen.jobs.insert(*id, state.kind);
             }
         }
-        for queue in OUTBOX_QUEUES {
+        let catalog = outbox_catalog::Catalog::built_in();
+        for queue in catalog.routed_queues() {
             let hash = apalis_config(&self.namespace, queue).job_data_hash();
             let ids: Vec<String> = redis::cmd("HKEYS")
                 .arg(&hash)
@@ -251,10 +251,7 @@ impl<'a> Watch<'a> {
                 seen.queue_jobs.insert(queue.to_owned(), first);
             }
         }
-        for queue in OUTBOX_QUEUES
-            .into_iter()
-            .chain(outbox_catalog::Catalog::built_in().downstream_queues())
-        {
+        for queue in catalog.queues() {
             let stats = queue_stats(&mut self.redis, &self.namespace, queue, STALL_AFTER).await?;
             seen.dead.insert(queue.to_owned(), stats.dead);
         }

@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::Result;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_queue::queues::OUTBOX_QUEUES;
 use outbox_queue::{QueueNamespace, queue_stats};
 use redis::aio::ConnectionManager;
 
@@ -99,10 +98,7 @@ pub async fn queues(redis: &mut ConnectionManager, namespace: &QueueNamespace) -
         "done",
         "dead"
     );
-    for queue in OUTBOX_QUEUES
-        .into_iter()
-        .chain(outbox_catalog::Catalog::built_in().downstream_queues())
-    {
+    for queue in outbox_catalog::Catalog::built_in().queues() {
         let s = queue_stats(redis, namespace, queue, Duration::from_secs(60)).await?;
         if s.backlog + s.done + s.dead > 0 {
             say!("  {queue:<32} {:>7} {:>7} {:>5}", s.backlog, s.done, s.dead);

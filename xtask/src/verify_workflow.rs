@@ -39,8 +39,8 @@ pub struct Part {
 pub const PARTS: &[Part] = &[
     Part {
         name: "outbox.workflow routing",
-        filter: "(binary_id(=outbox-dispatch) \
-                   & test(=router::tests::standard_table_routes_as_the_contract_says)) \
+        filter: "(binary_id(=outbox-catalog) \
+                   & test(=tests::standard_table_routes_as_the_contract_says)) \
                  | (binary_id(=outbox-dispatch::router_props) \
                    & test(=standard_table_routes_by_the_contract)) \
                  | (binary_id(=outbox-workflow::producers) \

@@ -1,25 +1,94 @@
 //! The built-in subscribers, listed once: [`BUILT_IN`] holds the
-//! [`SubscriberDescription`] each subscriber crate exports, and [`Catalog`]
-//! answers the questions the worker and the operator CLI ask of them (which
-//! queues are fed by subscribers rather than routed, which queue derives a
+//! [`SubscriberDescription`] each subscriber crate exports (plus
+//! [`FOR_APPLICATIONS`], the contract's queues that an application's own
+//! handlers consume), and [`Catalog`] answers the questions the dispatcher,
+//! the worker and the operator CLI ask of them: the routing table
+//! ([`Catalog::router`], made of the descriptions' routes), which queues
+//! are routed and which are fed by subscribers, which queue derives a
 //! downstream job, what a queue's handler reads, and what it leaves behind
-//! for reconciliation after a Redis loss to read: [`Catalog::receivers`]).
+//! for reconciliation after a Redis loss to read ([`Catalog::receivers`]).
+//! Workers record the descriptions they run in Postgres
+//! ([`registration`]), so that the operator CLI also knows an
+//! application's own subscribers.
 //!
 //! A new built-in subscriber is its crate plus one line in [`BUILT_IN`]. An
 //! application's own subscriber adds its description to the worker it
 //! builds (`outbox_worker::WorkerBuilder::subscriber`). This crate holds no
 //! handler and runs nothing: constructing handlers is the worker's job.
 
-use outbox_dispatch::{Receiver, Receivers};
+pub mod registration;
+
+use outbox_dispatch::{Receiver, Receivers, RouteError, Router};
+use outbox_queue::queues;
 use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
 
-/// Every built-in subscriber crate's description.
+/// Every built-in subscriber crate's description, and the contract's queues
+/// left to applications ([`FOR_APPLICATIONS`]).
 pub const BUILT_IN: &[SubscriberDescription] = &[
     outbox_subscriber_audit::DESCRIPTION,
     outbox_subscriber_workflow::DESCRIPTION,
     outbox_subscriber_webhook::DESCRIPTION,
     outbox_subscriber_mail::DESCRIPTION,
+    FOR_APPLICATIONS,
 ];
+
+/// What an application's handler of these queues reads.
+const APPLICATION_PAYLOAD: &str = "whatever the application's own handler reads";
+
+/// The queues the contract routes events to that no built-in handler
+/// consumes: an application runs its own handler on them
+/// (`outbox_worker::WorkerBuilder::handler`); until it does, their jobs
+/// wait in Redis.
+pub const FOR_APPLICATIONS: SubscriberDescription = SubscriberDescription {
+    name: "application handlers",
+    consumes: &[
+        ConsumedQueue {
+            queue: queues::SEARCH_INDEX,
+            routes: &["search.index."],
+            payload: APPLICATION_PAYLOAD,
+        },
+        ConsumedQueue {
+            queue: queues::RAG_INDEX,
+            routes: &["rag.index."],
+            payload: APPLICATION_PAYLOAD,
+        },
+        ConsumedQueue {
+            queue: queues::AI_COST,
+            routes: &["ai.cost."],
+            payload: APPLICATION_PAYLOAD,
+        },
+        ConsumedQueue {
+            queue: queues::FORM_SUBMISSION_ROUTE,
+            routes: &["form.submission."],
+            payload: APPLICATION_PAYLOAD,
+        },
+        ConsumedQueue {
+            queue: queues::PLUGIN_CAPABILITY_USE,
+            routes: &["plugin.capability-use."],
+            payload: APPLICATION_PAYLOAD,
+        },
+    ],
+    feeds: &[],
+    dedup: &[],
+};
+
+/// The standard routing table: the routes of every description of
+/// [`BUILT_IN`] (longest prefix wins).
+///
+/// ```
+/// let router = outbox_catalog::standard_router().unwrap();
+/// assert_eq!(router.route("mail.user.welcome"), Some("outbox.mail"));
+/// assert_eq!(router.route("billing.invoice.paid"), Some("outbox.notification"));
+/// assert_eq!(router.route("legacy.report.generated"), None);
+/// ```
+///
+/// # Errors
+///
+/// Never for the built-in descriptions (a test checks them); the type is
+/// [`Catalog::router`]'s.
+pub fn standard_router() -> Result<Router, RouteError> {
+    Catalog::built_in().router()
+}
 
 /// A set of subscriber descriptions: the built-in ones ([`Catalog::built_in`])
 /// and any an application adds ([`Catalog::with`]).
@@ -48,6 +117,58 @@ impl Catalog {
     pub fn with(mut self, description: SubscriberDescription) -> Self {
         self.descriptions.push(description);
         self
+    }
+
+    /// The routing table made of every description's routes, built-in ones
+    /// first.
+    ///
+    /// # Errors
+    ///
+    /// The first refused rule: a malformed prefix or queue, or a prefix two
+    /// descriptions claim ([`RouteError`]).
+    pub fn router(&self) -> Result<Router, RouteError> {
+        self.descriptions
+            .iter()
+            .flat_map(SubscriberDescription::routes)
+            .try_fold(Router::empty(), |router, (prefix, queue)| {
+                router.with_rule(prefix, queue)
+            })
+    }
+
+    /// Every queue a description routes events to, sorted.
+    ///
+    /// ```
+    /// let routed = outbox_catalog::Catalog::built_in().routed_queues();
+    /// assert_eq!(routed.len(), 12);
+    /// assert!(routed.contains(&"outbox.mail") && !routed.contains(&"toolctrl.email"));
+    /// ```
+    #[must_use]
+    pub fn routed_queues(&self) -> Vec<&'static str> {
+        let mut queues: Vec<&'static str> = self
+            .descriptions
+            .iter()
+            .flat_map(|d| d.consumes)
+            .filter(|c| !c.routes.is_empty())
+            .map(|c| c.queue)
+            .collect();
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
+    /// Every queue of the catalog: the routed ones ([`Catalog::routed_queues`])
+    /// then the downstream ones ([`Catalog::downstream_queues`]).
+    ///
+    /// ```
+    /// let all = outbox_catalog::Catalog::built_in().queues();
+    /// assert_eq!(all.len(), 14);
+    /// assert_eq!(all.last(), Some(&"toolctrl.plugin-invoke"));
+    /// ```
+    #[must_use]
+    pub fn queues(&self) -> Vec<&'static str> {
+        let mut queues = self.routed_queues();
+        queues.extend(self.downstream_queues());
+        queues
     }
 
     /// The descriptions, built-in ones first.
@@ -161,6 +282,43 @@ mod tests {
     use super::*;
     use outbox_queue::queues;
 
+    /// The routing table the descriptions make is the contract's.
+    #[test]
+    fn standard_table_routes_as_the_contract_says() {
+        let router = standard_router().unwrap();
+        let cases = [
+            ("tenant.subscription.renewed", Some("outbox.notification")),
+            ("tenant.member.invited", None),
+            ("mail.user.welcome", Some("outbox.mail")),
+            ("webhook.order.created", Some("outbox.webhook")),
+            ("notification.user.mentioned", Some("outbox.notification")),
+            ("audit.user.login", Some("outbox.audit")),
+            ("workflow.trigger.event", Some("outbox.workflow")),
+            ("search.index.product.updated", Some("outbox.search-index")),
+            ("search.query.logged", None),
+            ("rag.index.doc.updated", Some("outbox.rag-index")),
+            ("ai.cost.tokens.used", Some("outbox.ai-cost")),
+            ("marketing.lead.created", Some("outbox.marketing")),
+            (
+                "form.submission.received",
+                Some("outbox.form-submission-route"),
+            ),
+            ("billing.subscription.updated", Some("outbox.notification")),
+            ("plugin.hook.workflow.executed", Some("outbox.plugin-hook")),
+            (
+                "plugin.capability-use.ai.call",
+                Some("outbox.plugin-capability-use"),
+            ),
+            ("plugin.installed.now", None),
+            ("mailbox.user.created", None),
+        ];
+        for (event_type, queue) in cases {
+            assert_eq!(router.route(event_type), queue, "{event_type}");
+        }
+        assert_eq!(router.rules().len(), 14);
+        assert_eq!(router.queues(), Catalog::built_in().routed_queues());
+    }
+
     #[test]
     fn each_queue_has_one_owner_and_every_downstream_queue_is_derived_from_a_consumed_one() {
         let catalog = Catalog::built_in();
@@ -180,7 +338,10 @@ mod tests {
             }
         }
         for queue in catalog.downstream_queues() {
-            assert!(!queues::OUTBOX_QUEUES.contains(&queue), "{queue} is routed");
+            assert!(
+                !catalog.routed_queues().contains(&queue),
+                "{queue} is routed"
+            );
         }
     }
 
@@ -190,7 +351,7 @@ mod tests {
     #[test]
     fn the_receivers_come_from_the_descriptions() {
         let receivers = Catalog::built_in().receivers();
-        for queue in queues::OUTBOX_QUEUES {
+        for queue in Catalog::built_in().routed_queues() {
             let expected = match queue {
                 queues::MAIL | queues::MARKETING => "email",
                 queues::PLUGIN_HOOK => "plugin hook",
@@ -219,10 +380,12 @@ mod tests {
             consumes: &[
                 ConsumedQueue {
                     queue: "app.search-index",
+                    routes: &["search.page."],
                     payload: "`id`",
                 },
                 ConsumedQueue {
                     queue: "app.search-bulk",
+                    routes: &["search.bulk."],
                     payload: "`ids`",
                 },
             ],

@@ -13,22 +13,14 @@ pub struct DeadArgs {
     pub limit: usize,
 }
 
-/// Every queue `router` can target, and the downstream queues the
-/// subscribers describe ([`outbox_catalog::Catalog`]).
-fn known_queues(router: &outbox_dispatch::Router) -> Vec<&str> {
-    let mut names = router.queues();
-    names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
-    names
-}
-
 /// Refuses a queue name no worker or dispatcher uses (a typo would
-/// otherwise look like an empty dead set).
+/// otherwise look like an empty dead set); `known` is every queue the CLI
+/// knows: routed, downstream, and registered by workers.
 ///
 /// # Errors
 ///
 /// The unknown name, with the list of queues.
-pub fn check_queue(queue: &str, router: &outbox_dispatch::Router) -> anyhow::Result<()> {
-    let known = known_queues(router);
+pub fn check_queue(queue: &str, known: &[&str]) -> anyhow::Result<()> {
     if !known.contains(&queue) {
         anyhow::bail!(
             "unknown queue {queue:?}; the queues are: {}",

@@ -8,8 +8,9 @@ use outbox_cli::health;
 use outbox_queue::{QueueNamespace, redact_url};
 use serde_json::json;
 
+use crate::known::Known;
 use crate::{
-    Cli, ExitStatus, Outcome, connect, filters, print_json, redis, redis_status, router, workflow,
+    Cli, ExitStatus, Outcome, connect, filters, print_json, redis, redis_status, workflow,
 };
 
 #[derive(Args)]
@@ -31,9 +32,10 @@ pub(crate) struct HealthArgs {
 pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let router = router(cli)?;
-    let mut names: Vec<&str> = router.queues();
-    names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
+    // Redis is read first, as without a database: an unreachable Redis is
+    // named before a missing DATABASE_URL.
+    let known = Known::read_if_possible(cli).await?;
+    let names = known.queues();
     let thresholds = health::Thresholds {
         max_backlog: args.max_backlog,
         max_dead: args.max_dead,

@@ -44,6 +44,7 @@ mod dead;
 mod exit;
 mod filters;
 mod health_cmd;
+mod known;
 mod list;
 mod migrate;
 mod probe;
@@ -208,12 +209,13 @@ fn queue_prefix(prefix: &str) -> Result<String, String> {
 
 /// The standard routing table plus the rules of `--routes-file`, when given.
 fn router(cli: &Cli) -> Result<Router> {
+    let standard = outbox_catalog::standard_router().context("the built-in routing table")?;
     let Some(path) = &cli.routes_file else {
-        return Ok(Router::standard());
+        return Ok(standard);
     };
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the routes file {}", path.display()))?;
-    Router::standard()
+    standard
         .with_routes_file(&text)
         .with_context(|| format!("invalid routes file {}", path.display()))
 }
@@ -271,7 +273,10 @@ async fn run(cli: Cli) -> Outcome {
 }
 
 async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
-    dead::check_queue(&args.queue, &router(cli)?)?;
+    dead::check_queue(
+        &args.queue,
+        &known::Known::read_if_possible(cli).await?.queues(),
+    )?;
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let jobs = dead::dead_jobs(&mut redis, &namespace, args)

@@ -13,9 +13,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use outbox_dispatch::{MissingJob, QueueCounts, ReconcileOptions, Reconciler, retention_floor};
-use outbox_queue::{QueueNamespace, queues, redact_url};
+use outbox_queue::{QueueNamespace, redact_url};
 use serde_json::json;
 
+use crate::known::Known;
 use crate::{Cli, ExitStatus, Outcome, connect, filters, print_json, redis};
 
 /// Default of `--retention-hours`: the workers' `QUEUE_DONE_RETENTION_HOURS`.
@@ -42,27 +43,25 @@ pub struct ReconcileArgs {
     pub retention_hours: u64,
 }
 
-/// The outbox queues asked for: `--queue` values checked, or all of them.
-fn chosen_queues(asked: &[String]) -> anyhow::Result<Vec<String>> {
+/// The outbox queues asked for: `--queue` values checked against
+/// `known`, or all of its routed queues.
+fn chosen_queues(asked: &[String], known: &Known) -> anyhow::Result<Vec<String>> {
+    let routed = known.routed_queues();
     if asked.is_empty() {
-        return Ok(queues::OUTBOX_QUEUES
-            .iter()
-            .map(|q| (*q).to_owned())
-            .collect());
+        return Ok(routed.iter().map(|q| (*q).to_owned()).collect());
     }
-    let catalog = outbox_catalog::Catalog::built_in();
     for queue in asked {
-        if let Some(downstream) = catalog.downstream(queue) {
+        if let Some(derived_from) = known.derived_from(queue) {
             anyhow::bail!(
                 "--queue {queue}: its jobs are derived by subscribers, not handed off; reconcile \
                  the queue that derives them ({}), which recreates lost derived jobs",
-                downstream.derived_from.join(" or ")
+                derived_from.join(" or ")
             );
         }
-        if !queues::OUTBOX_QUEUES.contains(&queue.as_str()) {
+        if !routed.contains(&queue.as_str()) {
             anyhow::bail!(
                 "--queue {queue:?} is not an outbox queue; the outbox queues are: {}",
-                queues::OUTBOX_QUEUES.join(", ")
+                routed.join(", ")
             );
         }
     }
@@ -74,9 +73,10 @@ fn chosen_queues(asked: &[String]) -> anyhow::Result<Vec<String>> {
 
 /// Runs `outbox reconcile`.
 pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
-    let queues = chosen_queues(&args.queues)?;
-    let retention = Duration::from_secs(3600 * args.retention_hours.max(1));
     let mut conn = connect(cli).await?;
+    let known = Known::read(cli, &mut conn).await?;
+    let queues = chosen_queues(&args.queues, &known)?;
+    let retention = Duration::from_secs(3600 * args.retention_hours.max(1));
     let now = outbox_dispatch::db::db_now(&mut conn).await?;
     let floor = retention_floor(now, retention);
     let since = match args.since {
@@ -100,27 +100,23 @@ pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
     };
     let redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
-    let report = Reconciler::new(
-        redis,
-        namespace,
-        outbox_catalog::Catalog::built_in().receivers(),
-    )
-    .reconcile(
-        &mut conn,
-        &ReconcileOptions {
-            since,
-            queues,
-            dry_run: args.dry_run,
-        },
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "reconciliation against Redis at {} failed (jobs already pushed again stay pushed; \
-                 running it again is safe)",
-            redact_url(cli.redis_url.as_deref().unwrap_or_default())
+    let report = Reconciler::new(redis, namespace, known.receivers())
+        .reconcile(
+            &mut conn,
+            &ReconcileOptions {
+                since,
+                queues,
+                dry_run: args.dry_run,
+            },
         )
-    })?;
+        .await
+        .with_context(|| {
+            format!(
+                "reconciliation against Redis at {} failed (jobs already pushed again stay pushed; \
+                 running it again is safe)",
+                redact_url(cli.redis_url.as_deref().unwrap_or_default())
+            )
+        })?;
     let missing = report.missing_total();
     if cli.json {
         let per_queue: Vec<_> = report
@@ -200,22 +196,26 @@ fn print_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn only_outbox_queues_can_be_reconciled() {
+        let cli = Cli::parse_from(["outbox", "stats"]);
+        let known =
+            Known::with(&cli, outbox_catalog::registration::Registrations::default()).unwrap();
         assert_eq!(
-            chosen_queues(&[]).unwrap().len(),
-            queues::OUTBOX_QUEUES.len()
+            chosen_queues(&[], &known).unwrap(),
+            outbox_catalog::Catalog::built_in().routed_queues()
         );
         assert_eq!(
-            chosen_queues(&["outbox.mail".into(), "outbox.mail".into()]).unwrap(),
+            chosen_queues(&["outbox.mail".into(), "outbox.mail".into()], &known).unwrap(),
             ["outbox.mail"]
         );
-        let derived = chosen_queues(&["toolctrl.email".into()])
+        let derived = chosen_queues(&["toolctrl.email".into()], &known)
             .unwrap_err()
             .to_string();
         assert!(derived.contains("outbox.mail"), "{derived}");
-        let unknown = chosen_queues(&["outbox.nope".into()])
+        let unknown = chosen_queues(&["outbox.nope".into()], &known)
             .unwrap_err()
             .to_string();
         assert!(unknown.contains("not an outbox queue"), "{unknown}");

@@ -57,7 +57,10 @@ fn guard(selected: usize, args: &RetryDeadArgs) -> Result<(), Failure> {
 
 /// Runs `outbox retry-dead`.
 pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
-    dead::check_queue(&args.queue, &crate::router(cli)?)?;
+    dead::check_queue(
+        &args.queue,
+        &crate::known::Known::read_if_possible(cli).await?.queues(),
+    )?;
     let mut redis = redis(cli)?;
     let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
     let dead_ids = outbox_queue::dead_task_ids(&mut redis, &namespace, &args.queue)

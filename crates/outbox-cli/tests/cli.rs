@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig};
 use outbox_model::schema::{outbox_event, outbox_event_requeue};
 use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_queue::{RedisSettings, push_raw, queues};
@@ -73,7 +73,7 @@ impl Env {
             self.db.url(),
             redis,
             self.namespace.clone(),
-            Router::standard(),
+            outbox_catalog::standard_router().unwrap(),
             config,
         )
         .unwrap()

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use common::Env;
 use diesel_async::AsyncConnection;
-use outbox_dispatch::{Dispatcher, DispatcherConfig, RedisGuardSettings, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, RedisGuardSettings};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use outbox_queue::{RedisSettings, apalis_config, queues, task_id};
 use serde_json::{Value, json};
@@ -27,7 +27,7 @@ fn dispatcher(env: &Env) -> Dispatcher {
         env.db.url(),
         redis,
         env.namespace.clone(),
-        Router::standard(),
+        outbox_catalog::standard_router().unwrap(),
         DispatcherConfig {
             listen: false,
             ..DispatcherConfig::default()

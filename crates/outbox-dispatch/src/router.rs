@@ -1,13 +1,14 @@
 //! The routing table: event type → queue, longest matching prefix wins.
+//! Which rules it holds, the subscribers say: the standard table is made of
+//! the built-in subscribers' descriptions (`outbox_catalog::standard_router`).
 
 use std::collections::BTreeMap;
 
-use outbox_queue::queues;
-
 /// Maps event types to queues by prefix; the longest matching prefix wins.
 ///
-/// [`Router::standard`] is the contract's table. An application extends it
-/// with [`Router::with_rule`]; a rule whose prefix is already taken, or whose
+/// The contract's table is made of the subscribers' descriptions
+/// (`outbox_catalog::standard_router`). Rules are added with
+/// [`Router::with_rule`]; a rule whose prefix is already taken, or whose
 /// prefix or queue is malformed, is rejected there, at construction, never at
 /// dispatch time.
 ///
@@ -16,11 +17,14 @@ use outbox_queue::queues;
 /// ```
 /// use outbox_dispatch::Router;
 ///
-/// let router = Router::standard().with_rule("invoice.", "outbox.billing-docs").unwrap();
-/// assert_eq!(router.route("tenant.subscription.renewed"), Some("outbox.notification"));
-/// assert_eq!(router.route("invoice.pdf.rendered"), Some("outbox.billing-docs"));
+/// let router = Router::empty()
+///     .with_rule("billing.", "outbox.notification")?
+///     .with_rule("billing.invoice.", "outbox.billing-docs")?;
+/// assert_eq!(router.route("billing.subscription.renewed"), Some("outbox.notification"));
+/// assert_eq!(router.route("billing.invoice.paid"), Some("outbox.billing-docs"));
 /// assert_eq!(router.route("legacy.report.generated"), None);
-/// assert!(Router::standard().with_rule("mail.", "outbox.other").is_err());
+/// assert!(router.with_rule("billing.", "outbox.other").is_err());
+/// # Ok::<(), outbox_dispatch::RouteError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Router {
@@ -56,24 +60,6 @@ pub enum RouteError {
     },
 }
 
-/// The contract's routing table.
-const STANDARD_RULES: [(&str, &str); 14] = [
-    ("tenant.subscription.", queues::NOTIFICATION),
-    ("mail.", queues::MAIL),
-    ("webhook.", queues::WEBHOOK),
-    ("notification.", queues::NOTIFICATION),
-    ("audit.", queues::AUDIT),
-    ("workflow.", queues::WORKFLOW),
-    ("search.index.", queues::SEARCH_INDEX),
-    ("rag.index.", queues::RAG_INDEX),
-    ("ai.cost.", queues::AI_COST),
-    ("marketing.lead.", queues::MARKETING),
-    ("form.submission.", queues::FORM_SUBMISSION_ROUTE),
-    ("billing.", queues::NOTIFICATION),
-    ("plugin.hook.", queues::PLUGIN_HOOK),
-    ("plugin.capability-use.", queues::PLUGIN_CAPABILITY_USE),
-];
-
 fn is_segment(segment: &str) -> bool {
     let mut chars = segment.chars();
     matches!(chars.next(), Some('a'..='z'))
@@ -95,16 +81,6 @@ impl Router {
     #[must_use]
     pub fn empty() -> Self {
         Self { rules: Vec::new() }
-    }
-
-    /// The contract's table.
-    #[must_use]
-    pub fn standard() -> Self {
-        let mut router = Self::empty();
-        for (prefix, queue) in STANDARD_RULES {
-            router.insert(prefix, queue);
-        }
-        router
     }
 
     /// Adds a rule.
@@ -173,54 +149,45 @@ impl outbox_publish::EventRoutes for Router {
     }
 }
 
-impl Default for Router {
-    fn default() -> Self {
-        Self::standard()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A table like the contract's: several prefixes to one queue, nested
+    /// prefixes to different queues.
+    fn table() -> Router {
+        [
+            ("billing.", "outbox.notification"),
+            ("tenant.subscription.", "outbox.notification"),
+            ("search.index.", "outbox.search-index"),
+            ("mail.", "outbox.mail"),
+        ]
+        .into_iter()
+        .try_fold(Router::empty(), |router, (prefix, queue)| {
+            router.with_rule(prefix, queue)
+        })
+        .unwrap()
+    }
+
     #[test]
-    fn standard_table_routes_as_the_contract_says() {
-        let router = Router::standard();
-        let cases = [
-            ("tenant.subscription.renewed", Some("outbox.notification")),
-            ("tenant.member.invited", None),
-            ("mail.user.welcome", Some("outbox.mail")),
-            ("webhook.order.created", Some("outbox.webhook")),
-            ("notification.user.mentioned", Some("outbox.notification")),
-            ("audit.user.login", Some("outbox.audit")),
-            ("workflow.trigger.event", Some("outbox.workflow")),
-            ("search.index.product.updated", Some("outbox.search-index")),
-            ("search.query.logged", None),
-            ("rag.index.doc.updated", Some("outbox.rag-index")),
-            ("ai.cost.tokens.used", Some("outbox.ai-cost")),
-            ("marketing.lead.created", Some("outbox.marketing")),
-            (
-                "form.submission.received",
-                Some("outbox.form-submission-route"),
-            ),
-            ("billing.subscription.updated", Some("outbox.notification")),
-            ("plugin.hook.workflow.executed", Some("outbox.plugin-hook")),
-            (
-                "plugin.capability-use.ai.call",
-                Some("outbox.plugin-capability-use"),
-            ),
-            ("plugin.installed.now", None),
-            ("mailbox.user.created", None),
-        ];
-        for (event_type, queue) in cases {
-            assert_eq!(router.route(event_type), queue, "{event_type}");
-        }
-        assert_eq!(router.queues().len(), 12);
+    fn a_table_routes_by_prefix_and_lists_each_queue_once() {
+        let router = table();
+        assert_eq!(
+            router.route("tenant.subscription.renewed"),
+            Some("outbox.notification")
+        );
+        assert_eq!(router.route("tenant.member.invited"), None);
+        assert_eq!(router.route("mailbox.user.created"), None);
+        assert_eq!(
+            router.queues(),
+            ["outbox.mail", "outbox.notification", "outbox.search-index"]
+        );
+        assert_eq!(Router::empty().route("mail.user.welcome"), None);
     }
 
     #[test]
     fn longest_prefix_wins() {
-        let router = Router::standard()
+        let router = table()
             .with_rule("billing.invoice.", "outbox.billing-docs")
             .unwrap();
         assert_eq!(
@@ -235,7 +202,7 @@ mod tests {
 
     #[test]
     fn bad_rules_are_rejected_at_construction() {
-        let base = Router::standard;
+        let base = table;
         assert!(matches!(
             base().with_rule("mail.", "outbox.mail"),
             Err(RouteError::Collision { .. })

@@ -1,4 +1,4 @@
-//! Routing rules from a TOML file, added to the standard table without
+//! Routing rules from a TOML file, added to the routing table without
 //! code ([`Router::with_routes_file`]). The binaries read the file named by
 //! `OUTBOX_ROUTES_FILE` once at start and refuse to start on any error, as
 //! for a rule added in code.
@@ -75,9 +75,17 @@ impl Router {
 mod tests {
     use super::*;
 
+    /// Two rules of the contract's table.
+    fn base() -> Router {
+        Router::empty()
+            .with_rule("mail.", "outbox.mail")
+            .and_then(|router| router.with_rule("search.index.", "outbox.search-index"))
+            .unwrap()
+    }
+
     #[test]
     fn a_routes_file_adds_rules_and_is_validated_like_code() {
-        let router = Router::standard()
+        let router = base()
             .with_routes_file(
                 "[[route]]\nprefix = \"orders.\"\nqueue = \"app.orders\"\n\n[[route]]\nprefix = \"search.index.product.\"\nqueue = \"app.products\"\n",
             )
@@ -88,12 +96,9 @@ mod tests {
             Some("app.products")
         );
         assert_eq!(router.route("mail.user.welcome"), Some("outbox.mail"));
-        assert_eq!(
-            Router::standard().with_routes_file(""),
-            Ok(Router::standard())
-        );
+        assert_eq!(base().with_routes_file(""), Ok(base()));
 
-        let taken = Router::standard()
+        let taken = base()
             .with_routes_file("[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n")
             .unwrap_err();
         assert!(
@@ -106,7 +111,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    Router::standard().with_routes_file(bad),
+                    base().with_routes_file(bad),
                     Err(RoutesFileError::Rule { .. })
                 ),
                 "{bad}"
@@ -119,10 +124,7 @@ mod tests {
             "not toml at all",
         ] {
             assert!(
-                matches!(
-                    Router::standard().with_routes_file(bad),
-                    Err(RoutesFileError::Parse(_))
-                ),
+                matches!(base().with_routes_file(bad), Err(RoutesFileError::Parse(_))),
                 "{bad}"
             );
         }

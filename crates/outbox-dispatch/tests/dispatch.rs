@@ -75,11 +75,11 @@ async fn tick_hands_each_event_to_its_queue_and_marks_it_done() {
 #[tokio::test]
 async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transaction() {
     use diesel_async::AsyncConnection;
-    use outbox_dispatch::Router;
     use outbox_publish::{OutboxTx, PublishError, publish_routed_event};
 
     let h = Harness::new().await;
-    let router = Router::standard()
+    let router = outbox_catalog::standard_router()
+        .unwrap()
         .with_rule("orders.", "app.orders")
         .unwrap();
     let mut conn = h.conn().await;
@@ -88,7 +88,7 @@ async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transac
             let mut tx = OutboxTx::new(conn)?;
             let refused = publish_routed_event(
                 &mut tx,
-                &Router::standard(),
+                &outbox_catalog::standard_router().unwrap(),
                 NewOutboxEvent::new("acme", "orders.order.shipped", json!({ "orderId": 7 })),
             )
             .await
@@ -817,10 +817,12 @@ async fn stats_add_up_the_rows_of_every_event_type_on_a_queue() {
     )
     .await;
 
-    let stats =
-        outbox_dispatch::stats::outbox_stats(&mut conn, &outbox_dispatch::Router::standard())
-            .await
-            .unwrap();
+    let stats = outbox_dispatch::stats::outbox_stats(
+        &mut conn,
+        &outbox_catalog::standard_router().unwrap(),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(stats.by_status["PENDING"], 4, "{stats:?}");
     assert_eq!(stats.by_queue["outbox.mail"]["PENDING"], 2, "{stats:?}");

@@ -20,7 +20,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{
     Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
-    Reconciler, RedisGuardSettings, Router, SafePointPass, Standing, db,
+    Reconciler, RedisGuardSettings, SafePointPass, Standing, db,
 };
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -85,7 +85,7 @@ fn dispatcher_guarded_as(
         db.url(),
         redis,
         namespace.clone(),
-        Router::standard(),
+        outbox_catalog::standard_router().unwrap(),
         DispatcherConfig {
             listen: false,
             ..DispatcherConfig::default()
@@ -769,7 +769,7 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
             db.url(),
             redis.clone(),
             namespace.clone(),
-            Router::standard(),
+            outbox_catalog::standard_router().unwrap(),
             DispatcherConfig {
                 listen: false,
                 interval: Duration::from_millis(100),

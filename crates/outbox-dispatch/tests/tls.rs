@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use diesel::sql_types::{Bool, Integer, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME};
 use outbox_model::OutboxStatus;
 use outbox_postgres::SslMode;
 use outbox_queue::{QueueNamespace, RedisSettings};
@@ -69,7 +69,7 @@ async fn the_dispatcher_hands_off_over_verify_full_on_its_pool_and_its_listener(
             db.url(),
             outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap(),
             namespace.clone(),
-            Router::standard(),
+            outbox_catalog::standard_router().unwrap(),
             DispatcherConfig {
                 // Far longer than the deadlines below: only a notification
                 // through the TLS listener can wake it in time.
@@ -320,7 +320,7 @@ async fn a_queue_works_over_rediss() {
         db.url(),
         outbox_queue::connect(&settings).unwrap(),
         namespace.clone(),
-        Router::standard(),
+        outbox_catalog::standard_router().unwrap(),
         DispatcherConfig {
             interval: Duration::from_millis(100),
             listen: false,

@@ -14,7 +14,7 @@ use common::{Harness, quick_config};
 use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig};
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::RedisSettings;
 use outbox_test_support::{LogCapture, database_server_url, with_database};
@@ -290,7 +290,7 @@ async fn a_role_that_may_not_vacuum_the_table_gets_one_warning_and_every_event_i
             &url,
             redis,
             h.namespace.clone(),
-            Router::standard(),
+            outbox_catalog::standard_router().unwrap(),
             config,
         )
         .unwrap(),

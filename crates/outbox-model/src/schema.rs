@@ -155,6 +155,23 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// What each worker runs, written at its start: its handlers' queues, its own routing rules and its subscribers' descriptions; the operator CLI reads it.
+    outbox_worker_registration (queue_prefix, worker) {
+        queue_prefix -> Text,
+        worker -> Text,
+        worker_group -> Text,
+        version -> Text,
+        /// The queues the worker's handlers consume.
+        handlers -> Array<Text>,
+        /// Its routing rules beyond the standard table: [{"prefix", "queue"}].
+        routes -> Jsonb,
+        /// Its subscribers' descriptions: [{"name", "consumes", "feeds", "dedup"}].
+        subscribers -> Jsonb,
+        registered_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// Plugins subscribed to a hook; each gets a signed invocation per `plugin.hook.<hook>` event.
     plugin_hook_subscription (id) {
         id -> Uuid,
@@ -304,6 +321,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     outbox_event_requeue,
     outbox_redis_epoch,
     outbox_redis_safe_point,
+    outbox_worker_registration,
     plugin_hook_subscription,
     tenant_mail_settings,
     webhook_endpoint,

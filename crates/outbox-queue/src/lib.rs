@@ -50,9 +50,9 @@ pub use worker_store::{
 };
 
 /// Queue names of the contract. An outbox queue receives dispatched events;
-/// a downstream queue receives jobs that subscribers derive from them
-/// (which queues those are, the subscriber crates describe: see
-/// `outbox-catalog`).
+/// a downstream queue receives jobs that subscribers derive from them.
+/// Which events go where, and which queues are routed or fed, the
+/// subscriber crates describe (see `outbox-catalog`, which lists them).
 pub mod queues {
     /// Notifications, `tenant.subscription.*` and `billing.*`.
     pub const NOTIFICATION: &str = "outbox.notification";
@@ -82,20 +82,4 @@ pub mod queues {
     pub const TOOLCTRL_EMAIL: &str = "toolctrl.email";
     /// Downstream: one plugin invocation per subscription.
     pub const TOOLCTRL_PLUGIN_INVOKE: &str = "toolctrl.plugin-invoke";
-
-    /// Every queue the standard routing table can target.
-    pub const OUTBOX_QUEUES: [&str; 12] = [
-        NOTIFICATION,
-        MAIL,
-        WEBHOOK,
-        AUDIT,
-        WORKFLOW,
-        SEARCH_INDEX,
-        RAG_INDEX,
-        AI_COST,
-        MARKETING,
-        FORM_SUBMISSION_ROUTE,
-        PLUGIN_HOOK,
-        PLUGIN_CAPABILITY_USE,
-    ];
 }

@@ -34,10 +34,12 @@ use crate::db::{AuditRow, NotificationRow};
 pub const CONSUMES: &[ConsumedQueue] = &[
     ConsumedQueue {
         queue: queues::AUDIT,
+        routes: &["audit."],
         payload: "any object, stored whole; `actor` / `actorId` / `userId` / `user_id` (optional) becomes the entry's actor",
     },
     ConsumedQueue {
         queue: queues::NOTIFICATION,
+        routes: &["tenant.subscription.", "notification.", "billing."],
         payload: "any object, stored whole; optional `title`, `body` / `message`, `userId` / `user_id` (none: every member of the tenant)",
     },
 ];

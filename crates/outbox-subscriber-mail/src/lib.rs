@@ -27,10 +27,12 @@ use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDesc
 pub const CONSUMES: &[ConsumedQueue] = &[
     ConsumedQueue {
         queue: queues::MAIL,
+        routes: &["mail."],
         payload: "`to` (string or array; required), optional `cc`, `from`, `replyTo`; then `subject` with `text` and/or `html`, or `template` with `vars` (an object)",
     },
     ConsumedQueue {
         queue: queues::MARKETING,
+        routes: &["marketing.lead."],
         payload: "`name`, `email`, `company`, `message` (all optional); mailed to the tenant's sales inbox",
     },
 ];

@@ -36,10 +36,12 @@ use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDesc
 pub const CONSUMES: &[ConsumedQueue] = &[
     ConsumedQueue {
         queue: queues::WEBHOOK,
+        routes: &["webhook."],
         payload: "any object, delivered as the body's `data` to every matching `webhook_endpoint` of the tenant",
     },
     ConsumedQueue {
         queue: queues::PLUGIN_HOOK,
+        routes: &["plugin.hook."],
         payload: "any object, delivered to every plugin subscribed to the hook (`plugin.hook.<hook>`)",
     },
 ];

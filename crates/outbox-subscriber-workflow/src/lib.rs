@@ -39,6 +39,7 @@ use outbox_workflow::store::{self, StoreError};
 /// The queue this crate's handler consumes and what it reads there.
 pub const CONSUMES: &[ConsumedQueue] = &[ConsumedQueue {
     queue: queues::WORKFLOW,
+    routes: &["workflow."],
     payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow`'s producers)",
 }];
 

@@ -9,12 +9,17 @@
 //! queues exist, which queue derives a downstream job) and the README's
 //! routing table ask the descriptions instead of keeping lists of their own.
 
-/// One queue a subscriber crate's handler consumes, and the payload fields
-/// that handler reads.
+/// One queue a subscriber crate's handler consumes, the event types the
+/// routing table sends there, and the payload fields that handler reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConsumedQueue {
     /// The queue name (`outbox.audit`).
     pub queue: &'static str,
+    /// The routing prefixes whose events go to this queue (`audit.`; the
+    /// longest matching prefix of all registered ones wins). The routing
+    /// table is made of these: a queue is routed because a subscriber
+    /// registered it.
+    pub routes: &'static [&'static str],
     /// The payload fields the handler reads, in a few words for a table
     /// cell (Markdown).
     pub payload: &'static str,
@@ -74,7 +79,11 @@ impl SubscriberDescription {
     ///
     /// const SEARCH: SubscriberDescription = SubscriberDescription {
     ///     name: "app-search",
-    ///     consumes: &[ConsumedQueue { queue: "outbox.search-index", payload: "`id`" }],
+    ///     consumes: &[ConsumedQueue {
+    ///         queue: "app.search-index",
+    ///         routes: &["search.page."],
+    ///         payload: "`id`",
+    ///     }],
     ///     feeds: &[DownstreamQueue {
     ///         queue: "app.search-refresh",
     ///         derived_from: &["outbox.search-index"],
@@ -82,7 +91,7 @@ impl SubscriberDescription {
     ///     }],
     ///     dedup: &[],
     /// };
-    /// assert_eq!(SEARCH.queues(), ["outbox.search-index", "app.search-refresh"]);
+    /// assert_eq!(SEARCH.queues(), ["app.search-index", "app.search-refresh"]);
     /// ```
     #[must_use]
     pub fn queues(&self) -> Vec<&'static str> {
@@ -90,6 +99,31 @@ impl SubscriberDescription {
             .iter()
             .map(|c| c.queue)
             .chain(self.feeds.iter().map(|d| d.queue))
+            .collect()
+    }
+
+    /// Its routing rules, as (prefix, queue) pairs in the order written.
+    ///
+    /// ```
+    /// use outbox_subscriber::{ConsumedQueue, SubscriberDescription};
+    ///
+    /// const ORDERS: SubscriberDescription = SubscriberDescription {
+    ///     name: "app-orders",
+    ///     consumes: &[ConsumedQueue {
+    ///         queue: "app.orders",
+    ///         routes: &["order.", "refund."],
+    ///         payload: "`order_id`",
+    ///     }],
+    ///     feeds: &[],
+    ///     dedup: &[],
+    /// };
+    /// assert_eq!(ORDERS.routes(), [("order.", "app.orders"), ("refund.", "app.orders")]);
+    /// ```
+    #[must_use]
+    pub fn routes(&self) -> Vec<(&'static str, &'static str)> {
+        self.consumes
+            .iter()
+            .flat_map(|c| c.routes.iter().map(move |prefix| (*prefix, c.queue)))
             .collect()
     }
 }
@@ -107,10 +141,12 @@ mod tests {
             consumes: &[
                 ConsumedQueue {
                     queue: "app.orders",
+                    routes: &["order."],
                     payload: "`order_id`",
                 },
                 ConsumedQueue {
                     queue: "app.refunds",
+                    routes: &["refund."],
                     payload: "`refund_id`",
                 },
             ],

@@ -44,6 +44,41 @@ pub struct Resources<'a> {
     pub namespace: &'a QueueNamespace,
 }
 
+/// A subscriber a worker runs, registered with one line
+/// ([`WorkerBuilder::subscriber`]): its description (the queues it
+/// consumes and the routing prefixes that feed them, the downstream queues
+/// it feeds, the keys it deduplicates on) and the handlers it adds at
+/// start. Everything else follows from the description: the routing
+/// table, `--help`, the queues measured and trimmed, reconciliation after
+/// a Redis loss, and what the worker records for `outbox health` and
+/// `outbox reconcile`.
+///
+/// A description alone is a subscriber without handlers (its queues are
+/// then consumed elsewhere, or its handlers added with
+/// [`WorkerBuilder::handler`]).
+pub trait Subscriber: Send + 'static {
+    /// What it adds to a worker, as plain data.
+    fn description(&self) -> SubscriberDescription;
+
+    /// Adds its handlers to `group`, made from the worker's [`Resources`].
+    ///
+    /// # Errors
+    ///
+    /// When a handler cannot be made (stops start-up; exit code 2 for a
+    /// [`crate::ConfigError`]) or its queue already has one.
+    fn handlers(self, group: HandlerGroup, resources: &Resources<'_>) -> Result<HandlerGroup>;
+}
+
+impl Subscriber for SubscriberDescription {
+    fn description(&self) -> SubscriberDescription {
+        *self
+    }
+
+    fn handlers(self, group: HandlerGroup, _: &Resources<'_>) -> Result<HandlerGroup> {
+        Ok(group)
+    }
+}
+
 /// Adds one handler to the group being assembled.
 type AddHandler = Box<dyn FnOnce(HandlerGroup, &Resources<'_>) -> Result<HandlerGroup> + Send>;
 
@@ -91,6 +126,8 @@ pub struct WorkerBuilder {
     handlers: Vec<AddHandler>,
     templates: Templates,
     catalog: Catalog,
+    /// The descriptions added with [`WorkerBuilder::subscriber`].
+    added: Vec<SubscriberDescription>,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -119,6 +156,7 @@ impl WorkerBuilder {
             handlers: Vec::new(),
             templates: Templates::standard(),
             catalog: Catalog::built_in(),
+            added: Vec::new(),
         }
     }
 
@@ -199,13 +237,86 @@ impl WorkerBuilder {
         self
     }
 
-    /// Adds the description of an application's subscriber, so that the
-    /// downstream queues it feeds are measured (`outbox_queue_*` gauges)
-    /// and trimmed like the built-in ones.
+    /// Registers an application's subscriber ([`Subscriber`]): its routes
+    /// join the routing table (checked at start like
+    /// [`WorkerBuilder::route`]), its handlers run in this worker, its
+    /// downstream queues are measured (`outbox_queue_*` gauges) and
+    /// trimmed like the built-in ones, reconciliation after a Redis loss
+    /// follows what its handlers leave behind, `--help` names its queues,
+    /// and the worker records it at start for `outbox health` and `outbox
+    /// reconcile`.
+    ///
+    /// ```no_run
+    /// use outbox_subscriber::{ConsumedQueue, HandlerGroup, SubscriberDescription};
+    /// use outbox_worker::{Group, Resources, Subscriber, WorkerBuilder};
+    /// # use outbox_subscriber::{JobError, JobHandler, JobMeta};
+    /// # struct Indexer;
+    /// # impl JobHandler for Indexer {
+    /// #     type Job = outbox_queue::OutboxJob;
+    /// #     fn queue(&self) -> &str { "app.catalog" }
+    /// #     async fn handle(&self, _: Self::Job, _: &JobMeta) -> Result<(), JobError> { Ok(()) }
+    /// # }
+    ///
+    /// /// Indexes `catalog.product.*` events.
+    /// struct CatalogIndex;
+    ///
+    /// impl Subscriber for CatalogIndex {
+    ///     fn description(&self) -> SubscriberDescription {
+    ///         SubscriberDescription {
+    ///             name: "app-catalog-index",
+    ///             consumes: &[ConsumedQueue {
+    ///                 queue: "app.catalog",
+    ///                 routes: &["catalog.product."],
+    ///                 payload: "`sku`",
+    ///             }],
+    ///             feeds: &[],
+    ///             dedup: &[],
+    ///         }
+    ///     }
+    ///
+    ///     fn handlers(self, group: HandlerGroup, _: &Resources<'_>) -> anyhow::Result<HandlerGroup> {
+    ///         Ok(group.with(Indexer)?)
+    ///     }
+    /// }
+    ///
+    /// fn main() -> std::process::ExitCode {
+    ///     WorkerBuilder::new(Group::General).subscriber(CatalogIndex).main()
+    /// }
+    /// ```
     #[must_use]
-    pub fn subscriber(mut self, description: SubscriberDescription) -> Self {
+    pub fn subscriber(mut self, subscriber: impl Subscriber) -> Self {
+        let description = subscriber.description();
         self.catalog = self.catalog.with(description);
-        self
+        self.added.push(description);
+        for (prefix, queue) in description.routes() {
+            self.routes.push((prefix.to_owned(), queue.to_owned()));
+        }
+        self.add(move |group, resources| subscriber.handlers(group, resources))
+    }
+
+    /// The descriptions added with [`WorkerBuilder::subscriber`].
+    #[must_use]
+    pub fn added_subscribers(&self) -> &[SubscriberDescription] {
+        &self.added
+    }
+
+    /// What `--help` says the process is: its group's work, and the
+    /// queues of the subscribers added to it.
+    #[must_use]
+    pub fn about(&self) -> String {
+        let mut about = crate::variables::about(self.group).to_owned();
+        let added: Vec<&str> = self
+            .added
+            .iter()
+            .flat_map(SubscriberDescription::queues)
+            .collect();
+        if !added.is_empty() {
+            about.push_str(&format!(
+                " Added by the application: the queues {}.",
+                added.join(", ")
+            ));
+        }
+        about
     }
 
     /// The process's name (see [`WorkerBuilder::name`]).
@@ -301,6 +412,23 @@ impl WorkerBuilder {
             group = add(group, &resources)?;
         }
         Ok(group)
+    }
+
+    /// What this worker runs, for `outbox_worker_registration`.
+    pub(crate) fn registration(
+        &self,
+        config: &WorkerConfig,
+        group: &HandlerGroup,
+    ) -> Result<outbox_catalog::registration::Registration> {
+        let standard = outbox_catalog::standard_router().context("the built-in routing table")?;
+        Ok(crate::registration::describe(
+            self.binary(),
+            config.group.as_str(),
+            &group.queues(),
+            &config.router,
+            &standard,
+            &self.added,
+        ))
     }
 }
 
@@ -403,7 +531,9 @@ mod tests {
         let builder = WorkerBuilder::new(Group::General)
             .route("search.index.urgent.", "app.search-urgent")
             .route("orders.", "app.orders");
-        let router = builder.routes(Router::standard()).unwrap();
+        let router = builder
+            .routes(outbox_catalog::standard_router().unwrap())
+            .unwrap();
         assert_eq!(
             router.route("search.index.urgent.takedown"),
             Some("app.search-urgent")
@@ -418,12 +548,12 @@ mod tests {
 
         let taken = WorkerBuilder::new(Group::General).route("mail.", "app.mail");
         assert!(matches!(
-            taken.routes(Router::standard()),
+            taken.routes(outbox_catalog::standard_router().unwrap()),
             Err(RouteError::Collision { .. })
         ));
         let malformed = WorkerBuilder::new(Group::General).route("Orders", "app.orders");
         assert!(matches!(
-            malformed.routes(Router::standard()),
+            malformed.routes(outbox_catalog::standard_router().unwrap()),
             Err(RouteError::InvalidPrefix(_))
         ));
     }

@@ -554,17 +554,21 @@ fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
 /// read and validated now (a missing file, bad TOML or a refused rule stops
 /// start-up naming the variable).
 fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
-    let Some(path) = env.raw(v::OUTBOX_ROUTES_FILE.name) else {
-        return Ok(Router::standard());
-    };
+    let path = env.raw(v::OUTBOX_ROUTES_FILE.name);
     let fail = |problem: String| ConfigError {
         variable: v::OUTBOX_ROUTES_FILE.name,
-        value: path.clone(),
+        value: path.clone().unwrap_or_default(),
         problem,
+    };
+    // The built-in subscribers' routes; a test keeps them valid.
+    let standard = outbox_catalog::standard_router()
+        .map_err(|e| fail(format!("the built-in routing table is refused: {e}")))?;
+    let Some(path) = &path else {
+        return Ok(standard);
     };
     let text =
         std::fs::read_to_string(path.trim()).map_err(|e| fail(format!("cannot be read: {e}")))?;
-    Router::standard()
+    standard
         .with_routes_file(&text)
         .map_err(|e| fail(e.to_string()))
 }

@@ -32,6 +32,7 @@ mod gauges;
 mod http;
 mod pool_demand;
 mod redis_check;
+mod registration;
 mod traces;
 pub mod variables;
 
@@ -47,7 +48,7 @@ use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
-pub use builder::{Resources, WorkerBuilder, handler_group};
+pub use builder::{Resources, Subscriber, WorkerBuilder, handler_group};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
     DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
@@ -96,7 +97,10 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
     let group = builder.worker_group();
     let binary = builder.binary();
     // Exits 0 after --help or --version, 2 on an unknown flag.
-    let matches = variables::command(group).name(binary).get_matches();
+    let matches = variables::command(group)
+        .name(binary)
+        .about(builder.about())
+        .get_matches();
     let lookup = variables::lookup(&matches);
     // Before logging starts: its error lines go to Sentry when this is on.
     let _reports = match start_error_reports(&lookup, binary) {
@@ -342,6 +346,12 @@ pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> R
     report_persistence(&read_persistence(&redis).await);
     let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
     let group = builder.assemble(&config, &pool, &redis, &namespace)?;
+    registration::record(
+        &pool,
+        &config.queue_prefix,
+        &builder.registration(&config, &group)?,
+    )
+    .await;
     // Every queue this worker measures (and, in the general group, trims):
     // the general group all routed and downstream queues, the mail group
     // its own; both also every queue their handlers consume.

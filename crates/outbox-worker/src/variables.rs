@@ -628,23 +628,30 @@ const BRIDGE_AFTER_HELP: &str = "Every setting is an environment variable; the f
     and a message naming the variable. Exit codes: 0 stopped cleanly (SIGTERM, Ctrl-C); 1 failed \
     (Postgres unreachable at start, the address taken); 2 bad configuration.";
 
+/// What the binary of `group` is, as `--help` says it first.
+#[must_use]
+pub fn about(group: Group) -> &'static str {
+    match group {
+        Group::General => {
+            "The transactional outbox's general worker: the dispatcher (with OUTBOX_DISPATCHER_ENABLED=true), retention, and the queues outbox.audit, outbox.notification, outbox.workflow, outbox.plugin-hook, toolctrl.plugin-invoke."
+        }
+        Group::Mail => {
+            "The transactional outbox's mail worker: the queues outbox.mail, outbox.marketing, outbox.webhook, toolctrl.email."
+        }
+    }
+}
+
 /// The command line of the binary of `group`: `--help` lists every
 /// variable of [`variables`] with its default, accepted values and
 /// meaning; `--version` prints the version. Values shown never include
 /// the environment's own (URLs and secrets stay out of the help).
 #[must_use]
 pub fn command(group: Group) -> clap::Command {
-    let (name, about) = match group {
-        Group::General => (
-            "worker-general",
-            "The transactional outbox's general worker: the dispatcher (with OUTBOX_DISPATCHER_ENABLED=true), retention, and the queues outbox.audit, outbox.notification, outbox.workflow, outbox.plugin-hook, toolctrl.plugin-invoke.",
-        ),
-        Group::Mail => (
-            "worker-mail",
-            "The transactional outbox's mail worker: the queues outbox.mail, outbox.marketing, outbox.webhook, toolctrl.email.",
-        ),
+    let name = match group {
+        Group::General => "worker-general",
+        Group::Mail => "worker-mail",
     };
-    described(name, about, AFTER_HELP, variables(group))
+    described(name, about(group), AFTER_HELP, variables(group))
 }
 
 /// The command line of `workflow-bridge`, as [`command`] is the workers':

@@ -1,5 +1,5 @@
 //! The routing table in the README is the code's: every rule of
-//! `Router::standard()`, the worker binary whose handler group consumes its
+//! `outbox_catalog::standard_router()`, the worker binary whose handler group consumes its
 //! queue (built here exactly as the binaries build it), and the payload
 //! fields that handler reads (from the subscriber crates' descriptions, as
 //! `outbox_catalog` lists them). The built-in groups consume exactly the
@@ -17,18 +17,28 @@ use outbox_catalog::Catalog;
 use outbox_dispatch::Router;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::QueueNamespace;
-use outbox_subscriber::ConsumedQueue;
+use outbox_subscriber::{ConsumedQueue, SubscriberDescription};
 use outbox_test_support::{TestDatabase, TestRedis};
 use outbox_worker::{Group, WorkerConfig, handler_group};
 
 const README: &str = include_str!("../../../README.md");
-const BEGIN: &str = "<!-- routing table: generated from Router::standard() and the subscriber crates; checked by crates/outbox-worker/tests/routing_table.rs -->";
+const BEGIN: &str = "<!-- routing table: generated from the subscriber crates' descriptions (outbox_catalog::standard_router); checked by crates/outbox-worker/tests/routing_table.rs -->";
 const END: &str = "<!-- end of routing table -->";
+
+/// The built-in subscriber crates' descriptions (without the contract's
+/// queues left to applications, which no built-in handler consumes).
+fn built_in_crates() -> Vec<SubscriberDescription> {
+    Catalog::built_in()
+        .descriptions()
+        .iter()
+        .filter(|d| **d != outbox_catalog::FOR_APPLICATIONS)
+        .copied()
+        .collect()
+}
 
 /// What every built-in subscriber crate says it consumes.
 fn consumed() -> Vec<ConsumedQueue> {
-    Catalog::built_in()
-        .descriptions()
+    built_in_crates()
         .iter()
         .flat_map(|d| d.consumes.iter().copied())
         .collect()
@@ -100,7 +110,11 @@ async fn the_readme_routing_table_is_the_standard_router() {
         ),
         ("worker-mail", group_queues(Group::Mail, &db, &redis).await),
     ];
-    let expected = render(&Router::standard(), &groups, &consumed());
+    let expected = render(
+        &outbox_catalog::standard_router().unwrap(),
+        &groups,
+        &consumed(),
+    );
     let section = README
         .split_once(BEGIN)
         .and_then(|(_, rest)| rest.split_once(END))
@@ -119,8 +133,7 @@ async fn the_built_in_groups_consume_exactly_the_described_queues() {
     let mut consumed = group_queues(Group::General, &db, &redis).await;
     consumed.extend(group_queues(Group::Mail, &db, &redis).await);
     consumed.sort();
-    let mut described: Vec<String> = Catalog::built_in()
-        .descriptions()
+    let mut described: Vec<String> = built_in_crates()
         .iter()
         .flat_map(|d| d.queues())
         .map(str::to_owned)

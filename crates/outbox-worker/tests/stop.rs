@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::{GENERAL, Stack};
 use outbox_cli::health::{QueueHealth, Thresholds, queue_health};
-use outbox_dispatch::Router;
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{RedisSettings, queues};
 use outbox_test_support::eventually;
@@ -22,7 +21,7 @@ use serde_json::json;
 /// `outbox health`'s queue report with a stall threshold of `stall_after`.
 async fn health(stack: &Stack, stall_after: Duration) -> Vec<QueueHealth> {
     let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
-    let router = Router::standard();
+    let router = outbox_catalog::standard_router().unwrap();
     let mut names = router.queues();
     names.extend(outbox_catalog::Catalog::built_in().downstream_queues());
     let thresholds = Thresholds {

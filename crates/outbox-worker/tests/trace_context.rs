@@ -24,7 +24,7 @@ use common::Stack;
 use diesel_async::AsyncConnection;
 use opentelemetry::trace::SpanId;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig};
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_publish::{NewOutboxEvent, OutboxTx};
 use outbox_queue::RedisSettings;
@@ -200,7 +200,7 @@ impl Pipeline {
                 stack.db.url(),
                 redis.clone(),
                 stack.namespace.clone(),
-                Router::standard(),
+                outbox_catalog::standard_router().unwrap(),
                 DispatcherConfig::default(),
             )
             .unwrap(),

@@ -557,7 +557,7 @@ async fn a_timeout_continuation_is_scheduled_at_the_deadline() {
 
 #[test]
 fn every_workflow_event_routes_to_the_workflow_queue() {
-    let router = outbox_dispatch::Router::standard();
+    let router = outbox_catalog::standard_router().unwrap();
     for event_type in [TRIGGER_EVENT, EXECUTION_REQUESTED, CONTINUE_REQUESTED] {
         assert_eq!(
             router.route(event_type),

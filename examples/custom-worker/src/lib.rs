@@ -1,9 +1,11 @@
 //! An application's own worker, as an example of `outbox_worker::WorkerBuilder`:
 //! the general worker (dispatcher, retention, the built-in general
-//! handlers) plus [`SearchIndexer`], the application's handler of
-//! `search.index.*` events, and a routing rule of its own that sends
-//! `search.index.urgent.*` to a queue of their own ([`URGENT_QUEUE`]), so
-//! that urgent reindexing never waits behind a bulk backlog.
+//! handlers) plus one subscriber of the application's, registered with one
+//! line ([`SearchIndexing`]): [`SearchIndexer`]s on `search.index.*` events,
+//! and a routing rule of its own that sends `search.index.urgent.*` to a
+//! queue of their own ([`URGENT_QUEUE`]), so that urgent reindexing never
+//! waits behind a bulk backlog. The worker records the subscriber at start,
+//! so `outbox health` and `outbox reconcile` show its queue too.
 //!
 //! The "index" is a directory of JSON documents, one per event, so that the
 //! effect is easy to see; a real application would call its search engine
@@ -12,8 +14,10 @@
 use std::path::{Path, PathBuf};
 
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{JobError, JobHandler, JobMeta};
-use outbox_worker::{ConfigError, Group, WorkerBuilder};
+use outbox_subscriber::{
+    ConsumedQueue, HandlerGroup, JobError, JobHandler, JobMeta, SubscriberDescription,
+};
+use outbox_worker::{ConfigError, Group, Resources, Subscriber, WorkerBuilder};
 
 /// The variable naming the directory the index is written to.
 pub const SEARCH_INDEX_DIR: &str = "SEARCH_INDEX_DIR";
@@ -102,22 +106,62 @@ pub fn index_dir(dir: Option<&Path>) -> Result<PathBuf, ConfigError> {
     }
 }
 
-/// The application's worker: the general group, the urgent routing rule,
-/// and a [`SearchIndexer`] on both search queues, writing into `dir` (the
-/// value of `SEARCH_INDEX_DIR`, checked at start by [`index_dir`], after
-/// `--help` had its say).
+/// What the application's search indexing adds to the worker: the
+/// contract's `outbox.search-index` queue (routed by the standard table),
+/// and its own [`URGENT_QUEUE`] with the rule for [`URGENT_PREFIX`].
+pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
+    name: "custom-worker search indexing",
+    consumes: &[
+        ConsumedQueue {
+            queue: queues::SEARCH_INDEX,
+            routes: &[],
+            payload: "any object, written whole into the event's document",
+        },
+        ConsumedQueue {
+            queue: URGENT_QUEUE,
+            routes: &[URGENT_PREFIX],
+            payload: "any object, written whole into the event's document",
+        },
+    ],
+    feeds: &[],
+    dedup: &[],
+};
+
+/// The application's subscriber: a [`SearchIndexer`] on each queue of
+/// [`DESCRIPTION`], writing into the directory `SEARCH_INDEX_DIR` names
+/// (checked at start by [`index_dir`], after `--help` had its say).
+#[derive(Debug, Clone)]
+pub struct SearchIndexing {
+    dir: Option<PathBuf>,
+}
+
+impl SearchIndexing {
+    /// Indexing into `dir` (the value of `SEARCH_INDEX_DIR`).
+    #[must_use]
+    pub fn new(dir: Option<PathBuf>) -> Self {
+        Self { dir }
+    }
+}
+
+impl Subscriber for SearchIndexing {
+    fn description(&self) -> SubscriberDescription {
+        DESCRIPTION
+    }
+
+    fn handlers(self, group: HandlerGroup, _: &Resources<'_>) -> anyhow::Result<HandlerGroup> {
+        let dir = index_dir(self.dir.as_deref())?;
+        let mut group = group;
+        for consumed in DESCRIPTION.consumes {
+            group = group.with(SearchIndexer::new(consumed.queue, dir.clone()))?;
+        }
+        Ok(group)
+    }
+}
+
+/// The application's worker: the general group plus [`SearchIndexing`].
 #[must_use]
 pub fn worker(dir: Option<PathBuf>) -> WorkerBuilder {
-    let urgent = dir.clone();
     WorkerBuilder::new(Group::General)
         .name("custom-worker")
-        .route(URGENT_PREFIX, URGENT_QUEUE)
-        .handler_with(move |_| {
-            let dir = index_dir(dir.as_deref())?;
-            Ok(SearchIndexer::new(queues::SEARCH_INDEX, dir))
-        })
-        .handler_with(move |_| {
-            let dir = index_dir(urgent.as_deref())?;
-            Ok(SearchIndexer::new(URGENT_QUEUE, dir))
-        })
+        .subscriber(SearchIndexing::new(dir))
 }

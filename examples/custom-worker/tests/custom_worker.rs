@@ -102,6 +102,46 @@ async fn publish(db: &TestDatabase, event_type: &str, payload: serde_json::Value
     .id()
 }
 
+/// The operator CLI `outbox`, built if this test run did not build it
+/// (it is another package's binary, next to this one's).
+fn outbox_cli() -> PathBuf {
+    let status = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--package",
+            "outbox-cli",
+            "--bin",
+            "outbox",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "cargo build of the outbox CLI failed");
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<this test> → target/<profile>/outbox
+    exe.parent().unwrap().parent().unwrap().join("outbox")
+}
+
+/// `outbox <args> --json` against the test's database and Redis, parsed.
+fn outbox_json(db: &TestDatabase, redis: &TestRedis, args: &[&str]) -> serde_json::Value {
+    let output = Command::new(outbox_cli())
+        .args(args)
+        .arg("--json")
+        .env("DATABASE_URL", db.url())
+        .env("REDIS_URL", redis.url())
+        .env("OUTBOX_QUEUE_PREFIX", redis.prefix())
+        .env_remove("OUTBOX_ROUTES_FILE")
+        .output()
+        .unwrap();
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "outbox {args:?}: {e}; stdout {} stderr {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
 /// The body of `GET http://<addr><path>` when it answers 200.
 async fn get(addr: &str, path: &str) -> Option<String> {
     let response = reqwest::get(format!("http://{addr}{path}")).await.ok()?;
@@ -173,6 +213,26 @@ async fn the_example_indexes_search_events_through_its_handler_and_its_route() {
     })
     .await;
 
+    // The operator CLI, told nothing of the application, follows its
+    // queue: the worker recorded its subscriber at start.
+    let health = outbox_json(&db, &redis, &["health"]);
+    let urgent_health = health["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == custom_worker::URGENT_QUEUE)
+        .unwrap_or_else(|| panic!("outbox health lacks the application's queue: {health}"));
+    assert_eq!(urgent_health["done"], 1, "{urgent_health}");
+    let reconcile = outbox_json(&db, &redis, &["reconcile", "--dry-run"]);
+    let urgent_reconcile = reconcile["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == custom_worker::URGENT_QUEUE)
+        .unwrap_or_else(|| panic!("outbox reconcile lacks the application's queue: {reconcile}"));
+    assert_eq!(urgent_reconcile["counts"]["checked"], 1, "{reconcile}");
+    assert_eq!(urgent_reconcile["counts"]["missing"], 0, "{reconcile}");
+
     let metrics = get(&addr, "/metrics").await.unwrap();
     assert!(
         metrics.contains("binary=\"custom-worker\""),
@@ -213,6 +273,14 @@ fn the_help_names_the_application_and_lists_the_worker_variables() {
     let help = String::from_utf8_lossy(&output.stdout);
     assert!(help.contains("custom-worker"), "{help}");
     assert!(help.contains("OUTBOX_DISPATCHER_ENABLED"), "{help}");
+    // The subscriber's registration names its queues in the help.
+    assert!(
+        help.contains(&format!(
+            "Added by the application: the queues outbox.search-index, {}.",
+            custom_worker::URGENT_QUEUE
+        )),
+        "{help}"
+    );
 }
 
 #[tokio::test]

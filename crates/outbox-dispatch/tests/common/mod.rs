@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME, Router};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -55,7 +55,7 @@ impl Harness {
                 self.db.url(),
                 redis,
                 self.namespace.clone(),
-                Router::standard(),
+                outbox_catalog::standard_router().unwrap(),
                 config,
             )
             .unwrap(),
@@ -156,7 +156,7 @@ impl Harness {
     /// How many tasks per id exist across every standard queue.
     pub async fn tasks_per_id(&self) -> HashMap<String, usize> {
         let mut counts = HashMap::new();
-        for queue in Router::standard().queues() {
+        for queue in outbox_catalog::standard_router().unwrap().queues() {
             for id in self.task_ids(queue).await {
                 *counts.entry(id).or_default() += 1;
             }
