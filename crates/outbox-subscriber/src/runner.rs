@@ -404,21 +404,114 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
     .await
 }
 
+/// How a job's in-process attempts ended.
+enum Attempts {
+    /// The handler succeeded.
+    Done,
+    /// The handler said no attempt will ever succeed.
+    Permanent(String),
+    /// Every attempt asked for a retry (or the worker is stopping): the
+    /// last reason.
+    Exhausted(String),
+}
+
+/// What happens to a job whose in-process attempts of retry round `round`
+/// are exhausted: a copy due after the round's delay, or the dead set once
+/// the rounds are used up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum AfterAttempts {
+    /// Push a copy with this task id, due after `delay`.
+    Requeue { next: String, delay: Duration },
+    /// Move it to the dead set with this reason.
+    GiveUp(String),
+}
+
+fn after_attempts(
+    settings: &WorkerSettings,
+    base_id: &str,
+    round: usize,
+    last_reason: &str,
+) -> AfterAttempts {
+    match settings
+        .requeue_delays
+        .get(round)
+        .copied()
+        .filter(|_| round < outbox_queue::MAX_RETRY_ROUNDS)
+    {
+        Some(delay) => AfterAttempts::Requeue {
+            next: outbox_queue::retry_task_id(base_id, round + 1),
+            delay,
+        },
+        None => AfterAttempts::GiveUp(format!(
+            "gave up after {} attempts: {last_reason}",
+            (round + 1) * (settings.retries + 1)
+        )),
+    }
+}
+
 async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
-    let SharedHandler {
-        handler,
-        mut conn,
-        namespace,
-        settings,
-        shutdown,
-    } = shared;
     let (base_id, round) = outbox_queue::retry_round(&task_id);
-    let queue = handler.queue().to_owned();
+    let queue = shared.handler.queue().to_owned();
+    let done = |outcome: &'static str| {
+        metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue.clone(), "outcome" => outcome)
+            .increment(1);
+    };
+    let last_reason = match attempt(&body, &shared, &task_id, round).await {
+        Attempts::Done => {
+            tracing::info!("job done");
+            done("done");
+            return Ok(());
+        }
+        Attempts::Permanent(reason) => {
+            tracing::error!(%reason, "job failed permanently; moved to the dead set");
+            done("dead");
+            return Err(Box::new(AbortError::new(reason)));
+        }
+        Attempts::Exhausted(reason) => reason,
+    };
+    let (next, delay) = match after_attempts(&shared.settings, base_id, round, &last_reason) {
+        AfterAttempts::Requeue { next, delay } => (next, delay),
+        AfterAttempts::GiveUp(reason) => {
+            tracing::error!(%reason, "job failed for the last time; moved to the dead set");
+            done("dead");
+            return Err(Box::new(AbortError::new(reason)));
+        }
+    };
+    // Put a copy back on the queue, due later; this copy is finished.
+    let mut conn = shared.conn.clone();
+    let run_at = std::time::SystemTime::now() + delay;
+    let pushed = outbox_queue::push_raw_at(
+        &mut conn,
+        &shared.namespace,
+        &queue,
+        &[(next.clone(), body.raw().to_vec())],
+        Some(run_at),
+    )
+    .await;
+    match pushed {
+        Ok(_) => {
+            tracing::warn!(reason = %last_reason, retry_in_s = delay.as_secs(), next_task_id = %next, "job failed; retrying later");
+            done("retry");
+            Ok(())
+        }
+        Err(e) => {
+            // Without the copy, let the queue reschedule this one.
+            tracing::warn!(reason = %last_reason, error = %e, "job failed and cannot be put back; the queue reschedules it");
+            Err(Box::new(Retryable(last_reason)))
+        }
+    }
+}
+
+/// Runs the handler up to `retries + 1` times in this process, with the
+/// in-process delays between attempts; a stop hands the job back at once.
+async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str, round: usize) -> Attempts {
+    let settings = &shared.settings;
+    let queue = shared.handler.queue().to_owned();
     let mut last_reason = String::new();
     for try_no in 0..=settings.retries {
         let meta = JobMeta {
             queue: queue.clone(),
-            task_id: task_id.clone(),
+            task_id: task_id.to_owned(),
             attempt: round * (settings.retries + 1) + try_no + 1,
         };
         tracing::Span::current().record("attempt", meta.attempt);
@@ -434,72 +527,27 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
                 .record(waited.as_secs_f64());
         }
         let started = Instant::now();
-        let result = handler.call(body.clone(), &meta).await;
+        let result = shared.handler.call(body.clone(), &meta).await;
         metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
             .record(started.elapsed().as_secs_f64());
         match result {
-            Ok(()) => {
-                tracing::info!("job done");
-                metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "done").increment(1);
-                return Ok(());
-            }
-            Err(JobError::Permanent(reason)) => {
-                tracing::error!(%reason, "job failed permanently; moved to the dead set");
-                metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead").increment(1);
-                return Err(Box::new(AbortError::new(reason)));
-            }
+            Ok(()) => return Attempts::Done,
+            Err(JobError::Permanent(reason)) => return Attempts::Permanent(reason),
             Err(JobError::Retry(reason)) => {
                 last_reason = reason;
                 if try_no < settings.retries {
-                    let delay = in_process_delay(&settings, try_no);
+                    let delay = in_process_delay(settings, try_no);
                     tracing::warn!(reason = %last_reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
                     tokio::select! {
                         // Stopping: hand the job back to the queue now instead.
-                        () = shutdown.cancelled() => break,
+                        () = shared.shutdown.cancelled() => break,
                         () = tokio::time::sleep(delay) => {}
                     }
                 }
             }
         }
     }
-    let Some(delay) = settings
-        .requeue_delays
-        .get(round)
-        .copied()
-        .filter(|_| round < outbox_queue::MAX_RETRY_ROUNDS)
-    else {
-        let reason = format!(
-            "gave up after {} attempts: {last_reason}",
-            (round + 1) * (settings.retries + 1)
-        );
-        tracing::error!(%reason, "job failed for the last time; moved to the dead set");
-        metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "dead")
-            .increment(1);
-        return Err(Box::new(AbortError::new(reason)));
-    };
-    // Put a copy back on the queue, due later; this copy is finished.
-    let next = outbox_queue::retry_task_id(base_id, round + 1);
-    let run_at = std::time::SystemTime::now() + delay;
-    match outbox_queue::push_raw_at(
-        &mut conn,
-        &namespace,
-        &queue,
-        &[(next.clone(), body.raw().to_vec())],
-        Some(run_at),
-    )
-    .await
-    {
-        Ok(_) => {
-            tracing::warn!(reason = %last_reason, retry_in_s = delay.as_secs(), next_task_id = %next, "job failed; retrying later");
-            metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue, "outcome" => "retry").increment(1);
-            Ok(())
-        }
-        Err(e) => {
-            // Without the copy, let the queue reschedule this one.
-            tracing::warn!(reason = %last_reason, error = %e, "job failed and cannot be put back; the queue reschedules it");
-            Err(Box::new(Retryable(last_reason)))
-        }
-    }
+    Attempts::Exhausted(last_reason)
 }
 
 async fn run_queue(
@@ -547,6 +595,53 @@ async fn run_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After its in-process attempts, a job goes back on its queue with the
+    /// next round's task id and delay while rounds remain, and to the dead
+    /// set with the attempts counted once they are used up.
+    #[test]
+    fn exhausted_attempts_requeue_by_round_then_give_up() {
+        let settings = WorkerSettings {
+            retries: 2,
+            requeue_delays: vec![Duration::from_secs(30), Duration::from_secs(60)],
+            ..WorkerSettings::default()
+        };
+        let cases = [
+            (
+                0,
+                AfterAttempts::Requeue {
+                    next: outbox_queue::retry_task_id("outbox:e", 1),
+                    delay: Duration::from_secs(30),
+                },
+            ),
+            (
+                1,
+                AfterAttempts::Requeue {
+                    next: outbox_queue::retry_task_id("outbox:e", 2),
+                    delay: Duration::from_secs(60),
+                },
+            ),
+            (
+                2,
+                AfterAttempts::GiveUp("gave up after 9 attempts: timeout".into()),
+            ),
+        ];
+        for (round, expected) in cases {
+            assert_eq!(
+                after_attempts(&settings, "outbox:e", round, "timeout"),
+                expected,
+                "round {round}"
+            );
+        }
+        let endless = WorkerSettings {
+            requeue_delays: vec![Duration::from_secs(1); outbox_queue::MAX_RETRY_ROUNDS + 5],
+            ..settings
+        };
+        assert!(matches!(
+            after_attempts(&endless, "outbox:e", outbox_queue::MAX_RETRY_ROUNDS, "x"),
+            AfterAttempts::GiveUp(_)
+        ));
+    }
 
     // Break checked: the host name dropped when it is not empty (the `!`
     // deleted) names every worker `…@host:…` and fails here.
