@@ -37,15 +37,14 @@ impl Known {
     /// when it cannot be read, the built-in catalog and `--routes-file`
     /// alone (for commands that otherwise need only Redis).
     pub(crate) async fn read_if_possible(cli: &Cli) -> anyhow::Result<Self> {
-        let registrations = match cli.database_url.is_some() {
-            true => match crate::connect(cli).await {
-                Ok(mut conn) => registration::registered(&mut conn, &cli.queue_prefix)
-                    .await
-                    .unwrap_or_default(),
-                Err(_) => Registrations::default(),
-            },
-            false => Registrations::default(),
-        };
+        let mut registrations = Registrations::default();
+        if cli.database_url.is_some()
+            && let Ok(mut conn) = crate::connect(cli).await
+        {
+            registrations = registration::registered(&mut conn, &cli.queue_prefix)
+                .await
+                .unwrap_or_default();
+        }
         Self::with(cli, registrations)
     }
 
