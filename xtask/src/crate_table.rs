@@ -10,7 +10,7 @@ use crate::cmd::workspace_root;
 
 /// Package name → the workspace packages it depends on (normal
 /// dependencies only), from `cargo metadata`.
-fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
+pub(crate) fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
     let output = Command::new(env!("CARGO"))
         .args([
             "metadata",
