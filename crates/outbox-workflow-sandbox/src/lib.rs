@@ -31,10 +31,10 @@
 //! enforced by the engine's interrupt handler, which stops even an endless
 //! loop. Each is an error of the block, never a panic of the worker.
 //!
-//! [`QuickJs`] is this sandbox as the runner's
-//! [`CodeSandbox`](outbox_workflow_runner::CodeSandbox): the bridge's
-//! binary makes its runner with it. This crate is the only one that
-//! compiles the engine; it knows nothing of runs, leases or the database.
+//! [`QuickJs`] is this sandbox as the runner's [`CodeSandbox`]: the
+//! bridge's binary makes its runner with it. This crate is the only one
+//! that compiles the engine; it knows nothing of runs, leases or the
+//! database.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
