@@ -5,10 +5,13 @@
 //! producers live in `outbox-workflow-store`, which depends on neither the
 //! runner, the sandbox nor the bridge, so no producer can run a workflow in
 //! place; `execute_trigger` (create and run in one step) is private to
-//! `outbox-workflow-bridge`. The test `producer_side_crates_cannot_reach_the_runner`
-//! below holds the dependency graph to that (see docs/architecture.md, "The
-//! workflow crates"). What remains are rules about what a function does or
-//! which names exist, which no dependency can say:
+//! `outbox-workflow-bridge`. Two tests below hold the dependency graph
+//! (from `cargo metadata`) to that:
+//! `producer_side_crates_cannot_reach_the_runner` and
+//! `the_workflow_model_depends_on_no_database_runtime_or_network_crate`
+//! (see docs/architecture.md, "The workflow crates"). What remains are
+//! rules about what a function does or which names exist, which no
+//! dependency can say:
 //!
 //! - [`MANUAL_AND_API_RUNS_PUBLISH`]: `fn request_execution` exists and
 //!   publishes `EXECUTION_REQUESTED`. The store may name the event type and
@@ -913,6 +916,31 @@ mod tests {
             assert!(
                 !cli.contains(running),
                 "outbox-cli depends on {running}: its workflow commands publish, never run"
+            );
+        }
+    }
+
+    /// The bottom of the workflow crates is pure: definitions and
+    /// validation depend on no database, runtime, network or sandbox crate,
+    /// so the producers and the CLI's `validate` compile none for it.
+    #[test]
+    fn the_workflow_model_depends_on_no_database_runtime_or_network_crate() {
+        let graph = crate::crate_table::dependency_graph();
+        let model = &graph["outbox-workflow-model"];
+        for io in [
+            "diesel",
+            "diesel-async",
+            "tokio",
+            "reqwest",
+            "axum",
+            "redis",
+            "rquickjs",
+            "outbox-model",
+            "outbox-publish",
+        ] {
+            assert!(
+                !model.contains(io),
+                "outbox-workflow-model depends on {io}: keep the model pure"
             );
         }
     }
