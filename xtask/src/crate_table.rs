@@ -8,9 +8,9 @@ use std::process::Command;
 
 use crate::cmd::workspace_root;
 
-/// Package name → the workspace packages it depends on (normal
-/// dependencies only), from `cargo metadata`.
-fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
+/// Package name → the packages it depends on (normal dependencies only,
+/// workspace crates and others), from `cargo metadata`.
+pub(crate) fn dependency_graph() -> BTreeMap<String, BTreeSet<String>> {
     let output = Command::new(env!("CARGO"))
         .args([
             "metadata",
@@ -26,10 +26,6 @@ fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
     let metadata: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
     let packages = metadata["packages"].as_array().expect("packages");
-    let names: BTreeSet<String> = packages
-        .iter()
-        .filter_map(|p| p["name"].as_str().map(str::to_owned))
-        .collect();
     packages
         .iter()
         .map(|package| {
@@ -39,13 +35,26 @@ fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
                 .flatten()
                 .filter(|d| d["kind"].is_null())
                 .filter_map(|d| d["name"].as_str())
-                .filter(|name| names.contains(*name))
                 .map(str::to_owned)
                 .collect();
             (
                 package["name"].as_str().unwrap_or_default().to_owned(),
                 deps,
             )
+        })
+        .collect()
+}
+
+/// Package name → the workspace packages it depends on (normal
+/// dependencies only), from `cargo metadata`.
+pub(crate) fn workspace_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let graph = dependency_graph();
+    let names: BTreeSet<String> = graph.keys().cloned().collect();
+    graph
+        .into_iter()
+        .map(|(name, deps)| {
+            let deps = deps.into_iter().filter(|d| names.contains(d)).collect();
+            (name, deps)
         })
         .collect()
 }

@@ -23,9 +23,9 @@ use outbox_publish::{
     publish_outbox_events,
 };
 use outbox_test_support::HttpSink;
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
-use outbox_workflow::store::{self, WorkflowStatus};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_store::producers::{self, EventContext, ProducerError, RunTrigger};
+use outbox_workflow_store::{self as store, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -1,20 +1,34 @@
-//! `cargo xtask inventory`: the source inventory of the workflow boundary.
+//! `cargo xtask inventory`: the source inventory of the workflow boundary,
+//! the rules of it that types cannot express.
+//!
+//! Most of the boundary is held by crate dependencies, not here: the
+//! producers live in `outbox-workflow-store`, which depends on neither the
+//! runner, the sandbox nor the bridge, so no producer can run a workflow in
+//! place; `execute_trigger` (create and run in one step) is private to
+//! `outbox-workflow-bridge`. Two tests below hold the dependency graph
+//! (from `cargo metadata`) to that:
+//! `producer_side_crates_cannot_reach_the_runner` and
+//! `the_workflow_model_depends_on_no_database_runtime_or_network_crate`
+//! (see docs/architecture.md, "The workflow crates"). What remains are
+//! rules about what a function does or which names exist, which no
+//! dependency can say:
+//!
+//! - [`MANUAL_AND_API_RUNS_PUBLISH`]: `fn request_execution` exists and
+//!   publishes `EXECUTION_REQUESTED`. The store may name the event type and
+//!   still not publish it (create the execution and stop); only the body
+//!   says whether it does.
+//! - [`CONTINUATIONS_PUBLISH`]: `fn request_continuation` exists and
+//!   publishes `CONTINUE_REQUESTED`; and outside the runner, the bridge and
+//!   the workflow subscriber crates nothing calls `.resume(`. Crates that
+//!   must depend on the runner to build it (the worker's composition root,
+//!   the sandbox) could call `Runner::resume`, a public method: a
+//!   dependency is all or nothing, so only the sources tell who calls it.
+//! - [`NO_LEGACY_TRIGGER_FACADE`]: no `fn trigger` and no `WorkflowEngine`
+//!   anywhere. No type forbids a name that does not exist yet.
 //!
 //! Reads the production sources (`crates/*/src/**/*.rs`; `xtask`, the
 //! crates' `tests/` directories and the workspace's `tests` crate are not
-//! under `crates/*/src`, so they are not read) and checks four rules that
-//! keep runs going through the outbox:
-//!
-//! - [`MANUAL_AND_API_RUNS_PUBLISH`]: the producers (`producers.rs`, and
-//!   `fn request_execution` wherever it is) never name the runner or the
-//!   executor; `request_execution` publishes `EXECUTION_REQUESTED`.
-//! - [`CONTINUATIONS_PUBLISH`]: `fn request_continuation` publishes
-//!   `CONTINUE_REQUESTED` and neither resumes nor runs; outside the runner,
-//!   the executor, the bridge and the workflow subscriber nothing calls
-//!   `.resume(`.
-//! - [`ONLY_THE_BRIDGE_EXECUTES_TRIGGERS`]: `execute_trigger` is named only
-//!   in the bridge module.
-//! - [`NO_LEGACY_TRIGGER_FACADE`]: no `fn trigger` and no `WorkflowEngine`.
+//! under `crates/*/src`, so they are not read).
 //!
 //! Matching is on tokens: comments (doc comments included), string, byte,
 //! raw and char literals are dropped first, lifetimes are not identifiers,
@@ -24,10 +38,6 @@
 //! submodules), and a file starting with `#![cfg(test)]` is skipped. Other
 //! items under `#[cfg(test)]` (a lone function, an impl) are checked like
 //! production code.
-//!
-//! A "module" of the rules below (the runner, the executor, the bridge)
-//! is its file `src/<name>.rs` and its directory `src/<name>/`, whichever
-//! layout it uses.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -39,28 +49,19 @@ use anyhow::{Context, Result, bail};
 pub const MANUAL_AND_API_RUNS_PUBLISH: &str = "manual-and-api-runs-publish";
 /// R2: continuations are published; only the subscriber side resumes.
 pub const CONTINUATIONS_PUBLISH: &str = "continuations-publish";
-/// R3: `execute_trigger` (the stream-run entry point) belongs to the bridge.
-pub const ONLY_THE_BRIDGE_EXECUTES_TRIGGERS: &str = "only-the-bridge-executes-triggers";
-/// R4: no engine-level direct trigger entry point.
+/// R4: no engine-level direct trigger entry point. (R3, `execute_trigger`
+/// only in the bridge, is the bridge crate's visibility now.)
 pub const NO_LEGACY_TRIGGER_FACADE: &str = "no-legacy-trigger-facade";
 
-/// The producers' file (R1 applies to all of it).
-const PRODUCERS: &str = "crates/outbox-workflow/src/producers.rs";
-/// The `src` directory of the workflow crate.
-const WORKFLOW_SRC: &str = "crates/outbox-workflow/src/";
-/// Modules of the workflow crate that may resume a run (besides the
-/// subscriber crate).
-const RESUMING_MODULES: &[&str] = &["runner", "executor", "bridge"];
-/// The crate of the `outbox.workflow` subscriber.
-const SUBSCRIBER_CRATE: &str = "crates/outbox-subscriber-workflow/";
-/// The module that alone may name `execute_trigger`.
-const BRIDGE_MODULE: &str = "bridge";
-
-/// Words that name the runner or the executor in an identifier
-/// (`Runner`, `NativeExecutor`, `runner::`, `execute_now`).
-const RUN_WORDS: &[&str] = &["runner", "executor", "execute"];
-/// [`RUN_WORDS`] and `resume`: what a continuation must not name.
-const RESUME_WORDS: &[&str] = &["runner", "executor", "execute", "resume"];
+/// The producers' file (where a missing `request_*` function is reported).
+const PRODUCERS: &str = "crates/outbox-workflow-store/src/producers.rs";
+/// The crates that may resume a run: the runner itself, the bridge (its
+/// executor and its server) and the `outbox.workflow` subscriber.
+const RESUMING_CRATES: &[&str] = &[
+    "crates/outbox-workflow-runner/",
+    "crates/outbox-workflow-bridge/",
+    "crates/outbox-subscriber-workflow/",
+];
 
 /// One broken rule at one place.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -154,7 +155,7 @@ fn collect_rs(root: &Path, dir: &Path, files: &mut Vec<(String, String)>) -> Res
 }
 
 /// Checks `sources` ((path relative to the workspace root, text)) against
-/// the four rules; the violations sorted by path and line, one per rule
+/// the three rules; the violations sorted by path and line, one per rule
 /// and line.
 #[must_use]
 pub fn check_sources(sources: &[(String, String)]) -> Vec<Violation> {
@@ -184,7 +185,6 @@ pub fn check_sources(sources: &[(String, String)]) -> Vec<Violation> {
     for &(path, tokens) in &files {
         request_execution |= manual_and_api_runs_publish(path, tokens, &mut findings);
         request_continuation |= continuations_publish(path, tokens, &mut findings);
-        only_the_bridge_executes_triggers(path, tokens, &mut findings);
         no_legacy_trigger_facade(path, tokens, &mut findings);
     }
     // A rule about a function that is gone cannot hold.
@@ -234,20 +234,12 @@ impl Findings {
 
 /// R1 on one file; whether it defines `request_execution`.
 fn manual_and_api_runs_publish(path: &str, tokens: &[Token], findings: &mut Findings) -> bool {
-    let rule = MANUAL_AND_API_RUNS_PUBLISH;
-    if path == PRODUCERS {
-        for (line, what) in run_calls(tokens, RUN_WORDS) {
-            let message = format!("the producers must publish, not run: {what}");
-            findings.report(path, line, rule, message);
-        }
-    }
     publishing_function(
         path,
         tokens,
         "request_execution",
         "EXECUTION_REQUESTED",
-        RUN_WORDS,
-        rule,
+        MANUAL_AND_API_RUNS_PUBLISH,
         findings,
     )
 }
@@ -260,14 +252,13 @@ fn continuations_publish(path: &str, tokens: &[Token], findings: &mut Findings) 
         tokens,
         "request_continuation",
         "CONTINUE_REQUESTED",
-        RESUME_WORDS,
         rule,
         findings,
     );
-    if !may_resume(path) {
+    if !RESUMING_CRATES.iter().any(|krate| path.starts_with(krate)) {
         for line in method_calls(tokens, "resume") {
-            let message = "`.resume(` outside the runner, the executor, the bridge and the \
-                           workflow subscriber: publish a continuation instead"
+            let message = "`.resume(` outside the runner, the bridge and the workflow \
+                           subscriber: publish a continuation instead"
                 .into();
             findings.report(path, line, rule, message);
         }
@@ -275,41 +266,25 @@ fn continuations_publish(path: &str, tokens: &[Token], findings: &mut Findings) 
     found
 }
 
-/// Checks every `fn name` in `tokens` for `rule`: its body names `event`
-/// and none of `words` (nor calls `.run(`). Whether there is one.
+/// Checks every `fn name` in `tokens` for `rule`: its body names `event`.
+/// Whether there is one.
 fn publishing_function(
     path: &str,
     tokens: &[Token],
     name: &str,
     event: &str,
-    words: &[&str],
     rule: &'static str,
     findings: &mut Findings,
 ) -> bool {
     let bodies = function_bodies(tokens, name);
     for body in &bodies {
         let body = &tokens[body.clone()];
-        for (line, what) in run_calls(body, words) {
-            let message = format!("{name} must publish {event} instead of: {what}");
-            findings.report(path, line, rule, message);
-        }
         if !body.iter().any(|t| t.is_ident(event)) {
             let message = format!("{name} does not publish {event}");
             findings.report(path, body[0].line, rule, message);
         }
     }
     !bodies.is_empty()
-}
-
-/// R3 on one file.
-fn only_the_bridge_executes_triggers(path: &str, tokens: &[Token], findings: &mut Findings) {
-    if in_workflow_module(path, BRIDGE_MODULE) {
-        return;
-    }
-    for token in tokens.iter().filter(|t| t.is_ident("execute_trigger")) {
-        let message = "`execute_trigger` outside crates/outbox-workflow/src/bridge/".into();
-        findings.report(path, token.line, ONLY_THE_BRIDGE_EXECUTES_TRIGGERS, message);
-    }
 }
 
 /// R4 on one file.
@@ -337,20 +312,6 @@ fn in_path(path: &str, prefix: &str) -> bool {
     }
 }
 
-/// Whether `path` belongs to the workflow crate's module `module`.
-fn in_workflow_module(path: &str, module: &str) -> bool {
-    path.strip_prefix(WORKFLOW_SRC).is_some_and(|rest| {
-        rest == format!("{module}.rs") || rest.starts_with(&format!("{module}/"))
-    })
-}
-
-fn may_resume(path: &str) -> bool {
-    path.starts_with(SUBSCRIBER_CRATE)
-        || RESUMING_MODULES
-            .iter()
-            .any(|module| in_workflow_module(path, module))
-}
-
 /// The file and directory of module `name` declared (`mod name;`) in the
 /// file `path`.
 fn module_paths(path: &str, name: &str) -> [String; 2] {
@@ -364,35 +325,6 @@ fn module_paths(path: &str, name: &str) -> [String; 2] {
     [format!("{base}/{name}.rs"), format!("{base}/{name}/")]
 }
 
-/// Where `tokens` name one of `words` (whole words of identifiers, see
-/// [`has_word`]) or call `.run(`, by line: the line and what it names.
-fn run_calls(tokens: &[Token], words: &[&str]) -> Vec<(usize, String)> {
-    let mut found: Vec<(usize, String)> = tokens
-        .iter()
-        .filter(|t| {
-            t.ident()
-                .is_some_and(|i| words.iter().any(|w| has_word(i, w)))
-        })
-        .map(|t| (t.line, t.text()))
-        .collect();
-    found.extend(method_calls(tokens, "run").map(|line| (line, ".run(".to_owned())));
-    by_line(found)
-}
-
-/// Joins the findings of each line: `` `Runner`, `.run(` ``.
-fn by_line(mut found: Vec<(usize, String)>) -> Vec<(usize, String)> {
-    found.sort();
-    found.dedup();
-    let mut lines: Vec<(usize, String)> = Vec::new();
-    for (line, what) in found {
-        match lines.last_mut() {
-            Some((last, text)) if *last == line => text.push_str(&format!(", `{what}`")),
-            _ => lines.push((line, format!("`{what}`"))),
-        }
-    }
-    lines
-}
-
 /// Lines of `.name(` and `.name::<…>(` in `tokens`.
 fn method_calls<'t>(tokens: &'t [Token], name: &'t str) -> impl Iterator<Item = usize> + 't {
     tokens.windows(3).filter_map(move |w| {
@@ -400,42 +332,6 @@ fn method_calls<'t>(tokens: &'t [Token], name: &'t str) -> impl Iterator<Item = 
             w[0].is_punct('.') && w[1].is_ident(name) && (w[2].is_punct('(') || w[2].is_punct(':'));
         call.then_some(w[1].line)
     })
-}
-
-/// Whether identifier `ident`, split into words at `_` and at case changes
-/// (`NativeExecutor` → native, executor), has the word `word` (lowercase).
-fn has_word(ident: &str, word: &str) -> bool {
-    words(ident).iter().any(|w| w == word)
-}
-
-fn words(ident: &str) -> Vec<String> {
-    let chars: Vec<char> = ident.chars().collect();
-    let mut words = Vec::new();
-    let mut current = String::new();
-    for (i, &c) in chars.iter().enumerate() {
-        if c == '_' {
-            if !current.is_empty() {
-                words.push(std::mem::take(&mut current));
-            }
-            continue;
-        }
-        let prev = i.checked_sub(1).map(|p| chars[p]);
-        let next = chars.get(i + 1);
-        let boundary = c.is_uppercase()
-            && prev.is_some_and(|p| {
-                p.is_lowercase()
-                    || p.is_ascii_digit()
-                    || (p.is_uppercase() && next.is_some_and(|n| n.is_lowercase()))
-            });
-        if boundary && !current.is_empty() {
-            words.push(std::mem::take(&mut current));
-        }
-        current.extend(c.to_lowercase());
-    }
-    if !current.is_empty() {
-        words.push(current);
-    }
-    words
 }
 
 /// The token ranges of the bodies (`{` to `}`) of every `fn name`.
@@ -783,7 +679,7 @@ mod tests {
 
     /// Producers that follow R1 and R2.
     const GOOD_PRODUCERS: &str = r#"
-        //! Producers. Nothing here runs a workflow (no Runner, no executor).
+        //! Producers. Nothing here runs a workflow (this crate has no runner).
         use crate::events::{CONTINUE_REQUESTED, EXECUTION_REQUESTED};
 
         /// Publishes a run request; the subscriber calls `Runner::run`.
@@ -831,31 +727,6 @@ mod tests {
     }
 
     #[test]
-    fn r1_catches_a_producer_that_runs_in_place() {
-        let rule = MANUAL_AND_API_RUNS_PUBLISH;
-        let runs = r#"
-            pub async fn request_execution(tx: &mut OutboxTx<'_>) -> Result<Uuid, E> {
-                publish(tx, EXECUTION_REQUESTED).await?;
-                Runner::new()?.run(tx.conn(), id).await?;
-                Ok(id)
-            }
-            pub async fn request_continuation() { publish(CONTINUE_REQUESTED) }
-        "#;
-        assert_eq!(lines(rule, PRODUCERS, runs), [4]);
-        // Anywhere in producers.rs, under any name of the runner or executor.
-        let helper = r#"
-            use crate::runner::Runner;
-            fn go(e: &NativeExecutor) { e.execute_now(); }
-            pub async fn request_execution() { publish(EXECUTION_REQUESTED) }
-            pub async fn request_continuation() { publish(CONTINUE_REQUESTED) }
-        "#;
-        assert_eq!(lines(rule, PRODUCERS, helper), [2, 3]);
-        // request_execution elsewhere is held to the same rule.
-        let moved = "pub fn request_execution() { executor::run_now(EXECUTION_REQUESTED) }";
-        assert_eq!(lines(rule, "crates/outbox-workflow/src/api.rs", moved), [1]);
-    }
-
-    #[test]
     fn r1_requires_request_execution_to_publish_execution_requested() {
         let rule = MANUAL_AND_API_RUNS_PUBLISH;
         let silent = "pub async fn request_execution() { store::create(x) }\n\
@@ -887,17 +758,18 @@ mod tests {
         let rule = CONTINUATIONS_PUBLISH;
         let resume = "async fn go(r: &Runner) { r.resume(c, id, b, k, i).await; }";
         for path in [
-            "crates/outbox-workflow/src/runner/mod.rs",
-            "crates/outbox-workflow/src/executor.rs",
-            "crates/outbox-workflow/src/bridge/stream.rs",
+            "crates/outbox-workflow-runner/src/lib.rs",
+            "crates/outbox-workflow-bridge/src/executor.rs",
+            "crates/outbox-workflow-bridge/src/stream.rs",
             "crates/outbox-subscriber-workflow/src/lib.rs",
         ] {
             assert_eq!(lines(rule, path, resume), NONE, "{path}");
         }
         for path in [
             "crates/outbox-worker/src/lib.rs",
-            "crates/outbox-workflow/src/store/db.rs",
-            "crates/outbox-workflow/src/runner_helpers.rs",
+            "crates/outbox-workflow-store/src/db.rs",
+            "crates/outbox-workflow-sandbox/src/lib.rs",
+            "crates/outbox-workflow-runners/src/lib.rs",
         ] {
             assert_eq!(lines(rule, path, resume), [1], "{path}");
         }
@@ -907,43 +779,9 @@ mod tests {
     }
 
     #[test]
-    fn r3_keeps_execute_trigger_in_the_bridge() {
-        let rule = ONLY_THE_BRIDGE_EXECUTES_TRIGGERS;
-        let definition = "pub async fn execute_trigger(pool: &PgPool) -> Result<(), E> { Ok(()) }";
-        let call = "async fn serve() { bridge::execute_trigger(&pool).await?; }";
-        assert_eq!(
-            lines(rule, "crates/outbox-workflow/src/bridge/mod.rs", definition),
-            NONE
-        );
-        assert_eq!(
-            lines(rule, "crates/outbox-workflow/src/bridge/http.rs", call),
-            NONE
-        );
-        for path in [
-            "crates/outbox-workflow/src/lib.rs",
-            "crates/outbox-worker/src/bin/worker-general.rs",
-            "crates/outbox-workflow/src/bridgework/mod.rs",
-        ] {
-            assert_eq!(lines(rule, path, call), [1], "{path}");
-        }
-        // Mentioned in docs, strings and longer names: not the identifier.
-        let mentions = r##"
-            //! The bridge's `execute_trigger` runs stream triggers.
-            /// See [`execute_trigger`].
-            fn route() -> &'static str { "/execute_trigger" }
-            const R: &str = r#"execute_trigger"#;
-            fn execute_trigger_count() {}
-        "##;
-        assert_eq!(
-            lines(rule, "crates/outbox-worker/src/http.rs", mentions),
-            NONE
-        );
-    }
-
-    #[test]
     fn r4_catches_a_trigger_facade() {
         let rule = NO_LEGACY_TRIGGER_FACADE;
-        let path = "crates/outbox-workflow/src/engine.rs";
+        let path = "crates/outbox-workflow-runner/src/engine.rs";
         let facade = "pub struct Engine;\nimpl Engine {\n    fn trigger(&self) {}\n}";
         assert_eq!(lines(rule, path, facade), [3]);
         let variants = "pub(crate) async fn trigger<T>(t: T) {}\n\
@@ -958,7 +796,7 @@ mod tests {
 
     #[test]
     fn test_modules_are_left_out() {
-        let path = "crates/outbox-workflow/src/registry.rs";
+        let path = "crates/outbox-workflow-model/src/registry.rs";
         let inline = "fn real() {}\n#[cfg(test)]\n#[allow(dead_code)]\nmod tests {\n    \
                       fn trigger() { execute_trigger(); }\n}\nfn trigger() {}";
         assert_eq!(
@@ -1021,13 +859,110 @@ mod tests {
         assert_eq!(idents, expected);
     }
 
+    /// The crates that run workflows.
+    const RUNNING: [&str; 3] = [
+        "outbox-workflow-runner",
+        "outbox-workflow-sandbox",
+        "outbox-workflow-bridge",
+    ];
+
+    /// The crates `from` depends on (normal dependencies), directly or
+    /// through other crates of `graph`.
+    fn reachable(
+        graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        from: &str,
+    ) -> std::collections::BTreeSet<String> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut todo = vec![from.to_owned()];
+        while let Some(name) = todo.pop() {
+            for dep in graph.get(&name).into_iter().flatten() {
+                if seen.insert(dep.clone()) {
+                    todo.push(dep.clone());
+                }
+            }
+        }
+        seen
+    }
+
+    /// What replaced the lexing of R1 and R3: the producer side cannot
+    /// name the runner, the sandbox or the bridge. The model, the store
+    /// (with the producers) and `outbox-publish` (what applications
+    /// compile) reach none of them through any crate; the CLI does not
+    /// depend on them itself (it reaches the runner and the bridge only
+    /// through `outbox-catalog`'s descriptions of the subscribers, so its
+    /// code cannot name them either).
     #[test]
-    fn identifiers_split_into_words() {
-        assert_eq!(words("NativeExecutor"), ["native", "executor"]);
-        assert_eq!(words("HTTPExecutor"), ["http", "executor"]);
-        assert_eq!(words("execute_trigger"), ["execute", "trigger"]);
-        assert_eq!(words("EXECUTION_REQUESTED"), ["execution", "requested"]);
-        assert_eq!(words("runner2Go"), ["runner2", "go"]);
+    fn producer_side_crates_cannot_reach_the_runner() {
+        let graph = crate::crate_table::workspace_graph();
+        for name in RUNNING.iter().chain(&["outbox-workflow-store"]) {
+            assert!(graph.contains_key(*name), "no package {name}");
+        }
+        for producer in [
+            "outbox-workflow-model",
+            "outbox-workflow-store",
+            "outbox-publish",
+        ] {
+            let reached = reachable(&graph, producer);
+            for running in RUNNING {
+                assert!(
+                    !reached.contains(running),
+                    "{producer} depends on {running} (directly or through another crate): \
+                     producers must publish, not run"
+                );
+            }
+        }
+        let cli = &graph["outbox-cli"];
+        for running in RUNNING {
+            assert!(
+                !cli.contains(running),
+                "outbox-cli depends on {running}: its workflow commands publish, never run"
+            );
+        }
+    }
+
+    /// The bottom of the workflow crates is pure: definitions and
+    /// validation depend on no database, runtime, network or sandbox crate,
+    /// so the producers and the CLI's `validate` compile none for it.
+    #[test]
+    fn the_workflow_model_depends_on_no_database_runtime_or_network_crate() {
+        let graph = crate::crate_table::dependency_graph();
+        let model = &graph["outbox-workflow-model"];
+        for io in [
+            "diesel",
+            "diesel-async",
+            "tokio",
+            "reqwest",
+            "axum",
+            "redis",
+            "rquickjs",
+            "outbox-model",
+            "outbox-publish",
+        ] {
+            assert!(
+                !model.contains(io),
+                "outbox-workflow-model depends on {io}: keep the model pure"
+            );
+        }
+    }
+
+    #[test]
+    fn reachability_follows_paths_through_other_crates() {
+        let graph = [
+            ("store", vec!["model", "publish"]),
+            ("publish", vec!["helper"]),
+            ("helper", vec!["outbox-workflow-runner"]),
+            ("model", vec![]),
+        ]
+        .into_iter()
+        .map(|(name, deps)| {
+            let deps = deps.into_iter().map(str::to_owned).collect();
+            (name.to_owned(), deps)
+        })
+        .collect();
+        let reached = reachable(&graph, "store");
+        assert!(reached.contains("outbox-workflow-runner"));
+        assert!(!reached.contains("store"));
+        assert_eq!(reachable(&graph, "model").len(), 0);
     }
 
     /// The real workspace keeps every rule.

@@ -43,7 +43,7 @@ pub const PARTS: &[Part] = &[
                    & test(=tests::standard_table_routes_as_the_contract_says)) \
                  | (binary_id(=outbox-dispatch::router_props) \
                    & test(=standard_table_routes_by_the_contract)) \
-                 | (binary_id(=outbox-workflow::producers) \
+                 | (binary_id(=outbox-workflow-store::producers) \
                    & test(=every_workflow_event_routes_to_the_workflow_queue))",
     },
     Part {
@@ -53,14 +53,14 @@ pub const PARTS: &[Part] = &[
     },
     Part {
         name: "native/hybrid/http selection",
-        filter: "binary_id(=outbox-workflow::executor)",
+        filter: "binary_id(=outbox-workflow-bridge::executor)",
     },
     Part {
         name: "credential-free native boundaries",
-        filter: "(binary_id(=outbox-workflow::definitions) \
+        filter: "(binary_id(=outbox-workflow-model::definitions) \
                    & (test(=the_realistic_workflow_is_valid_and_walkable) \
                       | test(=preflight_names_the_first_bridge_block_in_order))) \
-                 | (binary_id(=outbox-workflow::runner) \
+                 | (binary_id(=outbox-workflow-runner::runner) \
                    & test(=a_bridge_only_block_rejects_the_run_before_its_first_block))",
     },
     Part {
@@ -73,7 +73,7 @@ pub const PARTS: &[Part] = &[
     },
     Part {
         name: "manual/API/continuation producers",
-        filter: "binary_id(=outbox-workflow::producers)",
+        filter: "binary_id(=outbox-workflow-store::producers)",
     },
     Part {
         name: "source inventory",
@@ -81,15 +81,15 @@ pub const PARTS: &[Part] = &[
     },
     Part {
         name: "capability matrix",
-        filter: "binary_id(=outbox-workflow::registry_matrix)",
+        filter: "binary_id(=outbox-workflow-model::registry_matrix)",
     },
     Part {
         name: "bridge signature checks",
-        filter: "binary_id(=outbox-workflow::bridge)",
+        filter: "binary_id(=outbox-workflow-bridge::bridge)",
     },
     Part {
         name: "one writer per run, resumed after kills",
-        filter: "binary_id(=outbox-workflow::lease) | binary_id(=outbox-worker::workflow_kills)",
+        filter: "binary_id(=outbox-workflow-runner::lease) | binary_id(=outbox-worker::workflow_kills)",
     },
 ];
 
@@ -342,7 +342,7 @@ mod tests {
 
     const PART: Part = Part {
         name: "producers",
-        filter: "binary_id(=outbox-workflow::producers)",
+        filter: "binary_id(=outbox-workflow-store::producers)",
     };
 
     fn tests(ids: &[&str]) -> Listing {

@@ -2,7 +2,7 @@
 //! runs of one; and the workflow section of `outbox health` (executions
 //! stuck in `queued` or `running`).
 //!
-//! Everything here reads through `outbox_workflow::store`; nothing writes.
+//! Everything here reads through `outbox_workflow_store`; nothing writes.
 //! The commands that change workflows and runs (`validate`, `save`,
 //! `publish`, `versions`, `start`, `answer`, `cancel`) are dispatched from
 //! here to their modules in `workflow_admin`.
@@ -18,9 +18,10 @@ use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxStatus;
 use outbox_model::schema::outbox_event;
-use outbox_workflow::events::execution_requested_key;
-use outbox_workflow::store::{
-    self, ExecutionFilter, ExecutionStatus, TriggerKind, WorkflowBlockExecution, WorkflowExecution,
+use outbox_workflow_model::events::execution_requested_key;
+use outbox_workflow_store::{
+    self as store, ExecutionFilter, ExecutionStatus, TriggerKind, WorkflowBlockExecution,
+    WorkflowExecution,
 };
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -500,9 +501,9 @@ pub async fn health(
             }
         })
         .collect();
-    let orphaned = outbox_workflow::sweep::count_orphaned_runs(
+    let orphaned = outbox_workflow_store::sweep::count_orphaned_runs(
         conn,
-        outbox_workflow::runner::DEFAULT_LEASE,
+        outbox_workflow_store::sweep::DEFAULT_LEASE,
         ORPHAN_ALERT_AFTER,
     )
     .await?;

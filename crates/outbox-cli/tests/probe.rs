@@ -32,8 +32,8 @@ use diesel_async::RunQueryDsl;
 use outbox_model::schema::{outbox_event, workflow_execution};
 use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_test_support::{ChildOutput, eventually};
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowStatus};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_store::{self as store, ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

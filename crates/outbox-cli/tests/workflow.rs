@@ -8,10 +8,10 @@ mod common;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_publish::OutboxTx;
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::producers::{self, ProducerError, RunTrigger};
-use outbox_workflow::runner::{RunOutcome, Runner};
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowStatus};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_runner::{RunOutcome, Runner};
+use outbox_workflow_store::producers::{self, ProducerError, RunTrigger};
+use outbox_workflow_store::{self as store, ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -13,8 +13,8 @@ use std::process::{Command, Stdio};
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::{outbox_event, workflow, workflow_execution, workflow_version};
-use outbox_workflow::runner::{RunOutcome, Runner};
-use outbox_workflow::store::{self, ExecutionStatus};
+use outbox_workflow_runner::{RunOutcome, Runner};
+use outbox_workflow_store::{self as store, ExecutionStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -1,7 +1,7 @@
 //! The `outbox.workflow` subscriber: [`WorkflowHandler`] consumes the
 //! `workflow.*` events and runs executions through an
-//! [`outbox_workflow::executor::Executor`]: natively, on the signed bridge,
-//! or either (`WORKFLOW_EXECUTOR=native|http|hybrid`).
+//! [`outbox_workflow_bridge::executor::Executor`]: natively, on the signed
+//! bridge, or either (`WORKFLOW_EXECUTOR=native|http|hybrid`).
 //!
 //! - `workflow.trigger.event`: for each of the tenant's live workflows whose
 //!   `eventTrigger` matches the entity and event, creates an execution (the
@@ -14,7 +14,7 @@
 //!   execution no longer waits in that block, the job does nothing.
 //!
 //! A job that finds its run held by another job (a live lease, see
-//! [`outbox_workflow::runner`]) leaves it alone. Runs whose holder died
+//! [`outbox_workflow_runner`]) leaves it alone. Runs whose holder died
 //! are resumed by [`sweep`], which the general group runs beside the
 //! handler.
 //!
@@ -28,19 +28,19 @@ use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{
     ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
 };
-use outbox_workflow::events::{
+use outbox_workflow_bridge::executor::{ExecuteError, Executor};
+use outbox_workflow_model::events::{
     CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
     TRIGGER_EVENT, TriggerEventPayload,
 };
-use outbox_workflow::executor::{ExecuteError, Executor};
-use outbox_workflow::runner::RunOutcome;
-use outbox_workflow::store::{self, StoreError};
+use outbox_workflow_runner::RunOutcome;
+use outbox_workflow_store::{self as store, StoreError};
 
 /// The queue this crate's handler consumes and what it reads there.
 pub const CONSUMES: &[ConsumedQueue] = &[ConsumedQueue {
     queue: queues::WORKFLOW,
     routes: &["workflow."],
-    payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow`'s producers)",
+    payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow-store`'s producers)",
 }];
 
 /// What this crate adds to a worker: workflow triggers, runs and
@@ -104,7 +104,7 @@ fn log_outcome(execution: uuid::Uuid, outcome: &RunOutcome) {
 
 /// Every `every`, until `shutdown`: requests the resume of the runs left
 /// `running` whose lease (`lease`, the runners') expired
-/// ([`outbox_workflow::sweep::resume_orphans`]). Several workers may sweep
+/// ([`outbox_workflow_store::sweep::resume_orphans`]). Several workers may sweep
 /// at once: each dead holder's run gets one resume event. Counts
 /// `outbox_workflow_runs_resumed_total` and logs what it found.
 pub async fn sweep(
@@ -119,7 +119,7 @@ pub async fn sweep(
             () = tokio::time::sleep(every) => {}
         }
         let pass = match pool.get().await {
-            Ok(mut conn) => outbox_workflow::sweep::resume_orphans(&mut conn, lease)
+            Ok(mut conn) => outbox_workflow_store::sweep::resume_orphans(&mut conn, lease)
                 .await
                 .map_err(|e| e.to_string()),
             Err(e) => Err(format!("database error: {e}")),

@@ -13,11 +13,11 @@ use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_test_support::{LogCapture, TestDatabase};
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::executor::Executor;
-use outbox_workflow::producers::{self, EventContext, ProducerError, RunTrigger};
-use outbox_workflow::runner::{AddressPolicy, EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, Runner};
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use outbox_workflow_bridge::executor::Executor;
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_runner::{AddressPolicy, EMAIL_EVENT, HOOK_EXECUTED, HOOK_FAILED, Runner};
+use outbox_workflow_store::producers::{self, EventContext, ProducerError, RunTrigger};
+use outbox_workflow_store::{self as store, ExecutionStatus, WorkflowExecution, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 

@@ -1,5 +1,5 @@
 //! The `workflow-bridge` process: the signed workflow bridge
-//! ([`outbox_workflow::bridge::router`]) with `/healthz`, `/readyz`
+//! ([`outbox_workflow_bridge::router`]) with `/healthz`, `/readyz`
 //! (Postgres) and `/metrics`, pruning of old request ids, a graceful stop
 //! on SIGTERM, and span export over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! is set (as the workers do; service name `workflow-bridge` by default).
@@ -16,8 +16,8 @@ use diesel_async::RunQueryDsl;
 use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_postgres::PgPool;
 use outbox_queue::redact_url;
-use outbox_workflow::bridge::{BridgeState, prune_request_ids, router};
-use outbox_workflow::runner::Runner;
+use outbox_workflow_bridge::{BridgeState, prune_request_ids, router};
+use outbox_workflow_runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
@@ -134,7 +134,7 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
         })?;
     let runner = Runner::with_address_policy(config.address_policy.clone())
         .context("cannot build the workflow runner's HTTP client")?
-        .with_bridge_blocks()
+        .with_bridge_blocks(std::sync::Arc::new(outbox_workflow_sandbox::QuickJs))
         .with_lease(config.workflow_lease);
     let app = router(BridgeState::new(
         pool.clone(),

@@ -8,8 +8,8 @@ use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
 use outbox_http_guard::{AddressPolicy, AllowList, AllowListError};
 use outbox_queue::{QueueError, redact_url};
 use outbox_subscriber::WorkerSettings;
-use outbox_workflow::bridge::BridgeSecret;
-use outbox_workflow::executor::{ExecutorMode, UnknownExecutor};
+use outbox_workflow_bridge::BridgeSecret;
+use outbox_workflow_bridge::executor::{ExecutorMode, UnknownExecutor};
 
 use crate::variables::{self as v, Flag, Text, WORKER_HTTP_ADDR_GENERAL, Whole};
 
@@ -143,12 +143,12 @@ pub struct WorkerConfig {
     /// `hybrid` and `http` executors.
     pub workflow_bridge: Option<BridgeSettings>,
     /// `WORKFLOW_RUN_LEASE_MS`: how long a workflow run stays held after
-    /// its holder's last write ([`outbox_workflow::runner::DEFAULT_LEASE`]),
+    /// its holder's last write ([`outbox_workflow_runner::DEFAULT_LEASE`]),
     /// so how soon a run whose worker died can be resumed.
     pub workflow_lease: Duration,
     /// `WORKFLOW_SWEEP_INTERVAL_MS`: how often the general group looks for
     /// runs left `running` with an expired lease and requests their resume
-    /// ([`outbox_workflow::sweep::DEFAULT_SWEEP_INTERVAL`]).
+    /// ([`outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL`]).
     pub workflow_sweep_interval: Duration,
 }
 

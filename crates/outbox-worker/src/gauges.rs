@@ -5,7 +5,7 @@ use std::time::Duration;
 use outbox_dispatch::stats::pending_figures;
 use outbox_postgres::PgPool;
 use outbox_queue::{QueueNamespace, queue_stats};
-use outbox_workflow::store::{ExecutionStatus, stuck_executions};
+use outbox_workflow_store::{ExecutionStatus, stuck_executions};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 

@@ -42,9 +42,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
-use outbox_workflow::bridge::BridgeClient;
-use outbox_workflow::executor::Executor;
-use outbox_workflow::runner::Runner;
+use outbox_workflow_bridge::BridgeClient;
+use outbox_workflow_bridge::executor::Executor;
+use outbox_workflow_runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};

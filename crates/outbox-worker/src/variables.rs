@@ -432,7 +432,7 @@ pub const WORKFLOW_BRIDGE_SECRET: Text = Text {
 /// `WORKFLOW_RUN_LEASE_MS`.
 pub const WORKFLOW_RUN_LEASE_MS: Whole = Whole {
     name: "WORKFLOW_RUN_LEASE_MS",
-    default: millis(outbox_workflow::runner::DEFAULT_LEASE),
+    default: millis(outbox_workflow_runner::DEFAULT_LEASE),
     min: 100,
     max: 86_400_000,
     meaning: "how long a workflow run stays held after its holder's last write (an HTTP call holds it for its timeout plus this), so how soon a run whose worker died is resumed, in ms",
@@ -440,7 +440,7 @@ pub const WORKFLOW_RUN_LEASE_MS: Whole = Whole {
 /// `WORKFLOW_SWEEP_INTERVAL_MS`.
 pub const WORKFLOW_SWEEP_INTERVAL_MS: Whole = Whole {
     name: "WORKFLOW_SWEEP_INTERVAL_MS",
-    default: millis(outbox_workflow::sweep::DEFAULT_SWEEP_INTERVAL),
+    default: millis(outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL),
     min: 100,
     max: MAX_MILLIS,
     meaning: "how often worker-general looks for workflow runs left running with an expired lease and requests their resume, in ms",

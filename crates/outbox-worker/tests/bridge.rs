@@ -15,10 +15,10 @@ use common::{BRIDGE, BRIDGE_SECRET, GENERAL, MAIL, Stack};
 use diesel_async::AsyncConnection;
 use outbox_publish::OutboxTx;
 use outbox_trace::TraceContext;
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::bridge::{BridgeCallError, BridgeClient, BridgeSecret};
-use outbox_workflow::producers::{self, EventContext, ProducerError};
-use outbox_workflow::store::{self, WorkflowStatus};
+use outbox_workflow_bridge::{BridgeCallError, BridgeClient, BridgeSecret};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_store::producers::{self, EventContext, ProducerError};
+use outbox_workflow_store::{self as store, WorkflowStatus};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::{GENERAL, MAIL, Stack};
 use outbox_publish::NewOutboxEvent;
 use outbox_worker::catalog::{Kind, METRICS};
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::store::{self, NewExecution, TriggerKind, WorkflowStatus};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_store::{self as store, NewExecution, TriggerKind, WorkflowStatus};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

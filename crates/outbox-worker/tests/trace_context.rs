@@ -37,12 +37,12 @@ use outbox_subscriber_webhook::{
 use outbox_subscriber_workflow::WorkflowHandler;
 use outbox_test_support::{ReceivedRequest, eventually};
 use outbox_trace::TraceContext;
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::bridge::{BridgeClient, BridgeSecret, BridgeState};
-use outbox_workflow::executor::{Executor, ExecutorMode};
-use outbox_workflow::producers::{self, EventContext, ProducerError};
-use outbox_workflow::runner::{AddressPolicy, Runner};
-use outbox_workflow::store::{self, WorkflowStatus};
+use outbox_workflow_bridge::executor::{Executor, ExecutorMode};
+use outbox_workflow_bridge::{BridgeClient, BridgeSecret, BridgeState};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_runner::{AddressPolicy, Runner};
+use outbox_workflow_store::producers::{self, EventContext, ProducerError};
+use outbox_workflow_store::{self as store, WorkflowStatus};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -486,9 +486,9 @@ fn workflow_group(stack: &Stack, _store: RedisIdempotencyStore) -> HandlerGroup 
             .unwrap();
         let runner = Runner::with_address_policy(AddressPolicy::allow_internal(true))
             .unwrap()
-            .with_bridge_blocks();
+            .with_bridge_blocks(std::sync::Arc::new(outbox_workflow_sandbox::QuickJs));
         let secret = BridgeSecret::new(BRIDGE_SECRET).unwrap();
-        let app = outbox_workflow::bridge::router(BridgeState::new(pool, runner, vec![secret]));
+        let app = outbox_workflow_bridge::router(BridgeState::new(pool, runner, vec![secret]));
         let listener = tokio::net::TcpListener::from_std(listener).unwrap();
         axum::serve(listener, app).await.unwrap();
     });

@@ -23,8 +23,8 @@ use outbox_model::schema::outbox_event;
 use outbox_publish::OutboxTx;
 use outbox_queue::{OutboxJob, RedisSettings, push_raw, queues};
 use outbox_worker::{Group, WorkerConfig, handler_group};
-use outbox_workflow::producers::{self, EventContext, ProducerError};
-use outbox_workflow::store::{ExecutionStatus, WorkflowStatus};
+use outbox_workflow_store::producers::{self, EventContext, ProducerError};
+use outbox_workflow_store::{ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 use workflow_support::{

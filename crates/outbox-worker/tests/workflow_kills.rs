@@ -24,9 +24,9 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_model::schema::{outbox_event, workflow_block_execution};
 use outbox_queue::{OutboxJob, RedisSettings, push_raw, queues};
 use outbox_test_support::{ReceivedRequest, eventually};
-use outbox_workflow::events::EXECUTION_REQUESTED;
-use outbox_workflow::runner::{IDEMPOTENCY_KEY_HEADER, idempotency_key};
-use outbox_workflow::store::{ExecutionStatus, WorkflowStatus};
+use outbox_workflow_model::events::EXECUTION_REQUESTED;
+use outbox_workflow_runner::{IDEMPOTENCY_KEY_HEADER, idempotency_key};
+use outbox_workflow_store::{ExecutionStatus, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 use workflow_support::{

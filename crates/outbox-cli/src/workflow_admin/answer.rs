@@ -6,7 +6,7 @@
 
 use clap::Args;
 use outbox_publish::PublishOutcome;
-use outbox_workflow::admin::{self, AnsweredRun};
+use outbox_workflow_store::admin::{self, AnsweredRun};
 use serde_json::json;
 use uuid::Uuid;
 

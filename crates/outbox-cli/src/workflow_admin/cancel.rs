@@ -5,7 +5,7 @@
 //! stops at its next block.
 
 use clap::Args;
-use outbox_workflow::store::{self, CancelError, CancelledExecution};
+use outbox_workflow_store::{self as store, CancelError, CancelledExecution};
 use serde_json::json;
 use uuid::Uuid;
 

@@ -1,6 +1,6 @@
 //! `outbox workflow validate | save | publish | versions | start | answer |
 //! cancel`: workflows without Rust. One module per command, each its
-//! arguments, the call into `outbox_workflow::admin` (or
+//! arguments, the call into `outbox_workflow_store::admin` (or
 //! `store::cancel_execution`) that does the work, and its rendering; what
 //! they share is here: reading `--input`, and the exit status of a refusal.
 //!
@@ -19,7 +19,7 @@ pub mod versions;
 
 use anyhow::Context as _;
 use clap::Args;
-use outbox_workflow::admin::{AdminError, DocumentSource};
+use outbox_workflow_store::admin::{AdminError, DocumentSource};
 use serde_json::{Value, json};
 
 use crate::{ExitStatus, Failure};

@@ -2,8 +2,8 @@
 //! name) live on its current version.
 
 use clap::Args;
-use outbox_workflow::admin;
-use outbox_workflow::store::{Workflow, WorkflowRef};
+use outbox_workflow_store::admin;
+use outbox_workflow_store::{Workflow, WorkflowRef};
 use serde_json::json;
 
 use super::failure;

@@ -4,8 +4,8 @@
 //! the status.
 
 use clap::Args;
-use outbox_workflow::admin::{self, DocumentSource};
-use outbox_workflow::store::{SavedWorkflow, WorkflowStatus};
+use outbox_workflow_store::admin::{self, DocumentSource};
+use outbox_workflow_store::{SavedWorkflow, WorkflowStatus};
 use serde_json::json;
 
 use super::failure;

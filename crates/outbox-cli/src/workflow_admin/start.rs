@@ -5,8 +5,8 @@
 //! worker consuming `outbox.workflow` does.
 
 use clap::Args;
-use outbox_workflow::admin::{self, StartedRun};
-use outbox_workflow::store::{ExecutionStatus, WorkflowRef};
+use outbox_workflow_store::admin::{self, StartedRun};
+use outbox_workflow_store::{ExecutionStatus, WorkflowRef};
 use serde_json::json;
 
 use super::{InputArgs, failure};

@@ -4,8 +4,8 @@
 //! file cannot be read.
 
 use clap::Args;
-use outbox_workflow::ValidatedWorkflow;
-use outbox_workflow::admin::DocumentSource;
+use outbox_workflow_model::ValidatedWorkflow;
+use outbox_workflow_store::admin::DocumentSource;
 use serde::Serialize;
 
 use crate::{Cli, ExitStatus, Failure, Outcome, print_json};
@@ -37,7 +37,7 @@ struct Report {
 }
 
 impl Report {
-    fn of(result: &Result<ValidatedWorkflow, outbox_workflow::DefinitionError>) -> Self {
+    fn of(result: &Result<ValidatedWorkflow, outbox_workflow_model::DefinitionError>) -> Self {
         match result {
             Ok(workflow) => Self {
                 valid: true,

@@ -2,8 +2,8 @@
 //! workflow (id or name), oldest first, the current one marked.
 
 use clap::Args;
-use outbox_workflow::admin;
-use outbox_workflow::store::{VersionSummary, Workflow, WorkflowRef};
+use outbox_workflow_store::admin;
+use outbox_workflow_store::{VersionSummary, Workflow, WorkflowRef};
 use serde_json::json;
 
 use super::failure;

@@ -12,9 +12,9 @@ use outbox_model::schema::workflow_block_execution;
 use outbox_publish::OutboxTx;
 use outbox_queue::queues;
 use outbox_test_support::{TestDatabase, eventually, workflow_e2e_server_url};
-use outbox_workflow::WorkflowDefinition;
-use outbox_workflow::producers::{self, ProducerError, RunTrigger};
-use outbox_workflow::store::{self, ExecutionStatus, WorkflowExecution, WorkflowStatus};
+use outbox_workflow_model::WorkflowDefinition;
+use outbox_workflow_store::producers::{self, ProducerError, RunTrigger};
+use outbox_workflow_store::{self as store, ExecutionStatus, WorkflowExecution, WorkflowStatus};
 use serde_json::Value;
 use uuid::Uuid;
 

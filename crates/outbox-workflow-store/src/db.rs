@@ -1,0 +1,512 @@
+//! The SQL of the workflow store, in diesel's DSL.
+
+use diesel::dsl::{exists, now};
+use diesel::pg::Pg;
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use outbox_model::schema::{application_event, workflow, workflow_execution, workflow_version};
+use outbox_workflow_model::events::TriggerEventPayload;
+use outbox_workflow_model::{BlockParams, ValidatedWorkflow, WorkflowDefinition};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::{
+    ExecutionStatus, StoreError, TriggerKind, Workflow, WorkflowExecution, WorkflowStatus,
+};
+
+/// What [`save_workflow`] did.
+#[derive(Debug, Clone)]
+pub struct SavedWorkflow {
+    /// The workflow row after the save.
+    pub workflow: Workflow,
+    /// The version the definition was saved as (now the current one).
+    pub version: i32,
+    /// True when a new version row was written; false when the current
+    /// draft version was overwritten in place.
+    pub new_version: bool,
+    /// The definition as validated and stored.
+    pub definition: ValidatedWorkflow,
+}
+
+/// Saves `definition` as workflow `name` of `tenant_id` with status
+/// `status`, creating the workflow on its first save.
+///
+/// The definition is validated first; a refused definition writes nothing.
+/// Then, in one transaction (a savepoint inside the caller's):
+///
+/// - a new workflow gets version 1;
+/// - a workflow that is a draft and stays a draft has its current version
+///   overwritten in place, unless an execution already started on it;
+/// - otherwise (it is or becomes live, or its draft version is in use) the
+///   definition is appended as version n+1.
+///
+/// The saved version becomes the current one and the status is set. The
+/// workflow row is locked for the save, so concurrent saves of one
+/// workflow take turns and each gets its own version.
+///
+/// # Errors
+///
+/// [`StoreError::Definition`] (naming the block at fault) when validation
+/// refuses the definition; [`StoreError::Database`] otherwise.
+pub async fn save_workflow(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    name: &str,
+    status: WorkflowStatus,
+    definition: &WorkflowDefinition,
+) -> Result<SavedWorkflow, StoreError> {
+    let validated = definition.validate()?;
+    let json = serde_json::to_value(&validated)?;
+    conn.transaction::<_, StoreError, _>(async move |conn| {
+        // Create the row on the first save (version 1, its version row
+        // follows: the foreign key to it is deferred); lock it either way.
+        let inserted: Option<Uuid> = diesel::insert_into(workflow::table)
+            .values((
+                workflow::tenant_id.eq(tenant_id),
+                workflow::name.eq(name),
+                workflow::status.eq(status.as_str()),
+                workflow::current_version.eq(1),
+            ))
+            .on_conflict((workflow::tenant_id, workflow::name))
+            .do_nothing()
+            .returning(workflow::id)
+            .get_result(conn)
+            .await
+            .optional()?;
+        let (version, new_version) = if let Some(id) = inserted {
+            insert_version(conn, id, 1, &json).await?;
+            (1, true)
+        } else {
+            let current: Workflow = workflow::table
+                .filter(workflow::tenant_id.eq(tenant_id))
+                .filter(workflow::name.eq(name))
+                .select(Workflow::as_select())
+                .for_update()
+                .get_result(conn)
+                .await?;
+            let in_use: bool = diesel::select(exists(
+                workflow_execution::table
+                    .filter(workflow_execution::workflow_id.eq(current.id))
+                    .filter(workflow_execution::workflow_version.eq(current.current_version)),
+            ))
+            .get_result(conn)
+            .await?;
+            let overwrite = current.status == WorkflowStatus::Draft
+                && status == WorkflowStatus::Draft
+                && !in_use;
+            if overwrite {
+                diesel::update(workflow_version::table)
+                    .filter(workflow_version::workflow_id.eq(current.id))
+                    .filter(workflow_version::version.eq(current.current_version))
+                    .set((
+                        workflow_version::definition.eq(&json),
+                        workflow_version::created_at.eq(now),
+                    ))
+                    .execute(conn)
+                    .await?;
+                (current.current_version, false)
+            } else {
+                // After the newest version, not the current one: versions
+                // are never reused.
+                let newest: Option<i32> = workflow_version::table
+                    .filter(workflow_version::workflow_id.eq(current.id))
+                    .select(diesel::dsl::max(workflow_version::version))
+                    .get_result(conn)
+                    .await?;
+                let next = newest.unwrap_or(0) + 1;
+                insert_version(conn, current.id, next, &json).await?;
+                (next, true)
+            }
+        };
+        let workflow: Workflow = diesel::update(workflow::table)
+            .filter(workflow::tenant_id.eq(tenant_id))
+            .filter(workflow::name.eq(name))
+            .set((
+                workflow::status.eq(status.as_str()),
+                workflow::current_version.eq(version),
+                workflow::updated_at.eq(now),
+            ))
+            .returning(Workflow::as_returning())
+            .get_result(conn)
+            .await?;
+        Ok(SavedWorkflow {
+            workflow,
+            version,
+            new_version,
+            definition: validated,
+        })
+    })
+    .await
+}
+
+async fn insert_version(
+    conn: &mut AsyncPgConnection,
+    workflow_id: Uuid,
+    version: i32,
+    definition: &Value,
+) -> Result<(), StoreError> {
+    diesel::insert_into(workflow_version::table)
+        .values((
+            workflow_version::workflow_id.eq(workflow_id),
+            workflow_version::version.eq(version),
+            workflow_version::definition.eq(definition),
+        ))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Sets the status of workflow `workflow_id` of `tenant_id`; the current
+/// version stays. Setting the status it already has changes nothing but
+/// `updated_at`.
+///
+/// # Errors
+///
+/// [`StoreError::WorkflowNotFound`] when the tenant has no such workflow.
+pub async fn set_status(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    workflow_id: Uuid,
+    status: WorkflowStatus,
+) -> Result<Workflow, StoreError> {
+    diesel::update(workflow::table)
+        .filter(workflow::id.eq(workflow_id))
+        .filter(workflow::tenant_id.eq(tenant_id))
+        .set((
+            workflow::status.eq(status.as_str()),
+            workflow::updated_at.eq(now),
+        ))
+        .returning(Workflow::as_returning())
+        .get_result(conn)
+        .await
+        .optional()?
+        .ok_or(StoreError::WorkflowNotFound { workflow_id })
+}
+
+/// Makes the workflow live: [`set_status`] with [`WorkflowStatus::Live`].
+/// Its current version is what triggers start from now on.
+///
+/// # Errors
+///
+/// As [`set_status`].
+pub async fn publish(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    workflow_id: Uuid,
+) -> Result<Workflow, StoreError> {
+    set_status(conn, tenant_id, workflow_id, WorkflowStatus::Live).await
+}
+
+/// Loads version `version` of workflow `workflow_id`, validated again.
+///
+/// # Errors
+///
+/// [`StoreError::VersionNotFound`] when there is no such version;
+/// [`StoreError::StoredDefinition`] when the stored definition no longer
+/// validates.
+pub async fn load_version(
+    conn: &mut AsyncPgConnection,
+    workflow_id: Uuid,
+    version: i32,
+) -> Result<ValidatedWorkflow, StoreError> {
+    let definition: Value = workflow_version::table
+        .find((workflow_id, version))
+        .select(workflow_version::definition)
+        .get_result(conn)
+        .await
+        .optional()?
+        .ok_or(StoreError::VersionNotFound {
+            workflow_id,
+            version,
+        })?;
+    validate_stored(workflow_id, version, definition)
+}
+
+fn validate_stored(
+    workflow_id: Uuid,
+    version: i32,
+    definition: Value,
+) -> Result<ValidatedWorkflow, StoreError> {
+    WorkflowDefinition::from_value(definition)
+        .and_then(ValidatedWorkflow::try_from)
+        .map_err(|source| StoreError::StoredDefinition {
+            workflow_id,
+            version,
+            source: Box::new(source),
+        })
+}
+
+/// A live workflow whose trigger matched, with the version a run would
+/// start on.
+#[derive(Debug, Clone)]
+pub struct LiveWorkflow {
+    /// The workflow row.
+    pub workflow: Workflow,
+    /// Its current version.
+    pub version: i32,
+    /// That version's definition.
+    pub definition: ValidatedWorkflow,
+}
+
+/// The live workflows of `tenant_id` whose `eventTrigger` listens to
+/// `event` on `entity` (exact match of both), on their current version,
+/// ordered by name. Drafts and other tenants' workflows never match.
+///
+/// # Errors
+///
+/// [`StoreError::StoredDefinition`] when a candidate's stored definition no
+/// longer validates; [`StoreError::Database`].
+pub async fn live_event_workflows(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    entity: &str,
+    event: &str,
+) -> Result<Vec<LiveWorkflow>, StoreError> {
+    use diesel::PgJsonbExpressionMethods as _;
+
+    // Narrow in SQL by containment; the trigger's own rule decides below.
+    let pattern = json!({ "blocks": [{
+        "type": "eventTrigger",
+        "params": { "entity": entity, "event": event },
+    }] });
+    let candidates: Vec<(Workflow, Value)> = workflow::table
+        .inner_join(
+            workflow_version::table.on(workflow_version::workflow_id
+                .eq(workflow::id)
+                .and(workflow_version::version.eq(workflow::current_version))),
+        )
+        .filter(workflow::tenant_id.eq(tenant_id))
+        .filter(workflow::status.eq(WorkflowStatus::Live.as_str()))
+        .filter(workflow_version::definition.contains(pattern))
+        .order(workflow::name)
+        .select((Workflow::as_select(), workflow_version::definition))
+        .load(conn)
+        .await?;
+    let mut matched = Vec::with_capacity(candidates.len());
+    for (workflow, definition) in candidates {
+        let version = workflow.current_version;
+        let definition = validate_stored(workflow.id, version, definition)?;
+        let fires = matches!(
+            &definition.trigger_block().params,
+            BlockParams::EventTrigger(trigger) if trigger.matches(entity, event)
+        );
+        if fires {
+            matched.push(LiveWorkflow {
+                workflow,
+                version,
+                definition,
+            });
+        }
+    }
+    Ok(matched)
+}
+
+/// A run to create with [`create_execution`].
+#[derive(Debug, Clone)]
+pub struct NewExecution<'a> {
+    /// The tenant; must own the workflow.
+    pub tenant_id: &'a str,
+    /// The workflow to run, on its current version.
+    pub workflow_id: Uuid,
+    /// What starts it.
+    pub trigger_kind: TriggerKind,
+    /// The trigger's data (the run's `input`).
+    pub input: &'a Value,
+    /// The outbox event that starts it, if any: the fan-out key.
+    pub trigger_event_id: Option<Uuid>,
+    /// Whether its `httpRequest` blocks may call out: the trigger event's
+    /// `allowExternalCallouts`; true for manual and API runs.
+    pub allow_external_callouts: bool,
+}
+
+/// Creates a `queued` execution of the workflow's current version.
+///
+/// Returns `None`, writing nothing, when `trigger_event_id` already started
+/// this workflow (a redelivered trigger event fans out once).
+///
+/// # Errors
+///
+/// [`StoreError::WorkflowNotFound`] when the tenant has no such workflow;
+/// [`StoreError::Database`].
+pub async fn create_execution(
+    conn: &mut AsyncPgConnection,
+    new: &NewExecution<'_>,
+) -> Result<Option<WorkflowExecution>, StoreError> {
+    let version: i32 = workflow::table
+        .filter(workflow::id.eq(new.workflow_id))
+        .filter(workflow::tenant_id.eq(new.tenant_id))
+        .select(workflow::current_version)
+        .get_result(conn)
+        .await
+        .optional()?
+        .ok_or(StoreError::WorkflowNotFound {
+            workflow_id: new.workflow_id,
+        })?;
+    let execution = diesel::insert_into(workflow_execution::table)
+        .values((
+            workflow_execution::tenant_id.eq(new.tenant_id),
+            workflow_execution::workflow_id.eq(new.workflow_id),
+            workflow_execution::workflow_version.eq(version),
+            workflow_execution::trigger_kind.eq(new.trigger_kind.as_str()),
+            workflow_execution::status.eq(ExecutionStatus::Queued.as_str()),
+            workflow_execution::input.eq(new.input),
+            workflow_execution::trigger_event_id.eq(new.trigger_event_id),
+            workflow_execution::allow_external_callouts.eq(new.allow_external_callouts),
+        ))
+        .on_conflict((
+            workflow_execution::workflow_id,
+            workflow_execution::trigger_event_id,
+        ))
+        .do_nothing()
+        .returning(WorkflowExecution::as_returning())
+        .get_result(conn)
+        .await
+        .optional()?;
+    Ok(execution)
+}
+
+/// The execution `id`, if it exists.
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn get_execution(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+) -> Result<Option<WorkflowExecution>, StoreError> {
+    Ok(workflow_execution::table
+        .find(id)
+        .select(WorkflowExecution::as_select())
+        .get_result(conn)
+        .await
+        .optional()?)
+}
+
+/// Which executions [`list_executions`] and [`count_executions`] select.
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionFilter<'a> {
+    /// Only this tenant's.
+    pub tenant_id: Option<&'a str>,
+    /// Only this workflow's.
+    pub workflow_id: Option<Uuid>,
+    /// Only those with one of these statuses (any status when empty).
+    pub statuses: &'a [ExecutionStatus],
+    /// At most this many (all when `None`); [`count_executions`] ignores it.
+    pub limit: Option<i64>,
+}
+
+/// The executions `filter` selects, in no particular order and without its
+/// limit.
+fn filtered<'a>(filter: &ExecutionFilter<'a>) -> workflow_execution::BoxedQuery<'a, Pg> {
+    let mut query = workflow_execution::table.into_boxed();
+    if let Some(tenant_id) = filter.tenant_id {
+        query = query.filter(workflow_execution::tenant_id.eq(tenant_id));
+    }
+    if let Some(workflow_id) = filter.workflow_id {
+        query = query.filter(workflow_execution::workflow_id.eq(workflow_id));
+    }
+    if !filter.statuses.is_empty() {
+        let statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+        query = query.filter(workflow_execution::status.eq_any(statuses));
+    }
+    query
+}
+
+/// Executions matching `filter`, newest first.
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn list_executions(
+    conn: &mut AsyncPgConnection,
+    filter: &ExecutionFilter<'_>,
+) -> Result<Vec<WorkflowExecution>, StoreError> {
+    let mut query = filtered(filter)
+        .select(WorkflowExecution::as_select())
+        .order((
+            workflow_execution::created_at.desc(),
+            workflow_execution::id.desc(),
+        ));
+    if let Some(limit) = filter.limit {
+        query = query.limit(limit);
+    }
+    Ok(query.load(conn).await?)
+}
+
+/// How many executions match `filter`, whatever its `limit` (so a listing
+/// cut at the limit can say how many it left out).
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn count_executions(
+    conn: &mut AsyncPgConnection,
+    filter: &ExecutionFilter<'_>,
+) -> Result<u64, StoreError> {
+    let n: i64 = filtered(filter).count().get_result(conn).await?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The executions that the trigger event `trigger_event_id` starts: for
+/// each live workflow of `payload`'s tenant whose `eventTrigger` matches its
+/// entity and event, the execution created now (`queued`, input the
+/// application event's data, `allow_external_callouts` the payload's) or,
+/// when the event was delivered before, the one it created then. A workflow
+/// never starts on an event its own row blocks caused (`payload.origin`), so
+/// it cannot trigger itself in a loop.
+///
+/// # Errors
+///
+/// [`StoreError::StoredDefinition`] when a candidate's definition no longer
+/// validates; [`StoreError::Database`].
+pub async fn event_executions(
+    conn: &mut AsyncPgConnection,
+    payload: &TriggerEventPayload,
+    trigger_event_id: Uuid,
+) -> Result<Vec<WorkflowExecution>, StoreError> {
+    let tenant = payload.tenant_id.as_str();
+    let workflows = live_event_workflows(conn, tenant, &payload.entity, &payload.event).await?;
+    if workflows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let origin_workflow: Option<Uuid> = match &payload.origin {
+        Some(origin) => get_execution(conn, origin.execution_id)
+            .await?
+            .map(|e| e.workflow_id),
+        None => None,
+    };
+    let input: Value = application_event::table
+        .find(payload.application_event_id)
+        .select(application_event::data)
+        .get_result(conn)
+        .await
+        .optional()?
+        .unwrap_or_else(|| json!({ payload.entity.clone(): payload.row }));
+    let mut executions = Vec::with_capacity(workflows.len());
+    for live in workflows {
+        if origin_workflow == Some(live.workflow.id) {
+            continue;
+        }
+        let new = NewExecution {
+            tenant_id: tenant,
+            workflow_id: live.workflow.id,
+            trigger_kind: TriggerKind::Event,
+            input: &input,
+            trigger_event_id: Some(trigger_event_id),
+            allow_external_callouts: payload.allow_external_callouts,
+        };
+        let execution = match create_execution(conn, &new).await? {
+            Some(created) => created,
+            None => {
+                workflow_execution::table
+                    .filter(workflow_execution::workflow_id.eq(live.workflow.id))
+                    .filter(workflow_execution::trigger_event_id.eq(trigger_event_id))
+                    .select(WorkflowExecution::as_select())
+                    .get_result(conn)
+                    .await?
+            }
+        };
+        executions.push(execution);
+    }
+    Ok(executions)
+}

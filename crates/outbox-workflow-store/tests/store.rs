@@ -1,0 +1,581 @@
+//! The workflow store on real Postgres: saving and versioning definitions,
+//! event-trigger matching, executions and the tables' constraints.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_model::schema::{workflow, workflow_execution, workflow_version};
+use outbox_test_support::TestDatabase;
+use outbox_workflow_model::{DefinitionError, WorkflowDefinition};
+use outbox_workflow_store::{
+    self as store, ExecutionFilter, ExecutionStatus, NewExecution, StoreError, TriggerKind,
+    WorkflowStatus,
+};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// eventTrigger(entity, event) → log(message).
+fn event_workflow(entity: &str, event: &str, message: &str) -> WorkflowDefinition {
+    WorkflowDefinition::from_value(json!({
+        "blocks": [
+            { "id": "start", "type": "eventTrigger",
+              "params": { "entity": entity, "event": event } },
+            { "id": "note", "type": "log", "params": { "message": message } }
+        ],
+        "edges": [{ "from": "start", "to": "note" }]
+    }))
+    .unwrap()
+}
+
+fn manual_workflow(message: &str) -> WorkflowDefinition {
+    WorkflowDefinition::from_value(json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "note", "type": "log", "params": { "message": message } }
+        ],
+        "edges": [{ "from": "start", "to": "note" }]
+    }))
+    .unwrap()
+}
+
+fn log_message(workflow: &outbox_workflow_model::ValidatedWorkflow) -> Value {
+    serde_json::to_value(workflow.block("note").unwrap()).unwrap()["params"]["message"].clone()
+}
+
+async fn count_workflows(conn: &mut AsyncPgConnection) -> (i64, i64) {
+    let workflows = workflow::table.count().get_result(conn).await.unwrap();
+    let versions = workflow_version::table
+        .count()
+        .get_result(conn)
+        .await
+        .unwrap();
+    (workflows, versions)
+}
+
+async fn run(
+    conn: &mut AsyncPgConnection,
+    tenant: &str,
+    workflow_id: Uuid,
+    event: Option<Uuid>,
+) -> Option<store::WorkflowExecution> {
+    let input = json!({ "order": { "id": 7 } });
+    store::create_execution(
+        conn,
+        &NewExecution {
+            tenant_id: tenant,
+            workflow_id,
+            trigger_kind: if event.is_some() {
+                TriggerKind::Event
+            } else {
+                TriggerKind::Manual
+            },
+            input: &input,
+            trigger_event_id: event,
+            allow_external_callouts: true,
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_invalid_definition_writes_nothing_and_names_the_block() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    // Valid JSON shape, but the if block's output `maybe` does not exist.
+    let definition = WorkflowDefinition::from_value(json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "check", "type": "if", "params": { "condition":
+                { "left": { "var": "input.amount" }, "op": "gt", "right": 1 } } },
+            { "id": "note", "type": "log", "params": { "message": "hi" } }
+        ],
+        "edges": [
+            { "from": "start", "to": "check" },
+            { "from": "check", "to": "note", "label": "maybe" }
+        ]
+    }))
+    .unwrap();
+
+    let err = store::save_workflow(&mut conn, "t1", "broken", WorkflowStatus::Live, &definition)
+        .await
+        .unwrap_err();
+
+    let StoreError::Definition(definition_error) = &err else {
+        panic!("expected a definition error, got {err:?}");
+    };
+    match definition_error.as_ref() {
+        DefinitionError::UnknownLabel { from, label, .. } => {
+            assert_eq!(from, "check");
+            assert_eq!(label, "maybe");
+        }
+        other => panic!("expected an unknown-label definition error, got {other:?}"),
+    }
+    assert!(err.to_string().contains("\"check\""), "{err}");
+    assert_eq!(count_workflows(&mut conn).await, (0, 0));
+}
+
+#[tokio::test]
+async fn saving_a_live_workflow_twice_keeps_running_executions_on_their_version() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+
+    let first = store::save_workflow(
+        &mut conn,
+        "t1",
+        "orders",
+        WorkflowStatus::Live,
+        &manual_workflow("first"),
+    )
+    .await
+    .unwrap();
+    assert_eq!((first.version, first.new_version), (1, true));
+    assert_eq!(first.workflow.status, WorkflowStatus::Live);
+    let id = first.workflow.id;
+
+    let execution = run(&mut conn, "t1", id, None).await.unwrap();
+    assert_eq!(execution.status, ExecutionStatus::Queued);
+    assert_eq!(execution.workflow_version, 1);
+
+    let second = store::save_workflow(
+        &mut conn,
+        "t1",
+        "orders",
+        WorkflowStatus::Live,
+        &manual_workflow("second"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.workflow.id, id);
+    assert_eq!((second.version, second.new_version), (2, true));
+    assert_eq!(second.workflow.current_version, 2);
+
+    // The run in flight still loads what it started on.
+    let stored = store::get_execution(&mut conn, execution.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.workflow_version, 1);
+    let old = store::load_version(&mut conn, id, stored.workflow_version)
+        .await
+        .unwrap();
+    assert_eq!(log_message(&old), json!("first"));
+    let new = store::load_version(&mut conn, id, 2).await.unwrap();
+    assert_eq!(log_message(&new), json!("second"));
+    // A new run starts on version 2.
+    assert_eq!(
+        run(&mut conn, "t1", id, None)
+            .await
+            .unwrap()
+            .workflow_version,
+        2
+    );
+
+    let missing = store::load_version(&mut conn, id, 3).await.unwrap_err();
+    assert!(
+        matches!(missing, StoreError::VersionNotFound { version: 3, .. }),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_draft_is_overwritten_until_a_run_uses_it_then_publishing_keeps_the_version() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let save = async |conn: &mut AsyncPgConnection, message: &str, status| {
+        store::save_workflow(conn, "t1", "draft", status, &manual_workflow(message))
+            .await
+            .unwrap()
+    };
+
+    let first = save(&mut conn, "a", WorkflowStatus::Draft).await;
+    let second = save(&mut conn, "b", WorkflowStatus::Draft).await;
+    assert_eq!((second.version, second.new_version), (1, false));
+    let loaded = store::load_version(&mut conn, first.workflow.id, 1)
+        .await
+        .unwrap();
+    assert_eq!(log_message(&loaded), json!("b"));
+
+    // A test run of the draft pins version 1: the next draft save appends.
+    run(&mut conn, "t1", first.workflow.id, None).await.unwrap();
+    let third = save(&mut conn, "c", WorkflowStatus::Draft).await;
+    assert_eq!((third.version, third.new_version), (2, true));
+
+    let published = store::publish(&mut conn, "t1", first.workflow.id)
+        .await
+        .unwrap();
+    assert_eq!(published.status, WorkflowStatus::Live);
+    assert_eq!(published.current_version, 2);
+    let back = store::set_status(&mut conn, "t1", first.workflow.id, WorkflowStatus::Draft)
+        .await
+        .unwrap();
+    assert_eq!(back.status, WorkflowStatus::Draft);
+
+    let other_tenant = store::publish(&mut conn, "t2", first.workflow.id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(other_tenant, StoreError::WorkflowNotFound { .. }),
+        "{other_tenant:?}"
+    );
+}
+
+#[tokio::test]
+async fn live_event_workflows_match_entity_and_event_and_ignore_drafts_and_other_tenants() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let save = async |conn: &mut AsyncPgConnection, tenant, name, status, definition| {
+        store::save_workflow(conn, tenant, name, status, &definition)
+            .await
+            .unwrap()
+    };
+    let live = WorkflowStatus::Live;
+    let wanted = save(
+        &mut conn,
+        "t1",
+        "a-created",
+        live,
+        event_workflow("order", "row.created", "a"),
+    )
+    .await;
+    let also = save(
+        &mut conn,
+        "t1",
+        "b-created",
+        live,
+        event_workflow("order", "row.created", "b"),
+    )
+    .await;
+    save(
+        &mut conn,
+        "t1",
+        "updated",
+        live,
+        event_workflow("order", "row.updated", "x"),
+    )
+    .await;
+    save(
+        &mut conn,
+        "t1",
+        "invoice",
+        live,
+        event_workflow("invoice", "row.created", "x"),
+    )
+    .await;
+    save(
+        &mut conn,
+        "t1",
+        "draft",
+        WorkflowStatus::Draft,
+        event_workflow("order", "row.created", "x"),
+    )
+    .await;
+    save(&mut conn, "t1", "manual", live, manual_workflow("x")).await;
+    save(
+        &mut conn,
+        "t2",
+        "a-created",
+        live,
+        event_workflow("order", "row.created", "x"),
+    )
+    .await;
+
+    let matched = store::live_event_workflows(&mut conn, "t1", "order", "row.created")
+        .await
+        .unwrap();
+    let ids: Vec<Uuid> = matched.iter().map(|m| m.workflow.id).collect();
+    assert_eq!(ids, vec![wanted.workflow.id, also.workflow.id]);
+    assert!(
+        matched
+            .iter()
+            .all(|m| m.workflow.tenant_id == "t1" && m.version == 1)
+    );
+
+    // A new live version is what matches from then on.
+    save(
+        &mut conn,
+        "t1",
+        "b-created",
+        live,
+        event_workflow("order", "order.shipped", "b2"),
+    )
+    .await;
+    let matched = store::live_event_workflows(&mut conn, "t1", "order", "row.created")
+        .await
+        .unwrap();
+    assert_eq!(matched.len(), 1);
+    let shipped = store::live_event_workflows(&mut conn, "t1", "order", "order.shipped")
+        .await
+        .unwrap();
+    assert_eq!(shipped.len(), 1);
+    assert_eq!(
+        (shipped[0].workflow.id, shipped[0].version),
+        (also.workflow.id, 2)
+    );
+
+    assert!(
+        store::live_event_workflows(&mut conn, "t3", "order", "row.created")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_redelivered_trigger_event_starts_each_workflow_once() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let live = WorkflowStatus::Live;
+    let a = store::save_workflow(
+        &mut conn,
+        "t1",
+        "a",
+        live,
+        &event_workflow("order", "row.created", "a"),
+    )
+    .await
+    .unwrap();
+    let b = store::save_workflow(
+        &mut conn,
+        "t1",
+        "b",
+        live,
+        &event_workflow("order", "row.created", "b"),
+    )
+    .await
+    .unwrap();
+    let event = Uuid::new_v4();
+
+    let first = run(&mut conn, "t1", a.workflow.id, Some(event)).await;
+    assert_eq!(
+        first.as_ref().map(|e| e.trigger_event_id),
+        Some(Some(event))
+    );
+    assert!(
+        run(&mut conn, "t1", a.workflow.id, Some(event))
+            .await
+            .is_none()
+    );
+    // The same event still starts another workflow, and runs without an
+    // event are not limited.
+    assert!(
+        run(&mut conn, "t1", b.workflow.id, Some(event))
+            .await
+            .is_some()
+    );
+    assert!(run(&mut conn, "t1", a.workflow.id, None).await.is_some());
+    assert!(run(&mut conn, "t1", a.workflow.id, None).await.is_some());
+
+    let of_a: i64 = workflow_execution::table
+        .filter(workflow_execution::workflow_id.eq(a.workflow.id))
+        .filter(workflow_execution::trigger_event_id.eq(event))
+        .count()
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(of_a, 1);
+
+    let listed = store::list_executions(
+        &mut conn,
+        &ExecutionFilter {
+            tenant_id: Some("t1"),
+            workflow_id: None,
+            statuses: &[ExecutionStatus::Queued],
+            limit: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(listed.len(), 4);
+    assert!(
+        listed
+            .windows(2)
+            .all(|w| w[0].created_at >= w[1].created_at)
+    );
+    let running = store::list_executions(
+        &mut conn,
+        &ExecutionFilter {
+            statuses: &[ExecutionStatus::Running],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(running.is_empty());
+    let elsewhere = store::list_executions(
+        &mut conn,
+        &ExecutionFilter {
+            tenant_id: Some("t2"),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert!(elsewhere.is_empty());
+
+    let foreign = store::create_execution(
+        &mut conn,
+        &NewExecution {
+            tenant_id: "t2",
+            workflow_id: a.workflow.id,
+            trigger_kind: TriggerKind::Api,
+            input: &json!({}),
+            trigger_event_id: None,
+            allow_external_callouts: true,
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(foreign, StoreError::WorkflowNotFound { .. }),
+        "{foreign:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_waiting_execution_must_name_its_block_and_only_a_waiting_one() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let saved = store::save_workflow(
+        &mut conn,
+        "t1",
+        "w",
+        WorkflowStatus::Live,
+        &manual_workflow("x"),
+    )
+    .await
+    .unwrap();
+    let execution = run(&mut conn, "t1", saved.workflow.id, None).await.unwrap();
+    let set = |status: &'static str, block: Option<&'static str>| {
+        diesel::update(workflow_execution::table.find(execution.id)).set((
+            workflow_execution::status.eq(status),
+            workflow_execution::waiting_block.eq(block),
+        ))
+    };
+    let check_violation = |result: Result<usize, diesel::result::Error>| match result {
+        Err(diesel::result::Error::DatabaseError(_, info)) => {
+            assert_eq!(
+                info.constraint_name(),
+                Some("workflow_execution_waiting_check")
+            );
+        }
+        other => panic!("expected the waiting check to refuse, got {other:?}"),
+    };
+
+    check_violation(set("waiting", None).execute(&mut conn).await);
+    check_violation(set("running", Some("note")).execute(&mut conn).await);
+    assert_eq!(
+        set("waiting", Some("note"))
+            .execute(&mut conn)
+            .await
+            .unwrap(),
+        1
+    );
+
+    let stored = store::get_execution(&mut conn, execution.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(stored.status, ExecutionStatus::Waiting);
+    assert_eq!(stored.waiting_block.as_deref(), Some("note"));
+    assert!(
+        store::get_execution(&mut conn, Uuid::new_v4())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// (status, count, oldest) of the executions stuck for over `minutes`.
+async fn stuck(conn: &mut AsyncPgConnection, minutes: u64) -> Vec<(ExecutionStatus, i64, Uuid)> {
+    store::stuck_executions(conn, std::time::Duration::from_secs(minutes * 60))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| (s.status, s.count, s.oldest_id))
+        .collect()
+}
+
+#[tokio::test]
+async fn stuck_executions_are_old_queued_or_running_ones_never_waiting_ones() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let saved = store::save_workflow(
+        &mut conn,
+        "t1",
+        "w",
+        WorkflowStatus::Live,
+        &manual_workflow("x"),
+    )
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            run(&mut conn, "t1", saved.workflow.id, None)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    // (status, waiting block, unchanged for this many minutes)
+    let states = [
+        ("queued", None, 120),
+        ("queued", None, 50),
+        ("running", None, 60),
+        ("waiting", Some("note"), 180),
+        ("queued", None, 0),
+    ];
+    for (id, (status, block, minutes)) in ids.iter().zip(states) {
+        diesel::sql_query(
+            "UPDATE workflow_execution SET status = $2, waiting_block = $3,
+                    updated_at = now() - make_interval(mins => $4) WHERE id = $1",
+        )
+        .bind::<diesel::sql_types::Uuid, _>(id)
+        .bind::<diesel::sql_types::Text, _>(status)
+        .bind::<diesel::sql_types::Nullable<diesel::sql_types::Text>, _>(block)
+        .bind::<diesel::sql_types::Integer, _>(minutes)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+
+    assert_eq!(
+        stuck(&mut conn, 30).await,
+        [
+            (ExecutionStatus::Queued, 2, ids[0]),
+            (ExecutionStatus::Running, 1, ids[2]),
+        ]
+    );
+    assert_eq!(
+        stuck(&mut conn, 90).await,
+        [(ExecutionStatus::Queued, 1, ids[0])]
+    );
+    assert_eq!(stuck(&mut conn, 600).await, []);
+
+    let queued = ExecutionFilter {
+        statuses: &[ExecutionStatus::Queued],
+        limit: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::count_executions(&mut conn, &queued).await.unwrap(),
+        3
+    );
+    assert_eq!(
+        store::list_executions(&mut conn, &queued)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let of_other = ExecutionFilter {
+        workflow_id: Some(Uuid::new_v4()),
+        ..Default::default()
+    };
+    assert_eq!(
+        store::count_executions(&mut conn, &of_other).await.unwrap(),
+        0
+    );
+}
