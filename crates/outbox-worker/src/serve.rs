@@ -9,7 +9,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_postgres::PgPool;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
@@ -27,7 +26,7 @@ use crate::{
 
 /// How every service but the queue workers is supervised: restarted after
 /// a failure, 1 s to 30 s apart.
-const RESTART: OnFailure = OnFailure::Restart(Backoff::STANDARD);
+pub(crate) const RESTART: OnFailure = OnFailure::Restart(Backoff::STANDARD);
 
 /// The connections every service shares, made at start.
 #[derive(Clone)]
@@ -61,7 +60,14 @@ pub(crate) async fn serve(
     let mut services = Supervisor::new(config.shutdown_grace).service(
         "http",
         RESTART,
-        http(listener, &connections, metrics)?,
+        http(
+            listener,
+            router(HttpState {
+                pool: connections.pool.clone(),
+                redis: connections.redis.clone(),
+                metrics,
+            }),
+        )?,
     );
     if config.group == Group::General {
         services = general_services(services, &builder, &config, &connections, &queues)?;
@@ -203,20 +209,14 @@ async fn bind(config: &WorkerConfig) -> Result<TcpListener> {
         .with_context(|| format!("cannot bind WORKER_HTTP_ADDR={}", config.http_addr))
 }
 
-/// `/healthz`, `/readyz` and `/metrics` on `listener`; a restart binds its
-/// address again.
-fn http(
+/// `app` served on `listener` until its token is cancelled (requests in
+/// progress finish); a restart binds the same address again.
+pub(crate) fn http(
     listener: TcpListener,
-    connections: &Connections,
-    metrics: PrometheusHandle,
+    app: axum::Router,
 ) -> Result<impl FnMut(CancellationToken) -> Run<std::io::Error> + Send + 'static> {
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
-    let app = router(HttpState {
-        pool: connections.pool.clone(),
-        redis: connections.redis.clone(),
-        metrics,
-    });
     Ok(move |token: CancellationToken| {
         let (listener, app) = (listener.take(), app.clone());
         let run: Run<std::io::Error> = Box::pin(async move {

@@ -92,6 +92,7 @@ pub(crate) struct Stopped {
 /// The services of one process; see the module documentation.
 pub(crate) struct Supervisor {
     grace: Duration,
+    stopping: &'static str,
     services: Vec<Service>,
 }
 
@@ -113,8 +114,17 @@ impl Supervisor {
     pub fn new(grace: Duration) -> Self {
         Self {
             grace,
+            stopping: "stopping: no new work; finishing what is in hand",
             services: Vec::new(),
         }
+    }
+
+    /// What the log says when the stop begins, instead of "stopping: no new
+    /// work; finishing what is in hand".
+    #[must_use]
+    pub fn saying(mut self, stopping: &'static str) -> Self {
+        self.stopping = stopping;
+        self
     }
 
     /// Registers the service `name`: `start` makes one run of it from the
@@ -179,7 +189,8 @@ impl Supervisor {
         tracing::info!(
             by,
             grace_ms = self.grace.as_millis() as u64,
-            "stopping: no new work; finishing what is in hand"
+            "{}",
+            self.stopping
         );
         for (_, token, _) in running.iter().rev() {
             token.cancel();
