@@ -22,7 +22,7 @@ use outbox_workflow::runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
-use crate::serve::{RESTART, http};
+use crate::serve::{RESTART, connect_postgres, http};
 use crate::supervisor::Supervisor;
 use crate::{EXIT_CONFIGURATION, init_tracing, shutdown_signal, variables};
 
@@ -127,14 +127,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
     let metrics_handle = crate::install_metrics(BRIDGE_BINARY)?;
-    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to Postgres at {} (DATABASE_URL)",
-                redact_url(&config.database_url)
-            )
-        })?;
+    let pool = connect_postgres(&config.database_url, config.pool_size).await?;
     let runner = Runner::with_address_policy(config.address_policy.clone())
         .context("cannot build the workflow runner's HTTP client")?
         .with_bridge_blocks()

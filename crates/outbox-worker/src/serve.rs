@@ -153,14 +153,7 @@ fn general_services(
 /// Postgres, Redis (refused when it may evict keys, unless allowed) and the
 /// queues' namespace.
 async fn connect(config: &WorkerConfig) -> Result<Connections> {
-    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to Postgres at {} (DATABASE_URL)",
-                redact_url(&config.database_url)
-            )
-        })?;
+    let pool = connect_postgres(&config.database_url, config.pool_size).await?;
     let redis = outbox_queue::connect(&RedisSettings {
         ca_cert: config.redis_ca_cert.clone(),
         ..RedisSettings::new(&config.redis_url)
@@ -176,6 +169,18 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
         redis,
         namespace: QueueNamespace::prefixed(config.queue_prefix.clone()),
     })
+}
+
+/// The Postgres pool of `DATABASE_URL` (the workers' and the bridge's).
+pub(crate) async fn connect_postgres(database_url: &str, size: u32) -> Result<PgPool> {
+    outbox_postgres::connect_pool(database_url, size)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to Postgres at {} (DATABASE_URL)",
+                redact_url(database_url)
+            )
+        })
 }
 
 /// Every queue this worker measures (and, in the general group, trims):
