@@ -10,7 +10,11 @@
 //! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
 //! the daily retention job when it is the general group, serves `/healthz`,
 //! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
-//! stops taking work, finishes what is in hand and exits 0.
+//! stops taking work, finishes what is in hand and exits 0. Each of these
+//! is a named service of a supervisor (restarted with backoff when it
+//! fails, stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
+//! owns the process's signals runs the worker with
+//! [`WorkerBuilder::run_until`] and its own shutdown future instead.
 //!
 //! Redis must keep what it is given: at start the worker asks for its
 //! `maxmemory-policy` and exits with code 2 unless it is `noeviction` (an
