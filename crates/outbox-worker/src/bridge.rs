@@ -4,6 +4,7 @@
 //! on SIGTERM, and span export over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT`
 //! is set (as the workers do; service name `workflow-bridge` by default).
 
+use std::convert::Infallible;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,6 +22,8 @@ use outbox_workflow_runner::Runner;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::BridgeConfig;
+use crate::serve::{RESTART, connect_postgres, http};
+use crate::supervisor::Supervisor;
 use crate::{EXIT_CONFIGURATION, init_tracing, shutdown_signal, variables};
 
 /// The binary's name: its `--help`, its log and error lines, its metrics'
@@ -124,14 +127,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
     let metrics_handle = crate::install_metrics(BRIDGE_BINARY)?;
-    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to Postgres at {} (DATABASE_URL)",
-                redact_url(&config.database_url)
-            )
-        })?;
+    let pool = connect_postgres(&config.database_url, config.pool_size).await?;
     let runner = Runner::with_address_policy(config.address_policy.clone())
         .context("cannot build the workflow runner's HTTP client")?
         .with_bridge_blocks(std::sync::Arc::new(outbox_workflow_sandbox::QuickJs))
@@ -154,56 +150,42 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .with_context(|| format!("cannot bind WORKFLOW_BRIDGE_ADDR={}", config.addr))?;
-    let addr = listener.local_addr()?;
     tracing::info!(
-        addr = %addr,
+        addr = %listener.local_addr()?,
         database = %redact_url(&config.database_url),
         secrets = config.secrets.len(),
         "workflow bridge started"
     );
-    let shutdown = CancellationToken::new();
-    let pruner = {
-        let (pool, shutdown) = (pool.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            loop {
-                if let Ok(mut conn) = pool.get().await {
-                    match prune_request_ids(&mut conn).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::debug!(removed = n, "pruned bridge request ids"),
-                        Err(e) => tracing::warn!(error = %e, "cannot prune bridge request ids"),
-                    }
-                }
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    () = tokio::time::sleep(PRUNE_EVERY) => {}
-                }
-            }
+    let stopped = Supervisor::new(config.shutdown_grace)
+        .saying("stopping: no new requests; finishing those in progress")
+        .service("http", RESTART, http(listener, app)?)
+        .service("request-id pruner", RESTART, move |token| {
+            prune(pool.clone(), token)
         })
-    };
-    let http_shutdown = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
-            .await
-    });
-    let by = shutdown_signal().await;
-    tracing::info!(
-        by,
-        grace_ms = config.shutdown_grace.as_millis() as u64,
-        "stopping: no new requests; finishing those in progress"
-    );
-    shutdown.cancel();
-    let _ = pruner.await;
-    match tokio::time::timeout(config.shutdown_grace, server).await {
-        Ok(Ok(Ok(()))) => {
-            tracing::info!("bridge stopped cleanly");
-            Ok(())
+        .run_until(shutdown_signal())
+        .await?;
+    if stopped.overran.is_empty() {
+        tracing::info!("bridge stopped cleanly");
+    } else {
+        tracing::warn!("grace period over; exiting with requests unfinished");
+    }
+    Ok(())
+}
+
+/// Deletes request ids older than the signature window, every
+/// [`PRUNE_EVERY`], until `shutdown`.
+async fn prune(pool: PgPool, shutdown: CancellationToken) -> Result<(), Infallible> {
+    loop {
+        if let Ok(mut conn) = pool.get().await {
+            match prune_request_ids(&mut conn).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(removed = n, "pruned bridge request ids"),
+                Err(e) => tracing::warn!(error = %e, "cannot prune bridge request ids"),
+            }
         }
-        Ok(Ok(Err(e))) => Err(e.into()),
-        Ok(Err(e)) => Err(anyhow::anyhow!("the server panicked: {e}")),
-        Err(_) => {
-            tracing::warn!("grace period over; exiting with requests unfinished");
-            Ok(())
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(PRUNE_EVERY) => {}
         }
     }
 }

@@ -8,6 +8,7 @@
 //! general group, supervision of every queue's worker, and a clean stop on
 //! SIGTERM.
 
+use std::future::Future;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -366,13 +367,58 @@ impl WorkerBuilder {
     }
 
     /// Runs the worker with `config` until SIGTERM or Ctrl-C (see
-    /// [`crate::run`]).
+    /// [`crate::run`]); it installs the handlers of both signals, as the
+    /// binaries want. An application with signal handling of its own uses
+    /// [`WorkerBuilder::run_until`].
     ///
     /// # Errors
     ///
     /// A refused routing rule, a handler that cannot be built or a queue
     /// with two handlers, and everything [`crate::run`] fails on.
-    pub async fn run(self, mut config: WorkerConfig) -> Result<()> {
+    pub async fn run(self, config: WorkerConfig) -> Result<()> {
+        self.run_with(config, crate::shutdown_signal()).await
+    }
+
+    /// Runs the worker with `config` until `shutdown` resolves, then stops
+    /// it as SIGTERM would (no new work, what is in hand finished within
+    /// `WORKER_SHUTDOWN_GRACE_MS`). It installs no signal handler: for an
+    /// application that runs the worker inside its own runtime and owns
+    /// the process's signals.
+    ///
+    /// ```no_run
+    /// use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+    ///
+    /// # async fn example() -> anyhow::Result<()> {
+    /// let config = WorkerConfig::from_env(Group::General)?;
+    /// let stop = tokio_util::sync::CancellationToken::new();
+    /// // ... the application cancels `stop` when it shuts down.
+    /// WorkerBuilder::new(Group::General)
+    ///     .run_until(config, stop.clone().cancelled_owned())
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`WorkerBuilder::run`].
+    pub async fn run_until(
+        self,
+        config: WorkerConfig,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<()> {
+        self.run_with(config, async {
+            shutdown.await;
+            "the application"
+        })
+        .await
+    }
+
+    /// [`WorkerBuilder::run`] until `shutdown` says by what it stopped.
+    async fn run_with(
+        self,
+        mut config: WorkerConfig,
+        shutdown: impl Future<Output = &'static str>,
+    ) -> Result<()> {
         anyhow::ensure!(
             config.group == self.group,
             "the configuration is for the {} group, the worker for the {} group",
@@ -382,7 +428,7 @@ impl WorkerBuilder {
         config.router = self
             .routes(config.router)
             .context("a routing rule added to the worker")?;
-        crate::serve(self, config).await
+        crate::serve::serve(self, config, shutdown).await
     }
 
     /// The handler group to run: the built-in handlers of the group, then

@@ -197,6 +197,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "DONE rows purged by retention",
     ),
     (
+        "outbox_service_restarts_total",
+        Kind::Counter,
+        "Restarts of a service of the process (http, dispatcher, retention, workflow sweep, queue trim, gauges; the bridge's http and request-id pruner) after it failed, by service",
+    ),
+    (
         "outbox_queue_trimmed_total",
         Kind::Counter,
         "Finished jobs removed from Redis, by queue",

@@ -364,140 +364,20 @@ impl WorkerConfig {
         get: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
         let env = Env { get };
-        let group = match env.raw("WORKER_QUEUE_GROUP") {
-            None => binary_group,
-            Some(value) => match value.trim() {
-                "general" => Group::General,
-                "mail" => Group::Mail,
-                _ => {
-                    return Err(ConfigError {
-                        variable: "WORKER_QUEUE_GROUP",
-                        value,
-                        problem: "must be general or mail".into(),
-                    });
-                }
-            },
-        };
-        if group != binary_group {
-            return Err(ConfigError {
-                variable: "WORKER_QUEUE_GROUP",
-                value: group.as_str().into(),
-                problem: format!("this binary runs the {} group", binary_group.as_str()),
-            });
-        }
-        let http_addr_text = env
-            .raw(WORKER_HTTP_ADDR_GENERAL.name)
-            .unwrap_or_else(|| group.default_http_addr().to_owned());
-        let http_addr: SocketAddr = http_addr_text.trim().parse().map_err(|_| ConfigError {
-            variable: WORKER_HTTP_ADDR_GENERAL.name,
-            value: http_addr_text.clone(),
-            problem: "must be host:port, like 127.0.0.1:9464".into(),
-        })?;
+        let group = group(&env, binary_group)?;
+        let http_addr = http_addr(&env, group)?;
         let wakeups = env.spec_flag(&v::OUTBOX_WAKEUPS)?;
-        let dispatcher = DispatcherConfig {
-            listen: wakeups,
-            interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
-            batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
-            concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
-            loops: env.whole(&v::OUTBOX_DISPATCH_LOOPS)?,
-            vacuum_every: env.whole(&v::OUTBOX_DISPATCH_VACUUM_EVERY)?,
-            max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
-            lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
-            ..DispatcherConfig::default()
-        };
+        let dispatcher = dispatcher(&env, wakeups)?;
         let retention = RetentionConfig::new(
             env.spec_hours(&v::OUTBOX_DONE_RETENTION_HOURS)?,
             // Out-of-range batch sizes are clamped, as the contract says; non-numbers are errors.
             env.whole(&v::OUTBOX_DONE_RETENTION_BATCH_SIZE)?,
         );
-        let worker = WorkerSettings {
-            concurrency: env.whole(&v::WORKER_CONCURRENCY)?,
-            retries: env.whole(&v::WORKER_RETRIES)?,
-            // apalis-redis counts the orphan window in whole seconds: below
-            // 1 s it rounds to zero and workers would steal each other's jobs.
-            heartbeat: env.spec_millis(&v::WORKER_HEARTBEAT_MS)?,
-            poll_interval: env.spec_millis(&v::WORKER_POLL_INTERVAL_MS)?,
-            ..WorkerSettings::default()
-        };
-        let shutdown_grace = env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?;
-        let orphan_window = worker.heartbeat * worker.missed_heartbeats as u32;
-        if shutdown_grace >= orphan_window {
-            // A draining worker sends no heartbeats: past this window other
-            // replicas would take over its jobs while it still runs them.
-            return Err(ConfigError {
-                variable: "WORKER_SHUTDOWN_GRACE_MS",
-                value: shutdown_grace.as_millis().to_string(),
-                problem: format!(
-                    "must be shorter than {} heartbeats (WORKER_HEARTBEAT_MS={}), i.e. below {} ms",
-                    worker.missed_heartbeats,
-                    worker.heartbeat.as_millis(),
-                    orphan_window.as_millis()
-                ),
-            });
-        }
-        let smtp_url = env.raw("SMTP_URL");
-        if group == Group::Mail && smtp_url.is_none() {
-            env.required("SMTP_URL")?;
-        }
-        if let Some(url) = &smtp_url {
-            check_smtp_url(url)?;
-        }
-        let mail_from = env
-            .raw(v::MAIL_FROM.name)
-            .unwrap_or_else(|| v::MAIL_FROM.default.into());
-        if let Err(e) = mail_from.parse::<lettre::message::Mailbox>() {
-            return Err(ConfigError {
-                variable: "MAIL_FROM",
-                value: mail_from,
-                problem: format!("is not a mail address: {e}"),
-            });
-        }
-        let database_url = env.required("DATABASE_URL")?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
-            return Err(ConfigError {
-                variable: "DATABASE_URL",
-                value: redact_url(&database_url),
-                problem: "must start with postgres:// or postgresql://".into(),
-            });
-        }
-        // sslmode, sslrootcert and the rest: a mistake stops the worker here,
-        // not at its first connection.
-        if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&database_url) {
-            return Err(ConfigError {
-                variable: "DATABASE_URL",
-                value: redact_url(&database_url),
-                problem: e.to_string(),
-            });
-        }
+        let (worker, shutdown_grace) = worker_settings(&env)?;
+        let (smtp_url, mail_from) = mail(&env, group)?;
+        let database_url = database_url(&env)?;
         let (queue_done_retention, delivery_record_ttl) = dedupe_window(&env, &dispatcher)?;
-        let redis_url = env.required("REDIS_URL")?;
-        let redis_ca_cert = env.raw(v::REDIS_CA_CERT.name).map(PathBuf::from);
-        match outbox_queue::redis_client(&redis_url, redis_ca_cert.as_deref()) {
-            Ok(_) => {}
-            Err(e @ QueueError::CaCert { .. }) => {
-                return Err(ConfigError {
-                    variable: v::REDIS_CA_CERT.name,
-                    value: redis_ca_cert
-                        .map(|p| p.display().to_string())
-                        .unwrap_or_default(),
-                    problem: e.to_string(),
-                });
-            }
-            Err(QueueError::InvalidUrl { source, .. }) => {
-                return Err(ConfigError {
-                    variable: "REDIS_URL",
-                    value: redact_url(&redis_url),
-                    problem: format!("is not a Redis URL: {source}"),
-                });
-            }
-            Err(e) => {
-                return Err(ConfigError {
-                    variable: "REDIS_URL",
-                    value: redact_url(&redis_url),
-                    problem: e.to_string(),
-                });
-            }
-        }
+        let (redis_url, redis_ca_cert) = redis(&env)?;
         let (workflow_executor, workflow_bridge) = workflow_executor(&env)?;
         Ok(Self {
             workflow_executor,
@@ -537,13 +417,168 @@ impl WorkerConfig {
     }
 }
 
+/// `WORKER_QUEUE_GROUP`: unset, or the group of the binary.
+fn group(env: &Env<'_>, binary_group: Group) -> Result<Group, ConfigError> {
+    let variable = v::WORKER_QUEUE_GROUP.name;
+    let group = match env.raw(variable) {
+        None => binary_group,
+        Some(value) => match [Group::General, Group::Mail]
+            .into_iter()
+            .find(|group| group.as_str() == value.trim())
+        {
+            Some(group) => group,
+            None => {
+                return Err(ConfigError {
+                    variable,
+                    value,
+                    problem: "must be general or mail".into(),
+                });
+            }
+        },
+    };
+    if group != binary_group {
+        return Err(ConfigError {
+            variable,
+            value: group.as_str().into(),
+            problem: format!("this binary runs the {} group", binary_group.as_str()),
+        });
+    }
+    Ok(group)
+}
+
+/// `WORKER_HTTP_ADDR`, with the default of `group`.
+fn http_addr(env: &Env<'_>, group: Group) -> Result<SocketAddr, ConfigError> {
+    let variable = WORKER_HTTP_ADDR_GENERAL.name;
+    let text = env
+        .raw(variable)
+        .unwrap_or_else(|| group.default_http_addr().to_owned());
+    text.trim().parse().map_err(|_| ConfigError {
+        variable,
+        value: text.clone(),
+        problem: "must be host:port, like 127.0.0.1:9464".into(),
+    })
+}
+
+/// The dispatcher's variables; it listens for `NOTIFY` when `wakeups`.
+fn dispatcher(env: &Env<'_>, wakeups: bool) -> Result<DispatcherConfig, ConfigError> {
+    Ok(DispatcherConfig {
+        listen: wakeups,
+        interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
+        batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
+        concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
+        loops: env.whole(&v::OUTBOX_DISPATCH_LOOPS)?,
+        vacuum_every: env.whole(&v::OUTBOX_DISPATCH_VACUUM_EVERY)?,
+        max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
+        lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
+        ..DispatcherConfig::default()
+    })
+}
+
+/// The queue workers' variables and `WORKER_SHUTDOWN_GRACE_MS`, which must
+/// end before the workers' heartbeats are missed.
+fn worker_settings(env: &Env<'_>) -> Result<(WorkerSettings, Duration), ConfigError> {
+    let worker = WorkerSettings {
+        concurrency: env.whole(&v::WORKER_CONCURRENCY)?,
+        retries: env.whole(&v::WORKER_RETRIES)?,
+        // apalis-redis counts the orphan window in whole seconds: below
+        // 1 s it rounds to zero and workers would steal each other's jobs.
+        heartbeat: env.spec_millis(&v::WORKER_HEARTBEAT_MS)?,
+        poll_interval: env.spec_millis(&v::WORKER_POLL_INTERVAL_MS)?,
+        ..WorkerSettings::default()
+    };
+    let shutdown_grace = env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?;
+    let orphan_window = worker.heartbeat * worker.missed_heartbeats as u32;
+    if shutdown_grace >= orphan_window {
+        // A draining worker sends no heartbeats: past this window other
+        // replicas would take over its jobs while it still runs them.
+        return Err(ConfigError {
+            variable: v::WORKER_SHUTDOWN_GRACE_MS.name,
+            value: shutdown_grace.as_millis().to_string(),
+            problem: format!(
+                "must be shorter than {} heartbeats (WORKER_HEARTBEAT_MS={}), i.e. below {} ms",
+                worker.missed_heartbeats,
+                worker.heartbeat.as_millis(),
+                orphan_window.as_millis()
+            ),
+        });
+    }
+    Ok((worker, shutdown_grace))
+}
+
+/// `SMTP_URL` (required by the mail group) and `MAIL_FROM`.
+fn mail(env: &Env<'_>, group: Group) -> Result<(Option<String>, String), ConfigError> {
+    let smtp_url = env.raw(v::SMTP_URL.name);
+    if group == Group::Mail && smtp_url.is_none() {
+        env.required(v::SMTP_URL.name)?;
+    }
+    if let Some(url) = &smtp_url {
+        check_smtp_url(url)?;
+    }
+    let mail_from = env
+        .raw(v::MAIL_FROM.name)
+        .unwrap_or_else(|| v::MAIL_FROM.default.into());
+    if let Err(e) = mail_from.parse::<lettre::message::Mailbox>() {
+        return Err(ConfigError {
+            variable: v::MAIL_FROM.name,
+            value: mail_from,
+            problem: format!("is not a mail address: {e}"),
+        });
+    }
+    Ok((smtp_url, mail_from))
+}
+
+/// `DATABASE_URL`, required; a mistake in it (sslmode, sslrootcert and the
+/// rest) stops start-up here, not at the first connection.
+fn database_url(env: &Env<'_>) -> Result<String, ConfigError> {
+    let variable = v::DATABASE_URL.name;
+    let url = env.required(variable)?;
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(ConfigError {
+            variable,
+            value: redact_url(&url),
+            problem: "must start with postgres:// or postgresql://".into(),
+        });
+    }
+    if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&url) {
+        return Err(ConfigError {
+            variable,
+            value: redact_url(&url),
+            problem: e.to_string(),
+        });
+    }
+    Ok(url)
+}
+
+/// `REDIS_URL`, required, and `REDIS_CA_CERT`, checked by making a client.
+fn redis(env: &Env<'_>) -> Result<(String, Option<PathBuf>), ConfigError> {
+    let url = env.required(v::REDIS_URL.name)?;
+    let ca_cert = env.raw(v::REDIS_CA_CERT.name).map(PathBuf::from);
+    let invalid_url = |problem: String| ConfigError {
+        variable: v::REDIS_URL.name,
+        value: redact_url(&url),
+        problem,
+    };
+    match outbox_queue::redis_client(&url, ca_cert.as_deref()) {
+        Ok(_) => Ok((url, ca_cert)),
+        Err(e @ QueueError::CaCert { .. }) => Err(ConfigError {
+            variable: v::REDIS_CA_CERT.name,
+            value: ca_cert.map(|p| p.display().to_string()).unwrap_or_default(),
+            problem: e.to_string(),
+        }),
+        Err(QueueError::InvalidUrl { source, .. }) => {
+            Err(invalid_url(format!("is not a Redis URL: {source}")))
+        }
+        Err(e) => Err(invalid_url(e.to_string())),
+    }
+}
+
 /// `OUTBOX_QUEUE_PREFIX`: empty, or ending with ':' ([`outbox_queue::QueueNamespace::checked`]).
 fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
-    let prefix = env.raw("OUTBOX_QUEUE_PREFIX").unwrap_or_default();
+    let prefix = env.raw(v::OUTBOX_QUEUE_PREFIX.name).unwrap_or_default();
     match outbox_queue::QueueNamespace::checked(&prefix) {
         Ok(_) => Ok(prefix),
         Err(e) => Err(ConfigError {
-            variable: "OUTBOX_QUEUE_PREFIX",
+            variable: v::OUTBOX_QUEUE_PREFIX.name,
             value: prefix,
             problem: e.problem.into(),
         }),
@@ -578,18 +613,18 @@ fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
 /// variables; a secret, when given, must be long enough, and a URL must be
 /// http(s), whatever the mode.
 fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettings>), ConfigError> {
-    let mode = match env.raw("WORKFLOW_EXECUTOR") {
+    let mode = match env.raw(v::WORKFLOW_EXECUTOR.name) {
         None => ExecutorMode::default(),
         Some(value) => value
             .trim()
             .parse()
             .map_err(|e: UnknownExecutor| ConfigError {
-                variable: "WORKFLOW_EXECUTOR",
+                variable: v::WORKFLOW_EXECUTOR.name,
                 value: value.clone(),
                 problem: format!("is not an executor: {e}"),
             })?,
     };
-    let url = env.raw("WORKFLOW_BRIDGE_URL");
+    let url = env.raw(v::WORKFLOW_BRIDGE_URL.name);
     if let Some(url) = &url {
         let parsed = url::Url::parse(url.trim());
         if !parsed
@@ -597,16 +632,16 @@ fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettin
             .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
         {
             return Err(ConfigError {
-                variable: "WORKFLOW_BRIDGE_URL",
+                variable: v::WORKFLOW_BRIDGE_URL.name,
                 value: redact_url(url),
                 problem: "must be an http:// or https:// URL with a host".into(),
             });
         }
     }
-    let secret = match env.raw("WORKFLOW_BRIDGE_SECRET") {
+    let secret = match env.raw(v::WORKFLOW_BRIDGE_SECRET.name) {
         None => None,
         Some(value) => Some(BridgeSecret::new(&value).map_err(|e| ConfigError {
-            variable: "WORKFLOW_BRIDGE_SECRET",
+            variable: v::WORKFLOW_BRIDGE_SECRET.name,
             value: "<redacted>".into(),
             problem: e.to_string(),
         })?),
@@ -618,9 +653,9 @@ fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettin
         }),
         (url, _) if mode.needs_bridge() => {
             let variable = if url.is_none() {
-                "WORKFLOW_BRIDGE_URL"
+                v::WORKFLOW_BRIDGE_URL.name
             } else {
-                "WORKFLOW_BRIDGE_SECRET"
+                v::WORKFLOW_BRIDGE_SECRET.name
             };
             return Err(ConfigError {
                 variable,
@@ -668,7 +703,7 @@ fn dedupe_window(
     let repush = dispatcher.repush_window();
     if hours(retention) < repush {
         return Err(ConfigError {
-            variable: "QUEUE_DONE_RETENTION_HOURS",
+            variable: v::QUEUE_DONE_RETENTION_HOURS.name,
             value: retention.to_string(),
             problem: format!(
                 "must cover the time in which the dispatcher may push an event again                  (OUTBOX_LOCK_TIMEOUT_MS={} plus {} retries with backoff, OUTBOX_MAX_RETRIES):                  at least {} hours; raise it, or lower OUTBOX_LOCK_TIMEOUT_MS / OUTBOX_MAX_RETRIES",
@@ -680,7 +715,7 @@ fn dedupe_window(
     }
     if ttl < retention {
         return Err(ConfigError {
-            variable: "DELIVERY_RECORD_TTL_HOURS",
+            variable: v::DELIVERY_RECORD_TTL_HOURS.name,
             value: ttl.to_string(),
             problem: format!(
                 "must be at least QUEUE_DONE_RETENTION_HOURS ({retention}): receivers must                  remember a delivery as long as its job can be pushed again"
@@ -700,7 +735,7 @@ fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
         Err(e) => format!("is not a URL: {e}"),
     };
     Err(ConfigError {
-        variable: "SMTP_URL",
+        variable: v::SMTP_URL.name,
         value: redact_url(url),
         problem,
     })
@@ -765,23 +800,7 @@ impl BridgeConfig {
     /// The first [`ConfigError`].
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let env = Env { get };
-        let database_url = env.required("DATABASE_URL")?;
-        if !(database_url.starts_with("postgres://") || database_url.starts_with("postgresql://")) {
-            return Err(ConfigError {
-                variable: "DATABASE_URL",
-                value: redact_url(&database_url),
-                problem: "must start with postgres:// or postgresql://".into(),
-            });
-        }
-        // sslmode, sslrootcert and the rest: a mistake stops the worker here,
-        // not at its first connection.
-        if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&database_url) {
-            return Err(ConfigError {
-                variable: "DATABASE_URL",
-                value: redact_url(&database_url),
-                problem: e.to_string(),
-            });
-        }
+        let database_url = database_url(&env)?;
         let addr_text = env
             .raw(v::WORKFLOW_BRIDGE_ADDR.name)
             .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
@@ -820,374 +839,5 @@ impl BridgeConfig {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-
-    fn read(group: Group, vars: &[(&str, &str)]) -> Result<WorkerConfig, ConfigError> {
-        let mut map: HashMap<String, String> = [
-            ("DATABASE_URL", "postgres://x/y"),
-            ("REDIS_URL", "redis://x"),
-            ("SMTP_URL", "smtp://x:25"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        for (k, v) in vars {
-            map.insert((*k).to_owned(), (*v).to_owned());
-        }
-        WorkerConfig::from_lookup(group, &|name| map.get(name).cloned())
-    }
-
-    const LIST: &str = "OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS";
-
-    /// The allow-list becomes the policy of every group; a malformed item
-    /// stops start-up naming the variable and the item, even when
-    /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true` would allow everything anyway.
-    #[test]
-    fn the_allow_list_sets_the_address_policy_and_a_bad_item_is_named() {
-        for group in [Group::General, Group::Mail] {
-            let config = read(group, &[(LIST, " crm.internal, 10.20.0.0/16 ")]).unwrap();
-            assert_eq!(
-                config.address_policy,
-                AddressPolicy::AllowListed("crm.internal,10.20.0.0/16".parse().unwrap())
-            );
-            let all = read(
-                group,
-                &[
-                    (LIST, "crm.internal"),
-                    ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true"),
-                ],
-            )
-            .unwrap();
-            assert_eq!(all.address_policy, AddressPolicy::AllowInternal);
-        }
-        for (value, item) in [
-            (
-                "crm.internal,10.0.0.0/33",
-                "\"10.0.0.0/33\" is not a CIDR range",
-            ),
-            ("crm.internal,,10.0.0.0/8", "item 2 is empty"),
-            (
-                "https://crm.internal/",
-                "\"https://crm.internal/\" is not a host name",
-            ),
-        ] {
-            for flag in ["false", "true"] {
-                let error = read(
-                    Group::General,
-                    &[(LIST, value), ("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", flag)],
-                )
-                .unwrap_err();
-                assert_eq!(error.variable, LIST);
-                assert_eq!(error.value, value);
-                let message = error.to_string();
-                assert!(
-                    message.starts_with(&format!("invalid configuration: {LIST}=")),
-                    "{message}"
-                );
-                assert!(message.contains(item), "{message}");
-            }
-        }
-    }
-
-    #[test]
-    fn defaults_follow_the_contract() {
-        let config = read(Group::General, &[]).unwrap();
-        assert!(!config.dispatcher_enabled);
-        // The one deliberate deviation: 500, not 100 (measured; see
-        // `outbox_dispatch::DEFAULT_BATCH_SIZE`).
-        assert_eq!(config.dispatcher.batch_size, 500);
-        assert_eq!(config.dispatcher.concurrency, 10);
-        assert_eq!(config.dispatcher.max_retries, 6);
-        assert_eq!(
-            config.dispatcher.lock_timeout,
-            Duration::from_millis(300_000)
-        );
-        assert_eq!(config.dispatcher.interval, Duration::from_millis(1000));
-        assert_eq!(config.retention.retention, Duration::from_secs(720 * 3600));
-        assert_eq!(config.retention.batch_size, 1000);
-        // Scrapeable from outside a container, one port per binary.
-        assert_eq!(config.http_addr, "0.0.0.0:9464".parse().unwrap());
-        assert_eq!(
-            read(Group::Mail, &[]).unwrap().http_addr,
-            "0.0.0.0:9465".parse().unwrap()
-        );
-        assert!(!config.allow_redis_eviction);
-        assert!(config.wakeups && config.dispatcher.listen);
-        // Webhooks, plugin calls and workflow HTTP blocks may not reach
-        // loopback, private or link-local addresses unless told.
-        assert_eq!(config.address_policy, AddressPolicy::PublicOnly);
-        assert_eq!(
-            read(Group::Mail, &[]).unwrap().address_policy,
-            AddressPolicy::PublicOnly
-        );
-        assert_eq!(
-            read(Group::Mail, &[("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", "true")])
-                .unwrap()
-                .address_policy,
-            AddressPolicy::AllowInternal
-        );
-        assert_eq!(config.redis_check_interval, Duration::from_secs(10));
-        assert_eq!(
-            read(Group::General, &[("OUTBOX_REDIS_CHECK_INTERVAL_MS", "50")])
-                .unwrap_err()
-                .variable,
-            "OUTBOX_REDIS_CHECK_INTERVAL_MS"
-        );
-        assert!(
-            read(Group::Mail, &[("OUTBOX_ALLOW_REDIS_EVICTION", "true")])
-                .unwrap()
-                .allow_redis_eviction
-        );
-    }
-
-    #[test]
-    fn deduplication_must_outlive_every_way_back() {
-        let defaults = read(Group::General, &[]).unwrap();
-        assert_eq!(
-            defaults.queue_done_retention,
-            Duration::from_secs(24 * 3600)
-        );
-        assert_eq!(defaults.delivery_record_ttl, Duration::from_secs(48 * 3600));
-        // Lease 5 min + 6 retries (1..32 min backoff, each under a new lease).
-        assert!(defaults.dispatcher.repush_window() < defaults.queue_done_retention);
-
-        let short = read(Group::General, &[("QUEUE_DONE_RETENTION_HOURS", "1")]).unwrap_err();
-        assert_eq!(short.variable, "QUEUE_DONE_RETENTION_HOURS");
-        let text = short.to_string();
-        assert!(
-            text.contains("OUTBOX_LOCK_TIMEOUT_MS") && text.contains("OUTBOX_MAX_RETRIES"),
-            "{text}"
-        );
-        // A long lease pushes the window past the default retention too.
-        let lease = read(Group::General, &[("OUTBOX_LOCK_TIMEOUT_MS", "86400000")]).unwrap_err();
-        assert_eq!(lease.variable, "QUEUE_DONE_RETENTION_HOURS");
-        assert!(
-            read(
-                Group::General,
-                &[
-                    ("OUTBOX_MAX_RETRIES", "0"),
-                    ("QUEUE_DONE_RETENTION_HOURS", "1")
-                ]
-            )
-            .is_ok(),
-            "without retries the lease alone must be covered"
-        );
-
-        let forgetful = read(
-            Group::Mail,
-            &[
-                ("QUEUE_DONE_RETENTION_HOURS", "72"),
-                ("DELIVERY_RECORD_TTL_HOURS", "48"),
-            ],
-        )
-        .unwrap_err();
-        assert_eq!(forgetful.variable, "DELIVERY_RECORD_TTL_HOURS");
-        assert!(
-            forgetful
-                .to_string()
-                .contains("QUEUE_DONE_RETENTION_HOURS (72)"),
-            "{forgetful}"
-        );
-    }
-
-    #[test]
-    fn wakeups_off_means_polling_only() {
-        let config = read(Group::General, &[("OUTBOX_WAKEUPS", "false")]).unwrap();
-        assert!(!config.wakeups);
-        assert!(!config.dispatcher.listen);
-    }
-
-    #[test]
-    fn bad_values_name_their_variable() {
-        let cases: &[(&str, &str, &str)] = &[
-            ("OUTBOX_QUEUE_PREFIX", "adopt-app", "must end with ':'"),
-            ("OUTBOX_DISPATCH_BATCH_SIZE", "0", "between"),
-            ("OUTBOX_DISPATCH_BATCH_SIZE", "lots", "whole number"),
-            ("OUTBOX_DISPATCH_INTERVAL_MS", "-5", "whole number"),
-            ("OUTBOX_DISPATCHER_ENABLED", "maybe", "true or false"),
-            ("OUTBOX_ALLOW_REDIS_EVICTION", "perhaps", "true or false"),
-            ("OUTBOX_WAKEUPS", "sometimes", "true or false"),
-            ("WORKER_QUEUE_GROUP", "billing", "general or mail"),
-            ("WORKER_QUEUE_GROUP", "mail", "runs the general group"),
-            ("WORKER_HTTP_ADDR", "nine", "host:port"),
-            ("OUTBOX_DONE_RETENTION_BATCH_SIZE", "x", "whole number"),
-            ("WORKER_HEARTBEAT_MS", "500", "between"),
-            ("SMTP_URL", "bogus://x", "not smtp"),
-            ("SMTP_URL", "smtp://", "no host"),
-            ("MAIL_FROM", "not an address", "not a mail address"),
-            ("REDIS_URL", "notaurl", "not a Redis URL"),
-            ("DATABASE_URL", "mysql://x/y", "postgres://"),
-            (
-                "WORKER_SHUTDOWN_GRACE_MS",
-                "120000",
-                "shorter than 4 heartbeats",
-            ),
-        ];
-        for (variable, value, problem) in cases {
-            let err = read(Group::General, &[(variable, value)]).unwrap_err();
-            assert_eq!(err.variable, *variable);
-            assert!(err.to_string().contains(problem), "{err}");
-        }
-        assert_eq!(
-            read(Group::General, &[("DATABASE_URL", "")])
-                .unwrap_err()
-                .variable,
-            "DATABASE_URL"
-        );
-    }
-
-    #[test]
-    fn passwords_in_urls_never_show() {
-        let cases: &[(&str, &str, &str)] = &[
-            (
-                "DATABASE_URL",
-                "mysql://app:s3cr3t-db-pw@db/x",
-                "mysql://app:***@db/x",
-            ),
-            (
-                "REDIS_URL",
-                "redis://:s3cr3t-redis-pw@cache:notaport",
-                "redis://:***@cache:notaport",
-            ),
-            (
-                "SMTP_URL",
-                "bogus://mailer:s3cr3t-smtp-pw@mail",
-                "bogus://mailer:***@mail",
-            ),
-        ];
-        for (variable, value, shown) in cases {
-            let err = read(Group::Mail, &[(variable, value)]).unwrap_err();
-            assert_eq!(err.variable, *variable);
-            for text in [err.to_string(), format!("{err:?}")] {
-                assert!(!text.contains("s3cr3t"), "{text}");
-                assert!(text.contains(shown), "{text}");
-            }
-        }
-        let config = read(
-            Group::Mail,
-            &[
-                ("DATABASE_URL", "postgres://app:s3cr3t-db-pw@db/x"),
-                ("REDIS_URL", "redis://:s3cr3t-redis-pw@cache:6379"),
-                ("SMTP_URL", "smtps://mailer:s3cr3t-smtp-pw@mail"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(config.database_url, "postgres://app:s3cr3t-db-pw@db/x");
-        let debug = format!("{config:?}");
-        assert!(!debug.contains("s3cr3t"), "{debug}");
-        for shown in [
-            "postgres://app:***@db/x",
-            "redis://:***@cache:6379",
-            "smtps://mailer:***@mail",
-        ] {
-            assert!(debug.contains(shown), "{debug}");
-        }
-    }
-
-    #[test]
-    fn retention_batch_is_clamped_and_mail_needs_smtp() {
-        let config = read(
-            Group::General,
-            &[("OUTBOX_DONE_RETENTION_BATCH_SIZE", "50000")],
-        )
-        .unwrap();
-        assert_eq!(config.retention.batch_size, 10_000);
-        let err = WorkerConfig::from_lookup(Group::Mail, &|name| match name {
-            "DATABASE_URL" => Some("postgres://x/y".into()),
-            "REDIS_URL" => Some("redis://x".into()),
-            _ => None,
-        })
-        .unwrap_err();
-        assert_eq!(err.variable, "SMTP_URL");
-    }
-
-    #[test]
-    fn the_workflow_executor_is_native_unless_told_and_a_bridge_mode_needs_the_bridge() {
-        let config = read(Group::General, &[]).unwrap();
-        assert_eq!(config.workflow_executor, ExecutorMode::Native);
-        assert!(config.workflow_bridge.is_none());
-        let secret = "s".repeat(32);
-        for mode in ["hybrid", "http"] {
-            let missing = read(Group::General, &[("WORKFLOW_EXECUTOR", mode)]).unwrap_err();
-            assert_eq!(missing.variable, "WORKFLOW_BRIDGE_URL");
-            assert!(missing.problem.contains(mode), "{missing}");
-            let no_secret = read(
-                Group::General,
-                &[
-                    ("WORKFLOW_EXECUTOR", mode),
-                    ("WORKFLOW_BRIDGE_URL", "http://bridge:8787"),
-                ],
-            )
-            .unwrap_err();
-            assert_eq!(no_secret.variable, "WORKFLOW_BRIDGE_SECRET");
-            let config = read(
-                Group::General,
-                &[
-                    ("WORKFLOW_EXECUTOR", mode),
-                    ("WORKFLOW_BRIDGE_URL", "http://bridge:8787"),
-                    ("WORKFLOW_BRIDGE_SECRET", &secret),
-                ],
-            )
-            .unwrap();
-            assert_eq!(config.workflow_executor.as_str(), mode);
-            let debug = format!("{config:?}");
-            assert!(
-                debug.contains("bridge:8787") && !debug.contains(&secret),
-                "{debug}"
-            );
-        }
-        let bad = read(Group::General, &[("WORKFLOW_EXECUTOR", "remote")]).unwrap_err();
-        assert_eq!(bad.variable, "WORKFLOW_EXECUTOR");
-        assert!(bad.problem.contains("native, hybrid or http"), "{bad}");
-        let weak = read(Group::General, &[("WORKFLOW_BRIDGE_SECRET", "short")]).unwrap_err();
-        assert_eq!(weak.variable, "WORKFLOW_BRIDGE_SECRET");
-        assert!(!weak.to_string().contains("short"), "{weak}");
-        let url = read(Group::General, &[("WORKFLOW_BRIDGE_URL", "bridge:8787")]).unwrap_err();
-        assert_eq!(url.variable, "WORKFLOW_BRIDGE_URL");
-    }
-
-    #[test]
-    fn the_bridge_listens_on_loopback_by_default_and_needs_a_strong_secret() {
-        let secret = "s".repeat(32);
-        let read_bridge = |vars: &[(&str, &str)]| {
-            let map: HashMap<String, String> = vars
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect();
-            BridgeConfig::from_lookup(&|name| map.get(name).cloned())
-        };
-        let base = [
-            ("DATABASE_URL", "postgres://x/y"),
-            ("WORKFLOW_BRIDGE_SECRET", secret.as_str()),
-        ];
-        let config = read_bridge(&base).unwrap();
-        assert!(config.addr.ip().is_loopback());
-        assert_eq!(config.address_policy, AddressPolicy::PublicOnly);
-        let listed = read_bridge(&[base[0], base[1], (LIST, "crm.internal")]).unwrap();
-        assert_eq!(
-            listed.address_policy,
-            AddressPolicy::AllowListed("crm.internal".parse().unwrap())
-        );
-        let bad = read_bridge(&[base[0], base[1], (LIST, "crm.internal,")]).unwrap_err();
-        assert_eq!(bad.variable, LIST);
-        assert_eq!(config.addr, DEFAULT_BRIDGE_ADDR.parse().unwrap());
-        assert_eq!(config.secrets.len(), 1);
-        assert!(!format!("{config:?}").contains(&secret));
-        let missing = read_bridge(&base[..1]).unwrap_err();
-        assert_eq!(missing.variable, "WORKFLOW_BRIDGE_SECRET");
-        let weak = read_bridge(&[base[0], ("WORKFLOW_BRIDGE_SECRET", "short")]).unwrap_err();
-        assert_eq!(weak.variable, "WORKFLOW_BRIDGE_SECRET");
-        let rotated = read_bridge(&[
-            base[0],
-            base[1],
-            ("WORKFLOW_BRIDGE_PREVIOUS_SECRET", &"p".repeat(40)),
-        ])
-        .unwrap();
-        assert_eq!(rotated.secrets.len(), 2);
-        let addr =
-            read_bridge(&[base[0], base[1], ("WORKFLOW_BRIDGE_ADDR", "everywhere")]).unwrap_err();
-        assert_eq!(addr.variable, "WORKFLOW_BRIDGE_ADDR");
-    }
-}
+#[path = "config/tests.rs"]
+mod tests;

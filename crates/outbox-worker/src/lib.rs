@@ -10,7 +10,11 @@
 //! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
 //! the daily retention job when it is the general group, serves `/healthz`,
 //! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
-//! stops taking work, finishes what is in hand and exits 0.
+//! stops taking work, finishes what is in hand and exits 0. Each of these
+//! is a named service of a supervisor (restarted with backoff when it
+//! fails, stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
+//! owns the process's signals runs the worker with
+//! [`WorkerBuilder::run_until`] and its own shutdown future instead.
 //!
 //! Redis must keep what it is given: at start the worker asks for its
 //! `maxmemory-policy` and exits with code 2 unless it is `noeviction` (an
@@ -33,19 +37,18 @@ mod http;
 mod pool_demand;
 mod redis_check;
 mod registration;
+mod serve;
+mod supervisor;
 mod traces;
+mod trim;
 pub mod variables;
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
-use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_workflow_bridge::BridgeClient;
 use outbox_workflow_bridge::executor::Executor;
 use outbox_workflow_runner::Runner;
-use tokio_util::sync::CancellationToken;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
 pub use builder::{Resources, Subscriber, WorkerBuilder, handler_group};
@@ -322,279 +325,10 @@ pub async fn run(config: WorkerConfig) -> Result<()> {
     WorkerBuilder::new(config.group).run(config).await
 }
 
-/// [`run`] for the worker `builder` describes (its routes already in
-/// `config.router`).
-pub(crate) async fn serve(mut builder: WorkerBuilder, config: WorkerConfig) -> Result<()> {
-    let metrics = install_metrics(builder.binary())?;
-    let pool = outbox_postgres::connect_pool(&config.database_url, config.pool_size)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot connect to Postgres at {} (DATABASE_URL)",
-                redact_url(&config.database_url)
-            )
-        })?;
-    let redis = outbox_queue::connect(&RedisSettings {
-        ca_cert: config.redis_ca_cert.clone(),
-        ..RedisSettings::new(&config.redis_url)
-    })
-    .context("invalid REDIS_URL or REDIS_CA_CERT")?;
-    enforce_eviction_policy(
-        &read_eviction_policy(&config.redis_url, config.redis_ca_cert.as_deref()).await,
-        config.allow_redis_eviction,
-    )?;
-    report_persistence(&read_persistence(&redis).await);
-    let namespace = QueueNamespace::prefixed(config.queue_prefix.clone());
-    let group = builder.assemble(&config, &pool, &redis, &namespace)?;
-    registration::record(
-        &pool,
-        &config.queue_prefix,
-        &builder.registration(&config, &group)?,
-    )
-    .await;
-    // Every queue this worker measures (and, in the general group, trims):
-    // the general group all routed and downstream queues, the mail group
-    // its own; both also every queue their handlers consume.
-    let mut queues: Vec<String> = group.queues().into_iter().map(str::to_owned).collect();
-    if config.group == Group::General {
-        queues.extend(config.router.queues().into_iter().map(str::to_owned));
-        queues.extend(
-            builder
-                .catalog()
-                .downstream_queues()
-                .into_iter()
-                .map(str::to_owned),
-        );
-    }
-    queues.sort_unstable();
-    queues.dedup();
-    let shutdown = CancellationToken::new();
-
-    let listener = tokio::net::TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("cannot bind WORKER_HTTP_ADDR={}", config.http_addr))?;
-    let http_addr = listener.local_addr()?;
-    let app = router(HttpState {
-        pool: pool.clone(),
-        redis: redis.clone(),
-        metrics,
-    });
-    let http_shutdown = shutdown.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { http_shutdown.cancelled().await })
-            .await
-    });
-    tracing::info!(
-        group = config.group.as_str(),
-        http = %http_addr,
-        queues = ?group.queues(),
-        queue_prefix = %config.queue_prefix,
-        dispatcher = config.group == Group::General && config.dispatcher_enabled,
-        database = %redact_url(&config.database_url),
-        workflow_executor = %config.workflow_executor,
-        redis = %redact_url(&config.redis_url),
-        smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
-        "worker started"
-    );
-    let dispatch_loops = if config.group == Group::General && config.dispatcher_enabled {
-        config.dispatcher.loops
-    } else {
-        0
-    };
-    if let Some(shortfall) = pool_demand::pool_shortfall(
-        config.group.as_str(),
-        config.worker.concurrency,
-        &group.queues(),
-        config.pool_size,
-        dispatch_loops,
-    ) {
-        tracing::warn!(
-            worker_concurrency = shortfall.concurrency,
-            connection_jobs = shortfall.jobs(),
-            pool_size = shortfall.pool_size,
-            "{shortfall}"
-        );
-    }
-
-    let mut background = tokio::task::JoinSet::new();
-    if config.group == Group::General {
-        // Retention slows down while this process's dispatcher drains a
-        // backlog.
-        let mut draining = None;
-        if config.dispatcher_enabled {
-            if config.dispatcher.loops >= config.pool_size as usize {
-                tracing::warn!(
-                    loops = config.dispatcher.loops,
-                    pool_size = config.pool_size,
-                    "OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE: under a backlog the \
-                     dispatch loops can hold every pooled connection while this process's \
-                     handlers wait for one"
-                );
-            }
-            let dispatcher = Arc::new(
-                Dispatcher::new(
-                    pool.clone(),
-                    config.database_url.clone(),
-                    redis.clone(),
-                    namespace.clone(),
-                    config.router.clone(),
-                    config.dispatcher.clone(),
-                )?
-                .with_redis_guard(
-                    RedisGuardSettings {
-                        check_every: config.redis_check_interval,
-                        retention: config.queue_done_retention,
-                        ..RedisGuardSettings::default()
-                    },
-                    builder.catalog().receivers(),
-                ),
-            );
-            for feed in builder.catalog().unreconciled_feeds() {
-                tracing::warn!(
-                    queue = feed.queue,
-                    derived_from = ?feed.derived_from,
-                    "after a Redis loss, a job of this queue lost after its parent finished is not \
-                     noticed: reconciliation pushes lost parents again but cannot find these jobs"
-                );
-            }
-            draining = Some(dispatcher.draining());
-            let token = shutdown.clone();
-            background.spawn(async move {
-                if let Err(e) = dispatcher.run(token).await {
-                    tracing::error!(error = %e, "dispatcher stopped");
-                }
-            });
-        } else {
-            tracing::info!("dispatcher disabled (OUTBOX_DISPATCHER_ENABLED=false)");
-        }
-        background.spawn(run_retention(
-            pool.clone(),
-            config.retention,
-            config.retention_every,
-            draining,
-            shutdown.clone(),
-        ));
-        background.spawn(outbox_subscriber_workflow::sweep(
-            pool.clone(),
-            config.workflow_lease,
-            config.workflow_sweep_interval,
-            shutdown.clone(),
-        ));
-        background.spawn(trim_queues(
-            redis.clone(),
-            namespace.clone(),
-            queues.clone(),
-            config.clone(),
-            shutdown.clone(),
-        ));
-    }
-    background.spawn(refresh_gauges(
-        pool.clone(),
-        redis.clone(),
-        namespace.clone(),
-        GaugeSettings {
-            queues,
-            outbox_table: config.group == Group::General,
-            every: config.gauge_interval,
-            stall_after: config.worker.heartbeat * 4,
-        },
-        shutdown.clone(),
-    ));
-    let workers = {
-        let (redis, namespace, settings, token) = (
-            redis.clone(),
-            namespace.clone(),
-            config.worker.clone(),
-            shutdown.clone(),
-        );
-        let wake = if config.wakeups {
-            Some(
-                outbox_queue::redis_client(&config.redis_url, config.redis_ca_cert.as_deref())
-                    .context("invalid REDIS_URL or REDIS_CA_CERT")?,
-            )
-        } else {
-            None
-        };
-        tokio::spawn(async move {
-            group
-                .run_with_wakeups(redis, wake, &namespace, &settings, token)
-                .await
-        })
-    };
-
-    let stopped_by = tokio::select! {
-        signal = shutdown_signal() => signal,
-        () = shutdown.cancelled() => "a failing worker",
-    };
-    tracing::info!(
-        by = stopped_by,
-        grace_ms = config.shutdown_grace.as_millis() as u64,
-        "stopping: no new work; finishing what is in hand"
-    );
-    shutdown.cancel();
-    let drained = tokio::time::timeout(config.shutdown_grace, async {
-        let result = workers.await;
-        while background.join_next().await.is_some() {}
-        let _ = http.await;
-        result
-    })
-    .await;
-    match drained {
-        Ok(Ok(Ok(()))) => {
-            tracing::info!("worker stopped cleanly");
-            Ok(())
-        }
-        Ok(Ok(Err(e))) => Err(e.into()),
-        Ok(Err(e)) => Err(anyhow::anyhow!("queue workers panicked: {e}")),
-        Err(_) => {
-            tracing::warn!(
-                "grace period over; exiting with work unfinished (it will be redelivered)"
-            );
-            Ok(())
-        }
-    }
-}
-
-/// Removes old finished jobs from every queue, with the retention cadence.
-async fn trim_queues(
-    mut redis: redis::aio::ConnectionManager,
-    namespace: QueueNamespace,
-    queues: Vec<String>,
-    config: WorkerConfig,
-    shutdown: CancellationToken,
-) {
-    loop {
-        for queue in &queues {
-            match outbox_queue::trim_finished(
-                &mut redis,
-                &namespace,
-                queue,
-                config.queue_done_retention,
-                config.queue_dead_retention,
-                100_000,
-            )
-            .await
-            {
-                Ok(0) => {}
-                Ok(removed) => {
-                    tracing::info!(queue, removed, "trimmed finished jobs");
-                    metrics::counter!("outbox_queue_trimmed_total", "queue" => queue.clone())
-                        .increment(removed as u64);
-                }
-                Err(e) => tracing::warn!(queue, error = %e, "cannot trim finished jobs"),
-            }
-            if shutdown.is_cancelled() {
-                return;
-            }
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(config.retention_every) => {}
-        }
-    }
-}
-
+/// The binaries' shutdown signal: SIGTERM or Ctrl-C, whichever comes
+/// first, named for the log. Only [`WorkerBuilder::run`] and
+/// [`WorkerBuilder::main`] install it; [`WorkerBuilder::run_until`] leaves
+/// signals to the application.
 pub(crate) async fn shutdown_signal() -> &'static str {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {

@@ -7,9 +7,17 @@
 //! each variable is also a flag of the same name in lowercase:
 //! `OUTBOX_DISPATCH_BATCH_SIZE` is `--outbox-dispatch-batch-size`).
 //!
-//! A new variable is one constant here, one line in [`variables`], and its
-//! read in `config.rs`; a unit test fails when the configuration reads a
-//! variable this table does not list.
+//! Each variable is defined once, here: name, default, range and meaning.
+//! A default or bound that a library type also uses is that library's
+//! constant (`outbox_dispatch::DEFAULT_BATCH_SIZE`, `MAX_BATCH_SIZE`, ...),
+//! never a second literal; `config.rs` reads each variable through its
+//! definition (`Whole` and `Flag` parse and check themselves), and
+//! `--help` prints it. A new variable is one constant here, one line in
+//! [`variables`], and one read in `config.rs`. The unit tests walk the
+//! definitions: each listed one is read, each read one is listed, each is
+//! documented in `docs/operations.md`, none is listed twice, every default
+//! lies in its range, and the configuration of an empty environment is the
+//! libraries' own defaults.
 //!
 //! [`WorkerConfig::from_lookup`]: crate::WorkerConfig::from_lookup
 //! [`BridgeConfig::from_lookup`]: crate::BridgeConfig::from_lookup
@@ -726,7 +734,102 @@ mod tests {
         WorkerConfig::from_lookup(group, &get).unwrap();
         LogFormat::from_lookup(&get).unwrap();
         TraceExportConfig::from_lookup(&get, "worker").unwrap();
+        let _reports = crate::start_error_reports(&get, "worker").unwrap();
         asked.into_inner()
+    }
+
+    /// Every definition, walked once: each is read by the configuration of
+    /// a binary that lists it, documented in `docs/operations.md`, listed
+    /// once, and a whole number's default lies within its range.
+    #[test]
+    fn every_definition_is_read_documented_once_and_its_default_in_range() {
+        let docs = include_str!("../../../docs/operations.md");
+        for group in [Group::General, Group::Mail] {
+            let read = read_by(group);
+            for variable in variables(group) {
+                let name = variable.name();
+                assert!(
+                    read.iter().any(|r| r == name),
+                    "{name} is listed for the {} group but never read",
+                    group.as_str()
+                );
+            }
+        }
+        for variable in variables(Group::General)
+            .into_iter()
+            .chain(variables(Group::Mail))
+            .chain(bridge_variables())
+        {
+            let name = variable.name();
+            assert!(
+                docs.contains(&format!("`{name}`")),
+                "{name} is not in docs/operations.md"
+            );
+            if let Variable::Whole(w) = variable {
+                assert!(w.min <= w.default && w.default <= w.max, "{w:?}");
+            }
+        }
+    }
+
+    /// The configuration read from an empty environment is the libraries'
+    /// own defaults, and the bounds of the dispatcher's definitions are the
+    /// ones its validation applies: no default or bound is stated twice.
+    #[test]
+    fn the_definitions_are_the_libraries_defaults_and_bounds() {
+        let required = |name: &str| match name {
+            "DATABASE_URL" => Some("postgres://x/y".to_owned()),
+            "REDIS_URL" => Some("redis://x".to_owned()),
+            _ => None,
+        };
+        let config = WorkerConfig::from_lookup(Group::General, &required).unwrap();
+        assert_eq!(
+            config.dispatcher,
+            outbox_dispatch::DispatcherConfig::default()
+        );
+        assert_eq!(config.worker, WorkerSettings::default());
+        assert_eq!(config.retention, RetentionConfig::default());
+        assert_eq!(config.webhook_timeout, DeliverySettings::DEFAULT_TIMEOUT);
+        assert_eq!(config.delivery_lease, OnceSettings::DEFAULT_LEASE);
+        assert_eq!(
+            config.redis_check_interval,
+            RedisGuardSettings::DEFAULT_CHECK_EVERY
+        );
+        assert_eq!(
+            config.workflow_lease,
+            outbox_workflow_runner::DEFAULT_LEASE
+        );
+        assert_eq!(
+            config.workflow_sweep_interval,
+            outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL
+        );
+        assert_eq!(config.pool_size, outbox_postgres::DEFAULT_POOL_SIZE);
+        assert_eq!(
+            config.queue_done_retention.as_secs(),
+            3600 * outbox_queue::DEFAULT_DONE_RETENTION_HOURS
+        );
+        assert_eq!(config.mail_from, SmtpSettings::DEFAULT_FROM);
+        // Each end of a dispatcher definition's range passes the
+        // dispatcher's own validation.
+        for spec in [
+            OUTBOX_DISPATCH_INTERVAL_MS,
+            OUTBOX_DISPATCH_BATCH_SIZE,
+            OUTBOX_DISPATCH_CONCURRENCY,
+            OUTBOX_DISPATCH_LOOPS,
+            OUTBOX_DISPATCH_VACUUM_EVERY,
+        ] {
+            for end in [spec.min, spec.max] {
+                let value = end.to_string();
+                let get = |name: &str| {
+                    if name == spec.name {
+                        Some(value.clone())
+                    } else {
+                        required(name)
+                    }
+                };
+                let config = WorkerConfig::from_lookup(Group::General, &get).unwrap();
+                assert_eq!(config.dispatcher.validate(), Ok(()), "{}={end}", spec.name);
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,405 @@
+//! The worker's composition root: connect, build the services, register
+//! them with a [`Supervisor`] in the order they start, run them until the
+//! shutdown future resolves. Each service's wiring is a function of its
+//! own below; what decides (which queues to measure, whether the pool is
+//! large enough) is in plain functions apart from what starts things.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
+use outbox_postgres::PgPool;
+use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
+use outbox_subscriber::{HandlerGroup, SubscriberError};
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::supervisor::{Backoff, OnFailure, Run, Stopped, Supervisor};
+use crate::{
+    GaugeSettings, Group, HttpState, WorkerBuilder, WorkerConfig, enforce_eviction_policy,
+    install_metrics, pool_demand, read_eviction_policy, read_persistence, refresh_gauges,
+    registration, report_persistence, router, trim,
+};
+
+/// How every service but the queue workers is supervised: restarted after
+/// a failure, 1 s to 30 s apart.
+pub(crate) const RESTART: OnFailure = OnFailure::Restart(Backoff::STANDARD);
+
+/// The connections every service shares, made at start.
+#[derive(Clone)]
+pub(crate) struct Connections {
+    pub pool: PgPool,
+    pub redis: ConnectionManager,
+    pub namespace: QueueNamespace,
+}
+
+/// Runs the worker `builder` describes (its routes already in
+/// `config.router`) until `shutdown` resolves; its answer (`SIGTERM`, ...)
+/// goes to the log.
+pub(crate) async fn serve(
+    mut builder: WorkerBuilder,
+    config: WorkerConfig,
+    shutdown: impl Future<Output = &'static str>,
+) -> Result<()> {
+    let metrics = install_metrics(builder.binary())?;
+    let connections = connect(&config).await?;
+    let group = builder.assemble(
+        &config,
+        &connections.pool,
+        &connections.redis,
+        &connections.namespace,
+    )?;
+    let registration = builder.registration(&config, &group)?;
+    registration::record(&connections.pool, &config.queue_prefix, &registration).await;
+    let queues = measured_queues(&builder, &config, &group);
+    let listener = bind(&config).await?;
+    log_started(&config, &group, listener.local_addr()?);
+    warn_pool_shortfall(&config, &group);
+
+    let mut services = Supervisor::new(config.shutdown_grace).service(
+        "http",
+        RESTART,
+        http(
+            listener,
+            router(HttpState {
+                pool: connections.pool.clone(),
+                redis: connections.redis.clone(),
+                metrics,
+            }),
+        )?,
+    );
+    if config.group == Group::General {
+        services = general_services(services, &builder, &config, &connections, &queues)?;
+    }
+    let stopped = services
+        .service("gauges", RESTART, gauges(&config, &connections, queues))
+        .service(
+            "queue workers",
+            OnFailure::StopAll,
+            queue_workers(group, &config, &connections)?,
+        )
+        .run_until(shutdown)
+        .await?;
+    log_stopped(&stopped);
+    Ok(())
+}
+
+/// The services only the general group runs: the dispatcher (when
+/// enabled), retention, the workflow sweep and the trim of finished jobs.
+fn general_services(
+    services: Supervisor,
+    builder: &WorkerBuilder,
+    config: &WorkerConfig,
+    connections: &Connections,
+    queues: &[String],
+) -> Result<Supervisor> {
+    let (services, draining) = if config.dispatcher_enabled {
+        let dispatcher = dispatcher(builder, config, connections)?;
+        let draining = dispatcher.draining();
+        let services = services.service("dispatcher", RESTART, move |token| {
+            let dispatcher = dispatcher.clone();
+            async move {
+                dispatcher.run(token).await.inspect_err(|e| {
+                    tracing::error!(error = %e, "dispatcher stopped");
+                })
+            }
+        });
+        (services, Some(draining))
+    } else {
+        tracing::info!("dispatcher disabled (OUTBOX_DISPATCHER_ENABLED=false)");
+        (services, None)
+    };
+    let (pool, retention, every) = (
+        connections.pool.clone(),
+        config.retention,
+        config.retention_every,
+    );
+    // Retention slows down while this process's dispatcher drains a backlog.
+    let services = services.service("retention", RESTART, move |token| {
+        endless(run_retention(
+            pool.clone(),
+            retention,
+            every,
+            draining.clone(),
+            token,
+        ))
+    });
+    let (pool, lease, every) = (
+        connections.pool.clone(),
+        config.workflow_lease,
+        config.workflow_sweep_interval,
+    );
+    let services = services.service("workflow sweep", RESTART, move |token| {
+        endless(outbox_subscriber_workflow::sweep(
+            pool.clone(),
+            lease,
+            every,
+            token,
+        ))
+    });
+    let (connections, queues, config) = (connections.clone(), queues.to_vec(), config.clone());
+    Ok(services.service("queue trim", RESTART, move |token| {
+        endless(trim::trim_queues(
+            connections.redis.clone(),
+            connections.namespace.clone(),
+            queues.clone(),
+            config.clone(),
+            token,
+        ))
+    }))
+}
+
+/// Postgres, Redis (refused when it may evict keys, unless allowed) and the
+/// queues' namespace.
+async fn connect(config: &WorkerConfig) -> Result<Connections> {
+    let pool = connect_postgres(&config.database_url, config.pool_size).await?;
+    let redis = outbox_queue::connect(&RedisSettings {
+        ca_cert: config.redis_ca_cert.clone(),
+        ..RedisSettings::new(&config.redis_url)
+    })
+    .context("invalid REDIS_URL or REDIS_CA_CERT")?;
+    enforce_eviction_policy(
+        &read_eviction_policy(&config.redis_url, config.redis_ca_cert.as_deref()).await,
+        config.allow_redis_eviction,
+    )?;
+    report_persistence(&read_persistence(&redis).await);
+    Ok(Connections {
+        pool,
+        redis,
+        namespace: QueueNamespace::prefixed(config.queue_prefix.clone()),
+    })
+}
+
+/// The Postgres pool of `DATABASE_URL` (the workers' and the bridge's).
+pub(crate) async fn connect_postgres(database_url: &str, size: u32) -> Result<PgPool> {
+    outbox_postgres::connect_pool(database_url, size)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot connect to Postgres at {} (DATABASE_URL)",
+                redact_url(database_url)
+            )
+        })
+}
+
+/// Every queue this worker measures (and, in the general group, trims):
+/// the general group all routed and downstream queues, the mail group its
+/// own; both also every queue their handlers consume.
+fn measured_queues(
+    builder: &WorkerBuilder,
+    config: &WorkerConfig,
+    group: &HandlerGroup,
+) -> Vec<String> {
+    let mut queues: Vec<String> = group.queues().into_iter().map(str::to_owned).collect();
+    if config.group == Group::General {
+        queues.extend(config.router.queues().into_iter().map(str::to_owned));
+        queues.extend(
+            builder
+                .catalog()
+                .downstream_queues()
+                .into_iter()
+                .map(str::to_owned),
+        );
+    }
+    queues.sort_unstable();
+    queues.dedup();
+    queues
+}
+
+/// `WORKER_HTTP_ADDR`, bound at start so that a taken address stops it.
+async fn bind(config: &WorkerConfig) -> Result<TcpListener> {
+    TcpListener::bind(config.http_addr)
+        .await
+        .with_context(|| format!("cannot bind WORKER_HTTP_ADDR={}", config.http_addr))
+}
+
+/// `app` served on `listener` until its token is cancelled (requests in
+/// progress finish); a restart binds the same address again.
+pub(crate) fn http(
+    listener: TcpListener,
+    app: axum::Router,
+) -> Result<impl FnMut(CancellationToken) -> Run<std::io::Error> + Send + 'static> {
+    let addr = listener.local_addr()?;
+    let mut listener = Some(listener);
+    Ok(move |token: CancellationToken| {
+        let (listener, app) = (listener.take(), app.clone());
+        let run: Run<std::io::Error> = Box::pin(async move {
+            let listener = match listener {
+                Some(listener) => listener,
+                None => TcpListener::bind(addr).await?,
+            };
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { token.cancelled().await })
+                .await
+        });
+        run
+    })
+}
+
+/// The dispatcher with its Redis guard, after the warnings its settings
+/// call for.
+fn dispatcher(
+    builder: &WorkerBuilder,
+    config: &WorkerConfig,
+    connections: &Connections,
+) -> Result<Arc<Dispatcher>> {
+    if config.dispatcher.loops >= config.pool_size as usize {
+        tracing::warn!(
+            loops = config.dispatcher.loops,
+            pool_size = config.pool_size,
+            "OUTBOX_DISPATCH_LOOPS is not below DATABASE_POOL_SIZE: under a backlog the \
+             dispatch loops can hold every pooled connection while this process's \
+             handlers wait for one"
+        );
+    }
+    let dispatcher = Dispatcher::new(
+        connections.pool.clone(),
+        config.database_url.clone(),
+        connections.redis.clone(),
+        connections.namespace.clone(),
+        config.router.clone(),
+        config.dispatcher.clone(),
+    )?
+    .with_redis_guard(
+        RedisGuardSettings {
+            check_every: config.redis_check_interval,
+            retention: config.queue_done_retention,
+            ..RedisGuardSettings::default()
+        },
+        builder.catalog().receivers(),
+    );
+    for feed in builder.catalog().unreconciled_feeds() {
+        tracing::warn!(
+            queue = feed.queue,
+            derived_from = ?feed.derived_from,
+            "after a Redis loss, a job of this queue lost after its parent finished is not \
+             noticed: reconciliation pushes lost parents again but cannot find these jobs"
+        );
+    }
+    Ok(Arc::new(dispatcher))
+}
+
+/// The Prometheus gauges of `queues` (and, in the general group, of the
+/// outbox table).
+fn gauges(
+    config: &WorkerConfig,
+    connections: &Connections,
+    queues: Vec<String>,
+) -> impl FnMut(CancellationToken) -> Run<Infallible> + Send + 'static {
+    let settings = GaugeSettings {
+        queues,
+        outbox_table: config.group == Group::General,
+        every: config.gauge_interval,
+        stall_after: config.worker.heartbeat * 4,
+    };
+    let connections = connections.clone();
+    move |token| {
+        Box::pin(endless(refresh_gauges(
+            connections.pool.clone(),
+            connections.redis.clone(),
+            connections.namespace.clone(),
+            settings.clone(),
+            token,
+        )))
+    }
+}
+
+/// The queue workers of `group` (each queue restarted by the group
+/// itself), woken by Redis messages unless `OUTBOX_WAKEUPS=false`.
+fn queue_workers(
+    group: HandlerGroup,
+    config: &WorkerConfig,
+    connections: &Connections,
+) -> Result<impl FnMut(CancellationToken) -> Run<SubscriberError> + Send + 'static> {
+    let wake = if config.wakeups {
+        Some(
+            outbox_queue::redis_client(&config.redis_url, config.redis_ca_cert.as_deref())
+                .context("invalid REDIS_URL or REDIS_CA_CERT")?,
+        )
+    } else {
+        None
+    };
+    let (group, connections, settings) =
+        (Arc::new(group), connections.clone(), config.worker.clone());
+    Ok(move |token| {
+        let (group, connections, settings, wake) = (
+            group.clone(),
+            connections.clone(),
+            settings.clone(),
+            wake.clone(),
+        );
+        let run: Run<SubscriberError> = Box::pin(async move {
+            group
+                .run_with_wakeups(
+                    connections.redis,
+                    wake,
+                    &connections.namespace,
+                    &settings,
+                    token,
+                )
+                .await
+        });
+        run
+    })
+}
+
+/// A service that only ends when told to.
+async fn endless(run: impl Future<Output = ()>) -> Result<(), Infallible> {
+    run.await;
+    Ok(())
+}
+
+/// The line operators look for once the worker is up.
+fn log_started(config: &WorkerConfig, group: &HandlerGroup, http_addr: std::net::SocketAddr) {
+    tracing::info!(
+        group = config.group.as_str(),
+        http = %http_addr,
+        queues = ?group.queues(),
+        queue_prefix = %config.queue_prefix,
+        dispatcher = config.group == Group::General && config.dispatcher_enabled,
+        database = %redact_url(&config.database_url),
+        workflow_executor = %config.workflow_executor,
+        redis = %redact_url(&config.redis_url),
+        smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
+        "worker started"
+    );
+}
+
+/// Warns when the queue workers and dispatch loops may want more Postgres
+/// connections than `DATABASE_POOL_SIZE` gives.
+fn warn_pool_shortfall(config: &WorkerConfig, group: &HandlerGroup) {
+    let dispatch_loops = if config.group == Group::General && config.dispatcher_enabled {
+        config.dispatcher.loops
+    } else {
+        0
+    };
+    if let Some(shortfall) = pool_demand::pool_shortfall(
+        config.group.as_str(),
+        config.worker.concurrency,
+        &group.queues(),
+        config.pool_size,
+        dispatch_loops,
+    ) {
+        tracing::warn!(
+            worker_concurrency = shortfall.concurrency,
+            connection_jobs = shortfall.jobs(),
+            pool_size = shortfall.pool_size,
+            "{shortfall}"
+        );
+    }
+}
+
+/// The last line: a clean stop, or work left for redelivery.
+fn log_stopped(stopped: &Stopped) {
+    if stopped.overran.is_empty() {
+        tracing::info!("worker stopped cleanly");
+    } else {
+        tracing::warn!(
+            services = ?stopped.overran,
+            "grace period over; exiting with work unfinished (it will be redelivered)"
+        );
+    }
+}
