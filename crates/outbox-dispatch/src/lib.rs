@@ -49,7 +49,7 @@
 //! binary installs.
 
 mod config;
-pub mod db;
+mod db;
 mod dispatcher;
 mod draining;
 mod error;
@@ -68,11 +68,13 @@ pub use config::{
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
     DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
 };
+pub use db::RowTable;
 pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
 pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;
 pub use listener::LISTENER_APPLICATION_NAME;
+pub use outbox_store::VACUUM_SQL;
 pub use reconcile::{
     BatchOutcome, DEFAULT_RECONCILE_BATCH, DerivedJob, MissingJob, QueueCounts, RETENTION_MARGIN,
     Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
@@ -87,4 +89,4 @@ pub use retention::{
 };
 pub use router::{RouteError, Router};
 pub use routes_file::RoutesFileError;
-pub use vacuum::{FIRST_VACUUM_ROUND, VACUUM_SQL};
+pub use vacuum::FIRST_VACUUM_ROUND;
