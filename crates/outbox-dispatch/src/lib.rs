@@ -23,7 +23,10 @@
 //! ids (see `docs/reliability.md`).
 //!
 //! This crate holds no subscriber logic and reads no environment: binaries
-//! build a [`DispatcherConfig`] and hand it in.
+//! build a [`DispatcherConfig`] and hand it in. Nor does it write SQL on
+//! the outbox tables: the claim ([`outbox_store::CLAIM_SQL`]), the outcome
+//! updates and every other statement on them are `outbox-store`'s; this
+//! crate decides ([`after_failed_push`]) and the store records.
 //!
 //! # Transactions and locks
 //!

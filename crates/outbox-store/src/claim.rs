@@ -18,7 +18,7 @@ use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use futures::future::try_join_all;
+use futures_util::future::try_join_all;
 use outbox_model::{OutboxEvent, prepared};
 use serde_json::{Map, Value};
 use tracing::instrument;

@@ -53,6 +53,15 @@ impl StoreError {
             Self::Database(_) => ErrorKind::Other,
         }
     }
+
+    /// The diesel error underneath, for callers whose own error type
+    /// carries one (`outbox_publish::PublishError::Database`).
+    #[must_use]
+    pub fn into_diesel(self) -> diesel::result::Error {
+        match self {
+            Self::Database(error) => error,
+        }
+    }
 }
 
 /// The result of a store operation.

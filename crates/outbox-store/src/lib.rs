@@ -1,7 +1,8 @@
 //! The one owner of the outbox tables. Every statement that reads or
 //! changes `outbox_event`, its history (`outbox_event_requeue`) and the
 //! Redis guard's tables (`outbox_redis_epoch`, `outbox_redis_safe_point`)
-//! lives here, as a named operation with typed parameters: the claim and
+//! lives here, as a named operation with typed parameters: the publisher's
+//! inserts ([`insert_event`], [`insert_events`]), the claim and
 //! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
 //! [`mark_failed`], [`release`]), retention ([`purge_done_batch`]), the
 //! operator's requeue and cancel with history ([`requeue`], [`cancel`]),
@@ -15,8 +16,9 @@
 //! happens to an event after a failed hand-off, which statuses an operator
 //! may requeue or cancel, are pure functions of its callers, passed in as
 //! values. It holds no connection pool, reads no environment and knows no
-//! Redis. Applications do not depend on it: they publish through
-//! `outbox-publish`.
+//! Redis. Applications compile it through `outbox-publish` (whose
+//! validation and transaction guard stay there), so it depends on nothing
+//! beyond diesel and the model.
 //!
 //! Every operation takes the caller's `AsyncPgConnection` (a pooled one or
 //! one inside the caller's transaction), returns a [`StoreError`] whose
@@ -48,6 +50,7 @@ mod claim;
 mod done;
 mod error;
 mod history;
+mod insert;
 mod maintenance;
 mod redis_guard;
 mod retention;
@@ -61,6 +64,7 @@ pub use claim::{
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
 pub use history::{Change, Requeued, cancel, requeue};
+pub use insert::{Inserted, ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events};
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,
@@ -73,6 +77,6 @@ pub use select::{
     count_events, delivery_state, event, history, list_candidates, list_events, statuses, summary,
 };
 pub use stats::{
-    GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, group_counts,
-    pending_figures, unfinished_count,
+    GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,
+    group_counts, pending_figures, status_queue_counts, unfinished_count,
 };

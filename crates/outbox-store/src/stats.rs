@@ -113,6 +113,39 @@ pub async fn group_counts(conn: &mut AsyncPgConnection) -> Result<Vec<GroupCount
     .await?)
 }
 
+/// How many rows share a status and a queue, as the demo's report shows them.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct StatusQueueCount {
+    /// The status, as stored.
+    #[diesel(sql_type = Text)]
+    pub status: String,
+    /// The queue once routed; `(scheduled for later)` for PENDING rows not
+    /// due yet, `(no route)` for rows not routed.
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    /// How many rows.
+    #[diesel(sql_type = BigInt)]
+    pub n: i64,
+}
+
+/// Row counts by status and queue, ordered by both. Scans the table once.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn status_queue_counts(conn: &mut AsyncPgConnection) -> Result<Vec<StatusQueueCount>> {
+    Ok(diesel::sql_query(
+        "SELECT status,
+                CASE WHEN status = 'PENDING' AND scheduled_at > now() THEN '(scheduled for later)'
+                     ELSE coalesce(target_queue, '(no route)') END AS queue,
+                count(*) AS n
+         FROM outbox_event GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .load(conn)
+    .await?)
+}
+
 /// How many rows are not `DONE` (what a drain waits for).
 ///
 /// # Errors
