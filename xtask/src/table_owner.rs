@@ -185,8 +185,7 @@ fn pieces(source: &str) -> Vec<Piece> {
                     i += 1;
                 }
                 i += 1;
-                loop {
-                    let Some(&ch) = chars.get(i) else { break };
+                while let Some(&ch) = chars.get(i) {
                     if ch == '"' && (1..=hashes).all(|k| chars.get(i + k) == Some(&'#')) {
                         i += 1 + hashes;
                         break;
@@ -197,8 +196,7 @@ fn pieces(source: &str) -> Vec<Piece> {
                 }
             } else {
                 i += 1;
-                loop {
-                    let Some(&ch) = chars.get(i) else { break };
+                while let Some(&ch) = chars.get(i) {
                     if ch == '\\' {
                         if let Some(&escaped) = chars.get(i + 1) {
                             line += usize::from(escaped == '\n');
