@@ -79,8 +79,8 @@ const BEFORE_TABLE: &[&str] = &[
     "FROM", "INTO", "UPDATE", "JOIN", "TABLE", "TRUNCATE", "LIKE",
 ];
 
-/// Every `.rs` file under `folder`.
-fn rust_files(folder: &Path) -> Vec<PathBuf> {
+/// Every `.rs` file under `folder`, sorted (shared with `module_cycles`).
+pub(crate) fn rust_files(folder: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut folders = vec![folder.to_path_buf()];
     while let Some(folder) = folders.pop() {

@@ -260,6 +260,17 @@ pub enum EventKey<'a> {
     DispatchKey(&'a str),
 }
 
+impl<'a> EventKey<'a> {
+    /// The row this key finds.
+    fn find(self) -> outbox_event::BoxedQuery<'a, Pg> {
+        let query = outbox_event::table.into_boxed::<Pg>();
+        match self {
+            EventKey::Id(id) => query.filter(outbox_event::id.eq(id)),
+            EventKey::DispatchKey(key) => query.filter(outbox_event::dispatch_key.eq(key)),
+        }
+    }
+}
+
 /// Which event a row is, and its status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable)]
 pub struct EventSummary {
@@ -281,18 +292,16 @@ pub async fn summary(
     conn: &mut AsyncPgConnection,
     key: EventKey<'_>,
 ) -> Result<Option<EventSummary>> {
-    let query = outbox_event::table
+    Ok(key
+        .find()
         .select((
             outbox_event::id,
             outbox_event::event_type,
             outbox_event::status,
         ))
-        .into_boxed();
-    let query = match key {
-        EventKey::Id(id) => query.filter(outbox_event::id.eq(id)),
-        EventKey::DispatchKey(key) => query.filter(outbox_event::dispatch_key.eq(key)),
-    };
-    Ok(query.get_result(conn).await.optional()?)
+        .get_result(conn)
+        .await
+        .optional()?)
 }
 
 /// Where a row stands in its delivery.
@@ -320,7 +329,8 @@ pub async fn delivery_state(
     conn: &mut AsyncPgConnection,
     key: EventKey<'_>,
 ) -> Result<Option<DeliveryState>> {
-    let query = outbox_event::table
+    Ok(key
+        .find()
         .select((
             outbox_event::status,
             outbox_event::retries,
@@ -328,12 +338,9 @@ pub async fn delivery_state(
             outbox_event::target_queue,
             outbox_event::scheduled_at,
         ))
-        .into_boxed();
-    let query = match key {
-        EventKey::Id(id) => query.filter(outbox_event::id.eq(id)),
-        EventKey::DispatchKey(key) => query.filter(outbox_event::dispatch_key.eq(key)),
-    };
-    Ok(query.get_result(conn).await.optional()?)
+        .get_result(conn)
+        .await
+        .optional()?)
 }
 
 #[cfg(test)]
