@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_dispatch::{Dispatcher, DispatcherConfig};
 use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event, publish_outbox_events,
@@ -52,11 +51,7 @@ fn event(n: usize) -> NewOutboxEvent {
 }
 
 async fn count_open(conn: &mut AsyncPgConnection) -> Result<i64> {
-    Ok(
-        diesel::dsl::sql::<BigInt>("SELECT count(*) FROM outbox_event WHERE status <> 'DONE'")
-            .get_result(conn)
-            .await?,
-    )
+    Ok(outbox_store::unfinished_count(conn).await?)
 }
 
 /// The benchmarks of the dispatch pipeline; they run in this order, each on

@@ -17,8 +17,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use diesel::sql_types::BigInt;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use serde_json::json;
 
@@ -56,10 +55,7 @@ pub async fn run(run: &Run, plan: &Soak) -> Result<()> {
     let outcome = load_and_sample(&mut conn, &mut child, plan).await;
     crate::bench_process::stop_all(vec![child])?;
     let (samples, published) = outcome?;
-    let open: i64 =
-        diesel::dsl::sql::<BigInt>("SELECT count(*) FROM outbox_event WHERE status <> 'DONE'")
-            .get_result(&mut conn)
-            .await?;
+    let open: i64 = outbox_store::unfinished_count(&mut conn).await?;
     let warm = samples.len() / 5;
     let slope = slope_per_minute(&samples[warm..]);
     let kib = |i: usize| samples.get(i).map_or(0, |s| s.1);

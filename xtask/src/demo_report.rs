@@ -37,16 +37,6 @@ macro_rules! say {
 pub(crate) use say;
 
 #[derive(diesel::QueryableByName)]
-struct StatusQueue {
-    #[diesel(sql_type = Text)]
-    status: String,
-    #[diesel(sql_type = Text)]
-    queue: String,
-    #[diesel(sql_type = BigInt)]
-    n: i64,
-}
-
-#[derive(diesel::QueryableByName)]
 struct WorkflowStatusRow {
     #[diesel(sql_type = Text)]
     name: String,
@@ -58,15 +48,7 @@ struct WorkflowStatusRow {
 
 /// Events by status and queue, and workflow executions by status.
 pub async fn rows(conn: &mut AsyncPgConnection) -> Result<()> {
-    let rows: Vec<StatusQueue> = diesel::sql_query(
-        "SELECT status,
-                CASE WHEN status = 'PENDING' AND scheduled_at > now() THEN '(scheduled for later)'
-                     ELSE coalesce(target_queue, '(no route)') END AS queue,
-                count(*) AS n
-         FROM outbox_event GROUP BY 1, 2 ORDER BY 1, 2",
-    )
-    .load(conn)
-    .await?;
+    let rows = outbox_store::status_queue_counts(conn).await?;
     let total: i64 = rows.iter().map(|r| r.n).sum();
     say!("\nevents by status and queue ({total} rows)");
     say!("  {:<10} {:<32} {:>7}", "status", "queue", "events");

@@ -19,7 +19,7 @@ use clap::Args;
 use diesel::QueryableByName;
 use diesel::sql_types::{Json, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_dispatch::db;
+use outbox_store as db;
 use serde_json::Value;
 
 use crate::bench_handoff::HANDOFF_TYPES;

@@ -63,6 +63,8 @@ mod module_cycles;
 mod mutants;
 mod schema;
 mod services;
+#[cfg(test)]
+mod table_owner;
 mod test;
 mod verify_workflow;
 

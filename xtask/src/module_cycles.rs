@@ -15,35 +15,24 @@ use crate::cmd::workspace_root;
 /// Module path → source, for the `src` folder `root`.
 fn modules(root: &Path) -> BTreeMap<String, String> {
     let mut found = BTreeMap::new();
-    let mut folders = vec![root.to_path_buf()];
-    while let Some(folder) = folders.pop() {
-        let Ok(entries) = std::fs::read_dir(&folder) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                folders.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let relative = path.strip_prefix(root).unwrap_or(&path).with_extension("");
-                let mut parts: Vec<String> = relative
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                if parts
-                    .last()
-                    .is_some_and(|last| matches!(last.as_str(), "mod" | "lib" | "main"))
-                {
-                    parts.pop();
-                }
-                let name = if parts.is_empty() {
-                    "crate".to_owned()
-                } else {
-                    parts.join("::")
-                };
-                found.insert(name, std::fs::read_to_string(&path).unwrap_or_default());
-            }
+    for path in crate::table_owner::rust_files(root) {
+        let relative = path.strip_prefix(root).unwrap_or(&path).with_extension("");
+        let mut parts: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if parts
+            .last()
+            .is_some_and(|last| matches!(last.as_str(), "mod" | "lib" | "main"))
+        {
+            parts.pop();
         }
+        let name = if parts.is_empty() {
+            "crate".to_owned()
+        } else {
+            parts.join("::")
+        };
+        found.insert(name, std::fs::read_to_string(&path).unwrap_or_default());
     }
     found
 }

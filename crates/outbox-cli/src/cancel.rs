@@ -6,11 +6,9 @@
 
 use anyhow::Context;
 use clap::Args;
-use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
-use diesel::{QueryableByName, prelude::*};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
-use outbox_model::schema::outbox_event;
+use outbox_store::{Change, StoreError};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -53,10 +51,12 @@ struct Row {
     refused: Option<String>,
 }
 
-#[derive(QueryableByName)]
-struct Cancelled {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
+/// The statuses a cancel changes ([`refusal`] is `None`).
+fn cancellable() -> Vec<OutboxStatus> {
+    OutboxStatus::ALL
+        .into_iter()
+        .filter(|status| refusal(*status).is_none())
+        .collect()
 }
 
 /// Cancels the cancellable rows of `ids` in one transaction, each with its
@@ -67,50 +67,23 @@ async fn execute(
     ids: &[Uuid],
     reason: &str,
     requested_by: Option<&str>,
-) -> anyhow::Result<Vec<Uuid>> {
-    let cancellable = [
-        OutboxStatus::Pending.as_str(),
-        OutboxStatus::Failed.as_str(),
-    ];
-    conn.transaction::<_, anyhow::Error, _>(async |conn| {
-        let locked: Vec<Cancelled> = diesel::sql_query(
-            "SELECT id FROM outbox_event WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
-        )
-        .bind::<Array<SqlUuid>, _>(ids)
-        .bind::<Array<Text>, _>(&cancellable[..])
-        .load(conn)
-        .await?;
-        let locked: Vec<Uuid> = locked.into_iter().map(|row| row.id).collect();
-        diesel::sql_query(
-            "INSERT INTO outbox_event_requeue
-                 (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-                  previous_last_error, action)
-             SELECT id, $2, $3, status, retries, last_error, 'cancel'
-             FROM outbox_event WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked)
-        .bind::<Text, _>(reason)
-        .bind::<Nullable<Text>, _>(requested_by)
-        .execute(conn)
-        .await?;
-        diesel::sql_query(
-            "UPDATE outbox_event SET status = 'CANCELLED', locked_until = NULL WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked)
-        .execute(conn)
-        .await?;
-        Ok(locked)
-    })
+) -> Result<Vec<Uuid>, StoreError> {
+    outbox_store::cancel(
+        conn,
+        Change {
+            ids,
+            allowed: &cancellable(),
+            reason,
+            requested_by,
+        },
+    )
     .await
 }
 
 /// Runs `outbox cancel`.
 pub async fn run(cli: &Cli, args: &CancelArgs) -> Outcome {
     let mut conn = connect(cli).await?;
-    let found: Vec<(Uuid, OutboxStatus)> = outbox_event::table
-        .filter(outbox_event::id.eq_any(&args.ids))
-        .select((outbox_event::id, outbox_event::status))
-        .load(&mut conn)
+    let found: Vec<(Uuid, OutboxStatus)> = outbox_store::statuses(&mut conn, &args.ids)
         .await
         .context("cannot read the rows")?;
     let rows: Vec<Row> = args
@@ -183,10 +156,6 @@ mod tests {
 
     #[test]
     fn only_pending_and_failed_rows_are_cancelled() {
-        let cancellable: Vec<OutboxStatus> = OutboxStatus::ALL
-            .into_iter()
-            .filter(|s| refusal(*s).is_none())
-            .collect();
-        assert_eq!(cancellable, [OutboxStatus::Pending, OutboxStatus::Failed]);
+        assert_eq!(cancellable(), [OutboxStatus::Pending, OutboxStatus::Failed]);
     }
 }

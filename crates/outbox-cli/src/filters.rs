@@ -1,5 +1,5 @@
 //! Row selection shared by `list` and `requeue`: the filter flags, their
-//! parsers, and the queries they build; and the parser of lengths of time
+//! parsers, and the store filter they stand for; and the parser of lengths of time
 //! (`15m`) that ages and `health --stuck-after` share.
 //!
 //! Every parser returns a [`FilterValueError`]; clap reports it with the
@@ -8,11 +8,9 @@
 
 use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
-use diesel::pg::Pg;
-use diesel::prelude::*;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::outbox_event;
-use outbox_model::{OutboxStatus, UnknownStatus};
+use diesel_async::AsyncPgConnection;
+use outbox_model::{OutboxEvent, OutboxStatus, UnknownStatus};
+use outbox_store::{Candidate, EventFilter, StoreError};
 
 /// Which rows a command works on.
 #[derive(Debug, Clone, Args, Default)]
@@ -145,12 +143,6 @@ pub fn parse_duration(raw: &str) -> Result<std::time::Duration, FilterValueError
         .map_err(|_| FilterValueError::AgeOutOfRange(raw.to_owned()))
 }
 
-fn like_escape(text: &str) -> String {
-    text.replace('\\', "\\\\")
-        .replace('%', "\\%")
-        .replace('_', "\\_")
-}
-
 impl Filters {
     /// True when no filter narrows the selection.
     #[must_use]
@@ -183,49 +175,19 @@ impl Filters {
         })
     }
 
-    /// Every matching row, in no particular order. Every value is a bind
+    /// The store's filter for these flags. Every value becomes a bind
     /// parameter: quotes and semicolons in filters are just text.
     #[must_use]
-    pub fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
-        let mut query = outbox_event::table.into_boxed::<Pg>();
-        if !self.statuses.is_empty() {
-            query = query.filter(outbox_event::status.eq_any(self.statuses.clone()));
+    pub fn selection(&self) -> EventFilter {
+        EventFilter {
+            statuses: self.statuses.clone(),
+            type_prefix: self.type_prefix.clone(),
+            tenant: self.tenant.clone(),
+            created_after: self.created_after,
+            created_before: self.created_before,
+            failed_after: self.failed_after,
+            failed_before: self.failed_before,
         }
-        if let Some(prefix) = &self.type_prefix {
-            query = query.filter(
-                outbox_event::event_type
-                    .like(format!("{}%", like_escape(prefix)))
-                    .escape('\\'),
-            );
-        }
-        if let Some(tenant) = &self.tenant {
-            query = query.filter(outbox_event::tenant_id.eq(tenant.clone()));
-        }
-        if let Some(at) = self.created_after {
-            query = query.filter(outbox_event::created_at.ge(at));
-        }
-        if let Some(at) = self.created_before {
-            query = query.filter(outbox_event::created_at.lt(at));
-        }
-        if self.failed_after.is_some() || self.failed_before.is_some() {
-            query = query.filter(outbox_event::status.eq(OutboxStatus::Failed));
-        }
-        if let Some(at) = self.failed_after {
-            query = query.filter(outbox_event::failed_at.ge(at));
-        }
-        if let Some(at) = self.failed_before {
-            query = query.filter(outbox_event::failed_at.lt(at));
-        }
-        query
-    }
-
-    /// The first `limit` matching rows, oldest first (the order of `list`
-    /// and of requeue batches).
-    #[must_use]
-    pub fn oldest_first(&self, limit: i64) -> outbox_event::BoxedQuery<'static, Pg> {
-        self.query()
-            .order((outbox_event::created_at, outbox_event::id))
-            .limit(limit)
     }
 
     /// How many rows match.
@@ -233,9 +195,35 @@ impl Filters {
     /// # Errors
     ///
     /// When Postgres fails.
-    pub async fn count(&self, conn: &mut AsyncPgConnection) -> QueryResult<u64> {
-        let n: i64 = self.query().count().get_result(conn).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+    pub async fn count(&self, conn: &mut AsyncPgConnection) -> Result<u64, StoreError> {
+        outbox_store::count_events(conn, &self.selection()).await
+    }
+
+    /// The first `limit` matching rows, oldest first (the order of `list`).
+    ///
+    /// # Errors
+    ///
+    /// When Postgres fails.
+    pub async fn oldest_first(
+        &self,
+        conn: &mut AsyncPgConnection,
+        limit: i64,
+    ) -> Result<Vec<OutboxEvent>, StoreError> {
+        outbox_store::list_events(conn, &self.selection(), limit).await
+    }
+
+    /// As [`Filters::oldest_first`], only the columns the requeue policy
+    /// looks at (the order of requeue batches).
+    ///
+    /// # Errors
+    ///
+    /// When Postgres fails.
+    pub async fn candidates(
+        &self,
+        conn: &mut AsyncPgConnection,
+        limit: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        outbox_store::list_candidates(conn, &self.selection(), limit).await
     }
 }
 
@@ -337,11 +325,6 @@ mod tests {
                 "99999999999999999999999s".into()
             ))
         );
-    }
-
-    #[test]
-    fn like_wildcards_are_escaped() {
-        assert_eq!(like_escape("a_b%c\\"), "a\\_b\\%c\\\\");
     }
 
     #[test]

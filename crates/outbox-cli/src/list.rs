@@ -1,8 +1,6 @@
 //! `outbox list`: rows matching the filters, oldest first, as a table or JSON.
 
 use clap::Args;
-use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
 use outbox_model::{OutboxEvent, OutboxStatus};
 use serde::Serialize;
 use uuid::Uuid;
@@ -38,9 +36,7 @@ pub(crate) async fn list(cli: &Cli, args: &ListArgs) -> Outcome {
     let mut conn = connect(cli).await?;
     let rows: Vec<OutboxEvent> = args
         .filters
-        .oldest_first(i64::try_from(args.limit).unwrap_or(i64::MAX))
-        .select(OutboxEvent::as_select())
-        .load(&mut conn)
+        .oldest_first(&mut conn, i64::try_from(args.limit).unwrap_or(i64::MAX))
         .await?;
     let shown = rows.len() as u64;
     // Only a full page can hide more rows; count them then.

@@ -22,14 +22,15 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use clap::Args;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxStatus;
-use outbox_model::schema::{audit_log, outbox_event, workflow, workflow_version};
+use outbox_model::schema::{audit_log, workflow, workflow_version};
 use outbox_publish::{NewOutboxEvent, OutboxTx, publish_outbox_event};
 use outbox_queue::queues;
+use outbox_store::{DeliveryState as RowState, EventKey};
 use outbox_workflow_model::WorkflowDefinition;
 use outbox_workflow_model::events::execution_requested_key;
 use outbox_workflow_store::producers::{self, RunTrigger};
@@ -202,16 +203,6 @@ impl Progress {
             .map(|r| r.stage.label())
             .collect()
     }
-}
-
-/// What the probe knows of an outbox row.
-#[derive(Debug, Clone, Queryable)]
-struct RowState {
-    status: OutboxStatus,
-    retries: i32,
-    last_error: Option<String>,
-    target_queue: Option<String>,
-    scheduled_at: DateTime<Utc>,
 }
 
 /// One look at Postgres.
@@ -402,30 +393,9 @@ async fn ensure_workflow(
     })
 }
 
-type RowColumns = (
-    outbox_event::status,
-    outbox_event::retries,
-    outbox_event::last_error,
-    outbox_event::target_queue,
-    outbox_event::scheduled_at,
-);
-
-const ROW_COLUMNS: RowColumns = (
-    outbox_event::status,
-    outbox_event::retries,
-    outbox_event::last_error,
-    outbox_event::target_queue,
-    outbox_event::scheduled_at,
-);
-
 /// Looks at the probe's rows once.
 async fn observe(conn: &mut AsyncPgConnection, ids: Ids) -> anyhow::Result<Observed> {
-    let event: Option<RowState> = outbox_event::table
-        .find(ids.event)
-        .select(ROW_COLUMNS)
-        .get_result(conn)
-        .await
-        .optional()?;
+    let event = outbox_store::delivery_state(conn, EventKey::Id(ids.event)).await?;
     let handled: bool = diesel::select(diesel::dsl::exists(
         audit_log::table.filter(audit_log::outbox_event_id.eq(ids.event)),
     ))
@@ -435,12 +405,8 @@ async fn observe(conn: &mut AsyncPgConnection, ids: Ids) -> anyhow::Result<Obser
         None => (None, None),
         Some(id) => {
             let execution = store::get_execution(conn, id).await?;
-            let request: Option<RowState> = outbox_event::table
-                .filter(outbox_event::dispatch_key.eq(execution_requested_key(id)))
-                .select(ROW_COLUMNS)
-                .get_result(conn)
-                .await
-                .optional()?;
+            let key = execution_requested_key(id);
+            let request = outbox_store::delivery_state(conn, EventKey::DispatchKey(&key)).await?;
             (execution, request)
         }
     };

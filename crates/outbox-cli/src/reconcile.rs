@@ -77,7 +77,7 @@ pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
     let known = Known::read(cli, &mut conn).await?;
     let queues = chosen_queues(&args.queues, &known)?;
     let retention = Duration::from_secs(3600 * args.retention_hours.max(1));
-    let now = outbox_dispatch::db::db_now(&mut conn).await?;
+    let now = outbox_store::db_now(&mut conn).await?;
     let floor = retention_floor(now, retention);
     let since = match args.since {
         None => floor,

@@ -2,16 +2,15 @@
 //! to PENDING, consistently and with history.
 //!
 //! This module holds the policy ([`refusal`], [`plan`]) and one transaction
-//! of requeues ([`execute`]). The binary's `requeue::bulk` selects by
+//! of requeues ([`execute`], by `outbox_store::requeue`). The binary's `requeue::bulk` selects by
 //! filters and runs in batches; its `requeue::command` is the `outbox
 //! requeue` command itself.
 
 use anyhow::Result;
-use diesel::sql_types::{Array, Nullable, Text, Uuid as SqlUuid};
-use diesel::{Queryable, QueryableByName, Selectable};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
-use outbox_model::schema::outbox_event;
+pub use outbox_store::Candidate;
+use outbox_store::Change;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -43,26 +42,6 @@ pub struct Plan {
     pub requeue: Vec<PlanRow>,
     /// Rows left alone, with the reason.
     pub refused: Vec<PlanRow>,
-}
-
-/// The columns the requeue policy looks at: no payload, so that a batch of
-/// thousands of rows stays small.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
-#[diesel(table_name = outbox_event)]
-#[diesel(check_for_backend(diesel::pg::Pg))]
-pub struct Candidate {
-    /// The row.
-    pub id: Uuid,
-    /// Its tenant.
-    pub tenant_id: String,
-    /// Its event type.
-    pub event_type: String,
-    /// Its status.
-    pub status: OutboxStatus,
-    /// Its retries.
-    pub retries: i32,
-    /// Its last error.
-    pub last_error: Option<String>,
 }
 
 /// Why a row with `status` is not requeued, or `None` when it is: PENDING
@@ -113,14 +92,6 @@ pub fn plan(rows: Vec<Candidate>, replay: bool) -> Plan {
     plan
 }
 
-#[derive(QueryableByName)]
-struct Locked {
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = diesel::sql_types::Bool)]
-    done: bool,
-}
-
 /// What [`execute`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Executed {
@@ -153,50 +124,19 @@ pub async fn execute(
     replay: bool,
 ) -> Result<Executed> {
     let ids: Vec<Uuid> = plan.requeue.iter().map(|r| r.id).collect();
-    let allowed: Vec<&str> = requeueable(replay)
-        .into_iter()
-        .map(OutboxStatus::as_str)
-        .collect();
-    conn.transaction::<_, anyhow::Error, _>(async |conn| {
-        let locked: Vec<Locked> = diesel::sql_query(
-            "SELECT id, status = 'DONE' AS done FROM outbox_event
-             WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
-        )
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Text>, _>(&allowed)
-        .load(conn)
-        .await?;
-        let locked_ids: Vec<Uuid> = locked.iter().map(|row| row.id).collect();
-        diesel::sql_query(
-            "INSERT INTO outbox_event_requeue
-                 (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-                  previous_last_error, replay, generation)
-             SELECT id, $2, $3, status, retries, last_error, status = 'DONE',
-                    CASE WHEN status = 'DONE' THEN generation + 1 END
-             FROM outbox_event WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked_ids)
-        .bind::<Text, _>(reason)
-        .bind::<Nullable<Text>, _>(requested_by)
-        .execute(conn)
-        .await?;
-        diesel::sql_query(
-            "UPDATE outbox_event
-             SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
-                 processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL,
-                 generation = generation + CASE WHEN status = 'DONE' THEN 1 ELSE 0 END
-             WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked_ids)
-        .execute(conn)
-        .await?;
-        diesel::sql_query("SELECT pg_notify('outbox_event', 'requeue')")
-            .execute(conn)
-            .await?;
-        Ok(Executed {
-            replayed: locked.iter().filter(|row| row.done).count(),
-            requeued: locked_ids,
-        })
+    let allowed = requeueable(replay);
+    let requeued = outbox_store::requeue(
+        conn,
+        Change {
+            ids: &ids,
+            allowed: &allowed,
+            reason,
+            requested_by,
+        },
+    )
+    .await?;
+    Ok(Executed {
+        requeued: requeued.ids,
+        replayed: requeued.replayed,
     })
-    .await
 }

@@ -1,37 +1,15 @@
 //! `outbox show ID`: one row with its requeue and cancel history.
 
-use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
 use outbox_model::OutboxEvent;
-use outbox_model::schema::{outbox_event, outbox_event_requeue};
-use serde::Serialize;
+use outbox_store::HistoryEntry;
 use serde_json::json;
 use uuid::Uuid;
 
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
-#[derive(Serialize, Queryable)]
-pub(crate) struct History {
-    requeued_at: chrono::DateTime<chrono::Utc>,
-    reason: String,
-    requested_by: Option<String>,
-    previous_status: String,
-    previous_retries: i32,
-    previous_last_error: Option<String>,
-    replay: bool,
-    generation: Option<i32>,
-    action: String,
-}
-
 pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
     let mut conn = connect(cli).await?;
-    let Some(row) = outbox_event::table
-        .find(id)
-        .select(OutboxEvent::as_select())
-        .first(&mut conn)
-        .await
-        .optional()?
-    else {
+    let Some(row) = outbox_store::event(&mut conn, id).await? else {
         if cli.json {
             print_json(&json!({ "error": "not found", "id": id }))?;
         } else {
@@ -39,22 +17,7 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
         }
         return Ok(ExitStatus::Alert);
     };
-    let history: Vec<History> = outbox_event_requeue::table
-        .filter(outbox_event_requeue::outbox_event_id.eq(id))
-        .order(outbox_event_requeue::requeued_at)
-        .select((
-            outbox_event_requeue::requeued_at,
-            outbox_event_requeue::reason,
-            outbox_event_requeue::requested_by,
-            outbox_event_requeue::previous_status,
-            outbox_event_requeue::previous_retries,
-            outbox_event_requeue::previous_last_error,
-            outbox_event_requeue::replay,
-            outbox_event_requeue::generation,
-            outbox_event_requeue::action,
-        ))
-        .load(&mut conn)
-        .await?;
+    let history: Vec<HistoryEntry> = outbox_store::history(&mut conn, id).await?;
     if cli.json {
         print_json(&json!({ "event": row, "history": history }))?;
         return Ok(ExitStatus::Ok);

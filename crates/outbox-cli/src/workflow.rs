@@ -14,10 +14,8 @@ use anyhow::{Context, anyhow};
 use chrono::{DateTime, Utc};
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Args, Subcommand};
-use diesel::prelude::*;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_model::OutboxStatus;
-use outbox_model::schema::outbox_event;
+use diesel_async::AsyncPgConnection;
+use outbox_store::{EventKey, EventSummary};
 use outbox_workflow_model::events::execution_requested_key;
 use outbox_workflow_store::{
     self as store, ExecutionFilter, ExecutionStatus, TriggerKind, WorkflowBlockExecution,
@@ -232,33 +230,22 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
     Ok(ExitStatus::alert_if(rows.is_empty()))
 }
 
-/// The outbox event that started an execution: its trigger event, or the
-/// run request of a manual or API run.
-#[derive(Serialize, Queryable)]
-struct StartedBy {
-    id: Uuid,
-    event_type: String,
-    status: OutboxStatus,
-}
-
 /// The outbox row that started `execution`, while it exists (retention
-/// deletes `DONE` rows).
+/// deletes `DONE` rows): its trigger event, or the run request of a manual
+/// or API run.
 async fn started_by(
     conn: &mut AsyncPgConnection,
     execution: &WorkflowExecution,
-) -> anyhow::Result<Option<StartedBy>> {
-    let query = outbox_event::table
-        .select((
-            outbox_event::id,
-            outbox_event::event_type,
-            outbox_event::status,
-        ))
-        .into_boxed();
-    let query = match execution.trigger_event_id {
-        Some(id) => query.filter(outbox_event::id.eq(id)),
-        None => query.filter(outbox_event::dispatch_key.eq(execution_requested_key(execution.id))),
+) -> anyhow::Result<Option<EventSummary>> {
+    let requested_key;
+    let key = match execution.trigger_event_id {
+        Some(id) => EventKey::Id(id),
+        None => {
+            requested_key = execution_requested_key(execution.id);
+            EventKey::DispatchKey(&requested_key)
+        }
     };
-    Ok(query.get_result(conn).await.optional()?)
+    Ok(outbox_store::summary(conn, key).await?)
 }
 
 /// One block run as `show` prints it.

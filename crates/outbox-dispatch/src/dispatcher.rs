@@ -22,11 +22,11 @@ mod outcome;
 pub use self::outcome::{AfterFailedPush, after_failed_push};
 
 use self::outcome::Outcomes;
-use crate::db::{self, Failure, Lease};
 use crate::draining::Draining;
 use crate::gate::WakeGate;
 use crate::vacuum::Upkeep;
 use crate::{DispatchError, DispatcherConfig, Receivers, RedisGuard, RedisGuardSettings, Router};
+use outbox_store::{self as store, Failure, Lease};
 
 /// Most jobs sent to Redis in one push call.
 const MAX_JOBS_PER_PUSH: usize = 500;
@@ -389,7 +389,7 @@ impl Dispatcher {
         let mut conn = self.pool.get().await?;
         self.refresh_pending_gauge(&mut conn).await;
         let lease_ms = i64::try_from(self.config.lock_timeout.as_millis()).unwrap_or(i64::MAX);
-        let claimed = db::claim(&mut conn, self.config.batch_size, lease_ms).await?;
+        let claimed = store::claim(&mut conn, self.config.batch_size, lease_ms).await?;
         let mut report = TickReport {
             claimed: claimed.len(),
             ..TickReport::default()
@@ -447,10 +447,10 @@ impl Dispatcher {
             released,
             latencies,
         } = outcomes;
-        let done_ids = db::mark_done(conn, done).await?;
-        let retried_ids = db::mark_retry(conn, retries).await?;
-        let failed_ids = db::mark_failed(conn, failures).await?;
-        let released_ids = db::release(conn, released).await?;
+        let done_ids = store::mark_done(conn, done).await?;
+        let retried_ids = store::mark_retry(conn, retries).await?;
+        let failed_ids = store::mark_failed(conn, failures).await?;
+        let released_ids = store::release(conn, released).await?;
         report.dispatched = done_ids.len();
         report.retried = retried_ids.len();
         report.released = released_ids.len();
@@ -573,7 +573,7 @@ impl Dispatcher {
         if refreshed.is_some_and(|at| at.elapsed() < GAUGE_REFRESH) {
             return;
         }
-        match db::due_pending_count(conn).await {
+        match store::due_pending_count(conn).await {
             Ok(n) => metrics::gauge!("outbox_pending_due").set(n as f64),
             Err(e) => tracing::warn!(error = %e, "cannot count pending rows"),
         }

@@ -16,6 +16,9 @@ pub enum DispatchError {
     /// A statement failed.
     #[error("database error: {0}")]
     Database(#[from] diesel::result::Error),
+    /// An operation of the outbox store failed.
+    #[error("database error: {0}")]
+    Store(#[from] outbox_store::StoreError),
     /// Redis failed while checking or reconciling the queues.
     #[error("queue error: {0}")]
     Queue(#[from] outbox_queue::QueueError),

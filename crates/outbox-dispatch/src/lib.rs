@@ -23,7 +23,10 @@
 //! ids (see `docs/reliability.md`).
 //!
 //! This crate holds no subscriber logic and reads no environment: binaries
-//! build a [`DispatcherConfig`] and hand it in.
+//! build a [`DispatcherConfig`] and hand it in. Nor does it write SQL on
+//! the outbox tables: the claim ([`outbox_store::CLAIM_SQL`]), the outcome
+//! updates and every other statement on them are `outbox-store`'s; this
+//! crate decides ([`after_failed_push`]) and the store records.
 //!
 //! # Transactions and locks
 //!
@@ -49,7 +52,7 @@
 //! binary installs.
 
 mod config;
-pub mod db;
+mod db;
 mod dispatcher;
 mod draining;
 mod error;
@@ -68,11 +71,13 @@ pub use config::{
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
     DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
 };
+pub use db::RowTable;
 pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
 pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;
 pub use listener::LISTENER_APPLICATION_NAME;
+pub use outbox_store::VACUUM_SQL;
 pub use reconcile::{
     BatchOutcome, DEFAULT_RECONCILE_BATCH, DerivedJob, MissingJob, QueueCounts, RETENTION_MARGIN,
     Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
@@ -87,4 +92,4 @@ pub use retention::{
 };
 pub use router::{RouteError, Router};
 pub use routes_file::RoutesFileError;
-pub use vacuum::{FIRST_VACUUM_ROUND, VACUUM_SQL};
+pub use vacuum::FIRST_VACUUM_ROUND;

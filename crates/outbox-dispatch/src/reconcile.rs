@@ -686,7 +686,8 @@ impl Reconciler {
             let mut counts = QueueCounts::default();
             let mut cursor = cursor_from(options.since);
             loop {
-                let rows = db::done_rows_after(conn, queue, cursor, self.batch_size).await?;
+                let rows =
+                    outbox_store::done_rows_after(conn, queue, cursor, self.batch_size).await?;
                 let Some(last) = rows.last() else { break };
                 cursor = (last.processed_at.unwrap_or(last.created_at), last.id);
                 let batch = self.repair(conn, queue, &rows, options.dry_run).await?;

@@ -65,8 +65,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::db::{self, EpochRow, SafePointRow};
 use crate::{DispatchError, Receivers, Reconciler, retention_floor};
+use outbox_store::{self as store, EpochRow, SafePointRow};
 
 mod safe_point;
 pub use safe_point::SafePointPass;
@@ -317,8 +317,8 @@ pub async fn guard_status(
 ) -> Result<GuardStatus, DispatchError> {
     Ok(GuardStatus {
         marker: read_marker(redis, namespace).await?,
-        remembered: db::remembered_epoch(conn, namespace.prefix()).await?,
-        safe_points: db::safe_points(conn, namespace.prefix()).await?,
+        remembered: store::remembered_epoch(conn, namespace.prefix()).await?,
+        safe_points: store::safe_points(conn, namespace.prefix()).await?,
     })
 }
 
@@ -457,10 +457,10 @@ impl RedisGuard {
     ) -> Result<CheckReport, DispatchError> {
         let namespace = &self.namespace;
         let prefix = namespace.prefix();
-        db::lock_namespace(conn, prefix).await?;
-        let now = db::db_now(conn).await?;
+        store::lock_namespace(conn, prefix).await?;
+        let now = store::db_now(conn).await?;
         let floor = retention_floor(now, self.settings.retention);
-        let remembered = db::remembered_epoch(conn, prefix).await?;
+        let remembered = store::remembered_epoch(conn, prefix).await?;
         let marker = read_marker(redis, namespace).await?;
         let since_last_check = remembered
             .as_ref()
@@ -475,11 +475,11 @@ impl RedisGuard {
         let mut windows = Vec::new();
         match &assessment {
             Assessment::Intact => {
-                db::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+                store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
             }
             Assessment::RestartedSafely => {
                 confirm_marker_run(redis, namespace, &server.run_id).await?;
-                db::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+                store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
                 tracing::info!(
                     namespace = %prefix, run_id = %server.run_id,
                     persistence = server.persistence.mode(),
@@ -488,15 +488,15 @@ impl RedisGuard {
             }
             Assessment::Adopt => {
                 let epoch = marker.as_ref().map_or_else(Uuid::now_v7, |m| m.epoch);
-                db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
-                db::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
+                store::save_epoch(conn, prefix, epoch, &server.run_id).await?;
+                store::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
                 tracing::info!(namespace = %prefix, %epoch, "Redis guard: adopted the marker found in Redis");
             }
             Assessment::FirstSight | Assessment::Lost(_) => {
                 let epoch = Uuid::now_v7();
-                db::save_epoch(conn, prefix, epoch, &server.run_id).await?;
-                db::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
-                windows = db::mark_pending(conn, prefix, floor)
+                store::save_epoch(conn, prefix, epoch, &server.run_id).await?;
+                store::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
+                windows = store::mark_pending(conn, prefix, floor)
                     .await?
                     .into_iter()
                     .filter_map(|p| p.pending_since.map(|since| (p.queue, since)))
@@ -533,7 +533,7 @@ impl RedisGuard {
     pub async fn reconcile_pending(&self, stop: &CancellationToken) -> Result<bool, DispatchError> {
         let prefix = self.namespace.prefix();
         let mut conn = self.pool.get().await?;
-        let due: Vec<SafePointRow> = db::safe_points(&mut conn, prefix)
+        let due: Vec<SafePointRow> = store::safe_points(&mut conn, prefix)
             .await?
             .into_iter()
             .filter(|p| p.pending_since.is_some())
@@ -541,11 +541,11 @@ impl RedisGuard {
         if due.is_empty() {
             return Ok(false);
         }
-        if !db::take_reconcile_lease(&mut conn, prefix, millis(RECONCILE_LEASE)).await? {
+        if !store::take_reconcile_lease(&mut conn, prefix, millis(RECONCILE_LEASE)).await? {
             return Ok(true);
         }
         let result = self.reconcile_due(&mut conn, due, stop).await;
-        let released = db::release_reconcile_lease(&mut conn, prefix).await;
+        let released = store::release_reconcile_lease(&mut conn, prefix).await;
         let still_due = result?;
         released?;
         Ok(still_due)
@@ -573,7 +573,8 @@ impl RedisGuard {
                 }
                 let cursor = (since, after.unwrap_or_else(Uuid::nil));
                 let rows =
-                    db::done_rows_after(conn, &queue, cursor, self.reconciler.batch_size()).await?;
+                    store::done_rows_after(conn, &queue, cursor, self.reconciler.batch_size())
+                        .await?;
                 let outcome = self.reconciler.repair(conn, &queue, &rows, false).await?;
                 batches += 1;
                 total.add(outcome.counts);
@@ -588,8 +589,9 @@ impl RedisGuard {
                         "reconciling: checking handed-off jobs against Redis"
                     );
                 }
-                let moved = db::advance_pending(conn, prefix, &queue, (since, after), next).await?;
-                db::renew_reconcile_lease(conn, prefix, millis(RECONCILE_LEASE)).await?;
+                let moved =
+                    store::advance_pending(conn, prefix, &queue, (since, after), next).await?;
+                store::renew_reconcile_lease(conn, prefix, millis(RECONCILE_LEASE)).await?;
                 if !moved {
                     // A new loss set this queue back; the next pass starts it again.
                     break;
@@ -621,7 +623,7 @@ impl RedisGuard {
                 }
             }
         }
-        Ok(db::safe_points(conn, prefix)
+        Ok(store::safe_points(conn, prefix)
             .await?
             .iter()
             .any(|p| p.pending_since.is_some()))

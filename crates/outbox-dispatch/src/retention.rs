@@ -6,7 +6,7 @@ use outbox_postgres::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 
-use crate::{DispatchError, Draining, RetentionConfig, db};
+use crate::{DispatchError, Draining, RetentionConfig};
 
 /// The maintenance job's name (logs, metrics, the contract).
 pub const RETENTION_JOB_NAME: &str = "outbox-done-retention";
@@ -71,11 +71,12 @@ async fn purge(
     let older_than = config.retention.as_secs_f64();
     let mut deleted = 0u64;
     // Each batch starts where the one before ended (see
-    // `db::purge_done_batch`); every run starts from the oldest row.
+    // `outbox_store::purge_done_batch`); every run starts from the oldest row.
     let mut from = None;
     while !stop.is_cancelled() {
         let started = Instant::now();
-        let batch = db::purge_done_batch(&mut conn, older_than, config.batch_size, from).await?;
+        let batch =
+            outbox_store::purge_done_batch(&mut conn, older_than, config.batch_size, from).await?;
         let n = u64::try_from(batch.deleted).unwrap_or(0);
         deleted += n;
         metrics::counter!("outbox_retention_deleted_total").increment(n);

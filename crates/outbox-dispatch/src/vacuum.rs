@@ -39,16 +39,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use diesel::QueryableByName;
-use diesel::sql_types::{Bool, Double};
-use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_store::{may_vacuum, table_rows};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use outbox_postgres::PgPool;
-
-/// The statement of one round.
-pub const VACUUM_SQL: &str = "VACUUM (SKIP_LOCKED) outbox_event";
 
 /// Claimed rows before a dispatcher's first vacuum round (or `vacuum_every`
 /// when that is smaller), and the smallest gap between two rounds; a later
@@ -162,7 +157,7 @@ impl Upkeep {
                 }
             }
             let started = Instant::now();
-            match conn.batch_execute(VACUUM_SQL).await {
+            match outbox_store::vacuum(&mut conn).await {
                 Ok(()) => {
                     metrics::counter!("outbox_dispatch_vacuums_total").increment(1);
                     // Without a count the gap stays as it was.
@@ -186,42 +181,6 @@ impl Upkeep {
             }
         }
     }
-}
-
-#[derive(QueryableByName)]
-struct TableRows {
-    #[diesel(sql_type = Double)]
-    n: f64,
-}
-
-/// The rows of `outbox_event` as the catalog counts them (set by the
-/// vacuum that just ran; -1 when never counted).
-async fn table_rows(conn: &mut AsyncPgConnection) -> diesel::QueryResult<f64> {
-    let row: TableRows = diesel::sql_query(
-        "SELECT reltuples::float8 AS n FROM pg_class WHERE oid = 'outbox_event'::regclass",
-    )
-    .get_result(conn)
-    .await?;
-    Ok(row.n)
-}
-
-#[derive(QueryableByName)]
-struct Allowed {
-    #[diesel(sql_type = Bool)]
-    allowed: bool,
-}
-
-/// Whether the session's role may vacuum `outbox_event`: a superuser, or a
-/// member of the table's owner role.
-async fn may_vacuum(conn: &mut AsyncPgConnection) -> diesel::QueryResult<bool> {
-    let row: Allowed = diesel::sql_query(
-        "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
-                OR pg_has_role(current_user, c.relowner, 'MEMBER') AS allowed
-         FROM pg_class c WHERE c.oid = 'outbox_event'::regclass",
-    )
-    .get_result(conn)
-    .await?;
-    Ok(row.allowed)
 }
 
 #[cfg(test)]

@@ -348,7 +348,7 @@ async fn claim_is_an_index_scan_on_a_table_full_of_done_rows() {
     .await;
     let sql = format!(
         "EXPLAIN {}",
-        outbox_dispatch::db::CLAIM_SQL
+        outbox_store::CLAIM_SQL
             .replace("$1", "100")
             .replace("$2", "300000")
     );
@@ -382,7 +382,7 @@ async fn outcome_plans(
     lease: chrono::DateTime<chrono::Utc>,
 ) -> [(&'static str, String); 4] {
     use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
-    use outbox_dispatch::db;
+    use outbox_store as db;
 
     let queues: serde_json::Map<String, serde_json::Value> = ids
         .iter()
@@ -442,7 +442,7 @@ async fn outcome_plans(
 #[tokio::test]
 async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
     use diesel::sql_types::BigInt;
-    use outbox_dispatch::db;
+    use outbox_store as db;
 
     let h = Harness::new().await;
     let mut conn = h.conn().await;
@@ -495,7 +495,7 @@ async fn no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table() {
 // with `Index Scan using outbox_event_claimable_idx` in every plan.
 #[tokio::test]
 async fn the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics() {
-    use outbox_dispatch::db;
+    use outbox_store as db;
 
     let h = Harness::new().await;
     let mut conn = h.conn().await;
@@ -585,7 +585,7 @@ struct PreparedStatement {
 // prepared claim on the connection and fails the first assertion.
 #[tokio::test]
 async fn the_claim_and_done_statements_stay_prepared_and_keep_their_index_plan() {
-    use outbox_dispatch::db;
+    use outbox_store as db;
 
     let h = Harness::new().await;
     let mut conn = h.conn().await;

@@ -20,7 +20,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{
     Assessment, Dispatcher, DispatcherConfig, LossReason, ReconcileOptions, ReconcileReport,
-    Reconciler, RedisGuardSettings, SafePointPass, Standing, db,
+    Reconciler, RedisGuardSettings, SafePointPass, Standing,
 };
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -28,6 +28,7 @@ use outbox_queue::{
     JobStateKind, QueueNamespace, RedisSettings, apalis_config, generation_task_id, job_states,
     queues, task_id,
 };
+use outbox_store as db;
 use outbox_test_support::{LogCapture, RedisProcess, TestDatabase, TestRedis};
 use redis::aio::ConnectionManager;
 use serde_json::json;
@@ -387,7 +388,7 @@ impl Rig {
 
     async fn rows(&self, queue: &str) -> Vec<OutboxEvent> {
         let mut conn = self.db.conn().await;
-        outbox_dispatch::db::done_rows_after(
+        outbox_store::done_rows_after(
             &mut conn,
             queue,
             (DateTime::from_timestamp(0, 0).unwrap(), Uuid::nil()),

@@ -10,10 +10,10 @@ use std::time::Duration;
 use common::{Harness, quick_config};
 use diesel_async::AsyncPgConnection;
 use outbox_dispatch::DispatcherConfig;
-use outbox_dispatch::db::{self, Failure, Lease, Retry};
 use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_publish::NewOutboxEvent;
 use outbox_queue::{OutboxJob, RedisSettings, push_jobs};
+use outbox_store::{self as db, Failure, Lease, Retry};
 use serde_json::json;
 use uuid::Uuid;
 

@@ -121,3 +121,9 @@ impl PublishError {
         )
     }
 }
+
+impl From<outbox_store::StoreError> for PublishError {
+    fn from(error: outbox_store::StoreError) -> Self {
+        Self::Database(error.into_diesel())
+    }
+}

@@ -1,21 +1,16 @@
-//! The publishing statements.
+//! Publishing: validation and trace stamping here, the statements in
+//! `outbox-store`.
 
 use std::collections::{HashMap, HashSet};
 
-use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
 use outbox_model::NewOutboxEventRow;
-use outbox_model::schema::outbox_event;
+use outbox_store::Inserted;
 use outbox_trace::TraceContext;
 use tracing::instrument;
 use uuid::Uuid;
 
 use crate::event::drop_without_recursion;
 use crate::{NewOutboxEvent, OutboxTx, PublishError};
-
-/// Rows per INSERT statement in a batch: 8 bind parameters a row stays well
-/// under Postgres' 65,535-parameter limit.
-const ROWS_PER_STATEMENT: usize = 5_000;
 
 /// What publishing did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,35 +67,9 @@ pub async fn publish_outbox_event(
 ) -> Result<PublishOutcome, PublishError> {
     let mut row = event.into_row()?;
     stamp(&mut row, TraceContext::current().as_ref());
-    let outcome = match row.dispatch_key.clone() {
-        None => {
-            let id = diesel::insert_into(outbox_event::table)
-                .values(one_row(&row))
-                .returning(outbox_event::id)
-                .get_result::<Uuid>(tx.conn())
-                .await?;
-            PublishOutcome::Published(id)
-        }
-        Some(key) => {
-            let inserted = diesel::insert_into(outbox_event::table)
-                .values(one_row(&row))
-                .on_conflict(outbox_event::dispatch_key)
-                .do_nothing()
-                .returning(outbox_event::id)
-                .get_result::<Uuid>(tx.conn())
-                .await
-                .optional()?;
-            match inserted {
-                Some(id) => PublishOutcome::Published(id),
-                None => PublishOutcome::Duplicate(
-                    outbox_event::table
-                        .filter(outbox_event::dispatch_key.eq(&key))
-                        .select(outbox_event::id)
-                        .get_result::<Uuid>(tx.conn())
-                        .await?,
-                ),
-            }
-        }
+    let outcome = match outbox_store::insert_event(tx.conn(), &row).await? {
+        Inserted::New(id) => PublishOutcome::Published(id),
+        Inserted::Existing(id) => PublishOutcome::Duplicate(id),
     };
     let span = tracing::Span::current();
     span.record("event_id", tracing::field::display(outcome.id()));
@@ -155,17 +124,7 @@ pub async fn publish_outbox_events(
         stamp(row, trace.as_ref());
     }
 
-    let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());
-    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
-        let ids: Vec<Uuid> = diesel::insert_into(outbox_event::table)
-            .values(chunk)
-            .on_conflict(outbox_event::dispatch_key)
-            .do_nothing()
-            .returning(outbox_event::id)
-            .get_results(tx.conn())
-            .await?;
-        inserted.extend(ids);
-    }
+    let inserted = outbox_store::insert_events(tx.conn(), &rows).await?;
     tracing::Span::current().record("published", inserted.len());
 
     let holders = existing_holders(tx, &rows, &inserted).await?;
@@ -203,60 +162,5 @@ async fn existing_holders(
         .filter(|row| !inserted.contains(&row.id))
         .filter_map(|row| row.dispatch_key.as_deref())
         .collect();
-    if keys.is_empty() {
-        return Ok(HashMap::new());
-    }
-    let found: Vec<(Option<String>, Uuid)> = outbox_event::table
-        .filter(outbox_event::dispatch_key.eq_any(&keys))
-        .select((outbox_event::dispatch_key, outbox_event::id))
-        .load(tx.conn())
-        .await?;
-    Ok(found
-        .into_iter()
-        .filter_map(|(key, id)| key.map(|key| (key, id)))
-        .collect())
-}
-
-diesel::define_sql_function! {
-    /// `COALESCE` of a timestamp that may be absent and one that is not.
-    fn coalesce(
-        value: diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>,
-        otherwise: diesel::sql_types::Timestamptz,
-    ) -> diesel::sql_types::Timestamptz;
-}
-
-/// The bound columns of one event's insert (see [`one_row`]).
-type OneRow<'r> = (
-    diesel::dsl::Eq<outbox_event::id, Uuid>,
-    diesel::dsl::Eq<outbox_event::tenant_id, &'r str>,
-    diesel::dsl::Eq<outbox_event::event_type, &'r str>,
-    diesel::dsl::Eq<outbox_event::payload, &'r serde_json::Value>,
-    diesel::dsl::Eq<outbox_event::dispatch_key, Option<&'r str>>,
-    diesel::dsl::Eq<
-        outbox_event::scheduled_at,
-        coalesce<Option<chrono::DateTime<chrono::Utc>>, diesel::dsl::now>,
-    >,
-    diesel::dsl::Eq<outbox_event::traceparent, Option<&'r str>>,
-    diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
-);
-
-/// The values of one event's `INSERT`, every column bound (an absent
-/// `scheduled_at` becomes the database's `now()`).
-///
-/// The row type's own `Insertable` writes `DEFAULT` for an absent optional
-/// column, so its statement text depends on the values and diesel prepares
-/// it afresh on every call: a `Parse` round trip before the insert. Bound
-/// this way the text is fixed, the connection keeps the statement prepared,
-/// and a publish is one round trip.
-fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
-    (
-        outbox_event::id.eq(row.id),
-        outbox_event::tenant_id.eq(row.tenant_id.as_str()),
-        outbox_event::event_type.eq(row.event_type.as_str()),
-        outbox_event::payload.eq(&row.payload),
-        outbox_event::dispatch_key.eq(row.dispatch_key.as_deref()),
-        outbox_event::scheduled_at.eq(coalesce(row.scheduled_at, diesel::dsl::now)),
-        outbox_event::traceparent.eq(row.traceparent.as_deref()),
-        outbox_event::tracestate.eq(row.tracestate.as_deref()),
-    )
+    Ok(outbox_store::dispatch_key_holders(tx.conn(), &keys).await?)
 }

@@ -794,10 +794,7 @@ mod tests {
             config.redis_check_interval,
             RedisGuardSettings::DEFAULT_CHECK_EVERY
         );
-        assert_eq!(
-            config.workflow_lease,
-            outbox_workflow_runner::DEFAULT_LEASE
-        );
+        assert_eq!(config.workflow_lease, outbox_workflow_runner::DEFAULT_LEASE);
         assert_eq!(
             config.workflow_sweep_interval,
             outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL

@@ -6,9 +6,9 @@
 //! million rows commits as it goes.
 
 use anyhow::Result;
-use diesel::prelude::*;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
+use outbox_store::StoreError;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -55,7 +55,7 @@ pub async fn select(
     filters: &Filters,
     replay: bool,
     limit: Option<u64>,
-) -> QueryResult<Selection> {
+) -> Result<Selection, StoreError> {
     let matching = filters.count(conn).await?;
     let requeueable = match filters.only(&requeueable(replay)) {
         Some(eligible) => eligible.count(conn).await?,
@@ -124,19 +124,13 @@ pub async fn preview(
     replay: bool,
     selection: &Selection,
     shown: u64,
-) -> QueryResult<Plan> {
+) -> Result<Plan, StoreError> {
     let mut rows: Vec<Candidate> = Vec::new();
     let to_show = shown.min(selection.to_requeue);
     if to_show > 0
         && let Some(eligible) = filters.only(&requeueable(replay))
     {
-        rows.extend(
-            eligible
-                .oldest_first(sql_limit(to_show))
-                .select(Candidate::as_select())
-                .load::<Candidate>(conn)
-                .await?,
-        );
+        rows.extend(eligible.candidates(conn, sql_limit(to_show)).await?);
     }
     let refused: Vec<OutboxStatus> = OutboxStatus::ALL
         .into_iter()
@@ -146,13 +140,7 @@ pub async fn preview(
         && selection.refused() > 0
         && let Some(refused) = filters.only(&refused)
     {
-        rows.extend(
-            refused
-                .oldest_first(sql_limit(shown))
-                .select(Candidate::as_select())
-                .load::<Candidate>(conn)
-                .await?,
-        );
+        rows.extend(refused.candidates(conn, sql_limit(shown)).await?);
     }
     Ok(plan(rows, replay))
 }
@@ -211,11 +199,7 @@ pub async fn run(
         if want == 0 {
             break;
         }
-        let rows: Vec<Candidate> = eligible
-            .oldest_first(sql_limit(want))
-            .select(Candidate::as_select())
-            .load(conn)
-            .await?;
+        let rows: Vec<Candidate> = eligible.candidates(conn, sql_limit(want)).await?;
         if rows.is_empty() {
             break;
         }

@@ -3,10 +3,8 @@
 
 use anyhow::anyhow;
 use clap::Args;
-use diesel::prelude::*;
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
-use outbox_model::schema::outbox_event;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -107,11 +105,10 @@ async fn one(
     args: &RequeueArgs,
     requested_by: Option<&str>,
 ) -> Result<Report, Failure> {
-    let rows: Vec<Candidate> = outbox_event::table
-        .find(id)
-        .select(Candidate::as_select())
-        .load(conn)
-        .await?;
+    let rows: Vec<Candidate> = outbox_store::candidate(conn, id)
+        .await?
+        .into_iter()
+        .collect();
     let matching = rows.len() as u64;
     let plan = plan(rows, args.replay);
     let mut report = Report {

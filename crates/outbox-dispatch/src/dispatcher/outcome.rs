@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{PushResult, TickReport, trace_id_of};
 use crate::DispatcherConfig;
-use crate::db::{Failure, Lease, Retry};
+use outbox_store::{Failure, Lease, Retry};
 
 /// What happens to a row whose hand-off to Redis failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

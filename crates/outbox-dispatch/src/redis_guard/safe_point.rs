@@ -9,9 +9,9 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{RedisGuard, next_safe_point};
-use crate::db::{self, SafePointRow};
 use crate::reconcile::cursor_from;
 use crate::{DispatchError, retention_floor};
+use outbox_store::{self as store, SafePointRow};
 
 /// Most rows a healthy check scans per queue to move its safe point (more
 /// than one claim can mark DONE at once, so one `processed_at` never holds
@@ -55,14 +55,14 @@ impl RedisGuard {
         let prefix = self.namespace.prefix();
         let mut pass = SafePointPass::default();
         let mut conn = self.pool.get().await?;
-        let Some(remembered) = db::remembered_epoch(&mut conn, prefix).await? else {
+        let Some(remembered) = store::remembered_epoch(&mut conn, prefix).await? else {
             return Ok(pass);
         };
-        let now = db::db_now(&mut conn).await?;
+        let now = store::db_now(&mut conn).await?;
         let closest = next_safe_point(now, None, self.settings.safe_point_lag);
         let floor = retention_floor(now, self.settings.retention);
-        db::ensure_safe_points(&mut conn, prefix, &self.queues, floor).await?;
-        let points: Vec<SafePointRow> = db::safe_points(&mut conn, prefix)
+        store::ensure_safe_points(&mut conn, prefix, &self.queues, floor).await?;
+        let points: Vec<SafePointRow> = store::safe_points(&mut conn, prefix)
             .await?
             .into_iter()
             .filter(|point| point.pending_since.is_none())
@@ -117,7 +117,7 @@ impl RedisGuard {
                 }) => {
                     pass.queues_by_unfinished += 1;
                     let events: Vec<Uuid> = ids.iter().filter_map(|id| event_of_task(id)).collect();
-                    db::first_handed_off(&mut conn, &point.queue, &events, from).await?
+                    store::first_handed_off(&mut conn, &point.queue, &events, from).await?
                 }
                 _ => {
                     pass.queues_scanned += 1;
@@ -128,7 +128,7 @@ impl RedisGuard {
             };
             let mark = next_safe_point(now, first_unfinished, self.settings.safe_point_lag);
             if mark > point.drained_before {
-                db::advance_drained(&mut conn, prefix, &point.queue, remembered.epoch, mark)
+                store::advance_drained(&mut conn, prefix, &point.queue, remembered.epoch, mark)
                     .await?;
             }
         }
@@ -161,7 +161,7 @@ impl RedisGuard {
         // look at a few rows first, then at more.
         let mut limit = FIRST_SCAN.min(self.reconciler.batch_size());
         loop {
-            let rows = db::done_rows_between(conn, queue, cursor, before, limit).await?;
+            let rows = store::done_rows_between(conn, queue, cursor, before, limit).await?;
             let standings = self.reconciler.classify(conn, queue, &rows).await?;
             if let Some((row, _)) = rows.iter().zip(&standings).find(|(_, s)| !s.is_finished()) {
                 return Ok((

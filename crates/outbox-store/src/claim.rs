@@ -1,0 +1,346 @@
+//! The dispatcher's statements: the claim, and the fenced outcome updates
+//! (DONE, retry with backoff, FAILED, released).
+//!
+//! Outcome updates are *fenced*: they match a row only while it is still
+//! `PROCESSING` under the lease (`locked_until`) that this dispatcher's claim
+//! set. A dispatcher whose lease expired and whose row was re-claimed by
+//! another cannot change the row afterwards; its update matches nothing.
+//!
+//! # Transactions and locks
+//!
+//! The claim and each outcome update are single autocommit statements; row
+//! locks last for the statement only, and the lease keeps other dispatchers
+//! away in between.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use futures_util::future::try_join_all;
+use outbox_model::{OutboxEvent, prepared};
+use serde_json::{Map, Value};
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::Result;
+
+/// Claims up to `limit` claimable rows in one round trip: `PENDING` rows whose
+/// `scheduled_at` has passed and `PROCESSING` rows whose lease expired (a
+/// dispatcher died holding them), oldest first. They become `PROCESSING`
+/// with a fresh lease of `lease_ms`. `SKIP LOCKED` lets concurrent
+/// dispatchers claim disjoint sets without waiting on each other.
+///
+/// The `CASE` expression is the one the partial index
+/// `outbox_event_claimable_idx` is built on, so the scan is an index range
+/// scan over due rows only.
+///
+/// The claimed ids come back to the `UPDATE` as one array (`= ANY(ARRAY(…))`)
+/// rather than through a join: the join planned a hash join over a
+/// sequential scan of the whole table from about 500 rows on, while the
+/// array is always looked up through the primary key, at a cost linear in
+/// the batch (docs/performance.md, "Batch size").
+///
+/// Every row of one claim gets the same lease, `now()` (the statement's
+/// transaction time) plus `lease_ms`, so the outcome statements can fence a
+/// whole claim with one value instead of joining a per-row list. The fence
+/// stays strict: a row is re-claimed only once `locked_until <= now()`, so
+/// the next claim's lease is always later than the one it replaces.
+pub const CLAIM_SQL: &str = "\
+WITH due AS (
+    SELECT id FROM outbox_event
+    WHERE status IN ('PENDING', 'PROCESSING')
+      AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
+    ORDER BY (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outbox_event e
+SET status = 'PROCESSING',
+    locked_until = now() + make_interval(secs => $2 / 1000.0)
+WHERE e.id = ANY(ARRAY(SELECT id FROM due))
+RETURNING e.*";
+
+/// Claims rows; see [`CLAIM_SQL`]. The result is sorted by `created_at`
+/// (Postgres does not order `RETURNING`).
+#[instrument(level = "debug", skip(conn), fields(claimed), err(level = "debug"))]
+pub async fn claim(
+    conn: &mut AsyncPgConnection,
+    limit: u32,
+    lease_ms: i64,
+) -> Result<Vec<OutboxEvent>> {
+    let mut rows: Vec<OutboxEvent> = prepared(CLAIM_SQL)
+        .bind::<BigInt, _>(i64::from(limit))
+        .bind::<BigInt, _>(lease_ms)
+        .load(conn)
+        .await?;
+    rows.sort_by_key(|row| (row.created_at, row.id));
+    tracing::Span::current().record("claimed", rows.len());
+    Ok(rows)
+}
+
+#[derive(QueryableByName)]
+struct IdRow {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+}
+
+/// A claimed row's identity for a fenced update: id and the lease the claim set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// The row.
+    pub id: Uuid,
+    /// Its `locked_until` as claimed (the same for every row of one claim).
+    pub locked_until: DateTime<Utc>,
+}
+
+impl Lease {
+    /// The lease of a claimed row (`None` when the row carries no lease).
+    #[must_use]
+    pub fn of(event: &OutboxEvent) -> Option<Self> {
+        event.locked_until.map(|locked_until| Self {
+            id: event.id,
+            locked_until,
+        })
+    }
+}
+
+/// The fence shared by the outcome statements: `$1` is the ids, `$2` the
+/// lease they were claimed under. No join, so no plan that rescans a list
+/// once per row: the ids are looked up through the primary key (one index
+/// descent per id, the array sorted once) and the status and lease are
+/// checked on each row found, a cost linear in the batch (docs/performance.md,
+/// "Batch size").
+///
+/// The status test is written `(status = 'PROCESSING') IS TRUE`, which means
+/// the same in a `WHERE` (the column is `NOT NULL`), so that the planner cannot
+/// match it to the claim index's predicate (`status IN ('PENDING',
+/// 'PROCESSING')`). Written as a plain `status = 'PROCESSING'`, statistics
+/// taken while few rows were due made the planner read the rows through the
+/// claim index instead of the primary key: every outcome statement then
+/// walked every due row's entry (5 ms a statement with 50,000 rows waiting,
+/// against 0.04 ms through the key; docs/performance.md, "Plans that go
+/// stale"). That rests on the planner not seeing through `IS TRUE`; the
+/// test `the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics`
+/// fails if a Postgres version starts to.
+macro_rules! fenced {
+    () => {
+        "WHERE id = ANY($1) AND (status = 'PROCESSING') IS TRUE AND locked_until = $2
+         RETURNING id"
+    };
+}
+
+/// Marks handed-off rows `DONE`; one statement per lease (a claim has one).
+/// `$3` maps each id (as text) to its queue: a JSON object, whose keys
+/// Postgres keeps sorted, so each row's queue is a binary search, not a scan
+/// of a list. See [`mark_done`].
+pub const DONE_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'DONE', processed_at = now(), locked_until = NULL,
+         last_error = NULL, target_queue = $3 ->> id::text
+     ",
+    fenced!()
+);
+
+/// Puts rows back to `PENDING` after a failed hand-off; one statement per
+/// lease, delay in milliseconds (`$3`), error (`$4`) and queue (`$5`). See
+/// [`mark_retry`].
+pub const RETRY_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'PENDING', retries = retries + 1, locked_until = NULL,
+         scheduled_at = now() + make_interval(secs => $3 / 1000.0),
+         last_error = $4, target_queue = $5
+     ",
+    fenced!()
+);
+
+/// Dead-letters rows; one statement per lease, retry increment (`$3`), error
+/// (`$4`) and queue (`$5`). See [`mark_failed`].
+pub const FAILED_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'FAILED', retries = retries + $3, locked_until = NULL,
+         last_error = $4, target_queue = $5, failed_at = now()
+     ",
+    fenced!()
+);
+
+/// Gives rows back to `PENDING`, due at once; one statement per lease. See
+/// [`release`].
+pub const RELEASE_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'PENDING', locked_until = NULL
+     ",
+    fenced!()
+);
+
+/// Groups ids by the values their outcome statement binds besides the ids.
+fn group<K: Ord>(items: impl IntoIterator<Item = (K, Uuid)>) -> Vec<(K, Vec<Uuid>)> {
+    let mut groups: BTreeMap<K, Vec<Uuid>> = BTreeMap::new();
+    for (key, id) in items {
+        groups.entry(key).or_default().push(id);
+    }
+    groups.into_iter().collect()
+}
+
+/// The ids the pipelined statements of [`mark_done`] and its siblings updated.
+fn updated(groups: Vec<Vec<IdRow>>) -> Vec<Uuid> {
+    groups.into_iter().flatten().map(|row| row.id).collect()
+}
+
+/// Marks handed-off rows `DONE`, recording the queue: one [`DONE_SQL`] per
+/// lease (a claim has one lease, so one statement a tick), pipelined when
+/// there are several. Returns the ids actually updated; a missing id lost
+/// its lease.
+#[instrument(level = "debug", skip_all, fields(rows = done.len()), err(level = "debug"))]
+pub async fn mark_done(
+    conn: &mut AsyncPgConnection,
+    done: &[(Lease, String)],
+) -> Result<Vec<Uuid>> {
+    /// The ids of one lease and the queue of each.
+    type Batch = (Vec<Uuid>, Map<String, Value>);
+    let mut groups: BTreeMap<DateTime<Utc>, Batch> = BTreeMap::new();
+    for (lease, queue) in done {
+        let (ids, queues) = groups.entry(lease.locked_until).or_default();
+        ids.push(lease.id);
+        queues.insert(lease.id.to_string(), Value::String(queue.clone()));
+    }
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups.into_iter().map(|(lease, (ids, queues))| async move {
+        let mut conn = conn;
+        prepared(DONE_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Timestamptz, _>(lease)
+            .bind::<Jsonb, _>(Value::Object(queues))
+            .load::<IdRow>(&mut conn)
+            .await
+    });
+    Ok(try_join_all(statements).await.map(updated)?)
+}
+
+/// A failed hand-off to retry later.
+#[derive(Debug, Clone)]
+pub struct Retry {
+    /// The claimed row.
+    pub lease: Lease,
+    /// Delay before the row is due again, in milliseconds.
+    pub delay_ms: i64,
+    /// Why the hand-off failed.
+    pub error: String,
+    /// The queue it was routed to.
+    pub queue: String,
+}
+
+/// Puts rows back to `PENDING` with `retries + 1` and `scheduled_at = now() +
+/// delay`: one [`RETRY_SQL`] per lease, delay, error and queue, pipelined.
+/// Returns the ids actually updated.
+#[instrument(level = "debug", skip_all, fields(rows = retries.len()), err(level = "debug"))]
+pub async fn mark_retry(conn: &mut AsyncPgConnection, retries: &[Retry]) -> Result<Vec<Uuid>> {
+    let groups = group(retries.iter().map(|r| {
+        let key = (
+            r.lease.locked_until,
+            r.delay_ms,
+            r.error.clone(),
+            r.queue.clone(),
+        );
+        (key, r.lease.id)
+    }));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups
+        .into_iter()
+        .map(|((lease, delay_ms, error, queue), ids)| async move {
+            let mut conn = conn;
+            prepared(RETRY_SQL)
+                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<BigInt, _>(delay_ms)
+                .bind::<Text, _>(error)
+                .bind::<Text, _>(queue)
+                .load::<IdRow>(&mut conn)
+                .await
+        });
+    Ok(try_join_all(statements).await.map(updated)?)
+}
+
+/// A row to dead-letter.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The claimed row.
+    pub lease: Lease,
+    /// Added to `retries` (1 for a failed attempt, 0 for an unroutable event).
+    pub retry_increment: i32,
+    /// Why.
+    pub error: String,
+    /// The queue, when it was routed.
+    pub queue: Option<String>,
+}
+
+/// Moves rows to `FAILED`, stamping `failed_at = now()`: one [`FAILED_SQL`]
+/// per lease, increment, error and queue, pipelined. This is the only
+/// statement that dead-letters a row, whether unroutable or out of retries.
+/// Returns the ids actually updated.
+#[instrument(level = "debug", skip_all, fields(rows = failures.len()), err(level = "debug"))]
+pub async fn mark_failed(conn: &mut AsyncPgConnection, failures: &[Failure]) -> Result<Vec<Uuid>> {
+    let groups = group(failures.iter().map(|f| {
+        let key = (
+            f.lease.locked_until,
+            f.retry_increment,
+            f.error.clone(),
+            f.queue.clone(),
+        );
+        (key, f.lease.id)
+    }));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups
+        .into_iter()
+        .map(|((lease, increment, error, queue), ids)| async move {
+            let mut conn = conn;
+            prepared(FAILED_SQL)
+                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<Int4, _>(increment)
+                .bind::<Text, _>(error)
+                .bind::<Nullable<Text>, _>(queue)
+                .load::<IdRow>(&mut conn)
+                .await
+        });
+    Ok(try_join_all(statements).await.map(updated)?)
+}
+
+/// Gives claimed rows back: `PENDING`, no lease, retries unchanged, due at
+/// once (graceful stop): one [`RELEASE_SQL`] per lease. Returns the ids
+/// actually released.
+#[instrument(level = "debug", skip_all, fields(rows = leases.len()), err(level = "debug"))]
+pub async fn release(conn: &mut AsyncPgConnection, leases: &[Lease]) -> Result<Vec<Uuid>> {
+    let groups = group(leases.iter().map(|l| (l.locked_until, l.id)));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups.into_iter().map(|(lease, ids)| async move {
+        let mut conn = conn;
+        prepared(RELEASE_SQL)
+            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Timestamptz, _>(lease)
+            .load::<IdRow>(&mut conn)
+            .await
+    });
+    Ok(try_join_all(statements).await.map(updated)?)
+}
+
+#[derive(QueryableByName)]
+struct CountRow {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+/// How many `PENDING` rows are due now (walks the claim index).
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn due_pending_count(conn: &mut AsyncPgConnection) -> Result<i64> {
+    let row: CountRow = diesel::sql_query(
+        "SELECT count(*) AS n FROM outbox_event
+         WHERE status IN ('PENDING', 'PROCESSING')
+           AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
+           AND status = 'PENDING'",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.n)
+}

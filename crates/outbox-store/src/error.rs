@@ -1,0 +1,126 @@
+//! [`StoreError`] and the [`ErrorKind`] callers match on.
+
+/// Why a store operation failed. Every operation is one statement or one
+/// transaction: when it fails, nothing it would have changed is changed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A statement failed (its message is Postgres' or diesel's own).
+    #[error(transparent)]
+    Database(#[from] diesel::result::Error),
+}
+
+/// What kind of failure a [`StoreError`] is, for callers that act on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// A unique constraint refused the row (a taken `dispatch_key`).
+    UniqueViolation,
+    /// A check or foreign key constraint refused the row.
+    ConstraintViolation,
+    /// The transaction lost a serialization conflict; running it again may work.
+    SerializationFailure,
+    /// The connection closed while the statement ran.
+    ConnectionClosed,
+    /// The statement matched no row where one was required.
+    NotFound,
+    /// Anything else.
+    Other,
+}
+
+impl StoreError {
+    /// The kind of failure.
+    ///
+    /// ```
+    /// use outbox_store::{ErrorKind, StoreError};
+    /// let error = StoreError::from(diesel::result::Error::NotFound);
+    /// assert_eq!(error.kind(), ErrorKind::NotFound);
+    /// ```
+    #[must_use]
+    pub fn kind(&self) -> ErrorKind {
+        use diesel::result::{DatabaseErrorKind as Db, Error};
+        match self {
+            Self::Database(Error::NotFound) => ErrorKind::NotFound,
+            Self::Database(Error::DatabaseError(kind, _)) => match kind {
+                Db::UniqueViolation => ErrorKind::UniqueViolation,
+                Db::CheckViolation | Db::ForeignKeyViolation | Db::NotNullViolation => {
+                    ErrorKind::ConstraintViolation
+                }
+                Db::SerializationFailure => ErrorKind::SerializationFailure,
+                Db::ClosedConnection => ErrorKind::ConnectionClosed,
+                _ => ErrorKind::Other,
+            },
+            Self::Database(_) => ErrorKind::Other,
+        }
+    }
+
+    /// The diesel error underneath, for callers whose own error type
+    /// carries one (`outbox_publish::PublishError::Database`).
+    #[must_use]
+    pub fn into_diesel(self) -> diesel::result::Error {
+        match self {
+            Self::Database(error) => error,
+        }
+    }
+}
+
+/// The result of a store operation.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use diesel::result::{DatabaseErrorKind, Error};
+
+    use super::{ErrorKind, StoreError};
+
+    #[test]
+    fn each_database_error_has_its_kind() {
+        let db = |kind| {
+            StoreError::from(Error::DatabaseError(
+                kind,
+                Box::new(String::from("refused")),
+            ))
+        };
+        let cases = [
+            (
+                db(DatabaseErrorKind::UniqueViolation),
+                ErrorKind::UniqueViolation,
+            ),
+            (
+                db(DatabaseErrorKind::CheckViolation),
+                ErrorKind::ConstraintViolation,
+            ),
+            (
+                db(DatabaseErrorKind::ForeignKeyViolation),
+                ErrorKind::ConstraintViolation,
+            ),
+            (
+                db(DatabaseErrorKind::NotNullViolation),
+                ErrorKind::ConstraintViolation,
+            ),
+            (
+                db(DatabaseErrorKind::SerializationFailure),
+                ErrorKind::SerializationFailure,
+            ),
+            (
+                db(DatabaseErrorKind::ClosedConnection),
+                ErrorKind::ConnectionClosed,
+            ),
+            (db(DatabaseErrorKind::Unknown), ErrorKind::Other),
+            (StoreError::from(Error::NotFound), ErrorKind::NotFound),
+            (
+                StoreError::from(Error::RollbackTransaction),
+                ErrorKind::Other,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error}");
+        }
+    }
+
+    #[test]
+    fn the_message_is_the_database_message() {
+        let error = StoreError::from(Error::NotFound);
+        assert_eq!(error.to_string(), Error::NotFound.to_string());
+    }
+}

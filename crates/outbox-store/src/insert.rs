@@ -1,0 +1,161 @@
+//! The publisher's statements: new rows, written in the caller's
+//! transaction (`outbox-publish` validates them and owns the transaction).
+
+use std::collections::{HashMap, HashSet};
+
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_model::NewOutboxEventRow;
+use outbox_model::schema::outbox_event;
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::Result;
+
+/// Rows per INSERT statement in a batch: 8 bind parameters a row stays well
+/// under Postgres' 65,535-parameter limit.
+pub const ROWS_PER_STATEMENT: usize = 5_000;
+
+/// What inserting one row did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Inserted {
+    /// The row was written with this id.
+    New(Uuid),
+    /// A row with the same dispatch key exists already; this is its id.
+    /// Nothing was written and the transaction is intact.
+    Existing(Uuid),
+}
+
+/// Inserts one row. A row with a dispatch key that another row holds is
+/// not written (`ON CONFLICT (dispatch_key) DO NOTHING`, so the caller's
+/// transaction survives) and the holder's id comes back.
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn insert_event(
+    conn: &mut AsyncPgConnection,
+    row: &NewOutboxEventRow,
+) -> Result<Inserted> {
+    let Some(key) = row.dispatch_key.as_deref() else {
+        let id = diesel::insert_into(outbox_event::table)
+            .values(one_row(row))
+            .returning(outbox_event::id)
+            .get_result::<Uuid>(conn)
+            .await?;
+        return Ok(Inserted::New(id));
+    };
+    let inserted = diesel::insert_into(outbox_event::table)
+        .values(one_row(row))
+        .on_conflict(outbox_event::dispatch_key)
+        .do_nothing()
+        .returning(outbox_event::id)
+        .get_result::<Uuid>(conn)
+        .await
+        .optional()?;
+    Ok(match inserted {
+        Some(id) => Inserted::New(id),
+        None => Inserted::Existing(
+            outbox_event::table
+                .filter(outbox_event::dispatch_key.eq(key))
+                .select(outbox_event::id)
+                .get_result::<Uuid>(conn)
+                .await?,
+        ),
+    })
+}
+
+/// Inserts `rows` with one statement per [`ROWS_PER_STATEMENT`] rows,
+/// skipping those whose dispatch key another row holds. Returns the ids
+/// written.
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn insert_events(
+    conn: &mut AsyncPgConnection,
+    rows: &[NewOutboxEventRow],
+) -> Result<HashSet<Uuid>> {
+    let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let ids: Vec<Uuid> = diesel::insert_into(outbox_event::table)
+            .values(chunk)
+            .on_conflict(outbox_event::dispatch_key)
+            .do_nothing()
+            .returning(outbox_event::id)
+            .get_results(conn)
+            .await?;
+        inserted.extend(ids);
+    }
+    Ok(inserted)
+}
+
+/// The ids of the rows holding `keys` (dispatch keys), by key.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn dispatch_key_holders(
+    conn: &mut AsyncPgConnection,
+    keys: &[&str],
+) -> Result<HashMap<String, Uuid>> {
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let found: Vec<(Option<String>, Uuid)> = outbox_event::table
+        .filter(outbox_event::dispatch_key.eq_any(keys))
+        .select((outbox_event::dispatch_key, outbox_event::id))
+        .load(conn)
+        .await?;
+    Ok(found
+        .into_iter()
+        .filter_map(|(key, id)| key.map(|key| (key, id)))
+        .collect())
+}
+
+diesel::define_sql_function! {
+    /// `COALESCE` of a timestamp that may be absent and one that is not.
+    fn coalesce(
+        value: diesel::sql_types::Nullable<diesel::sql_types::Timestamptz>,
+        otherwise: diesel::sql_types::Timestamptz,
+    ) -> diesel::sql_types::Timestamptz;
+}
+
+/// The bound columns of one event's insert (see [`one_row`]).
+type OneRow<'r> = (
+    diesel::dsl::Eq<outbox_event::id, Uuid>,
+    diesel::dsl::Eq<outbox_event::tenant_id, &'r str>,
+    diesel::dsl::Eq<outbox_event::event_type, &'r str>,
+    diesel::dsl::Eq<outbox_event::payload, &'r serde_json::Value>,
+    diesel::dsl::Eq<outbox_event::dispatch_key, Option<&'r str>>,
+    diesel::dsl::Eq<
+        outbox_event::scheduled_at,
+        coalesce<Option<chrono::DateTime<chrono::Utc>>, diesel::dsl::now>,
+    >,
+    diesel::dsl::Eq<outbox_event::traceparent, Option<&'r str>>,
+    diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
+);
+
+/// The values of one event's `INSERT`, every column bound (an absent
+/// `scheduled_at` becomes the database's `now()`).
+///
+/// The row type's own `Insertable` writes `DEFAULT` for an absent optional
+/// column, so its statement text depends on the values and diesel prepares
+/// it afresh on every call: a `Parse` round trip before the insert. Bound
+/// this way the text is fixed, the connection keeps the statement prepared,
+/// and a publish is one round trip.
+fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
+    (
+        outbox_event::id.eq(row.id),
+        outbox_event::tenant_id.eq(row.tenant_id.as_str()),
+        outbox_event::event_type.eq(row.event_type.as_str()),
+        outbox_event::payload.eq(&row.payload),
+        outbox_event::dispatch_key.eq(row.dispatch_key.as_deref()),
+        outbox_event::scheduled_at.eq(coalesce(row.scheduled_at, diesel::dsl::now)),
+        outbox_event::traceparent.eq(row.traceparent.as_deref()),
+        outbox_event::tracestate.eq(row.tracestate.as_deref()),
+    )
+}

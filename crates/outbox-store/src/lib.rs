@@ -1,0 +1,82 @@
+//! The one owner of the outbox tables. Every statement that reads or
+//! changes `outbox_event`, its history (`outbox_event_requeue`) and the
+//! Redis guard's tables (`outbox_redis_epoch`, `outbox_redis_safe_point`)
+//! lives here, as a named operation with typed parameters: the publisher's
+//! inserts ([`insert_event`], [`insert_events`]), the claim and
+//! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
+//! [`mark_failed`], [`release`]), retention ([`purge_done_batch`]), the
+//! operator's requeue and cancel with history ([`requeue`], [`cancel`]),
+//! listings and lookups ([`list_events`], [`event`], [`history`], …),
+//! figures ([`pending_figures`], [`group_counts`]) and the upkeep of the
+//! table ([`vacuum`]).
+//!
+//! The dispatcher (`outbox-dispatch`), the operator CLI and the developer
+//! tasks call these operations; none of them writes SQL on `outbox_event`
+//! (a test in xtask fails when one does). This crate decides nothing: what
+//! happens to an event after a failed hand-off, which statuses an operator
+//! may requeue or cancel, are pure functions of its callers, passed in as
+//! values. It holds no connection pool, reads no environment and knows no
+//! Redis. Applications compile it through `outbox-publish` (whose
+//! validation and transaction guard stay there), so it depends on nothing
+//! beyond diesel and the model.
+//!
+//! Every operation takes the caller's `AsyncPgConnection` (a pooled one or
+//! one inside the caller's transaction), returns a [`StoreError`] whose
+//! [`kind`](StoreError::kind) callers can match, and runs in a `debug`
+//! tracing span named after it.
+//!
+//! # Transactions and locks
+//!
+//! The claim and each outcome update are single autocommit statements
+//! fenced by the claim's lease (see [`claim`] and [`DONE_SQL`]); retention
+//! deletes in batches with `SKIP LOCKED`; requeue and cancel are one
+//! transaction each that locks the rows they change (`FOR UPDATE`).
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), outbox_store::StoreError> {
+//! use outbox_store::{Lease, claim, mark_done};
+//! let claimed = claim(conn, 100, 300_000).await?;
+//! let done: Vec<(Lease, String)> = claimed
+//!     .iter()
+//!     .filter_map(|event| Lease::of(event).map(|lease| (lease, "outbox.audit".to_owned())))
+//!     .collect();
+//! let updated = mark_done(conn, &done).await?;
+//! # Ok(()) }
+//! ```
+
+mod claim;
+mod done;
+mod error;
+mod history;
+mod insert;
+mod maintenance;
+mod redis_guard;
+mod retention;
+mod select;
+mod stats;
+
+pub use claim::{
+    CLAIM_SQL, DONE_SQL, FAILED_SQL, Failure, Lease, RELEASE_SQL, RETRY_SQL, Retry, claim,
+    due_pending_count, mark_done, mark_failed, mark_retry, release,
+};
+pub use done::{done_rows_after, done_rows_between, first_handed_off};
+pub use error::{ErrorKind, Result, StoreError};
+pub use history::{Change, Requeued, cancel, requeue};
+pub use insert::{Inserted, ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events};
+pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
+pub use redis_guard::{
+    EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,
+    lock_namespace, mark_pending, release_reconcile_lease, remembered_epoch, renew_reconcile_lease,
+    safe_points, save_epoch, take_reconcile_lease,
+};
+pub use retention::{PurgedBatch, purge_done_batch};
+pub use select::{
+    Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, candidate,
+    count_events, delivery_state, event, history, list_candidates, list_events, statuses, summary,
+};
+pub use stats::{
+    GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,
+    group_counts, pending_figures, status_queue_counts, unfinished_count,
+};

@@ -1,0 +1,82 @@
+//! Upkeep of `outbox_event` itself: the dispatcher's `VACUUM` rounds (why
+//! they exist is told in `outbox-dispatch`'s `vacuum` module) and what they
+//! look up in the catalog.
+
+use diesel::QueryableByName;
+use diesel::sql_types::{Bool, Double};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use tracing::instrument;
+
+use crate::Result;
+
+/// The statement of one vacuum round. `SKIP_LOCKED` skips the round when
+/// another vacuum of the table (autovacuum, another dispatcher) is under
+/// way instead of queuing behind it.
+pub const VACUUM_SQL: &str = "VACUUM (SKIP_LOCKED) outbox_event";
+
+/// Runs [`VACUUM_SQL`] (outside any transaction, as `VACUUM` must be).
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn vacuum(conn: &mut AsyncPgConnection) -> Result<()> {
+    Ok(conn.batch_execute(VACUUM_SQL).await?)
+}
+
+/// Runs `VACUUM ANALYZE outbox_event`: dead rows gone and fresh statistics,
+/// the state the benchmarks start their measurements from.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn vacuum_analyze(conn: &mut AsyncPgConnection) -> Result<()> {
+    Ok(conn.batch_execute("VACUUM ANALYZE outbox_event").await?)
+}
+
+#[derive(QueryableByName)]
+struct TableRows {
+    #[diesel(sql_type = Double)]
+    n: f64,
+}
+
+/// The rows of `outbox_event` as the catalog counts them (set by the
+/// last vacuum; -1 when never counted).
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
+    let row: TableRows = diesel::sql_query(
+        "SELECT reltuples::float8 AS n FROM pg_class WHERE oid = 'outbox_event'::regclass",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.n)
+}
+
+#[derive(QueryableByName)]
+struct Allowed {
+    #[diesel(sql_type = Bool)]
+    allowed: bool,
+}
+
+/// Whether the session's role may vacuum `outbox_event`: a superuser, or a
+/// member of the table's owner role.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn may_vacuum(conn: &mut AsyncPgConnection) -> Result<bool> {
+    let row: Allowed = diesel::sql_query(
+        "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+                OR pg_has_role(current_user, c.relowner, 'MEMBER') AS allowed
+         FROM pg_class c WHERE c.oid = 'outbox_event'::regclass",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.allowed)
+}

@@ -1,0 +1,285 @@
+//! The Redis guard's tables: the marker's epoch per namespace
+//! (`outbox_redis_epoch`), each queue's safe point and pending
+//! reconciliation (`outbox_redis_safe_point`), and the reconciliation lease.
+//!
+//! # Transactions and locks
+//!
+//! [`lock_namespace`] takes a transaction-scoped advisory lock: call it
+//! inside the transaction whose checks it serialises. Everything else is a
+//! single statement.
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::Result;
+
+/// What the dispatchers remember of a namespace's Redis marker.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct EpochRow {
+    /// The marker's epoch id.
+    #[diesel(sql_type = SqlUuid)]
+    pub epoch: Uuid,
+    /// The Redis run at the last check.
+    #[diesel(sql_type = Text)]
+    pub run_id: String,
+    /// The last check that found the marker intact.
+    #[diesel(sql_type = Timestamptz)]
+    pub checked_at: DateTime<Utc>,
+}
+
+/// One queue's safe point and pending reconciliation.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct SafePointRow {
+    /// The queue.
+    #[diesel(sql_type = Text)]
+    pub queue: String,
+    /// Every job handed off before this had finished at the last check.
+    #[diesel(sql_type = Timestamptz)]
+    pub drained_before: DateTime<Utc>,
+    /// A reconciliation is due from here on.
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub pending_since: Option<DateTime<Utc>>,
+    /// With `pending_since`, the id of the last row reconciled.
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub pending_after_id: Option<Uuid>,
+}
+
+#[derive(QueryableByName)]
+struct NowRow {
+    #[diesel(sql_type = Timestamptz)]
+    now: DateTime<Utc>,
+}
+
+/// Postgres' `now()`: every time the Redis guard compares is Postgres
+/// time, as `processed_at` is.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn db_now(conn: &mut AsyncPgConnection) -> Result<DateTime<Utc>> {
+    Ok(diesel::sql_query("SELECT now() AS now")
+        .get_result::<NowRow>(conn)
+        .await
+        .map(|row| row.now)?)
+}
+
+/// Serialises the checks of one namespace until the transaction ends
+/// (a transaction-scoped advisory lock, so a pooled connection never keeps it).
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn lock_namespace(conn: &mut AsyncPgConnection, namespace: &str) -> Result<()> {
+    Ok(diesel::sql_query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('outbox_redis_epoch:' || $1, 0))",
+    )
+    .bind::<Text, _>(namespace)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
+
+/// The remembered marker of `namespace`, if any.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn remembered_epoch(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> Result<Option<EpochRow>> {
+    use diesel::OptionalExtension;
+    Ok(diesel::sql_query(
+        "SELECT epoch, run_id, checked_at FROM outbox_redis_epoch WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .get_result::<EpochRow>(conn)
+    .await
+    .optional()?)
+}
+
+/// Remembers `epoch` seen in the server run `run_id`, checked now.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn save_epoch(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    epoch: Uuid,
+    run_id: &str,
+) -> Result<()> {
+    Ok(diesel::sql_query(
+        "INSERT INTO outbox_redis_epoch (namespace, epoch, run_id, checked_at)
+         VALUES ($1, $2, $3, now())
+         ON CONFLICT (namespace) DO UPDATE
+         SET epoch = EXCLUDED.epoch, run_id = EXCLUDED.run_id, checked_at = EXCLUDED.checked_at",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<SqlUuid, _>(epoch)
+    .bind::<Text, _>(run_id)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
+
+/// Creates the safe point of every queue of `queues` that has none, at
+/// `floor` (nothing is known before it).
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn ensure_safe_points(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queues: &[String],
+    floor: DateTime<Utc>,
+) -> Result<()> {
+    Ok(diesel::sql_query(
+        "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before)
+         SELECT $1, q, $3 FROM unnest($2::text[]) AS q
+         ON CONFLICT (namespace, queue) DO NOTHING",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Array<Text>, _>(queues)
+    .bind::<Timestamptz, _>(floor)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
+
+/// Every queue's safe point in `namespace`.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn safe_points(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+) -> Result<Vec<SafePointRow>> {
+    Ok(diesel::sql_query(
+        "SELECT queue, drained_before, pending_since, pending_after_id
+         FROM outbox_redis_safe_point WHERE namespace = $1 ORDER BY queue",
+    )
+    .bind::<Text, _>(namespace)
+    .load(conn)
+    .await?)
+}
+
+/// After a loss: a reconciliation becomes due for every queue of
+/// `namespace` from its safe point (never before `floor`). A queue whose
+/// reconciliation is already due from an earlier point keeps it; one due
+/// from a later point starts again from the earlier one. Returns the
+/// queues and where their reconciliation starts.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn mark_pending(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    floor: DateTime<Utc>,
+) -> Result<Vec<SafePointRow>> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_safe_point SET
+             pending_after_id = CASE
+                 WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
+                 THEN pending_after_id END,
+             pending_since = CASE
+                 WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
+                 THEN pending_since ELSE GREATEST(drained_before, $2) END
+         WHERE namespace = $1
+         RETURNING queue, drained_before, pending_since, pending_after_id",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Timestamptz, _>(floor)
+    .load(conn)
+    .await?)
+}
+
+/// Moves the safe point of `queue` forward to `mark` (never back), unless a
+/// reconciliation of the queue is due or the marker's epoch is no longer
+/// `epoch` (a loss was detected since the scan began): then it leaves it.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn advance_drained(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queue: &str,
+    epoch: Uuid,
+    mark: DateTime<Utc>,
+) -> Result<()> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_safe_point s SET drained_before = GREATEST(s.drained_before, $4)
+         WHERE s.namespace = $1 AND s.queue = $2 AND s.pending_since IS NULL
+           AND EXISTS (SELECT 1 FROM outbox_redis_epoch e WHERE e.namespace = $1 AND e.epoch = $3)",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Text, _>(queue)
+    .bind::<SqlUuid, _>(epoch)
+    .bind::<Timestamptz, _>(mark)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
+
+/// Moves a queue's pending reconciliation from the cursor `from` to `to`
+/// (`None`: done), if nothing else changed it meanwhile (a new loss sets it
+/// back). Returns whether it did.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn advance_pending(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    queue: &str,
+    from: (DateTime<Utc>, Option<Uuid>),
+    to: Option<(DateTime<Utc>, Uuid)>,
+) -> Result<bool> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_safe_point SET pending_since = $5, pending_after_id = $6
+         WHERE namespace = $1 AND queue = $2
+           AND pending_since = $3 AND pending_after_id IS NOT DISTINCT FROM $4",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<Text, _>(queue)
+    .bind::<Timestamptz, _>(from.0)
+    .bind::<Nullable<SqlUuid>, _>(from.1)
+    .bind::<Nullable<Timestamptz>, _>(to.map(|(at, _)| at))
+    .bind::<Nullable<SqlUuid>, _>(to.map(|(_, id)| id))
+    .execute(conn)
+    .await
+    .map(|n| n > 0)?)
+}
+
+/// Takes the namespace's reconciliation lease for `lease_ms` when no one
+/// holds it. Returns whether the caller holds it now.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn take_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    lease_ms: i64,
+) -> Result<bool> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_epoch
+         SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+         WHERE namespace = $1
+           AND (reconcile_lease_until IS NULL OR reconcile_lease_until < clock_timestamp())",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<BigInt, _>(lease_ms)
+    .execute(conn)
+    .await
+    .map(|n| n > 0)?)
+}
+
+/// Extends the namespace's reconciliation lease held by the caller.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn renew_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    lease_ms: i64,
+) -> Result<()> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_epoch
+         SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
+         WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .bind::<BigInt, _>(lease_ms)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
+
+/// Gives the namespace's reconciliation lease back.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn release_reconcile_lease(conn: &mut AsyncPgConnection, namespace: &str) -> Result<()> {
+    Ok(diesel::sql_query(
+        "UPDATE outbox_redis_epoch SET reconcile_lease_until = NULL WHERE namespace = $1",
+    )
+    .bind::<Text, _>(namespace)
+    .execute(conn)
+    .await
+    .map(|_| ())?)
+}
