@@ -455,7 +455,6 @@ fn advance(progress: &mut Progress, seen: &Observed) {
 /// Runs `outbox probe`.
 pub async fn run(cli: &Cli, args: &ProbeArgs) -> Outcome {
     let began = Instant::now();
-    let started_at = Utc::now();
     let mut conn = connect(cli).await?;
     let print = !cli.json;
     let probe_id = Uuid::new_v4();
@@ -467,37 +466,103 @@ pub async fn run(cli: &Cli, args: &ProbeArgs) -> Outcome {
         );
     }
     let workflow = if args.workflow {
-        let found = ensure_workflow(&mut conn, &args.tenant)
-            .await
-            .context("cannot make sure the probe workflow exists")?;
-        if print {
-            println!(
-                "workflow {PROBE_WORKFLOW} ({}): {} version {}",
-                found.id,
-                if found.saved {
-                    "saved as"
-                } else {
-                    "unchanged,"
-                },
-                found.version
-            );
-        }
-        Some(found)
+        Some(probe_workflow(&mut conn, &args.tenant, print).await?)
     } else {
         None
     };
+    let ids = publish(&mut conn, &args.tenant, probe_id, workflow.as_ref()).await?;
 
-    let payload = json!({ "probeId": probe_id, "at": started_at.to_rfc3339() });
+    let mut progress = Progress::new(began, workflow.is_some(), print);
+    if print {
+        println!("{:<14}  {:>9}  DETAIL", "STAGE", "ELAPSED");
+    }
+    progress.reach(
+        Stage::Published,
+        &format!("event {} ({PROBE_EVENT_TYPE})", ids.event),
+    );
+    if let Some(execution) = ids.execution {
+        progress.reach(
+            Stage::RunRequested,
+            &format!("execution {execution} of workflow {PROBE_WORKFLOW}"),
+        );
+    }
+    let (verdict, problems) = watch(
+        &mut conn,
+        ids,
+        &mut progress,
+        began + args.timeout,
+        args.timeout,
+    )
+    .await?;
+    let elapsed = began.elapsed();
+    if cli.json {
+        print_json(&json!({
+            "verdict": verdict,
+            "tenant": args.tenant,
+            "probe_id": probe_id,
+            "event_id": ids.event,
+            "event_type": PROBE_EVENT_TYPE,
+            "workflow": workflow.map(|w| json!({
+                "name": PROBE_WORKFLOW,
+                "id": w.id,
+                "version": w.version,
+                "saved": w.saved,
+            })),
+            "execution_id": ids.execution,
+            "timeout_ms": u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
+            "elapsed_ms": u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            "stages": progress.stages,
+            "problems": problems,
+        }))?;
+    } else {
+        print_outcome(verdict, &problems, &progress, ids, elapsed);
+    }
+    Ok(ExitStatus::alert_if(verdict != Verdict::Ok))
+}
+
+/// The probe workflow, saved when missing or changed; says which.
+async fn probe_workflow(
+    conn: &mut AsyncPgConnection,
+    tenant: &str,
+    print: bool,
+) -> anyhow::Result<ProbeWorkflow> {
+    let found = ensure_workflow(conn, tenant)
+        .await
+        .context("cannot make sure the probe workflow exists")?;
+    if print {
+        println!(
+            "workflow {PROBE_WORKFLOW} ({}): {} version {}",
+            found.id,
+            if found.saved {
+                "saved as"
+            } else {
+                "unchanged,"
+            },
+            found.version
+        );
+    }
+    Ok(found)
+}
+
+/// Publishes the probe event, and the run of `workflow` when given, in one
+/// transaction.
+async fn publish(
+    conn: &mut AsyncPgConnection,
+    tenant: &str,
+    probe_id: Uuid,
+    workflow: Option<&ProbeWorkflow>,
+) -> anyhow::Result<Ids> {
+    let payload = json!({ "probeId": probe_id, "at": Utc::now().to_rfc3339() });
     let input = json!({ "probeId": probe_id });
-    let tenant = args.tenant.as_str();
-    let (event_id, execution_id) = conn
+    let workflow_id = workflow.map(|w| w.id);
+    let (event, execution) = conn
         .transaction::<_, anyhow::Error, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
             let event = NewOutboxEvent::new(tenant, PROBE_EVENT_TYPE, payload);
             let event_id = publish_outbox_event(&mut tx, event).await?.id();
-            let execution_id = match workflow {
-                Some(w) => Some(
-                    producers::request_execution(&mut tx, tenant, w.id, RunTrigger::Manual, &input)
+            let execution_id = match workflow_id {
+                Some(id) => Some(
+                    producers::request_execution(&mut tx, tenant, id, RunTrigger::Manual, &input)
                         .await?,
                 ),
                 None => None,
@@ -506,97 +571,76 @@ pub async fn run(cli: &Cli, args: &ProbeArgs) -> Outcome {
         })
         .await
         .context("cannot publish the probe")?;
-    let ids = Ids {
-        event: event_id,
-        execution: execution_id,
-    };
+    Ok(Ids { event, execution })
+}
 
-    let mut progress = Progress::new(began, workflow.is_some(), print);
-    if print {
-        println!("{:<14}  {:>9}  DETAIL", "STAGE", "ELAPSED");
-    }
-    progress.reach(
-        Stage::Published,
-        &format!("event {event_id} ({PROBE_EVENT_TYPE})"),
-    );
-    if let Some(execution) = execution_id {
-        progress.reach(
-            Stage::RunRequested,
-            &format!("execution {execution} of workflow {PROBE_WORKFLOW}"),
-        );
-    }
-
-    let deadline = began + args.timeout;
-    let waited = span(args.timeout);
-    let (verdict, problems) = loop {
-        let seen = observe(&mut conn, ids)
+/// Reads the probe's rows until every stage is reached, one fails, or
+/// `deadline` passes: the verdict and the problems found.
+async fn watch(
+    conn: &mut AsyncPgConnection,
+    ids: Ids,
+    progress: &mut Progress,
+    deadline: Instant,
+    timeout: Duration,
+) -> anyhow::Result<(Verdict, Vec<String>)> {
+    let waited = span(timeout);
+    loop {
+        let seen = observe(conn, ids)
             .await
             .context("cannot read the probe's rows")?;
-        advance(&mut progress, &seen);
+        advance(progress, &seen);
         if let Some(failure) = seen.failure() {
-            break (Verdict::Failed, vec![failure]);
+            return Ok((Verdict::Failed, vec![failure]));
         }
         if progress.all_reached() {
-            break (Verdict::Ok, Vec::new());
+            return Ok((Verdict::Ok, Vec::new()));
         }
         let now = Instant::now();
         if now >= deadline {
-            break (Verdict::Timeout, seen.diagnose(ids, &waited));
+            return Ok((Verdict::Timeout, seen.diagnose(ids, &waited)));
         }
         tokio::time::sleep(POLL.min(deadline - now)).await;
-    };
-    let elapsed = began.elapsed();
-
-    if cli.json {
-        print_json(&json!({
-            "verdict": verdict,
-            "tenant": args.tenant,
-            "probe_id": probe_id,
-            "event_id": event_id,
-            "event_type": PROBE_EVENT_TYPE,
-            "workflow": workflow.map(|w| json!({
-                "name": PROBE_WORKFLOW,
-                "id": w.id,
-                "version": w.version,
-                "saved": w.saved,
-            })),
-            "execution_id": execution_id,
-            "timeout_ms": u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
-            "elapsed_ms": u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
-            "stages": progress.stages,
-            "problems": problems,
-        }))?;
-    } else {
-        let follow_up = match execution_id {
-            Some(execution) => format!("outbox show {event_id}; outbox workflow show {execution}"),
-            None => format!("outbox show {event_id}"),
-        };
-        match verdict {
-            Verdict::Ok => println!("probe passed in {}: {follow_up}", span(elapsed)),
-            Verdict::Timeout | Verdict::Failed => {
-                println!(
-                    "{:<14}  {:>9}  {}",
-                    "not reached",
-                    "-",
-                    progress.missing().join(", ")
-                );
-                println!(
-                    "PROBE FAILED after {} ({}):",
-                    span(elapsed),
-                    if verdict == Verdict::Timeout {
-                        "timed out"
-                    } else {
-                        "ended early"
-                    }
-                );
-                for problem in &problems {
-                    println!("  - {problem}");
-                }
-                println!("follow up: {follow_up}");
-            }
-        }
     }
-    Ok(ExitStatus::alert_if(verdict != Verdict::Ok))
+}
+
+/// The text form of the verdict, with the commands to follow up.
+fn print_outcome(
+    verdict: Verdict,
+    problems: &[String],
+    progress: &Progress,
+    ids: Ids,
+    elapsed: Duration,
+) {
+    let follow_up = match ids.execution {
+        Some(execution) => format!(
+            "outbox show {}; outbox workflow show {execution}",
+            ids.event
+        ),
+        None => format!("outbox show {}", ids.event),
+    };
+    if verdict == Verdict::Ok {
+        println!("probe passed in {}: {follow_up}", span(elapsed));
+        return;
+    }
+    println!(
+        "{:<14}  {:>9}  {}",
+        "not reached",
+        "-",
+        progress.missing().join(", ")
+    );
+    println!(
+        "PROBE FAILED after {} ({}):",
+        span(elapsed),
+        if verdict == Verdict::Timeout {
+            "timed out"
+        } else {
+            "ended early"
+        }
+    );
+    for problem in problems {
+        println!("  - {problem}");
+    }
+    println!("follow up: {follow_up}");
 }
 
 #[cfg(test)]

@@ -50,11 +50,17 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("last error    {}", row.last_error.as_deref().unwrap_or("-"));
     println!("trace         {}", trace_line(&row));
     println!("payload\n{}", serde_json::to_string_pretty(&row.payload)?);
+    print_history(&history);
+    Ok(ExitStatus::Ok)
+}
+
+/// The row's requeues and cancels, oldest first.
+fn print_history(history: &[HistoryEntry]) {
     if history.is_empty() {
         println!("history       (never requeued or cancelled)");
     } else {
         println!("history");
-        for h in &history {
+        for h in history {
             println!(
                 "  {}  {} from {} (retries {}, last error: {}){}: {}",
                 h.requeued_at.to_rfc3339(),
@@ -75,7 +81,6 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
             );
         }
     }
-    Ok(ExitStatus::Ok)
 }
 
 /// The trace id stored with the row (what to look up in a trace viewer),

@@ -305,32 +305,62 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
         .collect();
     let ran_ms = duration_ms(execution.started_at, execution.finished_at);
     if cli.json {
-        print_json(&json!({
-            "execution": {
-                "id": execution.id,
-                "tenant_id": execution.tenant_id,
-                "workflow_id": execution.workflow_id,
-                "workflow_name": workflow_name,
-                "workflow_version": execution.workflow_version,
-                "trigger_kind": execution.trigger_kind,
-                "status": execution.status,
-                "waiting_block": execution.waiting_block,
-                "input": execution.input,
-                "output": execution.output,
-                "error": execution.error,
-                "vars": execution.vars,
-                "trigger_event_id": execution.trigger_event_id,
-                "started_by": started_by,
-                "created_at": execution.created_at,
-                "updated_at": execution.updated_at,
-                "started_at": execution.started_at,
-                "finished_at": execution.finished_at,
-                "duration_ms": ran_ms,
-            },
-            "blocks": block_rows,
-        }))?;
-        return Ok(ExitStatus::Ok);
+        print_json(&execution_json(
+            &execution,
+            workflow_name,
+            started_by.as_ref(),
+            ran_ms,
+            &block_rows,
+        ))?;
+    } else {
+        print_execution(&execution, workflow_name, started_by.as_ref(), ran_ms)?;
+        print_blocks(&block_rows);
     }
+    Ok(ExitStatus::Ok)
+}
+
+/// `outbox workflow show --json`: the execution and its block runs.
+fn execution_json(
+    execution: &WorkflowExecution,
+    workflow_name: Option<&str>,
+    started_by: Option<&EventSummary>,
+    ran_ms: Option<i64>,
+    block_rows: &[BlockRow<'_>],
+) -> Value {
+    json!({
+        "execution": {
+            "id": execution.id,
+            "tenant_id": execution.tenant_id,
+            "workflow_id": execution.workflow_id,
+            "workflow_name": workflow_name,
+            "workflow_version": execution.workflow_version,
+            "trigger_kind": execution.trigger_kind,
+            "status": execution.status,
+            "waiting_block": execution.waiting_block,
+            "input": execution.input,
+            "output": execution.output,
+            "error": execution.error,
+            "vars": execution.vars,
+            "trigger_event_id": execution.trigger_event_id,
+            "started_by": started_by,
+            "created_at": execution.created_at,
+            "updated_at": execution.updated_at,
+            "started_at": execution.started_at,
+            "finished_at": execution.finished_at,
+            "duration_ms": ran_ms,
+        },
+        "blocks": block_rows,
+    })
+}
+
+/// The execution's fields, one per line, as `outbox workflow show` prints
+/// them.
+fn print_execution(
+    execution: &WorkflowExecution,
+    workflow_name: Option<&str>,
+    started_by: Option<&EventSummary>,
+    ran_ms: Option<i64>,
+) -> anyhow::Result<()> {
     let time = |t: Option<DateTime<Utc>>| t.map_or("-".to_owned(), |t| t.to_rfc3339());
     let pretty = |v: Option<&Value>| -> anyhow::Result<String> {
         Ok(match v {
@@ -352,7 +382,7 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
         "waiting block  {}",
         execution.waiting_block.as_deref().unwrap_or("-")
     );
-    match &started_by {
+    match started_by {
         Some(event) => println!(
             "started by     outbox event {} ({}, {})",
             event.id, event.event_type, event.status
@@ -380,16 +410,21 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
     println!("input\n{}", pretty(Some(&execution.input))?);
     println!("output\n{}", pretty(execution.output.as_ref())?);
     println!("vars\n{}", pretty(Some(&execution.vars))?);
+    Ok(())
+}
+
+/// The block runs' table (or that none ran yet).
+fn print_blocks(block_rows: &[BlockRow<'_>]) {
     if block_rows.is_empty() {
         println!("blocks         (none ran yet)");
-        return Ok(ExitStatus::Ok);
+        return;
     }
     println!("blocks");
     println!(
         "  {:<24}  {:<14}  {:>3}  {:<7}  {:<19}  {:<19}  {:>8}  OUTPUT / ERROR",
         "BLOCK", "TYPE", "RUN", "STATUS", "STARTED", "FINISHED", "DURATION"
     );
-    for b in &block_rows {
+    for b in block_rows {
         let detail = match (b.error, b.output) {
             (Some(error), _) => error.to_owned(),
             (None, Some(output)) => truncated(&output.to_string(), OUTPUT_CELL),
@@ -406,7 +441,6 @@ async fn show(cli: &Cli, id: Uuid) -> Outcome {
             duration_text(b.duration_ms),
         );
     }
-    Ok(ExitStatus::Ok)
 }
 
 /// Stuck executions of one status, as `health` reports them.
