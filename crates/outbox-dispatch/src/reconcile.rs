@@ -421,8 +421,31 @@ impl Reconciler {
         let states = job_states(&mut redis, &self.namespace, queue, &task_ids).await?;
         let receiver = self.receivers.of(queue);
         let expected = self.expected_derived(conn, receiver, rows, &states).await?;
+        let derived = self.derived_states(&expected).await?;
+        let written = rows_written(conn, receiver, rows, &states).await?;
+        Ok(rows
+            .iter()
+            .zip(&states)
+            .zip(&expected)
+            .map(|((row, state), expected)| {
+                standing(
+                    state,
+                    expected,
+                    receiver,
+                    written.contains(&row.id),
+                    &derived,
+                )
+            })
+            .collect())
+    }
 
-        // The derived jobs' states and records, per derived queue.
+    /// The state in Redis of each derived job, and whether its receiver
+    /// recorded it done.
+    async fn derived_states(
+        &self,
+        expected: &[Vec<DerivedJob>],
+    ) -> Result<DerivedStates, DispatchError> {
+        let mut redis = self.redis.clone();
         let mut by_queue: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
         for job in expected.iter().flatten() {
             by_queue
@@ -430,7 +453,7 @@ impl Reconciler {
                 .or_default()
                 .push(job.task_id.clone());
         }
-        let mut derived: HashMap<DerivedJob, (JobState, bool)> = HashMap::new();
+        let mut derived = DerivedStates::new();
         for (derived_queue, ids) in by_queue {
             let found = job_states(&mut redis, &self.namespace, derived_queue, &ids).await?;
             let completed = self.records.completed(&ids).await?;
@@ -444,68 +467,7 @@ impl Reconciler {
                 );
             }
         }
-        let derived_there =
-            |job: &DerivedJob| derived.get(job).is_some_and(|(s, c)| s.is_present() || *c);
-        let derived_finished =
-            |job: &DerivedJob| derived.get(job).is_some_and(|(s, c)| s.is_finished() || *c);
-
-        // Rows the handler writes, for the events whose job is gone.
-        let written: HashSet<Uuid> = match receiver {
-            Receiver::Row(table) => {
-                let gone: Vec<Uuid> = rows
-                    .iter()
-                    .zip(&states)
-                    .filter(|(_, s)| s.kind == JobStateKind::Missing)
-                    .map(|(row, _)| row.id)
-                    .collect();
-                db::events_with_rows(conn, table, &gone)
-                    .await?
-                    .into_iter()
-                    .collect()
-            }
-            _ => HashSet::new(),
-        };
-
-        let standings = rows
-            .iter()
-            .zip(&states)
-            .zip(&expected)
-            .map(|((row, state), expected)| match state.kind {
-                JobStateKind::Waiting => Standing::Present { finished: false },
-                JobStateKind::Dead => Standing::Present { finished: true },
-                JobStateKind::Done => {
-                    let lost: Vec<DerivedJob> = expected
-                        .iter()
-                        .filter(|job| !derived_there(job))
-                        .cloned()
-                        .collect();
-                    if lost.is_empty() {
-                        Standing::Present {
-                            finished: expected.iter().all(derived_finished),
-                        }
-                    } else {
-                        Standing::DerivedMissing {
-                            parent: state.latest.clone(),
-                            derived: lost,
-                        }
-                    }
-                }
-                JobStateKind::Missing => match receiver {
-                    Receiver::Email | Receiver::PluginHook
-                        if !expected.is_empty() && expected.iter().all(derived_there) =>
-                    {
-                        Standing::Present {
-                            finished: expected.iter().all(derived_finished),
-                        }
-                    }
-                    Receiver::Row(_) if written.contains(&row.id) => {
-                        Standing::Present { finished: true }
-                    }
-                    _ => Standing::Missing,
-                },
-            })
-            .collect();
-        Ok(standings)
+        Ok(derived)
     }
 
     /// The jobs each row's handler derives (for rows whose job is done or
@@ -705,5 +667,189 @@ impl Reconciler {
             report.queues.insert(queue.clone(), counts);
         }
         Ok(report)
+    }
+}
+
+/// Each derived job's state in Redis and whether its receiver recorded it
+/// done.
+type DerivedStates = HashMap<DerivedJob, (JobState, bool)>;
+
+/// The events among `rows` whose job is gone but whose handler wrote its
+/// row (for a receiver that writes one row per event).
+async fn rows_written(
+    conn: &mut AsyncPgConnection,
+    receiver: Receiver,
+    rows: &[OutboxEvent],
+    states: &[JobState],
+) -> Result<HashSet<Uuid>, DispatchError> {
+    let Receiver::Row(table) = receiver else {
+        return Ok(HashSet::new());
+    };
+    let gone: Vec<Uuid> = rows
+        .iter()
+        .zip(states)
+        .filter(|(_, s)| s.kind == JobStateKind::Missing)
+        .map(|(row, _)| row.id)
+        .collect();
+    Ok(db::events_with_rows(conn, table, &gone)
+        .await?
+        .into_iter()
+        .collect())
+}
+
+/// Where one handed-off event stands: its job's `state`, the jobs its
+/// handler should have derived (`expected`) and their states, and whether
+/// its handler's row is `written`.
+fn standing(
+    state: &JobState,
+    expected: &[DerivedJob],
+    receiver: Receiver,
+    written: bool,
+    derived: &DerivedStates,
+) -> Standing {
+    let there = |job: &DerivedJob| derived.get(job).is_some_and(|(s, c)| s.is_present() || *c);
+    let finished = |job: &DerivedJob| derived.get(job).is_some_and(|(s, c)| s.is_finished() || *c);
+    match state.kind {
+        JobStateKind::Waiting => Standing::Present { finished: false },
+        JobStateKind::Dead => Standing::Present { finished: true },
+        JobStateKind::Done => {
+            let lost: Vec<DerivedJob> =
+                expected.iter().filter(|job| !there(job)).cloned().collect();
+            if lost.is_empty() {
+                Standing::Present {
+                    finished: expected.iter().all(finished),
+                }
+            } else {
+                Standing::DerivedMissing {
+                    parent: state.latest.clone(),
+                    derived: lost,
+                }
+            }
+        }
+        JobStateKind::Missing => match receiver {
+            Receiver::Email | Receiver::PluginHook
+                if !expected.is_empty() && expected.iter().all(there) =>
+            {
+                Standing::Present {
+                    finished: expected.iter().all(finished),
+                }
+            }
+            Receiver::Row(_) if written => Standing::Present { finished: true },
+            _ => Standing::Missing,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(kind: JobStateKind) -> JobState {
+        JobState {
+            kind,
+            latest: "outbox:e".into(),
+            finished_at: None,
+        }
+    }
+
+    /// What reconciliation concludes of one event, from its job's state,
+    /// its derived jobs and its handler's row: only a job gone without a
+    /// trace of its work counts as missing.
+    #[test]
+    fn an_event_is_missing_only_when_neither_its_job_nor_its_work_is_there() {
+        let mail = DerivedJob {
+            queue: outbox_queue::queues::TOOLCTRL_EMAIL,
+            task_id: "email:e".into(),
+        };
+        let sent: DerivedStates =
+            HashMap::from([(mail.clone(), (state(JobStateKind::Done), false))]);
+        let none = DerivedStates::new();
+        let audit = Receiver::Row(RowTable::parse("audit_log.outbox_event_id").unwrap());
+        let expected = std::slice::from_ref(&mail);
+        let present = |finished| Standing::Present { finished };
+        let cases = [
+            (
+                JobStateKind::Waiting,
+                Receiver::Plain,
+                &[][..],
+                false,
+                &none,
+                present(false),
+            ),
+            (
+                JobStateKind::Dead,
+                Receiver::Plain,
+                &[][..],
+                false,
+                &none,
+                present(true),
+            ),
+            (
+                JobStateKind::Done,
+                Receiver::Email,
+                expected,
+                false,
+                &sent,
+                present(true),
+            ),
+            (
+                JobStateKind::Done,
+                Receiver::Email,
+                expected,
+                false,
+                &none,
+                Standing::DerivedMissing {
+                    parent: "outbox:e".into(),
+                    derived: vec![mail.clone()],
+                },
+            ),
+            (
+                JobStateKind::Missing,
+                Receiver::Email,
+                expected,
+                false,
+                &sent,
+                present(true),
+            ),
+            (
+                JobStateKind::Missing,
+                Receiver::Email,
+                expected,
+                false,
+                &none,
+                Standing::Missing,
+            ),
+            (
+                JobStateKind::Missing,
+                audit,
+                &[][..],
+                true,
+                &none,
+                present(true),
+            ),
+            (
+                JobStateKind::Missing,
+                audit,
+                &[][..],
+                false,
+                &none,
+                Standing::Missing,
+            ),
+            (
+                JobStateKind::Missing,
+                Receiver::Plain,
+                &[][..],
+                true,
+                &none,
+                Standing::Missing,
+            ),
+        ];
+        for (kind, receiver, expected, written, derived, standing_is) in cases {
+            assert_eq!(
+                standing(&state(kind), expected, receiver, written, derived),
+                standing_is,
+                "{kind:?} {receiver:?} written {written}"
+            );
+        }
     }
 }
