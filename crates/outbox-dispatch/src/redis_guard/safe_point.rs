@@ -69,25 +69,7 @@ impl RedisGuard {
             .collect();
 
         let mut redis = self.redis.clone();
-        let mut readings = Vec::with_capacity(points.len());
-        for point in &points {
-            readings.push(if self.settings.unfinished_limit == 0 {
-                None
-            } else {
-                let receiver = self.reconciler.receiver_of(&point.queue);
-                let mut queues = vec![point.queue.as_str()];
-                queues.extend(receiver.derives_on());
-                Some(
-                    unfinished_jobs(
-                        &mut redis,
-                        &self.namespace,
-                        &queues,
-                        self.settings.unfinished_limit,
-                    )
-                    .await?,
-                )
-            });
-        }
+        let readings = self.read_unfinished(&points).await?;
         if readings.iter().any(Option::is_some)
             && read_run_id(&mut redis).await? != remembered.run_id
         {
@@ -140,6 +122,35 @@ impl RedisGuard {
             "safe points moved"
         );
         Ok(pass)
+    }
+
+    /// The unfinished jobs of each point's queue (and of the queue its
+    /// handler derives jobs on), read from Redis; all `None` when the
+    /// unfinished-jobs list is off (`unfinished_limit` 0).
+    async fn read_unfinished(
+        &self,
+        points: &[SafePointRow],
+    ) -> Result<Vec<Option<Unfinished>>, DispatchError> {
+        let mut redis = self.redis.clone();
+        let mut readings = Vec::with_capacity(points.len());
+        for point in points {
+            if self.settings.unfinished_limit == 0 {
+                readings.push(None);
+                continue;
+            }
+            let receiver = self.reconciler.receiver_of(&point.queue);
+            let mut queues = vec![point.queue.as_str()];
+            queues.extend(receiver.derives_on());
+            let reading = unfinished_jobs(
+                &mut redis,
+                &self.namespace,
+                &queues,
+                self.settings.unfinished_limit,
+            )
+            .await?;
+            readings.push(Some(reading));
+        }
+        Ok(readings)
     }
 
     /// The scan of [`RedisGuard::advance_safe_points`] for a queue holding
