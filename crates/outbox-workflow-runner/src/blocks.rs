@@ -8,7 +8,8 @@ use diesel_async::RunQueryDsl;
 use outbox_model::schema::entity_row;
 use outbox_publish::{NewOutboxEvent, OutboxTx, publish_outbox_event};
 use outbox_workflow_model::{
-    Block, BlockParams, EmailParams, LogLevel, Operand, TextTemplate, labels,
+    Block, BlockParams, EmailParams, IfParams, LogLevel, LogParams, Operand, SwitchParams,
+    TextTemplate, WaitForInputParams, labels,
 };
 use outbox_workflow_store::producers::{self, EventContext, ProducerError};
 use outbox_workflow_store::{EntityRow, WorkflowExecution};
@@ -149,58 +150,113 @@ pub(super) async fn apply(
     http: Option<Result<Value, String>>,
 ) -> Result<Effect, StepError> {
     let tenant = execution.tenant_id.as_str();
-    let origin = || EventContext::Workflow {
-        execution_id: execution.id,
-        block_id: block.id.clone(),
-    };
     let effect = match &block.params {
         BlockParams::ManualTrigger(_)
         | BlockParams::ApiTrigger(_)
         | BlockParams::EventTrigger(_) => next(execution.input.clone()),
-        BlockParams::If(p) => {
-            let result = p
-                .condition
-                .evaluate(ctx)
-                .map_err(|e| StepError::Block(format!("condition: {e}")))?;
-            let label = if result { labels::TRUE } else { labels::FALSE };
-            Effect::Next {
-                output: json!({ "result": result }),
-                label: label.to_owned(),
-            }
-        }
-        BlockParams::Switch(p) => {
-            let mut taken = labels::DEFAULT;
-            for case in &p.cases {
-                let holds = case
-                    .condition
-                    .evaluate(ctx)
-                    .map_err(|e| StepError::Block(format!("case {:?}: {e}", case.label)))?;
-                if holds {
-                    taken = &case.label;
-                    break;
-                }
-            }
-            Effect::Next {
-                output: json!({ "case": taken }),
-                label: taken.to_owned(),
-            }
-        }
-        BlockParams::Log(p) => {
-            let message = p.message.render(ctx);
-            let (id, block_id) = (execution.id, block.id.as_str());
-            match p.level {
-                LogLevel::Debug => tracing::debug!(execution = %id, block = block_id, "{message}"),
-                LogLevel::Info => tracing::info!(execution = %id, block = block_id, "{message}"),
-                LogLevel::Warn => tracing::warn!(execution = %id, block = block_id, "{message}"),
-                _ => tracing::error!(execution = %id, block = block_id, "{message}"),
-            }
-            next(json!({ "level": p.level, "message": message }))
-        }
+        BlockParams::If(p) => branch_if(p, ctx)?,
+        BlockParams::Switch(p) => branch_switch(p, ctx)?,
+        BlockParams::Log(p) => log(p, execution, block, ctx),
         BlockParams::Variable(p) => {
             let value = p.value.resolve(ctx).clone();
             vars.insert(p.name.clone(), value.clone());
             next(value)
         }
+        BlockParams::RowGet(_)
+        | BlockParams::RowCreate(_)
+        | BlockParams::RowUpdate(_)
+        | BlockParams::RowDelete(_) => apply_row(tx, execution, block, ctx).await?,
+        BlockParams::Email(p) => {
+            let event = NewOutboxEvent::new(tenant, EMAIL_EVENT, email_payload(p, ctx))
+                .dispatch_key(format!("wf-email:{}:{}", execution.id, block.id));
+            let outcome = publish_outbox_event(tx, event)
+                .await
+                .map_err(RunError::from)?;
+            next(Value::String(outcome.id().to_string()))
+        }
+        BlockParams::HttpRequest(_) => made_before(http, || "the HTTP call was not made".into())?,
+        BlockParams::WaitForInput(p) => wait_for_input(tx, execution, block, p, vars).await?,
+        // A bridge runner ran the code (or refused `aiAgent`) before the
+        // transaction; a native one did not.
+        BlockParams::Code(_) | BlockParams::AiAgent(_) => made_before(http, || {
+            format!("block type {} does not run natively", block.kind().id())
+        })?,
+    };
+    Ok(effect)
+}
+
+/// The result of work made before the transaction (`http`), or the block's
+/// failure `missing` names when none was made.
+fn made_before(
+    http: Option<Result<Value, String>>,
+    missing: impl FnOnce() -> String,
+) -> Result<Effect, StepError> {
+    match http {
+        Some(Ok(output)) => Ok(next(output)),
+        Some(Err(reason)) => Err(StepError::Block(reason)),
+        None => Err(StepError::Block(missing())),
+    }
+}
+
+/// `if`: the `true` or `false` branch.
+fn branch_if(p: &IfParams, ctx: &Value) -> Result<Effect, StepError> {
+    let result = p
+        .condition
+        .evaluate(ctx)
+        .map_err(|e| StepError::Block(format!("condition: {e}")))?;
+    let label = if result { labels::TRUE } else { labels::FALSE };
+    Ok(Effect::Next {
+        output: json!({ "result": result }),
+        label: label.to_owned(),
+    })
+}
+
+/// `switch`: the first case that holds, else `default`.
+fn branch_switch(p: &SwitchParams, ctx: &Value) -> Result<Effect, StepError> {
+    let mut taken = labels::DEFAULT;
+    for case in &p.cases {
+        let holds = case
+            .condition
+            .evaluate(ctx)
+            .map_err(|e| StepError::Block(format!("case {:?}: {e}", case.label)))?;
+        if holds {
+            taken = &case.label;
+            break;
+        }
+    }
+    Ok(Effect::Next {
+        output: json!({ "case": taken }),
+        label: taken.to_owned(),
+    })
+}
+
+/// `log`: one log line at the block's level.
+fn log(p: &LogParams, execution: &WorkflowExecution, block: &Block, ctx: &Value) -> Effect {
+    let message = p.message.render(ctx);
+    let (id, block_id) = (execution.id, block.id.as_str());
+    match p.level {
+        LogLevel::Debug => tracing::debug!(execution = %id, block = block_id, "{message}"),
+        LogLevel::Info => tracing::info!(execution = %id, block = block_id, "{message}"),
+        LogLevel::Warn => tracing::warn!(execution = %id, block = block_id, "{message}"),
+        _ => tracing::error!(execution = %id, block = block_id, "{message}"),
+    }
+    next(json!({ "level": p.level, "message": message }))
+}
+
+/// The row blocks (`rowGet`, `rowCreate`, `rowUpdate`, `rowDelete`), in
+/// the caller's transaction; changes publish their row events with it.
+async fn apply_row(
+    tx: &mut OutboxTx<'_>,
+    execution: &WorkflowExecution,
+    block: &Block,
+    ctx: &Value,
+) -> Result<Effect, StepError> {
+    let tenant = execution.tenant_id.as_str();
+    let origin = || EventContext::Workflow {
+        execution_id: execution.id,
+        block_id: block.id.clone(),
+    };
+    let output = match &block.params {
         BlockParams::RowGet(p) => {
             let id = row_id(&p.id, ctx)?;
             let row: Option<EntityRow> = entity_row::table
@@ -212,68 +268,57 @@ pub(super) async fn apply(
                 .get_result(tx.conn())
                 .await
                 .optional()?;
-            next(row.as_ref().map_or(Value::Null, row_output))
+            row.as_ref().map_or(Value::Null, row_output)
         }
         BlockParams::RowCreate(p) => {
             let data = resolve_map(&p.values, ctx);
             let change = producers::create_row(tx, tenant, &p.entity, &data, &origin()).await?;
-            next(row_output(&change.row))
+            row_output(&change.row)
         }
         BlockParams::RowUpdate(p) => {
             let id = row_id(&p.id, ctx)?;
             let patch = resolve_map(&p.patch, ctx);
             let change =
                 producers::update_row(tx, tenant, &p.entity, id, &patch, &origin()).await?;
-            next(change.map_or(Value::Null, |c| row_output(&c.row)))
+            change.map_or(Value::Null, |c| row_output(&c.row))
         }
         BlockParams::RowDelete(p) => {
             let id = row_id(&p.id, ctx)?;
             let change = producers::delete_row(tx, tenant, &p.entity, id, &origin()).await?;
-            next(Value::Bool(change.is_some()))
+            Value::Bool(change.is_some())
         }
-        BlockParams::Email(p) => {
-            let event = NewOutboxEvent::new(tenant, EMAIL_EVENT, email_payload(p, ctx))
-                .dispatch_key(format!("wf-email:{}:{}", execution.id, block.id));
-            let outcome = publish_outbox_event(tx, event)
-                .await
-                .map_err(RunError::from)?;
-            next(Value::String(outcome.id().to_string()))
+        other => {
+            return Err(StepError::Block(format!(
+                "block type {} is not a row block",
+                other.kind().id()
+            )));
         }
-        BlockParams::HttpRequest(_) => match http {
-            Some(Ok(output)) => next(output),
-            Some(Err(reason)) => return Err(StepError::Block(reason)),
-            None => return Err(StepError::Block("the HTTP call was not made".into())),
-        },
-        BlockParams::WaitForInput(p) => {
-            let state = Value::Object(vars.clone());
-            let status = outbox_workflow_store::ExecutionStatus::Waiting;
-            crate::db::set_state(tx.conn(), execution.id, status, Some(&block.id), &state).await?;
-            if let Some(ms) = p.timeout_ms {
-                let deadline =
-                    Utc::now() + Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX));
-                producers::request_continuation(
-                    tx,
-                    tenant,
-                    execution.id,
-                    &Value::Null,
-                    Some(deadline),
-                )
-                .await?;
-            }
-            Effect::Wait
-        }
-        // A bridge runner ran the code (or refused `aiAgent`) before the
-        // transaction; a native one did not.
-        BlockParams::Code(_) | BlockParams::AiAgent(_) => match http {
-            Some(Ok(output)) => next(output),
-            Some(Err(reason)) => return Err(StepError::Block(reason)),
-            None => {
-                return Err(StepError::Block(format!(
-                    "block type {} does not run natively",
-                    block.kind().id()
-                )));
-            }
-        },
     };
-    Ok(effect)
+    Ok(next(output))
+}
+
+/// `waitForInput`: the run waits, its variables kept; with a timeout, a
+/// continuation is published for the deadline.
+async fn wait_for_input(
+    tx: &mut OutboxTx<'_>,
+    execution: &WorkflowExecution,
+    block: &Block,
+    p: &WaitForInputParams,
+    vars: &Map<String, Value>,
+) -> Result<Effect, StepError> {
+    let state = Value::Object(vars.clone());
+    let status = outbox_workflow_store::ExecutionStatus::Waiting;
+    crate::db::set_state(tx.conn(), execution.id, status, Some(&block.id), &state).await?;
+    if let Some(ms) = p.timeout_ms {
+        let deadline = Utc::now() + Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX));
+        producers::request_continuation(
+            tx,
+            execution.tenant_id.as_str(),
+            execution.id,
+            &Value::Null,
+            Some(deadline),
+        )
+        .await?;
+    }
+    Ok(Effect::Wait)
 }
