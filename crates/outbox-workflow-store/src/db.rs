@@ -77,46 +77,7 @@ pub async fn save_workflow(
             insert_version(conn, id, 1, &json).await?;
             (1, true)
         } else {
-            let current: Workflow = workflow::table
-                .filter(workflow::tenant_id.eq(tenant_id))
-                .filter(workflow::name.eq(name))
-                .select(Workflow::as_select())
-                .for_update()
-                .get_result(conn)
-                .await?;
-            let in_use: bool = diesel::select(exists(
-                workflow_execution::table
-                    .filter(workflow_execution::workflow_id.eq(current.id))
-                    .filter(workflow_execution::workflow_version.eq(current.current_version)),
-            ))
-            .get_result(conn)
-            .await?;
-            let overwrite = current.status == WorkflowStatus::Draft
-                && status == WorkflowStatus::Draft
-                && !in_use;
-            if overwrite {
-                diesel::update(workflow_version::table)
-                    .filter(workflow_version::workflow_id.eq(current.id))
-                    .filter(workflow_version::version.eq(current.current_version))
-                    .set((
-                        workflow_version::definition.eq(&json),
-                        workflow_version::created_at.eq(now),
-                    ))
-                    .execute(conn)
-                    .await?;
-                (current.current_version, false)
-            } else {
-                // After the newest version, not the current one: versions
-                // are never reused.
-                let newest: Option<i32> = workflow_version::table
-                    .filter(workflow_version::workflow_id.eq(current.id))
-                    .select(diesel::dsl::max(workflow_version::version))
-                    .get_result(conn)
-                    .await?;
-                let next = newest.unwrap_or(0) + 1;
-                insert_version(conn, current.id, next, &json).await?;
-                (next, true)
-            }
+            save_over(conn, tenant_id, name, status, &json).await?
         };
         let workflow: Workflow = diesel::update(workflow::table)
             .filter(workflow::tenant_id.eq(tenant_id))
@@ -137,6 +98,60 @@ pub async fn save_workflow(
         })
     })
     .await
+}
+
+/// A draft saved over a draft that no run uses replaces its version; any
+/// other save makes a new version.
+fn overwrites(current: WorkflowStatus, saved: WorkflowStatus, in_use: bool) -> bool {
+    current == WorkflowStatus::Draft && saved == WorkflowStatus::Draft && !in_use
+}
+
+/// A save of the existing workflow `name` (locked here): its current
+/// version replaced or a new one after the newest ([`overwrites`]).
+/// Returns the version and whether it is new.
+async fn save_over(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    name: &str,
+    status: WorkflowStatus,
+    json: &serde_json::Value,
+) -> Result<(i32, bool), StoreError> {
+    let current: Workflow = workflow::table
+        .filter(workflow::tenant_id.eq(tenant_id))
+        .filter(workflow::name.eq(name))
+        .select(Workflow::as_select())
+        .for_update()
+        .get_result(conn)
+        .await?;
+    let in_use: bool = diesel::select(exists(
+        workflow_execution::table
+            .filter(workflow_execution::workflow_id.eq(current.id))
+            .filter(workflow_execution::workflow_version.eq(current.current_version)),
+    ))
+    .get_result(conn)
+    .await?;
+    if overwrites(current.status, status, in_use) {
+        diesel::update(workflow_version::table)
+            .filter(workflow_version::workflow_id.eq(current.id))
+            .filter(workflow_version::version.eq(current.current_version))
+            .set((
+                workflow_version::definition.eq(json),
+                workflow_version::created_at.eq(now),
+            ))
+            .execute(conn)
+            .await?;
+        return Ok((current.current_version, false));
+    }
+    // After the newest version, not the current one: versions are never
+    // reused.
+    let newest: Option<i32> = workflow_version::table
+        .filter(workflow_version::workflow_id.eq(current.id))
+        .select(diesel::dsl::max(workflow_version::version))
+        .get_result(conn)
+        .await?;
+    let next = newest.unwrap_or(0) + 1;
+    insert_version(conn, current.id, next, json).await?;
+    Ok((next, true))
 }
 
 async fn insert_version(
@@ -509,4 +524,29 @@ pub async fn event_executions(
         executions.push(execution);
     }
     Ok(executions)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only a draft saved over a draft no run has used keeps its version.
+    #[test]
+    fn only_a_draft_over_an_unused_draft_keeps_its_version() {
+        use WorkflowStatus::{Draft, Live};
+        let cases = [
+            (Draft, Draft, false, true),
+            (Draft, Draft, true, false),
+            (Draft, Live, false, false),
+            (Live, Draft, false, false),
+            (Live, Live, false, false),
+        ];
+        for (current, saved, in_use, expected) in cases {
+            assert_eq!(
+                overwrites(current, saved, in_use),
+                expected,
+                "{current} then {saved}, in use {in_use}"
+            );
+        }
+    }
 }
