@@ -22,8 +22,8 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_store as db;
 use serde_json::Value;
 
-use crate::bench_handoff::HANDOFF_TYPES;
-use crate::bench_kit::{Scratch, preload_pending};
+use crate::bench::handoff::HANDOFF_TYPES;
+use crate::bench::kit::{Scratch, preload_pending};
 use crate::services;
 
 const DB: &str = "outbox_explain";

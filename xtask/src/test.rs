@@ -98,7 +98,7 @@ pub async fn run(args: TestArgs) -> Result<()> {
     if nextest && args.runner_args.is_empty() {
         // Only the gate's tests again, already built: cheap.
         eprintln!("\n==> workflow readiness gate");
-        crate::verify_workflow::verify(&env)?;
+        crate::verify::workflow::verify(&env)?;
     } else if nextest {
         eprintln!("\nxtask: workflow readiness gate skipped (the tests were filtered)");
     } else {

@@ -18,6 +18,17 @@
 //! build, with names unique to the process: `cargo xtask test` does that so
 //! the bench never rots; no timing is checked.
 
+mod chart;
+mod drain;
+mod drain_audit;
+pub(crate) mod handoff;
+pub(crate) mod kit;
+mod latency;
+mod process;
+mod publish;
+mod retention;
+mod soak;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,8 +44,8 @@ use outbox_queue::{QueueNamespace, RedisSettings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, line, printed, rate, stage};
 use crate::services;
+use kit::{Run, Scratch, clear_redis, line, printed, rate, stage};
 
 fn event(n: usize) -> NewOutboxEvent {
     let types = [
@@ -170,16 +181,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         Vec::new()
     };
     if wants("handoff") {
-        let plan = crate::bench_handoff::Handoff {
+        let plan = handoff::Handoff {
             binaries: binaries.clone(),
             rows: run.size(args.handoff_rows, 2_000),
             batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
             processes: run.size(args.handoff_processes.clone(), vec![2]),
             rounds: run.size(args.handoff_rounds.max(1), 1),
         };
-        crate::bench_handoff::run(&run, &plan).await?;
+        handoff::run(&run, &plan).await?;
     }
-    crate::bench_drain::run(&run, &wants).await?;
+    drain::run(&run, &wants).await?;
     more_stages(&run, &args, &wants, &binaries).await
 }
 
@@ -200,15 +211,15 @@ async fn more_stages(
         } else {
             labelled_binaries("--drain-bin", &args.drain_bins)?
         };
-        let plan = crate::bench_drain_audit::Plan {
+        let plan = drain_audit::Plan {
             binaries,
             events: run.size(50_000, 1_500),
             rounds: run.size(args.drain_rounds.max(1), 1),
         };
-        crate::bench_drain_audit::run(run, &plan).await?;
+        drain_audit::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("latency")) {
-        let plan = crate::bench_latency::Plan {
+        let plan = latency::Plan {
             loads: run.size(args.latency_loads.clone(), vec![50]),
             wakeups: if args.latency_wakeups_only {
                 &[true]
@@ -217,31 +228,31 @@ async fn more_stages(
             },
             duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
         };
-        crate::bench_latency::run(run, binary, &plan).await?;
+        latency::run(run, binary, &plan).await?;
     }
     if wants("publish_overhead") {
-        let plan = crate::bench_publish::Plan {
+        let plan = publish::Plan {
             rounds: run.size(3, 1),
             duration: run.size(Duration::from_secs(5), Duration::from_millis(300)),
         };
-        crate::bench_publish::run(run, &plan).await?;
+        publish::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("retention")) {
-        let plan = crate::bench_retention::Plan {
+        let plan = retention::Plan {
             done_rows: run.size(1_000_000, 3_000),
             pending_rows: run.size(200_000, 2_000),
             rounds: run.size(3, 1),
         };
-        crate::bench_retention::run(run, binary, &plan).await?;
+        retention::run(run, binary, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("soak")) {
-        let plan = crate::bench_soak::Soak {
+        let plan = soak::Soak {
             binary: binary.to_path_buf(),
             rate: run.size(args.soak_rate, 100),
             duration: Duration::from_secs(run.size(args.soak_seconds, 5)),
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
-        crate::bench_soak::run(run, &plan).await?;
+        soak::run(run, &plan).await?;
     }
     write_chart(run, args.chart.as_deref())
 }
@@ -255,7 +266,7 @@ fn write_chart(run: &Run, path: Option<&std::path::Path>) -> Result<()> {
         if run.smoke { " --smoke" } else { "" },
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
     );
-    let Some(svg) = crate::bench_chart::render(&printed, &title) else {
+    let Some(svg) = chart::render(&printed, &title) else {
         return Ok(());
     };
     match path {

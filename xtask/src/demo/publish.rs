@@ -29,7 +29,7 @@ use outbox_workflow_store::{self as store, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::demo_verdict::{APPROVAL_WORKFLOW, CRM_PATH, Ledger, ORDER_WORKFLOW, Setup};
+use crate::demo::verdict::{APPROVAL_WORKFLOW, CRM_PATH, Ledger, ORDER_WORKFLOW, Setup};
 
 /// The tenants of the mix.
 const TENANTS: [&str; 3] = ["acme", "globex", "initech"];

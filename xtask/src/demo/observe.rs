@@ -16,8 +16,8 @@ use outbox_test_support::{HttpSink, SmtpSink};
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use crate::demo_publish::{ENDPOINTS, ROLLED_BACK_EMAIL};
-use crate::demo_verdict::{CRM_PATH, Execution, Ledger, Observed, Row};
+use crate::demo::publish::{ENDPOINTS, ROLLED_BACK_EMAIL};
+use crate::demo::verdict::{CRM_PATH, Execution, Ledger, Observed, Row};
 
 /// A worker counts as stalled after this long without a heartbeat (only
 /// shown, never judged).

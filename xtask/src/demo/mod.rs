@@ -7,13 +7,20 @@
 //! `outbox_demo` database; starts an SMTP sink, an HTTP sink and the two
 //! workers as child processes (`worker-general` with the dispatcher);
 //! creates the tenants, their endpoints and workflows; publishes the mix
-//! (`--events`, see [`crate::demo_publish`]); answers the workflow run
+//! (`--events`, see [`publish`]); answers the workflow run
 //! that waits for input; kills `worker-general` with SIGKILL once mid-run
 //! and starts it again (`--no-chaos` skips this); waits until everything
 //! due has settled; prints the summary and the verdict
-//! ([`crate::demo_verdict`]). Exit 0 only when the verdict passes.
+//! ([`verdict`]). Exit 0 only when the verdict passes.
 //! `--keep-running` leaves it all up until Ctrl-C; otherwise everything it
 //! started is stopped and removed.
+
+mod observe;
+mod progress;
+mod publish;
+mod report;
+mod stack;
+mod verdict;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,13 +34,13 @@ use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{HttpSink, SmtpSink};
 use outbox_worker::{Group, WorkerConfig, handler_group};
 
-use crate::demo_observe::Watch;
-use crate::demo_progress::Progress;
-use crate::demo_publish::Mix;
-use crate::demo_report::say;
-use crate::demo_stack::{Binaries, Profile, Worker};
-use crate::demo_verdict::{Ledger, Setup};
 use crate::services;
+use observe::Watch;
+use progress::Progress;
+use publish::Mix;
+use report::say;
+use stack::{Binaries, Profile, Worker};
+use verdict::{Ledger, Setup};
 
 /// Events published by default.
 pub const DEFAULT_EVENTS: usize = 3_000;
@@ -125,12 +132,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     };
     // Built before any server is started, so a failed build leaves nothing
     // running.
-    let binaries = crate::demo_stack::build(profile, &progress).await?;
+    let binaries = stack::build(profile, &progress).await?;
     let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let database = format!("{DEMO_DB}{}", args.tag);
     let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
-    let scratch = crate::bench_kit::Scratch::create(&found.database_url, &database).await?;
-    crate::bench_kit::clear_redis(&found.redis_url, &prefix).await?;
+    let scratch = crate::bench::kit::Scratch::create(&found.database_url, &database).await?;
+    crate::bench::kit::clear_redis(&found.redis_url, &prefix).await?;
     say!("database  {}", scratch.url);
     say!("redis     {} (queues prefixed {prefix:?})", found.redis_url);
     say!("migrated  {} migration(s)", scratch.applied.len());
@@ -164,7 +171,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     running.stop().await;
     let logs = stage.logs;
     drop((smtp, http));
-    if let Err(e) = crate::bench_kit::clear_redis(&found.redis_url, &prefix).await {
+    if let Err(e) = crate::bench::kit::clear_redis(&found.redis_url, &prefix).await {
         eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
     }
     if let Err(e) = scratch.remove().await {
@@ -259,14 +266,14 @@ impl Stage<'_> {
     async fn run(&self, running: &mut Running) -> Result<bool> {
         let mut conn = outbox_postgres::establish(&self.url).await?;
         let chaos = !self.args.no_chaos;
-        let mut setup: Setup = crate::demo_publish::setup(&mut conn, self.http, chaos).await?;
+        let mut setup: Setup = publish::setup(&mut conn, self.http, chaos).await?;
         setup.subscribed = self.subscribed().await?.into_iter().collect();
         say!("tenants   acme, globex (webhook endpoints, sales inboxes), initech (neither)");
         say!(
             "acme      plugins on order.shipped and workflow.executed; workflows {:?} (live, \
              event trigger) and {:?} (waitForInput)",
-            crate::demo_verdict::ORDER_WORKFLOW,
-            crate::demo_verdict::APPROVAL_WORKFLOW
+            verdict::ORDER_WORKFLOW,
+            verdict::APPROVAL_WORKFLOW
         );
         let logs = &self.logs;
         std::fs::create_dir_all(logs)?;
@@ -351,7 +358,7 @@ impl Stage<'_> {
                 let id = done.approval.context("no waiting run was requested")?;
                 let url = self.url.clone();
                 continuing = Some(tokio::spawn(async move {
-                    crate::demo_publish::continue_waiting_run(&url, id).await
+                    publish::continue_waiting_run(&url, id).await
                 }));
                 ledger = Some(done);
             }
@@ -406,18 +413,18 @@ impl Stage<'_> {
             None => bail!("the publisher did not finish in time"),
         };
         let seen = watch.observe(&ledger).await?;
-        let verdict = crate::demo_verdict::judge(&setup, &ledger, &seen);
+        let verdict = verdict::judge(&setup, &ledger, &seen);
         say!(
             "\n== summary: {} events committed by the demo, {:.1} s ==",
             ledger.committed.len(),
             started.elapsed().as_secs_f64()
         );
-        crate::demo_report::rows(&mut conn).await?;
+        report::rows(&mut conn).await?;
         let mut redis = redis;
-        crate::demo_report::queues(&mut redis, &namespace).await?;
-        crate::demo_report::sinks(&seen);
-        crate::demo_report::latencies(watch.latencies().await?);
-        crate::demo_report::verdict(&verdict);
+        report::queues(&mut redis, &namespace).await?;
+        report::sinks(&seen);
+        report::latencies(watch.latencies().await?);
+        report::verdict(&verdict);
         Ok(verdict.passed())
     }
 

@@ -44,8 +44,8 @@ use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, preload_pending};
-use crate::bench_process::Cpu;
+use crate::bench::kit::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench::process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
 /// (mail, webhook, search index, RAG index, marketing).
@@ -107,7 +107,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     let mut step = 0;
     let mut progress = |what: &str, round: usize| {
         step += 1;
-        crate::bench_kit::stage(&format!(
+        crate::bench::kit::stage(&format!(
             "handoff {step}/{total}: {what}, round {round}, {} rows",
             plan.rows
         ));
@@ -115,14 +115,14 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     for round in 1..=plan.rounds {
         progress("baseline sql_only", round);
         let rate = sql_only_rate(&scratch.url, &mut conn, plan.rows).await?;
-        crate::bench_kit::line(json!({
+        crate::bench::kit::line(json!({
             "bench": "handoff_baseline_sql_only", "round": round,
             "events": plan.rows, "per_second": rate.round(),
         }));
         sql_only.push(rate);
         progress("baseline redis_only", round);
         let rate = redis_only_rate(run, &mut conn, plan.rows).await?;
-        crate::bench_kit::line(json!({
+        crate::bench::kit::line(json!({
             "bench": "handoff_baseline_redis_only", "round": round,
             "events": plan.rows, "per_second": rate.round(),
         }));
@@ -145,7 +145,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                         .with_context(|| {
                             format!("{label} at batch {batch}, {processes} process(es)")
                         })?;
-                    crate::bench_kit::line(json!({
+                    crate::bench::kit::line(json!({
                         "bench": "handoff", "binary": label, "batch_size": batch,
                         "processes": processes, "round": round, "events": plan.rows,
                         "per_second": rate.round(), "cpu_share": cpu,
@@ -157,7 +157,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     }
     let sql_only = median(sql_only);
     let redis_only = median(redis_only);
-    crate::bench_kit::line(json!({
+    crate::bench::kit::line(json!({
         "bench": "handoff_baselines_median", "rounds": plan.rounds,
         "sql_only_per_second": sql_only.round(), "redis_only_per_second": redis_only.round(),
     }));
@@ -174,7 +174,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
                     rates.iter().copied().fold(0.0, f64::max),
                 );
                 let rate = median(rates);
-                crate::bench_kit::line(json!({
+                crate::bench::kit::line(json!({
                     "bench": "handoff_median", "binary": label, "batch_size": batch,
                     "processes": processes, "rounds": plan.rounds, "per_second": rate.round(),
                     "min": min.round(), "max": max.round(),
@@ -330,7 +330,7 @@ async fn measure(
     clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
-    let mut children = crate::bench_process::spawn_many(
+    let mut children = crate::bench::process::spawn_many(
         run,
         (url, &run.stage_prefix(STAGE)),
         setup.binary,
@@ -340,7 +340,7 @@ async fn measure(
     let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
     let cpu = before.shares(&Cpu::sample(&children));
-    crate::bench_process::stop_all(children)?;
+    crate::bench::process::stop_all(children)?;
     finished?;
     Ok((done_rate(conn, setup.rows).await?, cpu))
 }
@@ -349,7 +349,7 @@ async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        crate::bench_process::check_running(children)?;
+        crate::bench::process::check_running(children)?;
         // Walks the claim index, which holds only PENDING and PROCESSING rows.
         let progress: Progress = diesel::sql_query(
             "SELECT count(*) AS open FROM (
