@@ -115,15 +115,7 @@ impl Running {
 
 /// Runs the demo; an error when the verdict fails or something broke.
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let _ = tracing_subscriber::fmt()
-        // The publisher logs the rolled-back transaction's refused event
-        // type, which the demo provokes on purpose.
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            "warn,apalis=error,apalis_core=error,outbox_publish=off",
-        ))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    init_tracing();
     let progress = Progress::new();
     let profile = if args.debug {
         Profile::Debug
@@ -171,18 +163,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     running.stop().await;
     let logs = stage.logs;
     drop((smtp, http));
-    if let Err(e) = crate::bench::kit::clear_redis(&found.redis_url, &prefix).await {
-        eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
-    }
-    if let Err(e) = scratch.remove().await {
-        eprintln!("demo: dropping the database {database}: {e:#}");
-    }
-    for server in &found.started {
-        eprintln!("demo: stopping {}", server.name());
-        if let Err(e) = server.stop() {
-            eprintln!("demo: stopping {}: {e:#}", server.name());
-        }
-    }
+    clean_up(&found, scratch, &prefix, &database).await;
     let passed = outcome?;
     if !passed {
         bail!(
@@ -195,6 +176,41 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&logs);
     }
     Ok(())
+}
+
+/// Logs on stderr, warnings and up.
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        // The publisher logs the rolled-back transaction's refused event
+        // type, which the demo provokes on purpose.
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "warn,apalis=error,apalis_core=error,outbox_publish=off",
+        ))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Removes the run's Redis keys and database and stops the servers it
+/// started; best effort, each failure reported and the rest still done.
+async fn clean_up(
+    found: &services::Services,
+    scratch: crate::bench::kit::Scratch,
+    prefix: &str,
+    database: &str,
+) {
+    if let Err(e) = crate::bench::kit::clear_redis(&found.redis_url, prefix).await {
+        eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
+    }
+    if let Err(e) = scratch.remove().await {
+        eprintln!("demo: dropping the database {database}: {e:#}");
+    }
+    for server in &found.started {
+        eprintln!("demo: stopping {}", server.name());
+        if let Err(e) = server.stop() {
+            eprintln!("demo: stopping {}: {e:#}", server.name());
+        }
+    }
 }
 
 /// One run against prepared services.
