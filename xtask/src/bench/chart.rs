@@ -54,32 +54,31 @@ fn single(label: impl Into<String>, value: f64) -> Row {
 
 /// The chart's panels, each left out when its stages did not run.
 fn sections(lines: &[Value]) -> Vec<Section> {
-    let mut out = Vec::new();
-    let throughput = throughput_rows(lines);
-    if !throughput.is_empty() {
-        out.push(Section {
-            title: "Throughput, events per second (medians of the run)".into(),
-            log: false,
-            rows: throughput,
-        });
-    }
-    let publish = publish_rows(lines);
-    if !publish.is_empty() {
-        out.push(Section {
-            title: "Business transactions per second, 8 clients".into(),
-            log: false,
-            rows: publish,
-        });
-    }
-    let latency = latency_rows(lines);
-    if !latency.is_empty() {
-        out.push(Section {
-            title: "Commit → handler start, milliseconds (log scale): p50, p95, p99, max".into(),
-            log: true,
-            rows: latency,
-        });
-    }
-    out
+    [
+        (
+            "Throughput, events per second (medians of the run)",
+            false,
+            throughput_rows(lines),
+        ),
+        (
+            "Business transactions per second, 8 clients",
+            false,
+            publish_rows(lines),
+        ),
+        (
+            "Commit → handler start, milliseconds (log scale): p50, p95, p99, max",
+            true,
+            latency_rows(lines),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, _, rows)| !rows.is_empty())
+    .map(|(title, log, rows)| Section {
+        title: title.into(),
+        log,
+        rows,
+    })
+    .collect()
 }
 
 /// A binary's label after a row's name, none for the tree under test.
