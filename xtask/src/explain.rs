@@ -22,8 +22,8 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_store as db;
 use serde_json::Value;
 
-use crate::bench_handoff::HANDOFF_TYPES;
-use crate::bench_kit::{Scratch, preload_pending};
+use crate::bench::handoff::HANDOFF_TYPES;
+use crate::bench::kit::{Scratch, preload_pending};
 use crate::services;
 
 const DB: &str = "outbox_explain";
@@ -311,18 +311,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     println!("| statement | variant | batch | stats | plan | ms | µs/row | buffers | plan shape |");
     println!("|---|---|---:|---|---|---:|---:|---:|---|");
     let started = Instant::now();
-    for statement in statements() {
-        if args
-            .only
-            .as_deref()
-            .is_some_and(|only| !statement.name.starts_with(only))
-            || args
-                .variant
-                .as_deref()
-                .is_some_and(|v| v != statement.variant)
-        {
-            continue;
-        }
+    for statement in statements().into_iter().filter(|s| selected(&args, s)) {
         for &n in &args.sizes {
             for stats in [Stats::Fresh, Stats::Stale, Stats::None] {
                 for mode in ["custom", "generic"] {
@@ -333,42 +322,90 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
                         stats.name(),
                         started.elapsed().as_secs_f64()
                     );
-                    let mut best: Option<Measured> = None;
-                    for _ in 0..args.repeat {
-                        let m = case(&mut conn, &statement, n, stats, mode).await?;
-                        let slow = m.ms > 1000.0;
-                        if best.as_ref().is_none_or(|b| m.ms < b.ms) {
-                            best = Some(m);
-                        }
-                        if slow {
-                            break; // one run of a slow case says enough
-                        }
-                    }
-                    let m = best.context("no run")?;
-                    if m.rows != n as u64 {
-                        bail!(
-                            "{} {} batch {n}: updated {} rows",
-                            statement.name,
-                            statement.variant,
-                            m.rows
-                        );
-                    }
-                    println!(
-                        "| {} | {} | {n} | {} | {mode} | {:.1} | {:.1} | {} | {} |",
-                        statement.name,
-                        statement.variant,
-                        stats.name(),
-                        m.ms,
-                        m.ms * 1000.0 / n as f64,
-                        m.buffers,
-                        m.shape
-                    );
+                    let at = Case {
+                        statement: &statement,
+                        n,
+                        stats,
+                        mode,
+                    };
+                    let m = fastest(&mut conn, &at, args.repeat).await?;
+                    println!("{}", table_row(&at, &m));
                 }
             }
         }
     }
     drop(conn);
     scratch.remove().await
+}
+
+/// Whether `--only` and `--variant` keep `statement`.
+fn selected(args: &ExplainArgs, statement: &Statement) -> bool {
+    let by_name = args
+        .only
+        .as_deref()
+        .is_none_or(|only| statement.name.starts_with(only));
+    let by_variant = args
+        .variant
+        .as_deref()
+        .is_none_or(|v| v == statement.variant);
+    by_name && by_variant
+}
+
+/// One case of the comparison: a statement at a batch size, statistics
+/// state and plan cache mode.
+struct Case<'a> {
+    statement: &'a Statement,
+    n: usize,
+    stats: Stats,
+    mode: &'static str,
+}
+
+/// The fastest of `repeat` runs of the case `at` (one run when it is
+/// slow); fails unless it updated `n` rows.
+async fn fastest(conn: &mut AsyncPgConnection, at: &Case<'_>, repeat: usize) -> Result<Measured> {
+    let Case {
+        statement,
+        n,
+        stats,
+        mode,
+    } = *at;
+    let mut best: Option<Measured> = None;
+    for _ in 0..repeat {
+        let m = case(conn, statement, n, stats, mode).await?;
+        let slow = m.ms > 1000.0;
+        if best.as_ref().is_none_or(|b| m.ms < b.ms) {
+            best = Some(m);
+        }
+        if slow {
+            break; // one run of a slow case says enough
+        }
+    }
+    let m = best.context("no run")?;
+    if m.rows != n as u64 {
+        bail!(
+            "{} {} batch {n}: updated {} rows",
+            statement.name,
+            statement.variant,
+            m.rows
+        );
+    }
+    Ok(m)
+}
+
+/// The Markdown table row of the case `at` measured as `m`.
+fn table_row(at: &Case<'_>, m: &Measured) -> String {
+    format!(
+        "| {} | {} | {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+        at.statement.name,
+        at.statement.variant,
+        at.n,
+        at.stats.name(),
+        at.mode,
+        m.ms,
+        m.ms * 1000.0 / at.n as f64,
+        m.buffers,
+        m.shape
+    )
 }
 
 #[derive(QueryableByName)]
@@ -468,4 +505,56 @@ fn shape(node: &Value) -> String {
         let _ = write!(out, " ({})", inner.join(", "));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(only: Option<&str>, variant: Option<&str>) -> ExplainArgs {
+        ExplainArgs {
+            rows: 10,
+            sizes: vec![100],
+            repeat: 1,
+            only: only.map(str::to_owned),
+            variant: variant.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn only_and_variant_select_the_statements() {
+        let all = statements();
+        let kept = |a: &ExplainArgs| all.iter().filter(|s| selected(a, s)).count();
+        assert_eq!(kept(&args(None, None)), all.len());
+        let claims = kept(&args(Some("claim"), None));
+        assert!(claims > 0 && claims < all.len());
+        assert_eq!(kept(&args(Some("claim"), Some("after"))) * 2, claims);
+        assert_eq!(kept(&args(Some("nothing"), None)), 0);
+    }
+
+    #[test]
+    fn a_row_gives_the_time_per_row() {
+        let all = statements();
+        let at = Case {
+            statement: &all[0],
+            n: 500,
+            stats: Stats::Fresh,
+            mode: "generic",
+        };
+        let m = Measured {
+            ms: 2.0,
+            buffers: 7,
+            rows: 500,
+            shape: "Update".to_owned(),
+        };
+        assert_eq!(
+            table_row(&at, &m),
+            format!(
+                "| {} | {} | 500 | {} | generic | 2.0 | 4.0 | 7 | Update |",
+                all[0].name,
+                all[0].variant,
+                Stats::Fresh.name()
+            )
+        );
+    }
 }

@@ -35,38 +35,15 @@ macro_rules! print {
 }
 
 mod bench;
-mod bench_chart;
-mod bench_drain;
-mod bench_drain_audit;
-mod bench_handoff;
-mod bench_kit;
-mod bench_latency;
-mod bench_process;
-mod bench_publish;
-mod bench_retention;
-mod bench_soak;
 mod cmd;
-#[cfg(test)]
-mod crate_table;
 mod demo;
-mod demo_observe;
-mod demo_progress;
-mod demo_publish;
-mod demo_report;
-mod demo_stack;
-mod demo_verdict;
 mod explain;
 mod install;
-mod inventory;
-#[cfg(test)]
-mod module_cycles;
 mod mutants;
 mod schema;
 mod services;
-#[cfg(test)]
-mod table_owner;
 mod test;
-mod verify_workflow;
+mod verify;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -160,8 +137,8 @@ fn run(cli: Cli) -> Result<()> {
             Command::Bench(args) => bench::run(args).await,
             Command::Explain(args) => explain::run(args).await,
             Command::Schema { check } => schema::run(check).await,
-            Command::Inventory => inventory::run(),
-            Command::VerifyWorkflowOutboxNative => verify_workflow::run().await,
+            Command::Inventory => verify::inventory::run(),
+            Command::VerifyWorkflowOutboxNative => verify::workflow::run().await,
             Command::Mutants(args) => mutants::run(args).await,
         }
     })

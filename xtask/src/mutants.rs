@@ -10,6 +10,7 @@
 //! budget cut a run short.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -113,62 +114,18 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
         };
         let mut command = Command::new("cargo");
         command.current_dir(workspace_root());
-        if args.in_place {
-            // One tree, one build at a time: the usual target directory is
-            // safe, and warm.
-            command.arg("mutants").arg("--in-place");
-        } else {
+        if !args.in_place {
             // cargo-mutants builds each copy of the tree in its own target
             // directory; a shared CARGO_TARGET_DIR would make the copies
             // overwrite each other's builds.
-            command.env_remove("CARGO_TARGET_DIR").arg("mutants");
+            command.env_remove("CARGO_TARGET_DIR");
         }
-        command
-            .args(["--test-tool", "nextest", "--no-shuffle"])
-            .arg("--output")
-            .arg(&out)
-            .envs([
-                ("DATABASE_URL", found.database_url.clone()),
-                ("REDIS_URL", found.redis_url.clone()),
-                ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
-                ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
-            ]);
-        for name in &crates {
-            command.args(["--package", name]);
-        }
-        if !args.test_packages.is_empty() {
-            // The mutated crates' own tests always run too.
-            let mut tested: Vec<&String> = crates.iter().chain(&args.test_packages).collect();
-            tested.dedup();
-            for name in tested {
-                command.args(["--test-package", name]);
-            }
-        }
-        if let Some(file) = &args.file {
-            command.args(["--file", &format!("**/*{file}*")]);
-        }
-        if let Some(n) = args.sample {
-            if args.sample_shard >= n {
-                bail!(
-                    "--sample-shard {} is out of range: with --sample {n} it is 0 to {}",
-                    args.sample_shard,
-                    n - 1
-                );
-            }
-            command.args(sample_args(args.sample_shard, n));
-        }
-        if let Some(only) = &args.only {
-            command.args(["--re", only]);
-        }
-        command.args(["--minimum-test-timeout", &args.min_test_timeout.to_string()]);
-        // A mutant is caught by its first failing test. By default nextest
-        // then waits for the tests still running, and a test the mutant
-        // broke in another way may wait out its whole deadline (a
-        // reconciliation test waited over two minutes so): end them at once.
-        // nextest signals each test's process group, so a private
-        // `redis-server` a killed test started goes with it; the keys and
-        // databases it leaves are swept as after any killed suite.
-        command.arg(format!("--cargo-test-arg={IMMEDIATE_STOP}"));
+        command.args(mutants_args(&args, &crates, &out)?).envs([
+            ("DATABASE_URL", found.database_url.clone()),
+            ("REDIS_URL", found.redis_url.clone()),
+            ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
+            ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
+        ]);
         eprintln!(
             "==> cargo mutants on {} (budget {} min{})",
             crates.join(", "),
@@ -178,27 +135,91 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
                 args.sample_shard
             ))
         );
-        let mut child = command.spawn().context("cannot start cargo mutants")?;
-        let deadline = Instant::now() + Duration::from_secs(args.budget_minutes * 60);
-        loop {
-            if let Some(status) = child.try_wait()? {
-                // cargo-mutants exits 2 when mutants were missed, 3 on
-                // timeouts: results, not failures of this command.
-                eprintln!("cargo mutants finished: {status}");
-                break;
-            }
-            if Instant::now() >= deadline {
-                eprintln!("budget reached: stopping cargo mutants; the summary covers what ran");
-                let _ = child.kill();
-                let _ = child.wait();
-                break;
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
+        run_within_budget(&mut command, args.budget_minutes).await?;
     }
     let summary = summarise(&out.join("mutants.out"))?;
     print!("{}", render(&summary));
     Ok(())
+}
+
+/// The arguments of `cargo`: `mutants` and its options for `args`, the
+/// mutated `crates` and the output folder `out`.
+fn mutants_args(args: &MutantsArgs, crates: &[String], out: &Path) -> Result<Vec<OsString>> {
+    let mut list: Vec<OsString> = vec!["mutants".into()];
+    if args.in_place {
+        // One tree, one build at a time: the usual target directory is
+        // safe, and warm.
+        list.push("--in-place".into());
+    }
+    let mut push = |items: &[&str]| list.extend(items.iter().map(OsString::from));
+    push(&["--test-tool", "nextest", "--no-shuffle", "--output"]);
+    list.push(out.as_os_str().to_owned());
+    for name in crates {
+        list.extend(["--package".into(), name.into()]);
+    }
+    if !args.test_packages.is_empty() {
+        // The mutated crates' own tests always run too.
+        let mut tested: Vec<&String> = crates.iter().chain(&args.test_packages).collect();
+        tested.dedup();
+        for name in tested {
+            list.extend(["--test-package".into(), name.into()]);
+        }
+    }
+    if let Some(file) = &args.file {
+        list.extend(["--file".into(), format!("**/*{file}*").into()]);
+    }
+    if let Some(n) = args.sample {
+        if args.sample_shard >= n {
+            bail!(
+                "--sample-shard {} is out of range: with --sample {n} it is 0 to {}",
+                args.sample_shard,
+                n - 1
+            );
+        }
+        list.extend(
+            sample_args(args.sample_shard, n)
+                .into_iter()
+                .map(OsString::from),
+        );
+    }
+    if let Some(only) = &args.only {
+        list.extend(["--re".into(), only.into()]);
+    }
+    list.extend([
+        "--minimum-test-timeout".into(),
+        args.min_test_timeout.to_string().into(),
+    ]);
+    // A mutant is caught by its first failing test. By default nextest
+    // then waits for the tests still running, and a test the mutant
+    // broke in another way may wait out its whole deadline (a
+    // reconciliation test waited over two minutes so): end them at once.
+    // nextest signals each test's process group, so a private
+    // `redis-server` a killed test started goes with it; the keys and
+    // databases it leaves are swept as after any killed suite.
+    list.push(format!("--cargo-test-arg={IMMEDIATE_STOP}").into());
+    Ok(list)
+}
+
+/// Starts `command` and waits for it, killing it when the budget of
+/// `minutes` runs out.
+async fn run_within_budget(command: &mut Command, minutes: u64) -> Result<()> {
+    let mut child = command.spawn().context("cannot start cargo mutants")?;
+    let deadline = Instant::now() + Duration::from_secs(minutes * 60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            // cargo-mutants exits 2 when mutants were missed, 3 on
+            // timeouts: results, not failures of this command.
+            eprintln!("cargo mutants finished: {status}");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            eprintln!("budget reached: stopping cargo mutants; the summary covers what ran");
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
 }
 
 /// The cargo-mutants arguments that test one mutant in every `n`: shard
@@ -334,6 +355,62 @@ pub fn render(summary: &BTreeMap<String, CrateOutcome>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_arguments_name_the_crates_the_sample_and_the_immediate_stop() {
+        let args = MutantsArgs {
+            crates: Vec::new(),
+            budget_minutes: 10,
+            file: Some("claim".to_owned()),
+            test_packages: vec!["outbox-tests".to_owned()],
+            in_place: true,
+            report_only: false,
+            sample: Some(4),
+            sample_shard: 1,
+            min_test_timeout: DEFAULT_MIN_TEST_TIMEOUT,
+            only: None,
+        };
+        let crates = ["outbox-dispatch".to_owned()];
+        let list = mutants_args(&args, &crates, Path::new("/t/mutants")).unwrap();
+        let list: Vec<String> = list
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let mut expected: Vec<String> = [
+            "mutants",
+            "--in-place",
+            "--test-tool",
+            "nextest",
+            "--no-shuffle",
+            "--output",
+            "/t/mutants",
+            "--package",
+            "outbox-dispatch",
+            "--test-package",
+            "outbox-dispatch",
+            "--test-package",
+            "outbox-tests",
+            "--file",
+            "**/*claim*",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        expected.extend(sample_args(1, 4));
+        expected.extend(
+            [
+                "--minimum-test-timeout",
+                "300",
+                "--cargo-test-arg=--max-fail=1:immediate",
+            ]
+            .map(str::to_owned),
+        );
+        assert_eq!(list, expected);
+        let out_of_range = MutantsArgs {
+            sample_shard: 4,
+            ..args
+        };
+        assert!(mutants_args(&out_of_range, &crates, Path::new("/t")).is_err());
+    }
 
     #[test]
     fn outcomes_are_counted_per_crate_with_timeouts_as_caught() {

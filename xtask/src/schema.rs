@@ -135,33 +135,7 @@ async fn render(conn: &mut AsyncPgConnection) -> Result<String> {
         .bind::<Text, _>(&table.name)
         .load(conn)
         .await?;
-        let keys: Vec<&str> = columns
-            .iter()
-            .filter(|c| c.primary)
-            .map(|c| c.name.as_str())
-            .collect();
-        if keys.is_empty() {
-            bail!("table {} has no primary key; diesel needs one", table.name);
-        }
-        out.push_str("\ndiesel::table! {\n");
-        if let Some(comment) = &table.comment {
-            writeln!(out, "    /// {comment}")?;
-        }
-        writeln!(out, "    {} ({}) {{", table.name, keys.join(", "))?;
-        for column in &columns {
-            if let Some(comment) = &column.comment {
-                writeln!(out, "        /// {comment}")?;
-            }
-            let ty = diesel_type(&column.type_name)
-                .with_context(|| format!("column {}.{}", table.name, column.name))?;
-            let ty = if column.not_null {
-                ty
-            } else {
-                format!("Nullable<{ty}>")
-            };
-            writeln!(out, "        {} -> {ty},", column.name)?;
-        }
-        out.push_str("    }\n}\n");
+        table_text(&mut out, table, &columns)?;
     }
     let foreign_keys: Vec<ForeignKeyRow> = diesel::sql_query(
         "SELECT cl.relname::text AS child, a.attname::text AS column, p.relname::text AS parent
@@ -175,10 +149,53 @@ async fn render(conn: &mut AsyncPgConnection) -> Result<String> {
     )
     .load(conn)
     .await?;
+    relations_text(&mut out, &foreign_keys, &tables)?;
+    Ok(out)
+}
+
+/// The `diesel::table!` block of `table` with its `columns`.
+fn table_text(out: &mut String, table: &TableRow, columns: &[ColumnRow]) -> Result<()> {
+    let keys: Vec<&str> = columns
+        .iter()
+        .filter(|c| c.primary)
+        .map(|c| c.name.as_str())
+        .collect();
+    if keys.is_empty() {
+        bail!("table {} has no primary key; diesel needs one", table.name);
+    }
+    out.push_str("\ndiesel::table! {\n");
+    if let Some(comment) = &table.comment {
+        writeln!(out, "    /// {comment}")?;
+    }
+    writeln!(out, "    {} ({}) {{", table.name, keys.join(", "))?;
+    for column in columns {
+        if let Some(comment) = &column.comment {
+            writeln!(out, "        /// {comment}")?;
+        }
+        let ty = diesel_type(&column.type_name)
+            .with_context(|| format!("column {}.{}", table.name, column.name))?;
+        let ty = if column.not_null {
+            ty
+        } else {
+            format!("Nullable<{ty}>")
+        };
+        writeln!(out, "        {} -> {ty},", column.name)?;
+    }
+    out.push_str("    }\n}\n");
+    Ok(())
+}
+
+/// The `joinable!` lines of the `foreign_keys` and the
+/// `allow_tables_to_appear_in_same_query!` of the `tables`.
+fn relations_text(
+    out: &mut String,
+    foreign_keys: &[ForeignKeyRow],
+    tables: &[TableRow],
+) -> Result<()> {
     if !foreign_keys.is_empty() {
         out.push('\n');
     }
-    for fk in &foreign_keys {
+    for fk in foreign_keys {
         writeln!(
             out,
             "diesel::joinable!({} -> {} ({}));",
@@ -187,12 +204,12 @@ async fn render(conn: &mut AsyncPgConnection) -> Result<String> {
     }
     if tables.len() > 1 {
         out.push_str("\ndiesel::allow_tables_to_appear_in_same_query!(\n");
-        for table in &tables {
+        for table in tables {
             writeln!(out, "    {},", table.name)?;
         }
         out.push_str(");\n");
     }
-    Ok(out)
+    Ok(())
 }
 
 fn diesel_type(pg: &str) -> Result<String> {
@@ -220,4 +237,36 @@ fn diesel_type(pg: &str) -> Result<String> {
         other => bail!("Postgres type {other} has no mapping in xtask's schema generator"),
     };
     Ok(ty.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_needs_a_primary_key_and_marks_its_nullable_columns() {
+        let column = |name: &str, not_null, primary| ColumnRow {
+            name: name.to_owned(),
+            type_name: "text".to_owned(),
+            not_null,
+            primary,
+            comment: None,
+        };
+        let table = TableRow {
+            name: "note".to_owned(),
+            comment: Some("A note.".to_owned()),
+        };
+        let mut out = String::new();
+        table_text(
+            &mut out,
+            &table,
+            &[column("id", true, true), column("body", false, false)],
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            "\ndiesel::table! {\n    /// A note.\n    note (id) {\n        id -> Text,\n        body -> Nullable<Text>,\n    }\n}\n"
+        );
+        assert!(table_text(&mut String::new(), &table, &[column("id", true, false)]).is_err());
+    }
 }

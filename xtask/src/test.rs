@@ -27,9 +27,76 @@ pub struct TestArgs {
 
 /// Runs the pipeline; the first failing step fails the command.
 pub async fn run(args: TestArgs) -> Result<()> {
+    let env = prepare_services(args.no_install).await?;
+    if !args.quick {
+        lint()?;
+    }
+    eprintln!("\n==> schema drift check");
+    crate::schema::run(true).await?;
+
+    let nextest = probe("cargo", &["nextest", "--version"]);
+    run_tests(nextest, &args.runner_args, &env)?;
+    match gate(nextest, !args.runner_args.is_empty()) {
+        Gate::Run => {
+            // Only the gate's tests again, already built: cheap.
+            eprintln!("\n==> workflow readiness gate");
+            crate::verify::workflow::verify(&env)?;
+        }
+        Gate::SkipFiltered => {
+            eprintln!("\nxtask: workflow readiness gate skipped (the tests were filtered)");
+        }
+        Gate::SkipWithoutNextest => {
+            eprintln!("\nxtask: workflow readiness gate skipped (it needs cargo-nextest)");
+        }
+    }
+    if args.runner_args.is_empty() {
+        smoke_runs().await?;
+    } else {
+        eprintln!("\nxtask: bench smoke run and demo skipped (the tests were filtered)");
+    }
+    if nextest {
+        // nextest does not run doctests; plain `cargo test` above already did.
+        step(
+            "cargo test --doc",
+            cargo()
+                .args(["test", "--workspace", "--doc"])
+                .envs(env.iter().cloned()),
+        )?;
+    }
+    if !args.quick {
+        docs_and_package()?;
+    }
+    eprintln!("\nxtask: all checks passed");
+    Ok(())
+}
+
+/// Whether the workflow readiness gate runs after the tests.
+#[derive(Debug, PartialEq, Eq)]
+enum Gate {
+    /// It runs.
+    Run,
+    /// Skipped: the tests were filtered, so the gate's may not have run.
+    SkipFiltered,
+    /// Skipped: the gate needs cargo-nextest.
+    SkipWithoutNextest,
+}
+
+/// The gate runs with nextest on an unfiltered run only.
+fn gate(nextest: bool, filtered: bool) -> Gate {
+    match (nextest, filtered) {
+        (true, false) => Gate::Run,
+        (true, true) => Gate::SkipFiltered,
+        (false, _) => Gate::SkipWithoutNextest,
+    }
+}
+
+/// Makes sure Postgres and Redis answer (installing their binaries when
+/// allowed), sweeps what killed test runs left behind, and returns the
+/// environment each test child gets.
+async fn prepare_services(no_install: bool) -> Result<[(&'static str, String); 4]> {
     // The tests start redis-server themselves, and a private Postgres is
     // started when none answers: both binaries are needed.
-    let install = crate::install::Install::from_flag(args.no_install);
+    let install = crate::install::Install::from_flag(no_install);
     crate::install::ensure(
         &[
             crate::install::Server::Postgres,
@@ -55,103 +122,98 @@ pub async fn run(args: TestArgs) -> Result<()> {
     }
     crate::services::sweep_abandoned_databases(&found.database_url).await;
     // Passed to each child rather than set on this process.
-    let env = found.test_env();
+    Ok(found.test_env())
+}
 
-    if !args.quick {
-        step(
-            "cargo fmt --check",
-            cargo().args(["fmt", "--all", "--", "--check"]),
-        )?;
-        step(
-            "cargo clippy (warnings denied)",
-            cargo().args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ]),
-        )?;
-    }
-    eprintln!("\n==> schema drift check");
-    crate::schema::run(true).await?;
+/// `cargo fmt --check` and clippy with warnings denied.
+fn lint() -> Result<()> {
+    step(
+        "cargo fmt --check",
+        cargo().args(["fmt", "--all", "--", "--check"]),
+    )?;
+    step(
+        "cargo clippy (warnings denied)",
+        cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )
+}
 
-    let nextest = probe("cargo", &["nextest", "--version"]);
+/// The workspace's tests, through nextest when there is one.
+fn run_tests(nextest: bool, runner_args: &[String], env: &[(&'static str, String)]) -> Result<()> {
     if nextest {
         step(
             "cargo nextest run",
             cargo()
                 .args(["nextest", "run", "--workspace", "--no-fail-fast"])
-                .args(&args.runner_args)
+                .args(runner_args)
                 .envs(env.iter().cloned()),
-        )?;
+        )
     } else {
         step(
             "cargo test",
             cargo()
                 .args(["test", "--workspace", "--no-fail-fast"])
-                .args(&args.runner_args)
+                .args(runner_args)
                 .envs(env.iter().cloned()),
-        )?;
+        )
     }
-    if nextest && args.runner_args.is_empty() {
-        // Only the gate's tests again, already built: cheap.
-        eprintln!("\n==> workflow readiness gate");
-        crate::verify_workflow::verify(&env)?;
-    } else if nextest {
-        eprintln!("\nxtask: workflow readiness gate skipped (the tests were filtered)");
-    } else {
-        eprintln!("\nxtask: workflow readiness gate skipped (it needs cargo-nextest)");
+}
+
+/// Every bench stage at tiny sizes, so the bench never rots (its figures
+/// are not looked at), and the demo at a small size on the debug binaries
+/// the tests built: the real processes end to end, a SIGKILL, and its
+/// verdict.
+async fn smoke_runs() -> Result<()> {
+    eprintln!("\n==> cargo xtask bench --smoke");
+    crate::bench::run(crate::bench::BenchArgs::smoke()).await?;
+    eprintln!("\n==> cargo xtask demo --events 300 --debug");
+    crate::demo::run(crate::demo::DemoArgs::for_tests()).await
+}
+
+/// The docs with warnings denied, and the library crates as crates.io
+/// would receive them (metadata, README and licence files, the migrations
+/// outbox-model embeds).
+fn docs_and_package() -> Result<()> {
+    step(
+        "cargo doc (warnings denied)",
+        cargo()
+            .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    step(
+        "cargo package (dry run of the publishable crates)",
+        cargo().args([
+            "package",
+            "--workspace",
+            "--exclude",
+            "xtask",
+            "--exclude",
+            "outbox-tests",
+            "--exclude",
+            "outbox-test-support",
+            "--exclude",
+            "custom-worker",
+            "--no-verify",
+            "--allow-dirty",
+        ]),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_runs_with_nextest_on_an_unfiltered_run_only() {
+        assert_eq!(gate(true, false), Gate::Run);
+        assert_eq!(gate(true, true), Gate::SkipFiltered);
+        assert_eq!(gate(false, false), Gate::SkipWithoutNextest);
+        assert_eq!(gate(false, true), Gate::SkipWithoutNextest);
     }
-    if args.runner_args.is_empty() {
-        // Every bench stage at tiny sizes, so the bench never rots; its
-        // figures are not looked at.
-        eprintln!("\n==> cargo xtask bench --smoke");
-        crate::bench::run(crate::bench::BenchArgs::smoke()).await?;
-        // The demo at a small size on the debug binaries the tests built:
-        // the real processes end to end, a SIGKILL, and its verdict.
-        eprintln!("\n==> cargo xtask demo --events 300 --debug");
-        crate::demo::run(crate::demo::DemoArgs::for_tests()).await?;
-    } else {
-        eprintln!("\nxtask: bench smoke run and demo skipped (the tests were filtered)");
-    }
-    if nextest {
-        // nextest does not run doctests; plain `cargo test` above already did.
-        step(
-            "cargo test --doc",
-            cargo()
-                .args(["test", "--workspace", "--doc"])
-                .envs(env.iter().cloned()),
-        )?;
-    }
-    if !args.quick {
-        step(
-            "cargo doc (warnings denied)",
-            cargo()
-                .args(["doc", "--workspace", "--no-deps"])
-                .env("RUSTDOCFLAGS", "-D warnings"),
-        )?;
-        // The library crates as crates.io would receive them (metadata,
-        // README and licence files, the migrations outbox-model embeds).
-        step(
-            "cargo package (dry run of the publishable crates)",
-            cargo().args([
-                "package",
-                "--workspace",
-                "--exclude",
-                "xtask",
-                "--exclude",
-                "outbox-tests",
-                "--exclude",
-                "outbox-test-support",
-                "--exclude",
-                "custom-worker",
-                "--no-verify",
-                "--allow-dirty",
-            ]),
-        )?;
-    }
-    eprintln!("\nxtask: all checks passed");
-    Ok(())
 }

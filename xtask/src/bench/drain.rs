@@ -12,7 +12,7 @@ use outbox_queue::{QueueNamespace, RedisSettings, push_raw};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, WorkerSettings};
 use tokio_util::sync::CancellationToken;
 
-use crate::bench_kit::{Run, clear_redis, rate, stage};
+use crate::bench::kit::{Run, clear_redis, rate, stage};
 
 /// The backlog sizes measured.
 pub const BACKLOGS: [usize; 3] = [10_000, 50_000, 200_000];

@@ -7,13 +7,20 @@
 //! `outbox_demo` database; starts an SMTP sink, an HTTP sink and the two
 //! workers as child processes (`worker-general` with the dispatcher);
 //! creates the tenants, their endpoints and workflows; publishes the mix
-//! (`--events`, see [`crate::demo_publish`]); answers the workflow run
+//! (`--events`, see [`publish`]); answers the workflow run
 //! that waits for input; kills `worker-general` with SIGKILL once mid-run
 //! and starts it again (`--no-chaos` skips this); waits until everything
 //! due has settled; prints the summary and the verdict
-//! ([`crate::demo_verdict`]). Exit 0 only when the verdict passes.
+//! ([`verdict`]). Exit 0 only when the verdict passes.
 //! `--keep-running` leaves it all up until Ctrl-C; otherwise everything it
 //! started is stopped and removed.
+
+mod observe;
+mod progress;
+mod publish;
+mod report;
+mod stack;
+mod verdict;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -27,13 +34,13 @@ use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{HttpSink, SmtpSink};
 use outbox_worker::{Group, WorkerConfig, handler_group};
 
-use crate::demo_observe::Watch;
-use crate::demo_progress::Progress;
-use crate::demo_publish::Mix;
-use crate::demo_report::say;
-use crate::demo_stack::{Binaries, Profile, Worker};
-use crate::demo_verdict::{Ledger, Setup};
 use crate::services;
+use observe::Watch;
+use progress::Progress;
+use publish::Mix;
+use report::say;
+use stack::{Binaries, Profile, Worker};
+use verdict::{Ledger, Setup};
 
 /// Events published by default.
 pub const DEFAULT_EVENTS: usize = 3_000;
@@ -108,15 +115,7 @@ impl Running {
 
 /// Runs the demo; an error when the verdict fails or something broke.
 pub async fn run(args: DemoArgs) -> Result<()> {
-    let _ = tracing_subscriber::fmt()
-        // The publisher logs the rolled-back transaction's refused event
-        // type, which the demo provokes on purpose.
-        .with_env_filter(tracing_subscriber::EnvFilter::new(
-            "warn,apalis=error,apalis_core=error,outbox_publish=off",
-        ))
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+    init_tracing();
     let progress = Progress::new();
     let profile = if args.debug {
         Profile::Debug
@@ -125,12 +124,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     };
     // Built before any server is started, so a failed build leaves nothing
     // running.
-    let binaries = crate::demo_stack::build(profile, &progress).await?;
+    let binaries = stack::build(profile, &progress).await?;
     let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let database = format!("{DEMO_DB}{}", args.tag);
     let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
-    let scratch = crate::bench_kit::Scratch::create(&found.database_url, &database).await?;
-    crate::bench_kit::clear_redis(&found.redis_url, &prefix).await?;
+    let scratch = crate::bench::kit::Scratch::create(&found.database_url, &database).await?;
+    crate::bench::kit::clear_redis(&found.redis_url, &prefix).await?;
     say!("database  {}", scratch.url);
     say!("redis     {} (queues prefixed {prefix:?})", found.redis_url);
     say!("migrated  {} migration(s)", scratch.applied.len());
@@ -164,18 +163,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     running.stop().await;
     let logs = stage.logs;
     drop((smtp, http));
-    if let Err(e) = crate::bench_kit::clear_redis(&found.redis_url, &prefix).await {
-        eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
-    }
-    if let Err(e) = scratch.remove().await {
-        eprintln!("demo: dropping the database {database}: {e:#}");
-    }
-    for server in &found.started {
-        eprintln!("demo: stopping {}", server.name());
-        if let Err(e) = server.stop() {
-            eprintln!("demo: stopping {}: {e:#}", server.name());
-        }
-    }
+    clean_up(&found, scratch, &prefix, &database).await;
     let passed = outcome?;
     if !passed {
         bail!(
@@ -188,6 +176,41 @@ pub async fn run(args: DemoArgs) -> Result<()> {
         let _ = std::fs::remove_dir_all(&logs);
     }
     Ok(())
+}
+
+/// Logs on stderr, warnings and up.
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        // The publisher logs the rolled-back transaction's refused event
+        // type, which the demo provokes on purpose.
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "warn,apalis=error,apalis_core=error,outbox_publish=off",
+        ))
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Removes the run's Redis keys and database and stops the servers it
+/// started; best effort, each failure reported and the rest still done.
+async fn clean_up(
+    found: &services::Services,
+    scratch: crate::bench::kit::Scratch,
+    prefix: &str,
+    database: &str,
+) {
+    if let Err(e) = crate::bench::kit::clear_redis(&found.redis_url, prefix).await {
+        eprintln!("demo: removing the Redis keys under {prefix:?}: {e:#}");
+    }
+    if let Err(e) = scratch.remove().await {
+        eprintln!("demo: dropping the database {database}: {e:#}");
+    }
+    for server in &found.started {
+        eprintln!("demo: stopping {}", server.name());
+        if let Err(e) = server.stop() {
+            eprintln!("demo: stopping {}: {e:#}", server.name());
+        }
+    }
 }
 
 /// One run against prepared services.
@@ -259,15 +282,63 @@ impl Stage<'_> {
     async fn run(&self, running: &mut Running) -> Result<bool> {
         let mut conn = outbox_postgres::establish(&self.url).await?;
         let chaos = !self.args.no_chaos;
-        let mut setup: Setup = crate::demo_publish::setup(&mut conn, self.http, chaos).await?;
+        let mut setup: Setup = publish::setup(&mut conn, self.http, chaos).await?;
         setup.subscribed = self.subscribed().await?.into_iter().collect();
         say!("tenants   acme, globex (webhook endpoints, sales inboxes), initech (neither)");
         say!(
             "acme      plugins on order.shipped and workflow.executed; workflows {:?} (live, \
              event trigger) and {:?} (waitForInput)",
-            crate::demo_verdict::ORDER_WORKFLOW,
-            crate::demo_verdict::APPROVAL_WORKFLOW
+            verdict::ORDER_WORKFLOW,
+            verdict::APPROVAL_WORKFLOW
         );
+        self.start_workers(running).await?;
+
+        let published = Arc::new(AtomicUsize::new(0));
+        let mix = Mix {
+            url: self.url.clone(),
+            events: self.args.events,
+            published: published.clone(),
+        };
+        let publishing = tokio::spawn(async move { mix.run().await });
+        let routed = outbox_catalog::Catalog::built_in().routed_queues();
+        let watched: Vec<String> = setup
+            .subscribed
+            .iter()
+            .filter(|q| routed.contains(&q.as_str()))
+            .cloned()
+            .collect();
+        let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
+        let namespace = QueueNamespace::prefixed(self.prefix.clone());
+        let mut watch = Watch::new(
+            outbox_postgres::establish(&self.url).await?,
+            redis.clone(),
+            namespace.clone(),
+            watched,
+            self.smtp,
+            self.http,
+        );
+        let started = Instant::now();
+        let ledger = self
+            .wait(running, &mut watch, publishing, &published, chaos)
+            .await?;
+        let seen = watch.observe(&ledger).await?;
+        let verdict = verdict::judge(&setup, &ledger, &seen);
+        say!(
+            "\n== summary: {} events committed by the demo, {:.1} s ==",
+            ledger.committed.len(),
+            started.elapsed().as_secs_f64()
+        );
+        report::rows(&mut conn).await?;
+        let mut redis = redis;
+        report::queues(&mut redis, &namespace).await?;
+        report::sinks(&seen);
+        report::latencies(watch.latencies().await?);
+        report::verdict(&verdict);
+        Ok(verdict.passed())
+    }
+
+    /// Starts both workers, their logs under `self.logs`.
+    async fn start_workers(&self, running: &mut Running) -> Result<()> {
         let logs = &self.logs;
         std::fs::create_dir_all(logs)?;
         let line = self
@@ -292,31 +363,20 @@ impl Stage<'_> {
             .await?,
         );
         line.finish(&format!("ready; logs in {}", logs.display()));
+        Ok(())
+    }
 
-        let published = Arc::new(AtomicUsize::new(0));
-        let mix = Mix {
-            url: self.url.clone(),
-            events: self.args.events,
-            published: published.clone(),
-        };
-        let mut publishing = tokio::spawn(async move { mix.run().await });
-        let routed = outbox_catalog::Catalog::built_in().routed_queues();
-        let watched: Vec<String> = setup
-            .subscribed
-            .iter()
-            .filter(|q| routed.contains(&q.as_str()))
-            .cloned()
-            .collect();
-        let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
-        let namespace = QueueNamespace::prefixed(self.prefix.clone());
-        let mut watch = Watch::new(
-            outbox_postgres::establish(&self.url).await?,
-            redis.clone(),
-            namespace.clone(),
-            watched,
-            self.smtp,
-            self.http,
-        );
+    /// Polls until everything settled (or the time limit): collects the
+    /// publisher's ledger, answers the waiting run, kills worker-general
+    /// once; returns the ledger.
+    async fn wait(
+        &self,
+        running: &mut Running,
+        watch: &mut Watch<'_>,
+        mut publishing: tokio::task::JoinHandle<Result<Ledger>>,
+        published: &AtomicUsize,
+        chaos: bool,
+    ) -> Result<Ledger> {
         let target = self.args.events as u64;
         let mut bars = [
             self.progress.bar("published", target),
@@ -325,8 +385,11 @@ impl Stage<'_> {
         ];
         let mut ledger: Option<Ledger> = None;
         let mut continuing: Option<tokio::task::JoinHandle<Result<uuid::Uuid>>> = None;
-        let mut continued = false;
-        let mut killed = !chaos;
+        let mut phase = Phase {
+            published: false,
+            continued: false,
+            killed: !chaos,
+        };
         let mut settled_polls = 0;
         let started = Instant::now();
         let limit = Duration::from_secs(180) + Duration::from_millis(40 * target);
@@ -344,16 +407,11 @@ impl Stage<'_> {
             bars[1].set(now.dispatched, now.due);
             bars[2].set(now.handled, now.to_subscribed);
             if ledger.is_none() && publishing.is_finished() {
-                let done = (&mut publishing)
-                    .await
-                    .context("the publisher panicked")??;
+                let (done, answering) = self.answer_waiting_run(&mut publishing).await?;
                 bars[0].finish("");
-                let id = done.approval.context("no waiting run was requested")?;
-                let url = self.url.clone();
-                continuing = Some(tokio::spawn(async move {
-                    crate::demo_publish::continue_waiting_run(&url, id).await
-                }));
+                continuing = Some(answering);
                 ledger = Some(done);
+                phase.published = true;
             }
             if let (Some(task), Some(ledger)) = (&mut continuing, &mut ledger)
                 && task.is_finished()
@@ -361,31 +419,19 @@ impl Stage<'_> {
                 let id = task.await.context("the continuation panicked")??;
                 ledger.committed.insert(id);
                 continuing = None;
-                continued = true;
+                phase.continued = true;
                 self.progress
                     .note("demo: the run waiting for input was answered (approved)");
             }
-            if !killed && now.dispatched * 100 >= target * KILL_AT_PERCENT {
-                killed = true;
-                let general = running.general.as_mut().context("worker-general")?;
-                let pid = general.pid().unwrap_or(0);
-                let at = Instant::now();
-                general.kill_and_restart().await?;
-                self.progress.note(&format!(
-                    "demo: chaos: SIGKILL worker-general (pid {pid}) with {} of about {target} \
-                     events dispatched; restarted as pid {} in {:.1} s",
-                    now.dispatched,
-                    general.pid().unwrap_or(0),
-                    at.elapsed().as_secs_f64()
-                ));
+            if kill_due(phase.killed, now.dispatched, target) {
+                phase.killed = true;
+                self.kill_general(running, now.dispatched, target).await?;
             }
-            let settled = ledger.is_some()
-                && continued
-                && killed
-                && now.open == 0
-                && now.idle
-                && now.running_executions == 0;
-            settled_polls = if settled { settled_polls + 1 } else { 0 };
+            settled_polls = if phase.settled(&now) {
+                settled_polls + 1
+            } else {
+                0
+            };
             if settled_polls >= 2 {
                 bars[1].finish("");
                 bars[2].finish("");
@@ -401,24 +447,43 @@ impl Stage<'_> {
                 break;
             }
         }
-        let ledger = match ledger {
-            Some(ledger) => ledger,
+        match ledger {
+            Some(ledger) => Ok(ledger),
             None => bail!("the publisher did not finish in time"),
-        };
-        let seen = watch.observe(&ledger).await?;
-        let verdict = crate::demo_verdict::judge(&setup, &ledger, &seen);
-        say!(
-            "\n== summary: {} events committed by the demo, {:.1} s ==",
-            ledger.committed.len(),
-            started.elapsed().as_secs_f64()
-        );
-        crate::demo_report::rows(&mut conn).await?;
-        let mut redis = redis;
-        crate::demo_report::queues(&mut redis, &namespace).await?;
-        crate::demo_report::sinks(&seen);
-        crate::demo_report::latencies(watch.latencies().await?);
-        crate::demo_report::verdict(&verdict);
-        Ok(verdict.passed())
+        }
+    }
+
+    /// The finished publisher's ledger, and the task that answers the run
+    /// it left waiting for input.
+    async fn answer_waiting_run(
+        &self,
+        publishing: &mut tokio::task::JoinHandle<Result<Ledger>>,
+    ) -> Result<(Ledger, tokio::task::JoinHandle<Result<uuid::Uuid>>)> {
+        let done = publishing.await.context("the publisher panicked")??;
+        let id = done.approval.context("no waiting run was requested")?;
+        let url = self.url.clone();
+        let answering = tokio::spawn(async move { publish::continue_waiting_run(&url, id).await });
+        Ok((done, answering))
+    }
+
+    /// The chaos step: SIGKILL worker-general and start it again.
+    async fn kill_general(
+        &self,
+        running: &mut Running,
+        dispatched: u64,
+        target: u64,
+    ) -> Result<()> {
+        let general = running.general.as_mut().context("worker-general")?;
+        let pid = general.pid().unwrap_or(0);
+        let at = Instant::now();
+        general.kill_and_restart().await?;
+        self.progress.note(&format!(
+            "demo: chaos: SIGKILL worker-general (pid {pid}) with {dispatched} of about {target} \
+             events dispatched; restarted as pid {} in {:.1} s",
+            general.pid().unwrap_or(0),
+            at.elapsed().as_secs_f64()
+        ));
+        Ok(())
     }
 
     /// Where to look while everything stays up.
@@ -451,5 +516,45 @@ impl Stage<'_> {
         ] {
             say!("    {cli} {command}");
         }
+    }
+}
+
+/// What the wait has done so far.
+struct Phase {
+    /// The publisher finished and its ledger is in.
+    published: bool,
+    /// The run waiting for input was answered.
+    continued: bool,
+    /// worker-general was killed (or chaos is off).
+    killed: bool,
+}
+
+impl Phase {
+    /// Everything happened and the snapshot `now` shows nothing left to do.
+    fn settled(&self, now: &observe::Snapshot) -> bool {
+        self.published
+            && self.continued
+            && self.killed
+            && now.open == 0
+            && now.idle
+            && now.running_executions == 0
+    }
+}
+
+/// Whether to kill worker-general now: once, when `KILL_AT_PERCENT` of the
+/// `target` events are dispatched.
+fn kill_due(killed: bool, dispatched: u64, target: u64) -> bool {
+    !killed && dispatched * 100 >= target * KILL_AT_PERCENT
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_general_is_killed_once_at_the_percentage() {
+        assert!(!kill_due(false, 39, 100));
+        assert!(kill_due(false, 40, 100));
+        assert!(!kill_due(true, 90, 100));
     }
 }

@@ -52,8 +52,45 @@ fn single(label: impl Into<String>, value: f64) -> Row {
     }
 }
 
+/// The chart's panels, each left out when its stages did not run.
 fn sections(lines: &[Value]) -> Vec<Section> {
-    let mut out = Vec::new();
+    [
+        (
+            "Throughput, events per second (medians of the run)",
+            false,
+            throughput_rows(lines),
+        ),
+        (
+            "Business transactions per second, 8 clients",
+            false,
+            publish_rows(lines),
+        ),
+        (
+            "Commit → handler start, milliseconds (log scale): p50, p95, p99, max",
+            true,
+            latency_rows(lines),
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, _, rows)| !rows.is_empty())
+    .map(|(title, log, rows)| Section {
+        title: title.into(),
+        log,
+        rows,
+    })
+    .collect()
+}
+
+/// A binary's label after a row's name, none for the tree under test.
+fn binary_label(line: &Value) -> String {
+    match line.get("binary").and_then(Value::as_str) {
+        Some("this") | None => String::new(),
+        Some(label) => format!(" [{label}]"),
+    }
+}
+
+/// Hand-off against its baselines, the audit drain and retention.
+fn throughput_rows(lines: &[Value]) -> Vec<Row> {
     let mut throughput = Vec::new();
     let mut sql_only = f64::NAN;
     for base in named(lines, "handoff_baselines_median") {
@@ -70,10 +107,7 @@ fn sections(lines: &[Value]) -> Vec<Section> {
             format!(
                 "hand-off: {} × worker-general{}, batch {} ({:.2} of SQL-only)",
                 field(m, "processes"),
-                match m.get("binary").and_then(Value::as_str) {
-                    Some("this") | None => String::new(),
-                    Some(label) => format!(" [{label}]"),
-                },
+                binary_label(m),
                 field(m, "batch_size"),
                 rate / sql_only
             ),
@@ -82,13 +116,7 @@ fn sections(lines: &[Value]) -> Vec<Section> {
     }
     for d in named(lines, "drain_audit") {
         throughput.push(single(
-            format!(
-                "drain through the audit subscriber{}",
-                match d.get("binary").and_then(Value::as_str) {
-                    Some("this") | None => String::new(),
-                    Some(label) => format!(" [{label}]"),
-                }
-            ),
+            format!("drain through the audit subscriber{}", binary_label(d)),
             field(d, "per_second"),
         ));
     }
@@ -105,14 +133,12 @@ fn sections(lines: &[Value]) -> Vec<Section> {
             field(r, "with_per_second"),
         ));
     }
-    if !throughput.is_empty() {
-        out.push(Section {
-            title: "Throughput, events per second (medians of the run)".into(),
-            log: false,
-            rows: throughput,
-        });
-    }
-    let publish: Vec<Row> = named(lines, "publish_overhead")
+    throughput
+}
+
+/// The publisher's overhead on a business transaction.
+fn publish_rows(lines: &[Value]) -> Vec<Row> {
+    named(lines, "publish_overhead")
         .flat_map(|p| {
             [
                 single("business transaction alone", field(p, "bare_per_second")),
@@ -146,15 +172,12 @@ fn sections(lines: &[Value]) -> Vec<Section> {
                 ),
             ]
         })
-        .collect();
-    if !publish.is_empty() {
-        out.push(Section {
-            title: "Business transactions per second, 8 clients".into(),
-            log: false,
-            rows: publish,
-        });
-    }
-    let latency: Vec<Row> = named(lines, "latency_ms")
+        .collect()
+}
+
+/// The latency percentiles per offered load.
+fn latency_rows(lines: &[Value]) -> Vec<Row> {
+    named(lines, "latency_ms")
         .map(|l| Row {
             label: format!(
                 "{} events/s offered ({} achieved), {}",
@@ -174,15 +197,7 @@ fn sections(lines: &[Value]) -> Vec<Section> {
                 })
                 .collect(),
         })
-        .collect();
-    if !latency.is_empty() {
-        out.push(Section {
-            title: "Commit → handler start, milliseconds (log scale): p50, p95, p99, max".into(),
-            log: true,
-            rows: latency,
-        });
-    }
-    out
+        .collect()
 }
 
 fn escape(text: &str) -> String {
@@ -237,71 +252,7 @@ pub fn render(lines: &[Value], title: &str) -> Option<String> {
     let mut body = String::new();
     let mut y = 40.0;
     for section in &sections {
-        let values: Vec<f64> = section
-            .rows
-            .iter()
-            .flat_map(|r| r.bars.iter().map(|b| b.value))
-            .filter(|v| v.is_finite() && *v > 0.0)
-            .collect();
-        let max = values.iter().copied().fold(f64::MIN_POSITIVE, f64::max);
-        let min = values.iter().copied().fold(max, f64::min);
-        let _ = writeln!(
-            body,
-            r#"<text x="10" y="{y}" font-weight="bold">{}</text>"#,
-            escape(&section.title)
-        );
-        y += 12.0;
-        if section.log {
-            let (lo, hi) = (min.log10().floor() as i32, max.log10().ceil() as i32);
-            for decade in lo..=hi.max(lo + 1) {
-                let v = 10f64.powi(decade);
-                let x = LABEL_W + scale(v, min, max, true);
-                let _ = writeln!(
-                    body,
-                    r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#ccc"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{}</text>"##,
-                    y + 8.0,
-                    y + 10.0
-                        + section
-                            .rows
-                            .iter()
-                            .map(|r| r.bars.len() as f64 * BAR_H + 8.0)
-                            .sum::<f64>(),
-                    y + 6.0,
-                    number(v)
-                );
-            }
-            y += 10.0;
-        }
-        for row in &section.rows {
-            let height = row.bars.len() as f64 * BAR_H;
-            let _ = writeln!(
-                body,
-                r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
-                LABEL_W - 8.0,
-                y + height / 2.0 + 4.0,
-                escape(&row.label)
-            );
-            for (i, bar) in row.bars.iter().enumerate() {
-                let w = scale(bar.value, min, max, section.log);
-                let color = COLORS[i % COLORS.len()];
-                let by = y + i as f64 * BAR_H;
-                let _ = writeln!(
-                    body,
-                    r#"<rect x="{LABEL_W}" y="{by}" width="{w:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{}{}</text>"#,
-                    BAR_H - 2.0,
-                    LABEL_W + w + 4.0,
-                    by + BAR_H - 4.0,
-                    if bar.series.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{} ", bar.series)
-                    },
-                    number(bar.value)
-                );
-            }
-            y += height + 8.0;
-        }
-        y += 20.0;
+        y = draw_section(&mut body, section, y) + 20.0;
     }
     Some(format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{y}" font-family="sans-serif" font-size="12">
@@ -311,6 +262,76 @@ pub fn render(lines: &[Value], title: &str) -> Option<String> {
 "#,
         escape(title)
     ))
+}
+
+/// Draws `section` into `body` from the height `y`; returns the height
+/// below it.
+fn draw_section(body: &mut String, section: &Section, mut y: f64) -> f64 {
+    let values: Vec<f64> = section
+        .rows
+        .iter()
+        .flat_map(|r| r.bars.iter().map(|b| b.value))
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .collect();
+    let max = values.iter().copied().fold(f64::MIN_POSITIVE, f64::max);
+    let min = values.iter().copied().fold(max, f64::min);
+    let _ = writeln!(
+        body,
+        r#"<text x="10" y="{y}" font-weight="bold">{}</text>"#,
+        escape(&section.title)
+    );
+    y += 12.0;
+    if section.log {
+        let (lo, hi) = (min.log10().floor() as i32, max.log10().ceil() as i32);
+        for decade in lo..=hi.max(lo + 1) {
+            let v = 10f64.powi(decade);
+            let x = LABEL_W + scale(v, min, max, true);
+            let _ = writeln!(
+                body,
+                r##"<line x1="{x:.1}" x2="{x:.1}" y1="{}" y2="{}" stroke="#ccc"/><text x="{x:.1}" y="{}" font-size="10" text-anchor="middle">{}</text>"##,
+                y + 8.0,
+                y + 10.0
+                    + section
+                        .rows
+                        .iter()
+                        .map(|r| r.bars.len() as f64 * BAR_H + 8.0)
+                        .sum::<f64>(),
+                y + 6.0,
+                number(v)
+            );
+        }
+        y += 10.0;
+    }
+    for row in &section.rows {
+        let height = row.bars.len() as f64 * BAR_H;
+        let _ = writeln!(
+            body,
+            r#"<text x="{}" y="{}" text-anchor="end">{}</text>"#,
+            LABEL_W - 8.0,
+            y + height / 2.0 + 4.0,
+            escape(&row.label)
+        );
+        for (i, bar) in row.bars.iter().enumerate() {
+            let w = scale(bar.value, min, max, section.log);
+            let color = COLORS[i % COLORS.len()];
+            let by = y + i as f64 * BAR_H;
+            let _ = writeln!(
+                body,
+                r#"<rect x="{LABEL_W}" y="{by}" width="{w:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}" font-size="11">{}{}</text>"#,
+                BAR_H - 2.0,
+                LABEL_W + w + 4.0,
+                by + BAR_H - 4.0,
+                if bar.series.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} ", bar.series)
+                },
+                number(bar.value)
+            );
+        }
+        y += height + 8.0;
+    }
+    y
 }
 
 #[cfg(test)]

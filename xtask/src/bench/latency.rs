@@ -44,8 +44,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, line, stage};
-use crate::bench_process;
+use crate::bench::kit::{Run, Scratch, clear_redis, line, stage};
+use crate::bench::process;
 
 /// Publishing connections.
 const PUBLISHERS: usize = 32;
@@ -167,7 +167,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         clear_redis(&run.found.redis_url, &prefix).await?;
         let vars = [("OUTBOX_WAKEUPS", wakeups.to_string())];
         let target = (scratch.url.as_str(), prefix.as_str());
-        let mut children = vec![bench_process::spawn(run, target, binary, &vars)?];
+        let mut children = vec![process::spawn(run, target, binary, &vars)?];
         let result = async {
             // Warm-up: one event through, so the worker is ready.
             let before = audit_rows(&mut conn).await?;
@@ -182,10 +182,10 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
                 ));
                 let upkeep = Upkeep::before_load(&mut conn).await?;
                 let before = audit_rows(&mut conn).await?;
-                let cpu = bench_process::Cpu::sample(&children);
+                let cpu = process::Cpu::sample(&children);
                 let published = publish_at(&scratch.url, load, plan.duration, serial).await?;
                 // Over the load only, not the catch-up after it.
-                let cpu = cpu.shares(&bench_process::Cpu::sample(&children));
+                let cpu = cpu.shares(&process::Cpu::sample(&children));
                 serial += published.commits.len();
                 let target = before + published.commits.len() as i64;
                 wait_for_audit(&mut conn, &mut children, target).await?;
@@ -195,7 +195,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
             Ok::<_, anyhow::Error>(())
         }
         .await;
-        bench_process::stop_all(children)?;
+        process::stop_all(children)?;
         result?;
     }
     drop(conn);
@@ -297,7 +297,7 @@ async fn wait_for_audit(
     children: &mut [std::process::Child],
     target: i64,
 ) -> Result<()> {
-    bench_process::wait_for_count(
+    process::wait_for_count(
         conn,
         children,
         "SELECT count(*) AS n FROM audit_log",

@@ -29,7 +29,7 @@ use outbox_workflow_store::{self as store, WorkflowStatus};
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::demo_verdict::{APPROVAL_WORKFLOW, CRM_PATH, Ledger, ORDER_WORKFLOW, Setup};
+use crate::demo::verdict::{APPROVAL_WORKFLOW, CRM_PATH, Ledger, ORDER_WORKFLOW, Setup};
 
 /// The tenants of the mix.
 const TENANTS: [&str; 3] = ["acme", "globex", "initech"];
@@ -417,93 +417,22 @@ async fn transaction(conn: &mut AsyncPgConnection, n: usize, ledger: &mut Ledger
     let kind = n % 7;
     let outcomes = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut events = Vec::new();
-            match kind {
-                0 => {
-                    let total = 1_000 + (n as i64 % 9_000);
-                    let order: OrderId = diesel::sql_query(
-                        "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
-                         VALUES ($1, $2, $3) RETURNING id",
-                    )
-                    .bind::<Text, _>(tenant)
-                    .bind::<Text, _>(&email)
-                    .bind::<BigInt, _>(total)
-                    .get_result(conn)
-                    .await?;
-                    let vars = json!({ "orderId": order.id, "totalCents": total });
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "mail.order.confirmation",
-                        json!({ "to": email, "template": "order-confirmation", "vars": vars }),
-                    ));
-                    events.push(NewOutboxEvent::new(tenant, "audit.order.created", vars.clone()));
-                    events.push(NewOutboxEvent::new(tenant, "webhook.order.created", vars));
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "search.index.product.updated",
-                        json!({ "sku": n % 500 }),
-                    ));
-                }
-                1 => {
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "plugin.hook.order.shipped",
-                        json!({ "orderId": n, "carrier": "dhl" }),
-                    ));
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "notification.order.shipped",
-                        json!({ "title": format!("Order {n} shipped"), "userId": "u-1" }),
-                    ));
-                }
-                2 => events.push(
-                    NewOutboxEvent::new(
-                        tenant,
-                        "billing.subscription.updated",
-                        json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
-                    )
-                    .dispatch_key(format!("stripe:evt_{n}")),
-                ),
-                3 => {
-                    let tenant = if n.is_multiple_of(2) { "acme" } else { "globex" };
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "marketing.lead.created",
-                        json!({ "name": format!("Lead {n}"), "email": email, "company": "Initech", "message": "Call me" }),
-                    ));
-                }
-                4 => {
-                    events.push(NewOutboxEvent::new(tenant, "rag.index.doc.updated", json!({ "doc": n })));
-                    events.push(NewOutboxEvent::new(tenant, "ai.cost.tokens.used", json!({ "tokens": n })));
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "plugin.capability-use.ai.call",
-                        json!({ "plugin": "erp" }),
-                    ));
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "form.submission.received",
-                        json!({ "form": "contact", "n": n }),
-                    ));
-                }
-                5 => {
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "mail.user.welcome",
-                        json!({ "to": email, "template": "welcome", "vars": { "name": format!("User {n}") } }),
-                    ));
-                    events.push(NewOutboxEvent::new(tenant, "audit.user.login", json!({ "user": n })));
-                    events.push(NewOutboxEvent::new(
-                        tenant,
-                        "tenant.subscription.renewed",
-                        json!({ "plan": "pro" }),
-                    ));
-                }
-                _ => {
-                    events.push(NewOutboxEvent::new(tenant, "webhook.invoice.paid", json!({ "invoice": n })));
-                    events.push(NewOutboxEvent::new(tenant, "audit.invoice.paid", json!({ "invoice": n })));
-                }
-            }
+            let order = if kind == 0 {
+                let total = 1_000 + (n as i64 % 9_000);
+                let order: OrderId = diesel::sql_query(
+                    "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
+                     VALUES ($1, $2, $3) RETURNING id",
+                )
+                .bind::<Text, _>(tenant)
+                .bind::<Text, _>(&email)
+                .bind::<BigInt, _>(total)
+                .get_result(conn)
+                .await?;
+                Some((order.id, total))
+            } else {
+                None
+            };
+            let events = mix_events(n, tenant, &email, order);
             let mut tx = OutboxTx::new(conn)?;
             publish_outbox_events(&mut tx, events).await
         })
@@ -512,23 +441,151 @@ async fn transaction(conn: &mut AsyncPgConnection, n: usize, ledger: &mut Ledger
         ledger.committed.insert(outcome.id());
     }
     if kind == 2 {
-        // The provider delivers the same event again: the key makes it a no-op.
-        let key = format!("stripe:evt_{n}");
-        let again = publish_one(
-            conn,
+        repeat_dispatch_key(conn, n, tenant, ledger).await?;
+    }
+    Ok(())
+}
+
+/// The events of transaction `n` of the mix for `tenant` and the customer
+/// `email`; `order` is the `(id, total in cents)` the first kind inserted.
+fn mix_events(
+    n: usize,
+    tenant: &str,
+    email: &str,
+    order: Option<(i64, i64)>,
+) -> Vec<NewOutboxEvent> {
+    let mut events = Vec::new();
+    match n % 7 {
+        0 => {
+            let (id, total) = order.unwrap_or_default();
+            let vars = json!({ "orderId": id, "totalCents": total });
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "mail.order.confirmation",
+                json!({ "to": email, "template": "order-confirmation", "vars": vars }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "audit.order.created",
+                vars.clone(),
+            ));
+            events.push(NewOutboxEvent::new(tenant, "webhook.order.created", vars));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "search.index.product.updated",
+                json!({ "sku": n % 500 }),
+            ));
+        }
+        1 => {
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "plugin.hook.order.shipped",
+                json!({ "orderId": n, "carrier": "dhl" }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "notification.order.shipped",
+                json!({ "title": format!("Order {n} shipped"), "userId": "u-1" }),
+            ));
+        }
+        2 => events.push(
             NewOutboxEvent::new(
                 tenant,
                 "billing.subscription.updated",
                 json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
             )
-            .dispatch_key(key.clone()),
-        )
-        .await?;
-        if !again.is_duplicate() {
-            bail!("a repeated dispatch key {key} was published again");
+            .dispatch_key(format!("stripe:evt_{n}")),
+        ),
+        3 => {
+            let tenant = if n.is_multiple_of(2) {
+                "acme"
+            } else {
+                "globex"
+            };
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "marketing.lead.created",
+                json!({ "name": format!("Lead {n}"), "email": email, "company": "Initech", "message": "Call me" }),
+            ));
         }
-        ledger.repeated_keys.push(key);
+        4 => {
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "rag.index.doc.updated",
+                json!({ "doc": n }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "ai.cost.tokens.used",
+                json!({ "tokens": n }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "plugin.capability-use.ai.call",
+                json!({ "plugin": "erp" }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "form.submission.received",
+                json!({ "form": "contact", "n": n }),
+            ));
+        }
+        5 => {
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "mail.user.welcome",
+                json!({ "to": email, "template": "welcome", "vars": { "name": format!("User {n}") } }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "audit.user.login",
+                json!({ "user": n }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "tenant.subscription.renewed",
+                json!({ "plan": "pro" }),
+            ));
+        }
+        _ => {
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "webhook.invoice.paid",
+                json!({ "invoice": n }),
+            ));
+            events.push(NewOutboxEvent::new(
+                tenant,
+                "audit.invoice.paid",
+                json!({ "invoice": n }),
+            ));
+        }
     }
+    events
+}
+
+/// The provider delivers transaction `n`'s event again: the key makes it
+/// a no-op, which `ledger` records.
+async fn repeat_dispatch_key(
+    conn: &mut AsyncPgConnection,
+    n: usize,
+    tenant: &str,
+    ledger: &mut Ledger,
+) -> Result<()> {
+    let key = format!("stripe:evt_{n}");
+    let again = publish_one(
+        conn,
+        NewOutboxEvent::new(
+            tenant,
+            "billing.subscription.updated",
+            json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
+        )
+        .dispatch_key(key.clone()),
+    )
+    .await?;
+    if !again.is_duplicate() {
+        bail!("a repeated dispatch key {key} was published again");
+    }
+    ledger.repeated_keys.push(key);
     Ok(())
 }
 
@@ -553,4 +610,31 @@ async fn plain_sql_batch(
     .load(conn)
     .await?;
     Ok(rows.into_iter().map(|r| r.id).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mix_names_its_order_and_keys_its_billing_event() {
+        let order = mix_events(7, "acme", "c@example.com", Some((42, 1_500)));
+        let types: Vec<&str> = order.iter().map(|e| e.event_type.as_str()).collect();
+        assert_eq!(
+            types,
+            [
+                "mail.order.confirmation",
+                "audit.order.created",
+                "webhook.order.created",
+                "search.index.product.updated"
+            ]
+        );
+        assert_eq!(
+            order[1].payload,
+            json!({ "orderId": 42, "totalCents": 1_500 })
+        );
+        let billing = mix_events(9, "acme", "c@example.com", None);
+        assert_eq!(billing.len(), 1);
+        assert_eq!(billing[0].dispatch_key.as_deref(), Some("stripe:evt_9"));
+    }
 }

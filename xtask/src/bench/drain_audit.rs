@@ -25,9 +25,9 @@ use diesel::sql_types::{BigInt, Double};
 use diesel_async::RunQueryDsl;
 use serde_json::json;
 
-use crate::bench_handoff::median;
-use crate::bench_kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
-use crate::bench_process;
+use crate::bench::handoff::median;
+use crate::bench::kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
+use crate::bench::process;
 
 #[derive(QueryableByName)]
 struct Spans {
@@ -117,14 +117,9 @@ async fn drain(
     clear_redis(&run.found.redis_url, &prefix).await?;
     let mut conn = outbox_postgres::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
-    let mut children = vec![bench_process::spawn(
-        run,
-        (&scratch.url, &prefix),
-        binary,
-        &[],
-    )?];
-    let before = bench_process::Cpu::sample(&children);
-    let drained = bench_process::wait_for_count(
+    let mut children = vec![process::spawn(run, (&scratch.url, &prefix), binary, &[])?];
+    let before = process::Cpu::sample(&children);
+    let drained = process::wait_for_count(
         &mut conn,
         &mut children,
         "SELECT count(*) AS n FROM audit_log",
@@ -132,8 +127,8 @@ async fn drain(
         Duration::from_secs(900),
     )
     .await;
-    let cpu = before.shares(&bench_process::Cpu::sample(&children));
-    bench_process::stop_all(children)?;
+    let cpu = before.shares(&process::Cpu::sample(&children));
+    process::stop_all(children)?;
     drained?;
     let spans: Spans = diesel::sql_query(
         "WITH e AS (SELECT min(processed_at) AS first_done, max(processed_at) AS last_done

@@ -29,9 +29,9 @@ use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_event};
 use serde_json::json;
 
-use crate::bench_handoff::{median, ratio};
-use crate::bench_kit::{Run, Scratch, line, stage};
-use crate::bench_process::Cpu;
+use crate::bench::handoff::{median, ratio};
+use crate::bench::kit::{Run, Scratch, line, stage};
+use crate::bench::process::Cpu;
 
 /// Concurrent clients.
 const CLIENTS: usize = 8;

@@ -77,7 +77,7 @@ pub const PARTS: &[Part] = &[
     },
     Part {
         name: "source inventory",
-        filter: "binary_id(=xtask::bin/xtask) & test(/^inventory::tests::/)",
+        filter: "binary_id(=xtask::bin/xtask) & test(/^verify::inventory::tests::/)",
     },
     Part {
         name: "capability matrix",

@@ -11,7 +11,7 @@ use diesel::QueryableByName;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use crate::bench_kit::Run;
+use crate::bench::kit::Run;
 
 /// Starts `binary` as a general-group worker on `url` and the Redis key
 /// prefix `prefix`, with the dispatcher on, `RUST_LOG=warn`, an ephemeral

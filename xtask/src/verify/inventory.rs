@@ -893,7 +893,7 @@ mod tests {
     /// code cannot name them either).
     #[test]
     fn producer_side_crates_cannot_reach_the_runner() {
-        let graph = crate::crate_table::workspace_graph();
+        let graph = crate::verify::crate_table::workspace_graph();
         for name in RUNNING.iter().chain(&["outbox-workflow-store"]) {
             assert!(graph.contains_key(*name), "no package {name}");
         }
@@ -925,7 +925,7 @@ mod tests {
     /// so the producers and the CLI's `validate` compile none for it.
     #[test]
     fn the_workflow_model_depends_on_no_database_runtime_or_network_crate() {
-        let graph = crate::crate_table::dependency_graph();
+        let graph = crate::verify::crate_table::dependency_graph();
         let model = &graph["outbox-workflow-model"];
         for io in [
             "diesel",

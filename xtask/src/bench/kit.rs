@@ -2,7 +2,7 @@
 //! ([`Run`], [`Scratch`]), the JSON lines it prints ([`line()`], [`rate`],
 //! [`printed`]) and its progress on stderr ([`stage`]), preloading a
 //! backlog and clearing the stage's Redis keys. The stages
-//! (`bench_*.rs`) and the command (`bench.rs`) use it; it uses neither.
+//! (`bench/*.rs`) and the command (`bench/mod.rs`) use it; it uses neither.
 
 use std::time::Duration;
 

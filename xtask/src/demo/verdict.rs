@@ -170,11 +170,36 @@ impl Verdict {
 /// Judges `seen` against `setup` and `ledger`.
 pub fn judge(setup: &Setup, ledger: &Ledger, seen: &Observed) -> Verdict {
     let mut v = Verdict::default();
-    let rows: HashMap<Uuid, &Row> = seen.rows.iter().map(|r| (r.id, r)).collect();
+    judge_commits(ledger, seen, &mut v);
+    let expected = judge_rows(setup, ledger, seen, &mut v);
+    judge_queues(seen, &expected.handed, &mut v);
+    judge_sinks(seen, &expected, &mut v);
+    for (queue, dead) in &seen.dead {
+        if *dead > 0 {
+            v.problems.push(format!("dead: {dead} job(s) on {queue}"));
+        }
+    }
+    judge_workflows(setup, ledger, seen, &mut v);
+    v
+}
+
+/// What the rows lead to expect elsewhere: mails, calls, and the events
+/// handed off per queue.
+#[derive(Default)]
+struct Expected<'a> {
+    mails: HashSet<Uuid>,
+    calls: HashSet<(String, String)>,
+    handed: BTreeMap<&'a str, usize>,
+}
+
+/// Every committed event has a row, the rolled-back transaction has none,
+/// and a repeated dispatch key made one row.
+fn judge_commits(ledger: &Ledger, seen: &Observed, v: &mut Verdict) {
+    let rows: HashSet<Uuid> = seen.rows.iter().map(|r| r.id).collect();
     let mut missing_rows: Vec<&Uuid> = ledger
         .committed
         .iter()
-        .filter(|id| !rows.contains_key(id))
+        .filter(|id| !rows.contains(id))
         .collect();
     missing_rows.sort();
     for id in missing_rows {
@@ -198,122 +223,168 @@ pub fn judge(setup: &Setup, ledger: &Ledger, seen: &Observed) -> Verdict {
             false,
         );
     }
+}
 
+/// Each row: its status, its job, and the effects of its queue.
+fn judge_rows<'a>(
+    setup: &Setup,
+    ledger: &Ledger,
+    seen: &'a Observed,
+    v: &mut Verdict,
+) -> Expected<'a> {
     let unroutable: HashSet<&Uuid> = ledger.unroutable.iter().collect();
     let scheduled: HashSet<&Uuid> = ledger.scheduled.iter().collect();
-    let mut expected_mails: HashSet<Uuid> = HashSet::new();
-    let mut expected_calls: HashSet<(String, String)> = HashSet::new();
-    let mut handed: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut expected = Expected::default();
     for row in &seen.rows {
-        let what = || format!("event {} ({})", row.id, row.event_type);
-        if unroutable.contains(&row.id) {
-            if row.status == "FAILED" {
-                v.ok("unroutable event FAILED");
-            } else {
-                v.problems.push(format!(
-                    "{} has no route but is {}, not FAILED",
-                    what(),
-                    row.status
-                ));
-            }
+        let Some(queue) = judge_status(ledger, &unroutable, &scheduled, row, v) else {
             continue;
-        }
-        if row.status == "PENDING" && !row.due {
-            if scheduled.contains(&row.id) || !ledger.committed.contains(&row.id) {
-                v.ok("scheduled event waits");
-            } else {
-                v.problems
-                    .push(format!("{} is scheduled for later, unexpectedly", what()));
-            }
-            continue;
-        }
-        if scheduled.contains(&row.id) {
+        };
+        *expected.handed.entry(queue).or_default() += 1;
+        judge_job(setup, seen, row, queue, v);
+        judge_effects(setup, seen, row, queue, &mut expected, v);
+    }
+    expected
+}
+
+/// The status of `row`: the queue it was handed off to when it is `DONE`
+/// as it should be, `None` when there is nothing more to check.
+fn judge_status<'a>(
+    ledger: &Ledger,
+    unroutable: &HashSet<&Uuid>,
+    scheduled: &HashSet<&Uuid>,
+    row: &'a Row,
+    v: &mut Verdict,
+) -> Option<&'a str> {
+    let what = || format!("event {} ({})", row.id, row.event_type);
+    if unroutable.contains(&row.id) {
+        if row.status == "FAILED" {
+            v.ok("unroutable event FAILED");
+        } else {
             v.problems.push(format!(
-                "{} was scheduled for later but is {}",
+                "{} has no route but is {}, not FAILED",
                 what(),
                 row.status
             ));
-            continue;
         }
-        if row.status != "DONE" {
+        return None;
+    }
+    if row.status == "PENDING" && !row.due {
+        if scheduled.contains(&row.id) || !ledger.committed.contains(&row.id) {
+            v.ok("scheduled event waits");
+        } else {
             v.problems
-                .push(format!("stuck: {} is {}", what(), row.status));
-            continue;
+                .push(format!("{} is scheduled for later, unexpectedly", what()));
         }
-        let Some(queue) = row.target_queue.as_deref() else {
-            v.problems
-                .push(format!("{} is DONE without a target queue", what()));
-            continue;
-        };
-        *handed.entry(queue).or_default() += 1;
-        let subscribed = setup.subscribed.contains(queue);
-        match (seen.jobs.get(&row.id), subscribed) {
-            (Some(JobStateKind::Done), true) | (Some(JobStateKind::Waiting), false) => {
-                v.ok("handed off once");
-            }
-            (state, _) => v.problems.push(format!(
-                "{}: its job on {queue} is {}",
-                what(),
-                match state {
-                    None | Some(JobStateKind::Missing) => "missing",
-                    Some(JobStateKind::Waiting) => "still waiting",
-                    Some(JobStateKind::Done) => "done although no worker consumes the queue",
-                    Some(JobStateKind::Dead) => "dead",
-                }
-            )),
+        return None;
+    }
+    if scheduled.contains(&row.id) {
+        v.problems.push(format!(
+            "{} was scheduled for later but is {}",
+            what(),
+            row.status
+        ));
+        return None;
+    }
+    if row.status != "DONE" {
+        v.problems
+            .push(format!("stuck: {} is {}", what(), row.status));
+        return None;
+    }
+    let queue = row.target_queue.as_deref();
+    if queue.is_none() {
+        v.problems
+            .push(format!("{} is DONE without a target queue", what()));
+    }
+    queue
+}
+
+/// The job of a row handed off to `queue`: done when a worker consumes
+/// the queue, waiting when none does.
+fn judge_job(setup: &Setup, seen: &Observed, row: &Row, queue: &str, v: &mut Verdict) {
+    let subscribed = setup.subscribed.contains(queue);
+    match (seen.jobs.get(&row.id), subscribed) {
+        (Some(JobStateKind::Done), true) | (Some(JobStateKind::Waiting), false) => {
+            v.ok("handed off once");
         }
-        match queue {
-            "outbox.audit" => {
-                let n = seen.audit.get(&row.id).copied().unwrap_or(0);
-                v.once("audit row", || format!("audit row of {}", what()), n, false);
+        (state, _) => v.problems.push(format!(
+            "event {} ({}): its job on {queue} is {}",
+            row.id,
+            row.event_type,
+            match state {
+                None | Some(JobStateKind::Missing) => "missing",
+                Some(JobStateKind::Waiting) => "still waiting",
+                Some(JobStateKind::Done) => "done although no worker consumes the queue",
+                Some(JobStateKind::Dead) => "dead",
             }
-            "outbox.notification" => {
-                let n = seen.notifications.get(&row.id).copied().unwrap_or(0);
+        )),
+    }
+}
+
+/// The effect a row handed off to `queue` should have had, once.
+fn judge_effects(
+    setup: &Setup,
+    seen: &Observed,
+    row: &Row,
+    queue: &str,
+    expected: &mut Expected<'_>,
+    v: &mut Verdict,
+) {
+    let what = || format!("event {} ({})", row.id, row.event_type);
+    match queue {
+        "outbox.audit" => {
+            let n = seen.audit.get(&row.id).copied().unwrap_or(0);
+            v.once("audit row", || format!("audit row of {}", what()), n, false);
+        }
+        "outbox.notification" => {
+            let n = seen.notifications.get(&row.id).copied().unwrap_or(0);
+            v.once(
+                "notification row",
+                || format!("notification of {}", what()),
+                n,
+                false,
+            );
+        }
+        // Sent by worker-mail, which is never killed: no window.
+        "outbox.mail" | "outbox.marketing" => {
+            expected.mails.insert(row.id);
+            let n = seen.mails.get(&row.id).copied().unwrap_or(0);
+            v.once("mail", || format!("mail of {}", what()), n, false);
+        }
+        "outbox.webhook" => {
+            for path in setup.webhook_paths.get(&row.tenant).into_iter().flatten() {
+                let key = (path.clone(), row.id.to_string());
+                let n = seen.calls.get(&key).copied().unwrap_or(0);
                 v.once(
-                    "notification row",
-                    || format!("notification of {}", what()),
+                    "webhook call",
+                    || format!("webhook {path} of {}", what()),
                     n,
                     false,
                 );
+                expected.calls.insert(key);
             }
-            // Sent by worker-mail, which is never killed: no window.
-            "outbox.mail" | "outbox.marketing" => {
-                expected_mails.insert(row.id);
-                let n = seen.mails.get(&row.id).copied().unwrap_or(0);
-                v.once("mail", || format!("mail of {}", what()), n, false);
-            }
-            "outbox.webhook" => {
-                for path in setup.webhook_paths.get(&row.tenant).into_iter().flatten() {
-                    let key = (path.clone(), row.id.to_string());
-                    let n = seen.calls.get(&key).copied().unwrap_or(0);
-                    v.once(
-                        "webhook call",
-                        || format!("webhook {path} of {}", what()),
-                        n,
-                        false,
-                    );
-                    expected_calls.insert(key);
-                }
-            }
-            // Fanned out and called by worker-general: the killed process.
-            "outbox.plugin-hook" => {
-                let hook = row.event_type.trim_start_matches("plugin.hook.").to_owned();
-                let paths = setup.plugin_paths.get(&(row.tenant.clone(), hook));
-                for path in paths.into_iter().flatten() {
-                    let key = (path.clone(), row.id.to_string());
-                    let n = seen.calls.get(&key).copied().unwrap_or(0);
-                    v.once(
-                        "plugin call",
-                        || format!("plugin call {path} of {}", what()),
-                        n,
-                        setup.chaos,
-                    );
-                    expected_calls.insert(key);
-                }
-            }
-            _ => {}
         }
+        // Fanned out and called by worker-general: the killed process.
+        "outbox.plugin-hook" => {
+            let hook = row.event_type.trim_start_matches("plugin.hook.").to_owned();
+            let paths = setup.plugin_paths.get(&(row.tenant.clone(), hook));
+            for path in paths.into_iter().flatten() {
+                let key = (path.clone(), row.id.to_string());
+                let n = seen.calls.get(&key).copied().unwrap_or(0);
+                v.once(
+                    "plugin call",
+                    || format!("plugin call {path} of {}", what()),
+                    n,
+                    setup.chaos,
+                );
+                expected.calls.insert(key);
+            }
+        }
+        _ => {}
     }
+}
+
+/// No queue holds more jobs than events were handed off to it.
+fn judge_queues(seen: &Observed, handed: &BTreeMap<&str, usize>, v: &mut Verdict) {
     for (queue, jobs) in &seen.queue_jobs {
         let rows = handed.get(queue.as_str()).copied().unwrap_or(0);
         if *jobs > rows {
@@ -322,8 +393,12 @@ pub fn judge(setup: &Setup, ledger: &Ledger, seen: &Observed) -> Verdict {
             ));
         }
     }
+}
+
+/// The sinks received nothing unexpected, and every call was signed.
+fn judge_sinks(seen: &Observed, expected: &Expected<'_>, v: &mut Verdict) {
     for (id, n) in &seen.mails {
-        if !expected_mails.contains(id) {
+        if !expected.mails.contains(id) {
             v.problems.push(format!(
                 "unexpected: {n} mail(s) for event {id}, which should send none"
             ));
@@ -338,7 +413,7 @@ pub fn judge(setup: &Setup, ledger: &Ledger, seen: &Observed) -> Verdict {
     let mut unexpected: Vec<_> = seen
         .calls
         .keys()
-        .filter(|key| !expected_calls.contains(*key) && !key.0.starts_with(CRM_PATH))
+        .filter(|key| !expected.calls.contains(*key) && !key.0.starts_with(CRM_PATH))
         .collect();
     unexpected.sort();
     for (path, id) in unexpected {
@@ -352,13 +427,6 @@ pub fn judge(setup: &Setup, ledger: &Ledger, seen: &Observed) -> Verdict {
     if seen.bad_signatures.is_empty() && signed > 0 {
         *v.checked.entry("signature verified").or_default() += signed;
     }
-    for (queue, dead) in &seen.dead {
-        if *dead > 0 {
-            v.problems.push(format!("dead: {dead} job(s) on {queue}"));
-        }
-    }
-    judge_workflows(setup, ledger, seen, &mut v);
-    v
 }
 
 /// The path of the order workflow's `httpRequest` block at the HTTP sink.

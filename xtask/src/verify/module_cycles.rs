@@ -15,7 +15,7 @@ use crate::cmd::workspace_root;
 /// Module path → source, for the `src` folder `root`.
 fn modules(root: &Path) -> BTreeMap<String, String> {
     let mut found = BTreeMap::new();
-    for path in crate::table_owner::rust_files(root) {
+    for path in crate::verify::table_owner::rust_files(root) {
         let relative = path.strip_prefix(root).unwrap_or(&path).with_extension("");
         let mut parts: Vec<String> = relative
             .components()

@@ -44,8 +44,8 @@ use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, preload_pending};
-use crate::bench_process::Cpu;
+use crate::bench::kit::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench::process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
 /// (mail, webhook, search index, RAG index, marketing).
@@ -99,82 +99,133 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
     )
     .await?;
     let mut conn = outbox_postgres::establish(&scratch.url).await?;
-    let mut results: Vec<(String, u32, usize, f64)> = Vec::new();
-    let mut sql_only = Vec::new();
-    let mut redis_only = Vec::new();
+    let mut rates = Rates::default();
     let total =
         plan.rounds * (plan.batch_sizes.len() * plan.processes.len() * plan.binaries.len() + 2);
     let mut step = 0;
     let mut progress = |what: &str, round: usize| {
         step += 1;
-        crate::bench_kit::stage(&format!(
+        crate::bench::kit::stage(&format!(
             "handoff {step}/{total}: {what}, round {round}, {} rows",
             plan.rows
         ));
     };
     for round in 1..=plan.rounds {
-        progress("baseline sql_only", round);
-        let rate = sql_only_rate(&scratch.url, &mut conn, plan.rows).await?;
-        crate::bench_kit::line(json!({
-            "bench": "handoff_baseline_sql_only", "round": round,
-            "events": plan.rows, "per_second": rate.round(),
-        }));
-        sql_only.push(rate);
-        progress("baseline redis_only", round);
-        let rate = redis_only_rate(run, &mut conn, plan.rows).await?;
-        crate::bench_kit::line(json!({
-            "bench": "handoff_baseline_redis_only", "round": round,
-            "events": plan.rows, "per_second": rate.round(),
-        }));
-        redis_only.push(rate);
-        for &batch in &plan.batch_sizes {
-            for &processes in &plan.processes {
-                for (label, binary) in &plan.binaries {
-                    progress(
-                        &format!("{label}, batch {batch}, {processes} process(es)"),
-                        round,
-                    );
-                    let setup = Setup {
-                        binary,
-                        batch,
-                        processes,
-                        rows: plan.rows,
-                    };
-                    let (rate, cpu) = measure(run, &scratch.url, &mut conn, &setup)
-                        .await
-                        .with_context(|| {
-                            format!("{label} at batch {batch}, {processes} process(es)")
-                        })?;
-                    crate::bench_kit::line(json!({
-                        "bench": "handoff", "binary": label, "batch_size": batch,
-                        "processes": processes, "round": round, "events": plan.rows,
-                        "per_second": rate.round(), "cpu_share": cpu,
-                    }));
-                    results.push((label.clone(), batch, processes, rate));
-                }
+        let at = Round {
+            run,
+            plan,
+            url: &scratch.url,
+            round,
+        };
+        measure_round(&at, &mut conn, &mut progress, &mut rates).await?;
+    }
+    for summary in summaries(plan, rates) {
+        crate::bench::kit::line(summary);
+    }
+    drop(conn);
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
+    scratch.remove().await
+}
+
+/// The rates measured so far: each configuration's per round, and the
+/// baselines'.
+#[derive(Default)]
+struct Rates {
+    /// `(label, batch size, processes, rate)`.
+    configurations: Vec<(String, u32, usize, f64)>,
+    sql_only: Vec<f64>,
+    redis_only: Vec<f64>,
+}
+
+/// Where a round measures.
+struct Round<'a> {
+    run: &'a Run,
+    plan: &'a Handoff,
+    url: &'a str,
+    round: usize,
+}
+
+/// One round: both baselines, then every configuration, a JSON line each.
+async fn measure_round(
+    at: &Round<'_>,
+    conn: &mut AsyncPgConnection,
+    progress: &mut impl FnMut(&str, usize),
+    rates: &mut Rates,
+) -> Result<()> {
+    let Round {
+        run,
+        plan,
+        url,
+        round,
+    } = *at;
+    progress("baseline sql_only", round);
+    let rate = sql_only_rate(url, conn, plan.rows).await?;
+    crate::bench::kit::line(json!({
+        "bench": "handoff_baseline_sql_only", "round": round,
+        "events": plan.rows, "per_second": rate.round(),
+    }));
+    rates.sql_only.push(rate);
+    progress("baseline redis_only", round);
+    let rate = redis_only_rate(run, conn, plan.rows).await?;
+    crate::bench::kit::line(json!({
+        "bench": "handoff_baseline_redis_only", "round": round,
+        "events": plan.rows, "per_second": rate.round(),
+    }));
+    rates.redis_only.push(rate);
+    for &batch in &plan.batch_sizes {
+        for &processes in &plan.processes {
+            for (label, binary) in &plan.binaries {
+                progress(
+                    &format!("{label}, batch {batch}, {processes} process(es)"),
+                    round,
+                );
+                let setup = Setup {
+                    binary,
+                    batch,
+                    processes,
+                    rows: plan.rows,
+                };
+                let (rate, cpu) = measure(run, url, conn, &setup).await.with_context(|| {
+                    format!("{label} at batch {batch}, {processes} process(es)")
+                })?;
+                crate::bench::kit::line(json!({
+                    "bench": "handoff", "binary": label, "batch_size": batch,
+                    "processes": processes, "round": round, "events": plan.rows,
+                    "per_second": rate.round(), "cpu_share": cpu,
+                }));
+                rates
+                    .configurations
+                    .push((label.clone(), batch, processes, rate));
             }
         }
     }
-    let sql_only = median(sql_only);
-    let redis_only = median(redis_only);
-    crate::bench_kit::line(json!({
+    Ok(())
+}
+
+/// The summary lines: the baselines' medians, then each configuration's
+/// median, range and ratios to the baselines.
+fn summaries(plan: &Handoff, rates: Rates) -> Vec<serde_json::Value> {
+    let sql_only = median(rates.sql_only);
+    let redis_only = median(rates.redis_only);
+    let mut lines = vec![json!({
         "bench": "handoff_baselines_median", "rounds": plan.rounds,
         "sql_only_per_second": sql_only.round(), "redis_only_per_second": redis_only.round(),
-    }));
+    })];
     for &batch in &plan.batch_sizes {
         for &processes in &plan.processes {
             for (label, _) in &plan.binaries {
-                let rates: Vec<f64> = results
+                let found: Vec<f64> = rates
+                    .configurations
                     .iter()
                     .filter(|(l, b, p, _)| l == label && *b == batch && *p == processes)
                     .map(|(_, _, _, r)| *r)
                     .collect();
                 let (min, max) = (
-                    rates.iter().copied().fold(f64::INFINITY, f64::min),
-                    rates.iter().copied().fold(0.0, f64::max),
+                    found.iter().copied().fold(f64::INFINITY, f64::min),
+                    found.iter().copied().fold(0.0, f64::max),
                 );
-                let rate = median(rates);
-                crate::bench_kit::line(json!({
+                let rate = median(found);
+                lines.push(json!({
                     "bench": "handoff_median", "binary": label, "batch_size": batch,
                     "processes": processes, "rounds": plan.rounds, "per_second": rate.round(),
                     "min": min.round(), "max": max.round(),
@@ -184,9 +235,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
             }
         }
     }
-    drop(conn);
-    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
-    scratch.remove().await
+    lines
 }
 
 /// `value / base`, rounded to two decimals.
@@ -330,7 +379,7 @@ async fn measure(
     clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
-    let mut children = crate::bench_process::spawn_many(
+    let mut children = crate::bench::process::spawn_many(
         run,
         (url, &run.stage_prefix(STAGE)),
         setup.binary,
@@ -340,7 +389,7 @@ async fn measure(
     let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
     let cpu = before.shares(&Cpu::sample(&children));
-    crate::bench_process::stop_all(children)?;
+    crate::bench::process::stop_all(children)?;
     finished?;
     Ok((done_rate(conn, setup.rows).await?, cpu))
 }
@@ -349,7 +398,7 @@ async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        crate::bench_process::check_running(children)?;
+        crate::bench::process::check_running(children)?;
         // Walks the claim index, which holds only PENDING and PROCESSING rows.
         let progress: Progress = diesel::sql_query(
             "SELECT count(*) AS open FROM (
@@ -364,5 +413,41 @@ async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -
         if Instant::now() > deadline {
             bail!("the backlog was not handed off within 10 minutes");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summaries_give_each_configuration_its_median_and_ratios() {
+        let plan = Handoff {
+            binaries: vec![("this".to_owned(), PathBuf::from("w"))],
+            rows: 10,
+            batch_sizes: vec![500],
+            processes: vec![1],
+            rounds: 3,
+        };
+        let rates = Rates {
+            configurations: vec![
+                ("this".to_owned(), 500, 1, 30.0),
+                ("this".to_owned(), 500, 1, 10.0),
+                ("this".to_owned(), 500, 1, 20.0),
+            ],
+            sql_only: vec![40.0, 40.0, 40.0],
+            redis_only: vec![80.0, 80.0, 80.0],
+        };
+        let lines = summaries(&plan, rates);
+        assert_eq!(lines[0]["sql_only_per_second"], json!(40.0));
+        assert_eq!(
+            lines[1],
+            json!({
+                "bench": "handoff_median", "binary": "this", "batch_size": 500,
+                "processes": 1, "rounds": 3, "per_second": 20.0,
+                "min": 10.0, "max": 30.0,
+                "ratio_to_sql_only": 0.5, "ratio_to_redis_only": 0.25,
+            })
+        );
     }
 }

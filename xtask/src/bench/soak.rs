@@ -21,7 +21,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use serde_json::json;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, line, stage};
+use crate::bench::kit::{Run, Scratch, clear_redis, line, stage};
 
 /// How long and how hard.
 pub struct Soak {
@@ -51,9 +51,9 @@ pub async fn run(run: &Run, plan: &Soak) -> Result<()> {
     let prefix = run.stage_prefix("soak");
     clear_redis(&run.found.redis_url, &prefix).await?;
     let mut conn = outbox_postgres::establish(&scratch.url).await?;
-    let mut child = crate::bench_process::spawn(run, (&scratch.url, &prefix), &plan.binary, &[])?;
+    let mut child = crate::bench::process::spawn(run, (&scratch.url, &prefix), &plan.binary, &[])?;
     let outcome = load_and_sample(&mut conn, &mut child, plan).await;
-    crate::bench_process::stop_all(vec![child])?;
+    crate::bench::process::stop_all(vec![child])?;
     let (samples, published) = outcome?;
     let open: i64 = outbox_store::unfinished_count(&mut conn).await?;
     let warm = samples.len() / 5;

@@ -18,6 +18,17 @@
 //! build, with names unique to the process: `cargo xtask test` does that so
 //! the bench never rots; no timing is checked.
 
+mod chart;
+mod drain;
+mod drain_audit;
+pub(crate) mod handoff;
+pub(crate) mod kit;
+mod latency;
+mod process;
+mod publish;
+mod retention;
+mod soak;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,8 +44,8 @@ use outbox_queue::{QueueNamespace, RedisSettings};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::bench_kit::{Run, Scratch, clear_redis, line, printed, rate, stage};
 use crate::services;
+use kit::{Run, Scratch, clear_redis, line, printed, rate, stage};
 
 fn event(n: usize) -> NewOutboxEvent {
     let types = [
@@ -170,16 +181,16 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         Vec::new()
     };
     if wants("handoff") {
-        let plan = crate::bench_handoff::Handoff {
+        let plan = handoff::Handoff {
             binaries: binaries.clone(),
             rows: run.size(args.handoff_rows, 2_000),
             batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
             processes: run.size(args.handoff_processes.clone(), vec![2]),
             rounds: run.size(args.handoff_rounds.max(1), 1),
         };
-        crate::bench_handoff::run(&run, &plan).await?;
+        handoff::run(&run, &plan).await?;
     }
-    crate::bench_drain::run(&run, &wants).await?;
+    drain::run(&run, &wants).await?;
     more_stages(&run, &args, &wants, &binaries).await
 }
 
@@ -200,15 +211,15 @@ async fn more_stages(
         } else {
             labelled_binaries("--drain-bin", &args.drain_bins)?
         };
-        let plan = crate::bench_drain_audit::Plan {
+        let plan = drain_audit::Plan {
             binaries,
             events: run.size(50_000, 1_500),
             rounds: run.size(args.drain_rounds.max(1), 1),
         };
-        crate::bench_drain_audit::run(run, &plan).await?;
+        drain_audit::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("latency")) {
-        let plan = crate::bench_latency::Plan {
+        let plan = latency::Plan {
             loads: run.size(args.latency_loads.clone(), vec![50]),
             wakeups: if args.latency_wakeups_only {
                 &[true]
@@ -217,31 +228,31 @@ async fn more_stages(
             },
             duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
         };
-        crate::bench_latency::run(run, binary, &plan).await?;
+        latency::run(run, binary, &plan).await?;
     }
     if wants("publish_overhead") {
-        let plan = crate::bench_publish::Plan {
+        let plan = publish::Plan {
             rounds: run.size(3, 1),
             duration: run.size(Duration::from_secs(5), Duration::from_millis(300)),
         };
-        crate::bench_publish::run(run, &plan).await?;
+        publish::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("retention")) {
-        let plan = crate::bench_retention::Plan {
+        let plan = retention::Plan {
             done_rows: run.size(1_000_000, 3_000),
             pending_rows: run.size(200_000, 2_000),
             rounds: run.size(3, 1),
         };
-        crate::bench_retention::run(run, binary, &plan).await?;
+        retention::run(run, binary, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("soak")) {
-        let plan = crate::bench_soak::Soak {
+        let plan = soak::Soak {
             binary: binary.to_path_buf(),
             rate: run.size(args.soak_rate, 100),
             duration: Duration::from_secs(run.size(args.soak_seconds, 5)),
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
-        crate::bench_soak::run(run, &plan).await?;
+        soak::run(run, &plan).await?;
     }
     write_chart(run, args.chart.as_deref())
 }
@@ -255,7 +266,7 @@ fn write_chart(run: &Run, path: Option<&std::path::Path>) -> Result<()> {
         if run.smoke { " --smoke" } else { "" },
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
     );
-    let Some(svg) = crate::bench_chart::render(&printed, &title) else {
+    let Some(svg) = chart::render(&printed, &title) else {
         return Ok(());
     };
     match path {
@@ -321,36 +332,9 @@ async fn pipeline(run: &Run) -> Result<()> {
     clear_redis(&found.redis_url, &prefix).await?;
     let mut conn = outbox_postgres::establish(&url).await?;
 
-    // 1. One event per business transaction, one connection.
-    stage("publish_one_per_transaction");
-    let n = run.size(2_000, 20);
-    let started = Instant::now();
-    for i in 0..n {
-        conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, event(i)).await
-        })
-        .await?;
-    }
-    rate("publish_one_per_transaction", n, started.elapsed());
+    let published = publish_one_per_transaction(run, &mut conn).await?;
+    let pending = published + publish_batches(run, &mut conn).await?;
 
-    // 2. Batches of 1000 events per transaction.
-    stage("publish_batch_1000");
-    let (batches, batch) = run.size((40, 1_000), (2, 100));
-    let started = Instant::now();
-    for b in 0..batches {
-        let events: Vec<_> = (0..batch).map(|i| event(b * batch + i)).collect();
-        conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
-        })
-        .await?;
-    }
-    rate("publish_batch_1000", batches * batch, started.elapsed());
-    let pending = n + batches * batch;
-
-    // 3. Dispatch everything with four dispatchers.
-    stage("dispatch_4_dispatchers_batch_500");
     let pool = outbox_postgres::connect_pool(&url, 8).await?;
     let namespace = QueueNamespace::prefixed(prefix.clone());
     let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
@@ -364,6 +348,58 @@ async fn pipeline(run: &Run) -> Result<()> {
             config,
         )?))
     };
+    dispatch_with_four(&make, &mut conn, pending).await?;
+    tick_over_done_rows(run, &make, &mut conn).await?;
+    wake_up_latency(run, &make, &mut conn).await?;
+
+    clear_redis(&found.redis_url, &prefix).await?;
+    drop(conn);
+    scratch.remove().await
+}
+
+/// Builds a dispatcher of the pipeline stage with `config`.
+type MakeDispatcher<'a> = dyn Fn(DispatcherConfig) -> Result<Arc<Dispatcher>> + 'a;
+
+/// 1. One event per business transaction, one connection; returns how many.
+async fn publish_one_per_transaction(run: &Run, conn: &mut AsyncPgConnection) -> Result<usize> {
+    stage("publish_one_per_transaction");
+    let n = run.size(2_000, 20);
+    let started = Instant::now();
+    for i in 0..n {
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&mut tx, event(i)).await
+        })
+        .await?;
+    }
+    rate("publish_one_per_transaction", n, started.elapsed());
+    Ok(n)
+}
+
+/// 2. Batches of 1000 events per transaction; returns how many events.
+async fn publish_batches(run: &Run, conn: &mut AsyncPgConnection) -> Result<usize> {
+    stage("publish_batch_1000");
+    let (batches, batch) = run.size((40, 1_000), (2, 100));
+    let started = Instant::now();
+    for b in 0..batches {
+        let events: Vec<_> = (0..batch).map(|i| event(b * batch + i)).collect();
+        conn.transaction::<_, PublishError, _>(async |conn| {
+            let mut tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&mut tx, events).await
+        })
+        .await?;
+    }
+    rate("publish_batch_1000", batches * batch, started.elapsed());
+    Ok(batches * batch)
+}
+
+/// 3. Dispatch the `pending` events with four dispatchers.
+async fn dispatch_with_four(
+    make: &MakeDispatcher<'_>,
+    conn: &mut AsyncPgConnection,
+    pending: usize,
+) -> Result<()> {
+    stage("dispatch_4_dispatchers_batch_500");
     let config = DispatcherConfig {
         batch_size: 500,
         listen: false,
@@ -376,7 +412,7 @@ async fn pipeline(run: &Run) -> Result<()> {
         .map(|_| make(config.clone()).map(|d| d.spawn(shutdown.clone())))
         .collect::<Result<_>>()?;
     let deadline = Instant::now() + Duration::from_secs(600);
-    while count_open(&mut conn).await? > 0 {
+    while count_open(conn).await? > 0 {
         if Instant::now() > deadline {
             bail!("dispatching did not finish within 10 minutes");
         }
@@ -391,8 +427,15 @@ async fn pipeline(run: &Run) -> Result<()> {
     for handle in handles {
         handle.await.context("dispatcher panicked")??;
     }
+    Ok(())
+}
 
-    // 4. The claim on a table full of DONE rows: one tick of 500 after 42,000 DONE.
+/// 4. The claim on a table full of DONE rows: one tick of 500 after 42,000 DONE.
+async fn tick_over_done_rows(
+    run: &Run,
+    make: &MakeDispatcher<'_>,
+    conn: &mut AsyncPgConnection,
+) -> Result<()> {
     stage("tick_500_over_42000_done_rows");
     let events: Vec<_> = (0..run.size(500, 50)).map(event).collect();
     conn.transaction::<_, PublishError, _>(async |conn| {
@@ -412,8 +455,15 @@ async fn pipeline(run: &Run) -> Result<()> {
         report.dispatched,
         started.elapsed(),
     );
+    Ok(())
+}
 
-    // 5. Wake-up latency: publish, then time until DONE, with a 60 s poll interval.
+/// 5. Wake-up latency: publish, then time until DONE, with a 60 s poll interval.
+async fn wake_up_latency(
+    run: &Run,
+    make: &MakeDispatcher<'_>,
+    conn: &mut AsyncPgConnection,
+) -> Result<()> {
     stage("publish_to_done_latency_ms");
     let listening = make(DispatcherConfig {
         listen: true,
@@ -431,7 +481,7 @@ async fn pipeline(run: &Run) -> Result<()> {
             publish_outbox_event(&mut tx, event(i)).await
         })
         .await?;
-        while count_open(&mut conn).await? > 0 {
+        while count_open(conn).await? > 0 {
             if started.elapsed() > Duration::from_secs(30) {
                 bail!("a published event was not dispatched within 30 s");
             }
@@ -441,15 +491,31 @@ async fn pipeline(run: &Run) -> Result<()> {
     }
     shutdown.cancel();
     handle.await.context("dispatcher panicked")??;
+    line(latency_line(latencies));
+    Ok(())
+}
+
+/// The wake-up latency line: the samples' p50, p95 and max in
+/// milliseconds, to a tenth.
+fn latency_line(mut latencies: Vec<f64>) -> serde_json::Value {
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
-    line(
-        json!({ "bench": "publish_to_done_latency_ms", "samples": latencies.len(),
-                 "p50": (pct(0.5) * 10.0).round() / 10.0, "p95": (pct(0.95) * 10.0).round() / 10.0,
-                 "max": (pct(1.0) * 10.0).round() / 10.0 }),
-    );
+    json!({ "bench": "publish_to_done_latency_ms", "samples": latencies.len(),
+             "p50": (pct(0.5) * 10.0).round() / 10.0, "p95": (pct(0.95) * 10.0).round() / 10.0,
+             "max": (pct(1.0) * 10.0).round() / 10.0 })
+}
 
-    clear_redis(&found.redis_url, &prefix).await?;
-    drop(conn);
-    scratch.remove().await
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latency_line_rounds_its_percentiles_to_a_tenth() {
+        let samples = (1..=20).map(|n| f64::from(n) + 0.04).collect();
+        assert_eq!(
+            latency_line(samples),
+            json!({ "bench": "publish_to_done_latency_ms", "samples": 20,
+                     "p50": 11.0, "p95": 19.0, "max": 20.0 })
+        );
+    }
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 
-use crate::demo_progress::Progress;
+use crate::demo::progress::Progress;
 
 /// Which build of the binaries the demo runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

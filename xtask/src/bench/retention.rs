@@ -28,9 +28,9 @@ use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use serde_json::json;
 
-use crate::bench_handoff::{HANDOFF_TYPES, done_rate_where, median, ratio};
-use crate::bench_kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
-use crate::bench_process;
+use crate::bench::handoff::{HANDOFF_TYPES, done_rate_where, median, ratio};
+use crate::bench::kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
+use crate::bench::process;
 
 /// The backlog's rows: `DONE` within the last day (the old rows are 60 days
 /// old).
@@ -135,9 +135,9 @@ async fn arm(
     let old_before = old_rows(&mut conn).await?;
     let hours = if retention { "720" } else { "1000000" };
     let vars = [("OUTBOX_DONE_RETENTION_HOURS", hours.to_owned())];
-    let mut children = vec![bench_process::spawn(run, (url, prefix), binary, &vars)?];
-    let before = bench_process::Cpu::sample(&children);
-    let done = bench_process::wait_for_count(
+    let mut children = vec![process::spawn(run, (url, prefix), binary, &vars)?];
+    let before = process::Cpu::sample(&children);
+    let done = process::wait_for_count(
         &mut conn,
         &mut children,
         &format!("SELECT count(*) AS n FROM outbox_event WHERE status = 'DONE' AND {RECENT}"),
@@ -145,9 +145,9 @@ async fn arm(
         Duration::from_secs(900),
     )
     .await;
-    let cpu = before.shares(&bench_process::Cpu::sample(&children));
+    let cpu = before.shares(&process::Cpu::sample(&children));
     let old_after = old_rows(&mut conn).await;
-    bench_process::stop_all(children)?;
+    process::stop_all(children)?;
     done?;
     let old_after = old_after?;
     let rate = done_rate_where(&mut conn, plan.pending_rows, RECENT).await?;

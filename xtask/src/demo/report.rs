@@ -13,7 +13,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_queue::{QueueNamespace, queue_stats};
 use redis::aio::ConnectionManager;
 
-use crate::demo_verdict::{Observed, Verdict};
+use crate::demo::verdict::{Observed, Verdict};
 
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 
@@ -31,8 +31,8 @@ pub fn say_line(args: std::fmt::Arguments<'_>) {
 
 /// `println!` that ends quietly on a closed stdout.
 macro_rules! say {
-    () => { $crate::demo_report::say_line(format_args!("")) };
-    ($($arg:tt)*) => { $crate::demo_report::say_line(format_args!($($arg)*)) };
+    () => { $crate::demo::report::say_line(format_args!("")) };
+    ($($arg:tt)*) => { $crate::demo::report::say_line(format_args!($($arg)*)) };
 }
 pub(crate) use say;
 
@@ -121,7 +121,7 @@ pub fn sinks(seen: &Observed) {
     let crm: usize = seen.crm_calls.values().sum();
     say!(
         "  HTTP  {:<18} {crm:>5} call(s) from the workflow's httpRequest block, {} order(s)",
-        crate::demo_verdict::CRM_PATH,
+        crate::demo::verdict::CRM_PATH,
         seen.crm_calls.len()
     );
 }

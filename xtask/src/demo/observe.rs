@@ -16,8 +16,8 @@ use outbox_test_support::{HttpSink, SmtpSink};
 use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
-use crate::demo_publish::{ENDPOINTS, ROLLED_BACK_EMAIL};
-use crate::demo_verdict::{CRM_PATH, Execution, Ledger, Observed, Row};
+use crate::demo::publish::{ENDPOINTS, ROLLED_BACK_EMAIL};
+use crate::demo::verdict::{CRM_PATH, Execution, Ledger, Observed, Row};
 
 /// A worker counts as stalled after this long without a heartbeat (only
 /// shown, never judged).
@@ -166,6 +166,15 @@ impl<'a> Watch<'a> {
     pub async fn observe(&mut self, ledger: &Ledger) -> Result<Observed> {
         self.note_arrivals();
         let mut seen = Observed::default();
+        self.observe_tables(ledger, &mut seen).await?;
+        self.observe_queues(&mut seen).await?;
+        self.observe_sinks(&mut seen);
+        Ok(seen)
+    }
+
+    /// The outbox rows, the repeated keys, the rolled-back transaction, the
+    /// subscribers' rows and the workflow executions.
+    async fn observe_tables(&mut self, ledger: &Ledger, seen: &mut Observed) -> Result<()> {
         let conn = &mut self.conn;
         let rows: Vec<OutboxEvent> = outbox_event::table
             .select(OutboxEvent::as_select())
@@ -222,7 +231,12 @@ impl<'a> Watch<'a> {
                     .unwrap_or_default(),
             })
             .collect();
+        Ok(())
+    }
 
+    /// The job of each handed-off row, the first-delivery jobs per routed
+    /// queue and the dead jobs per queue.
+    async fn observe_queues(&mut self, seen: &mut Observed) -> Result<()> {
         let mut by_queue: BTreeMap<&str, Vec<Uuid>> = BTreeMap::new();
         for row in seen.rows.iter().filter(|r| r.status == "DONE") {
             if let Some(queue) = row.target_queue.as_deref() {
@@ -255,7 +269,11 @@ impl<'a> Watch<'a> {
             let stats = queue_stats(&mut self.redis, &self.namespace, queue, STALL_AFTER).await?;
             seen.dead.insert(queue.to_owned(), stats.dead);
         }
+        Ok(())
+    }
 
+    /// The mails and calls at the sinks, each call's signature checked.
+    fn observe_sinks(&self, seen: &mut Observed) {
         for mail in self.smtp.messages() {
             match mail.header("message-id").as_deref().and_then(message_event) {
                 Some(id) => *seen.mails.entry(id).or_default() += 1,
@@ -298,7 +316,6 @@ impl<'a> Watch<'a> {
             }
             *seen.calls.entry((call.path.clone(), id)).or_default() += 1;
         }
-        Ok(seen)
     }
 
     /// Hand-off latency (publish to `DONE`) and end-to-end latency

@@ -29,27 +29,27 @@ const EXCEPTIONS: &[(&str, &str)] = &[
         "declares the table's row types (`table_name = outbox_event`); no statements",
     ),
     (
-        "xtask/src/bench_kit.rs",
+        "xtask/src/bench/kit.rs",
         "the benchmarks seed millions of rows with one INSERT … SELECT generate_series",
     ),
     (
-        "xtask/src/bench_retention.rs",
+        "xtask/src/bench/retention.rs",
         "seeds a million DONE rows of chosen ages and counts what retention left",
     ),
     (
-        "xtask/src/bench_handoff.rs",
+        "xtask/src/bench/handoff.rs",
         "measures the claim and hand-off in isolation: seeds, truncates and claims by hand",
     ),
     (
-        "xtask/src/bench_publish.rs",
+        "xtask/src/bench/publish.rs",
         "compares the publisher with a plain INSERT into a copy of the table",
     ),
     (
-        "xtask/src/bench_drain_audit.rs",
+        "xtask/src/bench/drain_audit.rs",
         "reads the drain's timing out of processed_at in one aggregate",
     ),
     (
-        "xtask/src/bench_latency.rs",
+        "xtask/src/bench/latency.rs",
         "reads the table's autovacuum counters from pg_stat_user_tables",
     ),
     (
@@ -58,12 +58,12 @@ const EXCEPTIONS: &[(&str, &str)] = &[
          pg_statistic) to pin the plans docs/performance.md reports",
     ),
     (
-        "xtask/src/demo_publish.rs",
+        "xtask/src/demo/publish.rs",
         "the demo's plain-SQL producer: a row inserted without the publisher, as \
          another language would",
     ),
     (
-        "xtask/src/demo_observe.rs",
+        "xtask/src/demo/observe.rs",
         "the demo's checks of what a user sees in the table (duplicates, latencies)",
     ),
 ];
