@@ -706,7 +706,7 @@ fn dedupe_window(
             variable: v::QUEUE_DONE_RETENTION_HOURS.name,
             value: retention.to_string(),
             problem: format!(
-                "must cover the time in which the dispatcher may push an event again                  (OUTBOX_LOCK_TIMEOUT_MS={} plus {} retries with backoff, OUTBOX_MAX_RETRIES):                  at least {} hours; raise it, or lower OUTBOX_LOCK_TIMEOUT_MS / OUTBOX_MAX_RETRIES",
+                "must cover the time in which the dispatcher may push an event again (OUTBOX_LOCK_TIMEOUT_MS={} plus {} retries with backoff, OUTBOX_MAX_RETRIES): at least {} hours; raise it, or lower OUTBOX_LOCK_TIMEOUT_MS / OUTBOX_MAX_RETRIES",
                 dispatcher.lock_timeout.as_millis(),
                 dispatcher.max_retries,
                 repush.as_secs().div_ceil(3600)
@@ -718,7 +718,7 @@ fn dedupe_window(
             variable: v::DELIVERY_RECORD_TTL_HOURS.name,
             value: ttl.to_string(),
             problem: format!(
-                "must be at least QUEUE_DONE_RETENTION_HOURS ({retention}): receivers must                  remember a delivery as long as its job can be pushed again"
+                "must be at least QUEUE_DONE_RETENTION_HOURS ({retention}): receivers must remember a delivery as long as its job can be pushed again"
             ),
         });
     }

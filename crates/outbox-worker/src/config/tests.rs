@@ -140,6 +140,7 @@ fn deduplication_must_outlive_every_way_back() {
         text.contains("OUTBOX_LOCK_TIMEOUT_MS") && text.contains("OUTBOX_MAX_RETRIES"),
         "{text}"
     );
+    assert!(!text.contains("  "), "one space between words: {text:?}");
     // A long lease pushes the window past the default retention too.
     let lease = read(Group::General, &[("OUTBOX_LOCK_TIMEOUT_MS", "86400000")]).unwrap_err();
     assert_eq!(lease.variable, "QUEUE_DONE_RETENTION_HOURS");
@@ -169,6 +170,10 @@ fn deduplication_must_outlive_every_way_back() {
             .to_string()
             .contains("QUEUE_DONE_RETENTION_HOURS (72)"),
         "{forgetful}"
+    );
+    assert!(
+        !forgetful.to_string().contains("  "),
+        "one space between words: {forgetful}"
     );
 }
 
