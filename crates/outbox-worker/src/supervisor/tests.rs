@@ -17,6 +17,28 @@ impl Events {
     fn take(&self) -> Vec<String> {
         std::mem::take(&mut *self.0.lock().unwrap())
     }
+
+    /// Resolves once `n` events say a service started (within 5 s).
+    async fn started(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let count = self
+                .0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e.ends_with(" started"))
+                .count();
+            if count >= n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} services never started"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
 }
 
 /// A service that starts, waits for its stop and takes `stop_takes` to
@@ -133,7 +155,7 @@ async fn services_start_in_order_and_are_awaited_in_reverse_order() {
             polite(&events, "workers", Duration::from_millis(60)),
         )
         .run_until(async {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            events.started(3).await;
             "SIGTERM"
         })
         .await
@@ -213,7 +235,7 @@ async fn the_callers_shutdown_future_stops_the_services_and_names_itself() {
                 "the application"
             }),
     );
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    events.started(1).await;
     assert!(!run.is_finished(), "runs until the caller says stop");
     stop.send(()).unwrap();
     let stopped = run.await.unwrap().unwrap();
