@@ -1,0 +1,194 @@
+//! The Redis guard's tables: the remembered marker, each queue's safe
+//! point, the reconciliation a loss makes due, and its lease.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use common::{database, now};
+use diesel_async::AsyncPgConnection;
+use outbox_store::{
+    EpochRow, SafePointRow, advance_drained, advance_pending, ensure_safe_points, mark_pending,
+    release_reconcile_lease, remembered_epoch, safe_points, save_epoch, take_reconcile_lease,
+};
+use uuid::Uuid;
+
+const NS: &str = "outbox";
+
+/// A namespace whose marker `epoch` is remembered, with the safe point of
+/// `outbox.mail` at `floor`.
+async fn guarded(conn: &mut AsyncPgConnection, epoch: Uuid, floor: DateTime<Utc>) {
+    save_epoch(conn, NS, epoch, "run-1").await.unwrap();
+    ensure_safe_points(conn, NS, &["outbox.mail".to_owned()], floor)
+        .await
+        .unwrap();
+}
+
+async fn mail_point(conn: &mut AsyncPgConnection) -> SafePointRow {
+    let points = safe_points(conn, NS).await.unwrap();
+    assert_eq!(points.len(), 1, "{points:?}");
+    points[0].clone()
+}
+
+#[tokio::test]
+async fn the_last_saved_epoch_of_a_namespace_is_remembered() {
+    let (_db, mut conn) = database().await;
+    let (first, second) = (Uuid::new_v4(), Uuid::new_v4());
+    assert_eq!(remembered_epoch(&mut conn, NS).await.unwrap(), None);
+
+    save_epoch(&mut conn, NS, first, "run-1").await.unwrap();
+    save_epoch(&mut conn, NS, second, "run-2").await.unwrap();
+    save_epoch(&mut conn, "other", first, "run-9")
+        .await
+        .unwrap();
+
+    let EpochRow { epoch, run_id, .. } = remembered_epoch(&mut conn, NS).await.unwrap().unwrap();
+    assert_eq!((epoch, run_id.as_str()), (second, "run-2"));
+}
+
+#[tokio::test]
+async fn a_safe_point_is_created_once_at_its_floor() {
+    let (_db, mut conn) = database().await;
+    let floor = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), floor).await;
+
+    let later = floor + TimeDelta::hours(1);
+    ensure_safe_points(&mut conn, NS, &["outbox.mail".to_owned()], later)
+        .await
+        .unwrap();
+
+    let point = mail_point(&mut conn).await;
+    assert_eq!(point.drained_before, floor);
+    assert_eq!((point.pending_since, point.pending_after_id), (None, None));
+}
+
+#[tokio::test]
+async fn a_safe_point_moves_only_forward_and_only_under_the_remembered_epoch() {
+    let (_db, mut conn) = database().await;
+    let (epoch, floor) = (Uuid::new_v4(), now(&mut conn).await);
+    guarded(&mut conn, epoch, floor).await;
+    let ahead = floor + TimeDelta::minutes(5);
+
+    advance_drained(&mut conn, NS, "outbox.mail", epoch, ahead)
+        .await
+        .unwrap();
+    assert_eq!(mail_point(&mut conn).await.drained_before, ahead);
+
+    advance_drained(&mut conn, NS, "outbox.mail", epoch, floor)
+        .await
+        .unwrap();
+    assert_eq!(
+        mail_point(&mut conn).await.drained_before,
+        ahead,
+        "never back"
+    );
+
+    let further = ahead + TimeDelta::minutes(5);
+    advance_drained(&mut conn, NS, "outbox.mail", Uuid::new_v4(), further)
+        .await
+        .unwrap();
+    assert_eq!(
+        mail_point(&mut conn).await.drained_before,
+        ahead,
+        "a newer marker"
+    );
+}
+
+#[tokio::test]
+async fn a_loss_makes_a_reconciliation_due_from_the_safe_point_and_holds_the_point() {
+    let (_db, mut conn) = database().await;
+    let (epoch, drained) = (Uuid::new_v4(), now(&mut conn).await);
+    guarded(&mut conn, epoch, drained).await;
+
+    let earlier_floor = drained - TimeDelta::hours(1);
+    let due = mark_pending(&mut conn, NS, earlier_floor).await.unwrap();
+
+    assert_eq!(due, [mail_point(&mut conn).await]);
+    assert_eq!(
+        (due[0].pending_since, due[0].pending_after_id),
+        (Some(drained), None)
+    );
+    let ahead = drained + TimeDelta::minutes(5);
+    advance_drained(&mut conn, NS, "outbox.mail", epoch, ahead)
+        .await
+        .unwrap();
+    assert_eq!(
+        mail_point(&mut conn).await.drained_before,
+        drained,
+        "held while the reconciliation is due"
+    );
+}
+
+#[tokio::test]
+async fn a_second_loss_restarts_a_reconciliation_from_the_safe_point() {
+    let (_db, mut conn) = database().await;
+    let drained = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), drained).await;
+    mark_pending(&mut conn, NS, drained).await.unwrap();
+    let cursor = (drained + TimeDelta::seconds(1), Uuid::new_v4());
+    let from = (drained, None);
+    assert!(
+        advance_pending(&mut conn, NS, "outbox.mail", from, Some(cursor))
+            .await
+            .unwrap()
+    );
+
+    let again = mark_pending(&mut conn, NS, drained).await.unwrap();
+
+    let restarted = (again[0].pending_since, again[0].pending_after_id);
+    assert_eq!(restarted, (Some(drained), None));
+}
+
+#[tokio::test]
+async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
+    let (_db, mut conn) = database().await;
+    let drained = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), drained).await;
+    mark_pending(&mut conn, NS, drained).await.unwrap();
+    let cursor = (drained + TimeDelta::seconds(1), Uuid::new_v4());
+
+    let stale = (drained - TimeDelta::seconds(1), None);
+    assert!(
+        !advance_pending(&mut conn, NS, "outbox.mail", stale, Some(cursor))
+            .await
+            .unwrap()
+    );
+    assert!(
+        advance_pending(&mut conn, NS, "outbox.mail", (drained, None), Some(cursor))
+            .await
+            .unwrap()
+    );
+    let point = mail_point(&mut conn).await;
+    assert_eq!(
+        (point.pending_since, point.pending_after_id),
+        (Some(cursor.0), Some(cursor.1))
+    );
+
+    let from = (cursor.0, Some(cursor.1));
+    assert!(
+        advance_pending(&mut conn, NS, "outbox.mail", from, None)
+            .await
+            .unwrap()
+    );
+    let point = mail_point(&mut conn).await;
+    assert_eq!(
+        (point.pending_since, point.pending_after_id),
+        (None, None),
+        "done"
+    );
+}
+
+#[tokio::test]
+async fn the_reconcile_lease_has_one_holder_until_it_is_given_back() {
+    let (db, mut conn) = database().await;
+    let floor = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), floor).await;
+    let mut other = db.conn().await;
+
+    assert!(take_reconcile_lease(&mut conn, NS, 60_000).await.unwrap());
+    assert!(!take_reconcile_lease(&mut other, NS, 60_000).await.unwrap());
+
+    release_reconcile_lease(&mut conn, NS).await.unwrap();
+    assert!(take_reconcile_lease(&mut other, NS, 60_000).await.unwrap());
+}
