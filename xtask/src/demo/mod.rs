@@ -36,7 +36,7 @@ use outbox_worker::{Group, WorkerConfig, handler_group};
 
 use crate::services;
 use observe::Watch;
-use progress::Progress;
+use progress::{Bar, Progress};
 use publish::Mix;
 use report::say;
 use stack::{Binaries, Profile, Worker};
@@ -100,6 +100,14 @@ struct Running {
 }
 
 impl Running {
+    /// Fails when a worker has exited.
+    fn check_alive(&mut self) -> Result<()> {
+        for worker in [&mut self.general, &mut self.mail].into_iter().flatten() {
+            worker.check_alive()?;
+        }
+        Ok(())
+    }
+
     async fn stop(&mut self) {
         for worker in [self.general.take(), self.mail.take()]
             .into_iter()
@@ -373,7 +381,7 @@ impl Stage<'_> {
         &self,
         running: &mut Running,
         watch: &mut Watch<'_>,
-        mut publishing: tokio::task::JoinHandle<Result<Ledger>>,
+        publishing: tokio::task::JoinHandle<Result<Ledger>>,
         published: &AtomicUsize,
         chaos: bool,
     ) -> Result<Ledger> {
@@ -383,8 +391,11 @@ impl Stage<'_> {
             self.progress.bar("dispatched", target),
             self.progress.bar("handled", target),
         ];
-        let mut ledger: Option<Ledger> = None;
-        let mut continuing: Option<tokio::task::JoinHandle<Result<uuid::Uuid>>> = None;
+        let mut tasks = Tasks {
+            publishing,
+            ledger: None,
+            continuing: None,
+        };
         let mut phase = Phase {
             published: false,
             continued: false,
@@ -392,37 +403,16 @@ impl Stage<'_> {
         };
         let mut settled_polls = 0;
         let started = Instant::now();
-        let limit = Duration::from_secs(180) + Duration::from_millis(40 * target);
+        let limit = wait_limit(target);
         loop {
             tokio::time::sleep(Duration::from_millis(250)).await;
-            for worker in [&mut running.general, &mut running.mail]
-                .into_iter()
-                .flatten()
-            {
-                worker.check_alive()?;
-            }
+            running.check_alive()?;
             let now = watch.snapshot().await?;
             let count = published.load(Ordering::Relaxed) as u64;
             bars[0].set(count, target.max(count));
             bars[1].set(now.dispatched, now.due);
             bars[2].set(now.handled, now.to_subscribed);
-            if ledger.is_none() && publishing.is_finished() {
-                let (done, answering) = self.answer_waiting_run(&mut publishing).await?;
-                bars[0].finish("");
-                continuing = Some(answering);
-                ledger = Some(done);
-                phase.published = true;
-            }
-            if let (Some(task), Some(ledger)) = (&mut continuing, &mut ledger)
-                && task.is_finished()
-            {
-                let id = task.await.context("the continuation panicked")??;
-                ledger.committed.insert(id);
-                continuing = None;
-                phase.continued = true;
-                self.progress
-                    .note("demo: the run waiting for input was answered (approved)");
-            }
+            self.collect(&mut tasks, &mut phase, &mut bars[0]).await?;
             if kill_due(phase.killed, now.dispatched, target) {
                 phase.killed = true;
                 self.kill_general(running, now.dispatched, target).await?;
@@ -432,25 +422,45 @@ impl Stage<'_> {
             } else {
                 0
             };
-            if settled_polls >= 2 {
-                bars[1].finish("");
-                bars[2].finish("");
-                break;
-            }
-            if started.elapsed() > limit {
-                bars[1].finish("(timed out)");
-                bars[2].finish("(timed out)");
-                self.progress.note(&format!(
-                    "demo: not settled after {} s: judging what is there",
-                    limit.as_secs()
-                ));
-                break;
-            }
+            let finish = match after_poll(settled_polls, started.elapsed(), limit) {
+                AfterPoll::Poll => continue,
+                AfterPoll::Settled => "",
+                AfterPoll::TimedOut => {
+                    self.progress.note(&format!(
+                        "demo: not settled after {} s: judging what is there",
+                        limit.as_secs()
+                    ));
+                    "(timed out)"
+                }
+            };
+            bars[1].finish(finish);
+            bars[2].finish(finish);
+            return tasks.ledger.context("the publisher did not finish in time");
         }
-        match ledger {
-            Some(ledger) => Ok(ledger),
-            None => bail!("the publisher did not finish in time"),
+    }
+
+    /// Takes in what finished since the last poll: the publisher's ledger
+    /// (then starts answering the run it left waiting), and the answer's
+    /// event.
+    async fn collect(&self, tasks: &mut Tasks, phase: &mut Phase, bar: &mut Bar) -> Result<()> {
+        if tasks.ledger.is_none() && tasks.publishing.is_finished() {
+            let (done, answering) = self.answer_waiting_run(&mut tasks.publishing).await?;
+            bar.finish("");
+            tasks.continuing = Some(answering);
+            tasks.ledger = Some(done);
+            phase.published = true;
         }
+        if let (Some(task), Some(ledger)) = (&mut tasks.continuing, &mut tasks.ledger)
+            && task.is_finished()
+        {
+            let id = task.await.context("the continuation panicked")??;
+            ledger.committed.insert(id);
+            tasks.continuing = None;
+            phase.continued = true;
+            self.progress
+                .note("demo: the run waiting for input was answered (approved)");
+        }
+        Ok(())
     }
 
     /// The finished publisher's ledger, and the task that answers the run
@@ -519,6 +529,16 @@ impl Stage<'_> {
     }
 }
 
+/// The tasks the wait follows: the publisher, then the answer to the run
+/// it left waiting for input.
+struct Tasks {
+    publishing: tokio::task::JoinHandle<Result<Ledger>>,
+    /// The publisher's ledger, once it finished.
+    ledger: Option<Ledger>,
+    /// The answer to the waiting run, while it runs.
+    continuing: Option<tokio::task::JoinHandle<Result<uuid::Uuid>>>,
+}
+
 /// What the wait has done so far.
 struct Phase {
     /// The publisher finished and its ledger is in.
@@ -541,6 +561,35 @@ impl Phase {
     }
 }
 
+/// How long the wait goes on for `target` events before it judges what is
+/// there: 3 minutes, and 40 ms an event.
+fn wait_limit(target: u64) -> Duration {
+    Duration::from_secs(180) + Duration::from_millis(40 * target)
+}
+
+/// What the wait does after a poll.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterPoll {
+    /// Polls again.
+    Poll,
+    /// Stops: two polls in a row found everything settled.
+    Settled,
+    /// Stops: the time limit passed first.
+    TimedOut,
+}
+
+/// Decides after a poll, from how many polls in a row found everything
+/// settled and how long the wait has run against its `limit`.
+fn after_poll(settled_polls: u32, elapsed: Duration, limit: Duration) -> AfterPoll {
+    if settled_polls >= 2 {
+        AfterPoll::Settled
+    } else if elapsed > limit {
+        AfterPoll::TimedOut
+    } else {
+        AfterPoll::Poll
+    }
+}
+
 /// Whether to kill worker-general now: once, when `KILL_AT_PERCENT` of the
 /// `target` events are dispatched.
 fn kill_due(killed: bool, dispatched: u64, target: u64) -> bool {
@@ -556,5 +605,22 @@ mod tests {
         assert!(!kill_due(false, 39, 100));
         assert!(kill_due(false, 40, 100));
         assert!(!kill_due(true, 90, 100));
+    }
+
+    #[test]
+    fn the_wait_stops_after_two_settled_polls_or_past_its_limit() {
+        let limit = wait_limit(100);
+        assert_eq!(limit, Duration::from_secs(184));
+        let within = Duration::from_secs(10);
+        let past = limit + Duration::from_millis(1);
+        assert_eq!(after_poll(0, within, limit), AfterPoll::Poll);
+        assert_eq!(after_poll(1, within, limit), AfterPoll::Poll);
+        assert_eq!(after_poll(2, within, limit), AfterPoll::Settled);
+        assert_eq!(after_poll(1, past, limit), AfterPoll::TimedOut);
+        assert_eq!(
+            after_poll(2, past, limit),
+            AfterPoll::Settled,
+            "settled wins over late"
+        );
     }
 }

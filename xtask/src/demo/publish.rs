@@ -409,15 +409,49 @@ struct OrderId {
     id: i64,
 }
 
-/// Business transaction `n` of the mix (one of seven kinds), written to
-/// `ledger` once committed.
+/// The seven kinds of business transaction of the mix, in turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// An order row and its confirmation mail, audit entry, webhook and index update.
+    Order,
+    /// A shipped order: a plugin hook and a notification.
+    Shipping,
+    /// A billing event with a provider's dispatch key, which the provider repeats.
+    Billing,
+    /// A marketing lead for a sales inbox.
+    Lead,
+    /// Indexing, AI cost, a plugin's capability use and a form submission.
+    Content,
+    /// A welcome mail, a login audit and a renewal.
+    Signup,
+    /// A paid invoice: a webhook and an audit entry.
+    Invoice,
+}
+
+impl Kind {
+    /// The kind of transaction `n`.
+    fn of(n: usize) -> Self {
+        [
+            Self::Order,
+            Self::Shipping,
+            Self::Billing,
+            Self::Lead,
+            Self::Content,
+            Self::Signup,
+            Self::Invoice,
+        ][n % 7]
+    }
+}
+
+/// Business transaction `n` of the mix (see [`Kind`]), written to `ledger`
+/// once committed.
 async fn transaction(conn: &mut AsyncPgConnection, n: usize, ledger: &mut Ledger) -> Result<()> {
     let tenant = TENANTS[n % TENANTS.len()];
     let email = format!("customer{n}@example.com");
-    let kind = n % 7;
+    let kind = Kind::of(n);
     let outcomes = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let order = if kind == 0 {
+            let order = if kind == Kind::Order {
                 let total = 1_000 + (n as i64 % 9_000);
                 let order: OrderId = diesel::sql_query(
                     "INSERT INTO shop_order (tenant_id, customer_email, total_cents)
@@ -440,127 +474,96 @@ async fn transaction(conn: &mut AsyncPgConnection, n: usize, ledger: &mut Ledger
     for outcome in &outcomes {
         ledger.committed.insert(outcome.id());
     }
-    if kind == 2 {
+    if kind == Kind::Billing {
         repeat_dispatch_key(conn, n, tenant, ledger).await?;
     }
     Ok(())
 }
 
 /// The events of transaction `n` of the mix for `tenant` and the customer
-/// `email`; `order` is the `(id, total in cents)` the first kind inserted.
+/// `email`; `order` is the `(id, total in cents)` an [`Kind::Order`]
+/// transaction inserted.
 fn mix_events(
     n: usize,
     tenant: &str,
     email: &str,
     order: Option<(i64, i64)>,
 ) -> Vec<NewOutboxEvent> {
-    let mut events = Vec::new();
-    match n % 7 {
-        0 => {
+    let event = |event_type: &str, payload: Value| NewOutboxEvent::new(tenant, event_type, payload);
+    match Kind::of(n) {
+        Kind::Order => {
             let (id, total) = order.unwrap_or_default();
             let vars = json!({ "orderId": id, "totalCents": total });
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "mail.order.confirmation",
-                json!({ "to": email, "template": "order-confirmation", "vars": vars }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "audit.order.created",
-                vars.clone(),
-            ));
-            events.push(NewOutboxEvent::new(tenant, "webhook.order.created", vars));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "search.index.product.updated",
-                json!({ "sku": n % 500 }),
-            ));
+            vec![
+                event(
+                    "mail.order.confirmation",
+                    json!({ "to": email, "template": "order-confirmation", "vars": vars }),
+                ),
+                event("audit.order.created", vars.clone()),
+                event("webhook.order.created", vars),
+                event("search.index.product.updated", json!({ "sku": n % 500 })),
+            ]
         }
-        1 => {
-            events.push(NewOutboxEvent::new(
-                tenant,
+        Kind::Shipping => vec![
+            event(
                 "plugin.hook.order.shipped",
                 json!({ "orderId": n, "carrier": "dhl" }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
+            ),
+            event(
                 "notification.order.shipped",
                 json!({ "title": format!("Order {n} shipped"), "userId": "u-1" }),
-            ));
-        }
-        2 => events.push(
-            NewOutboxEvent::new(
-                tenant,
-                "billing.subscription.updated",
-                json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
-            )
-            .dispatch_key(format!("stripe:evt_{n}")),
-        ),
-        3 => {
-            let tenant = if n.is_multiple_of(2) {
-                "acme"
-            } else {
-                "globex"
-            };
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "marketing.lead.created",
-                json!({ "name": format!("Lead {n}"), "email": email, "company": "Initech", "message": "Call me" }),
-            ));
-        }
-        4 => {
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "rag.index.doc.updated",
-                json!({ "doc": n }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "ai.cost.tokens.used",
-                json!({ "tokens": n }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "plugin.capability-use.ai.call",
-                json!({ "plugin": "erp" }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
+            ),
+        ],
+        Kind::Billing => vec![billing_event(n, tenant)],
+        Kind::Lead => vec![lead_event(n, email)],
+        Kind::Content => vec![
+            event("rag.index.doc.updated", json!({ "doc": n })),
+            event("ai.cost.tokens.used", json!({ "tokens": n })),
+            event("plugin.capability-use.ai.call", json!({ "plugin": "erp" })),
+            event(
                 "form.submission.received",
                 json!({ "form": "contact", "n": n }),
-            ));
-        }
-        5 => {
-            events.push(NewOutboxEvent::new(
-                tenant,
+            ),
+        ],
+        Kind::Signup => vec![
+            event(
                 "mail.user.welcome",
                 json!({ "to": email, "template": "welcome", "vars": { "name": format!("User {n}") } }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "audit.user.login",
-                json!({ "user": n }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "tenant.subscription.renewed",
-                json!({ "plan": "pro" }),
-            ));
-        }
-        _ => {
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "webhook.invoice.paid",
-                json!({ "invoice": n }),
-            ));
-            events.push(NewOutboxEvent::new(
-                tenant,
-                "audit.invoice.paid",
-                json!({ "invoice": n }),
-            ));
-        }
+            ),
+            event("audit.user.login", json!({ "user": n })),
+            event("tenant.subscription.renewed", json!({ "plan": "pro" })),
+        ],
+        Kind::Invoice => vec![
+            event("webhook.invoice.paid", json!({ "invoice": n })),
+            event("audit.invoice.paid", json!({ "invoice": n })),
+        ],
     }
-    events
+}
+
+/// The billing event of transaction `n`, keyed as its provider keys it;
+/// [`repeat_dispatch_key`] sends it again.
+fn billing_event(n: usize, tenant: &str) -> NewOutboxEvent {
+    NewOutboxEvent::new(
+        tenant,
+        "billing.subscription.updated",
+        json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
+    )
+    .dispatch_key(format!("stripe:evt_{n}"))
+}
+
+/// The marketing lead of transaction `n`: for `acme` or `globex` in turn
+/// (the tenants with sales inboxes), whoever the transaction's tenant is.
+fn lead_event(n: usize, email: &str) -> NewOutboxEvent {
+    let tenant = if n.is_multiple_of(2) {
+        "acme"
+    } else {
+        "globex"
+    };
+    NewOutboxEvent::new(
+        tenant,
+        "marketing.lead.created",
+        json!({ "name": format!("Lead {n}"), "email": email, "company": "Initech", "message": "Call me" }),
+    )
 }
 
 /// The provider delivers transaction `n`'s event again: the key makes it
@@ -571,17 +574,9 @@ async fn repeat_dispatch_key(
     tenant: &str,
     ledger: &mut Ledger,
 ) -> Result<()> {
-    let key = format!("stripe:evt_{n}");
-    let again = publish_one(
-        conn,
-        NewOutboxEvent::new(
-            tenant,
-            "billing.subscription.updated",
-            json!({ "subscriptionId": format!("sub_{n}"), "status": "active" }),
-        )
-        .dispatch_key(key.clone()),
-    )
-    .await?;
+    let event = billing_event(n, tenant);
+    let key = event.dispatch_key.clone().unwrap_or_default();
+    let again = publish_one(conn, event).await?;
     if !again.is_duplicate() {
         bail!("a repeated dispatch key {key} was published again");
     }
@@ -636,5 +631,36 @@ mod tests {
         let billing = mix_events(9, "acme", "c@example.com", None);
         assert_eq!(billing.len(), 1);
         assert_eq!(billing[0].dispatch_key.as_deref(), Some("stripe:evt_9"));
+    }
+
+    #[test]
+    fn the_seven_kinds_of_transaction_come_in_turn() {
+        let kinds: Vec<Kind> = (0..8).map(Kind::of).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Order,
+                Kind::Shipping,
+                Kind::Billing,
+                Kind::Lead,
+                Kind::Content,
+                Kind::Signup,
+                Kind::Invoice,
+                Kind::Order
+            ]
+        );
+    }
+
+    #[test]
+    fn leads_go_to_the_tenants_with_sales_inboxes_in_turn() {
+        let tenants: Vec<String> = [3, 10]
+            .into_iter()
+            .map(|n| {
+                mix_events(n, "initech", "c@example.com", None)[0]
+                    .tenant_id
+                    .clone()
+            })
+            .collect();
+        assert_eq!(tenants, ["globex", "acme"]);
     }
 }
