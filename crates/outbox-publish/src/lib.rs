@@ -78,6 +78,31 @@ pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
 pub use routes::{EventRoutes, publish_routed_event};
 pub use tx::{NotInTransaction, OutboxTx};
 
+pub use outbox_model::TypedEvent;
+
+/// Derives [`TypedEvent`] for a payload struct from its
+/// `#[outbox(event_type = "…")]` attribute; the event type is checked
+/// against the naming rule ([`outbox_model::EventType`]) while the
+/// application compiles, and a broken rule is reported at the attribute
+/// with the rule's own message. Only structs with named fields are
+/// accepted: a payload is a JSON object.
+///
+/// ```
+/// use outbox_publish::{OutboxEvent, TypedEvent};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// #[outbox(event_type = "orders.order.created")]
+/// struct OrderCreated {
+///     order_id: u64,
+/// }
+///
+/// assert_eq!(OrderCreated::EVENT_TYPE, "orders.order.created");
+/// ```
+///
+/// `#[outbox(event_type = "orders.Order.created")]` does not compile:
+/// "event type must be lowercase: 'O' at byte 7", at the string.
+pub use outbox_macros::OutboxEvent;
+
 /// The README's publishing example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
