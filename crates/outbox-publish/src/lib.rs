@@ -2,7 +2,8 @@
 //! side effect (a mail, a webhook, an audit entry, a workflow trigger) in the
 //! same Postgres transaction as the business write that causes it.
 //!
-//! [`publish_outbox_event`] and [`publish_outbox_events`] only accept an
+//! [`publish_outbox_event`] and [`publish_outbox_events`] (and [`publish`],
+//! for a typed event: a struct deriving [`OutboxEvent`]) only accept an
 //! [`OutboxTx`], a handle that proves a transaction is open; a plain
 //! connection or a pool does not compile. If the transaction rolls back, the
 //! event is gone with the business row; if it commits, the dispatcher
@@ -22,6 +23,7 @@
 //!
 //! | refusal | rule |
 //! |---|---|
+//! | [`PublishError::PayloadNotSerializable`] | only for a typed event ([`publish`], [`NewOutboxEvent::from_typed`]): serde cannot turn it into JSON |
 //! | [`PublishError::EmptyTenantId`] | `tenant_id` is empty |
 //! | [`PublishError::TenantIdContainsNul`] | `tenant_id` contains NUL (U+0000); Postgres `text` cannot store it |
 //! | [`PublishError::InvalidEventType`] | the event type breaks the naming rule ([`outbox_model::EventType`]; NUL is an invalid character) |
@@ -71,12 +73,14 @@ mod event;
 mod publish;
 mod routes;
 mod tx;
+mod typed;
 
 pub use error::PublishError;
 pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
 pub use routes::{EventRoutes, publish_routed_event};
 pub use tx::{NotInTransaction, OutboxTx};
+pub use typed::publish;
 
 pub use outbox_model::TypedEvent;
 
