@@ -1,7 +1,9 @@
 //! Typed events through the real worker path: published as a struct in a
 //! Postgres transaction, dispatched through Redis, decoded into the struct
 //! for the application's function; a payload that does not decode ends in
-//! the dead set with the decode error, without retries.
+//! the dead set with the decode error, without retries. The route of a
+//! typed handler's event types derives from its declaration, and a
+//! declared event type no rule routes stops the worker at start.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,7 +18,7 @@ use outbox_publish::{NewOutboxEvent, OutboxEvent};
 use outbox_queue::RedisSettings;
 use outbox_subscriber::{EventContext, JobError, TypedHandlers};
 use outbox_test_support::eventually;
-use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+use outbox_worker::{Group, UnroutedEventTypes, WorkerBuilder, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -60,9 +62,10 @@ async fn a_typed_event_reaches_the_typed_function_and_an_undecodable_payload_is_
     let received = Received::default();
     let stop = CancellationToken::new();
     let worker = tokio::spawn(
+        // The route of orders.order.created derives from the handler's
+        // declaration: no rule is written for it.
         WorkerBuilder::new(Group::General)
-            .route("orders.order.", "app.orders")
-            .handler(orders_handler(&received))
+            .typed(orders_handler(&received))
             .run_until(config(&stack), stop.clone().cancelled_owned()),
     );
 
@@ -132,4 +135,56 @@ async fn a_typed_event_reaches_the_typed_function_and_an_undecodable_payload_is_
 
     stop.cancel();
     worker.await.unwrap().unwrap();
+}
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(event_type = "crm.lead.won")]
+struct LeadWon {
+    lead_id: u64,
+}
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(event_type = "billing.invoice.disputed")]
+struct InvoiceDisputed {
+    invoice_id: u64,
+}
+
+#[tokio::test]
+async fn a_declared_event_type_no_rule_routes_stops_the_worker_at_start_naming_it() {
+    // Never reached: the check comes before any connection.
+    let env: HashMap<&str, &str> = [
+        ("DATABASE_URL", "postgres://127.0.0.1:1/unused"),
+        ("REDIS_URL", "redis://127.0.0.1:1"),
+        ("WORKER_HTTP_ADDR", "127.0.0.1:0"),
+    ]
+    .into_iter()
+    .collect();
+    let config = WorkerConfig::from_lookup(Group::General, &|name| {
+        env.get(name).map(|v| (*v).to_owned())
+    })
+    .unwrap();
+
+    let refused = WorkerBuilder::new(Group::General)
+        // billing.* is routed by the standard table and
+        // orders.order.created by its typed handler; crm.* is not.
+        .declare::<InvoiceDisputed>()
+        .declare::<LeadWon>()
+        .typed(orders_handler(&Received::default()))
+        .run_until(config, std::future::pending())
+        .await
+        .unwrap_err();
+
+    assert_eq!(
+        refused.downcast_ref::<UnroutedEventTypes>(),
+        Some(&UnroutedEventTypes {
+            event_types: vec!["crm.lead.won".to_owned()]
+        }),
+        "{refused:#}"
+    );
+    assert!(
+        refused.to_string().starts_with(
+            "no routing rule matches the event type(s) the application declares: crm.lead.won;"
+        ),
+        "{refused}"
+    );
 }
