@@ -1,10 +1,18 @@
-//! The routing table: event type → queue, longest matching prefix wins.
+//! The routing table: event type → queue, longest matching prefix wins; a
+//! rule may also name one whole event type (an application's typed event).
 //! Which rules it holds, the subscribers say: the standard table is made of
 //! the built-in subscribers' descriptions (`outbox_catalog::standard_router`).
 
 use std::collections::BTreeMap;
 
 /// Maps event types to queues by prefix; the longest matching prefix wins.
+///
+/// A rule's key is a prefix (segments followed by a dot, `billing.`) or
+/// one whole event type (`orders.order.created`, no trailing dot), which
+/// matches that event type only. A whole event type is longer than any
+/// prefix of it, so it wins over every prefix rule that also matches: an
+/// application routes its own typed event without taking the rest of a
+/// prefix's events.
 ///
 /// The contract's table is made of the subscribers' descriptions
 /// (`outbox_catalog::standard_router`). Rules are added with
@@ -23,7 +31,11 @@ use std::collections::BTreeMap;
 /// assert_eq!(router.route("billing.subscription.renewed"), Some("outbox.notification"));
 /// assert_eq!(router.route("billing.invoice.paid"), Some("outbox.billing-docs"));
 /// assert_eq!(router.route("legacy.report.generated"), None);
-/// assert!(router.with_rule("billing.", "outbox.other").is_err());
+/// assert!(router.clone().with_rule("billing.", "outbox.other").is_err());
+///
+/// let router = router.with_rule("billing.invoice.disputed", "app.disputes")?;
+/// assert_eq!(router.route("billing.invoice.disputed"), Some("app.disputes"));
+/// assert_eq!(router.route("billing.invoice.disputed.again"), Some("outbox.billing-docs"));
 /// # Ok::<(), outbox_dispatch::RouteError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,9 +48,10 @@ pub struct Router {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RouteError {
-    /// The prefix is not one or more event-type segments followed by a dot.
+    /// The prefix is not one or more event-type segments followed by a
+    /// dot, nor a whole event type.
     #[error(
-        "invalid routing prefix {0:?}: expected lowercase segments of [a-z0-9-] each starting with a letter, ending in '.' (like \"billing.\")"
+        "invalid routing prefix {0:?}: expected lowercase segments of [a-z0-9-] each starting with a letter, ending in '.' (like \"billing.\"), or a whole event type (like \"orders.order.created\")"
     )]
     InvalidPrefix(String),
     /// The queue name is malformed.
@@ -67,9 +80,20 @@ fn is_segment(segment: &str) -> bool {
 }
 
 fn valid_prefix(prefix: &str) -> bool {
-    prefix
-        .strip_suffix('.')
-        .is_some_and(|body| body.split('.').all(is_segment))
+    match prefix.strip_suffix('.') {
+        Some(body) => body.split('.').all(is_segment),
+        None => outbox_model::EventType::parse(prefix).is_ok(),
+    }
+}
+
+/// Whether the rule keyed `key` matches `event_type`: a prefix (ending in
+/// a dot) starts it, a whole event type equals it.
+fn matches(key: &str, event_type: &str) -> bool {
+    if key.ends_with('.') {
+        event_type.starts_with(key)
+    } else {
+        event_type == key
+    }
 }
 
 fn valid_queue(queue: &str) -> bool {
@@ -83,7 +107,8 @@ impl Router {
         Self { rules: Vec::new() }
     }
 
-    /// Adds a rule.
+    /// Adds a rule: `prefix` → `queue`, where `prefix` is segments followed
+    /// by a dot or one whole event type.
     ///
     /// # Errors
     ///
@@ -118,7 +143,7 @@ impl Router {
     pub fn route(&self, event_type: &str) -> Option<&str> {
         self.rules
             .iter()
-            .find(|(prefix, _)| event_type.starts_with(prefix.as_str()))
+            .find(|(key, _)| matches(key, event_type))
             .map(|(_, queue)| queue.as_str())
     }
 
@@ -201,13 +226,45 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_event_type_routes_that_type_only_and_wins_over_prefixes() {
+        let router = table()
+            .with_rule("billing.invoice.disputed", "app.disputes")
+            .unwrap();
+        assert_eq!(
+            router.route("billing.invoice.disputed"),
+            Some("app.disputes")
+        );
+        for other in [
+            "billing.invoice.disputed.again",
+            "billing.invoice.disputed-2",
+            "billing.invoice.paid",
+        ] {
+            assert_eq!(router.route(other), Some("outbox.notification"), "{other}");
+        }
+        assert!(matches!(
+            router.with_rule("billing.invoice.disputed", "app.other"),
+            Err(RouteError::Collision { .. })
+        ));
+    }
+
+    #[test]
     fn bad_rules_are_rejected_at_construction() {
         let base = table;
         assert!(matches!(
             base().with_rule("mail.", "outbox.mail"),
             Err(RouteError::Collision { .. })
         ));
-        for prefix in ["mail", "Mail.", ".mail.", "mail..", "", "1mail.", "ma_il."] {
+        for prefix in [
+            "mail",
+            "Mail.",
+            ".mail.",
+            "mail..",
+            "",
+            "1mail.",
+            "ma_il.",
+            "mail.user",
+            "mail.User.welcome",
+        ] {
             assert_eq!(
                 base().with_rule(prefix, "outbox.x"),
                 Err(RouteError::InvalidPrefix(prefix.to_owned())),

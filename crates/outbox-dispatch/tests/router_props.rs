@@ -1,7 +1,7 @@
 //! Property tests of the routing table: `Router::route` answers for any
 //! string, the longest matching prefix wins (checked against a brute-force
 //! search over the rules as they were added), `with_rule` accepts exactly
-//! the documented prefixes and queue names, and the standard table routes
+//! the documented prefixes (and whole event types) and queue names, and the standard table routes
 //! as the contract says.
 
 use std::collections::BTreeMap;
@@ -37,12 +37,17 @@ fn contract_rules() -> Vec<(String, String)> {
 }
 
 /// The brute-force answer: among all rules whose prefix starts
-/// `event_type`, the queue of the longest one.
+/// `event_type` (or whose whole event type is it), the queue of the
+/// longest one.
 fn reference_route(rules: &[(String, String)], event_type: &str) -> Option<String> {
     let mut best: Option<&(String, String)> = None;
     for rule in rules {
-        if event_type.starts_with(rule.0.as_str()) && best.is_none_or(|b| rule.0.len() > b.0.len())
-        {
+        let matches = if rule.0.ends_with('.') {
+            event_type.starts_with(rule.0.as_str())
+        } else {
+            event_type == rule.0
+        };
+        if matches && best.is_none_or(|b| rule.0.len() > b.0.len()) {
             best = Some(rule);
         }
     }
@@ -56,11 +61,13 @@ fn is_segment(text: &str) -> bool {
         && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// "One or more event-type segments followed by a dot".
+/// "One or more event-type segments followed by a dot", or "a whole
+/// event type".
 fn is_valid_prefix(prefix: &str) -> bool {
-    prefix
-        .strip_suffix('.')
-        .is_some_and(|body| body.split('.').all(is_segment))
+    match prefix.strip_suffix('.') {
+        Some(body) => body.split('.').all(is_segment),
+        None => EventType::parse(prefix).is_ok(),
+    }
 }
 
 /// "Two or more dot-separated lowercase segments of [a-z0-9-]", at most 200
@@ -290,7 +297,8 @@ proptest! {
         let answer = outbox_catalog::standard_router().unwrap().with_rule(&prefix, &queue);
         prop_assert_eq!(answer.as_ref().map(|_| ()).map_err(Clone::clone), expected);
         if let Ok(router) = answer {
-            prop_assert_eq!(router.route(&format!("{prefix}x.y")), Some(queue.as_str()));
+            let routed = if prefix.ends_with('.') { format!("{prefix}x.y") } else { prefix.clone() };
+            prop_assert_eq!(router.route(&routed), Some(queue.as_str()));
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The base of the transactional outbox: the diesel schema of
 //! `outbox_event`, its row types, the validated [`EventType`], the
-//! [`OutboxStatus`] life cycle, and the embedded migrations with
-//! [`run_migrations`].
+//! [`OutboxStatus`] life cycle, the [`TypedEvent`] trait of payload types,
+//! and the embedded migrations with [`run_migrations`].
 //!
 //! Every other crate of the workspace builds on this one, and every
 //! application compiles it through `outbox-publish`; it depends on nothing
@@ -16,6 +16,7 @@ mod migrations;
 mod prepared;
 mod row;
 mod status;
+mod typed;
 
 /// The diesel schema, generated from the migrations by `cargo xtask schema`
 /// (`cargo xtask test` fails when it drifts).
@@ -31,6 +32,7 @@ pub use migrations::{
 pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};
+pub use typed::TypedEvent;
 
 /// The largest accepted payload: 1 MiB of serialized JSON.
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;

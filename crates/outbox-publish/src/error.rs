@@ -10,6 +10,15 @@ use crate::NotInTransaction;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
+    /// A typed event's payload does not serialize into JSON (a map with
+    /// non-string keys, a `Serialize` impl that fails).
+    #[error("the payload of a {event_type:?} event does not serialize into JSON: {source}")]
+    PayloadNotSerializable {
+        /// The event type of the payload's type.
+        event_type: &'static str,
+        /// What serde said.
+        source: serde_json::Error,
+    },
     /// `tenant_id` is empty: every event belongs to a tenant.
     #[error("tenant_id is empty: every outbox event belongs to a tenant")]
     EmptyTenantId,
@@ -107,7 +116,8 @@ impl PublishError {
     pub fn is_invalid_event(&self) -> bool {
         matches!(
             self,
-            Self::EmptyTenantId
+            Self::PayloadNotSerializable { .. }
+                | Self::EmptyTenantId
                 | Self::TenantIdContainsNul { .. }
                 | Self::InvalidEventType(_)
                 | Self::DispatchKeyContainsNul { .. }

@@ -2,7 +2,8 @@
 //! side effect (a mail, a webhook, an audit entry, a workflow trigger) in the
 //! same Postgres transaction as the business write that causes it.
 //!
-//! [`publish_outbox_event`] and [`publish_outbox_events`] only accept an
+//! [`publish_outbox_event`] and [`publish_outbox_events`] (and [`publish`],
+//! for a typed event: a struct deriving [`OutboxEvent`]) only accept an
 //! [`OutboxTx`], a handle that proves a transaction is open; a plain
 //! connection or a pool does not compile. If the transaction rolls back, the
 //! event is gone with the business row; if it commits, the dispatcher
@@ -22,6 +23,7 @@
 //!
 //! | refusal | rule |
 //! |---|---|
+//! | [`PublishError::PayloadNotSerializable`] | only for a typed event ([`publish`], [`NewOutboxEvent::from_typed`]): serde cannot turn it into JSON |
 //! | [`PublishError::EmptyTenantId`] | `tenant_id` is empty |
 //! | [`PublishError::TenantIdContainsNul`] | `tenant_id` contains NUL (U+0000); Postgres `text` cannot store it |
 //! | [`PublishError::InvalidEventType`] | the event type breaks the naming rule ([`outbox_model::EventType`]; NUL is an invalid character) |
@@ -71,12 +73,39 @@ mod event;
 mod publish;
 mod routes;
 mod tx;
+mod typed;
 
 pub use error::PublishError;
 pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};
 pub use routes::{EventRoutes, publish_routed_event};
 pub use tx::{NotInTransaction, OutboxTx};
+pub use typed::publish;
+
+pub use outbox_model::TypedEvent;
+
+/// Derives [`TypedEvent`] for a payload struct from its
+/// `#[outbox(event_type = "…")]` attribute; the event type is checked
+/// against the naming rule ([`outbox_model::EventType`]) while the
+/// application compiles, and a broken rule is reported at the attribute
+/// with the rule's own message. Only structs with named fields are
+/// accepted: a payload is a JSON object.
+///
+/// ```
+/// use outbox_publish::{OutboxEvent, TypedEvent};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+/// #[outbox(event_type = "orders.order.created")]
+/// struct OrderCreated {
+///     order_id: u64,
+/// }
+///
+/// assert_eq!(OrderCreated::EVENT_TYPE, "orders.order.created");
+/// ```
+///
+/// `#[outbox(event_type = "orders.Order.created")]` does not compile:
+/// "event type must be lowercase: 'O' at byte 7", at the string.
+pub use outbox_macros::OutboxEvent;
 
 /// The README's publishing example, compiled as a doctest so it cannot rot.
 #[cfg(doctest)]

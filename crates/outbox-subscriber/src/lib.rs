@@ -12,6 +12,11 @@
 //! the span continues the trace context the job carries (its top-level
 //! `trace_context` member) and names it in the field `trace_id`.
 //!
+//! [`TypedHandlers`] is the handler for events whose payload is an
+//! application's struct (`outbox_model::TypedEvent`): it decodes the
+//! payload and calls the application's function with it; a payload that
+//! does not decode is dead-lettered at once with the decode error.
+//!
 //! This crate knows no concrete queue: the subscriber crates provide the
 //! handlers and describe what they add ([`SubscriberDescription`]), the
 //! worker assembles the groups.
@@ -20,10 +25,12 @@ mod body;
 mod describe;
 mod handler;
 mod runner;
+mod typed;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
 pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError, WorkerSettings};
+pub use typed::{EventContext, TypedHandlers};
 pub use wake::{QueueWakeups, WakeStream, listen_for_wakeups};

@@ -101,6 +101,14 @@ pub enum SubscriberError {
     /// Two handlers claim the same queue.
     #[error("queue {0} has two handlers")]
     DuplicateQueue(String),
+    /// A [`crate::TypedHandlers`] was given two functions for one event type.
+    #[error("the typed handler of {queue} already takes event type {event_type:?}")]
+    DuplicateEventType {
+        /// The handler's queue.
+        queue: String,
+        /// The event type given twice.
+        event_type: String,
+    },
     /// A retry setting cannot work.
     #[error("invalid worker settings: {0}")]
     Settings(String),

@@ -15,9 +15,10 @@ use anyhow::{Context, Result};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{RouteError, Router};
 use outbox_idempotency::RedisIdempotencyStore;
+use outbox_model::TypedEvent;
 use outbox_postgres::PgPool;
 use outbox_queue::QueueNamespace;
-use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription};
+use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHandlers};
 use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
 use outbox_subscriber_mail::{
     MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
@@ -129,6 +130,9 @@ pub struct WorkerBuilder {
     catalog: Catalog,
     /// The descriptions added with [`WorkerBuilder::subscriber`].
     added: Vec<SubscriberDescription>,
+    /// The event types declared with [`WorkerBuilder::typed`] and
+    /// [`WorkerBuilder::declare`], checked against the routing table at start.
+    declared: Vec<&'static str>,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -158,6 +162,7 @@ impl WorkerBuilder {
             templates: Templates::standard(),
             catalog: Catalog::built_in(),
             added: Vec::new(),
+            declared: Vec::new(),
         }
     }
 
@@ -295,6 +300,74 @@ impl WorkerBuilder {
         self.add(move |group, resources| subscriber.handlers(group, resources))
     }
 
+    /// Adds a typed handler ([`TypedHandlers`]) and routes each event type
+    /// it declares to its queue: one rule per event type, for that type
+    /// only (it wins over any prefix rule, and takes no other event of the
+    /// prefix). Checked at start like [`WorkerBuilder::route`]: an event
+    /// type another rule already sends elsewhere stops start-up.
+    ///
+    /// ```no_run
+    /// use outbox_publish::OutboxEvent;
+    /// use outbox_subscriber::{EventContext, JobError, TypedHandlers};
+    /// use outbox_worker::{Group, WorkerBuilder};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+    /// #[outbox(event_type = "orders.order.created")]
+    /// struct OrderCreated {
+    ///     order_id: u64,
+    /// }
+    ///
+    /// async fn order_created(event: OrderCreated, cx: EventContext) -> Result<(), JobError> {
+    ///     println!("order {} of {}", event.order_id, cx.tenant_id);
+    ///     Ok(())
+    /// }
+    ///
+    /// fn main() -> anyhow::Result<std::process::ExitCode> {
+    ///     let orders = TypedHandlers::new("app.orders").on(order_created)?;
+    ///     Ok(WorkerBuilder::new(Group::General).typed(orders).main())
+    /// }
+    /// ```
+    #[must_use]
+    pub fn typed(mut self, handlers: TypedHandlers) -> Self {
+        for event_type in handlers.event_types() {
+            let queue = outbox_subscriber::JobHandler::queue(&handlers);
+            self.routes.push((event_type.to_owned(), queue.to_owned()));
+            self.declared.push(event_type);
+        }
+        self.handler(handlers)
+    }
+
+    /// Declares that the application publishes events of type `E`
+    /// (consumed elsewhere, by a handler routed by a rule, a routes file or
+    /// another worker): start-up stops with [`crate::UnroutedEventTypes`],
+    /// naming every declared type, when no routing rule matches it, instead
+    /// of each such event being marked FAILED by the dispatcher later.
+    ///
+    /// ```no_run
+    /// use outbox_publish::OutboxEvent;
+    /// use outbox_worker::{Group, WorkerBuilder};
+    ///
+    /// #[derive(serde::Serialize, OutboxEvent)]
+    /// #[outbox(event_type = "crm.lead.won")]
+    /// struct LeadWon {
+    ///     lead_id: u64,
+    /// }
+    ///
+    /// fn main() -> std::process::ExitCode {
+    ///     // Without the rule, the worker refuses to start: "no routing rule
+    ///     // matches the event type(s) the application declares: crm.lead.won; …"
+    ///     WorkerBuilder::new(Group::General)
+    ///         .route("crm.lead.", "app.crm")
+    ///         .declare::<LeadWon>()
+    ///         .main()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn declare<E: TypedEvent>(mut self) -> Self {
+        self.declared.push(E::EVENT_TYPE);
+        self
+    }
+
     /// The descriptions added with [`WorkerBuilder::subscriber`].
     #[must_use]
     pub fn added_subscribers(&self) -> &[SubscriberDescription] {
@@ -428,6 +501,7 @@ impl WorkerBuilder {
         config.router = self
             .routes(config.router)
             .context("a routing rule added to the worker")?;
+        crate::declared::check(&self.declared, &config.router)?;
         crate::serve::serve(self, config, shutdown).await
     }
 

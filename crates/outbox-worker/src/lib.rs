@@ -31,6 +31,7 @@ mod bridge;
 mod builder;
 pub mod catalog;
 mod config;
+mod declared;
 mod error_reports;
 mod gauges;
 mod http;
@@ -58,6 +59,7 @@ pub use config::{
     DEFAULT_QUEUE_DONE_RETENTION_HOURS, DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group,
     WorkerConfig,
 };
+pub use declared::UnroutedEventTypes;
 pub use error_reports::{
     ErrorReportLayer, ErrorReports, SENTRY_DSN_VARIABLE, error_report_layer, start_error_reports,
 };
@@ -83,8 +85,9 @@ struct AdoptingDoctests;
 
 /// The exit code of a worker stopped by its configuration: a malformed
 /// variable (a [`ConfigError`], also from a handler added with
-/// [`WorkerBuilder::handler_with`]), or a Redis that may evict keys (see
-/// [`RedisMayEvict`]).
+/// [`WorkerBuilder::handler_with`]), a Redis that may evict keys (see
+/// [`RedisMayEvict`]), or a declared event type no rule routes
+/// ([`UnroutedEventTypes`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: command line (`--help` lists every
@@ -157,6 +160,7 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
             // same way the worker refuses one of its own.
             if e.downcast_ref::<RedisMayEvict>().is_some()
                 || e.downcast_ref::<ConfigError>().is_some()
+                || e.downcast_ref::<UnroutedEventTypes>().is_some()
             {
                 ExitCode::from(EXIT_CONFIGURATION)
             } else {

@@ -1,0 +1,40 @@
+//! [`TypedEvent`]: a payload type that carries its event type.
+
+/// A payload type whose event type is fixed by the type: what the typed
+/// publisher (`outbox_publish::publish`) writes and what a typed handler
+/// (`outbox_subscriber::TypedHandlers`) decodes.
+///
+/// Implement it with `#[derive(OutboxEvent)]` from `outbox-publish`, which
+/// checks the event type against the naming rule ([`crate::EventType`])
+/// while the application compiles and reports the broken rule at the
+/// attribute. The trait asks nothing of serde itself: the publishing side
+/// needs `Serialize`, the handling side `Deserialize`, and a payload is a
+/// JSON object, so a struct with named fields.
+///
+/// # Example
+///
+/// Written by hand here (`outbox-model` cannot use the derive); an
+/// application writes `#[derive(OutboxEvent)] #[outbox(event_type =
+/// "orders.order.created")]` instead.
+///
+/// ```
+/// use outbox_model::{EventType, TypedEvent};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct OrderCreated {
+///     order_id: u64,
+/// }
+///
+/// impl TypedEvent for OrderCreated {
+///     const EVENT_TYPE: &'static str = "orders.order.created";
+/// }
+///
+/// assert!(EventType::parse(OrderCreated::EVENT_TYPE).is_ok());
+/// ```
+pub trait TypedEvent {
+    /// The event type of every event of this type,
+    /// `<domain>.<entity>.<verb>[.<more>]`. The derive checks it at compile
+    /// time; a hand-written one that breaks the rule is refused when
+    /// published (`PublishError::InvalidEventType`).
+    const EVENT_TYPE: &'static str;
+}

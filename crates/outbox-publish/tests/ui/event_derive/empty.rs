@@ -1,0 +1,9 @@
+use outbox_publish::OutboxEvent;
+
+#[derive(OutboxEvent)]
+#[outbox(event_type = "")]
+struct OrderCreated {
+    order_id: u64,
+}
+
+fn main() {}
