@@ -68,11 +68,15 @@ mod vacuum;
 
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
-    DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_UNROUTED_GRACE,
+    DEFAULT_VACUUM_EVERY, DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, MAX_UNROUTED_GRACE,
+    RetentionConfig, UNROUTED_RECHECK,
 };
 pub use db::RowTable;
-pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
+pub use dispatcher::{
+    AfterFailedPush, Dispatcher, ForWantOfARoute, TickReport, WAKE_LOOPS, after_failed_push,
+    for_want_of_a_route, revive_routable,
+};
 pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;
