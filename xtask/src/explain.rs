@@ -202,7 +202,13 @@ impl Statement {
 
 const DONE_VALUES: &[(&str, &str)] = &[(QUEUE, "jsonb")];
 const RETRY_VALUES: &[(&str, &str)] = &[("60000", "bigint"), (ERROR, "text"), (QUEUE, "text")];
-const FAILED_VALUES: &[(&str, &str)] = &[("1", "int"), (ERROR, "text"), (QUEUE, "text")];
+// The before statement leaves the last (unrouted) parameter unused.
+const FAILED_VALUES: &[(&str, &str)] = &[
+    ("1", "int"),
+    (ERROR, "text"),
+    (QUEUE, "text"),
+    ("false", "boolean"),
+];
 
 fn statements() -> Vec<Statement> {
     let pair = |name, values, old, new| {

@@ -9,6 +9,7 @@ use outbox_queue::{QueueNamespace, redact_url};
 use serde_json::json;
 
 use crate::known::Known;
+use crate::unrouted::{self, Unrouted};
 use crate::{
     Cli, ExitStatus, Outcome, connect, filters, print_json, redis, redis_status, workflow,
 };
@@ -56,13 +57,23 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let redis_status = redis_status::read(&mut conn, &mut redis, &namespace)
         .await
         .context("cannot read Redis' persistence and loss marker")?;
+    let unrouted = Unrouted::from_types(
+        outbox_store::unrouted_types(&mut conn)
+            .await
+            .context("cannot read the events no route matches")?,
+    );
     let alert = report.iter().any(|q| !q.alerts.is_empty())
         || !workflows.alerts.is_empty()
-        || !redis_status.alerts.is_empty();
+        || !redis_status.alerts.is_empty()
+        || !unrouted.alerts.is_empty();
     if cli.json {
-        print_json(
-            &json!({ "alert": alert, "queues": report, "redis": redis_status, "workflows": workflows }),
-        )?;
+        print_json(&json!({
+            "alert": alert,
+            "queues": report,
+            "redis": redis_status,
+            "unrouted": unrouted,
+            "workflows": workflows,
+        }))?;
     } else {
         println!(
             "{:<32} {:>8} {:>6} {:>8} {:>7} {:>6} {:>8} {:>8}  ALERTS",
@@ -89,6 +100,8 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
         }
         println!();
         redis_status::print(&redis_status);
+        println!();
+        unrouted::print(&unrouted);
         println!();
         workflow::print_health(&workflows);
     }

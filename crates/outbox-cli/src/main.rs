@@ -54,6 +54,7 @@ mod render;
 mod retry_dead;
 mod show;
 mod stats;
+mod unrouted;
 mod workflow;
 mod workflow_admin;
 

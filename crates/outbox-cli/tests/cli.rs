@@ -1628,3 +1628,46 @@ async fn created_after_and_before_split_list_and_requeue_at_the_exact_time() {
 async fn failed_after_and_before_split_list_and_requeue_at_the_exact_time() {
     check_time_filter_boundary("failed_at", "failed").await;
 }
+
+#[tokio::test]
+async fn health_lists_events_waiting_for_a_route_without_an_alert_and_alerts_on_failed_unrouted_ones()
+ {
+    let env = Env::new().await;
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, unrouted_since, last_error)
+         VALUES ('acme', 'reports.report.generated', '{}', now(), 'no routing rule matches')",
+    )
+    .await;
+    let waiting = env.outbox(&["health", "--json"]);
+    assert_eq!(
+        waiting.code, 0,
+        "waiting for a route is no alert: {}",
+        waiting.stdout
+    );
+    let report = waiting.json();
+    assert_eq!(
+        report["unrouted"]["by_type"][0],
+        serde_json::json!({ "event_type": "reports.report.generated", "waiting": 1, "failed": 0 })
+    );
+
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, failed_at, unrouted_since)
+         VALUES ('acme', 'legacy.report.generated', '{}', 'FAILED', now(), now())",
+    )
+    .await;
+    let table = env.outbox(&["health"]);
+    assert_eq!(table.code, 1, "{}", table.stdout);
+    let row = table.line("legacy.report.generated");
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["legacy.report.generated", "0", "1"],
+        "{}",
+        table.stdout
+    );
+    assert!(
+        table.stdout.lines().any(|l| l
+            .starts_with("ALERT: 1 event(s) of type legacy.report.generated FAILED (unrouted)")),
+        "{}",
+        table.stdout
+    );
+}

@@ -58,6 +58,15 @@ pub const DEFAULT_VACUUM_EVERY: u64 = 20_000;
 pub const DEFAULT_MAX_RETRIES: u32 = 6;
 /// Default lease of a claimed row (`OUTBOX_LOCK_TIMEOUT_MS`).
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_millis(300_000);
+/// How long an event whose type no routing rule matches waits for a route
+/// (`OUTBOX_UNROUTED_GRACE_SECONDS`) before it goes `FAILED (unrouted)`:
+/// long enough for a rolling deploy that adds the route to finish.
+pub const DEFAULT_UNROUTED_GRACE: Duration = Duration::from_secs(600);
+/// Longest accepted unrouted grace period: a week.
+pub const MAX_UNROUTED_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// How often an event waiting for a route is claimed again, and how often a
+/// dispatcher looks for `FAILED (unrouted)` events it now has a route for.
+pub const UNROUTED_RECHECK: Duration = Duration::from_secs(30);
 
 /// How the dispatcher runs. Binaries fill it from the environment
 /// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`);
@@ -88,6 +97,13 @@ pub struct DispatcherConfig {
     /// dispatcher ([`DEFAULT_VACUUM_EVERY`]; the first round comes after
     /// [`crate::FIRST_VACUUM_ROUND`]); 0 leaves the table to autovacuum.
     pub vacuum_every: u64,
+    /// How long an event no routing rule matches waits for a route before
+    /// it goes `FAILED (unrouted)` ([`DEFAULT_UNROUTED_GRACE`]); zero
+    /// dead-letters it at once.
+    pub unrouted_grace: Duration,
+    /// How often a waiting event is claimed again and `FAILED (unrouted)`
+    /// events are looked at for a new route ([`UNROUTED_RECHECK`]).
+    pub unrouted_recheck: Duration,
 }
 
 impl Default for DispatcherConfig {
@@ -102,6 +118,8 @@ impl Default for DispatcherConfig {
             backoff: DEFAULT_BACKOFF.to_vec(),
             listen: true,
             vacuum_every: DEFAULT_VACUUM_EVERY,
+            unrouted_grace: DEFAULT_UNROUTED_GRACE,
+            unrouted_recheck: UNROUTED_RECHECK,
         }
     }
 }
@@ -147,6 +165,15 @@ impl DispatcherConfig {
         }
         if self.backoff.is_empty() {
             return fail("backoff", "must have at least one step");
+        }
+        if self.unrouted_grace > MAX_UNROUTED_GRACE {
+            return fail(
+                "OUTBOX_UNROUTED_GRACE_SECONDS",
+                "must be at most 604800 (a week)",
+            );
+        }
+        if self.unrouted_recheck.is_zero() {
+            return fail("unrouted_recheck", "must be greater than 0");
         }
         Ok(())
     }

@@ -18,8 +18,10 @@ use tracing::{Instrument, instrument};
 use uuid::Uuid;
 
 mod outcome;
+mod unrouted;
 
 pub use self::outcome::{AfterFailedPush, after_failed_push};
+pub use self::unrouted::{ForWantOfARoute, for_want_of_a_route, revive_routable};
 
 use self::outcome::Outcomes;
 use crate::draining::Draining;
@@ -57,8 +59,11 @@ pub struct TickReport {
     pub retried: usize,
     /// Rows dead-lettered after their last retry.
     pub failed: usize,
-    /// Rows dead-lettered for want of a route.
+    /// Rows dead-lettered for want of a route (their grace period is over).
     pub unrouted: usize,
+    /// Rows no route matches, put back to wait for one (within their grace
+    /// period).
+    pub waiting_for_route: usize,
     /// Rows dead-lettered because their payload exceeds
     /// [`outbox_model::MAX_PAYLOAD_BYTES`] (written by plain SQL).
     pub oversized: usize,
@@ -239,6 +244,12 @@ impl Dispatcher {
                 .clone()
                 .run(self.pool.clone(), shutdown.child_token()),
         );
+        let unrouted_watch = tokio::spawn(unrouted::watch(
+            self.pool.clone(),
+            self.router.clone(),
+            self.config.unrouted_recheck,
+            shutdown.child_token(),
+        ));
         tracing::info!(
             batch_size = self.config.batch_size,
             concurrency = self.config.concurrency,
@@ -273,6 +284,7 @@ impl Dispatcher {
         // Shutdown does not wait for a vacuum round under way (a large table
         // takes a while); the server finishes or abandons it on its own.
         upkeep.abort();
+        unrouted_watch.abort();
         if let Some(guard) = guard {
             let _ = guard.await;
         }
@@ -407,26 +419,13 @@ impl Dispatcher {
         let (claimed, mut failures) = refuse_oversized(claimed);
         report.oversized = failures.len();
         let (units, unrouted) = self.route(claimed);
-        let unrouted_failures: Vec<Failure> = unrouted
-            .iter()
-            .filter_map(|event| {
-                tracing::error!(
-                    event_id = %event.id, tenant_id = %event.tenant_id, trace_id = trace_id_of(event).as_deref(), event_type = %event.event_type,
-                    "no routing rule matches the event type; dead-lettering it (add a rule, then requeue)"
-                );
-                Some(Failure {
-                    lease: Lease::of(event)?,
-                    retry_increment: 0,
-                    error: format!("no routing rule matches event type {:?}", event.event_type),
-                    queue: None,
-                })
-            })
-            .collect();
+        let (waits, unrouted_failures) = unrouted::sort(&unrouted, &self.config);
         report.unrouted = unrouted_failures.len();
         failures.extend(unrouted_failures);
 
         let results = self.push_all(units, stop).await;
         let mut outcomes = Outcomes::with_failures(failures);
+        outcomes.waits = waits;
         outcomes.sort(results, &self.config, &mut report);
         self.record(&mut conn, &outcomes, &mut report).await?;
         Ok(report)
@@ -445,16 +444,20 @@ impl Dispatcher {
             retries,
             failures,
             released,
+            waits,
             latencies,
         } = outcomes;
         let done_ids = store::mark_done(conn, done).await?;
+        let waiting_ids = store::mark_waiting_for_route(conn, waits).await?;
         let retried_ids = store::mark_retry(conn, retries).await?;
         let failed_ids = store::mark_failed(conn, failures).await?;
         let released_ids = store::release(conn, released).await?;
         report.dispatched = done_ids.len();
         report.retried = retried_ids.len();
         report.released = released_ids.len();
+        report.waiting_for_route = waiting_ids.len();
         report.lost_leases = lost_leases(&[
+            (waits.len(), waiting_ids.len()),
             (done.len(), done_ids.len()),
             (retries.len(), retried_ids.len()),
             (failures.len(), failed_ids.len()),
@@ -560,6 +563,8 @@ impl Dispatcher {
         metrics::counter!("outbox_dispatch_failed_total", "reason" => "oversized")
             .increment(report.oversized as u64);
         metrics::counter!("outbox_dispatch_unrouted_total").increment(report.unrouted as u64);
+        metrics::counter!("outbox_dispatch_waiting_for_route_total")
+            .increment(report.waiting_for_route as u64);
         metrics::counter!("outbox_dispatch_released_total").increment(report.released as u64);
         metrics::counter!("outbox_dispatch_lost_leases_total").increment(report.lost_leases as u64);
     }
@@ -721,6 +726,7 @@ fn refuse_oversized(claimed: Vec<OutboxEvent>) -> (Vec<OutboxEvent>, Vec<Failure
                     "payload of {size} bytes exceeds the {MAX_PAYLOAD_BYTES}-byte limit; not handed off"
                 ),
                 queue: None,
+                unrouted: false,
             });
         }
     }

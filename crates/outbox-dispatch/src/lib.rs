@@ -41,11 +41,13 @@
 //! Counters `outbox_dispatch_claimed_total`, `outbox_dispatch_dispatched_total{queue}`,
 //! `outbox_dispatch_duplicates_total`, `outbox_dispatch_retried_total`,
 //! `outbox_dispatch_failed_total{reason}`, `outbox_dispatch_unrouted_total`,
+//! `outbox_dispatch_waiting_for_route_total`, `outbox_dispatch_unrouted_revived_total`,
 //! `outbox_dispatch_released_total`, `outbox_dispatch_lost_leases_total`,
 //! `outbox_dispatch_listener_reconnects_total`, `outbox_dispatch_vacuums_total`,
 //! `outbox_retention_deleted_total`;
 //! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
-//! gauge `outbox_pending_due`; from the Redis guard and reconciliation,
+//! gauges `outbox_pending_due`, `outbox_unrouted_waiting` and
+//! `outbox_unrouted_failed`; from the Redis guard and reconciliation,
 //! `outbox_redis_loss_detected_total{reason}`,
 //! `outbox_reconcile_checked_total{queue}`, `outbox_reconcile_missing_total{queue}`
 //! and `outbox_reconcile_repushed_total{queue}`. They go to whatever `metrics` recorder the
@@ -68,11 +70,15 @@ mod vacuum;
 
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
-    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
-    DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
+    DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_UNROUTED_GRACE,
+    DEFAULT_VACUUM_EVERY, DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, MAX_UNROUTED_GRACE,
+    RetentionConfig, UNROUTED_RECHECK,
 };
 pub use db::RowTable;
-pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
+pub use dispatcher::{
+    AfterFailedPush, Dispatcher, ForWantOfARoute, TickReport, WAKE_LOOPS, after_failed_push,
+    for_want_of_a_route, revive_routable,
+};
 pub use draining::Draining;
 pub use error::DispatchError;
 pub use gate::GATE_APPLICATION_NAME;

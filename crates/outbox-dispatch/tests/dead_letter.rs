@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{Harness, exec, quick_config};
+use common::{Harness, exec, no_route_grace, quick_config};
 use outbox_dispatch::DispatcherConfig;
 use outbox_model::OutboxStatus;
 use outbox_publish::NewOutboxEvent;
@@ -27,7 +27,7 @@ async fn failed_at_is_set_when_a_row_is_dead_lettered_and_only_then() {
     let (routed, unroutable) = (ids[0], ids[1]);
 
     let before = h.db_now().await;
-    let report = h.dispatcher(quick_config()).tick().await.unwrap();
+    let report = h.dispatcher(no_route_grace()).tick().await.unwrap();
     let after = h.db_now().await;
     assert_eq!((report.dispatched, report.unrouted), (1, 1), "{report:?}");
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Harness, PausableRedis, exec, quick_config};
+use common::{Harness, PausableRedis, exec, no_route_grace, quick_config};
 use diesel::sql_types::Text;
 use diesel_async::RunQueryDsl;
 use outbox_dispatch::{DispatcherConfig, TickReport};
@@ -116,7 +116,7 @@ async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transac
 }
 
 #[tokio::test]
-async fn unrouted_events_fail_at_once_with_the_reason() {
+async fn without_a_grace_period_unrouted_events_fail_at_once_with_the_reason() {
     let h = Harness::new().await;
     let mut conn = h.conn().await;
     exec(
@@ -125,7 +125,7 @@ async fn unrouted_events_fail_at_once_with_the_reason() {
          VALUES ('globex', 'legacy.report.generated', '{}')",
     )
     .await;
-    let dispatcher = h.dispatcher(quick_config());
+    let dispatcher = h.dispatcher(no_route_grace());
 
     let report = dispatcher.tick().await.unwrap();
 
@@ -177,7 +177,7 @@ async fn the_error_log_of_an_unrouted_row_names_the_trace_of_the_transaction_tha
     .await;
     let logs = LogCapture::start();
 
-    let report = h.dispatcher(quick_config()).tick().await.unwrap();
+    let report = h.dispatcher(no_route_grace()).tick().await.unwrap();
 
     assert_eq!(report.unrouted, 1);
     let id = h.rows().await[0].id.to_string();
@@ -380,8 +380,10 @@ async fn outcome_plans(
     conn: &mut diesel_async::AsyncPgConnection,
     ids: &[uuid::Uuid],
     lease: chrono::DateTime<chrono::Utc>,
-) -> [(&'static str, String); 4] {
-    use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid};
+) -> [(&'static str, String); 5] {
+    use diesel::sql_types::{
+        Array, BigInt, Bool, Int4, Jsonb, Nullable, Timestamptz, Uuid as SqlUuid,
+    };
     use outbox_store as db;
 
     let queues: serde_json::Map<String, serde_json::Value> = ids
@@ -411,6 +413,15 @@ async fn outcome_plans(
         .bind::<Int4, _>(1)
         .bind::<Text, _>("boom")
         .bind::<Nullable<Text>, _>(Some("outbox.audit"))
+        .bind::<Bool, _>(false)
+        .load(conn)
+        .await
+        .unwrap();
+    let wait = explain(db::WAIT_FOR_ROUTE_SQL)
+        .bind::<Array<SqlUuid>, _>(ids.to_vec())
+        .bind::<Timestamptz, _>(lease)
+        .bind::<BigInt, _>(30_000_i64)
+        .bind::<Text, _>("no route")
         .load(conn)
         .await
         .unwrap();
@@ -425,6 +436,7 @@ async fn outcome_plans(
         ("retry", text(retry)),
         ("failed", text(failed)),
         ("release", text(release)),
+        ("wait for a route", text(wait)),
     ]
 }
 

@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::{Harness, PausableRedis, exec, quick_config};
+use common::{Harness, PausableRedis, exec, no_route_grace, quick_config};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_dispatch::DispatcherConfig;
 use outbox_model::OutboxStatus;
@@ -73,7 +73,7 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
     });
     let dispatcher = {
         let _runtime = runtime.enter();
-        h.dispatcher(quick_config())
+        h.dispatcher(no_route_grace())
     };
 
     // The recorder is thread-local; the current-thread runtime keeps the tick on this thread.

@@ -273,6 +273,7 @@ async fn a_stalled_dispatchers_failure_cannot_dead_letter_a_row_another_dispatch
             retry_increment: 1,
             error: "hand-off to outbox.audit failed: late".into(),
             queue: Some("outbox.audit".into()),
+            unrouted: false,
         };
         db::mark_failed(conn, &[failure]).await.unwrap()
     })

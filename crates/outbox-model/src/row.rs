@@ -53,6 +53,10 @@ pub struct OutboxEvent {
     pub traceparent: Option<String>,
     /// The W3C `tracestate` that goes with `traceparent`.
     pub tracestate: Option<String>,
+    /// When a dispatcher first found no route for the event's type: set
+    /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
+    /// row, `None` otherwise.
+    pub unrouted_since: Option<DateTime<Utc>>,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.

@@ -101,6 +101,8 @@ diesel::table! {
         traceparent -> Nullable<Text>,
         /// W3C tracestate that goes with traceparent; ignored without it.
         tracestate -> Nullable<Text>,
+        /// When a dispatcher first found no route for the event: set while it waits for one (PENDING) and on a FAILED (unrouted) row; NULL otherwise.
+        unrouted_since -> Nullable<Timestamptz>,
     }
 }
 

@@ -158,6 +158,7 @@ mod tests {
             generation: 0,
             traceparent: traceparent.map(str::to_owned),
             tracestate: tracestate.map(str::to_owned),
+            unrouted_since: None,
         }
     }
 

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{
+    Array, BigInt, Bool, Int4, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid,
+};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use futures_util::future::try_join_all;
 use outbox_model::{OutboxEvent, prepared};
@@ -138,7 +140,7 @@ macro_rules! fenced {
 pub const DONE_SQL: &str = concat!(
     "UPDATE outbox_event
      SET status = 'DONE', processed_at = now(), locked_until = NULL,
-         last_error = NULL, target_queue = $3 ->> id::text
+         last_error = NULL, target_queue = $3 ->> id::text, unrouted_since = NULL
      ",
     fenced!()
 );
@@ -150,17 +152,33 @@ pub const RETRY_SQL: &str = concat!(
     "UPDATE outbox_event
      SET status = 'PENDING', retries = retries + 1, locked_until = NULL,
          scheduled_at = now() + make_interval(secs => $3 / 1000.0),
-         last_error = $4, target_queue = $5
+         last_error = $4, target_queue = $5, unrouted_since = NULL
      ",
     fenced!()
 );
 
 /// Dead-letters rows; one statement per lease, retry increment (`$3`), error
-/// (`$4`) and queue (`$5`). See [`mark_failed`].
+/// (`$4`), queue (`$5`) and whether no route matched (`$6`: the row keeps or
+/// gets its `unrouted_since`, so that a later route revives it). See
+/// [`mark_failed`].
 pub const FAILED_SQL: &str = concat!(
     "UPDATE outbox_event
      SET status = 'FAILED', retries = retries + $3, locked_until = NULL,
-         last_error = $4, target_queue = $5, failed_at = now()
+         last_error = $4, target_queue = $5, failed_at = now(),
+         unrouted_since = CASE WHEN $6 THEN coalesce(unrouted_since, now()) END
+     ",
+    fenced!()
+);
+
+/// Puts rows that no routing rule matches back to `PENDING` to wait for a
+/// route: due again after `$3` milliseconds, retries unchanged, `$4` as the
+/// last error, and `unrouted_since` stamped the first time. See
+/// [`mark_waiting_for_route`].
+pub const WAIT_FOR_ROUTE_SQL: &str = concat!(
+    "UPDATE outbox_event
+     SET status = 'PENDING', locked_until = NULL,
+         scheduled_at = now() + make_interval(secs => $3 / 1000.0),
+         last_error = $4, unrouted_since = coalesce(unrouted_since, now())
      ",
     fenced!()
 );
@@ -273,6 +291,9 @@ pub struct Failure {
     pub error: String,
     /// The queue, when it was routed.
     pub queue: Option<String>,
+    /// True when no routing rule matched: the row is marked `FAILED
+    /// (unrouted)` and a dispatcher with a route for it revives it.
+    pub unrouted: bool,
 }
 
 /// Moves rows to `FAILED`, stamping `failed_at = now()`: one [`FAILED_SQL`]
@@ -287,13 +308,13 @@ pub async fn mark_failed(conn: &mut AsyncPgConnection, failures: &[Failure]) -> 
             f.retry_increment,
             f.error.clone(),
             f.queue.clone(),
+            f.unrouted,
         );
         (key, f.lease.id)
     }));
     let conn: &AsyncPgConnection = conn;
-    let statements = groups
-        .into_iter()
-        .map(|((lease, increment, error, queue), ids)| async move {
+    let statements = groups.into_iter().map(
+        |((lease, increment, error, queue, unrouted), ids)| async move {
             let mut conn = conn;
             prepared(FAILED_SQL)
                 .bind::<Array<SqlUuid>, _>(ids)
@@ -301,6 +322,49 @@ pub async fn mark_failed(conn: &mut AsyncPgConnection, failures: &[Failure]) -> 
                 .bind::<Int4, _>(increment)
                 .bind::<Text, _>(error)
                 .bind::<Nullable<Text>, _>(queue)
+                .bind::<Bool, _>(unrouted)
+                .load::<IdRow>(&mut conn)
+                .await
+        },
+    );
+    Ok(try_join_all(statements).await.map(updated)?)
+}
+
+/// A claimed row no routing rule matches, to wait for a route.
+#[derive(Debug, Clone)]
+pub struct WaitForRoute {
+    /// The claimed row.
+    pub lease: Lease,
+    /// Delay before the row is due again, in milliseconds.
+    pub delay_ms: i64,
+    /// Why it waits (kept as the row's last error).
+    pub error: String,
+}
+
+/// Puts rows that no route matches back to `PENDING` to wait for one (see
+/// [`WAIT_FOR_ROUTE_SQL`]): one statement per lease, delay and error,
+/// pipelined. Returns the ids actually updated.
+#[instrument(level = "debug", skip_all, fields(rows = waits.len()), err(level = "debug"))]
+pub async fn mark_waiting_for_route(
+    conn: &mut AsyncPgConnection,
+    waits: &[WaitForRoute],
+) -> Result<Vec<Uuid>> {
+    let groups = group(waits.iter().map(|w| {
+        (
+            (w.lease.locked_until, w.delay_ms, w.error.clone()),
+            w.lease.id,
+        )
+    }));
+    let conn: &AsyncPgConnection = conn;
+    let statements = groups
+        .into_iter()
+        .map(|((lease, delay_ms, error), ids)| async move {
+            let mut conn = conn;
+            prepared(WAIT_FOR_ROUTE_SQL)
+                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<BigInt, _>(delay_ms)
+                .bind::<Text, _>(error)
                 .load::<IdRow>(&mut conn)
                 .await
         });

@@ -57,7 +57,7 @@ pub struct Requeued {
 
 /// Requeues the rows of `change` in one transaction: each row goes back to
 /// PENDING with retries 0, due now, no lease, no processed_at, no
-/// failed_at, no last_error, no target_queue; one history row per
+/// failed_at, no last_error, no target_queue, no unrouted_since; one history row per
 /// requeued row; and a NOTIFY that wakes the dispatchers.
 ///
 /// A replayed (DONE) row starts a new delivery generation (`generation + 1`,
@@ -96,6 +96,7 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
             "UPDATE outbox_event
              SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
                  processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL,
+                 unrouted_since = NULL,
                  generation = generation + CASE WHEN status = 'DONE' THEN 1 ELSE 0 END
              WHERE id = ANY($1)",
         )

@@ -4,7 +4,8 @@
 //! lives here, as a named operation with typed parameters: the publisher's
 //! inserts ([`insert_event`], [`insert_events`]), the claim and
 //! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
-//! [`mark_failed`], [`release`]), retention ([`purge_done_batch`]), the
+//! [`mark_failed`], [`mark_waiting_for_route`], [`release`]), the events no
+//! route matched ([`unrouted_types`], [`failed_unrouted_ids`]), retention ([`purge_done_batch`]), the
 //! operator's requeue and cancel with history ([`requeue`], [`cancel`]),
 //! listings and lookups ([`list_events`], [`event`], [`history`], …),
 //! figures ([`pending_figures`], [`group_counts`]) and the upkeep of the
@@ -56,10 +57,12 @@ mod redis_guard;
 mod retention;
 mod select;
 mod stats;
+mod unrouted;
 
 pub use claim::{
-    CLAIM_SQL, DONE_SQL, FAILED_SQL, Failure, Lease, RELEASE_SQL, RETRY_SQL, Retry, claim,
-    due_pending_count, mark_done, mark_failed, mark_retry, release,
+    CLAIM_SQL, DONE_SQL, FAILED_SQL, Failure, Lease, RELEASE_SQL, RETRY_SQL, Retry,
+    WAIT_FOR_ROUTE_SQL, WaitForRoute, claim, due_pending_count, mark_done, mark_failed, mark_retry,
+    mark_waiting_for_route, release,
 };
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
@@ -80,3 +83,4 @@ pub use stats::{
     GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,
     group_counts, pending_figures, status_queue_counts, unfinished_count,
 };
+pub use unrouted::{UnroutedType, failed_unrouted_ids, unrouted_types};

@@ -116,6 +116,26 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ),
     ("outbox_pending_due", Kind::Gauge, "PENDING rows due now"),
     (
+        "outbox_unrouted_waiting",
+        Kind::Gauge,
+        "PENDING events no routing rule matches, waiting for a route within their grace period",
+    ),
+    (
+        "outbox_unrouted_failed",
+        Kind::Gauge,
+        "FAILED (unrouted) events: their grace period ran out and no running dispatcher routes them",
+    ),
+    (
+        "outbox_dispatch_waiting_for_route_total",
+        Kind::Counter,
+        "Claims of events no routing rule matches that were put back to wait for a route",
+    ),
+    (
+        "outbox_dispatch_unrouted_revived_total",
+        Kind::Counter,
+        "FAILED (unrouted) events requeued by a dispatcher that now has a route for them",
+    ),
+    (
         "outbox_pending_overdue",
         Kind::Gauge,
         "PENDING rows due for more than 60 s",

@@ -470,6 +470,9 @@ fn dispatcher(env: &Env<'_>, wakeups: bool) -> Result<DispatcherConfig, ConfigEr
         vacuum_every: env.whole(&v::OUTBOX_DISPATCH_VACUUM_EVERY)?,
         max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
         lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
+        unrouted_grace: env
+            .whole(&v::OUTBOX_UNROUTED_GRACE_SECONDS)
+            .map(Duration::from_secs)?,
         ..DispatcherConfig::default()
     })
 }

@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use outbox_dispatch::{
     DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL, DEFAULT_LOCK_TIMEOUT,
-    DEFAULT_MAX_RETRIES, MAX_BATCH_SIZE, RedisGuardSettings, RetentionConfig,
+    DEFAULT_MAX_RETRIES, DEFAULT_UNROUTED_GRACE, MAX_BATCH_SIZE, MAX_UNROUTED_GRACE,
+    RedisGuardSettings, RetentionConfig,
 };
 use outbox_subscriber::WorkerSettings;
 use outbox_subscriber_mail::SmtpSettings;
@@ -268,6 +269,14 @@ pub const OUTBOX_LOCK_TIMEOUT_MS: Whole = Whole {
     min: 1000,
     max: MAX_MILLIS,
     meaning: "lease of a claimed row in ms; past it another dispatcher may claim it",
+};
+/// `OUTBOX_UNROUTED_GRACE_SECONDS`.
+pub const OUTBOX_UNROUTED_GRACE_SECONDS: Whole = Whole {
+    name: "OUTBOX_UNROUTED_GRACE_SECONDS",
+    default: DEFAULT_UNROUTED_GRACE.as_secs(),
+    min: 0,
+    max: MAX_UNROUTED_GRACE.as_secs(),
+    meaning: "seconds an event no routing rule matches waits for a route before it is FAILED (unrouted); 0 fails it at once",
 };
 /// `OUTBOX_DONE_RETENTION_HOURS`.
 pub const OUTBOX_DONE_RETENTION_HOURS: Whole = Whole {
@@ -564,6 +573,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         W(OUTBOX_DISPATCH_VACUUM_EVERY),
         W(OUTBOX_MAX_RETRIES),
         W(OUTBOX_LOCK_TIMEOUT_MS),
+        W(OUTBOX_UNROUTED_GRACE_SECONDS),
         W(OUTBOX_DONE_RETENTION_HOURS),
         W(OUTBOX_DONE_RETENTION_BATCH_SIZE),
         W(OUTBOX_DONE_RETENTION_INTERVAL_MS),

@@ -41,7 +41,12 @@ async fn an_unrouted_event_is_reported_to_sentry_with_its_tags_and_no_password()
     let _general = stack
         .start(
             GENERAL,
-            &[("SENTRY_DSN", &dsn), ("DATABASE_URL", &database_url)],
+            &[
+                ("SENTRY_DSN", &dsn),
+                ("DATABASE_URL", &database_url),
+                // Dead-lettered at once, not after waiting for a route.
+                ("OUTBOX_UNROUTED_GRACE_SECONDS", "0"),
+            ],
         )
         .await;
     let id = stack
@@ -106,7 +111,12 @@ async fn reports_carry_the_trace_id_of_the_row_or_job_they_concern() {
             stack.http.url_for("/gone")
         ))
         .await;
-    let _general = stack.start(GENERAL, &[("SENTRY_DSN", &dsn)]).await;
+    let _general = stack
+        .start(
+            GENERAL,
+            &[("SENTRY_DSN", &dsn), ("OUTBOX_UNROUTED_GRACE_SECONDS", "0")],
+        )
+        .await;
     let _mail = stack.start(MAIL, &[("SENTRY_DSN", &dsn)]).await;
     // Written by plain SQL with the producers' trace contexts: one no rule
     // routes (the dispatcher reports it), one whose endpoint answers 410

@@ -1107,7 +1107,7 @@ async fn kills_restarts_and_broken_connections_lose_nothing_and_repeat_only_insi
         ))
         .await;
     let concurrency = CONCURRENCY.to_string();
-    let env: [(&str, &str); 6] = [
+    let env: [(&str, &str); 7] = [
         ("REDIS_URL", redis_url.as_str()),
         ("WORKER_CONCURRENCY", concurrency.as_str()),
         // Orphaned jobs come back 4 heartbeats after a kill.
@@ -1119,6 +1119,9 @@ async fn kills_restarts_and_broken_connections_lose_nothing_and_repeat_only_insi
         ("WEBHOOK_TIMEOUT_MS", "3000"),
         // A killed delivery's key is free again about when its job comes back.
         ("DELIVERY_LEASE_MS", "3500"),
+        // The unroutable row is dead-lettered at once, not after waiting
+        // for a route.
+        ("OUTBOX_UNROUTED_GRACE_SECONDS", "0"),
     ];
     let mut workers = Workers {
         general: stack.start(GENERAL, &env).await,

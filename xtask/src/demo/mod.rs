@@ -247,6 +247,9 @@ impl Stage<'_> {
             ("OUTBOX_DISPATCH_INTERVAL_MS", "200".to_owned()),
             // A killed dispatcher's claimed rows come back after 5 s.
             ("OUTBOX_LOCK_TIMEOUT_MS", "5000".to_owned()),
+            // The mix's unroutable event is dead-lettered at once (in
+            // production it waits OUTBOX_UNROUTED_GRACE_SECONDS for a route).
+            ("OUTBOX_UNROUTED_GRACE_SECONDS", "0".to_owned()),
             ("SMTP_URL", self.smtp.url()),
             ("MAIL_FROM", "shop@acme.test".to_owned()),
             // The sinks listen on loopback.

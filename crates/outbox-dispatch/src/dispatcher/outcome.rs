@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{PushResult, TickReport, trace_id_of};
 use crate::DispatcherConfig;
-use outbox_store::{Failure, Lease, Retry};
+use outbox_store::{Failure, Lease, Retry, WaitForRoute};
 
 /// What happens to a row whose hand-off to Redis failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +67,8 @@ pub(super) struct Outcomes {
     pub failures: Vec<Failure>,
     /// Never pushed (the tick was stopped): released as they were.
     pub released: Vec<Lease>,
+    /// No route matches them yet: back to `PENDING` to wait for one.
+    pub waits: Vec<WaitForRoute>,
     /// For the latency histogram: event, queue, and when it became due.
     pub latencies: Vec<(Uuid, String, DateTime<Utc>)>,
 }
@@ -123,6 +125,7 @@ impl Outcomes {
                                     retry_increment: 1,
                                     error: reason,
                                     queue: Some(unit.queue.clone()),
+                                    unrouted: false,
                                 });
                                 report.failed += 1;
                             }

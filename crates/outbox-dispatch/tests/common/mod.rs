@@ -10,7 +10,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME};
+use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME, Router};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
@@ -48,6 +48,25 @@ impl Harness {
 
     /// A dispatcher pushing to the Redis at `redis_url`.
     pub fn dispatcher_on(&self, redis_url: &str, config: DispatcherConfig) -> Arc<Dispatcher> {
+        self.dispatcher_routing(
+            redis_url,
+            outbox_catalog::standard_router().unwrap(),
+            config,
+        )
+    }
+
+    /// A dispatcher with its own routing table (a version of the
+    /// application with other routes).
+    pub fn dispatcher_with(&self, router: Router, config: DispatcherConfig) -> Arc<Dispatcher> {
+        self.dispatcher_routing(self.redis.url(), router, config)
+    }
+
+    fn dispatcher_routing(
+        &self,
+        redis_url: &str,
+        router: Router,
+        config: DispatcherConfig,
+    ) -> Arc<Dispatcher> {
         let redis = outbox_queue::connect(&RedisSettings::new(redis_url)).unwrap();
         Arc::new(
             Dispatcher::new(
@@ -55,7 +74,7 @@ impl Harness {
                 self.db.url(),
                 redis,
                 self.namespace.clone(),
-                outbox_catalog::standard_router().unwrap(),
+                router,
                 config,
             )
             .unwrap(),
@@ -245,6 +264,15 @@ pub fn quick_config() -> DispatcherConfig {
         interval: Duration::from_millis(100),
         listen: false,
         ..DispatcherConfig::default()
+    }
+}
+
+/// [`quick_config`] without a grace period: an unrouted event is
+/// dead-lettered by the tick that claims it.
+pub fn no_route_grace() -> DispatcherConfig {
+    DispatcherConfig {
+        unrouted_grace: Duration::ZERO,
+        ..quick_config()
     }
 }
 

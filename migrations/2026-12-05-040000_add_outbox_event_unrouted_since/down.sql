@@ -1,0 +1,2 @@
+DROP INDEX outbox_event_unrouted_idx;
+ALTER TABLE outbox_event DROP COLUMN unrouted_since;
