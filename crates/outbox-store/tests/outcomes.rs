@@ -118,12 +118,14 @@ async fn a_failure_dead_letters_the_row_with_its_error_and_increment() {
             retry_increment: 1,
             error: "out of retries".to_owned(),
             queue: Some("outbox.audit".to_owned()),
+            unrouted: false,
         },
         Failure {
             lease: lease(1),
             retry_increment: 0,
             error: "no route".to_owned(),
             queue: None,
+            unrouted: true,
         },
     ];
 
@@ -143,6 +145,11 @@ async fn a_failure_dead_letters_the_row_with_its_error_and_increment() {
         assert_eq!(failed.locked_until, None);
         assert!(failed.failed_at.is_some());
     }
+    assert_eq!(exhausted.unrouted_since, None);
+    assert!(
+        unroutable.unrouted_since.is_some(),
+        "an unrouted failure is marked, so that a route revives it"
+    );
 }
 
 #[tokio::test]
@@ -238,5 +245,6 @@ fn failure(lease: Lease) -> Failure {
         retry_increment: 1,
         error: "late".to_owned(),
         queue: None,
+        unrouted: false,
     }
 }
