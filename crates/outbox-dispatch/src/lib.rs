@@ -69,7 +69,10 @@ mod vacuum;
 pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_VACUUM_EVERY,
-    DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, RetentionConfig,
+    DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, MIN_LOCK_TIMEOUT, OUTBOX_DISPATCH_BATCH_SIZE,
+    OUTBOX_DISPATCH_CONCURRENCY, OUTBOX_DISPATCH_INTERVAL_MS, OUTBOX_DISPATCH_LOOPS,
+    OUTBOX_DISPATCH_VACUUM_EVERY, OUTBOX_DONE_RETENTION_BATCH_SIZE, OUTBOX_DONE_RETENTION_HOURS,
+    OUTBOX_LOCK_TIMEOUT_MS, OUTBOX_MAX_RETRIES, RetentionConfig,
 };
 pub use db::RowTable;
 pub use dispatcher::{AfterFailedPush, Dispatcher, TickReport, WAKE_LOOPS, after_failed_push};
@@ -83,13 +86,13 @@ pub use reconcile::{
     Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
 };
 pub use redis_guard::{
-    Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason, RedisGuard,
-    RedisGuardSettings, SAFE_POINT_LAG, SafePointPass, assess, guard_status, next_safe_point,
-    window_start,
+    Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason,
+    OUTBOX_REDIS_CHECK_INTERVAL_MS, RedisGuard, RedisGuardSettings, SAFE_POINT_LAG, SafePointPass,
+    assess, guard_status, next_safe_point, window_start,
 };
 pub use retention::{
     PAUSE_WHILE_DRAINING, RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention,
 };
 pub use router::{RouteError, Router};
-pub use routes_file::RoutesFileError;
+pub use routes_file::{OUTBOX_ROUTES_FILE, RoutesFileError};
 pub use vacuum::FIRST_VACUUM_ROUND;
