@@ -30,11 +30,11 @@
 //!
 //! let unset = |_: &str| None;
 //! assert_eq!(EXAMPLE_TICK_MS.read_millis(&unset)?, DEFAULT_TICK);
-//! let zero = |_: &str| Some("0".to_owned());
-//! let error = EXAMPLE_TICK_MS.read(&zero).unwrap_err();
+//! let soon = |_: &str| Some("soon".to_owned());
+//! let error = EXAMPLE_TICK_MS.read(&soon).unwrap_err();
 //! assert_eq!(
 //!     error.to_string(),
-//!     "invalid configuration: EXAMPLE_TICK_MS=\"0\": must be between 1 and 4611686018427387903"
+//!     "invalid configuration: EXAMPLE_TICK_MS=\"soon\": is not a whole number"
 //! );
 //! # Ok::<(), outbox_env::VariableError>(())
 //! ```
