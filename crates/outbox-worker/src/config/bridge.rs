@@ -73,7 +73,10 @@ impl BridgeConfig {
             .read(get)
             .unwrap_or_else(|| WORKFLOW_BRIDGE_ADDR.default.to_owned());
         let addr = addr_text.trim().parse().map_err(|_| {
-            WORKFLOW_BRIDGE_ADDR.refuse(addr_text.clone(), "is not an address like 127.0.0.1:8787")
+            WORKFLOW_BRIDGE_ADDR.refuse(
+                addr_text.clone(),
+                format!("is not an address like {}", WORKFLOW_BRIDGE_ADDR.default),
+            )
         })?;
         // Required here, unlike in the workers.
         WORKFLOW_BRIDGE_SECRET.required(get)?;
