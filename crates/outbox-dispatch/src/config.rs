@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use outbox_env::{MAX_MILLIS, VariableError, Whole, hours, millis};
+
 /// The seed's retry schedule: 1, 2, 4, 8, 16, 32 minutes.
 pub const DEFAULT_BACKOFF: [Duration; 6] = [
     Duration::from_secs(60),
@@ -67,6 +69,74 @@ pub const MAX_UNROUTED_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// How often an event waiting for a route is claimed again, and how often a
 /// dispatcher looks for `FAILED (unrouted)` events it now has a route for.
 pub const UNROUTED_RECHECK: Duration = Duration::from_secs(30);
+/// The shortest lease of a claimed row [`DispatcherConfig::validate`]
+/// accepts.
+pub const MIN_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `OUTBOX_DISPATCH_INTERVAL_MS`: [`DispatcherConfig::interval`].
+pub const OUTBOX_DISPATCH_INTERVAL_MS: Whole = Whole {
+    name: "OUTBOX_DISPATCH_INTERVAL_MS",
+    default: millis(DEFAULT_INTERVAL),
+    min: 1,
+    max: MAX_MILLIS,
+    meaning: "dispatcher poll cadence in ms (inserts also wake it through NOTIFY)",
+};
+/// `OUTBOX_DISPATCH_BATCH_SIZE`: [`DispatcherConfig::batch_size`].
+pub const OUTBOX_DISPATCH_BATCH_SIZE: Whole = Whole {
+    name: "OUTBOX_DISPATCH_BATCH_SIZE",
+    default: DEFAULT_BATCH_SIZE as u64,
+    min: 1,
+    max: MAX_BATCH_SIZE as u64,
+    meaning: "rows the dispatcher claims per tick",
+};
+/// `OUTBOX_DISPATCH_CONCURRENCY`: [`DispatcherConfig::concurrency`].
+pub const OUTBOX_DISPATCH_CONCURRENCY: Whole = Whole {
+    name: "OUTBOX_DISPATCH_CONCURRENCY",
+    default: DEFAULT_CONCURRENCY as u64,
+    min: 1,
+    max: 1000,
+    meaning: "queue pushes in flight within a tick",
+};
+/// `OUTBOX_DISPATCH_LOOPS`: [`DispatcherConfig::loops`].
+pub const OUTBOX_DISPATCH_LOOPS: Whole = Whole {
+    name: "OUTBOX_DISPATCH_LOOPS",
+    default: DEFAULT_LOOPS as u64,
+    min: 1,
+    max: MAX_LOOPS as u64,
+    meaning: "claim-and-hand-off loops the dispatcher runs at once (each uses one Postgres connection while it ticks)",
+};
+/// `OUTBOX_DISPATCH_VACUUM_EVERY`: [`DispatcherConfig::vacuum_every`].
+pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {
+    name: "OUTBOX_DISPATCH_VACUUM_EVERY",
+    default: DEFAULT_VACUUM_EVERY,
+    min: 0,
+    max: 1_000_000_000,
+    meaning: "the most claimed rows between two VACUUM (SKIP_LOCKED) outbox_event of the dispatcher (the first after 1,000, later ones after the table's row count while that is smaller), which keep dead entries out of the claim index and plans fresh; 0 leaves the table to autovacuum",
+};
+/// `OUTBOX_MAX_RETRIES`: [`DispatcherConfig::max_retries`].
+pub const OUTBOX_MAX_RETRIES: Whole = Whole {
+    name: "OUTBOX_MAX_RETRIES",
+    default: DEFAULT_MAX_RETRIES as u64,
+    min: 0,
+    max: 1000,
+    meaning: "failed hand-offs retried (1, 2, 4 … 32 min apart) before a row is FAILED",
+};
+/// `OUTBOX_LOCK_TIMEOUT_MS`: [`DispatcherConfig::lock_timeout`].
+pub const OUTBOX_LOCK_TIMEOUT_MS: Whole = Whole {
+    name: "OUTBOX_LOCK_TIMEOUT_MS",
+    default: millis(DEFAULT_LOCK_TIMEOUT),
+    min: millis(MIN_LOCK_TIMEOUT),
+    max: MAX_MILLIS,
+    meaning: "lease of a claimed row in ms; past it another dispatcher may claim it",
+};
+/// `OUTBOX_UNROUTED_GRACE_SECONDS`: [`DispatcherConfig::unrouted_grace`].
+pub const OUTBOX_UNROUTED_GRACE_SECONDS: Whole = Whole {
+    name: "OUTBOX_UNROUTED_GRACE_SECONDS",
+    default: DEFAULT_UNROUTED_GRACE.as_secs(),
+    min: 0,
+    max: MAX_UNROUTED_GRACE.as_secs(),
+    meaning: "seconds an event no routing rule matches waits for a route before it is FAILED (unrouted); 0 fails it at once",
+};
 
 /// How the dispatcher runs. Binaries fill it from the environment
 /// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`);
@@ -135,6 +205,37 @@ pub struct ConfigError {
 }
 
 impl DispatcherConfig {
+    /// The settings of the variables above read through `get` (the process
+    /// environment in a binary), the rest as [`Default`]; each range is
+    /// one [`DispatcherConfig::validate`] accepts.
+    ///
+    /// ```
+    /// use outbox_dispatch::DispatcherConfig;
+    ///
+    /// let get = |name: &str| (name == "OUTBOX_DISPATCH_BATCH_SIZE").then(|| "100".to_owned());
+    /// let config = DispatcherConfig::from_lookup(&get)?;
+    /// assert_eq!(config.batch_size, 100);
+    /// assert_eq!(config.interval, outbox_dispatch::DEFAULT_INTERVAL);
+    /// # Ok::<(), outbox_env::VariableError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first [`VariableError`], naming its variable.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        Ok(Self {
+            interval: OUTBOX_DISPATCH_INTERVAL_MS.read_millis(get)?,
+            batch_size: OUTBOX_DISPATCH_BATCH_SIZE.read_as(get)?,
+            concurrency: OUTBOX_DISPATCH_CONCURRENCY.read_as(get)?,
+            loops: OUTBOX_DISPATCH_LOOPS.read_as(get)?,
+            vacuum_every: OUTBOX_DISPATCH_VACUUM_EVERY.read(get)?,
+            max_retries: OUTBOX_MAX_RETRIES.read_as(get)?,
+            lock_timeout: OUTBOX_LOCK_TIMEOUT_MS.read_millis(get)?,
+            unrouted_grace: Duration::from_secs(OUTBOX_UNROUTED_GRACE_SECONDS.read(get)?),
+            ..Self::default()
+        })
+    }
+
     /// Checks that every value can work.
     ///
     /// # Errors
@@ -160,7 +261,7 @@ impl DispatcherConfig {
         if self.loops > MAX_LOOPS {
             return fail("OUTBOX_DISPATCH_LOOPS", "must be at most 64");
         }
-        if self.lock_timeout < Duration::from_secs(1) {
+        if self.lock_timeout < MIN_LOCK_TIMEOUT {
             return fail("OUTBOX_LOCK_TIMEOUT_MS", "must be at least 1000");
         }
         if self.backoff.is_empty() {
@@ -219,6 +320,21 @@ impl RetentionConfig {
     /// Default rows deleted per batch.
     pub const DEFAULT_BATCH: u32 = 1000;
 
+    /// The settings of `OUTBOX_DONE_RETENTION_HOURS` and
+    /// `OUTBOX_DONE_RETENTION_BATCH_SIZE` read through `get`, the batch
+    /// clamped as [`RetentionConfig::new`] does.
+    ///
+    /// # Errors
+    ///
+    /// The first [`VariableError`] (a non-number, say), naming its variable.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        Ok(Self::new(
+            OUTBOX_DONE_RETENTION_HOURS.read_hours(get)?,
+            // Out-of-range batch sizes are clamped, as the contract says.
+            OUTBOX_DONE_RETENTION_BATCH_SIZE.read_as(get)?,
+        ))
+    }
+
     /// A configuration with `batch_size` clamped to 1..=10000.
     #[must_use]
     pub fn new(retention: Duration, batch_size: u32) -> Self {
@@ -228,6 +344,24 @@ impl RetentionConfig {
         }
     }
 }
+
+/// `OUTBOX_DONE_RETENTION_HOURS`: [`RetentionConfig::retention`].
+pub const OUTBOX_DONE_RETENTION_HOURS: Whole = Whole {
+    name: "OUTBOX_DONE_RETENTION_HOURS",
+    default: hours(RetentionConfig::DEFAULT_RETENTION),
+    min: 0,
+    max: 1_000_000,
+    meaning: "DONE rows are deleted after this many hours",
+};
+/// `OUTBOX_DONE_RETENTION_BATCH_SIZE`: [`RetentionConfig::batch_size`],
+/// clamped rather than refused.
+pub const OUTBOX_DONE_RETENTION_BATCH_SIZE: Whole = Whole {
+    name: "OUTBOX_DONE_RETENTION_BATCH_SIZE",
+    default: RetentionConfig::DEFAULT_BATCH as u64,
+    min: 0,
+    max: u32::MAX as u64,
+    meaning: "rows deleted per retention batch (clamped to 1..=10000)",
+};
 
 impl Default for RetentionConfig {
     /// 720 hours, batches of 1000.

@@ -72,7 +72,10 @@ pub use config::{
     ConfigError, DEFAULT_BACKOFF, DEFAULT_BATCH_SIZE, DEFAULT_CONCURRENCY, DEFAULT_INTERVAL,
     DEFAULT_LOCK_TIMEOUT, DEFAULT_LOOPS, DEFAULT_MAX_RETRIES, DEFAULT_UNROUTED_GRACE,
     DEFAULT_VACUUM_EVERY, DispatcherConfig, MAX_BATCH_SIZE, MAX_LOOPS, MAX_UNROUTED_GRACE,
-    RetentionConfig, UNROUTED_RECHECK,
+    MIN_LOCK_TIMEOUT, OUTBOX_DISPATCH_BATCH_SIZE, OUTBOX_DISPATCH_CONCURRENCY,
+    OUTBOX_DISPATCH_INTERVAL_MS, OUTBOX_DISPATCH_LOOPS, OUTBOX_DISPATCH_VACUUM_EVERY,
+    OUTBOX_DONE_RETENTION_BATCH_SIZE, OUTBOX_DONE_RETENTION_HOURS, OUTBOX_LOCK_TIMEOUT_MS,
+    OUTBOX_MAX_RETRIES, OUTBOX_UNROUTED_GRACE_SECONDS, RetentionConfig, UNROUTED_RECHECK,
 };
 pub use db::RowTable;
 pub use dispatcher::{
@@ -89,13 +92,13 @@ pub use reconcile::{
     Receiver, Receivers, ReconcileOptions, ReconcileReport, Reconciler, Standing, retention_floor,
 };
 pub use redis_guard::{
-    Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason, RedisGuard,
-    RedisGuardSettings, SAFE_POINT_LAG, SafePointPass, assess, guard_status, next_safe_point,
-    window_start,
+    Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason,
+    OUTBOX_REDIS_CHECK_INTERVAL_MS, RedisGuard, RedisGuardSettings, SAFE_POINT_LAG, SafePointPass,
+    assess, guard_status, next_safe_point, window_start,
 };
 pub use retention::{
     PAUSE_WHILE_DRAINING, RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention,
 };
 pub use router::{RouteError, Router};
-pub use routes_file::RoutesFileError;
+pub use routes_file::{OUTBOX_ROUTES_FILE, RoutesFileError};
 pub use vacuum::FIRST_VACUUM_ROUND;

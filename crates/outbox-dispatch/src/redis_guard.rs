@@ -123,6 +123,15 @@ impl RedisGuardSettings {
     pub const DEFAULT_CHECK_EVERY: Duration = Duration::from_secs(10);
 }
 
+/// `OUTBOX_REDIS_CHECK_INTERVAL_MS`: [`RedisGuardSettings::check_every`].
+pub const OUTBOX_REDIS_CHECK_INTERVAL_MS: outbox_env::Whole = outbox_env::Whole {
+    name: "OUTBOX_REDIS_CHECK_INTERVAL_MS",
+    default: outbox_env::millis(RedisGuardSettings::DEFAULT_CHECK_EVERY),
+    min: 100,
+    max: outbox_env::MAX_MILLIS,
+    meaning: "how often the dispatcher checks that Redis kept its jobs, in ms",
+};
+
 impl Default for RedisGuardSettings {
     /// Every 10 s, 24 h retention, batches of 500, [`SAFE_POINT_LAG`],
     /// [`DEFAULT_UNFINISHED_LIMIT`].

@@ -13,6 +13,14 @@ use serde::Deserialize;
 
 use crate::{RouteError, Router};
 
+/// `OUTBOX_ROUTES_FILE`: the file of [`Router::with_routes_file`].
+pub const OUTBOX_ROUTES_FILE: outbox_env::Text = outbox_env::Text {
+    name: "OUTBOX_ROUTES_FILE",
+    default: "unset (the standard table only)",
+    form: "a path to a TOML file of [[route]] tables with prefix and queue",
+    meaning: "routing rules added to the standard table, validated at start",
+};
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RoutesFile {

@@ -4,10 +4,28 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use outbox_env::{Flag, Text, VariableError};
 use reqwest::{ClientBuilder, Method, RequestBuilder};
 use url::{Host, Url};
 
-use crate::{AllowList, GuardError, GuardedResolver, is_internal};
+use crate::{ALLOW_LIST_VARIABLE, AllowList, GuardError, GuardedResolver, is_internal};
+
+/// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES`: [`AddressPolicy::AllowInternal`]
+/// when true.
+pub const WEBHOOK_ALLOW_PRIVATE_ADDRESSES: Flag = Flag {
+    name: "WEBHOOK_ALLOW_PRIVATE_ADDRESSES",
+    default: false,
+    meaning: "allow loopback, private and link-local targets of webhooks, plugins and workflow HTTP blocks (tests, demos)",
+};
+
+/// `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS` ([`ALLOW_LIST_VARIABLE`]): the
+/// [`AllowList`] of [`AddressPolicy::AllowListed`].
+pub const OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS: Text = Text {
+    name: ALLOW_LIST_VARIABLE,
+    default: "unset (no internal target allowed)",
+    form: "comma-separated host names, IP addresses and CIDR ranges: crm.internal,10.20.0.0/16,fd00::/8",
+    meaning: "internal targets webhooks, plugins and workflow HTTP blocks may reach: a listed name may resolve to internal addresses, an internal address in a listed range may be reached; every other internal address stays refused",
+};
 
 /// Which internal addresses the guard lets requests reach.
 ///
@@ -71,6 +89,40 @@ impl AddressPolicy {
         } else {
             Self::AllowListed(listed)
         }
+    }
+
+    /// The policy of [`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`] and
+    /// [`OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS`] read through `get`, as
+    /// [`AddressPolicy::from_settings`] makes it. The list is read even
+    /// when the switch is on, so that a malformed one stops start-up either
+    /// way.
+    ///
+    /// ```
+    /// use outbox_http_guard::AddressPolicy;
+    ///
+    /// let get = |name: &str| match name {
+    ///     "OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS" => Some("crm.internal,10.0.0.0/33".to_owned()),
+    ///     _ => None,
+    /// };
+    /// let error = AddressPolicy::from_lookup(&get).unwrap_err();
+    /// assert_eq!(error.variable, "OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS");
+    /// assert_eq!(AddressPolicy::from_lookup(&|_| None)?, AddressPolicy::PublicOnly);
+    /// # Ok::<(), outbox_env::VariableError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A [`VariableError`] naming the variable: a switch that is not true
+    /// or false, or a list item that is refused (the message names it).
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        let allow_all = WEBHOOK_ALLOW_PRIVATE_ADDRESSES.read(get)?;
+        let listed = match OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS.read(get) {
+            None => AllowList::default(),
+            Some(value) => value.parse().map_err(|e: crate::AllowListError| {
+                OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS.refuse(value.clone(), e.to_string())
+            })?,
+        };
+        Ok(Self::from_settings(allow_all, listed))
     }
 
     /// Whether every internal address may be reached.

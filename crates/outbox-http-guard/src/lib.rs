@@ -34,6 +34,9 @@ mod resolver;
 
 pub use address::is_internal;
 pub use allow::{ALLOW_LIST_VARIABLE, AllowList, AllowListError};
-pub use client::{AddressPolicy, GuardedClient, check_url};
+pub use client::{
+    AddressPolicy, GuardedClient, OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS,
+    WEBHOOK_ALLOW_PRIVATE_ADDRESSES, check_url,
+};
 pub use error::GuardError;
 pub use resolver::GuardedResolver;

@@ -144,6 +144,14 @@ enum Roots {
     File(PathBuf),
 }
 
+/// `DATABASE_URL`: the URL [`PgConnectOptions::from_url`] reads.
+pub const DATABASE_URL: outbox_env::Text = outbox_env::Text {
+    name: "DATABASE_URL",
+    default: "required",
+    form: "postgres://user:password@host:port/database[?sslmode=disable|prefer|require|verify-ca|verify-full&sslrootcert=<CA file>|system]",
+    meaning: "Postgres; sslmode prefer (TLS when offered, unverified) unless the URL says otherwise",
+};
+
 /// A parsed database URL, ready to open connections: the tokio-postgres
 /// settings, the [`SslMode`] and the TLS client configuration it needs.
 /// Parse once (at start, where a mistake should stop the process), connect

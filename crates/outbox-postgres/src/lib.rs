@@ -15,5 +15,8 @@
 mod connect;
 mod pool;
 
-pub use connect::{DatabaseUrlError, PgConnectOptions, SslMode, establish};
-pub use pool::{CHECKOUT_TIMEOUT, DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool, pool_with};
+pub use connect::{DATABASE_URL, DatabaseUrlError, PgConnectOptions, SslMode, establish};
+pub use pool::{
+    CHECKOUT_TIMEOUT, DATABASE_POOL_SIZE, DEFAULT_POOL_SIZE, PgPool, PooledPg, connect_pool,
+    pool_with,
+};

@@ -19,6 +19,15 @@ pub type PooledPg<'a> = bb8::PooledConnection<'a, AsyncDieselConnectionManager<A
 /// Default pool size of the processes (`DATABASE_POOL_SIZE`).
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 
+/// `DATABASE_POOL_SIZE`: the `max_size` of [`connect_pool`].
+pub const DATABASE_POOL_SIZE: outbox_env::Whole = outbox_env::Whole {
+    name: "DATABASE_POOL_SIZE",
+    default: DEFAULT_POOL_SIZE as u64,
+    min: 1,
+    max: 1000,
+    meaning: "Postgres connections",
+};
+
 /// How long a checkout waits for a free connection of a full pool before it
 /// fails (bb8's error reads "Timed out in bb8").
 pub const CHECKOUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

@@ -170,6 +170,16 @@ pub async fn dead_task_ids(
 /// dispatcher's re-push window.
 pub const DEFAULT_DONE_RETENTION_HOURS: u64 = 24;
 
+/// `QUEUE_DONE_RETENTION_HOURS`: the `done_after` of [`trim_finished`] in
+/// the workers.
+pub const QUEUE_DONE_RETENTION_HOURS: outbox_env::Whole = outbox_env::Whole {
+    name: "QUEUE_DONE_RETENTION_HOURS",
+    default: DEFAULT_DONE_RETENTION_HOURS,
+    min: 1,
+    max: 1_000_000,
+    meaning: "finished jobs are removed from Redis after this many hours; must cover the dispatcher's re-push window",
+};
+
 /// Removes finished jobs from `queue`: jobs in the done set that finished
 /// more than `done_after` ago and jobs in the dead set that died more than
 /// `dead_after` ago (their body, their meta record and their set entry). One

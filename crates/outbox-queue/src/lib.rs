@@ -28,8 +28,8 @@ mod worker_store;
 
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
 pub use inspect::{
-    DEFAULT_DONE_RETENTION_HOURS, DeadJob, QueueStats, dead_jobs, dead_task_ids, queue_stats,
-    trim_finished,
+    DEFAULT_DONE_RETENTION_HOURS, DeadJob, QUEUE_DONE_RETENTION_HOURS, QueueStats, dead_jobs,
+    dead_task_ids, queue_stats, trim_finished,
 };
 pub use presence::{
     JobState, JobStateKind, Unfinished, email_task_id, event_of_task, job_states,
@@ -37,9 +37,10 @@ pub use presence::{
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{
-    InvalidQueuePrefix, MAX_RETRY_ROUNDS, PushReport, QUEUE_PREFIX_SEPARATOR, QueueError,
-    QueueNamespace, RedisSettings, apalis_config, connect, idempotency_prefix, push_jobs, push_raw,
-    push_raw_at, redis_client, retry_round, retry_task_id, storage, wake_channel,
+    InvalidQueuePrefix, MAX_RETRY_ROUNDS, OUTBOX_QUEUE_PREFIX, PushReport, QUEUE_PREFIX_SEPARATOR,
+    QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL, RedisSettings, apalis_config, connect,
+    idempotency_prefix, push_jobs, push_raw, push_raw_at, redis_client, redis_from_lookup,
+    retry_round, retry_task_id, storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

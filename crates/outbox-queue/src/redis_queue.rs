@@ -6,10 +6,20 @@ use std::time::Duration;
 use apalis_core::task::builder::TaskBuilder;
 use apalis_core::task::task_id::TaskId;
 use apalis_redis::{Config, ConnectionManager, RedisStorage};
+use outbox_env::{Text, VariableError};
 use redis::aio::ConnectionManagerConfig;
 use tracing::instrument;
 
 use crate::OutboxJob;
+
+/// `OUTBOX_QUEUE_PREFIX`: the [`QueueNamespace`] of a process
+/// ([`QueueNamespace::from_lookup`]).
+pub const OUTBOX_QUEUE_PREFIX: Text = Text {
+    name: "OUTBOX_QUEUE_PREFIX",
+    default: "empty",
+    form: "empty, or ending with ':' (adopt-app:)",
+    meaning: "key prefix of every queue, for several environments on one Redis",
+};
 
 /// A key prefix put in front of every queue name. Production uses
 /// [`QueueNamespace::root`] (no prefix, so keys are `outbox.mail:…` as in
@@ -64,6 +74,18 @@ impl QueueNamespace {
             prefix: prefix.to_owned(),
             problem,
         })
+    }
+
+    /// The namespace of [`OUTBOX_QUEUE_PREFIX`] read through `get`, as
+    /// [`QueueNamespace::checked`] accepts it; the root when unset.
+    ///
+    /// # Errors
+    ///
+    /// A [`VariableError`] naming the variable, with the problem of
+    /// [`InvalidQueuePrefix`].
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        let prefix = OUTBOX_QUEUE_PREFIX.read(get).unwrap_or_default();
+        Self::checked(&prefix).map_err(|e| OUTBOX_QUEUE_PREFIX.refuse(prefix.clone(), e.problem))
     }
 
     /// The prefix (empty for the root namespace).
@@ -191,6 +213,49 @@ pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError
         .set_min_delay(Duration::from_millis(100))
         .set_max_delay(Duration::from_secs(1));
     Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+}
+
+/// `REDIS_URL`: the `url` of [`redis_client`].
+pub const REDIS_URL: Text = Text {
+    name: "REDIS_URL",
+    default: "required",
+    form: "redis://host:port[/db], or rediss:// for TLS",
+    meaning: "Redis (a single server, not a cluster; maxmemory-policy noeviction)",
+};
+
+/// `REDIS_CA_CERT`: the `ca_cert` of [`redis_client`].
+pub const REDIS_CA_CERT: Text = Text {
+    name: "REDIS_CA_CERT",
+    default: "unset (the system's trusted roots)",
+    form: "a path to a PEM file of CA certificates",
+    meaning: "the CA a rediss:// server's certificate must chain to",
+};
+
+/// [`REDIS_URL`] (required) and [`REDIS_CA_CERT`] read through `get`,
+/// checked by making a client with them ([`redis_client`]); nothing is
+/// connected.
+///
+/// # Errors
+///
+/// A [`VariableError`] naming the variable at fault, with the URL's
+/// password hidden.
+pub fn redis_from_lookup(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(String, Option<PathBuf>), VariableError> {
+    let url = REDIS_URL.required(get)?;
+    let ca_cert = REDIS_CA_CERT.read(get).map(PathBuf::from);
+    let invalid_url = |problem: String| REDIS_URL.refuse(crate::redact_url(&url), problem);
+    match redis_client(&url, ca_cert.as_deref()) {
+        Ok(_) => Ok((url, ca_cert)),
+        Err(e @ QueueError::CaCert { .. }) => Err(REDIS_CA_CERT.refuse(
+            ca_cert.map(|p| p.display().to_string()).unwrap_or_default(),
+            e.to_string(),
+        )),
+        Err(QueueError::InvalidUrl { source, .. }) => {
+            Err(invalid_url(format!("is not a Redis URL: {source}")))
+        }
+        Err(e) => Err(invalid_url(e.to_string())),
+    }
 }
 
 /// A Redis client for `url`: `redis://` in plain text, `rediss://` over TLS

@@ -6,6 +6,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use lettre::message::{Mailbox, MultiPart, SinglePart, header::ContentType};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use outbox_env::{Text, VariableError};
 use outbox_idempotency::{Claim, IdempotencyStore, RedisIdempotencyStore};
 use outbox_model::schema::tenant_mail_settings;
 use outbox_postgres::PgPool;
@@ -237,6 +238,68 @@ impl std::fmt::Debug for SmtpSettings {
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .finish()
+    }
+}
+
+/// `SMTP_URL`: [`SmtpSettings::url`], read by [`SmtpSettings::url_from_lookup`].
+pub const SMTP_URL: Text = Text {
+    name: "SMTP_URL",
+    default: "required by worker-mail",
+    form: "smtp://host:port, smtps://user:pass@host, smtp://host?tls=required",
+    meaning: "where toolctrl.email sends",
+};
+
+/// `MAIL_FROM`: [`SmtpSettings::default_from`], read by
+/// [`SmtpSettings::default_from_lookup`].
+pub const MAIL_FROM: Text = Text {
+    name: "MAIL_FROM",
+    default: SmtpSettings::DEFAULT_FROM,
+    form: "a mail address",
+    meaning: "sender when a mail names none",
+};
+
+impl SmtpSettings {
+    /// [`SMTP_URL`] through `get`: `None` when unset, else an `smtp` or
+    /// `smtps` URL with a host (whether a process needs one is its own
+    /// business).
+    ///
+    /// # Errors
+    ///
+    /// A [`VariableError`] naming `SMTP_URL`, with the URL's password
+    /// hidden.
+    pub fn url_from_lookup(
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<String>, VariableError> {
+        let Some(url) = SMTP_URL.read(get) else {
+            return Ok(None);
+        };
+        let problem = match url::Url::parse(&url) {
+            Ok(parsed) if !matches!(parsed.scheme(), "smtp" | "smtps") => {
+                format!("scheme {:?} is not smtp or smtps", parsed.scheme())
+            }
+            Ok(parsed) if parsed.host_str().is_none_or(str::is_empty) => "has no host".to_owned(),
+            Ok(_) => return Ok(Some(url)),
+            Err(e) => format!("is not a URL: {e}"),
+        };
+        Err(SMTP_URL.refuse(outbox_queue::redact_url(&url), problem))
+    }
+
+    /// [`MAIL_FROM`] through `get`, [`SmtpSettings::DEFAULT_FROM`] when
+    /// unset.
+    ///
+    /// # Errors
+    ///
+    /// A [`VariableError`] naming `MAIL_FROM` when it is not a mail address.
+    pub fn default_from_lookup(
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<String, VariableError> {
+        let from = MAIL_FROM
+            .read(get)
+            .unwrap_or_else(|| MAIL_FROM.default.into());
+        match from.parse::<Mailbox>() {
+            Ok(_) => Ok(from),
+            Err(e) => Err(MAIL_FROM.refuse(from, format!("is not a mail address: {e}"))),
+        }
     }
 }
 

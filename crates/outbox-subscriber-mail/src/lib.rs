@@ -55,7 +55,8 @@ pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
 };
 
 pub use handlers::{
-    MailRequestHandler, MarketingLeadHandler, SmtpConfigError, SmtpHandler, SmtpSettings,
+    MAIL_FROM, MailRequestHandler, MarketingLeadHandler, SMTP_URL, SmtpConfigError, SmtpHandler,
+    SmtpSettings,
 };
 pub use render::{
     EmailJob, MESSAGE_ID_FALLBACK_DOMAIN, MailError, Template, Templates, email_task_id,

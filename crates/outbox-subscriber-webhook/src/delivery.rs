@@ -33,6 +33,15 @@ impl DeliverySettings {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 }
 
+/// `WEBHOOK_TIMEOUT_MS`: [`DeliverySettings::timeout`].
+pub const WEBHOOK_TIMEOUT_MS: outbox_env::Whole = outbox_env::Whole {
+    name: "WEBHOOK_TIMEOUT_MS",
+    default: outbox_env::millis(DeliverySettings::DEFAULT_TIMEOUT),
+    min: 100,
+    max: outbox_env::MAX_MILLIS,
+    meaning: "per-delivery HTTP timeout of webhooks and plugin calls, in ms",
+};
+
 impl Default for DeliverySettings {
     fn default() -> Self {
         Self {

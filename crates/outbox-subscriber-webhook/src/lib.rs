@@ -71,8 +71,8 @@ pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
     ],
 };
 
-pub use delivery::{Deliverer, Delivery, DeliverySettings, classify};
-pub use once::{Once, OnceSettings, deliver_once};
+pub use delivery::{Deliverer, Delivery, DeliverySettings, WEBHOOK_TIMEOUT_MS, classify};
+pub use once::{DELIVERY_LEASE_MS, Once, OnceSettings, deliver_once};
 pub use outbox_http_guard::{AddressPolicy, AllowList};
 pub use plugin::{
     HOOK_PREFIX, PluginHookHandler, PluginInvokeHandler, PluginInvokeJob, invoke_task_id,

@@ -21,6 +21,15 @@ impl OnceSettings {
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 }
 
+/// `DELIVERY_LEASE_MS`: [`OnceSettings::lease`].
+pub const DELIVERY_LEASE_MS: outbox_env::Whole = outbox_env::Whole {
+    name: "DELIVERY_LEASE_MS",
+    default: outbox_env::millis(OnceSettings::DEFAULT_LEASE),
+    min: 100,
+    max: outbox_env::MAX_MILLIS,
+    meaning: "how long a delivery in progress holds its idempotency key, in ms; keep above the timeouts",
+};
+
 impl Default for OnceSettings {
     fn default() -> Self {
         Self {

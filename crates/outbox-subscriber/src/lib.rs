@@ -25,12 +25,17 @@ mod body;
 mod describe;
 mod handler;
 mod runner;
+mod settings;
 mod typed;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
 pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
-pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError, WorkerSettings};
+pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError};
+pub use settings::{
+    WORKER_CONCURRENCY, WORKER_HEARTBEAT_MS, WORKER_POLL_INTERVAL_MS, WORKER_RETRIES,
+    WorkerSettings,
+};
 pub use typed::{EventContext, TypedHandlers};
 pub use wake::{QueueWakeups, WakeStream, listen_for_wakeups};

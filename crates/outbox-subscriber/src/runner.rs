@@ -14,70 +14,7 @@ use outbox_queue::{QueueNamespace, apalis_config};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::{DynHandler, JobBody, JobError, JobMeta};
-
-/// How each queue's worker runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkerSettings {
-    /// Jobs of one queue processed at once (a handler may ask for more, see
-    /// [`crate::JobHandler::concurrency`]).
-    pub concurrency: usize,
-    /// In-process retries of a failed job (quick blips) before it is put
-    /// back on the queue for later.
-    pub retries: usize,
-    /// First in-process retry delay (doubling from there).
-    pub min_backoff: Duration,
-    /// Largest in-process retry delay.
-    pub max_backoff: Duration,
-    /// Delays of the later rounds: after the in-process retries, a job that
-    /// still fails is pushed again (as `<task id>~retry<n>`) due after the
-    /// next delay; past the last one (at most
-    /// [`outbox_queue::MAX_RETRY_ROUNDS`]) it goes to the dead set. The
-    /// default, 30 s to 4 h, spans about 8.5 hours of outage.
-    pub requeue_delays: Vec<Duration>,
-    /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
-    /// is presumed dead and its in-flight jobs are redelivered.
-    pub heartbeat: Duration,
-    /// See `heartbeat`.
-    pub missed_heartbeats: usize,
-    /// Jobs fetched per Redis round trip, at least; a queue whose worker
-    /// runs more jobs at once fetches as many as it runs, up to
-    /// [`MAX_FETCH_BATCH`].
-    pub fetch_batch: usize,
-    /// How often an idle worker looks for due jobs (retries rescheduled by
-    /// the queue, and pushes whose wake-up was missed).
-    pub poll_interval: Duration,
-}
-
-impl WorkerSettings {
-    /// Default of `concurrency` (`WORKER_CONCURRENCY`).
-    pub const DEFAULT_CONCURRENCY: usize = 10;
-    /// Default of `retries` (`WORKER_RETRIES`).
-    pub const DEFAULT_RETRIES: usize = 3;
-    /// Default of `heartbeat` (`WORKER_HEARTBEAT_MS`).
-    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
-    /// Default of `poll_interval` (`WORKER_POLL_INTERVAL_MS`).
-    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
-}
-
-impl Default for WorkerSettings {
-    fn default() -> Self {
-        Self {
-            concurrency: Self::DEFAULT_CONCURRENCY,
-            retries: Self::DEFAULT_RETRIES,
-            min_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(10),
-            requeue_delays: [30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14_400]
-                .into_iter()
-                .map(Duration::from_secs)
-                .collect(),
-            heartbeat: Self::DEFAULT_HEARTBEAT,
-            missed_heartbeats: 4,
-            fetch_batch: 10,
-            poll_interval: Self::DEFAULT_POLL_INTERVAL,
-        }
-    }
-}
+use crate::{DynHandler, JobBody, JobError, JobMeta, WorkerSettings};
 
 /// The most jobs one fetch takes when the batch follows a worker's
 /// concurrency (a larger `fetch_batch` set explicitly is kept).

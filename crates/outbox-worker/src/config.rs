@@ -1,17 +1,31 @@
-//! The worker's configuration, read once from the environment.
+//! The worker's configuration, read once from the environment: the
+//! composition of the libraries' settings (each read through the variables
+//! its library defines beside it) and the worker's own variables, defined
+//! here beside [`WorkerConfig`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use outbox_dispatch::{DispatcherConfig, RetentionConfig, Router};
-use outbox_http_guard::{AddressPolicy, AllowList, AllowListError};
-use outbox_queue::{QueueError, redact_url};
+use outbox_env::{Flag, MAX_MILLIS, Text, Whole, millis};
+use outbox_http_guard::AddressPolicy;
+use outbox_queue::{QueueNamespace, redact_url};
 use outbox_subscriber::WorkerSettings;
+use outbox_subscriber_mail::SmtpSettings;
 use outbox_workflow_bridge::BridgeSecret;
-use outbox_workflow_bridge::executor::{ExecutorMode, UnknownExecutor};
+use outbox_workflow_bridge::executor::{ExecutorMode, WORKFLOW_BRIDGE_URL};
+use outbox_workflow_store::sweep::{WORKFLOW_RUN_LEASE_MS, WORKFLOW_SWEEP_INTERVAL_MS};
 
-use crate::variables::{self as v, Flag, Text, WORKER_HTTP_ADDR_GENERAL, Whole};
+mod bridge;
+
+pub use bridge::BridgeConfig;
+pub use outbox_workflow_bridge::DEFAULT_BRIDGE_ADDR;
+
+/// A variable that stops start-up; the message names it. The libraries'
+/// readers return it too, and a handler added to a worker may refuse its
+/// own variable with it.
+pub use outbox_env::VariableError as ConfigError;
 
 /// The two deployable groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,20 +57,6 @@ impl Group {
             Self::Mail => "mail",
         }
     }
-}
-
-/// A variable that stops start-up; the message names it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid configuration: {variable}={value:?}: {problem}")]
-pub struct ConfigError {
-    /// The environment variable.
-    pub variable: &'static str,
-    /// Its value as found (empty when missing); for the URL variables
-    /// (`DATABASE_URL`, `REDIS_URL`, `SMTP_URL`) with the password hidden
-    /// ([`outbox_queue::redact_url`]).
-    pub value: String,
-    /// What is wrong.
-    pub problem: String,
 }
 
 /// Everything a worker process needs. Its `Debug` output shows the URLs
@@ -239,111 +239,6 @@ impl std::fmt::Debug for WorkerConfig {
     }
 }
 
-/// Reads variables through `get` (the process environment in production).
-struct Env<'a> {
-    get: &'a dyn Fn(&str) -> Option<String>,
-}
-
-impl Env<'_> {
-    fn raw(&self, variable: &'static str) -> Option<String> {
-        (self.get)(variable).filter(|v| !v.trim().is_empty())
-    }
-
-    fn required(&self, variable: &'static str) -> Result<String, ConfigError> {
-        self.raw(variable).ok_or_else(|| ConfigError {
-            variable,
-            value: String::new(),
-            problem: "is required".into(),
-        })
-    }
-
-    fn number<T: std::str::FromStr + PartialOrd + Copy + std::fmt::Display>(
-        &self,
-        variable: &'static str,
-        default: T,
-        min: T,
-        max: T,
-    ) -> Result<T, ConfigError> {
-        let Some(value) = self.raw(variable) else {
-            return Ok(default);
-        };
-        let parsed: T = value.trim().parse().map_err(|_| ConfigError {
-            variable,
-            value: value.clone(),
-            problem: "is not a whole number".into(),
-        })?;
-        if parsed < min || parsed > max {
-            return Err(ConfigError {
-                variable,
-                value,
-                problem: format!("must be between {min} and {max}"),
-            });
-        }
-        Ok(parsed)
-    }
-
-    /// A [`Whole`] variable as `T` (its range fits `T`).
-    fn whole<T: TryFrom<u64>>(&self, spec: &Whole) -> Result<T, ConfigError> {
-        let value = self.number(spec.name, spec.default, spec.min, spec.max)?;
-        T::try_from(value).map_err(|_| ConfigError {
-            variable: spec.name,
-            value: value.to_string(),
-            problem: "is too large".into(),
-        })
-    }
-
-    /// A [`Whole`] variable counted in milliseconds.
-    fn spec_millis(&self, spec: &Whole) -> Result<Duration, ConfigError> {
-        self.whole(spec).map(Duration::from_millis)
-    }
-
-    /// A [`Whole`] variable counted in hours.
-    fn spec_hours(&self, spec: &Whole) -> Result<Duration, ConfigError> {
-        self.whole::<u64>(spec)
-            .map(|hours| Duration::from_secs(3600 * hours))
-    }
-
-    /// The address policy of the flag `allow_all` and the list `listed`
-    /// ([`AddressPolicy::from_settings`]). The list is read even when the
-    /// flag is on, so that a malformed one stops start-up either way.
-    fn address_policy(
-        &self,
-        allow_all: &Flag,
-        listed: &Text,
-    ) -> Result<AddressPolicy, ConfigError> {
-        let allow_all = self.spec_flag(allow_all)?;
-        let listed = match self.raw(listed.name) {
-            None => AllowList::default(),
-            Some(value) => value.parse().map_err(|e: AllowListError| ConfigError {
-                variable: listed.name,
-                value: value.clone(),
-                problem: e.to_string(),
-            })?,
-        };
-        Ok(AddressPolicy::from_settings(allow_all, listed))
-    }
-
-    /// A [`Flag`] variable.
-    fn spec_flag(&self, spec: &Flag) -> Result<bool, ConfigError> {
-        self.flag(spec.name, spec.default)
-    }
-
-    fn flag(&self, variable: &'static str, default: bool) -> Result<bool, ConfigError> {
-        let Some(value) = self.raw(variable) else {
-            return Ok(default);
-        };
-        match value.trim().to_ascii_lowercase().as_str() {
-            "true" | "1" | "yes" | "on" => Ok(true),
-            "false" | "0" | "no" | "off" => Ok(false),
-            _ => Err(ConfigError {
-                variable,
-                value,
-                problem: "must be true or false".into(),
-            }),
-        }
-    }
-}
-
 impl WorkerConfig {
     /// Reads the process environment for the binary of `group`.
     ///
@@ -363,241 +258,219 @@ impl WorkerConfig {
         binary_group: Group,
         get: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Self, ConfigError> {
-        let env = Env { get };
-        let group = group(&env, binary_group)?;
-        let http_addr = http_addr(&env, group)?;
-        let wakeups = env.spec_flag(&v::OUTBOX_WAKEUPS)?;
-        let dispatcher = dispatcher(&env, wakeups)?;
-        let retention = RetentionConfig::new(
-            env.spec_hours(&v::OUTBOX_DONE_RETENTION_HOURS)?,
-            // Out-of-range batch sizes are clamped, as the contract says; non-numbers are errors.
-            env.whole(&v::OUTBOX_DONE_RETENTION_BATCH_SIZE)?,
-        );
-        let (worker, shutdown_grace) = worker_settings(&env)?;
-        let (smtp_url, mail_from) = mail(&env, group)?;
-        let database_url = database_url(&env)?;
-        let (queue_done_retention, delivery_record_ttl) = dedupe_window(&env, &dispatcher)?;
-        let (redis_url, redis_ca_cert) = redis(&env)?;
-        let (workflow_executor, workflow_bridge) = workflow_executor(&env)?;
+        let group = group(get, binary_group)?;
+        let http_addr = http_addr(get, group)?;
+        let wakeups = OUTBOX_WAKEUPS.read(get)?;
+        let dispatcher = DispatcherConfig {
+            listen: wakeups,
+            ..DispatcherConfig::from_lookup(get)?
+        };
+        let retention = RetentionConfig::from_lookup(get)?;
+        let (worker, shutdown_grace) = worker_settings(get)?;
+        let smtp_url = SmtpSettings::url_from_lookup(get)?;
+        if group == Group::Mail && smtp_url.is_none() {
+            outbox_subscriber_mail::SMTP_URL.required(get)?;
+        }
+        let mail_from = SmtpSettings::default_from_lookup(get)?;
+        let database_url = database_url(get)?;
+        let (queue_done_retention, delivery_record_ttl) = dedupe_window(get, &dispatcher)?;
+        let (redis_url, redis_ca_cert) = outbox_queue::redis_from_lookup(get)?;
+        let workflow_executor = ExecutorMode::from_lookup(get)?;
+        let workflow_bridge = workflow_bridge(get, workflow_executor)?;
         Ok(Self {
             workflow_executor,
             workflow_bridge,
-            workflow_lease: env.spec_millis(&v::WORKFLOW_RUN_LEASE_MS)?,
-            workflow_sweep_interval: env.spec_millis(&v::WORKFLOW_SWEEP_INTERVAL_MS)?,
+            workflow_lease: WORKFLOW_RUN_LEASE_MS.read_millis(get)?,
+            workflow_sweep_interval: WORKFLOW_SWEEP_INTERVAL_MS.read_millis(get)?,
             group,
             database_url,
             redis_url,
             redis_ca_cert,
             http_addr,
-            queue_prefix: queue_prefix(&env)?,
-            router: router(&env)?,
-            dispatcher_enabled: env.spec_flag(&v::OUTBOX_DISPATCHER_ENABLED)?,
+            queue_prefix: QueueNamespace::from_lookup(get)?.prefix().to_owned(),
+            router: router(get)?,
+            dispatcher_enabled: OUTBOX_DISPATCHER_ENABLED.read(get)?,
             dispatcher,
             wakeups,
             retention,
-            retention_every: env.spec_millis(&v::OUTBOX_DONE_RETENTION_INTERVAL_MS)?,
+            retention_every: OUTBOX_DONE_RETENTION_INTERVAL_MS.read_millis(get)?,
             worker,
-            pool_size: env.whole(&v::DATABASE_POOL_SIZE)?,
+            pool_size: outbox_postgres::DATABASE_POOL_SIZE.read_as(get)?,
             smtp_url,
             mail_from,
-            webhook_timeout: env.spec_millis(&v::WEBHOOK_TIMEOUT_MS)?,
-            address_policy: env.address_policy(
-                &v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES,
-                &v::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS,
-            )?,
+            webhook_timeout: outbox_subscriber_webhook::WEBHOOK_TIMEOUT_MS.read_millis(get)?,
+            address_policy: AddressPolicy::from_lookup(get)?,
             shutdown_grace,
-            delivery_lease: env.spec_millis(&v::DELIVERY_LEASE_MS)?,
-            gauge_interval: env.spec_millis(&v::WORKER_GAUGE_INTERVAL_MS)?,
-            redis_check_interval: env.spec_millis(&v::OUTBOX_REDIS_CHECK_INTERVAL_MS)?,
-            allow_redis_eviction: env.spec_flag(&v::OUTBOX_ALLOW_REDIS_EVICTION)?,
+            delivery_lease: outbox_subscriber_webhook::DELIVERY_LEASE_MS.read_millis(get)?,
+            gauge_interval: WORKER_GAUGE_INTERVAL_MS.read_millis(get)?,
+            redis_check_interval: outbox_dispatch::OUTBOX_REDIS_CHECK_INTERVAL_MS
+                .read_millis(get)?,
+            allow_redis_eviction: OUTBOX_ALLOW_REDIS_EVICTION.read(get)?,
             queue_done_retention,
             delivery_record_ttl,
-            queue_dead_retention: env.spec_hours(&v::QUEUE_DEAD_RETENTION_HOURS)?,
+            queue_dead_retention: QUEUE_DEAD_RETENTION_HOURS.read_hours(get)?,
         })
     }
 }
 
+/// `WORKER_QUEUE_GROUP`: [`WorkerConfig::group`], which must be the
+/// binary's.
+pub const WORKER_QUEUE_GROUP: Text = Text {
+    name: "WORKER_QUEUE_GROUP",
+    default: "the binary's own group",
+    form: "general, mail (must match the binary)",
+    meaning: "the handler group this process runs",
+};
+/// `WORKER_HTTP_ADDR`: [`WorkerConfig::http_addr`], with the default of
+/// `worker-general` ([`Group::default_http_addr`] gives each binary's).
+pub const WORKER_HTTP_ADDR: Text = Text {
+    name: "WORKER_HTTP_ADDR",
+    default: Group::General.default_http_addr(),
+    form: "host:port",
+    meaning: "where /healthz, /readyz and /metrics are served (every interface by default, so a scraper outside the container reaches it)",
+};
+/// `OUTBOX_DISPATCHER_ENABLED`: [`WorkerConfig::dispatcher_enabled`].
+pub const OUTBOX_DISPATCHER_ENABLED: Flag = Flag {
+    name: "OUTBOX_DISPATCHER_ENABLED",
+    default: false,
+    meaning: "worker-general: run the dispatcher (outbox rows to Redis queues)",
+};
+/// `OUTBOX_WAKEUPS`: [`WorkerConfig::wakeups`].
+pub const OUTBOX_WAKEUPS: Flag = Flag {
+    name: "OUTBOX_WAKEUPS",
+    default: true,
+    meaning: "wake the dispatcher on LISTEN/NOTIFY and the queue workers on Redis wake-ups; false polls only (for comparisons)",
+};
+/// `OUTBOX_DONE_RETENTION_INTERVAL_MS`: [`WorkerConfig::retention_every`].
+pub const OUTBOX_DONE_RETENTION_INTERVAL_MS: Whole = Whole {
+    name: "OUTBOX_DONE_RETENTION_INTERVAL_MS",
+    default: millis(DEFAULT_RETENTION_EVERY),
+    min: 1000,
+    max: MAX_MILLIS,
+    meaning: "how often retention runs (Postgres rows and Redis jobs), in ms",
+};
+/// `WORKER_SHUTDOWN_GRACE_MS`: [`WorkerConfig::shutdown_grace`].
+pub const WORKER_SHUTDOWN_GRACE_MS: Whole = Whole {
+    name: "WORKER_SHUTDOWN_GRACE_MS",
+    default: millis(DEFAULT_SHUTDOWN_GRACE),
+    min: 0,
+    max: MAX_MILLIS,
+    meaning: "time to finish jobs in hand after SIGTERM, in ms; below 4 heartbeats",
+};
+/// `WORKER_GAUGE_INTERVAL_MS`: [`WorkerConfig::gauge_interval`].
+pub const WORKER_GAUGE_INTERVAL_MS: Whole = Whole {
+    name: "WORKER_GAUGE_INTERVAL_MS",
+    default: millis(DEFAULT_GAUGE_INTERVAL),
+    min: 100,
+    max: MAX_MILLIS,
+    meaning: "refresh of the queue and outbox gauges, in ms",
+};
+/// `OUTBOX_ALLOW_REDIS_EVICTION` ([`crate::ALLOW_EVICTION_VARIABLE`]):
+/// [`WorkerConfig::allow_redis_eviction`].
+pub const OUTBOX_ALLOW_REDIS_EVICTION: Flag = Flag {
+    name: crate::ALLOW_EVICTION_VARIABLE,
+    default: false,
+    meaning: "start (with a warning) although Redis' maxmemory-policy is not noeviction",
+};
+/// `DELIVERY_RECORD_TTL_HOURS`: [`WorkerConfig::delivery_record_ttl`].
+pub const DELIVERY_RECORD_TTL_HOURS: Whole = Whole {
+    name: "DELIVERY_RECORD_TTL_HOURS",
+    default: DEFAULT_DELIVERY_RECORD_TTL_HOURS,
+    min: 1,
+    max: 1_000_000,
+    meaning: "how long receivers remember a completed delivery, in hours; at least QUEUE_DONE_RETENTION_HOURS",
+};
+/// `QUEUE_DEAD_RETENTION_HOURS`: [`WorkerConfig::queue_dead_retention`].
+pub const QUEUE_DEAD_RETENTION_HOURS: Whole = Whole {
+    name: "QUEUE_DEAD_RETENTION_HOURS",
+    default: DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
+    min: 1,
+    max: 1_000_000,
+    meaning: "dead jobs are removed from Redis after this many hours",
+};
+
 /// `WORKER_QUEUE_GROUP`: unset, or the group of the binary.
-fn group(env: &Env<'_>, binary_group: Group) -> Result<Group, ConfigError> {
-    let variable = v::WORKER_QUEUE_GROUP.name;
-    let group = match env.raw(variable) {
+fn group(get: &dyn Fn(&str) -> Option<String>, binary_group: Group) -> Result<Group, ConfigError> {
+    let group = match WORKER_QUEUE_GROUP.read(get) {
         None => binary_group,
         Some(value) => match [Group::General, Group::Mail]
             .into_iter()
             .find(|group| group.as_str() == value.trim())
         {
             Some(group) => group,
-            None => {
-                return Err(ConfigError {
-                    variable,
-                    value,
-                    problem: "must be general or mail".into(),
-                });
-            }
+            None => return Err(WORKER_QUEUE_GROUP.refuse(value, "must be general or mail")),
         },
     };
     if group != binary_group {
-        return Err(ConfigError {
-            variable,
-            value: group.as_str().into(),
-            problem: format!("this binary runs the {} group", binary_group.as_str()),
-        });
+        return Err(WORKER_QUEUE_GROUP.refuse(
+            group.as_str(),
+            format!("this binary runs the {} group", binary_group.as_str()),
+        ));
     }
     Ok(group)
 }
 
 /// `WORKER_HTTP_ADDR`, with the default of `group`.
-fn http_addr(env: &Env<'_>, group: Group) -> Result<SocketAddr, ConfigError> {
-    let variable = WORKER_HTTP_ADDR_GENERAL.name;
-    let text = env
-        .raw(variable)
+fn http_addr(
+    get: &dyn Fn(&str) -> Option<String>,
+    group: Group,
+) -> Result<SocketAddr, ConfigError> {
+    let text = WORKER_HTTP_ADDR
+        .read(get)
         .unwrap_or_else(|| group.default_http_addr().to_owned());
-    text.trim().parse().map_err(|_| ConfigError {
-        variable,
-        value: text.clone(),
-        problem: "must be host:port, like 127.0.0.1:9464".into(),
+    text.trim().parse().map_err(|_| {
+        WORKER_HTTP_ADDR.refuse(text.clone(), "must be host:port, like 127.0.0.1:9464")
     })
 }
 
-/// The dispatcher's variables; it listens for `NOTIFY` when `wakeups`.
-fn dispatcher(env: &Env<'_>, wakeups: bool) -> Result<DispatcherConfig, ConfigError> {
-    Ok(DispatcherConfig {
-        listen: wakeups,
-        interval: env.spec_millis(&v::OUTBOX_DISPATCH_INTERVAL_MS)?,
-        batch_size: env.whole(&v::OUTBOX_DISPATCH_BATCH_SIZE)?,
-        concurrency: env.whole(&v::OUTBOX_DISPATCH_CONCURRENCY)?,
-        loops: env.whole(&v::OUTBOX_DISPATCH_LOOPS)?,
-        vacuum_every: env.whole(&v::OUTBOX_DISPATCH_VACUUM_EVERY)?,
-        max_retries: env.whole(&v::OUTBOX_MAX_RETRIES)?,
-        lock_timeout: env.spec_millis(&v::OUTBOX_LOCK_TIMEOUT_MS)?,
-        unrouted_grace: env
-            .whole(&v::OUTBOX_UNROUTED_GRACE_SECONDS)
-            .map(Duration::from_secs)?,
-        ..DispatcherConfig::default()
-    })
-}
-
-/// The queue workers' variables and `WORKER_SHUTDOWN_GRACE_MS`, which must
+/// The queue workers' settings and `WORKER_SHUTDOWN_GRACE_MS`, which must
 /// end before the workers' heartbeats are missed.
-fn worker_settings(env: &Env<'_>) -> Result<(WorkerSettings, Duration), ConfigError> {
-    let worker = WorkerSettings {
-        concurrency: env.whole(&v::WORKER_CONCURRENCY)?,
-        retries: env.whole(&v::WORKER_RETRIES)?,
-        // apalis-redis counts the orphan window in whole seconds: below
-        // 1 s it rounds to zero and workers would steal each other's jobs.
-        heartbeat: env.spec_millis(&v::WORKER_HEARTBEAT_MS)?,
-        poll_interval: env.spec_millis(&v::WORKER_POLL_INTERVAL_MS)?,
-        ..WorkerSettings::default()
-    };
-    let shutdown_grace = env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS)?;
+fn worker_settings(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(WorkerSettings, Duration), ConfigError> {
+    let worker = WorkerSettings::from_lookup(get)?;
+    let shutdown_grace = WORKER_SHUTDOWN_GRACE_MS.read_millis(get)?;
     let orphan_window = worker.heartbeat * worker.missed_heartbeats as u32;
     if shutdown_grace >= orphan_window {
         // A draining worker sends no heartbeats: past this window other
         // replicas would take over its jobs while it still runs them.
-        return Err(ConfigError {
-            variable: v::WORKER_SHUTDOWN_GRACE_MS.name,
-            value: shutdown_grace.as_millis().to_string(),
-            problem: format!(
+        return Err(WORKER_SHUTDOWN_GRACE_MS.refuse(
+            shutdown_grace.as_millis().to_string(),
+            format!(
                 "must be shorter than {} heartbeats (WORKER_HEARTBEAT_MS={}), i.e. below {} ms",
                 worker.missed_heartbeats,
                 worker.heartbeat.as_millis(),
                 orphan_window.as_millis()
             ),
-        });
+        ));
     }
     Ok((worker, shutdown_grace))
 }
 
-/// `SMTP_URL` (required by the mail group) and `MAIL_FROM`.
-fn mail(env: &Env<'_>, group: Group) -> Result<(Option<String>, String), ConfigError> {
-    let smtp_url = env.raw(v::SMTP_URL.name);
-    if group == Group::Mail && smtp_url.is_none() {
-        env.required(v::SMTP_URL.name)?;
-    }
-    if let Some(url) = &smtp_url {
-        check_smtp_url(url)?;
-    }
-    let mail_from = env
-        .raw(v::MAIL_FROM.name)
-        .unwrap_or_else(|| v::MAIL_FROM.default.into());
-    if let Err(e) = mail_from.parse::<lettre::message::Mailbox>() {
-        return Err(ConfigError {
-            variable: v::MAIL_FROM.name,
-            value: mail_from,
-            problem: format!("is not a mail address: {e}"),
-        });
-    }
-    Ok((smtp_url, mail_from))
-}
-
 /// `DATABASE_URL`, required; a mistake in it (sslmode, sslrootcert and the
 /// rest) stops start-up here, not at the first connection.
-fn database_url(env: &Env<'_>) -> Result<String, ConfigError> {
-    let variable = v::DATABASE_URL.name;
-    let url = env.required(variable)?;
+pub(crate) fn database_url(get: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+    let spec = outbox_postgres::DATABASE_URL;
+    let url = spec.required(get)?;
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-        return Err(ConfigError {
-            variable,
-            value: redact_url(&url),
-            problem: "must start with postgres:// or postgresql://".into(),
-        });
+        return Err(spec.refuse(
+            redact_url(&url),
+            "must start with postgres:// or postgresql://",
+        ));
     }
     if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&url) {
-        return Err(ConfigError {
-            variable,
-            value: redact_url(&url),
-            problem: e.to_string(),
-        });
+        return Err(spec.refuse(redact_url(&url), e.to_string()));
     }
     Ok(url)
-}
-
-/// `REDIS_URL`, required, and `REDIS_CA_CERT`, checked by making a client.
-fn redis(env: &Env<'_>) -> Result<(String, Option<PathBuf>), ConfigError> {
-    let url = env.required(v::REDIS_URL.name)?;
-    let ca_cert = env.raw(v::REDIS_CA_CERT.name).map(PathBuf::from);
-    let invalid_url = |problem: String| ConfigError {
-        variable: v::REDIS_URL.name,
-        value: redact_url(&url),
-        problem,
-    };
-    match outbox_queue::redis_client(&url, ca_cert.as_deref()) {
-        Ok(_) => Ok((url, ca_cert)),
-        Err(e @ QueueError::CaCert { .. }) => Err(ConfigError {
-            variable: v::REDIS_CA_CERT.name,
-            value: ca_cert.map(|p| p.display().to_string()).unwrap_or_default(),
-            problem: e.to_string(),
-        }),
-        Err(QueueError::InvalidUrl { source, .. }) => {
-            Err(invalid_url(format!("is not a Redis URL: {source}")))
-        }
-        Err(e) => Err(invalid_url(e.to_string())),
-    }
-}
-
-/// `OUTBOX_QUEUE_PREFIX`: empty, or ending with ':' ([`outbox_queue::QueueNamespace::checked`]).
-fn queue_prefix(env: &Env<'_>) -> Result<String, ConfigError> {
-    let prefix = env.raw(v::OUTBOX_QUEUE_PREFIX.name).unwrap_or_default();
-    match outbox_queue::QueueNamespace::checked(&prefix) {
-        Ok(_) => Ok(prefix),
-        Err(e) => Err(ConfigError {
-            variable: v::OUTBOX_QUEUE_PREFIX.name,
-            value: prefix,
-            problem: e.problem.into(),
-        }),
-    }
 }
 
 /// `OUTBOX_ROUTES_FILE`: the standard routing table plus the file's rules,
 /// read and validated now (a missing file, bad TOML or a refused rule stops
 /// start-up naming the variable).
-fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
-    let path = env.raw(v::OUTBOX_ROUTES_FILE.name);
-    let fail = |problem: String| ConfigError {
-        variable: v::OUTBOX_ROUTES_FILE.name,
-        value: path.clone().unwrap_or_default(),
-        problem,
-    };
+fn router(get: &dyn Fn(&str) -> Option<String>) -> Result<Router, ConfigError> {
+    let spec = outbox_dispatch::OUTBOX_ROUTES_FILE;
+    let path = spec.read(get);
+    let fail = |problem: String| spec.refuse(path.clone().unwrap_or_default(), problem);
     // The built-in subscribers' routes; a test keeps them valid.
     let standard = outbox_catalog::standard_router()
         .map_err(|e| fail(format!("the built-in routing table is refused: {e}")))?;
@@ -611,64 +484,43 @@ fn router(env: &Env<'_>) -> Result<Router, ConfigError> {
         .map_err(|e| fail(e.to_string()))
 }
 
-/// Reads `WORKFLOW_EXECUTOR`, `WORKFLOW_BRIDGE_URL` and
-/// `WORKFLOW_BRIDGE_SECRET`: `hybrid` and `http` need both bridge
-/// variables; a secret, when given, must be long enough, and a URL must be
-/// http(s), whatever the mode.
-fn workflow_executor(env: &Env<'_>) -> Result<(ExecutorMode, Option<BridgeSettings>), ConfigError> {
-    let mode = match env.raw(v::WORKFLOW_EXECUTOR.name) {
-        None => ExecutorMode::default(),
-        Some(value) => value
-            .trim()
-            .parse()
-            .map_err(|e: UnknownExecutor| ConfigError {
-                variable: v::WORKFLOW_EXECUTOR.name,
-                value: value.clone(),
-                problem: format!("is not an executor: {e}"),
-            })?,
-    };
-    let url = env.raw(v::WORKFLOW_BRIDGE_URL.name);
+/// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: the `hybrid` and
+/// `http` executors need both; a secret, when given, must be long enough,
+/// and a URL must be http(s), whatever the mode.
+fn workflow_bridge(
+    get: &dyn Fn(&str) -> Option<String>,
+    mode: ExecutorMode,
+) -> Result<Option<BridgeSettings>, ConfigError> {
+    let url = WORKFLOW_BRIDGE_URL.read(get);
     if let Some(url) = &url {
         let parsed = url::Url::parse(url.trim());
         if !parsed
             .as_ref()
             .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some())
         {
-            return Err(ConfigError {
-                variable: v::WORKFLOW_BRIDGE_URL.name,
-                value: redact_url(url),
-                problem: "must be an http:// or https:// URL with a host".into(),
-            });
+            return Err(WORKFLOW_BRIDGE_URL.refuse(
+                redact_url(url),
+                "must be an http:// or https:// URL with a host",
+            ));
         }
     }
-    let secret = match env.raw(v::WORKFLOW_BRIDGE_SECRET.name) {
-        None => None,
-        Some(value) => Some(BridgeSecret::new(&value).map_err(|e| ConfigError {
-            variable: v::WORKFLOW_BRIDGE_SECRET.name,
-            value: "<redacted>".into(),
-            problem: e.to_string(),
-        })?),
-    };
-    let bridge = match (url, secret) {
-        (Some(url), Some(secret)) => Some(BridgeSettings {
+    let secret_spec = outbox_workflow_bridge::WORKFLOW_BRIDGE_SECRET;
+    let secret = BridgeSecret::from_lookup(&secret_spec, get)?;
+    match (url, secret) {
+        (Some(url), Some(secret)) => Ok(Some(BridgeSettings {
             url: url.trim().to_owned(),
             secret,
-        }),
+        })),
         (url, _) if mode.needs_bridge() => {
-            let variable = if url.is_none() {
-                v::WORKFLOW_BRIDGE_URL.name
+            let missing = if url.is_none() {
+                WORKFLOW_BRIDGE_URL
             } else {
-                v::WORKFLOW_BRIDGE_SECRET.name
+                secret_spec
             };
-            return Err(ConfigError {
-                variable,
-                value: String::new(),
-                problem: format!("is required with WORKFLOW_EXECUTOR={mode}"),
-            });
+            Err(missing.refuse("", format!("is required with WORKFLOW_EXECUTOR={mode}")))
         }
-        _ => None,
-    };
-    Ok((mode, bridge))
+        _ => Ok(None),
+    }
 }
 
 /// Default of `DELIVERY_RECORD_TTL_HOURS`.
@@ -697,148 +549,34 @@ pub const DEFAULT_GAUGE_INTERVAL: Duration = Duration::from_secs(15);
 /// row again (its lease plus its whole retry ladder), and receivers must
 /// remember a completed delivery at least as long as the job stays.
 fn dedupe_window(
-    env: &Env<'_>,
-    dispatcher: &outbox_dispatch::DispatcherConfig,
+    get: &dyn Fn(&str) -> Option<String>,
+    dispatcher: &DispatcherConfig,
 ) -> Result<(Duration, Duration), ConfigError> {
     let hours = |h: u64| Duration::from_secs(3600 * h);
-    let retention: u64 = env.whole(&v::QUEUE_DONE_RETENTION_HOURS)?;
-    let ttl: u64 = env.whole(&v::DELIVERY_RECORD_TTL_HOURS)?;
+    let retention_spec = outbox_queue::QUEUE_DONE_RETENTION_HOURS;
+    let retention = retention_spec.read(get)?;
+    let ttl = DELIVERY_RECORD_TTL_HOURS.read(get)?;
     let repush = dispatcher.repush_window();
     if hours(retention) < repush {
-        return Err(ConfigError {
-            variable: v::QUEUE_DONE_RETENTION_HOURS.name,
-            value: retention.to_string(),
-            problem: format!(
+        return Err(retention_spec.refuse(
+            retention.to_string(),
+            format!(
                 "must cover the time in which the dispatcher may push an event again (OUTBOX_LOCK_TIMEOUT_MS={} plus {} retries with backoff, OUTBOX_MAX_RETRIES): at least {} hours; raise it, or lower OUTBOX_LOCK_TIMEOUT_MS / OUTBOX_MAX_RETRIES",
                 dispatcher.lock_timeout.as_millis(),
                 dispatcher.max_retries,
                 repush.as_secs().div_ceil(3600)
             ),
-        });
+        ));
     }
     if ttl < retention {
-        return Err(ConfigError {
-            variable: v::DELIVERY_RECORD_TTL_HOURS.name,
-            value: ttl.to_string(),
-            problem: format!(
+        return Err(DELIVERY_RECORD_TTL_HOURS.refuse(
+            ttl.to_string(),
+            format!(
                 "must be at least QUEUE_DONE_RETENTION_HOURS ({retention}): receivers must remember a delivery as long as its job can be pushed again"
             ),
-        });
+        ));
     }
     Ok((hours(retention), hours(ttl)))
-}
-
-fn check_smtp_url(url: &str) -> Result<(), ConfigError> {
-    let problem = match url::Url::parse(url) {
-        Ok(parsed) if !matches!(parsed.scheme(), "smtp" | "smtps") => {
-            format!("scheme {:?} is not smtp or smtps", parsed.scheme())
-        }
-        Ok(parsed) if parsed.host_str().is_none_or(str::is_empty) => "has no host".to_owned(),
-        Ok(_) => return Ok(()),
-        Err(e) => format!("is not a URL: {e}"),
-    };
-    Err(ConfigError {
-        variable: v::SMTP_URL.name,
-        value: redact_url(url),
-        problem,
-    })
-}
-
-/// Default of `WORKFLOW_BRIDGE_ADDR`: loopback only.
-pub const DEFAULT_BRIDGE_ADDR: &str = "127.0.0.1:8787";
-
-/// Everything the `workflow-bridge` process needs.
-#[derive(Clone)]
-pub struct BridgeConfig {
-    /// `DATABASE_URL`.
-    pub database_url: String,
-    /// `WORKFLOW_BRIDGE_ADDR` ([`DEFAULT_BRIDGE_ADDR`]): the bridge and its
-    /// `/healthz`, `/readyz`, `/metrics`.
-    pub addr: SocketAddr,
-    /// `WORKFLOW_BRIDGE_SECRET`, then `WORKFLOW_BRIDGE_PREVIOUS_SECRET` when
-    /// set (accepted during a key rotation).
-    pub secrets: Vec<BridgeSecret>,
-    /// `DATABASE_POOL_SIZE`.
-    pub pool_size: u32,
-    /// Which internal addresses `httpRequest` blocks may call
-    /// (`WEBHOOK_ALLOW_PRIVATE_ADDRESSES`, `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS`,
-    /// as [`WorkerConfig::address_policy`]).
-    pub address_policy: AddressPolicy,
-    /// `WORKER_SHUTDOWN_GRACE_MS`: how long requests in progress may take
-    /// after SIGTERM.
-    pub shutdown_grace: Duration,
-    /// `WORKFLOW_RUN_LEASE_MS`: the lease the bridge's runner holds runs
-    /// with (as the workers').
-    pub workflow_lease: Duration,
-}
-
-impl std::fmt::Debug for BridgeConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BridgeConfig")
-            .field("database_url", &redact_url(&self.database_url))
-            .field("addr", &self.addr)
-            .field("secrets", &self.secrets.len())
-            .field("pool_size", &self.pool_size)
-            .field("address_policy", &self.address_policy)
-            .field("shutdown_grace", &self.shutdown_grace)
-            .field("workflow_lease", &self.workflow_lease)
-            .finish()
-    }
-}
-
-impl BridgeConfig {
-    /// Reads the process environment.
-    ///
-    /// # Errors
-    ///
-    /// The first [`ConfigError`].
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(&|name| std::env::var(name).ok())
-    }
-
-    /// Reads variables through `get`.
-    ///
-    /// # Errors
-    ///
-    /// The first [`ConfigError`].
-    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let env = Env { get };
-        let database_url = database_url(&env)?;
-        let addr_text = env
-            .raw(v::WORKFLOW_BRIDGE_ADDR.name)
-            .unwrap_or_else(|| DEFAULT_BRIDGE_ADDR.to_owned());
-        let addr = addr_text.trim().parse().map_err(|_| ConfigError {
-            variable: v::WORKFLOW_BRIDGE_ADDR.name,
-            value: addr_text.clone(),
-            problem: "is not an address like 127.0.0.1:8787".into(),
-        })?;
-        let secret = |variable: &'static str, value: String| {
-            BridgeSecret::new(&value).map_err(|e| ConfigError {
-                variable,
-                value: "<redacted>".into(),
-                problem: e.to_string(),
-            })
-        };
-        let mut secrets = vec![secret(
-            v::WORKFLOW_BRIDGE_SECRET_BRIDGE.name,
-            env.required(v::WORKFLOW_BRIDGE_SECRET_BRIDGE.name)?,
-        )?];
-        if let Some(previous) = env.raw(v::WORKFLOW_BRIDGE_PREVIOUS_SECRET.name) {
-            secrets.push(secret(v::WORKFLOW_BRIDGE_PREVIOUS_SECRET.name, previous)?);
-        }
-        Ok(Self {
-            database_url,
-            addr,
-            secrets,
-            pool_size: env.whole(&v::DATABASE_POOL_SIZE_BRIDGE)?,
-            address_policy: env.address_policy(
-                &v::WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE,
-                &v::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE,
-            )?,
-            shutdown_grace: env.spec_millis(&v::WORKER_SHUTDOWN_GRACE_MS_BRIDGE)?,
-            workflow_lease: env.spec_millis(&v::WORKFLOW_RUN_LEASE_MS)?,
-        })
-    }
 }
 
 #[cfg(test)]

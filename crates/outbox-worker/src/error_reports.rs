@@ -30,6 +30,14 @@ use crate::ConfigError;
 /// The variable that turns error reports on: a Sentry DSN.
 pub const SENTRY_DSN_VARIABLE: &str = "SENTRY_DSN";
 
+/// `SENTRY_DSN` ([`SENTRY_DSN_VARIABLE`]), read by [`start_error_reports`].
+pub const SENTRY_DSN: outbox_env::Text = outbox_env::Text {
+    name: SENTRY_DSN_VARIABLE,
+    default: "unset (no error reports)",
+    form: "a Sentry DSN",
+    meaning: "where error-level log lines and panics are reported, with ids as tags and secrets redacted",
+};
+
 /// Log fields that become Sentry tags, and the tag each becomes.
 const TAGS: &[(&str, &str)] = &[
     ("event_id", "outbox.event_id"),
@@ -65,13 +73,14 @@ pub fn start_error_reports(
     get: &dyn Fn(&str) -> Option<String>,
     binary: &'static str,
 ) -> Result<ErrorReports, ConfigError> {
-    let Some(value) = get(SENTRY_DSN_VARIABLE).filter(|v| !v.trim().is_empty()) else {
+    let Some(value) = SENTRY_DSN.read(get) else {
         return Ok(ErrorReports { client: None });
     };
-    let dsn: sentry::types::Dsn = value.trim().parse().map_err(|e| ConfigError {
-        variable: SENTRY_DSN_VARIABLE,
-        value: outbox_queue::redact_url(&value),
-        problem: format!("not a Sentry DSN ({e})"),
+    let dsn: sentry::types::Dsn = value.trim().parse().map_err(|e| {
+        SENTRY_DSN.refuse(
+            outbox_queue::redact_url(&value),
+            format!("not a Sentry DSN ({e})"),
+        )
     })?;
     let mut options = sentry::ClientOptions::new();
     options.dsn = Some(dsn);

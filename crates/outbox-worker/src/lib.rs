@@ -170,6 +170,14 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
     }
 }
 
+/// `LOG_FORMAT`: [`LogFormat`].
+pub const LOG_FORMAT: outbox_env::Text = outbox_env::Text {
+    name: "LOG_FORMAT",
+    default: "text",
+    form: "text, json",
+    meaning: "one readable line or one JSON object per log event (RUST_LOG filters either)",
+};
+
 /// `LOG_FORMAT`: how the processes write their log lines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LogFormat {
@@ -189,14 +197,10 @@ impl LogFormat {
     ///
     /// A [`ConfigError`] naming the variable for any other value.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        match get("LOG_FORMAT").as_deref().map(str::trim) {
-            None | Some("" | "text") => Ok(Self::Text),
+        match LOG_FORMAT.read(get).as_deref().map(str::trim) {
+            None | Some("text") => Ok(Self::Text),
             Some("json") => Ok(Self::Json),
-            Some(other) => Err(ConfigError {
-                variable: "LOG_FORMAT",
-                value: other.to_owned(),
-                problem: "must be text or json".into(),
-            }),
+            Some(other) => Err(LOG_FORMAT.refuse(other, "must be text or json")),
         }
     }
 }

@@ -27,6 +27,24 @@ pub const OTLP_ENDPOINT_VARIABLE: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 /// binary's name).
 pub const SERVICE_NAME_VARIABLE: &str = "OTEL_SERVICE_NAME";
 
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` ([`OTLP_ENDPOINT_VARIABLE`]), read by
+/// [`TraceExportConfig::from_lookup`].
+pub const OTEL_EXPORTER_OTLP_ENDPOINT: outbox_env::Text = outbox_env::Text {
+    name: OTLP_ENDPOINT_VARIABLE,
+    default: "unset (no trace export)",
+    form: "an http:// or https:// base URL of an OTLP/HTTP collector",
+    meaning: "export spans (protobuf, to <URL>/v1/traces) that continue each event's trace from its publisher to its side effects",
+};
+
+/// `OTEL_SERVICE_NAME` ([`SERVICE_NAME_VARIABLE`]), read by
+/// [`TraceExportConfig::from_lookup`].
+pub const OTEL_SERVICE_NAME: outbox_env::Text = outbox_env::Text {
+    name: SERVICE_NAME_VARIABLE,
+    default: "the binary's name",
+    form: "a name",
+    meaning: "the service name of exported spans",
+};
+
 /// The instrumentation scope of the spans the workers and the bridge export.
 const SCOPE: &str = "outbox";
 
@@ -51,25 +69,22 @@ impl TraceExportConfig {
         get: &dyn Fn(&str) -> Option<String>,
         binary: &str,
     ) -> Result<Option<Self>, ConfigError> {
-        let Some(endpoint) = get(OTLP_ENDPOINT_VARIABLE)
+        let Some(endpoint) = OTEL_EXPORTER_OTLP_ENDPOINT
+            .read(get)
             .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
         else {
             return Ok(None);
         };
-        let refuse = |problem: String| ConfigError {
-            variable: OTLP_ENDPOINT_VARIABLE,
-            value: outbox_queue::redact_url(&endpoint),
-            problem,
+        let refuse = |problem: String| {
+            OTEL_EXPORTER_OTLP_ENDPOINT.refuse(outbox_queue::redact_url(&endpoint), problem)
         };
         let parsed = url::Url::parse(&endpoint).map_err(|e| refuse(format!("not a URL ({e})")))?;
         if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
             return Err(refuse("must be an http:// or https:// URL".into()));
         }
-        let service_name = get(SERVICE_NAME_VARIABLE)
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| binary.to_owned());
+        let service_name = OTEL_SERVICE_NAME
+            .read(get)
+            .map_or_else(|| binary.to_owned(), |v| v.trim().to_owned());
         Ok(Some(Self {
             // The base URL of every signal, as OpenTelemetry defines the
             // variable: traces go to its `/v1/traces`.

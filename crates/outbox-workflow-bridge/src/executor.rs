@@ -18,6 +18,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use diesel_async::AsyncPgConnection;
+use outbox_env::{Text, VariableError};
 use outbox_workflow_model::events::ContinueKind;
 use outbox_workflow_runner::{RunError, RunOutcome, Runner};
 use outbox_workflow_store::{self as store, StoreError, WorkflowExecution};
@@ -25,6 +26,24 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::{BridgeCallError, BridgeClient};
+
+/// `WORKFLOW_EXECUTOR`: the [`ExecutorMode`]
+/// ([`ExecutorMode::from_lookup`]).
+pub const WORKFLOW_EXECUTOR: Text = Text {
+    name: "WORKFLOW_EXECUTOR",
+    default: ExecutorMode::Native.as_str(),
+    form: "native, hybrid, http",
+    meaning: "where workflow executions run",
+};
+
+/// `WORKFLOW_BRIDGE_URL`: the base URL of the [`BridgeClient`] of the
+/// `hybrid` and `http` modes.
+pub const WORKFLOW_BRIDGE_URL: Text = Text {
+    name: "WORKFLOW_BRIDGE_URL",
+    default: "unset (required by hybrid and http)",
+    form: "http(s)://host:port",
+    meaning: "the workflow bridge",
+};
 
 /// `WORKFLOW_EXECUTOR`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -54,6 +73,23 @@ impl ExecutorMode {
     #[must_use]
     pub const fn needs_bridge(self) -> bool {
         !matches!(self, Self::Native)
+    }
+}
+
+impl ExecutorMode {
+    /// [`WORKFLOW_EXECUTOR`] read through `get`, [`ExecutorMode::Native`]
+    /// when unset.
+    ///
+    /// # Errors
+    ///
+    /// A [`VariableError`] naming the variable for any other word.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        match WORKFLOW_EXECUTOR.read(get) {
+            None => Ok(Self::default()),
+            Some(value) => value.trim().parse().map_err(|e: UnknownExecutor| {
+                WORKFLOW_EXECUTOR.refuse(value.clone(), format!("is not an executor: {e}"))
+            }),
+        }
     }
 }
 

@@ -38,5 +38,11 @@ pub mod signing;
 pub mod wire;
 
 pub use client::{BRIDGE_CALL_TIMEOUT, BridgeCallError, BridgeClient, BridgeUrlError};
-pub use server::{BridgeState, StreamEvent, TriggerError, prune_request_ids, router};
-pub use signing::{BridgeSecret, SignatureError, WeakSecret};
+pub use server::{
+    BridgeState, DEFAULT_BRIDGE_ADDR, StreamEvent, TriggerError, WORKFLOW_BRIDGE_ADDR,
+    prune_request_ids, router,
+};
+pub use signing::{
+    BridgeSecret, SignatureError, WORKFLOW_BRIDGE_PREVIOUS_SECRET, WORKFLOW_BRIDGE_SECRET,
+    WeakSecret,
+};

@@ -34,6 +34,17 @@ use crate::wire::{
     StreamRequest,
 };
 
+/// Default of `WORKFLOW_BRIDGE_ADDR`: loopback only.
+pub const DEFAULT_BRIDGE_ADDR: &str = "127.0.0.1:8787";
+
+/// `WORKFLOW_BRIDGE_ADDR`: where the bridge's process serves [`router`].
+pub const WORKFLOW_BRIDGE_ADDR: outbox_env::Text = outbox_env::Text {
+    name: "WORKFLOW_BRIDGE_ADDR",
+    default: DEFAULT_BRIDGE_ADDR,
+    form: "host:port",
+    meaning: "where the bridge serves its signed endpoints, /healthz, /readyz and /metrics (loopback only by default)",
+};
+
 /// What the bridge's endpoints share. Cheap to clone.
 #[derive(Clone)]
 pub struct BridgeState {

@@ -32,6 +32,24 @@ pub struct WeakSecret {
     pub len: usize,
 }
 
+/// `WORKFLOW_BRIDGE_SECRET`: the [`BridgeSecret`] workers sign with and the
+/// bridge verifies with ([`BridgeSecret::from_lookup`]).
+pub const WORKFLOW_BRIDGE_SECRET: outbox_env::Text = outbox_env::Text {
+    name: "WORKFLOW_BRIDGE_SECRET",
+    default: "unset (required by hybrid and http)",
+    form: "at least 32 bytes",
+    meaning: "the key requests to the bridge are signed with; never printed",
+};
+
+/// `WORKFLOW_BRIDGE_PREVIOUS_SECRET`: a second [`BridgeSecret`] the bridge
+/// accepts during a key rotation.
+pub const WORKFLOW_BRIDGE_PREVIOUS_SECRET: outbox_env::Text = outbox_env::Text {
+    name: "WORKFLOW_BRIDGE_PREVIOUS_SECRET",
+    default: "unset (only WORKFLOW_BRIDGE_SECRET is accepted)",
+    form: "at least 32 bytes",
+    meaning: "a second key the bridge also accepts, during a key rotation; never printed",
+};
+
 /// A shared secret of the bridge (never printed).
 #[derive(Clone, PartialEq, Eq)]
 pub struct BridgeSecret(Vec<u8>);
@@ -47,6 +65,22 @@ impl BridgeSecret {
             return Err(WeakSecret { len: text.len() });
         }
         Ok(Self(text.as_bytes().to_vec()))
+    }
+
+    /// The secret of the variable `spec` (such as [`WORKFLOW_BRIDGE_SECRET`])
+    /// read through `get`, `None` when unset.
+    ///
+    /// # Errors
+    ///
+    /// A [`outbox_env::VariableError`] naming the variable, its value shown
+    /// as `<redacted>`, when the secret is too short.
+    pub fn from_lookup(
+        spec: &outbox_env::Text,
+        get: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, outbox_env::VariableError> {
+        spec.read(get)
+            .map(|value| Self::new(&value).map_err(|e| spec.refuse("<redacted>", e.to_string())))
+            .transpose()
     }
 
     fn mac(&self, request_id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {

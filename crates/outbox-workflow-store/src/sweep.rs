@@ -44,6 +44,26 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// How often a worker sweeps, by default (`WORKFLOW_SWEEP_INTERVAL_MS`).
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
+/// `WORKFLOW_RUN_LEASE_MS`: the lease runs are held with
+/// ([`DEFAULT_LEASE`]).
+pub const WORKFLOW_RUN_LEASE_MS: outbox_env::Whole = outbox_env::Whole {
+    name: "WORKFLOW_RUN_LEASE_MS",
+    default: outbox_env::millis(DEFAULT_LEASE),
+    min: 100,
+    max: 86_400_000,
+    meaning: "how long a workflow run stays held after its holder's last write (an HTTP call holds it for its timeout plus this), so how soon a run whose worker died is resumed, in ms",
+};
+
+/// `WORKFLOW_SWEEP_INTERVAL_MS`: how often a worker sweeps
+/// ([`DEFAULT_SWEEP_INTERVAL`]).
+pub const WORKFLOW_SWEEP_INTERVAL_MS: outbox_env::Whole = outbox_env::Whole {
+    name: "WORKFLOW_SWEEP_INTERVAL_MS",
+    default: outbox_env::millis(DEFAULT_SWEEP_INTERVAL),
+    min: 100,
+    max: outbox_env::MAX_MILLIS,
+    meaning: "how often worker-general looks for workflow runs left running with an expired lease and requests their resume, in ms",
+};
+
 /// The most orphaned runs one sweep resumes (the rest wait for the next).
 pub const SWEEP_BATCH: i64 = 500;
 

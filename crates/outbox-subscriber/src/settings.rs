@@ -1,0 +1,132 @@
+//! [`WorkerSettings`], how each queue's worker runs, and the variables
+//! that set it.
+
+use std::time::Duration;
+
+use outbox_env::{MAX_MILLIS, VariableError, Whole, millis};
+
+/// How each queue's worker runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerSettings {
+    /// Jobs of one queue processed at once (a handler may ask for more, see
+    /// [`crate::JobHandler::concurrency`]).
+    pub concurrency: usize,
+    /// In-process retries of a failed job (quick blips) before it is put
+    /// back on the queue for later.
+    pub retries: usize,
+    /// First in-process retry delay (doubling from there).
+    pub min_backoff: Duration,
+    /// Largest in-process retry delay.
+    pub max_backoff: Duration,
+    /// Delays of the later rounds: after the in-process retries, a job that
+    /// still fails is pushed again (as `<task id>~retry<n>`) due after the
+    /// next delay; past the last one (at most
+    /// [`outbox_queue::MAX_RETRY_ROUNDS`]) it goes to the dead set. The
+    /// default, 30 s to 4 h, spans about 8.5 hours of outage.
+    pub requeue_delays: Vec<Duration>,
+    /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
+    /// is presumed dead and its in-flight jobs are redelivered.
+    pub heartbeat: Duration,
+    /// See `heartbeat`.
+    pub missed_heartbeats: usize,
+    /// Jobs fetched per Redis round trip, at least; a queue whose worker
+    /// runs more jobs at once fetches as many as it runs, up to
+    /// [`MAX_FETCH_BATCH`](crate::MAX_FETCH_BATCH).
+    pub fetch_batch: usize,
+    /// How often an idle worker looks for due jobs (retries rescheduled by
+    /// the queue, and pushes whose wake-up was missed).
+    pub poll_interval: Duration,
+}
+
+impl WorkerSettings {
+    /// Default of `concurrency` (`WORKER_CONCURRENCY`).
+    pub const DEFAULT_CONCURRENCY: usize = 10;
+    /// Default of `retries` (`WORKER_RETRIES`).
+    pub const DEFAULT_RETRIES: usize = 3;
+    /// Default of `heartbeat` (`WORKER_HEARTBEAT_MS`).
+    pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(30);
+    /// Default of `poll_interval` (`WORKER_POLL_INTERVAL_MS`).
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+    /// The shortest `heartbeat` (`WORKER_HEARTBEAT_MS`): apalis-redis
+    /// counts the orphan window in whole seconds, so below 1 s it rounds
+    /// to zero and workers would steal each other's jobs.
+    pub const MIN_HEARTBEAT: Duration = Duration::from_secs(1);
+
+    /// The settings of the variables below read through `get` (the
+    /// process environment in a binary), the rest as [`Default`].
+    ///
+    /// ```
+    /// use outbox_subscriber::WorkerSettings;
+    ///
+    /// let get = |name: &str| (name == "WORKER_CONCURRENCY").then(|| "32".to_owned());
+    /// let settings = WorkerSettings::from_lookup(&get)?;
+    /// assert_eq!(settings.concurrency, 32);
+    /// assert_eq!(settings.retries, WorkerSettings::DEFAULT_RETRIES);
+    /// # Ok::<(), outbox_env::VariableError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first [`VariableError`], naming its variable.
+    pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
+        Ok(Self {
+            concurrency: WORKER_CONCURRENCY.read_as(get)?,
+            retries: WORKER_RETRIES.read_as(get)?,
+            heartbeat: WORKER_HEARTBEAT_MS.read_millis(get)?,
+            poll_interval: WORKER_POLL_INTERVAL_MS.read_millis(get)?,
+            ..Self::default()
+        })
+    }
+}
+
+/// `WORKER_CONCURRENCY`: [`WorkerSettings::concurrency`].
+pub const WORKER_CONCURRENCY: Whole = Whole {
+    name: "WORKER_CONCURRENCY",
+    default: WorkerSettings::DEFAULT_CONCURRENCY as u64,
+    min: 1,
+    max: 1000,
+    meaning: "jobs per queue in parallel (the audit and notification queues run at least 100); a job of a database-using queue holds a pooled connection, so a value above DATABASE_POOL_SIZE is warned about at start",
+};
+/// `WORKER_RETRIES`: [`WorkerSettings::retries`].
+pub const WORKER_RETRIES: Whole = Whole {
+    name: "WORKER_RETRIES",
+    default: WorkerSettings::DEFAULT_RETRIES as u64,
+    min: 0,
+    max: 100,
+    meaning: "quick in-process retries of a failing job before it goes back on the queue for later",
+};
+/// `WORKER_HEARTBEAT_MS`: [`WorkerSettings::heartbeat`].
+pub const WORKER_HEARTBEAT_MS: Whole = Whole {
+    name: "WORKER_HEARTBEAT_MS",
+    default: millis(WorkerSettings::DEFAULT_HEARTBEAT),
+    min: millis(WorkerSettings::MIN_HEARTBEAT),
+    max: MAX_MILLIS,
+    meaning: "queue-worker heartbeat in ms; silent for 4 beats = presumed dead, its jobs redelivered",
+};
+/// `WORKER_POLL_INTERVAL_MS`: [`WorkerSettings::poll_interval`].
+pub const WORKER_POLL_INTERVAL_MS: Whole = Whole {
+    name: "WORKER_POLL_INTERVAL_MS",
+    default: millis(WorkerSettings::DEFAULT_POLL_INTERVAL),
+    min: 10,
+    max: MAX_MILLIS,
+    meaning: "how often an idle queue worker looks for due jobs, in ms",
+};
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        Self {
+            concurrency: Self::DEFAULT_CONCURRENCY,
+            retries: Self::DEFAULT_RETRIES,
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(10),
+            requeue_delays: [30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14_400]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            heartbeat: Self::DEFAULT_HEARTBEAT,
+            missed_heartbeats: 4,
+            fetch_batch: 10,
+            poll_interval: Self::DEFAULT_POLL_INTERVAL,
+        }
+    }
+}
