@@ -1,5 +1,6 @@
 //! The built-in subscribers, listed once: [`BUILT_IN`] holds the
-//! [`SubscriberDescription`] each subscriber crate exports (plus
+//! [`SubscriberDescription`] of each built-in subscriber ([`built_in`], plain
+//! data, so that reading them compiles no handler; plus
 //! [`FOR_APPLICATIONS`], the contract's queues that an application's own
 //! handlers consume), and [`Catalog`] answers the questions the dispatcher,
 //! the worker and the operator CLI ask of them: the routing table
@@ -11,24 +12,31 @@
 //! ([`registration`]), so that the operator CLI also knows an
 //! application's own subscribers.
 //!
-//! A new built-in subscriber is its crate plus one line in [`BUILT_IN`]. An
-//! application's own subscriber adds its description to the worker it
-//! builds (`outbox_worker::WorkerBuilder::subscriber`). This crate holds no
-//! handler and runs nothing: constructing handlers is the worker's job.
+//! A new built-in subscriber is its handlers' crate, its description in
+//! [`built_in`] with one line in [`BUILT_IN`], and one line in the list of
+//! the worker group that runs it (`outbox-worker`). An application's own
+//! subscriber adds its description to the worker it builds
+//! (`outbox_worker::WorkerBuilder::subscriber`). This crate holds no
+//! handler, depends on no subscriber crate and runs nothing: constructing
+//! handlers is the worker's job.
 
+pub mod built_in;
 pub mod registration;
 
 use outbox_dispatch::{Receiver, Receivers, RouteError, Router};
 use outbox_queue::queues;
 use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
 
-/// Every built-in subscriber crate's description, and the contract's queues
-/// left to applications ([`FOR_APPLICATIONS`]).
+/// Every built-in subscriber's description ([`built_in`]), and the
+/// contract's queues left to applications ([`FOR_APPLICATIONS`]).
 pub const BUILT_IN: &[SubscriberDescription] = &[
-    outbox_subscriber_audit::DESCRIPTION,
-    outbox_subscriber_workflow::DESCRIPTION,
-    outbox_subscriber_webhook::DESCRIPTION,
-    outbox_subscriber_mail::DESCRIPTION,
+    built_in::AUDIT,
+    built_in::NOTIFICATION,
+    built_in::WORKFLOW,
+    built_in::PLUGIN_HOOKS,
+    built_in::WEBHOOK,
+    built_in::MAIL,
+    built_in::MARKETING,
     FOR_APPLICATIONS,
 ];
 

@@ -1,13 +1,16 @@
-//! How a subscriber crate says what it adds to a worker: the queues it
+//! How a subscriber says what it adds to a worker: the queues it
 //! consumes and what it reads there ([`ConsumedQueue`]), the downstream
 //! queues its handlers feed ([`DownstreamQueue`]), and the keys each
 //! handler deduplicates on ([`DedupKey`]), all in one
-//! [`SubscriberDescription`] the crate exports.
+//! [`SubscriberDescription`], plain data.
 //!
-//! The owner of these facts is the crate that holds the handlers; the
-//! worker (which queues to measure and trim), the operator CLI (which
-//! queues exist, which queue derives a downstream job) and the README's
-//! routing table ask the descriptions instead of keeping lists of their own.
+//! Each subscriber is described once, and the worker registers it by its
+//! description (with the handlers it makes); the worker (which queues to
+//! measure and trim), the operator CLI (which queues exist, which queue
+//! derives a downstream job) and the README's routing table ask the
+//! descriptions instead of keeping lists of their own. The built-in
+//! subscribers' descriptions are in the `outbox-catalog` crate, apart from
+//! their handlers, so that reading them compiles no handler.
 
 /// One queue a subscriber crate's handler consumes, the event types the
 /// routing table sends there, and the payload fields that handler reads.
@@ -55,12 +58,13 @@ pub struct DedupKey {
     pub recorded_in: &'static str,
 }
 
-/// Everything a subscriber crate adds to a worker, as plain data: each
-/// subscriber crate exports one (`DESCRIPTION`), and the built-in ones are
-/// listed together once (the `outbox-catalog` crate).
+/// Everything a subscriber adds to a worker, as plain data: the built-in
+/// ones are listed together once (the `outbox-catalog` crate), an
+/// application's own is registered with its worker
+/// (`outbox_worker::WorkerBuilder::subscriber`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubscriberDescription {
-    /// The crate (`outbox-subscriber-mail`).
+    /// Its name (`mail`, `custom-worker search indexing`).
     pub name: &'static str,
     /// The queues the routing table sends to its handlers.
     pub consumes: &'static [ConsumedQueue],
