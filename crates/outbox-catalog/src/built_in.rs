@@ -78,7 +78,7 @@ pub const PLUGIN_HOOKS: SubscriberDescription = SubscriberDescription {
     feeds: &[DownstreamQueue {
         queue: queues::TOOLCTRL_PLUGIN_INVOKE,
         derived_from: &[queues::PLUGIN_HOOK],
-        task_id: "plugin-invoke:<delivery id>:<subscription id>",
+        task_id: outbox_queue::PLUGIN_INVOKE_TASK_IDS,
     }],
     dedup: &[DedupKey {
         queue: queues::TOOLCTRL_PLUGIN_INVOKE,
@@ -118,7 +118,7 @@ pub const MAIL: SubscriberDescription = SubscriberDescription {
     feeds: &[DownstreamQueue {
         queue: queues::TOOLCTRL_EMAIL,
         derived_from: &[queues::MAIL, queues::MARKETING],
-        task_id: "email:<delivery id>",
+        task_id: outbox_queue::EMAIL_TASK_IDS,
     }],
     dedup: &[DedupKey {
         queue: queues::TOOLCTRL_EMAIL,

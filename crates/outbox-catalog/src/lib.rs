@@ -23,7 +23,7 @@
 pub mod built_in;
 pub mod registration;
 
-use outbox_dispatch::{Receiver, Receivers, RouteError, Router};
+use outbox_dispatch::{Receivers, RouteError, Router};
 use outbox_queue::queues;
 use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
 
@@ -215,45 +215,34 @@ impl Catalog {
 
     /// What each consumed queue's handler leaves behind, for reconciliation
     /// after a Redis loss (`outbox_dispatch::Reconciler`), read from the
-    /// descriptions: a queue whose handler feeds a downstream queue
-    /// reconciliation knows ([`Receiver::deriving`]) derives its jobs; a
-    /// queue whose deduplication key is recorded in `<table>.outbox_event_id`
-    /// writes one row per event there ([`Receiver::recorded_in`]); any other
-    /// queue is plain (only its job tells).
+    /// descriptions: a queue whose handler feeds a downstream queue whose
+    /// task ids its description lists ([`outbox_dispatch::Receiver::deriving`]) is
+    /// reconciled by those jobs; a queue whose deduplication key is
+    /// recorded in `<table>.outbox_event_id` writes one row per event there
+    /// ([`outbox_dispatch::Receiver::recorded_in`]); any other queue is plain (only its job
+    /// tells).
     ///
     /// ```
     /// use outbox_dispatch::Receiver;
     /// let receivers = outbox_catalog::Catalog::built_in().receivers();
-    /// assert_eq!(receivers.of("outbox.mail"), Receiver::Email);
-    /// assert_eq!(receivers.of("outbox.webhook"), Receiver::Plain);
+    /// assert_eq!(receivers.of("outbox.mail").derives_on(), Some("toolctrl.email"));
+    /// assert_eq!(receivers.of("outbox.webhook"), &Receiver::Plain);
     /// ```
     #[must_use]
     pub fn receivers(&self) -> Receivers {
-        let mut receivers = Receivers::new();
-        for consumed in self.descriptions.iter().flat_map(|d| d.consumes) {
-            let queue = consumed.queue;
-            let derived = self
-                .feeds_of(queue)
-                .find_map(|feed| Receiver::deriving(feed.queue));
-            let rows = || {
-                self.descriptions
-                    .iter()
-                    .flat_map(|d| d.dedup)
-                    .filter(|key| key.queue == queue)
-                    .map(|key| Receiver::recorded_in(key.recorded_in))
-                    .find(|receiver| *receiver != Receiver::Plain)
-            };
-            if let Some(receiver) = derived.or_else(rows) {
-                receivers = receivers.with(queue, receiver);
-            }
-        }
-        receivers
+        let subscribers: Vec<registration::Subscriber> = self
+            .descriptions
+            .iter()
+            .map(registration::Subscriber::from)
+            .collect();
+        registration::add_receivers(&subscribers, &[], Receivers::new())
     }
 
-    /// The downstream queues fed from a consumed queue whose derived jobs
-    /// reconciliation cannot find ([`Receiver::deriving`] knows only the
-    /// built-in ones): a job of such a queue that is lost after its parent
-    /// finished goes unnoticed. The worker logs them at start.
+    /// The downstream queues whose derived jobs reconciliation cannot find
+    /// (their description says their task ids cannot be listed,
+    /// [`outbox_subscriber::DerivedTaskIds::Unlisted`]): a job of such a
+    /// queue that is lost after its parent finished goes unnoticed. The
+    /// worker logs them at start.
     ///
     /// ```
     /// assert!(outbox_catalog::Catalog::built_in().unreconciled_feeds().is_empty());
@@ -263,15 +252,8 @@ impl Catalog {
         self.descriptions
             .iter()
             .flat_map(|d| d.feeds)
-            .filter(|feed| Receiver::deriving(feed.queue).is_none())
+            .filter(|feed| !feed.task_id.is_listed())
             .collect()
-    }
-
-    fn feeds_of<'a>(&'a self, queue: &'a str) -> impl Iterator<Item = &'a DownstreamQueue> + 'a {
-        self.descriptions
-            .iter()
-            .flat_map(|d| d.feeds)
-            .filter(move |feed| feed.derived_from.contains(&queue))
     }
 
     /// What the handler of the routed queue `queue` reads, when a
@@ -288,6 +270,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_dispatch::Receiver;
     use outbox_queue::queues;
 
     /// The routing table the descriptions make is the contract's.
@@ -368,8 +351,23 @@ mod tests {
                 _ => "plain",
             };
             let got = match receivers.of(queue) {
-                Receiver::Email => "email",
-                Receiver::PluginHook => "plugin hook",
+                Receiver::Derives {
+                    queue: downstream,
+                    task_ids,
+                } if downstream == queues::TOOLCTRL_EMAIL
+                    && *task_ids == outbox_queue::EMAIL_TASK_IDS =>
+                {
+                    "email"
+                }
+                Receiver::Derives {
+                    queue: downstream,
+                    task_ids,
+                } if downstream == queues::TOOLCTRL_PLUGIN_INVOKE
+                    && *task_ids == outbox_queue::PLUGIN_INVOKE_TASK_IDS =>
+                {
+                    "plugin hook"
+                }
+                Receiver::Derives { queue, .. } => panic!("derives on {queue}"),
                 Receiver::Row(table) => table.table(),
                 Receiver::Plain => "plain",
             };
@@ -382,7 +380,7 @@ mod tests {
     /// cannot find is named, from its description alone.
     #[test]
     fn an_added_subscriber_is_reconciled_from_its_description() {
-        use outbox_subscriber::DedupKey;
+        use outbox_subscriber::{DedupKey, DerivedTaskIds};
         const SEARCH: SubscriberDescription = SubscriberDescription {
             name: "app-search",
             consumes: &[
@@ -400,7 +398,7 @@ mod tests {
             feeds: &[DownstreamQueue {
                 queue: "app.search-refresh",
                 derived_from: &["app.search-bulk"],
-                task_id: "refresh:<delivery id>",
+                task_id: DerivedTaskIds::unlisted("refresh:<delivery id>"),
             }],
             dedup: &[DedupKey {
                 queue: "app.search-index",
@@ -414,8 +412,11 @@ mod tests {
             Receiver::Row(table) => assert_eq!(table.table(), "search_document"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(receivers.of("app.search-bulk"), Receiver::Plain);
-        assert_eq!(receivers.of(queues::MAIL), Receiver::Email);
+        assert_eq!(receivers.of("app.search-bulk"), &Receiver::Plain);
+        assert_eq!(
+            receivers.of(queues::MAIL).derives_on(),
+            Some(queues::TOOLCTRL_EMAIL)
+        );
         let unreconciled: Vec<&str> = catalog
             .unreconciled_feeds()
             .iter()

@@ -23,7 +23,9 @@ mod runner;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
-pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
+pub use describe::{
+    ConsumedQueue, DedupKey, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
+};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError, WorkerSettings};
 pub use wake::{QueueWakeups, WakeStream, listen_for_wakeups};
