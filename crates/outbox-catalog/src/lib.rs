@@ -342,6 +342,11 @@ mod tests {
     #[test]
     fn the_receivers_come_from_the_descriptions() {
         let receivers = Catalog::built_in().receivers();
+        let email = Receiver::deriving(queues::TOOLCTRL_EMAIL, &outbox_queue::EMAIL_TASK_IDS);
+        let hook = Receiver::deriving(
+            queues::TOOLCTRL_PLUGIN_INVOKE,
+            &outbox_queue::PLUGIN_INVOKE_TASK_IDS,
+        );
         for queue in Catalog::built_in().routed_queues() {
             let expected = match queue {
                 queues::MAIL | queues::MARKETING => "email",
@@ -351,22 +356,8 @@ mod tests {
                 _ => "plain",
             };
             let got = match receivers.of(queue) {
-                Receiver::Derives {
-                    queue: downstream,
-                    task_ids,
-                } if downstream == queues::TOOLCTRL_EMAIL
-                    && *task_ids == outbox_queue::EMAIL_TASK_IDS =>
-                {
-                    "email"
-                }
-                Receiver::Derives {
-                    queue: downstream,
-                    task_ids,
-                } if downstream == queues::TOOLCTRL_PLUGIN_INVOKE
-                    && *task_ids == outbox_queue::PLUGIN_INVOKE_TASK_IDS =>
-                {
-                    "plugin hook"
-                }
+                receiver if Some(receiver) == email.as_ref() => "email",
+                receiver if Some(receiver) == hook.as_ref() => "plugin hook",
                 Receiver::Derives { queue, .. } => panic!("derives on {queue}"),
                 Receiver::Row(table) => table.table(),
                 Receiver::Plain => "plain",
@@ -375,13 +366,11 @@ mod tests {
         }
     }
 
-    /// An application's subscriber that writes one row per event is
-    /// reconciled by its row, and one that derives jobs reconciliation
-    /// cannot find is named, from its description alone.
-    #[test]
-    fn an_added_subscriber_is_reconciled_from_its_description() {
-        use outbox_subscriber::{DedupKey, DerivedTaskIds};
-        const SEARCH: SubscriberDescription = SubscriberDescription {
+    /// An application's search subscriber: `app.search-index`, whose
+    /// handler writes one `search_document` row per event, and
+    /// `app.search-bulk`, whose handler feeds `feeds`.
+    pub(crate) const fn search(feeds: &'static [DownstreamQueue]) -> SubscriberDescription {
+        SubscriberDescription {
             name: "app-search",
             consumes: &[
                 ConsumedQueue {
@@ -395,17 +384,27 @@ mod tests {
                     payload: "`ids`",
                 },
             ],
-            feeds: &[DownstreamQueue {
-                queue: "app.search-refresh",
-                derived_from: &["app.search-bulk"],
-                task_id: DerivedTaskIds::unlisted("refresh:<delivery id>"),
-            }],
-            dedup: &[DedupKey {
+            feeds,
+            dedup: &[outbox_subscriber::DedupKey {
                 queue: "app.search-index",
                 key: "<event id>",
                 recorded_in: "search_document.outbox_event_id",
             }],
-        };
+        }
+    }
+
+    /// An application's subscriber that writes one row per event is
+    /// reconciled by its row, and one that derives jobs reconciliation
+    /// cannot find is named, from its description alone.
+    #[test]
+    fn an_added_subscriber_is_reconciled_from_its_description() {
+        use outbox_subscriber::DerivedTaskIds;
+        const REFRESH: &[DownstreamQueue] = &[DownstreamQueue {
+            queue: "app.search-refresh",
+            derived_from: &["app.search-bulk"],
+            task_id: DerivedTaskIds::unlisted("refresh:<delivery id>"),
+        }];
+        const SEARCH: SubscriberDescription = search(REFRESH);
         let catalog = Catalog::built_in().with(SEARCH);
         let receivers = catalog.receivers();
         match receivers.of("app.search-index") {

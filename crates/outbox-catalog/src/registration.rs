@@ -363,33 +363,14 @@ pub(crate) fn add_receivers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue};
+    use outbox_subscriber::DownstreamQueue;
 
-    const SEARCH: SubscriberDescription = SubscriberDescription {
-        name: "app-search",
-        consumes: &[
-            ConsumedQueue {
-                queue: "app.search-index",
-                routes: &["search.page."],
-                payload: "`id`",
-            },
-            ConsumedQueue {
-                queue: "app.search-bulk",
-                routes: &["search.bulk."],
-                payload: "`ids`",
-            },
-        ],
-        feeds: &[DownstreamQueue {
-            queue: "app.search-refresh",
-            derived_from: &["app.search-bulk"],
-            task_id: DerivedTaskIds::per_delivery("refresh:"),
-        }],
-        dedup: &[DedupKey {
-            queue: "app.search-index",
-            key: "<event id>",
-            recorded_in: "search_document.outbox_event_id",
-        }],
-    };
+    const REFRESH: &[DownstreamQueue] = &[DownstreamQueue {
+        queue: "app.search-refresh",
+        derived_from: &["app.search-bulk"],
+        task_id: DerivedTaskIds::per_delivery("refresh:"),
+    }];
+    const SEARCH: SubscriberDescription = crate::tests::search(REFRESH);
 
     /// The registration as the CLI reads it back from its row (JSON).
     fn read_back(subscriber: &Subscriber) -> Registrations {

@@ -354,6 +354,32 @@ impl Rig {
         pass.unwrap()
     }
 
+    /// `report` found one job missing, a derived one, and ran its parent
+    /// `parent` (on `queue`) again: the parent waits again.
+    async fn assert_ran_again_alone(&self, report: &ReconcileReport, queue: &str, parent: &str) {
+        assert_eq!(report.missing_total(), 1, "{report:?}");
+        assert_eq!(report.repushed_total(), 1, "{report:?}");
+        assert_eq!(report.missing[0].derived_from.as_deref(), Some(parent));
+        assert_eq!(
+            self.state(queue, parent).await,
+            JobStateKind::Waiting,
+            "runs again"
+        );
+    }
+
+    /// A job `task_id` waiting on `queue` (its body does not matter here).
+    async fn push_job(&self, queue: &str, task_id: &str) {
+        let mut redis = self.redis();
+        outbox_queue::push_raw(
+            &mut redis,
+            &self.namespace,
+            queue,
+            &[(task_id.to_owned(), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+    }
+
     /// What a receiver records once its job did its work: `key` completed
     /// in the idempotency store.
     async fn record_completed(&self, key: &str) {
@@ -980,15 +1006,8 @@ async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
     }
     // Mail 0: its send job exists. Mail 1: the send job is gone but the
     // receiver recorded the mail as sent. Mail 2: both gone.
-    let mut redis = rig.redis();
-    outbox_queue::push_raw(
-        &mut redis,
-        &rig.namespace,
-        queues::TOOLCTRL_EMAIL,
-        &[(format!("email:{}", ids[0]), b"{}".to_vec())],
-    )
-    .await
-    .unwrap();
+    rig.push_job(queues::TOOLCTRL_EMAIL, &format!("email:{}", ids[0]))
+        .await;
     rig.record_completed(&format!("email:{}", ids[1])).await;
 
     let mut conn = rig.db.conn().await;
@@ -1012,17 +1031,8 @@ async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
     }
 
     let report = rig.reconcile(&[queues::MAIL], false).await;
-    assert_eq!(report.missing_total(), 1, "{report:?}");
-    assert_eq!(report.repushed_total(), 1, "{report:?}");
-    assert_eq!(
-        report.missing[0].derived_from.as_deref(),
-        Some(parents[2].as_str())
-    );
-    assert_eq!(
-        rig.state(queues::MAIL, &parents[2]).await,
-        JobStateKind::Waiting,
-        "runs again"
-    );
+    rig.assert_ran_again_alone(&report, queues::MAIL, &parents[2])
+        .await;
     assert_eq!(
         rig.state(queues::MAIL, &parents[0]).await,
         JobStateKind::Done
@@ -1065,34 +1075,17 @@ async fn a_finished_job_of_an_application_subscriber_whose_derived_job_is_gone_r
     }
     // Page 0: its refresh job exists. Page 1: the refresh job is gone but
     // its receiver recorded it done. Page 2: both gone.
-    let mut redis = rig.redis();
-    outbox_queue::push_raw(
-        &mut redis,
-        &rig.namespace,
-        REFRESH,
-        &[(format!("refresh:{}", ids[0]), b"{}".to_vec())],
-    )
-    .await
-    .unwrap();
+    rig.push_job(REFRESH, &format!("refresh:{}", ids[0])).await;
     rig.record_completed(&format!("refresh:{}", ids[1])).await;
 
     let catalog = Catalog::built_in().with(SEARCH);
     let report = rig
         .reconcile_as(&catalog, &[queues::SEARCH_INDEX], false)
         .await;
-    assert_eq!(report.missing_total(), 1, "{report:?}");
-    assert_eq!(report.repushed_total(), 1, "{report:?}");
+    rig.assert_ran_again_alone(&report, queues::SEARCH_INDEX, &parents[2])
+        .await;
     assert_eq!(report.missing[0].queue, REFRESH);
     assert_eq!(report.missing[0].task_id, format!("refresh:{}", ids[2]));
-    assert_eq!(
-        report.missing[0].derived_from.as_deref(),
-        Some(parents[2].as_str())
-    );
-    assert_eq!(
-        rig.state(queues::SEARCH_INDEX, &parents[2]).await,
-        JobStateKind::Waiting,
-        "runs again"
-    );
     for parent in &parents[..2] {
         assert_eq!(
             rig.state(queues::SEARCH_INDEX, parent).await,

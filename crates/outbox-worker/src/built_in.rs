@@ -106,6 +106,14 @@ const MAIL: &[BuiltIn] = &[
             .with(requests)?
             .with(SmtpHandler::new(smtp, r.idempotency())?)?)
     }),
+    BuiltIn::new(described::WEBHOOK, |group, r| {
+        Ok(group.with(outbox_subscriber_webhook::WebhookHandler::new(
+            r.pool.clone(),
+            deliverer(r)?,
+            r.idempotency(),
+            once(r),
+        ))?)
+    }),
     BuiltIn::new(described::MARKETING, |group, r| {
         Ok(
             group.with(outbox_subscriber_mail::MarketingLeadHandler::new(
@@ -115,14 +123,6 @@ const MAIL: &[BuiltIn] = &[
                 r.namespace.clone(),
             ))?,
         )
-    }),
-    BuiltIn::new(described::WEBHOOK, |group, r| {
-        Ok(group.with(outbox_subscriber_webhook::WebhookHandler::new(
-            r.pool.clone(),
-            deliverer(r)?,
-            r.idempotency(),
-            once(r),
-        ))?)
     }),
 ];
 
@@ -135,7 +135,7 @@ const MAIL: &[BuiltIn] = &[
 ///     .iter()
 ///     .map(|s| s.description().name)
 ///     .collect();
-/// assert_eq!(names, ["mail", "marketing", "webhook"]);
+/// assert_eq!(names, ["mail", "webhook", "marketing"]);
 /// ```
 #[must_use]
 pub fn built_in_subscribers(group: Group) -> &'static [BuiltIn] {
@@ -248,8 +248,8 @@ mod tests {
         );
         assert_eq!(
             about(Group::Mail),
-            "The transactional outbox's mail worker: the queues outbox.mail, outbox.marketing, \
-             outbox.webhook, toolctrl.email."
+            "The transactional outbox's mail worker: the queues outbox.mail, outbox.webhook, \
+             outbox.marketing, toolctrl.email."
         );
     }
 }
