@@ -1,5 +1,6 @@
 //! The built-in subscribers, listed once: [`BUILT_IN`] holds the
-//! [`SubscriberDescription`] each subscriber crate exports (plus
+//! [`SubscriberDescription`] of each built-in subscriber ([`built_in`], plain
+//! data, so that reading them compiles no handler; plus
 //! [`FOR_APPLICATIONS`], the contract's queues that an application's own
 //! handlers consume), and [`Catalog`] answers the questions the dispatcher,
 //! the worker and the operator CLI ask of them: the routing table
@@ -11,24 +12,31 @@
 //! ([`registration`]), so that the operator CLI also knows an
 //! application's own subscribers.
 //!
-//! A new built-in subscriber is its crate plus one line in [`BUILT_IN`]. An
-//! application's own subscriber adds its description to the worker it
-//! builds (`outbox_worker::WorkerBuilder::subscriber`). This crate holds no
-//! handler and runs nothing: constructing handlers is the worker's job.
+//! A new built-in subscriber is its handlers' crate, its description in
+//! [`built_in`] with one line in [`BUILT_IN`], and one line in the list of
+//! the worker group that runs it (`outbox-worker`). An application's own
+//! subscriber adds its description to the worker it builds
+//! (`outbox_worker::WorkerBuilder::subscriber`). This crate holds no
+//! handler, depends on no subscriber crate and runs nothing: constructing
+//! handlers is the worker's job.
 
+pub mod built_in;
 pub mod registration;
 
-use outbox_dispatch::{Receiver, Receivers, RouteError, Router};
+use outbox_dispatch::{Receivers, RouteError, Router};
 use outbox_queue::queues;
 use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
 
-/// Every built-in subscriber crate's description, and the contract's queues
-/// left to applications ([`FOR_APPLICATIONS`]).
+/// Every built-in subscriber's description ([`built_in`]), and the
+/// contract's queues left to applications ([`FOR_APPLICATIONS`]).
 pub const BUILT_IN: &[SubscriberDescription] = &[
-    outbox_subscriber_audit::DESCRIPTION,
-    outbox_subscriber_workflow::DESCRIPTION,
-    outbox_subscriber_webhook::DESCRIPTION,
-    outbox_subscriber_mail::DESCRIPTION,
+    built_in::AUDIT,
+    built_in::NOTIFICATION,
+    built_in::WORKFLOW,
+    built_in::PLUGIN_HOOKS,
+    built_in::WEBHOOK,
+    built_in::MAIL,
+    built_in::MARKETING,
     FOR_APPLICATIONS,
 ];
 
@@ -207,45 +215,34 @@ impl Catalog {
 
     /// What each consumed queue's handler leaves behind, for reconciliation
     /// after a Redis loss (`outbox_dispatch::Reconciler`), read from the
-    /// descriptions: a queue whose handler feeds a downstream queue
-    /// reconciliation knows ([`Receiver::deriving`]) derives its jobs; a
-    /// queue whose deduplication key is recorded in `<table>.outbox_event_id`
-    /// writes one row per event there ([`Receiver::recorded_in`]); any other
-    /// queue is plain (only its job tells).
+    /// descriptions: a queue whose handler feeds a downstream queue whose
+    /// task ids its description lists ([`outbox_dispatch::Receiver::deriving`]) is
+    /// reconciled by those jobs; a queue whose deduplication key is
+    /// recorded in `<table>.outbox_event_id` writes one row per event there
+    /// ([`outbox_dispatch::Receiver::recorded_in`]); any other queue is plain (only its job
+    /// tells).
     ///
     /// ```
     /// use outbox_dispatch::Receiver;
     /// let receivers = outbox_catalog::Catalog::built_in().receivers();
-    /// assert_eq!(receivers.of("outbox.mail"), Receiver::Email);
-    /// assert_eq!(receivers.of("outbox.webhook"), Receiver::Plain);
+    /// assert_eq!(receivers.of("outbox.mail").derives_on(), Some("toolctrl.email"));
+    /// assert_eq!(receivers.of("outbox.webhook"), &Receiver::Plain);
     /// ```
     #[must_use]
     pub fn receivers(&self) -> Receivers {
-        let mut receivers = Receivers::new();
-        for consumed in self.descriptions.iter().flat_map(|d| d.consumes) {
-            let queue = consumed.queue;
-            let derived = self
-                .feeds_of(queue)
-                .find_map(|feed| Receiver::deriving(feed.queue));
-            let rows = || {
-                self.descriptions
-                    .iter()
-                    .flat_map(|d| d.dedup)
-                    .filter(|key| key.queue == queue)
-                    .map(|key| Receiver::recorded_in(key.recorded_in))
-                    .find(|receiver| *receiver != Receiver::Plain)
-            };
-            if let Some(receiver) = derived.or_else(rows) {
-                receivers = receivers.with(queue, receiver);
-            }
-        }
-        receivers
+        let subscribers: Vec<registration::Subscriber> = self
+            .descriptions
+            .iter()
+            .map(registration::Subscriber::from)
+            .collect();
+        registration::add_receivers(&subscribers, &[], Receivers::new())
     }
 
-    /// The downstream queues fed from a consumed queue whose derived jobs
-    /// reconciliation cannot find ([`Receiver::deriving`] knows only the
-    /// built-in ones): a job of such a queue that is lost after its parent
-    /// finished goes unnoticed. The worker logs them at start.
+    /// The downstream queues whose derived jobs reconciliation cannot find
+    /// (their description says their task ids cannot be listed,
+    /// [`outbox_subscriber::DerivedTaskIds::Unlisted`]): a job of such a
+    /// queue that is lost after its parent finished goes unnoticed. The
+    /// worker logs them at start.
     ///
     /// ```
     /// assert!(outbox_catalog::Catalog::built_in().unreconciled_feeds().is_empty());
@@ -255,15 +252,8 @@ impl Catalog {
         self.descriptions
             .iter()
             .flat_map(|d| d.feeds)
-            .filter(|feed| Receiver::deriving(feed.queue).is_none())
+            .filter(|feed| !feed.task_id.is_listed())
             .collect()
-    }
-
-    fn feeds_of<'a>(&'a self, queue: &'a str) -> impl Iterator<Item = &'a DownstreamQueue> + 'a {
-        self.descriptions
-            .iter()
-            .flat_map(|d| d.feeds)
-            .filter(move |feed| feed.derived_from.contains(&queue))
     }
 
     /// What the handler of the routed queue `queue` reads, when a
@@ -280,6 +270,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use outbox_dispatch::Receiver;
     use outbox_queue::queues;
 
     /// The routing table the descriptions make is the contract's.
@@ -351,6 +342,11 @@ mod tests {
     #[test]
     fn the_receivers_come_from_the_descriptions() {
         let receivers = Catalog::built_in().receivers();
+        let email = Receiver::deriving(queues::TOOLCTRL_EMAIL, &outbox_queue::EMAIL_TASK_IDS);
+        let hook = Receiver::deriving(
+            queues::TOOLCTRL_PLUGIN_INVOKE,
+            &outbox_queue::PLUGIN_INVOKE_TASK_IDS,
+        );
         for queue in Catalog::built_in().routed_queues() {
             let expected = match queue {
                 queues::MAIL | queues::MARKETING => "email",
@@ -360,8 +356,9 @@ mod tests {
                 _ => "plain",
             };
             let got = match receivers.of(queue) {
-                Receiver::Email => "email",
-                Receiver::PluginHook => "plugin hook",
+                receiver if Some(receiver) == email.as_ref() => "email",
+                receiver if Some(receiver) == hook.as_ref() => "plugin hook",
+                Receiver::Derives { queue, .. } => panic!("derives on {queue}"),
                 Receiver::Row(table) => table.table(),
                 Receiver::Plain => "plain",
             };
@@ -369,13 +366,11 @@ mod tests {
         }
     }
 
-    /// An application's subscriber that writes one row per event is
-    /// reconciled by its row, and one that derives jobs reconciliation
-    /// cannot find is named, from its description alone.
-    #[test]
-    fn an_added_subscriber_is_reconciled_from_its_description() {
-        use outbox_subscriber::DedupKey;
-        const SEARCH: SubscriberDescription = SubscriberDescription {
+    /// An application's search subscriber: `app.search-index`, whose
+    /// handler writes one `search_document` row per event, and
+    /// `app.search-bulk`, whose handler feeds `feeds`.
+    pub(crate) const fn search(feeds: &'static [DownstreamQueue]) -> SubscriberDescription {
+        SubscriberDescription {
             name: "app-search",
             consumes: &[
                 ConsumedQueue {
@@ -389,25 +384,38 @@ mod tests {
                     payload: "`ids`",
                 },
             ],
-            feeds: &[DownstreamQueue {
-                queue: "app.search-refresh",
-                derived_from: &["app.search-bulk"],
-                task_id: "refresh:<delivery id>",
-            }],
-            dedup: &[DedupKey {
+            feeds,
+            dedup: &[outbox_subscriber::DedupKey {
                 queue: "app.search-index",
                 key: "<event id>",
                 recorded_in: "search_document.outbox_event_id",
             }],
-        };
+        }
+    }
+
+    /// An application's subscriber that writes one row per event is
+    /// reconciled by its row, and one that derives jobs reconciliation
+    /// cannot find is named, from its description alone.
+    #[test]
+    fn an_added_subscriber_is_reconciled_from_its_description() {
+        use outbox_subscriber::DerivedTaskIds;
+        const REFRESH: &[DownstreamQueue] = &[DownstreamQueue {
+            queue: "app.search-refresh",
+            derived_from: &["app.search-bulk"],
+            task_id: DerivedTaskIds::unlisted("refresh:<delivery id>"),
+        }];
+        const SEARCH: SubscriberDescription = search(REFRESH);
         let catalog = Catalog::built_in().with(SEARCH);
         let receivers = catalog.receivers();
         match receivers.of("app.search-index") {
             Receiver::Row(table) => assert_eq!(table.table(), "search_document"),
             other => panic!("{other:?}"),
         }
-        assert_eq!(receivers.of("app.search-bulk"), Receiver::Plain);
-        assert_eq!(receivers.of(queues::MAIL), Receiver::Email);
+        assert_eq!(receivers.of("app.search-bulk"), &Receiver::Plain);
+        assert_eq!(
+            receivers.of(queues::MAIL).derives_on(),
+            Some(queues::TOOLCTRL_EMAIL)
+        );
         let unreconciled: Vec<&str> = catalog
             .unreconciled_feeds()
             .iter()

@@ -16,7 +16,7 @@ use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_dispatch::{Receiver, Receivers};
 use outbox_model::schema::outbox_worker_registration as reg;
-use outbox_subscriber::SubscriberDescription;
+use outbox_subscriber::{DerivedTaskIds, SubscriberDescription};
 use serde::{Deserialize, Serialize};
 
 use crate::Catalog;
@@ -46,6 +46,10 @@ pub struct Fed {
     pub queue: String,
     /// The queues whose handlers push its jobs.
     pub derived_from: Vec<String>,
+    /// How its jobs' task ids are formed; `None` in a row written by a
+    /// version that did not record it (read as not listed).
+    #[serde(default)]
+    pub task_id: Option<DerivedTaskIds>,
 }
 
 /// A deduplication key of a recorded description.
@@ -90,6 +94,7 @@ impl From<&SubscriberDescription> for Subscriber {
                 .map(|f| Fed {
                     queue: f.queue.to_owned(),
                     derived_from: strings(f.derived_from),
+                    task_id: Some(f.task_id.clone()),
                 })
                 .collect(),
             dedup: description
@@ -311,44 +316,118 @@ impl Registrations {
     /// `receivers` plus what the registered subscribers' handlers leave
     /// behind, by the rules of [`Catalog::receivers`]: a queue whose key is
     /// recorded in `<table>.outbox_event_id` is reconciled by that row; a
-    /// queue deriving jobs into a downstream queue reconciliation knows is
+    /// queue deriving jobs whose task ids its description lists is
     /// reconciled by them; others by their job alone. A queue the built-in
     /// catalog already describes keeps the built-in receiver.
     #[must_use]
-    pub fn receivers(&self, catalog: &Catalog, mut receivers: Receivers) -> Receivers {
-        let described = catalog.queues();
-        for subscriber in self.subscribers() {
-            for consumed in &subscriber.consumes {
-                let queue = consumed.queue.as_str();
-                if described.contains(&queue) {
-                    continue;
-                }
-                let derived = self
-                    .subscribers()
-                    .flat_map(|s| &s.feeds)
-                    .filter(|feed| feed.derived_from.iter().any(|q| q == queue))
-                    .find_map(|feed| Receiver::deriving(&feed.queue));
-                let rows = || {
-                    subscriber
-                        .dedup
-                        .iter()
-                        .filter(|key| key.queue == queue)
-                        .map(|key| Receiver::recorded_in(leak(&key.recorded_in)))
-                        .find(|receiver| *receiver != Receiver::Plain)
-                };
-                if let Some(receiver) = derived.or_else(rows) {
-                    receivers = receivers.with(queue, receiver);
-                }
-            }
-        }
-        receivers
+    pub fn receivers(&self, catalog: &Catalog, receivers: Receivers) -> Receivers {
+        let subscribers: Vec<Subscriber> = self.subscribers().cloned().collect();
+        add_receivers(&subscribers, &catalog.queues(), receivers)
     }
 }
 
-/// `text` for the rest of the process: [`Receiver::recorded_in`] keeps the
-/// table name of a description, which a built-in description has as a
-/// constant. The CLI reads the registrations once per command, a few short
-/// names, so what this keeps is bounded by the rows' size.
-fn leak(text: &str) -> &'static str {
-    Box::leak(text.to_owned().into_boxed_str())
+/// `receivers` plus what the handlers of each queue `subscribers` consume
+/// leave behind (see [`Catalog::receivers`]), but for the queues of
+/// `skip`.
+pub(crate) fn add_receivers(
+    subscribers: &[Subscriber],
+    skip: &[&str],
+    mut receivers: Receivers,
+) -> Receivers {
+    let feeds = || subscribers.iter().flat_map(|s| &s.feeds);
+    let dedup = || subscribers.iter().flat_map(|s| &s.dedup);
+    for consumed in subscribers.iter().flat_map(|s| &s.consumes) {
+        let queue = consumed.queue.as_str();
+        if skip.contains(&queue) {
+            continue;
+        }
+        let derived = feeds()
+            .filter(|feed| feed.derived_from.iter().any(|q| q == queue))
+            .find_map(|feed| {
+                let task_ids = feed.task_id.as_ref()?;
+                Receiver::deriving(feed.queue.clone(), task_ids)
+            });
+        let rows = || {
+            dedup()
+                .filter(|key| key.queue == queue)
+                .map(|key| Receiver::recorded_in(key.recorded_in.clone()))
+                .find(|receiver| *receiver != Receiver::Plain)
+        };
+        if let Some(receiver) = derived.or_else(rows) {
+            receivers = receivers.with(queue, receiver);
+        }
+    }
+    receivers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_subscriber::DownstreamQueue;
+
+    const REFRESH: &[DownstreamQueue] = &[DownstreamQueue {
+        queue: "app.search-refresh",
+        derived_from: &["app.search-bulk"],
+        task_id: DerivedTaskIds::per_delivery("refresh:"),
+    }];
+    const SEARCH: SubscriberDescription = crate::tests::search(REFRESH);
+
+    /// The registration as the CLI reads it back from its row (JSON).
+    fn read_back(subscriber: &Subscriber) -> Registrations {
+        let registration = Registration {
+            worker: "search-worker".into(),
+            group: "general".into(),
+            version: "0".into(),
+            handlers: vec!["app.search-bulk".into(), "app.search-index".into()],
+            routes: Vec::new(),
+            subscribers: vec![subscriber.clone()],
+            registered_at: None,
+        };
+        let json = serde_json::to_value(&registration).unwrap();
+        Registrations(vec![serde_json::from_value(json).unwrap()])
+    }
+
+    /// What the CLI reconciles of an application's subscriber comes from
+    /// the registration alone: its row table and the jobs it derives, as
+    /// the worker's own catalog would, and the built-in receivers stay.
+    #[test]
+    fn a_registered_subscriber_is_reconciled_by_its_rows_and_derived_jobs() {
+        let catalog = Catalog::built_in();
+        let receivers =
+            read_back(&Subscriber::from(&SEARCH)).receivers(&catalog, catalog.receivers());
+        match receivers.of("app.search-index") {
+            Receiver::Row(table) => assert_eq!(table.table(), "search_document"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            receivers.of("app.search-bulk"),
+            &Receiver::deriving(
+                "app.search-refresh",
+                &DerivedTaskIds::per_delivery("refresh:")
+            )
+            .unwrap()
+        );
+        assert_eq!(
+            receivers.of("outbox.mail"),
+            catalog.receivers().of("outbox.mail")
+        );
+        assert_eq!(
+            catalog.with(SEARCH).receivers().of("app.search-bulk"),
+            receivers.of("app.search-bulk")
+        );
+    }
+
+    /// A row written before the task ids were recorded reads as a feed
+    /// reconciliation cannot list: its parent queue is plain.
+    #[test]
+    fn a_feed_recorded_without_task_ids_leaves_its_parent_plain() {
+        let mut subscriber = Subscriber::from(&SEARCH);
+        let mut json = serde_json::to_value(&subscriber.feeds[0]).unwrap();
+        json.as_object_mut().unwrap().remove("task_id");
+        subscriber.feeds[0] = serde_json::from_value(json).unwrap();
+        assert_eq!(subscriber.feeds[0].task_id, None);
+        let catalog = Catalog::built_in();
+        let receivers = read_back(&subscriber).receivers(&catalog, Receivers::new());
+        assert_eq!(receivers.of("app.search-bulk"), &Receiver::Plain);
+    }
 }

@@ -3,6 +3,8 @@
 //! plugin hook subscriptions. Every statement on the outbox's own tables is
 //! in `outbox-store`.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
 use diesel::sql_types::{Array, Text, Timestamptz, Uuid as SqlUuid};
@@ -20,7 +22,7 @@ struct IdRow {
 /// writes.
 pub async fn events_with_rows(
     conn: &mut AsyncPgConnection,
-    table: RowTable,
+    table: &RowTable,
     event_ids: &[Uuid],
 ) -> diesel::QueryResult<Vec<Uuid>> {
     if event_ids.is_empty() {
@@ -42,10 +44,11 @@ pub async fn events_with_rows(
 
 /// A table whose row is the whole effect of a handler, one per event,
 /// found by the event id in one of its columns (`audit_log.outbox_event_id`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// It owns its name, so one read from a worker's registration at run time
+/// serves as well as a description's constant.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowTable {
-    table: &'static str,
-    column: &'static str,
+    table: Cow<'static, str>,
 }
 
 impl RowTable {
@@ -62,12 +65,15 @@ impl RowTable {
     /// use outbox_dispatch::RowTable;
     /// let audit = RowTable::parse("audit_log.outbox_event_id").unwrap();
     /// assert_eq!((audit.table(), audit.column()), ("audit_log", "outbox_event_id"));
+    /// let read = RowTable::parse(String::from("search_document.outbox_event_id")).unwrap();
+    /// assert_eq!(read.table(), "search_document");
     /// assert_eq!(RowTable::parse("workflow_execution.trigger_event_id"), None);
     /// assert_eq!(RowTable::parse("idempotency store"), None);
     /// assert_eq!(RowTable::parse("a\"; DROP TABLE x; --.outbox_event_id"), None);
     /// ```
     #[must_use]
-    pub fn parse(recorded_in: &'static str) -> Option<Self> {
+    pub fn parse(recorded_in: impl Into<Cow<'static, str>>) -> Option<Self> {
+        let recorded_in = recorded_in.into();
         let (table, column) = recorded_in.rsplit_once('.')?;
         let plain = |name: &str| {
             name.chars()
@@ -77,19 +83,30 @@ impl RowTable {
                     .chars()
                     .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         };
-        (column == Self::EVENT_ID_COLUMN && plain(table)).then_some(Self { table, column })
+        if column != Self::EVENT_ID_COLUMN || !plain(table) {
+            return None;
+        }
+        let length = table.len();
+        let table = match recorded_in {
+            Cow::Borrowed(text) => Cow::Borrowed(&text[..length]),
+            Cow::Owned(mut text) => {
+                text.truncate(length);
+                Cow::Owned(text)
+            }
+        };
+        Some(Self { table })
     }
 
     /// The table (`audit_log`).
     #[must_use]
-    pub fn table(&self) -> &'static str {
-        self.table
+    pub fn table(&self) -> &str {
+        &self.table
     }
 
     /// The column holding the event id (`outbox_event_id`).
     #[must_use]
     pub fn column(&self) -> &'static str {
-        self.column
+        Self::EVENT_ID_COLUMN
     }
 }
 

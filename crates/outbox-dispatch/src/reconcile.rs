@@ -10,8 +10,8 @@
 //! dispatcher works, changes nothing more.
 //!
 //! What counts as the receiver's record depends on the queue ([`Receiver`]),
-//! as the subscriber crates describe their handlers (the `outbox-catalog`
-//! crate turns the descriptions into [`Receivers`]); for the built-in
+//! as the subscribers describe their handlers (the `outbox-catalog` crate
+//! turns the descriptions into [`Receivers`]); for the built-in
 //! subscribers:
 //!
 //! | queue | the receiver's record | jobs it derives |
@@ -22,12 +22,17 @@
 //! | `outbox.notification` | its `notification` row | none |
 //! | every other queue | none: a missing job is pushed again | none |
 //!
-//! A handler that writes one row per event in a table with a unique
-//! `outbox_event_id` column is read the same way as the audit handler, from
-//! its description alone. A handler that derives jobs on a downstream queue
-//! other than the two above is reconciled as a plain queue: its lost job is
-//! pushed again, but a derived job lost after its parent finished is not
-//! noticed.
+//! Nothing above is particular to the built-in subscribers: an
+//! application's handler is read the same way from its description alone.
+//! One that writes one row per event in a table with a unique
+//! `outbox_event_id` column is read as the audit handler is. One that
+//! derives jobs on a downstream queue is read as the mail handler is when
+//! its description says how their task ids are formed
+//! ([`outbox_queue::DerivedTaskIds`]: one per delivery,
+//! `<prefix><delivery id>`, or one per plugin-hook subscription); when it
+//! says they cannot be listed, its queue is reconciled as a plain one: its
+//! lost job is pushed again, but a derived job lost after its parent
+//! finished is not noticed.
 //!
 //! Derived jobs are not pushed by reconciliation: it cannot build them (the
 //! mail is rendered by the mail handler, the subscriptions are read at
@@ -54,6 +59,7 @@
 //! finished longer ago are trimmed from Redis on purpose and would look
 //! lost ([`retention_floor`]).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -62,8 +68,8 @@ use diesel_async::AsyncPgConnection;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::OutboxEvent;
 use outbox_queue::{
-    JobState, JobStateKind, OutboxJob, QueueNamespace, email_task_id, generation_task_id,
-    idempotency_prefix, job_states, plugin_invoke_task_id, push_jobs, queues, rerun_finished,
+    DerivedTaskIds, JobState, JobStateKind, OutboxJob, QueueNamespace, generation_task_id,
+    idempotency_prefix, job_states, push_jobs, rerun_finished,
 };
 use redis::aio::ConnectionManager;
 use serde::Serialize;
@@ -100,15 +106,20 @@ pub fn retention_floor(now: DateTime<Utc>, retention: Duration) -> DateTime<Utc>
 }
 
 /// What a queue's handler leaves behind once it has done its work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Receiver {
-    /// Derives one `toolctrl.email` job whose receiver records
-    /// `email:<delivery id>` (`outbox.mail`, `outbox.marketing`).
-    Email,
-    /// Derives one `toolctrl.plugin-invoke` job per enabled subscription
-    /// (`outbox.plugin-hook`), recorded as
-    /// `plugin-invoke:<delivery id>:<subscription>`.
-    PluginHook,
+    /// Derives jobs on the downstream queue `queue`, whose task ids (also
+    /// their receivers' idempotency keys) `task_ids` lists: `outbox.mail`
+    /// and `outbox.marketing` one `toolctrl.email` job per delivery,
+    /// `outbox.plugin-hook` one `toolctrl.plugin-invoke` job per
+    /// subscription.
+    Derives {
+        /// The downstream queue.
+        queue: Cow<'static, str>,
+        /// How the derived jobs' task ids are formed (never
+        /// [`DerivedTaskIds::Unlisted`]).
+        task_ids: DerivedTaskIds,
+    },
     /// Writes one row per event in a table (`outbox.audit`,
     /// `outbox.notification`).
     Row(RowTable),
@@ -118,35 +129,41 @@ pub enum Receiver {
 
 impl Receiver {
     /// The receiver of a queue whose handler derives jobs on the
-    /// downstream queue `downstream`, when reconciliation knows how to
-    /// find those jobs (`toolctrl.email`, `toolctrl.plugin-invoke`).
+    /// downstream queue `downstream` with task ids formed as `task_ids`
+    /// says, when reconciliation can list them (not
+    /// [`DerivedTaskIds::Unlisted`]).
     ///
     /// ```
     /// use outbox_dispatch::Receiver;
-    /// assert_eq!(Receiver::deriving("toolctrl.email"), Some(Receiver::Email));
-    /// assert_eq!(Receiver::deriving("app.search-refresh"), None);
+    /// use outbox_queue::{DerivedTaskIds, EMAIL_TASK_IDS};
+    /// let mail = Receiver::deriving("toolctrl.email", &EMAIL_TASK_IDS).unwrap();
+    /// assert_eq!(mail.derives_on(), Some("toolctrl.email"));
+    /// let refresh = DerivedTaskIds::per_delivery("refresh:");
+    /// assert!(Receiver::deriving("app.search-refresh", &refresh).is_some());
+    /// let pages = DerivedTaskIds::unlisted("refresh:<page>");
+    /// assert_eq!(Receiver::deriving("app.search-refresh", &pages), None);
     /// ```
     #[must_use]
-    pub fn deriving(downstream: &str) -> Option<Self> {
-        match downstream {
-            queues::TOOLCTRL_EMAIL => Some(Self::Email),
-            queues::TOOLCTRL_PLUGIN_INVOKE => Some(Self::PluginHook),
-            _ => None,
-        }
+    pub fn deriving(
+        downstream: impl Into<Cow<'static, str>>,
+        task_ids: &DerivedTaskIds,
+    ) -> Option<Self> {
+        task_ids.is_listed().then(|| Self::Derives {
+            queue: downstream.into(),
+            task_ids: task_ids.clone(),
+        })
     }
 
     /// The queue this receiver's handler derives jobs on, if any.
     ///
     /// ```
     /// use outbox_dispatch::Receiver;
-    /// assert_eq!(Receiver::Email.derives_on(), Some("toolctrl.email"));
     /// assert_eq!(Receiver::Plain.derives_on(), None);
     /// ```
     #[must_use]
-    pub fn derives_on(&self) -> Option<&'static str> {
+    pub fn derives_on(&self) -> Option<&str> {
         match self {
-            Self::Email => Some(queues::TOOLCTRL_EMAIL),
-            Self::PluginHook => Some(queues::TOOLCTRL_PLUGIN_INVOKE),
+            Self::Derives { queue, .. } => Some(queue),
             Self::Row(_) | Self::Plain => None,
         }
     }
@@ -161,7 +178,7 @@ impl Receiver {
     /// assert_eq!(Receiver::recorded_in("idempotency store"), Receiver::Plain);
     /// ```
     #[must_use]
-    pub fn recorded_in(recorded_in: &'static str) -> Self {
+    pub fn recorded_in(recorded_in: impl Into<Cow<'static, str>>) -> Self {
         RowTable::parse(recorded_in).map_or(Self::Plain, Self::Row)
     }
 }
@@ -192,13 +209,14 @@ impl Receivers {
     ///
     /// ```
     /// use outbox_dispatch::{Receiver, Receivers};
-    /// let receivers = Receivers::new().with("outbox.mail", Receiver::Email);
-    /// assert_eq!(receivers.of("outbox.mail"), Receiver::Email);
-    /// assert_eq!(receivers.of("outbox.webhook"), Receiver::Plain);
+    /// let audit = Receiver::recorded_in("audit_log.outbox_event_id");
+    /// let receivers = Receivers::new().with("outbox.audit", audit.clone());
+    /// assert_eq!(receivers.of("outbox.audit"), &audit);
+    /// assert_eq!(receivers.of("outbox.webhook"), &Receiver::Plain);
     /// ```
     #[must_use]
-    pub fn of(&self, queue: &str) -> Receiver {
-        self.by_queue.get(queue).copied().unwrap_or(Receiver::Plain)
+    pub fn of(&self, queue: &str) -> &Receiver {
+        self.by_queue.get(queue).unwrap_or(&Receiver::Plain)
     }
 }
 
@@ -206,7 +224,7 @@ impl Receivers {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DerivedJob {
     /// Its queue (`toolctrl.email`, `toolctrl.plugin-invoke`).
-    pub queue: &'static str,
+    pub queue: Cow<'static, str>,
     /// Its task id, which is also its receiver's idempotency key.
     pub task_id: String,
 }
@@ -401,7 +419,7 @@ impl Reconciler {
 
     /// What `queue`'s handler leaves behind.
     #[must_use]
-    pub fn receiver_of(&self, queue: &str) -> Receiver {
+    pub fn receiver_of(&self, queue: &str) -> &Receiver {
         self.receivers.of(queue)
     }
 
@@ -446,10 +464,10 @@ impl Reconciler {
         expected: &[Vec<DerivedJob>],
     ) -> Result<DerivedStates, DispatchError> {
         let mut redis = self.redis.clone();
-        let mut by_queue: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+        let mut by_queue: BTreeMap<&Cow<'static, str>, Vec<String>> = BTreeMap::new();
         for job in expected.iter().flatten() {
             by_queue
-                .entry(job.queue)
+                .entry(&job.queue)
                 .or_default()
                 .push(job.task_id.clone());
         }
@@ -460,7 +478,7 @@ impl Reconciler {
             for ((task_id, state), completed) in ids.into_iter().zip(found).zip(completed) {
                 derived.insert(
                     DerivedJob {
-                        queue: derived_queue,
+                        queue: derived_queue.clone(),
                         task_id,
                     },
                     (state, completed),
@@ -475,28 +493,31 @@ impl Reconciler {
     async fn expected_derived(
         &self,
         conn: &mut AsyncPgConnection,
-        receiver: Receiver,
+        receiver: &Receiver,
         rows: &[OutboxEvent],
         states: &[JobState],
     ) -> Result<Vec<Vec<DerivedJob>>, DispatchError> {
         let relevant =
             |state: &JobState| matches!(state.kind, JobStateKind::Done | JobStateKind::Missing);
-        match receiver {
-            Receiver::Email => Ok(rows
+        let Receiver::Derives { queue, task_ids } = receiver else {
+            return Ok(vec![Vec::new(); rows.len()]);
+        };
+        let job = |task_id| DerivedJob {
+            queue: queue.clone(),
+            task_id,
+        };
+        match task_ids {
+            DerivedTaskIds::PerDelivery(_) => Ok(rows
                 .iter()
                 .zip(states)
-                .map(|(row, state)| {
-                    if relevant(state) {
-                        vec![DerivedJob {
-                            queue: queues::TOOLCTRL_EMAIL,
-                            task_id: email_task_id(&delivery_id_of(row)),
-                        }]
-                    } else {
-                        Vec::new()
-                    }
-                })
+                .map(
+                    |(row, state)| match task_ids.of_delivery(&delivery_id_of(row)) {
+                        Some(task_id) if relevant(state) => vec![job(task_id)],
+                        _ => Vec::new(),
+                    },
+                )
                 .collect()),
-            Receiver::PluginHook => {
+            DerivedTaskIds::PerHookSubscription(_) => {
                 let mut tenants: Vec<String> = rows
                     .iter()
                     .zip(states)
@@ -526,15 +547,13 @@ impl Reconciler {
                             .iter()
                             .filter(|s| s.tenant_id == row.tenant_id && s.hook == hook)
                             .filter(|s| cutoff.is_none_or(|cutoff| s.created_at <= cutoff))
-                            .map(|s| DerivedJob {
-                                queue: queues::TOOLCTRL_PLUGIN_INVOKE,
-                                task_id: plugin_invoke_task_id(&delivery_id, s.id),
-                            })
+                            .filter_map(|s| task_ids.of_subscription(&delivery_id, s.id))
+                            .map(job)
                             .collect()
                     })
                     .collect())
             }
-            Receiver::Row(_) | Receiver::Plain => Ok(vec![Vec::new(); rows.len()]),
+            DerivedTaskIds::Unlisted(_) => Ok(vec![Vec::new(); rows.len()]),
         }
     }
 
@@ -583,9 +602,11 @@ impl Reconciler {
                 Standing::DerivedMissing { parent, derived } => {
                     outcome.counts.missing += 1;
                     for job in derived {
-                        outcome
-                            .missing
-                            .push(missing(job.queue, job.task_id, Some(parent.clone())));
+                        outcome.missing.push(missing(
+                            &job.queue,
+                            job.task_id,
+                            Some(parent.clone()),
+                        ));
                     }
                     to_rerun.push(parent);
                 }
@@ -678,7 +699,7 @@ type DerivedStates = HashMap<DerivedJob, (JobState, bool)>;
 /// row (for a receiver that writes one row per event).
 async fn rows_written(
     conn: &mut AsyncPgConnection,
-    receiver: Receiver,
+    receiver: &Receiver,
     rows: &[OutboxEvent],
     states: &[JobState],
 ) -> Result<HashSet<Uuid>, DispatchError> {
@@ -703,7 +724,7 @@ async fn rows_written(
 fn standing(
     state: &JobState,
     expected: &[DerivedJob],
-    receiver: Receiver,
+    receiver: &Receiver,
     written: bool,
     derived: &DerivedStates,
 ) -> Standing {
@@ -727,9 +748,7 @@ fn standing(
             }
         }
         JobStateKind::Missing => match receiver {
-            Receiver::Email | Receiver::PluginHook
-                if !expected.is_empty() && expected.iter().all(there) =>
-            {
+            Receiver::Derives { .. } if !expected.is_empty() && expected.iter().all(there) => {
                 Standing::Present {
                     finished: expected.iter().all(finished),
                 }
@@ -758,9 +777,14 @@ mod tests {
     #[test]
     fn an_event_is_missing_only_when_neither_its_job_nor_its_work_is_there() {
         let mail = DerivedJob {
-            queue: outbox_queue::queues::TOOLCTRL_EMAIL,
+            queue: outbox_queue::queues::TOOLCTRL_EMAIL.into(),
             task_id: "email:e".into(),
         };
+        let email = Receiver::deriving(
+            outbox_queue::queues::TOOLCTRL_EMAIL,
+            &outbox_queue::EMAIL_TASK_IDS,
+        )
+        .unwrap();
         let sent: DerivedStates =
             HashMap::from([(mail.clone(), (state(JobStateKind::Done), false))]);
         let none = DerivedStates::new();
@@ -786,7 +810,7 @@ mod tests {
             ),
             (
                 JobStateKind::Done,
-                Receiver::Email,
+                email.clone(),
                 expected,
                 false,
                 &sent,
@@ -794,7 +818,7 @@ mod tests {
             ),
             (
                 JobStateKind::Done,
-                Receiver::Email,
+                email.clone(),
                 expected,
                 false,
                 &none,
@@ -805,7 +829,7 @@ mod tests {
             ),
             (
                 JobStateKind::Missing,
-                Receiver::Email,
+                email.clone(),
                 expected,
                 false,
                 &sent,
@@ -813,7 +837,7 @@ mod tests {
             ),
             (
                 JobStateKind::Missing,
-                Receiver::Email,
+                email.clone(),
                 expected,
                 false,
                 &none,
@@ -821,7 +845,7 @@ mod tests {
             ),
             (
                 JobStateKind::Missing,
-                audit,
+                audit.clone(),
                 &[][..],
                 true,
                 &none,
@@ -846,7 +870,7 @@ mod tests {
         ];
         for (kind, receiver, expected, written, derived, standing_is) in cases {
             assert_eq!(
-                standing(&state(kind), expected, receiver, written, derived),
+                standing(&state(kind), expected, &receiver, written, derived),
                 standing_is,
                 "{kind:?} {receiver:?} written {written}"
             );

@@ -29,6 +29,7 @@ use outbox_queue::{
     queues, task_id,
 };
 use outbox_store as db;
+use outbox_subscriber::{ConsumedQueue, DerivedTaskIds, DownstreamQueue, SubscriberDescription};
 use outbox_test_support::{LogCapture, RedisProcess, TestDatabase, TestRedis};
 use redis::aio::ConnectionManager;
 use serde_json::json;
@@ -149,17 +150,30 @@ impl Rig {
     }
 
     fn reconciler(&self) -> Reconciler {
-        Reconciler::new(
-            self.redis(),
-            self.namespace.clone(),
-            Catalog::built_in().receivers(),
-        )
+        self.reconciler_of(&Catalog::built_in())
+    }
+
+    /// A reconciler reading what each queue's handler leaves behind from
+    /// `catalog`'s descriptions.
+    fn reconciler_of(&self, catalog: &Catalog) -> Reconciler {
+        Reconciler::new(self.redis(), self.namespace.clone(), catalog.receivers())
     }
 
     /// `outbox reconcile --since 1h` of `queues`, as a library call.
     async fn reconcile(&self, queues: &[&str], dry_run: bool) -> ReconcileReport {
+        self.reconcile_as(&Catalog::built_in(), queues, dry_run)
+            .await
+    }
+
+    /// [`Rig::reconcile`] with what `catalog` describes.
+    async fn reconcile_as(
+        &self,
+        catalog: &Catalog,
+        queues: &[&str],
+        dry_run: bool,
+    ) -> ReconcileReport {
         let mut conn = self.db.conn().await;
-        self.reconciler()
+        self.reconciler_of(catalog)
             .reconcile(
                 &mut conn,
                 &ReconcileOptions {
@@ -338,6 +352,49 @@ impl Rig {
         )
         .await;
         pass.unwrap()
+    }
+
+    /// `report` found one job missing, a derived one, and ran its parent
+    /// `parent` (on `queue`) again: the parent waits again.
+    async fn assert_ran_again_alone(&self, report: &ReconcileReport, queue: &str, parent: &str) {
+        assert_eq!(report.missing_total(), 1, "{report:?}");
+        assert_eq!(report.repushed_total(), 1, "{report:?}");
+        assert_eq!(report.missing[0].derived_from.as_deref(), Some(parent));
+        assert_eq!(
+            self.state(queue, parent).await,
+            JobStateKind::Waiting,
+            "runs again"
+        );
+    }
+
+    /// A job `task_id` waiting on `queue` (its body does not matter here).
+    async fn push_job(&self, queue: &str, task_id: &str) {
+        let mut redis = self.redis();
+        outbox_queue::push_raw(
+            &mut redis,
+            &self.namespace,
+            queue,
+            &[(task_id.to_owned(), b"{}".to_vec())],
+        )
+        .await
+        .unwrap();
+    }
+
+    /// What a receiver records once its job did its work: `key` completed
+    /// in the idempotency store.
+    async fn record_completed(&self, key: &str) {
+        let mut redis = self.redis();
+        let () = redis::cmd("SET")
+            .arg(format!(
+                "{}{key}",
+                outbox_queue::idempotency_prefix(&self.namespace)
+            ))
+            .arg(r#"{"state":"completed","result":null}"#)
+            .arg("EX")
+            .arg(60)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
     }
 
     /// What a worker does when a job ran: out of the queue, into the done set.
@@ -949,28 +1006,9 @@ async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
     }
     // Mail 0: its send job exists. Mail 1: the send job is gone but the
     // receiver recorded the mail as sent. Mail 2: both gone.
-    let mut redis = rig.redis();
-    outbox_queue::push_raw(
-        &mut redis,
-        &rig.namespace,
-        queues::TOOLCTRL_EMAIL,
-        &[(format!("email:{}", ids[0]), b"{}".to_vec())],
-    )
-    .await
-    .unwrap();
-    let record_key = format!(
-        "{}email:{}",
-        outbox_queue::idempotency_prefix(&rig.namespace),
-        ids[1]
-    );
-    let () = redis::cmd("SET")
-        .arg(&record_key)
-        .arg(r#"{"state":"completed","result":null}"#)
-        .arg("EX")
-        .arg(60)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    rig.push_job(queues::TOOLCTRL_EMAIL, &format!("email:{}", ids[0]))
+        .await;
+    rig.record_completed(&format!("email:{}", ids[1])).await;
 
     let mut conn = rig.db.conn().await;
     let standings = rig
@@ -993,17 +1031,8 @@ async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
     }
 
     let report = rig.reconcile(&[queues::MAIL], false).await;
-    assert_eq!(report.missing_total(), 1, "{report:?}");
-    assert_eq!(report.repushed_total(), 1, "{report:?}");
-    assert_eq!(
-        report.missing[0].derived_from.as_deref(),
-        Some(parents[2].as_str())
-    );
-    assert_eq!(
-        rig.state(queues::MAIL, &parents[2]).await,
-        JobStateKind::Waiting,
-        "runs again"
-    );
+    rig.assert_ran_again_alone(&report, queues::MAIL, &parents[2])
+        .await;
     assert_eq!(
         rig.state(queues::MAIL, &parents[0]).await,
         JobStateKind::Done
@@ -1012,6 +1041,57 @@ async fn a_finished_mail_whose_derived_send_job_is_gone_runs_again() {
         rig.state(queues::MAIL, &parents[1]).await,
         JobStateKind::Done
     );
+}
+
+/// An application's subscriber that derives jobs (one per delivery,
+/// `refresh:<delivery id>`) is reconciled from its description as the mail
+/// handler is: a finished parent whose derived job is gone, and not
+/// recorded done by its receiver, runs again; the others are left alone.
+#[tokio::test]
+async fn a_finished_job_of_an_application_subscriber_whose_derived_job_is_gone_runs_again() {
+    const SEARCH: SubscriberDescription = SubscriberDescription {
+        name: "app-search",
+        consumes: &[ConsumedQueue {
+            queue: queues::SEARCH_INDEX,
+            routes: &[],
+            payload: "`page`",
+        }],
+        feeds: &[DownstreamQueue {
+            queue: REFRESH,
+            derived_from: &[queues::SEARCH_INDEX],
+            task_id: DerivedTaskIds::per_delivery("refresh:"),
+        }],
+        dedup: &[],
+    };
+    const REFRESH: &str = "app.search-refresh";
+    let rig = Rig::shared().await;
+    let pages = (0..3)
+        .map(|n| NewOutboxEvent::new(TENANT, "search.index.page.updated", json!({ "page": n })))
+        .collect();
+    let ids = rig.hand_off(pages).await;
+    let parents: Vec<String> = ids.iter().map(|id| task_id(*id)).collect();
+    for parent in &parents {
+        rig.finish(queues::SEARCH_INDEX, parent).await;
+    }
+    // Page 0: its refresh job exists. Page 1: the refresh job is gone but
+    // its receiver recorded it done. Page 2: both gone.
+    rig.push_job(REFRESH, &format!("refresh:{}", ids[0])).await;
+    rig.record_completed(&format!("refresh:{}", ids[1])).await;
+
+    let catalog = Catalog::built_in().with(SEARCH);
+    let report = rig
+        .reconcile_as(&catalog, &[queues::SEARCH_INDEX], false)
+        .await;
+    rig.assert_ran_again_alone(&report, queues::SEARCH_INDEX, &parents[2])
+        .await;
+    assert_eq!(report.missing[0].queue, REFRESH);
+    assert_eq!(report.missing[0].task_id, format!("refresh:{}", ids[2]));
+    for parent in &parents[..2] {
+        assert_eq!(
+            rig.state(queues::SEARCH_INDEX, parent).await,
+            JobStateKind::Done
+        );
+    }
 }
 
 #[tokio::test]

@@ -12,12 +12,14 @@
 //! in it ([`marker_key`], [`read_marker`], [`write_marker`]), whether jobs
 //! are still there ([`job_states`]), which have not finished
 //! ([`unfinished_jobs`], [`event_of_task`]), running a finished job again
-//! ([`rerun_finished`]), and the task ids of derived jobs
-//! ([`email_task_id`], [`plugin_invoke_task_id`]).
+//! ([`rerun_finished`]), and the task ids of derived jobs, as a
+//! subscriber describes them ([`DerivedTaskIds`]) and as the built-in ones
+//! form them ([`email_task_id`], [`plugin_invoke_task_id`]).
 //!
 //! This crate neither claims rows nor runs handlers: the dispatcher
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
+mod derived;
 mod envelope;
 mod inspect;
 mod presence;
@@ -26,14 +28,17 @@ mod redis_queue;
 mod server;
 mod worker_store;
 
+pub use derived::{
+    DerivedTaskIds, EMAIL_TASK_IDS, PLUGIN_INVOKE_TASK_IDS, email_task_id, plugin_invoke_task_id,
+};
 pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
 pub use inspect::{
     DEFAULT_DONE_RETENTION_HOURS, DeadJob, QUEUE_DONE_RETENTION_HOURS, QueueStats, dead_jobs,
     dead_task_ids, queue_stats, trim_finished,
 };
 pub use presence::{
-    JobState, JobStateKind, Unfinished, email_task_id, event_of_task, job_states,
-    plugin_invoke_task_id, rerun_finished, retry_dead, unfinished_jobs,
+    JobState, JobStateKind, Unfinished, event_of_task, job_states, rerun_finished, retry_dead,
+    unfinished_jobs,
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
 pub use redis_queue::{

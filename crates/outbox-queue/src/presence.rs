@@ -197,8 +197,8 @@ pub fn event_of_task(task_id: &str) -> Option<Uuid> {
     let (base, _) = crate::retry_round(task_id);
     let rest = [
         crate::envelope::OUTBOX_TASK_PREFIX,
-        EMAIL_TASK_PREFIX,
-        PLUGIN_INVOKE_TASK_PREFIX,
+        crate::derived::EMAIL_TASK_PREFIX,
+        crate::derived::PLUGIN_INVOKE_TASK_PREFIX,
     ]
     .iter()
     .find_map(|prefix| base.strip_prefix(prefix))?;
@@ -288,37 +288,3 @@ async fn put_back(
     }
     Ok(total)
 }
-
-/// The task id (and receiver idempotency key) of the mail a `mail.*` or
-/// `marketing.lead.*` event's handler derives on `toolctrl.email`:
-/// `email:<delivery id>`.
-///
-/// ```
-/// assert_eq!(outbox_queue::email_task_id("e1:g2"), "email:e1:g2");
-/// ```
-#[must_use]
-pub fn email_task_id(delivery_id: &str) -> String {
-    format!("{EMAIL_TASK_PREFIX}{delivery_id}")
-}
-
-/// How the task id of a mail's send job begins ([`email_task_id`]).
-const EMAIL_TASK_PREFIX: &str = "email:";
-
-/// The task id (and receiver idempotency key) of one plugin invocation a
-/// `plugin.hook.*` event's handler derives on `toolctrl.plugin-invoke`:
-/// `plugin-invoke:<delivery id>:<subscription id>`.
-///
-/// ```
-/// let sub = uuid::Uuid::nil();
-/// assert_eq!(
-///     outbox_queue::plugin_invoke_task_id("e1", sub),
-///     "plugin-invoke:e1:00000000-0000-0000-0000-000000000000"
-/// );
-/// ```
-#[must_use]
-pub fn plugin_invoke_task_id(delivery_id: &str, subscription_id: Uuid) -> String {
-    format!("{PLUGIN_INVOKE_TASK_PREFIX}{delivery_id}:{subscription_id}")
-}
-
-/// How the task id of a plugin invocation begins ([`plugin_invoke_task_id`]).
-const PLUGIN_INVOKE_TASK_PREFIX: &str = "plugin-invoke:";

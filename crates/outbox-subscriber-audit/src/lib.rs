@@ -16,53 +16,21 @@
 //! each job is acknowledged only once its row is committed. To give the
 //! batches rows, both run at least [`GROUP_COMMIT_CONCURRENCY`] jobs at once
 //! (waiting jobs hold no connection; the writer uses one).
+//!
+//! What these handlers consume, feed and deduplicate on is described
+//! once, as plain data, in `outbox_catalog::built_in` (`AUDIT`, `NOTIFICATION`), which
+//! the worker pairs with them.
 
 mod batch;
 mod db;
 
 use outbox_postgres::PgPool;
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{
-    ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
-};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use serde_json::Value;
 
 use crate::batch::{GroupCommit, Written};
 use crate::db::{AuditRow, NotificationRow};
-
-/// The queues this crate's handlers consume and what they read there.
-pub const CONSUMES: &[ConsumedQueue] = &[
-    ConsumedQueue {
-        queue: queues::AUDIT,
-        routes: &["audit."],
-        payload: "any object, stored whole; `actor` / `actorId` / `userId` / `user_id` (optional) becomes the entry's actor",
-    },
-    ConsumedQueue {
-        queue: queues::NOTIFICATION,
-        routes: &["tenant.subscription.", "notification.", "billing."],
-        payload: "any object, stored whole; optional `title`, `body` / `message`, `userId` / `user_id` (none: every member of the tenant)",
-    },
-];
-
-/// What this crate adds to a worker: the audit and notification queues,
-/// deduplicated by the event id in their tables.
-pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
-    name: "outbox-subscriber-audit",
-    consumes: CONSUMES,
-    feeds: &[],
-    dedup: &[
-        DedupKey {
-            queue: queues::AUDIT,
-            key: "<event id>",
-            recorded_in: "audit_log.outbox_event_id",
-        },
-        DedupKey {
-            queue: queues::NOTIFICATION,
-            key: "<event id>",
-            recorded_in: "notification.outbox_event_id",
-        },
-    ],
-};
 
 /// The first string field of `payload` among `names`.
 fn text_field(payload: Option<&Value>, names: &[&str]) -> Option<String> {

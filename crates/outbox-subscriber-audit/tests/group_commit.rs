@@ -321,11 +321,14 @@ async fn both_handlers_consume_the_described_queues_and_run_a_group_commits_wort
     let notifications = NotificationHandler::new(db.pool().clone());
     let mut consumed = vec![audit.queue().to_owned(), notifications.queue().to_owned()];
     consumed.sort();
-    let mut described: Vec<String> = outbox_subscriber_audit::DESCRIPTION
-        .queues()
-        .into_iter()
-        .map(str::to_owned)
-        .collect();
+    let mut described: Vec<String> = [
+        outbox_catalog::built_in::AUDIT,
+        outbox_catalog::built_in::NOTIFICATION,
+    ]
+    .iter()
+    .flat_map(|d| d.queues())
+    .map(str::to_owned)
+    .collect();
     described.sort();
     assert_eq!(consumed, described);
     for configured in [1, 8, GROUP_COMMIT_CONCURRENCY] {

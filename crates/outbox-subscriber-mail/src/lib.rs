@@ -15,44 +15,13 @@
 //!
 //! Rendering is split from sending so that a slow or failing SMTP server
 //! never blocks validation, and a mail is rendered exactly once.
+//!
+//! What these handlers consume, feed and deduplicate on is described
+//! once, as plain data, in `outbox_catalog::built_in` (`MAIL`, `MARKETING`), which
+//! the worker pairs with them.
 
 mod handlers;
 mod render;
-
-use outbox_queue::queues;
-use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
-
-/// The queues this crate's handlers consume from the routing table and what
-/// they read there (`toolctrl.email` is fed by them, not routed to).
-pub const CONSUMES: &[ConsumedQueue] = &[
-    ConsumedQueue {
-        queue: queues::MAIL,
-        routes: &["mail."],
-        payload: "`to` (string or array; required), optional `cc`, `from`, `replyTo`; then `subject` with `text` and/or `html`, or `template` with `vars` (an object)",
-    },
-    ConsumedQueue {
-        queue: queues::MARKETING,
-        routes: &["marketing.lead."],
-        payload: "`name`, `email`, `company`, `message` (all optional); mailed to the tenant's sales inbox",
-    },
-];
-
-/// What this crate adds to a worker: mail requests and marketing leads
-/// are rendered into `toolctrl.email` jobs, which are sent once each.
-pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
-    name: "outbox-subscriber-mail",
-    consumes: CONSUMES,
-    feeds: &[DownstreamQueue {
-        queue: queues::TOOLCTRL_EMAIL,
-        derived_from: &[queues::MAIL, queues::MARKETING],
-        task_id: "email:<delivery id>",
-    }],
-    dedup: &[DedupKey {
-        queue: queues::TOOLCTRL_EMAIL,
-        key: "email:<delivery id>",
-        recorded_in: "idempotency store",
-    }],
-};
 
 pub use handlers::{
     MAIL_FROM, MailRequestHandler, MarketingLeadHandler, SMTP_URL, SmtpConfigError, SmtpHandler,

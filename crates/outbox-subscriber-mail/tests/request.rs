@@ -173,7 +173,8 @@ async fn the_handlers_consume_the_queues_the_description_names() {
     let sender = SmtpHandler::new(SmtpSettings::new(smtp.url()), store).unwrap();
     let mut consumed = vec![requests.queue(), leads.queue(), sender.queue()];
     consumed.sort_unstable();
-    let mut described = outbox_subscriber_mail::DESCRIPTION.queues();
+    let mut described = outbox_catalog::built_in::MAIL.queues();
+    described.extend(outbox_catalog::built_in::MARKETING.queues());
     described.sort_unstable();
     assert_eq!(consumed, described);
     assert_eq!(sender.queue(), queues::TOOLCTRL_EMAIL);

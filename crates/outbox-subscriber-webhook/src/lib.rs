@@ -21,55 +21,16 @@
 //! Each (event, endpoint) pair is delivered at most once successfully,
 //! remembered in the idempotency store, so a retry after a partial failure
 //! only sends to the endpoints that have not answered yet.
+//!
+//! What these handlers consume, feed and deduplicate on is described
+//! once, as plain data, in `outbox_catalog::built_in` (`WEBHOOK`, `PLUGIN_HOOKS`), which
+//! the worker pairs with them.
 
 mod delivery;
 mod once;
 mod plugin;
 mod signing;
 mod webhook;
-
-use outbox_queue::queues;
-use outbox_subscriber::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
-
-/// The queues this crate's handlers consume from the routing table and what
-/// they read there (`toolctrl.plugin-invoke` is fed by them, not routed to).
-pub const CONSUMES: &[ConsumedQueue] = &[
-    ConsumedQueue {
-        queue: queues::WEBHOOK,
-        routes: &["webhook."],
-        payload: "any object, delivered as the body's `data` to every matching `webhook_endpoint` of the tenant",
-    },
-    ConsumedQueue {
-        queue: queues::PLUGIN_HOOK,
-        routes: &["plugin.hook."],
-        payload: "any object, delivered to every plugin subscribed to the hook (`plugin.hook.<hook>`)",
-    },
-];
-
-/// What this crate adds to a worker: webhooks delivered once per
-/// endpoint, and plugin hooks fanned out into one `toolctrl.plugin-invoke`
-/// job per subscription, each delivered once.
-pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
-    name: "outbox-subscriber-webhook",
-    consumes: CONSUMES,
-    feeds: &[DownstreamQueue {
-        queue: queues::TOOLCTRL_PLUGIN_INVOKE,
-        derived_from: &[queues::PLUGIN_HOOK],
-        task_id: "plugin-invoke:<delivery id>:<subscription id>",
-    }],
-    dedup: &[
-        DedupKey {
-            queue: queues::WEBHOOK,
-            key: "webhook:<delivery id>:<endpoint id>",
-            recorded_in: "idempotency store",
-        },
-        DedupKey {
-            queue: queues::TOOLCTRL_PLUGIN_INVOKE,
-            key: "plugin-invoke:<delivery id>:<subscription id>",
-            recorded_in: "idempotency store",
-        },
-    ],
-};
 
 pub use delivery::{Deliverer, Delivery, DeliverySettings, WEBHOOK_TIMEOUT_MS, classify};
 pub use once::{DELIVERY_LEASE_MS, Once, OnceSettings, deliver_once};

@@ -320,7 +320,8 @@ async fn the_handlers_consume_the_queues_the_description_names() {
     let hooks = PluginHookHandler::new(env.db.pool().clone(), env.redis.conn().await, namespace);
     let mut consumed = vec![webhooks.queue(), hooks.queue(), invocations.queue()];
     consumed.sort_unstable();
-    let mut described = outbox_subscriber_webhook::DESCRIPTION.queues();
+    let mut described = outbox_catalog::built_in::WEBHOOK.queues();
+    described.extend(outbox_catalog::built_in::PLUGIN_HOOKS.queues());
     described.sort_unstable();
     assert_eq!(consumed, described);
     assert_eq!(invocations.queue(), queues::TOOLCTRL_PLUGIN_INVOKE);

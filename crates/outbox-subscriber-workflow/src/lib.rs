@@ -22,12 +22,14 @@
 //! execution fails the job permanently with the reason; database errors
 //! and an unreachable bridge are retried (the run resumes at the first
 //! unfinished block).
+//!
+//! What these handlers consume, feed and deduplicate on is described
+//! once, as plain data, in `outbox_catalog::built_in` (`WORKFLOW`), which
+//! the worker pairs with them.
 
 use outbox_postgres::PgPool;
 use outbox_queue::{OutboxJob, queues};
-use outbox_subscriber::{
-    ConsumedQueue, DedupKey, JobError, JobHandler, JobMeta, SubscriberDescription,
-};
+use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_workflow_bridge::executor::{ExecuteError, Executor};
 use outbox_workflow_model::events::{
     CONTINUE_REQUESTED, ContinueRequestedPayload, EXECUTION_REQUESTED, ExecutionRequestedPayload,
@@ -35,26 +37,6 @@ use outbox_workflow_model::events::{
 };
 use outbox_workflow_runner::RunOutcome;
 use outbox_workflow_store::{self as store, StoreError};
-
-/// The queue this crate's handler consumes and what it reads there.
-pub const CONSUMES: &[ConsumedQueue] = &[ConsumedQueue {
-    queue: queues::WORKFLOW,
-    routes: &["workflow."],
-    payload: "`workflow.trigger.event`: `tenantId`, `entity`, `event`, `row`, `applicationEventId`, `allowExternalCallouts`; `workflow.execution.requested`: `executionId`, `tenantId`, `workflowId`; `workflow.execution.continue.requested`: `executionId`, `tenantId`, `waitingBlock`, `input`, `kind` (published by `outbox-workflow-store`'s producers)",
-}];
-
-/// What this crate adds to a worker: workflow triggers, runs and
-/// continuations; a trigger's executions are keyed by the event id.
-pub const DESCRIPTION: SubscriberDescription = SubscriberDescription {
-    name: "outbox-subscriber-workflow",
-    consumes: CONSUMES,
-    feeds: &[],
-    dedup: &[DedupKey {
-        queue: queues::WORKFLOW,
-        key: "<workflow id>, <event id> (a trigger's executions)",
-        recorded_in: "workflow_execution.trigger_event_id",
-    }],
-};
 
 /// `outbox.workflow`: runs workflows where the executor says.
 #[derive(Clone)]

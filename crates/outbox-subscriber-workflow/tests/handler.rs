@@ -386,7 +386,7 @@ async fn the_handler_consumes_the_queue_the_description_names() {
     let db = TestDatabase::new().await;
     assert_eq!(
         vec![handler(&db).queue()],
-        outbox_subscriber_workflow::DESCRIPTION.queues()
+        outbox_catalog::built_in::WORKFLOW.queues()
     );
     assert_eq!(handler(&db).queue(), outbox_queue::queues::WORKFLOW);
 }

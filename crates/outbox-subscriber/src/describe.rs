@@ -1,13 +1,18 @@
-//! How a subscriber crate says what it adds to a worker: the queues it
+//! How a subscriber says what it adds to a worker: the queues it
 //! consumes and what it reads there ([`ConsumedQueue`]), the downstream
 //! queues its handlers feed ([`DownstreamQueue`]), and the keys each
 //! handler deduplicates on ([`DedupKey`]), all in one
-//! [`SubscriberDescription`] the crate exports.
+//! [`SubscriberDescription`], plain data.
 //!
-//! The owner of these facts is the crate that holds the handlers; the
-//! worker (which queues to measure and trim), the operator CLI (which
-//! queues exist, which queue derives a downstream job) and the README's
-//! routing table ask the descriptions instead of keeping lists of their own.
+//! Each subscriber is described once, and the worker registers it by its
+//! description (with the handlers it makes); the worker (which queues to
+//! measure and trim), the operator CLI (which queues exist, which queue
+//! derives a downstream job) and the README's routing table ask the
+//! descriptions instead of keeping lists of their own. The built-in
+//! subscribers' descriptions are in the `outbox-catalog` crate, apart from
+//! their handlers, so that reading them compiles no handler.
+
+pub use outbox_queue::DerivedTaskIds;
 
 /// One queue a subscriber crate's handler consumes, the event types the
 /// routing table sends there, and the payload fields that handler reads.
@@ -25,18 +30,21 @@ pub struct ConsumedQueue {
     pub payload: &'static str,
 }
 
-/// A queue no routing rule targets: the crate's handlers push its jobs,
-/// derived from the events of other queues, and a handler of the same
-/// crate consumes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A queue no routing rule targets: the subscriber's handlers push its
+/// jobs, derived from the events of other queues, and a handler of the
+/// same subscriber consumes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DownstreamQueue {
     /// The queue name (`toolctrl.email`).
     pub queue: &'static str,
     /// The queues whose handlers push its jobs (`outbox.mail`).
     pub derived_from: &'static [&'static str],
-    /// The task id of a derived job, which is also its receiver's
-    /// idempotency key, as a pattern (`email:<delivery id>`).
-    pub task_id: &'static str,
+    /// How the task id of a derived job, which is also its receiver's
+    /// idempotency key, is formed (`email:<delivery id>`, one per
+    /// delivery). Reconciliation after a Redis loss rebuilds them to find a
+    /// derived job lost after its parent finished, and runs the parent
+    /// again; [`DerivedTaskIds::unlisted`] says it cannot.
+    pub task_id: DerivedTaskIds,
 }
 
 /// What a handler deduplicates on, so that a redelivered job does its work
@@ -55,12 +63,13 @@ pub struct DedupKey {
     pub recorded_in: &'static str,
 }
 
-/// Everything a subscriber crate adds to a worker, as plain data: each
-/// subscriber crate exports one (`DESCRIPTION`), and the built-in ones are
-/// listed together once (the `outbox-catalog` crate).
+/// Everything a subscriber adds to a worker, as plain data: the built-in
+/// ones are listed together once (the `outbox-catalog` crate), an
+/// application's own is registered with its worker
+/// (`outbox_worker::WorkerBuilder::subscriber`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SubscriberDescription {
-    /// The crate (`outbox-subscriber-mail`).
+    /// Its name (`mail`, `custom-worker search indexing`).
     pub name: &'static str,
     /// The queues the routing table sends to its handlers.
     pub consumes: &'static [ConsumedQueue],
@@ -75,7 +84,9 @@ impl SubscriberDescription {
     /// downstream ones.
     ///
     /// ```
-    /// use outbox_subscriber::{ConsumedQueue, DownstreamQueue, SubscriberDescription};
+    /// use outbox_subscriber::{
+    ///     ConsumedQueue, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
+    /// };
     ///
     /// const SEARCH: SubscriberDescription = SubscriberDescription {
     ///     name: "app-search",
@@ -87,7 +98,7 @@ impl SubscriberDescription {
     ///     feeds: &[DownstreamQueue {
     ///         queue: "app.search-refresh",
     ///         derived_from: &["outbox.search-index"],
-    ///         task_id: "refresh:<delivery id>",
+    ///         task_id: DerivedTaskIds::per_delivery("refresh:"),
     ///     }],
     ///     dedup: &[],
     /// };
@@ -153,7 +164,7 @@ mod tests {
             feeds: &[DownstreamQueue {
                 queue: "app.ledger",
                 derived_from: &["app.orders", "app.refunds"],
-                task_id: "ledger:<delivery id>",
+                task_id: DerivedTaskIds::per_delivery("ledger:"),
             }],
             dedup: &[],
         };

@@ -30,7 +30,9 @@ mod typed;
 mod wake;
 
 pub use body::{JobBody, LenientCodec, LenientRedis};
-pub use describe::{ConsumedQueue, DedupKey, DownstreamQueue, SubscriberDescription};
+pub use describe::{
+    ConsumedQueue, DedupKey, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
+};
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
 pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError};
 pub use settings::{

@@ -19,18 +19,10 @@ use outbox_model::TypedEvent;
 use outbox_postgres::PgPool;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHandlers};
-use outbox_subscriber_audit::{AuditHandler, NotificationHandler};
-use outbox_subscriber_mail::{
-    MailRequestHandler, MarketingLeadHandler, SmtpHandler, SmtpSettings, Templates,
-};
-use outbox_subscriber_webhook::{
-    Deliverer, DeliverySettings, OnceSettings, PluginHookHandler, PluginInvokeHandler,
-    WebhookHandler,
-};
-use outbox_subscriber_workflow::WorkflowHandler;
+use outbox_subscriber_mail::Templates;
 use redis::aio::ConnectionManager;
 
-use crate::{Group, WorkerConfig, workflow_executor};
+use crate::{Group, WorkerConfig};
 
 /// What a handler added with [`WorkerBuilder::handler_with`] may use: the
 /// worker's configuration and its connections, made at start.
@@ -44,6 +36,19 @@ pub struct Resources<'a> {
     pub redis: &'a ConnectionManager,
     /// The queues' namespace (`OUTBOX_QUEUE_PREFIX`).
     pub namespace: &'a QueueNamespace,
+    /// The mail templates ([`WorkerBuilder::template`]).
+    pub templates: &'a Templates,
+}
+
+impl Resources<'_> {
+    /// The receivers' idempotency store on the worker's Redis, under the
+    /// namespace's prefix (where the built-in handlers record their keys
+    /// and reconciliation reads them).
+    #[must_use]
+    pub fn idempotency(&self) -> RedisIdempotencyStore {
+        RedisIdempotencyStore::new(self.redis.clone())
+            .with_prefix(outbox_queue::idempotency_prefix(self.namespace))
+    }
 }
 
 /// A subscriber a worker runs, registered with one line
@@ -378,7 +383,7 @@ impl WorkerBuilder {
     /// queues of the subscribers added to it.
     #[must_use]
     pub fn about(&self) -> String {
-        let mut about = crate::variables::about(self.group).to_owned();
+        let mut about = crate::built_in::about(self.group).to_owned();
         let added: Vec<&str> = self
             .added
             .iter()
@@ -505,8 +510,8 @@ impl WorkerBuilder {
         crate::serve::serve(self, config, shutdown).await
     }
 
-    /// The handler group to run: the built-in handlers of the group, then
-    /// the added ones.
+    /// The handler group to run: the handlers of the group's built-in
+    /// subscribers ([`crate::built_in_subscribers`]), then the added ones.
     pub(crate) fn assemble(
         &mut self,
         config: &WorkerConfig,
@@ -514,20 +519,14 @@ impl WorkerBuilder {
         redis: &ConnectionManager,
         namespace: &QueueNamespace,
     ) -> Result<HandlerGroup> {
-        let mut group = built_in_handlers(
-            self.group,
-            config,
-            pool,
-            redis,
-            namespace,
-            self.templates.clone(),
-        )?;
         let resources = Resources {
             config,
             pool,
             redis,
             namespace,
+            templates: &self.templates,
         };
+        let mut group = crate::built_in::handlers(self.group, &resources)?;
         for add in self.handlers.drain(..) {
             group = add(group, &resources)?;
         }
@@ -552,7 +551,8 @@ impl WorkerBuilder {
     }
 }
 
-/// The built-in handlers of `group`, as `worker-general` and `worker-mail`
+/// The handlers of `group`'s built-in subscribers
+/// ([`crate::built_in_subscribers`]), as `worker-general` and `worker-mail`
 /// run them (with the standard mail templates).
 ///
 /// # Errors
@@ -565,81 +565,15 @@ pub fn handler_group(
     redis: &ConnectionManager,
     namespace: &QueueNamespace,
 ) -> Result<HandlerGroup> {
-    built_in_handlers(group, config, pool, redis, namespace, Templates::standard())
-}
-
-fn built_in_handlers(
-    group: Group,
-    config: &WorkerConfig,
-    pool: &PgPool,
-    redis: &ConnectionManager,
-    namespace: &QueueNamespace,
-    templates: Templates,
-) -> Result<HandlerGroup> {
-    let store = RedisIdempotencyStore::new(redis.clone())
-        .with_prefix(outbox_queue::idempotency_prefix(namespace));
-    let deliverer = Deliverer::new(DeliverySettings {
-        timeout: config.webhook_timeout,
-        address_policy: config.address_policy.clone(),
-        ..DeliverySettings::default()
-    })
-    .context("cannot build the HTTP client")?;
-    let once = OnceSettings {
-        lease: config.delivery_lease,
-        ttl: config.delivery_record_ttl,
+    let templates = Templates::standard();
+    let resources = Resources {
+        config,
+        pool,
+        redis,
+        namespace,
+        templates: &templates,
     };
-    let group = match group {
-        Group::General => HandlerGroup::new()
-            .with(AuditHandler::new(pool.clone()))?
-            .with(WorkflowHandler::new(
-                pool.clone(),
-                workflow_executor(config)?,
-            ))?
-            .with(NotificationHandler::new(pool.clone()))?
-            .with(PluginHookHandler::new(
-                pool.clone(),
-                redis.clone(),
-                namespace.clone(),
-            ))?
-            .with(PluginInvokeHandler::new(
-                pool.clone(),
-                deliverer,
-                store,
-                once,
-            ))?,
-        Group::Mail => {
-            let smtp_url = config
-                .smtp_url
-                .clone()
-                .context("SMTP_URL is required for the mail group")?;
-            let smtp = SmtpSettings {
-                default_from: config.mail_from.clone(),
-                lease: config.delivery_lease,
-                ttl: config.delivery_record_ttl,
-                ..SmtpSettings::new(smtp_url)
-            };
-            HandlerGroup::new()
-                .with(MailRequestHandler::new(
-                    templates.clone(),
-                    redis.clone(),
-                    namespace.clone(),
-                ))?
-                .with(WebhookHandler::new(
-                    pool.clone(),
-                    deliverer,
-                    store.clone(),
-                    once,
-                ))?
-                .with(MarketingLeadHandler::new(
-                    pool.clone(),
-                    templates,
-                    redis.clone(),
-                    namespace.clone(),
-                ))?
-                .with(SmtpHandler::new(smtp, store)?)?
-        }
-    };
-    Ok(group)
+    crate::built_in::handlers(group, &resources)
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@
 
 mod bridge;
 mod builder;
+mod built_in;
 pub mod catalog;
 mod config;
 mod declared;
@@ -53,6 +54,7 @@ use outbox_workflow_runner::Runner;
 
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
 pub use builder::{Resources, Subscriber, WorkerBuilder, handler_group};
+pub use built_in::{BuiltIn, built_in_subscribers};
 pub use config::{
     BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
     DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,

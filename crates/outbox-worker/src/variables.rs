@@ -172,14 +172,7 @@ const BRIDGE_AFTER_HELP: &str = "Every setting is an environment variable; the f
 /// What the binary of `group` is, as `--help` says it first.
 #[must_use]
 pub fn about(group: Group) -> &'static str {
-    match group {
-        Group::General => {
-            "The transactional outbox's general worker: the dispatcher (with OUTBOX_DISPATCHER_ENABLED=true), retention, and the queues outbox.audit, outbox.notification, outbox.workflow, outbox.plugin-hook, toolctrl.plugin-invoke."
-        }
-        Group::Mail => {
-            "The transactional outbox's mail worker: the queues outbox.mail, outbox.marketing, outbox.webhook, toolctrl.email."
-        }
-    }
+    crate::built_in::about(group)
 }
 
 /// The command line of the binary of `group`: `--help` lists every

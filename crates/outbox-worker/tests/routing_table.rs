@@ -206,7 +206,8 @@ async fn a_bad_routes_file_stops_start_up_naming_the_variable() {
 }
 
 /// `worker-general --help` and `worker-mail --help` name exactly the queues
-/// their group consumes (the help text is written by hand).
+/// their group consumes (the help text is made from the group's list of
+/// built-in subscribers).
 #[tokio::test]
 async fn each_binarys_help_names_the_queues_its_group_consumes() {
     let (db, redis) = (TestDatabase::new().await, TestRedis::new().await);

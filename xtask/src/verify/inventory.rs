@@ -886,11 +886,11 @@ mod tests {
 
     /// What replaced the lexing of R1 and R3: the producer side cannot
     /// name the runner, the sandbox or the bridge. The model, the store
-    /// (with the producers) and `outbox-publish` (what applications
-    /// compile) reach none of them through any crate; the CLI does not
-    /// depend on them itself (it reaches the runner and the bridge only
-    /// through `outbox-catalog`'s descriptions of the subscribers, so its
-    /// code cannot name them either).
+    /// (with the producers), `outbox-publish` (what applications compile)
+    /// and the CLI reach none of them through any crate: the CLI reads the
+    /// subscribers' descriptions from `outbox-catalog`, which are plain
+    /// data and bring no handler along, so it neither compiles a workflow
+    /// runner nor can its code name one.
     #[test]
     fn producer_side_crates_cannot_reach_the_runner() {
         let graph = crate::verify::crate_table::workspace_graph();
@@ -911,11 +911,13 @@ mod tests {
                 );
             }
         }
-        let cli = &graph["outbox-cli"];
+        let cli = reachable(&graph, "outbox-cli");
         for running in RUNNING {
             assert!(
                 !cli.contains(running),
-                "outbox-cli depends on {running}: its workflow commands publish, never run"
+                "outbox-cli depends on {running} (directly or through another crate): its \
+                 workflow commands publish, never run, and the subscribers' descriptions it \
+                 reads are data"
             );
         }
     }
