@@ -109,9 +109,8 @@ enum Piece {
     Literal(String, usize),
 }
 
-/// Splits `source` (before its test module) into code and string literals,
-/// dropping comments and char literals.
-fn pieces(source: &str) -> Vec<Piece> {
+/// `source` up to its `#[cfg(test)] mod tests`, if it has one.
+fn before_test_module(source: &str) -> &str {
     let end = source
         .match_indices("#[cfg(test)]")
         .map(|(at, _)| at)
@@ -121,8 +120,76 @@ fn pieces(source: &str) -> Vec<Piece> {
                 .starts_with("mod tests")
         })
         .unwrap_or(source.len());
-    let source = &source[..end];
-    let chars: Vec<char> = source.chars().collect();
+    &source[..end]
+}
+
+/// A string literal read from `chars`: its contents, and the index and
+/// line just after it.
+struct Literal {
+    text: String,
+    next: usize,
+    line: usize,
+}
+
+/// The raw string literal (`r"…"`, `r#"…"#`) whose `r` is at `i`.
+fn raw_literal(chars: &[char], mut i: usize, mut line: usize) -> Literal {
+    let mut text = String::new();
+    i += 1;
+    let mut hashes = 0;
+    while chars.get(i) == Some(&'#') {
+        hashes += 1;
+        i += 1;
+    }
+    i += 1;
+    while let Some(&ch) = chars.get(i) {
+        if ch == '"' && (1..=hashes).all(|k| chars.get(i + k) == Some(&'#')) {
+            i += 1 + hashes;
+            break;
+        }
+        line += usize::from(ch == '\n');
+        text.push(ch);
+        i += 1;
+    }
+    Literal {
+        text,
+        next: i,
+        line,
+    }
+}
+
+/// The quoted string literal whose opening quote is at `i`; escapes are
+/// read as the escaped character, a line continuation as a space.
+fn quoted_literal(chars: &[char], mut i: usize, mut line: usize) -> Literal {
+    let mut text = String::new();
+    i += 1;
+    while let Some(&ch) = chars.get(i) {
+        if ch == '\\' {
+            if let Some(&escaped) = chars.get(i + 1) {
+                line += usize::from(escaped == '\n');
+                text.push(if escaped == '\n' { ' ' } else { escaped });
+            }
+            i += 2;
+            continue;
+        }
+        if ch == '"' {
+            i += 1;
+            break;
+        }
+        line += usize::from(ch == '\n');
+        text.push(ch);
+        i += 1;
+    }
+    Literal {
+        text,
+        next: i,
+        line,
+    }
+}
+
+/// Splits `source` (before its test module) into code and string literals,
+/// dropping comments and char literals.
+fn pieces(source: &str) -> Vec<Piece> {
+    let chars: Vec<char> = before_test_module(source).chars().collect();
     let mut out = Vec::new();
     let mut code = String::new();
     let mut code_line = 1;
@@ -176,45 +243,13 @@ fn pieces(source: &str) -> Vec<Piece> {
         if raw || c == '"' {
             flush(&mut code, code_line, &mut out);
             let start_line = line;
-            let mut text = String::new();
-            if raw {
-                i += 1;
-                let mut hashes = 0;
-                while chars.get(i) == Some(&'#') {
-                    hashes += 1;
-                    i += 1;
-                }
-                i += 1;
-                while let Some(&ch) = chars.get(i) {
-                    if ch == '"' && (1..=hashes).all(|k| chars.get(i + k) == Some(&'#')) {
-                        i += 1 + hashes;
-                        break;
-                    }
-                    line += usize::from(ch == '\n');
-                    text.push(ch);
-                    i += 1;
-                }
+            let literal = if raw {
+                raw_literal(&chars, i, line)
             } else {
-                i += 1;
-                while let Some(&ch) = chars.get(i) {
-                    if ch == '\\' {
-                        if let Some(&escaped) = chars.get(i + 1) {
-                            line += usize::from(escaped == '\n');
-                            text.push(if escaped == '\n' { ' ' } else { escaped });
-                        }
-                        i += 2;
-                        continue;
-                    }
-                    if ch == '"' {
-                        i += 1;
-                        break;
-                    }
-                    line += usize::from(ch == '\n');
-                    text.push(ch);
-                    i += 1;
-                }
-            }
-            out.push(Piece::Literal(text, start_line));
+                quoted_literal(&chars, i, line)
+            };
+            (i, line) = (literal.next, literal.line);
+            out.push(Piece::Literal(literal.text, start_line));
             code_line = line;
             continue;
         }
