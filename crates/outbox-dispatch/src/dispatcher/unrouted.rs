@@ -133,7 +133,7 @@ pub(super) fn sort(
 }
 
 /// Requeues the `FAILED (unrouted)` events whose type `router` now routes
-/// (at most [`REVIVE_BATCH`] a call), each with a history row (requested by
+/// (at most 1,000 a call), each with a history row (requested by
 /// `dispatcher`), and sets the gauges of events waiting for a route and
 /// dead-lettered for the lack of one. Returns how many it requeued.
 ///
