@@ -14,7 +14,9 @@
 //! is a named service of a supervisor (restarted with backoff when it
 //! fails, stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
 //! owns the process's signals runs the worker with
-//! [`WorkerBuilder::run_until`] and its own shutdown future instead.
+//! [`WorkerBuilder::run_until`] and its own shutdown future instead, and
+//! may serve the endpoints on its own router
+//! ([`WorkerBuilder::http_routes`]).
 //!
 //! Redis must keep what it is given: at start the worker asks for its
 //! `maxmemory-policy` and exits with code 2 unless it is `noeviction` (an
@@ -79,7 +81,8 @@ pub use traces::{
 };
 
 /// The adoption guide's examples (a rollback with the application's own
-/// error type, a worker with a handler of its own), compiled as doctests
+/// error type, a worker with a handler of its own, a worker inside the
+/// application's service), compiled as doctests
 /// so that they cannot rot; here because this crate sees every crate they
 /// use.
 #[cfg(doctest)]

@@ -8,24 +8,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod embedded_support;
 
-use std::collections::HashMap;
-use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
 use common::Stack;
+use embedded_support::{App, WAIT};
 use outbox_publish::{NewOutboxEvent, OutboxEvent};
 use outbox_subscriber::{EventContext, JobError, TypedHandlers};
 use outbox_test_support::eventually;
-use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+use outbox_worker::{Group, WorkerBuilder};
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
-
-const WAIT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "shop.order.paid")]
@@ -36,70 +31,12 @@ struct OrderPaid {
 /// The order ids the application's handler was called with.
 type Paid = Arc<Mutex<Vec<u64>>>;
 
-/// An application serving its own route and the worker's on one listener,
-/// with the worker running in the test's runtime.
-struct App {
-    addr: String,
-    stop: CancellationToken,
-    server: JoinHandle<std::io::Result<()>>,
-    worker: JoinHandle<anyhow::Result<()>>,
-}
-
-impl App {
-    /// Starts the application and waits until its `/readyz` (the worker's)
-    /// answers 200.
-    async fn start(stack: &Stack, paid: &Paid) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        // The application's own address: a worker that bound it would fail.
-        let mut env: HashMap<String, String> = stack.env().into_iter().collect();
-        env.insert("WORKER_HTTP_ADDR".into(), addr.clone());
-        let config =
-            WorkerConfig::from_lookup(Group::General, &|name| env.get(name).cloned()).unwrap();
-
-        let worker = WorkerBuilder::new(Group::General)
-            .typed(orders_handler(paid))
-            .without_http_listener();
-        let app = Router::new()
-            .route("/hello", get(|| async { "hello from the application" }))
-            .merge(worker.http_routes().unwrap());
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.clone().cancelled_owned())
-                .into_future(),
-        );
-        let worker = tokio::spawn(worker.run_until(config, stop.clone().cancelled_owned()));
-        let app = Self {
-            addr,
-            stop,
-            server,
-            worker,
-        };
-        eventually(
-            "the worker's /readyz on the application's port",
-            WAIT,
-            async || app.get("/readyz").await.0 == 200,
-        )
-        .await;
-        app
-    }
-
-    /// The status and body of `path` on the application's port.
-    async fn get(&self, path: &str) -> (u16, String) {
-        let Ok(response) = reqwest::get(format!("http://{}{path}", self.addr)).await else {
-            return (0, String::new());
-        };
-        let status = response.status().as_u16();
-        (status, response.text().await.unwrap())
-    }
-
-    /// Cancels the application's token; returns what `run_until` returned.
-    async fn stop(self) -> anyhow::Result<()> {
-        self.stop.cancel();
-        self.server.await.unwrap().unwrap();
-        self.worker.await.unwrap()
-    }
+/// The application: a route of its own, and a worker with a handler of
+/// its own.
+async fn start_app(stack: &Stack, paid: &Paid) -> App {
+    let own = Router::new().route("/hello", get(|| async { "hello from the application" }));
+    let worker = WorkerBuilder::new(Group::General).typed(orders_handler(paid));
+    App::start(stack, worker, own).await
 }
 
 /// The application's own handler: records the order ids it is called with.
@@ -148,7 +85,7 @@ async fn the_worker_serves_on_the_applications_router_stops_with_its_token_and_r
     let stack = Stack::new().await;
     let paid = Paid::default();
 
-    let app = App::start(&stack, &paid).await;
+    let app = start_app(&stack, &paid).await;
     assert_eq!(
         app.get("/hello").await,
         (200, "hello from the application".to_owned())
@@ -184,7 +121,7 @@ async fn the_worker_serves_on_the_applications_router_stops_with_its_token_and_r
     app.stop().await.unwrap();
 
     // The same process, a second run: the recorder of the first is kept.
-    let app = App::start(&stack, &paid).await;
+    let app = start_app(&stack, &paid).await;
     pay_and_wait(&stack, &paid, 2).await;
     let (status, metrics) = app.get("/metrics").await;
     assert_eq!(status, 200);
