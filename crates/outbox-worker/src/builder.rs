@@ -529,9 +529,12 @@ impl WorkerBuilder {
 
     /// Runs the worker with `config` until `shutdown` resolves, then stops
     /// it as SIGTERM would (no new work, what is in hand finished within
-    /// `WORKER_SHUTDOWN_GRACE_MS`). It installs no signal handler: for an
-    /// application that runs the worker inside its own runtime and owns
-    /// the process's signals.
+    /// `WORKER_SHUTDOWN_GRACE_MS`). It installs no signal handler and
+    /// does not set up logging: for an application that runs the worker
+    /// inside its own runtime and owns the process's signals. Its services
+    /// (the metrics recorder's upkeep among them) stop with it, and a new
+    /// builder may run again in the same process once it returned. The application may serve the
+    /// worker's endpoints itself ([`WorkerBuilder::http_routes`]).
     ///
     /// ```no_run
     /// use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
