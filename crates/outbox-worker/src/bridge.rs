@@ -14,7 +14,6 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
-use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_postgres::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow_bridge::{BridgeState, prune_request_ids, router};
@@ -78,15 +77,9 @@ pub fn bridge_main() -> ExitCode {
     }
 }
 
-#[derive(Clone)]
-struct Health {
-    pool: PgPool,
-    metrics: PrometheusHandle,
-}
-
-async fn readyz(State(health): State<Health>) -> impl IntoResponse {
+async fn readyz(State(pool): State<PgPool>) -> impl IntoResponse {
     let check = async {
-        let mut conn = health.pool.get().await.map_err(|e| e.to_string())?;
+        let mut conn = pool.get().await.map_err(|e| e.to_string())?;
         diesel::sql_query("SELECT 1")
             .execute(&mut conn)
             .await
@@ -108,16 +101,6 @@ async fn readyz(State(health): State<Health>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(health): State<Health>) -> impl IntoResponse {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4",
-        )],
-        health.metrics.render(),
-    )
-}
-
 /// Serves the bridge until SIGTERM or Ctrl-C, then lets requests in
 /// progress finish within the grace period.
 ///
@@ -126,7 +109,7 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
 /// When Postgres cannot be reached at start, the address cannot be bound,
 /// or the runner cannot be built.
 pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
-    let metrics_handle = crate::install_metrics(BRIDGE_BINARY)?;
+    let metrics = crate::recorder::for_run(BRIDGE_BINARY)?;
     let pool = connect_postgres(&config.database_url, config.pool_size).await?;
     let runner = Runner::with_address_policy(config.address_policy.clone())
         .context("cannot build the workflow runner's HTTP client")?
@@ -141,11 +124,8 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
         axum::Router::new()
             .route("/healthz", get(|| async { "ok\n" }))
             .route("/readyz", get(readyz))
-            .route("/metrics", get(metrics))
-            .with_state(Health {
-                pool: pool.clone(),
-                metrics: metrics_handle,
-            }),
+            .with_state(pool.clone())
+            .merge(crate::http::metrics_route(metrics.clone())),
     );
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
@@ -156,14 +136,16 @@ pub async fn run_bridge(config: BridgeConfig) -> Result<()> {
         secrets = config.secrets.len(),
         "workflow bridge started"
     );
-    let stopped = Supervisor::new(config.shutdown_grace)
+    let mut services = Supervisor::new(config.shutdown_grace)
         .saying("stopping: no new requests; finishing those in progress")
         .service("http", RESTART, http(listener, app)?)
         .service("request-id pruner", RESTART, move |token| {
             prune(pool.clone(), token)
-        })
-        .run_until(shutdown_signal())
-        .await?;
+        });
+    if let Some(handle) = metrics {
+        services = services.service("metrics upkeep", RESTART, crate::recorder::upkeep(handle));
+    }
+    let stopped = services.run_until(shutdown_signal()).await?;
     if stopped.overran.is_empty() {
         tracing::info!("bridge stopped cleanly");
     } else {

@@ -22,6 +22,7 @@ use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHa
 use outbox_subscriber_mail::Templates;
 use redis::aio::ConnectionManager;
 
+use crate::http::Readiness;
 use crate::{Group, WorkerConfig};
 
 /// What a handler added with [`WorkerBuilder::handler_with`] may use: the
@@ -138,6 +139,12 @@ pub struct WorkerBuilder {
     /// The event types declared with [`WorkerBuilder::typed`] and
     /// [`WorkerBuilder::declare`], checked against the routing table at start.
     declared: Vec<&'static str>,
+    /// Whether the run serves `/healthz`, `/readyz` and `/metrics` on a
+    /// listener of its own (`WORKER_HTTP_ADDR`).
+    http_listener: bool,
+    /// The connections the run's `/readyz` checks, also those of the
+    /// routes handed out by [`WorkerBuilder::http_routes`].
+    readiness: Readiness,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -149,6 +156,7 @@ impl std::fmt::Debug for WorkerBuilder {
             .field("handlers", &self.handlers.len())
             .field("templates", &self.templates)
             .field("catalog", &self.catalog)
+            .field("http_listener", &self.http_listener)
             .finish()
     }
 }
@@ -168,6 +176,8 @@ impl WorkerBuilder {
             catalog: Catalog::built_in(),
             added: Vec::new(),
             declared: Vec::new(),
+            http_listener: true,
+            readiness: Readiness::default(),
         }
     }
 
@@ -373,6 +383,66 @@ impl WorkerBuilder {
         self
     }
 
+    /// Leaves the worker's `/healthz`, `/readyz` and `/metrics` to the
+    /// application, which serves them with its own router
+    /// ([`WorkerBuilder::http_routes`]): the run binds no listener of its
+    /// own and `WORKER_HTTP_ADDR` is not used. Without it (the binaries)
+    /// the run serves them on `WORKER_HTTP_ADDR`.
+    #[must_use]
+    pub fn without_http_listener(mut self) -> Self {
+        self.http_listener = false;
+        self
+    }
+
+    /// The worker's `/healthz`, `/readyz` and `/metrics`, as a router the
+    /// application merges into its own (see
+    /// [`WorkerBuilder::without_http_listener`]). `/healthz` answers `ok`;
+    /// `/readyz` answers 200 while the run of this builder
+    /// ([`WorkerBuilder::run_until`]) reaches Postgres and Redis, and 503
+    /// before that run has connected and after it has stopped.
+    ///
+    /// `/metrics` is offered only when the metrics go to the worker's own
+    /// Prometheus recorder. That is decided here (or at the start of the
+    /// run, whichever comes first) for the whole process: when no `metrics`
+    /// recorder is installed yet, the worker installs its own, which every
+    /// later run keeps; when the application installed its own first, the
+    /// worker's metrics go to the application's recorder, the router has no
+    /// `/metrics` (so it does not clash with the application's) and the run
+    /// says so in its log. Install your own recorder, if any, before this.
+    ///
+    /// ```no_run
+    /// use axum::routing::get;
+    /// use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+    /// use tokio_util::sync::CancellationToken;
+    ///
+    /// # async fn example() -> anyhow::Result<()> {
+    /// let worker = WorkerBuilder::new(Group::General).without_http_listener();
+    /// let app = axum::Router::new()
+    ///     .route("/orders", get(|| async { "the application's own route" }))
+    ///     .merge(worker.http_routes()?);
+    /// let stop = CancellationToken::new();
+    /// let config = WorkerConfig::from_env(Group::General)?;
+    /// let worker = tokio::spawn(worker.run_until(config, stop.clone().cancelled_owned()));
+    /// let listener = tokio::net::TcpListener::bind("0.0.0.0:8080").await?;
+    /// // ... the application cancels `stop` when it shuts down.
+    /// axum::serve(listener, app)
+    ///     .with_graceful_shutdown(stop.clone().cancelled_owned())
+    ///     .await?;
+    /// worker.await??;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// When the worker's Prometheus recorder cannot be configured.
+    pub fn http_routes(&self) -> Result<axum::Router> {
+        Ok(crate::http::routes(
+            self.readiness.clone(),
+            crate::recorder::prometheus()?,
+        ))
+    }
+
     /// The descriptions added with [`WorkerBuilder::subscriber`].
     #[must_use]
     pub fn added_subscribers(&self) -> &[SubscriberDescription] {
@@ -459,9 +529,12 @@ impl WorkerBuilder {
 
     /// Runs the worker with `config` until `shutdown` resolves, then stops
     /// it as SIGTERM would (no new work, what is in hand finished within
-    /// `WORKER_SHUTDOWN_GRACE_MS`). It installs no signal handler: for an
-    /// application that runs the worker inside its own runtime and owns
-    /// the process's signals.
+    /// `WORKER_SHUTDOWN_GRACE_MS`). It installs no signal handler and
+    /// does not set up logging: for an application that runs the worker
+    /// inside its own runtime and owns the process's signals. Its services
+    /// (the metrics recorder's upkeep among them) stop with it, and a new
+    /// builder may run again in the same process once it returned. The application may serve the
+    /// worker's endpoints itself ([`WorkerBuilder::http_routes`]).
     ///
     /// ```no_run
     /// use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
@@ -508,6 +581,17 @@ impl WorkerBuilder {
             .context("a routing rule added to the worker")?;
         crate::declared::check(&self.declared, &config.router)?;
         crate::serve::serve(self, config, shutdown).await
+    }
+
+    /// Whether the run binds `WORKER_HTTP_ADDR` (see
+    /// [`WorkerBuilder::without_http_listener`]).
+    pub(crate) fn binds_http_listener(&self) -> bool {
+        self.http_listener
+    }
+
+    /// The connections the run's `/readyz` checks.
+    pub(crate) fn readiness(&self) -> &Readiness {
+        &self.readiness
     }
 
     /// The handler group to run: the handlers of the group's built-in

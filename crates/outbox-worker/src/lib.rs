@@ -14,7 +14,9 @@
 //! is a named service of a supervisor (restarted with backoff when it
 //! fails, stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
 //! owns the process's signals runs the worker with
-//! [`WorkerBuilder::run_until`] and its own shutdown future instead.
+//! [`WorkerBuilder::run_until`] and its own shutdown future instead, and
+//! may serve the endpoints on its own router
+//! ([`WorkerBuilder::http_routes`]).
 //!
 //! Redis must keep what it is given: at start the worker asks for its
 //! `maxmemory-policy` and exits with code 2 unless it is `noeviction` (an
@@ -37,6 +39,7 @@ mod error_reports;
 mod gauges;
 mod http;
 mod pool_demand;
+mod recorder;
 mod redis_check;
 mod registration;
 mod serve;
@@ -66,7 +69,7 @@ pub use error_reports::{
     ErrorReportLayer, ErrorReports, SENTRY_DSN_VARIABLE, error_report_layer, start_error_reports,
 };
 pub use gauges::{GaugeSettings, refresh_gauges};
-pub use http::{HttpState, router};
+pub use recorder::METRICS_UPKEEP_EVERY;
 pub use redis_check::{
     ALLOW_EVICTION_VARIABLE, EVICTION_CHECK_TIMEOUT, EvictionPolicy, NO_EVICTION, RedisMayEvict,
     enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
@@ -78,7 +81,8 @@ pub use traces::{
 };
 
 /// The adoption guide's examples (a rollback with the application's own
-/// error type, a worker with a handler of its own), compiled as doctests
+/// error type, a worker with a handler of its own, a worker inside the
+/// application's service), compiled as doctests
 /// so that they cannot rot; here because this crate sees every crate they
 /// use.
 #[cfg(doctest)]
@@ -266,38 +270,6 @@ pub(crate) fn init_tracing(
     }
     format?;
     export_error.map_or(Ok(export), Err)
-}
-
-/// How often the Prometheus recorder drains its histogram samples when
-/// nobody scrapes `/metrics`.
-pub const METRICS_UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Installs the Prometheus recorder and its upkeep: without upkeep, the
-/// samples of every histogram pile up until a scrape renders them, so a
-/// process nobody scrapes grows without bound (about 40 bytes per event).
-/// The upkeep task drains them every [`METRICS_UPKEEP_EVERY`] for the
-/// process's lifetime.
-///
-/// # Errors
-///
-/// When a recorder is already installed.
-pub(crate) fn install_metrics(
-    binary: &'static str,
-) -> Result<metrics_exporter_prometheus::PrometheusHandle> {
-    let handle = catalog::builder()
-        .context("cannot configure the Prometheus recorder")?
-        .install_recorder()
-        .context("cannot install the Prometheus recorder")?;
-    catalog::describe(binary);
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(METRICS_UPKEEP_EVERY);
-        loop {
-            every.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(handle)
 }
 
 /// The workflow executor `WORKFLOW_EXECUTOR` asks for.

@@ -19,9 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::supervisor::{Backoff, OnFailure, Run, Stopped, Supervisor};
 use crate::{
-    GaugeSettings, Group, HttpState, WorkerBuilder, WorkerConfig, enforce_eviction_policy,
-    install_metrics, pool_demand, read_eviction_policy, read_persistence, refresh_gauges,
-    registration, report_persistence, router, trim,
+    GaugeSettings, Group, WorkerBuilder, WorkerConfig, enforce_eviction_policy, pool_demand,
+    read_eviction_policy, read_persistence, refresh_gauges, registration, report_persistence, trim,
 };
 
 /// How every service but the queue workers is supervised: restarted after
@@ -44,8 +43,11 @@ pub(crate) async fn serve(
     config: WorkerConfig,
     shutdown: impl Future<Output = &'static str>,
 ) -> Result<()> {
-    let metrics = install_metrics(builder.binary())?;
+    let metrics = crate::recorder::for_run(builder.binary())?;
     let connections = connect(&config).await?;
+    let _running = builder
+        .readiness()
+        .running(connections.pool.clone(), connections.redis.clone());
     let group = builder.assemble(
         &config,
         &connections.pool,
@@ -55,22 +57,22 @@ pub(crate) async fn serve(
     let registration = builder.registration(&config, &group)?;
     registration::record(&connections.pool, &config.queue_prefix, &registration).await;
     let queues = measured_queues(&builder, &config, &group);
-    let listener = bind(&config).await?;
-    log_started(&config, &group, listener.local_addr()?);
+    let listener = if builder.binds_http_listener() {
+        Some(bind(&config).await?)
+    } else {
+        None
+    };
+    log_started(&config, &group, listener.as_ref());
     warn_pool_shortfall(&config, &group);
 
-    let mut services = Supervisor::new(config.shutdown_grace).service(
-        "http",
-        RESTART,
-        http(
-            listener,
-            router(HttpState {
-                pool: connections.pool.clone(),
-                redis: connections.redis.clone(),
-                metrics,
-            }),
-        )?,
-    );
+    let mut services = Supervisor::new(config.shutdown_grace);
+    if let Some(listener) = listener {
+        let routes = crate::http::routes(builder.readiness().clone(), metrics.clone());
+        services = services.service("http", RESTART, http(listener, routes)?);
+    }
+    if let Some(handle) = metrics {
+        services = services.service("metrics upkeep", RESTART, crate::recorder::upkeep(handle));
+    }
     if config.group == Group::General {
         services = general_services(services, &builder, &config, &connections, &queues)?;
     }
@@ -352,11 +354,17 @@ async fn endless(run: impl Future<Output = ()>) -> Result<(), Infallible> {
     Ok(())
 }
 
-/// The line operators look for once the worker is up.
-fn log_started(config: &WorkerConfig, group: &HandlerGroup, http_addr: std::net::SocketAddr) {
+/// The line operators look for once the worker is up; `listener` is the
+/// worker's own HTTP listener, if it has one.
+fn log_started(config: &WorkerConfig, group: &HandlerGroup, listener: Option<&TcpListener>) {
+    let http = match listener.map(TcpListener::local_addr) {
+        Some(Ok(addr)) => addr.to_string(),
+        Some(Err(_)) => config.http_addr.to_string(),
+        None => "served by the application".to_owned(),
+    };
     tracing::info!(
         group = config.group.as_str(),
-        http = %http_addr,
+        http = %http,
         queues = ?group.queues(),
         queue_prefix = %config.queue_prefix,
         dispatcher = config.group == Group::General && config.dispatcher_enabled,
