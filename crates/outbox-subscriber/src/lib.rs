@@ -24,6 +24,7 @@
 mod body;
 mod describe;
 mod handler;
+mod retry;
 mod runner;
 mod settings;
 mod typed;
@@ -34,6 +35,7 @@ pub use describe::{
     ConsumedQueue, DedupKey, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
 };
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
+pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError};
 pub use settings::{
     WORKER_CONCURRENCY, WORKER_HEARTBEAT_MS, WORKER_POLL_INTERVAL_MS, WORKER_RETRIES,
