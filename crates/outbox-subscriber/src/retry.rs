@@ -240,59 +240,69 @@ pub(crate) enum Settled {
     GiveUp(String),
 }
 
-/// What follows the failed attempt `failure` of the job `base_id` under
-/// `policy`: another try in process while the ladder's round has tries
-/// left and no wait was asked for, else as [`settle`] says.
-pub(crate) fn after_failure(
-    policy: &RetryPolicy,
-    settings: &WorkerSettings,
-    base_id: &str,
-    failure: &Failure<'_>,
-) -> Next {
-    let attempt = policy.attempt_number(settings, failure.round, failure.try_no);
-    let attempts_left = policy.max_attempts.is_none_or(|max| attempt < max);
-    let round_has_tries = failure.try_no + 1 < policy.tries_per_round(settings);
-    if attempts_left && round_has_tries && failure.after.is_none() {
-        Next::RetryInProcess
-    } else {
-        Next::Settle(settle(policy, settings, base_id, failure))
-    }
+/// The decision for the failed attempts of one job copy: its handler's
+/// policy, the worker's settings (the ladder) and the first delivery's
+/// task id (which retry copies are named after).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Decision<'a> {
+    pub policy: &'a RetryPolicy,
+    pub settings: &'a WorkerSettings,
+    pub base_id: &'a str,
 }
 
-/// How the copy that made the failed attempt `failure` ends, with no
-/// further try in process (its round is over, or the worker stops): a
-/// copy due after the handler's or the backoff's delay while attempts and
-/// rounds remain, else the dead set.
-pub(crate) fn settle(
-    policy: &RetryPolicy,
-    settings: &WorkerSettings,
-    base_id: &str,
-    failure: &Failure<'_>,
-) -> Settled {
-    let attempt = policy.attempt_number(settings, failure.round, failure.try_no);
-    let give_up = || {
-        Settled::GiveUp(format!(
-            "gave up after {attempt} attempts: {}",
-            failure.reason
-        ))
-    };
-    if policy.max_attempts.is_some_and(|max| attempt >= max) || failure.round >= MAX_RETRY_ROUNDS {
-        return give_up();
+impl Decision<'_> {
+    /// The attempt number of `failure`.
+    pub fn attempt(&self, failure: &Failure<'_>) -> usize {
+        self.policy
+            .attempt_number(self.settings, failure.round, failure.try_no)
     }
-    let delay = match policy.backoff {
-        // The ladder ends after its last delay, whoever chose the wait.
-        Backoff::Ladder => settings
-            .requeue_delays
-            .get(failure.round)
-            .map(|ladder| failure.after.unwrap_or(*ladder)),
-        backoff => failure.after.or_else(|| backoff.delay(attempt)),
-    };
-    match delay {
-        Some(delay) => Settled::Requeue {
-            next: outbox_queue::retry_task_id(base_id, failure.round + 1),
-            delay,
-        },
-        None => give_up(),
+
+    /// What follows `failure`: another try in process while the ladder's
+    /// round has tries left and no wait was asked for, else as
+    /// [`Decision::settle`] says.
+    pub fn after_failure(&self, failure: &Failure<'_>) -> Next {
+        let attempts_left =
+            (self.policy.max_attempts).is_none_or(|max| self.attempt(failure) < max);
+        let round_has_tries = failure.try_no + 1 < self.policy.tries_per_round(self.settings);
+        if attempts_left && round_has_tries && failure.after.is_none() {
+            Next::RetryInProcess
+        } else {
+            Next::Settle(self.settle(failure))
+        }
+    }
+
+    /// How the copy that made the failed attempt `failure` ends, with no
+    /// further try in process (its round is over, or the worker stops): a
+    /// copy due after the handler's or the backoff's delay while attempts
+    /// and rounds remain, else the dead set.
+    pub fn settle(&self, failure: &Failure<'_>) -> Settled {
+        let attempt = self.attempt(failure);
+        let give_up = || {
+            Settled::GiveUp(format!(
+                "gave up after {attempt} attempts: {}",
+                failure.reason
+            ))
+        };
+        let at_most = self.policy.max_attempts.unwrap_or(usize::MAX);
+        if attempt >= at_most || failure.round >= MAX_RETRY_ROUNDS {
+            return give_up();
+        }
+        let delay = match self.policy.backoff {
+            // The ladder ends after its last delay, whoever chose the wait.
+            Backoff::Ladder => self
+                .settings
+                .requeue_delays
+                .get(failure.round)
+                .map(|ladder| failure.after.unwrap_or(*ladder)),
+            backoff => failure.after.or_else(|| backoff.delay(attempt)),
+        };
+        match delay {
+            Some(delay) => Settled::Requeue {
+                next: outbox_queue::retry_task_id(self.base_id, failure.round + 1),
+                delay,
+            },
+            None => give_up(),
+        }
     }
 }
 
@@ -382,10 +392,15 @@ mod tests {
                 reason: "503",
                 after: after.map(secs),
             };
+            let decision = Decision {
+                policy: &policy,
+                settings: &settings,
+                base_id: "outbox:e",
+            };
             let next = if stopping {
-                Next::Settle(settle(&policy, &settings, "outbox:e", &failure))
+                Next::Settle(decision.settle(&failure))
             } else {
-                after_failure(&policy, &settings, "outbox:e", &failure)
+                decision.after_failure(&failure)
             };
             assert_eq!(
                 next, expected,

@@ -14,7 +14,7 @@ use outbox_queue::{QueueNamespace, apalis_config};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::retry::{Failure, Next, Settled, after_failure, settle};
+use crate::retry::{Decision, Failure, Next, Settled};
 use crate::{
     DynHandler, JobBody, JobError, JobMeta, RetryPolicy, RetryPolicyError, WorkerSettings,
 };
@@ -434,6 +434,11 @@ async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str) -> Attem
     let settings = &shared.settings;
     let policy: RetryPolicy = shared.handler.retry_policy();
     let (base_id, round) = outbox_queue::retry_round(task_id);
+    let decision = Decision {
+        policy: &policy,
+        settings,
+        base_id,
+    };
     let queue = shared.handler.queue().to_owned();
     let mut try_no = 0;
     loop {
@@ -470,14 +475,14 @@ async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str) -> Attem
             reason: &reason,
             after,
         };
-        match after_failure(&policy, settings, base_id, &failure) {
+        match decision.after_failure(&failure) {
             Next::RetryInProcess => {
                 let delay = in_process_delay(settings, try_no);
                 tracing::warn!(reason = %reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
                 tokio::select! {
                     // Stopping: hand the job back to the queue now instead.
                     () = shared.shutdown.cancelled() => {
-                        let settled = settle(&policy, settings, base_id, &failure);
+                        let settled = decision.settle(&failure);
                         return Attempts::Failed(settled, reason);
                     }
                     () = tokio::time::sleep(delay) => {}
