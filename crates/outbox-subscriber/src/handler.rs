@@ -2,10 +2,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::JobBody;
+use crate::{JobBody, RetryPolicy};
 
 /// How a job failed, which decides what happens to it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -20,6 +21,20 @@ pub enum JobError {
     /// 4xx): the job goes to the queue's dead set at once, with this reason.
     #[error("{0}")]
     Permanent(String),
+    /// Worth trying again, but not before `delay` (a peer answered 429
+    /// with `Retry-After`, a rate limit resets at a known time): the job
+    /// goes back on the queue at once, due after `delay`, instead of the
+    /// handler's backoff. It counts as an attempt and is bounded like any
+    /// by the handler's [`RetryPolicy`]; under the ladder it also ends the
+    /// round (its in-process tries left are skipped and counted).
+    #[error("{reason}")]
+    RetryAfter {
+        /// How long the job waits on the queue (Redis keeps due times in
+        /// whole seconds).
+        delay: Duration,
+        /// Why, as for [`JobError::Retry`].
+        reason: String,
+    },
 }
 
 impl JobError {
@@ -31,6 +46,23 @@ impl JobError {
     /// A permanent failure.
     pub fn permanent(reason: impl std::fmt::Display) -> Self {
         Self::Permanent(reason.to_string())
+    }
+
+    /// A retryable failure to be tried again not before `delay`
+    /// ([`JobError::RetryAfter`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_subscriber::JobError;
+    ///
+    /// let error = JobError::retry_after(Duration::from_secs(120), "peer answered 429");
+    /// assert_eq!(error.to_string(), "peer answered 429");
+    /// ```
+    pub fn retry_after(delay: Duration, reason: impl std::fmt::Display) -> Self {
+        Self::RetryAfter {
+            delay,
+            reason: reason.to_string(),
+        }
     }
 }
 
@@ -63,6 +95,40 @@ pub trait JobHandler: Send + Sync + 'static {
         configured
     }
 
+    /// How this queue's failing jobs are retried. By default the workers'
+    /// ladder ([`RetryPolicy::ladder`]: `WORKER_RETRIES` quick retries in
+    /// process, then back on the queue after 30 s, 1, 2, 5, 10, 20, 30 min,
+    /// 1, 2, 4 h).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_subscriber::{JobError, JobHandler, JobMeta, RetryPolicy};
+    ///
+    /// /// Pings a peer that is either up within minutes or not worth waiting for.
+    /// struct Ping;
+    ///
+    /// impl JobHandler for Ping {
+    ///     type Job = ();
+    ///
+    ///     fn queue(&self) -> &str {
+    ///         "app.ping"
+    ///     }
+    ///
+    ///     fn retry_policy(&self) -> RetryPolicy {
+    ///         // Due again after 10 s, 20 s, 40 s; dead after the fourth attempt.
+    ///         RetryPolicy::exponential(Duration::from_secs(10), Duration::from_secs(60))
+    ///             .with_max_attempts(4)
+    ///     }
+    ///
+    ///     async fn handle(&self, (): (), _meta: &JobMeta) -> Result<(), JobError> {
+    ///         Ok(())
+    ///     }
+    /// }
+    /// ```
+    fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy::default()
+    }
+
     /// Processes one job.
     fn handle(
         &self,
@@ -83,6 +149,9 @@ pub trait DynHandler: Send + Sync + 'static {
     /// See [`JobHandler::concurrency`].
     fn concurrency(&self, configured: usize) -> usize;
 
+    /// See [`JobHandler::retry_policy`].
+    fn retry_policy(&self) -> RetryPolicy;
+
     /// Parses the body and runs the handler.
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>>;
 }
@@ -94,6 +163,10 @@ impl<H: JobHandler> DynHandler for H {
 
     fn concurrency(&self, configured: usize) -> usize {
         JobHandler::concurrency(self, configured)
+    }
+
+    fn retry_policy(&self) -> RetryPolicy {
+        JobHandler::retry_policy(self)
     }
 
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>> {

@@ -4,9 +4,12 @@
 //!
 //! A handler implements [`JobHandler`] for one queue and returns
 //! [`JobError::Retry`] for transient failures (retried in process with
-//! backoff, then rescheduled by the queue) or [`JobError::Permanent`] for
-//! failures that will not heal (the job goes to the queue's dead set with the
-//! reason). A job body that does not parse is permanent by construction and
+//! backoff, then rescheduled by the queue), [`JobError::RetryAfter`] for
+//! one that should be tried again after a wait it names, or
+//! [`JobError::Permanent`] for failures that will not heal (the job goes to
+//! the queue's dead set with the reason). How often and how far apart a handler's jobs are retried is its
+//! [`RetryPolicy`] ([`JobHandler::retry_policy`]; the workers' ladder by
+//! default). A job body that does not parse is permanent by construction and
 //! never stops the worker (see [`LenientRedis`]). Every job runs in a tracing
 //! span (`outbox.job`) with its queue, task id, event id, tenant and attempt;
 //! the span continues the trace context the job carries (its top-level
@@ -24,6 +27,7 @@
 mod body;
 mod describe;
 mod handler;
+mod retry;
 mod runner;
 mod settings;
 mod typed;
@@ -34,6 +38,7 @@ pub use describe::{
     ConsumedQueue, DedupKey, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
 };
 pub use handler::{BoxFuture, DynHandler, JobError, JobHandler, JobMeta};
+pub use retry::{Backoff, RetryPolicy, RetryPolicyError};
 pub use runner::{HandlerGroup, MAX_FETCH_BATCH, SubscriberError};
 pub use settings::{
     WORKER_CONCURRENCY, WORKER_HEARTBEAT_MS, WORKER_POLL_INTERVAL_MS, WORKER_RETRIES,

@@ -14,7 +14,10 @@ use outbox_queue::{QueueNamespace, apalis_config};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::{DynHandler, JobBody, JobError, JobMeta, WorkerSettings};
+use crate::retry::{Decision, Failure, Next, Settled};
+use crate::{
+    DynHandler, JobBody, JobError, JobMeta, RetryPolicy, RetryPolicyError, WorkerSettings,
+};
 
 /// The most jobs one fetch takes when the batch follows a worker's
 /// concurrency (a larger `fetch_batch` set explicitly is kept).
@@ -49,6 +52,14 @@ pub enum SubscriberError {
     /// A retry setting cannot work.
     #[error("invalid worker settings: {0}")]
     Settings(String),
+    /// A handler's [`crate::JobHandler::retry_policy`] cannot work.
+    #[error("the retry policy of queue {queue} cannot work: {source}")]
+    RetryPolicy {
+        /// The handler's queue.
+        queue: String,
+        /// What is wrong with it.
+        source: RetryPolicyError,
+    },
     /// An apalis worker stopped with an error.
     #[error("worker for queue {queue} failed: {source}")]
     Worker {
@@ -77,11 +88,19 @@ impl HandlerGroup {
     ///
     /// # Errors
     ///
-    /// [`SubscriberError::DuplicateQueue`] when the queue already has one.
+    /// [`SubscriberError::DuplicateQueue`] when the queue already has one;
+    /// [`SubscriberError::RetryPolicy`] when its retry policy cannot work.
     pub fn with(mut self, handler: impl DynHandler) -> Result<Self, SubscriberError> {
         if self.queues().contains(&handler.queue()) {
             return Err(SubscriberError::DuplicateQueue(handler.queue().to_owned()));
         }
+        handler
+            .retry_policy()
+            .check()
+            .map_err(|source| SubscriberError::RetryPolicy {
+                queue: handler.queue().to_owned(),
+                source,
+            })?;
         self.handlers.push(Arc::new(handler));
         Ok(self)
     }
@@ -349,59 +368,24 @@ async fn process(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
     .await
 }
 
-/// How a job's in-process attempts ended.
+/// How a job's attempts in this process ended.
 enum Attempts {
     /// The handler succeeded.
     Done,
     /// The handler said no attempt will ever succeed.
     Permanent(String),
-    /// Every attempt asked for a retry (or the worker is stopping): the
-    /// last reason.
-    Exhausted(String),
-}
-
-/// What happens to a job whose in-process attempts of retry round `round`
-/// are exhausted: a copy due after the round's delay, or the dead set once
-/// the rounds are used up.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum AfterAttempts {
-    /// Push a copy with this task id, due after `delay`.
-    Requeue { next: String, delay: Duration },
-    /// Move it to the dead set with this reason.
-    GiveUp(String),
-}
-
-fn after_attempts(
-    settings: &WorkerSettings,
-    base_id: &str,
-    round: usize,
-    last_reason: &str,
-) -> AfterAttempts {
-    match settings
-        .requeue_delays
-        .get(round)
-        .copied()
-        .filter(|_| round < outbox_queue::MAX_RETRY_ROUNDS)
-    {
-        Some(delay) => AfterAttempts::Requeue {
-            next: outbox_queue::retry_task_id(base_id, round + 1),
-            delay,
-        },
-        None => AfterAttempts::GiveUp(format!(
-            "gave up after {} attempts: {last_reason}",
-            (round + 1) * (settings.retries + 1)
-        )),
-    }
+    /// The last attempt failed for this reason, and its retry policy
+    /// settled what follows.
+    Failed(Settled, String),
 }
 
 async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Result<(), BoxDynError> {
-    let (base_id, round) = outbox_queue::retry_round(&task_id);
     let queue = shared.handler.queue().to_owned();
     let done = |outcome: &'static str| {
         metrics::counter!("outbox_subscriber_jobs_total", "queue" => queue.clone(), "outcome" => outcome)
             .increment(1);
     };
-    let last_reason = match attempt(&body, &shared, &task_id, round).await {
+    let (last_reason, next, delay) = match attempt(&body, &shared, &task_id).await {
         Attempts::Done => {
             tracing::info!("job done");
             done("done");
@@ -412,11 +396,8 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
             done("dead");
             return Err(Box::new(AbortError::new(reason)));
         }
-        Attempts::Exhausted(reason) => reason,
-    };
-    let (next, delay) = match after_attempts(&shared.settings, base_id, round, &last_reason) {
-        AfterAttempts::Requeue { next, delay } => (next, delay),
-        AfterAttempts::GiveUp(reason) => {
+        Attempts::Failed(Settled::Requeue { next, delay }, reason) => (reason, next, delay),
+        Attempts::Failed(Settled::GiveUp(reason), _) => {
             tracing::error!(%reason, "job failed for the last time; moved to the dead set");
             done("dead");
             return Err(Box::new(AbortError::new(reason)));
@@ -447,17 +428,24 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
     }
 }
 
-/// Runs the handler up to `retries + 1` times in this process, with the
-/// in-process delays between attempts; a stop hands the job back at once.
-async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str, round: usize) -> Attempts {
+/// Runs the handler, again in process (with the in-process delays between
+/// tries) while its retry policy says so; a stop hands the job back at once.
+async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str) -> Attempts {
     let settings = &shared.settings;
+    let policy: RetryPolicy = shared.handler.retry_policy();
+    let (base_id, round) = outbox_queue::retry_round(task_id);
+    let decision = Decision {
+        policy: &policy,
+        settings,
+        base_id,
+    };
     let queue = shared.handler.queue().to_owned();
-    let mut last_reason = String::new();
-    for try_no in 0..=settings.retries {
+    let mut try_no = 0;
+    loop {
         let meta = JobMeta {
             queue: queue.clone(),
             task_id: task_id.to_owned(),
-            attempt: round * (settings.retries + 1) + try_no + 1,
+            attempt: policy.attempt_number(settings, round, try_no),
         };
         tracing::Span::current().record("attempt", meta.attempt);
         if meta.attempt == 1
@@ -475,24 +463,35 @@ async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str, round: u
         let result = shared.handler.call(body.clone(), &meta).await;
         metrics::histogram!("outbox_subscriber_job_duration_seconds", "queue" => queue.clone())
             .record(started.elapsed().as_secs_f64());
-        match result {
+        let (reason, after) = match result {
             Ok(()) => return Attempts::Done,
             Err(JobError::Permanent(reason)) => return Attempts::Permanent(reason),
-            Err(JobError::Retry(reason)) => {
-                last_reason = reason;
-                if try_no < settings.retries {
-                    let delay = in_process_delay(settings, try_no);
-                    tracing::warn!(reason = %last_reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
-                    tokio::select! {
-                        // Stopping: hand the job back to the queue now instead.
-                        () = shared.shutdown.cancelled() => break,
-                        () = tokio::time::sleep(delay) => {}
+            Err(JobError::Retry(reason)) => (reason, None),
+            Err(JobError::RetryAfter { delay, reason }) => (reason, Some(delay)),
+        };
+        let failure = Failure {
+            round,
+            try_no,
+            reason: &reason,
+            after,
+        };
+        match decision.after_failure(&failure) {
+            Next::RetryInProcess => {
+                let delay = in_process_delay(settings, try_no);
+                tracing::warn!(reason = %reason, retry_in_ms = delay.as_millis() as u64, "job failed; retrying");
+                tokio::select! {
+                    // Stopping: hand the job back to the queue now instead.
+                    () = shared.shutdown.cancelled() => {
+                        let settled = decision.settle(&failure);
+                        return Attempts::Failed(settled, reason);
                     }
+                    () = tokio::time::sleep(delay) => {}
                 }
+                try_no += 1;
             }
+            Next::Settle(settled) => return Attempts::Failed(settled, reason),
         }
     }
-    Attempts::Exhausted(last_reason)
 }
 
 async fn run_queue(
@@ -540,53 +539,6 @@ async fn run_queue(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// After its in-process attempts, a job goes back on its queue with the
-    /// next round's task id and delay while rounds remain, and to the dead
-    /// set with the attempts counted once they are used up.
-    #[test]
-    fn exhausted_attempts_requeue_by_round_then_give_up() {
-        let settings = WorkerSettings {
-            retries: 2,
-            requeue_delays: vec![Duration::from_secs(30), Duration::from_secs(60)],
-            ..WorkerSettings::default()
-        };
-        let cases = [
-            (
-                0,
-                AfterAttempts::Requeue {
-                    next: outbox_queue::retry_task_id("outbox:e", 1),
-                    delay: Duration::from_secs(30),
-                },
-            ),
-            (
-                1,
-                AfterAttempts::Requeue {
-                    next: outbox_queue::retry_task_id("outbox:e", 2),
-                    delay: Duration::from_secs(60),
-                },
-            ),
-            (
-                2,
-                AfterAttempts::GiveUp("gave up after 9 attempts: timeout".into()),
-            ),
-        ];
-        for (round, expected) in cases {
-            assert_eq!(
-                after_attempts(&settings, "outbox:e", round, "timeout"),
-                expected,
-                "round {round}"
-            );
-        }
-        let endless = WorkerSettings {
-            requeue_delays: vec![Duration::from_secs(1); outbox_queue::MAX_RETRY_ROUNDS + 5],
-            ..settings
-        };
-        assert!(matches!(
-            after_attempts(&endless, "outbox:e", outbox_queue::MAX_RETRY_ROUNDS, "x"),
-            AfterAttempts::GiveUp(_)
-        ));
-    }
 
     // Break checked: the host name dropped when it is not empty (the `!`
     // deleted) names every worker `…@host:…` and fails here.

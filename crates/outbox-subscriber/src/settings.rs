@@ -12,13 +12,15 @@ pub struct WorkerSettings {
     /// [`crate::JobHandler::concurrency`]).
     pub concurrency: usize,
     /// In-process retries of a failed job (quick blips) before it is put
-    /// back on the queue for later.
+    /// back on the queue for later, under the ladder
+    /// ([`crate::RetryPolicy::ladder`], every handler's unless it declares
+    /// another policy).
     pub retries: usize,
     /// First in-process retry delay (doubling from there).
     pub min_backoff: Duration,
     /// Largest in-process retry delay.
     pub max_backoff: Duration,
-    /// Delays of the later rounds: after the in-process retries, a job that
+    /// Delays of the ladder's later rounds: after the in-process retries, a job that
     /// still fails is pushed again (as `<task id>~retry<n>`) due after the
     /// next delay; past the last one (at most
     /// [`outbox_queue::MAX_RETRY_ROUNDS`]) it goes to the dead set. The
