@@ -11,7 +11,7 @@ use outbox_queue::OutboxJob;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::{BoxFuture, JobError, JobHandler, JobMeta, SubscriberError};
+use crate::{BoxFuture, JobError, JobHandler, JobMeta, RetryPolicy, SubscriberError};
 
 /// What a typed handler's function learns about the event besides its
 /// payload.
@@ -83,6 +83,7 @@ type Call =
 pub struct TypedHandlers {
     queue: String,
     calls: BTreeMap<&'static str, Call>,
+    retry: RetryPolicy,
 }
 
 impl std::fmt::Debug for TypedHandlers {
@@ -90,6 +91,7 @@ impl std::fmt::Debug for TypedHandlers {
         f.debug_struct("TypedHandlers")
             .field("queue", &self.queue)
             .field("event_types", &self.event_types())
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -101,7 +103,26 @@ impl TypedHandlers {
         Self {
             queue: queue.into(),
             calls: BTreeMap::new(),
+            retry: RetryPolicy::default(),
         }
+    }
+
+    /// Retries the queue's failed events under `policy` instead of the
+    /// default ladder (see [`RetryPolicy`]); checked when the handlers join
+    /// a [`HandlerGroup`](crate::HandlerGroup).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_subscriber::{RetryPolicy, TypedHandlers};
+    ///
+    /// let orders = TypedHandlers::new("app.orders")
+    ///     .with_retry_policy(RetryPolicy::fixed(Duration::from_secs(10)).with_max_attempts(5));
+    /// # let _ = orders;
+    /// ```
+    #[must_use]
+    pub fn with_retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
     }
 
     /// Takes events of type `E::EVENT_TYPE`: decodes each payload into `E`
@@ -147,6 +168,10 @@ impl JobHandler for TypedHandlers {
 
     fn queue(&self) -> &str {
         &self.queue
+    }
+
+    fn retry_policy(&self) -> RetryPolicy {
+        self.retry
     }
 
     async fn handle(&self, job: OutboxJob, meta: &JobMeta) -> Result<(), JobError> {
@@ -243,5 +268,22 @@ mod tests {
             Err(SubscriberError::DuplicateEventType { queue, event_type })
                 if queue == "app.orders" && event_type == "orders.order.created"
         ));
+    }
+
+    #[test]
+    fn typed_handlers_keep_the_ladder_unless_given_a_policy_and_a_group_refuses_one_that_cannot_work()
+     {
+        let plain = TypedHandlers::new("app.orders").on(accept).unwrap();
+        assert_eq!(JobHandler::retry_policy(&plain), RetryPolicy::default());
+        let fixed = RetryPolicy::fixed(std::time::Duration::from_secs(10)).with_max_attempts(3);
+        let tuned = TypedHandlers::new("app.orders")
+            .on(accept)
+            .unwrap()
+            .with_retry_policy(fixed);
+        assert_eq!(JobHandler::retry_policy(&tuned), fixed);
+        let none = TypedHandlers::new("app.orders")
+            .with_retry_policy(RetryPolicy::default().with_max_attempts(0));
+        let refused = crate::HandlerGroup::new().with(none).unwrap_err();
+        assert!(refused.to_string().contains("app.orders"), "{refused}");
     }
 }
