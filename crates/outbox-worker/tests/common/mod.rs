@@ -67,6 +67,21 @@ impl Worker {
 
     /// Waits until `/readyz` answers 200, failing if the process exits first.
     pub async fn wait_ready(&mut self) {
+        if let Err(status) = self.try_ready().await {
+            panic!("{} exited during start-up: {status}", self.binary);
+        }
+    }
+
+    /// Whether the process exited during start-up because another process
+    /// took its HTTP port between the stack choosing it and the worker
+    /// binding it (tests run in parallel).
+    fn lost_its_port(&self) -> bool {
+        self.output().contains("Address already in use")
+    }
+
+    /// Waits until `/readyz` answers 200; the exit status when the process
+    /// exits first. Fails after 30 s.
+    async fn try_ready(&mut self) -> Result<(), ExitStatus> {
         let client = reqwest::Client::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
@@ -76,10 +91,10 @@ impl Worker {
                 .await
                 && response.status().is_success()
             {
-                return;
+                return Ok(());
             }
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("{} exited during start-up: {status}", self.binary);
+                return Err(status);
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -262,6 +277,16 @@ impl Stack {
         unset: &[&str],
         extra: &[(&str, &str)],
     ) -> Worker {
+        // A port chosen free may be taken by a parallel test before the
+        // worker binds it: start again on another, twice at most.
+        for _ in 0..2 {
+            let mut worker = self.spawn_without(binary, unset, extra);
+            match worker.try_ready().await {
+                Ok(()) => return worker,
+                Err(_) if worker.lost_its_port() => continue,
+                Err(status) => panic!("{binary} exited during start-up: {status}"),
+            }
+        }
         let mut worker = self.spawn_without(binary, unset, extra);
         worker.wait_ready().await;
         worker
