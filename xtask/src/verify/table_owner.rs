@@ -131,49 +131,32 @@ struct Literal {
     line: usize,
 }
 
-/// The raw string literal (`r"…"`, `r#"…"#`) whose `r` is at `i`.
-fn raw_literal(chars: &[char], mut i: usize, mut line: usize) -> Literal {
+/// The string literal starting at `i`: raw (`r"…"`, `r#"…"#`, its `r` at
+/// `i`) or quoted (its `"` at `i`, escapes read as the escaped character, a
+/// line continuation as a space).
+fn literal(chars: &[char], mut i: usize, mut line: usize, raw: bool) -> Literal {
     let mut text = String::new();
-    i += 1;
     let mut hashes = 0;
-    while chars.get(i) == Some(&'#') {
-        hashes += 1;
+    i += 1;
+    if raw {
+        while chars.get(i) == Some(&'#') {
+            hashes += 1;
+            i += 1;
+        }
         i += 1;
     }
-    i += 1;
     while let Some(&ch) = chars.get(i) {
         if ch == '"' && (1..=hashes).all(|k| chars.get(i + k) == Some(&'#')) {
             i += 1 + hashes;
             break;
         }
-        line += usize::from(ch == '\n');
-        text.push(ch);
-        i += 1;
-    }
-    Literal {
-        text,
-        next: i,
-        line,
-    }
-}
-
-/// The quoted string literal whose opening quote is at `i`; escapes are
-/// read as the escaped character, a line continuation as a space.
-fn quoted_literal(chars: &[char], mut i: usize, mut line: usize) -> Literal {
-    let mut text = String::new();
-    i += 1;
-    while let Some(&ch) = chars.get(i) {
-        if ch == '\\' {
+        if !raw && ch == '\\' {
             if let Some(&escaped) = chars.get(i + 1) {
                 line += usize::from(escaped == '\n');
                 text.push(if escaped == '\n' { ' ' } else { escaped });
             }
             i += 2;
             continue;
-        }
-        if ch == '"' {
-            i += 1;
-            break;
         }
         line += usize::from(ch == '\n');
         text.push(ch);
@@ -243,11 +226,7 @@ fn pieces(source: &str) -> Vec<Piece> {
         if raw || c == '"' {
             flush(&mut code, code_line, &mut out);
             let start_line = line;
-            let literal = if raw {
-                raw_literal(&chars, i, line)
-            } else {
-                quoted_literal(&chars, i, line)
-            };
+            let literal = literal(&chars, i, line, raw);
             (i, line) = (literal.next, literal.line);
             out.push(Piece::Literal(literal.text, start_line));
             code_line = line;

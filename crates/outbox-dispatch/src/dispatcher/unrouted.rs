@@ -137,6 +137,20 @@ pub(super) fn sort(
 /// `dispatcher`), and sets the gauges of events waiting for a route and
 /// dead-lettered for the lack of one. Returns how many it requeued.
 ///
+/// A dispatcher runs it on its own (at start and every
+/// `unrouted_recheck`); call it to hand such events off at once, for
+/// example right after deploying a route:
+///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), outbox_dispatch::DispatchError> {
+/// use outbox_dispatch::{Router, revive_routable};
+///
+/// let router = Router::empty().with_rule("reports.", "app.reports").unwrap();
+/// let requeued = revive_routable(conn, &router).await?;
+/// println!("{requeued} FAILED (unrouted) events requeued");
+/// # Ok(()) }
+/// ```
+///
 /// # Errors
 ///
 /// When Postgres fails.
