@@ -11,7 +11,9 @@ use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use outbox_idempotency::{IdempotencyOptions, RedisIdempotencyStore, with_outbox_idempotency};
 use outbox_publish::{OutboxEvent, OutboxTx, PublishError, publish};
 use outbox_queue::OutboxJob;
-use outbox_subscriber::{EventContext, JobError, JobHandler, JobMeta, TypedHandlers};
+use outbox_subscriber::{
+    EventContext, JobError, JobHandler, JobMeta, SubscriberError, TypedHandlers,
+};
 use outbox_testkit::{
     HandlerOutcome, TestDatabase, TestRedis, dispatched, require_published, run_handler,
     run_handler_attempt,
@@ -26,29 +28,30 @@ struct OrderCreated {
 
 /// A typed handler whose effect (a count) runs under the Redis
 /// idempotency guard, and fails while the order id is 0.
-fn guarded_orders(store: RedisIdempotencyStore, effects: Arc<AtomicUsize>) -> TypedHandlers {
-    TypedHandlers::new("app.orders")
-        .on(move |order: OrderCreated, cx: EventContext| {
-            let (store, effects) = (store.clone(), Arc::clone(&effects));
-            async move {
-                let _ran_or_cached = with_outbox_idempotency(
-                    &store,
-                    cx.event_id,
-                    IdempotencyOptions::default(),
-                    async || {
-                        if order.order_id == 0 {
-                            return Err("order 0 is not there yet");
-                        }
-                        effects.fetch_add(1, Ordering::SeqCst);
-                        Ok(())
-                    },
-                )
-                .await
-                .map_err(JobError::retry)?;
-                Ok(())
-            }
-        })
-        .unwrap()
+fn guarded_orders(
+    store: RedisIdempotencyStore,
+    effects: Arc<AtomicUsize>,
+) -> Result<TypedHandlers, SubscriberError> {
+    TypedHandlers::new("app.orders").on(move |order: OrderCreated, cx: EventContext| {
+        let (store, effects) = (store.clone(), Arc::clone(&effects));
+        async move {
+            let _ran_or_cached = with_outbox_idempotency(
+                &store,
+                cx.event_id,
+                IdempotencyOptions::default(),
+                async || {
+                    if order.order_id == 0 {
+                        return Err("order 0 is not there yet");
+                    }
+                    effects.fetch_add(1, Ordering::SeqCst);
+                    Ok(())
+                },
+            )
+            .await
+            .map_err(JobError::retry)?;
+            Ok(())
+        }
+    })
 }
 
 async fn redis_store(redis: &TestRedis) -> RedisIdempotencyStore {
@@ -59,7 +62,7 @@ async fn redis_store(redis: &TestRedis) -> RedisIdempotencyStore {
 async fn the_redis_guard_of_a_typed_handler_skips_the_second_delivery_of_an_event() {
     let redis = TestRedis::new().await;
     let effects = Arc::new(AtomicUsize::new(0));
-    let handlers = guarded_orders(redis_store(&redis).await, Arc::clone(&effects));
+    let handlers = guarded_orders(redis_store(&redis).await, Arc::clone(&effects)).unwrap();
     let job = dispatched("acme", &OrderCreated { order_id: 7 });
 
     assert_eq!(run_handler(&handlers, &job).await, HandlerOutcome::Done);
@@ -87,7 +90,7 @@ async fn the_redis_guard_of_a_typed_handler_skips_the_second_delivery_of_an_even
 async fn a_failed_run_leaves_the_event_to_its_retry_which_is_no_duplicate() {
     let redis = TestRedis::new().await;
     let effects = Arc::new(AtomicUsize::new(0));
-    let handlers = guarded_orders(redis_store(&redis).await, Arc::clone(&effects));
+    let handlers = guarded_orders(redis_store(&redis).await, Arc::clone(&effects)).unwrap();
     let job = dispatched("acme", &OrderCreated { order_id: 0 });
     let failed = HandlerOutcome::Retry {
         reason: "the handler failed: order 0 is not there yet".into(),
@@ -111,7 +114,7 @@ impl JobHandler for Recorder {
     async fn handle(&self, job: OutboxJob, meta: &JobMeta) -> Result<(), JobError> {
         self.0
             .lock()
-            .unwrap()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push((job.delivery_id(), meta.task_id.clone(), meta.attempt));
         Ok(())
     }

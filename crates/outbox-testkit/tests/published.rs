@@ -35,13 +35,14 @@ fn roll_back() -> Result<(), PublishError> {
 
 /// The message of the panic `future` ends with.
 async fn panic_message(future: impl Future<Output = ()> + Send + 'static) -> String {
-    let panic = tokio::spawn(future)
-        .await
-        .expect_err("the assertion passed")
-        .into_panic();
-    match panic.downcast::<String>() {
-        Ok(message) => *message,
-        Err(panic) => (*panic.downcast::<&str>().expect("a text message")).to_owned(),
+    let panic = match tokio::spawn(future).await {
+        Ok(()) => panic!("the assertion passed"),
+        Err(e) => e.into_panic(),
+    };
+    match (panic.downcast_ref::<String>(), panic.downcast_ref::<&str>()) {
+        (Some(message), _) => message.clone(),
+        (None, Some(message)) => (*message).to_owned(),
+        (None, None) => panic!("the panic carries no text"),
     }
 }
 
