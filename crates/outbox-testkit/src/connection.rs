@@ -6,7 +6,7 @@ use diesel_async::AsyncPgConnection;
 use outbox_publish::OutboxTx;
 use outbox_store::EventFilter;
 
-use crate::published::{Columns, PublishedEvent};
+use crate::event::{Columns, PublishedEvent};
 
 mod sealed {
     pub trait Sealed {}

@@ -14,8 +14,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::{EnvFilter, Layer};
 use uuid::Uuid;
 
+use crate::event::{Published, PublishedEvent};
 use crate::guard::{CACHED, Verdicts};
-use crate::{Published, PublishedEvent};
 
 /// What came of one run of a handler on a job, as the worker would act on
 /// it.

@@ -196,6 +196,7 @@
 
 mod connection;
 mod database;
+mod event;
 mod guard;
 mod handler;
 mod published;
@@ -206,10 +207,10 @@ mod url;
 
 pub use connection::OutboxConnection;
 pub use database::{TestDatabase, sweep_abandoned_databases};
+pub use event::{Published, PublishedEvent};
 pub use handler::{HandlerOutcome, dispatched, run_handler, run_handler_attempt};
 pub use published::{
-    Published, PublishedEvent, published, published_events, require_not_published,
-    require_published, require_published_where,
+    published, published_events, require_not_published, require_published, require_published_where,
 };
 pub use redis_ns::{Swept, TestRedis, sweep_abandoned_namespaces};
 pub use url::{database_server_url, redis_server_url, with_database};

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use outbox_model::RawJson;
 use uuid::Uuid;
 
-use crate::published::{Columns, PublishedEvent};
+use crate::event::{Columns, PublishedEvent};
 
 /// The events of `$1` (every event when `$1` is NULL), in written order.
 /// The payload is read as text, so that it keeps every digit.
