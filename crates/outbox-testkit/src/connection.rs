@@ -20,8 +20,8 @@ mod sealed {
 ///
 /// Sealed: the kit implements it for these types only.
 pub trait OutboxConnection: sealed::Sealed + Send {
-    /// The events of `event_type` (every event for `None`), in written
-    /// order (`created_at`, then id).
+    /// The events of `event_type` (every event for `None`), ordered by
+    /// `created_at`, then id.
     #[doc(hidden)]
     fn read_events(
         &mut self,

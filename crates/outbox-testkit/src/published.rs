@@ -12,9 +12,11 @@ use serde::de::DeserializeOwned;
 use crate::connection::OutboxConnection;
 use crate::event::{Published, PublishedEvent};
 
-/// Every event `conn` sees in `outbox_event`, in written order
-/// (`created_at`, then id): inside an open transaction, its own uncommitted
-/// events too.
+/// Every event `conn` sees in `outbox_event`: inside an open transaction,
+/// its own uncommitted events too. Ordered by `created_at`, then id: the
+/// order they were written in for events the publisher wrote (UUIDv7
+/// ids), while rows inserted by plain SQL with the table's default (random)
+/// id come in no particular order among those of the same transaction.
 ///
 /// # Panics
 ///
@@ -23,8 +25,8 @@ pub async fn published_events(conn: &mut impl OutboxConnection) -> Vec<Published
     conn.read_events(None).await
 }
 
-/// The events of type `E` that `conn` sees, in written order, each payload
-/// decoded into `E`.
+/// The events of type `E` that `conn` sees, each payload decoded into `E`,
+/// in the order of [`published_events`].
 ///
 /// # Panics
 ///

@@ -11,7 +11,8 @@ use uuid::Uuid;
 
 use crate::event::{Columns, PublishedEvent};
 
-/// The events of `$1` (every event when `$1` is NULL), in written order.
+/// The events of `$1` (every event when `$1` is NULL), in the order of the
+/// store's listing.
 /// The payload is read as text, so that it keeps every digit.
 const READ_EVENTS: &str = "SELECT id, tenant_id, event_type, payload::text, dispatch_key, \
      scheduled_at, created_at FROM outbox_event \
