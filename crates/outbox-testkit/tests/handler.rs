@@ -7,9 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use diesel::sql_types::{BigInt, Uuid as SqlUuid};
-use diesel_async::{AsyncConnection, SimpleAsyncConnection};
+use diesel_async::SimpleAsyncConnection;
 use outbox_idempotency::{IdempotencyOptions, RedisIdempotencyStore, with_outbox_idempotency};
-use outbox_publish::{OutboxEvent, OutboxTx, PublishError, publish};
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{
     EventContext, JobError, JobHandler, JobMeta, SubscriberError, TypedHandlers,
@@ -18,13 +17,10 @@ use outbox_testkit::{
     HandlerOutcome, TestDatabase, TestRedis, dispatched, require_published, run_handler,
     run_handler_attempt,
 };
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "orders.order.created")]
-struct OrderCreated {
-    order_id: u64,
-}
+mod common;
+
+use common::{OrderCreated, commit, event};
 
 /// A typed handler whose effect (a count) runs under the Redis
 /// idempotency guard, and fails while the order id is 0.
@@ -124,13 +120,11 @@ impl JobHandler for Recorder {
 async fn the_job_of_a_published_event_carries_the_ids_a_dispatch_derives() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish(&mut tx, "acme", &OrderCreated { order_id: 7 }).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
+    commit(
+        &mut conn,
+        vec![event("acme", &OrderCreated { order_id: 7 })],
+    )
+    .await;
     let published = require_published(&mut conn, &OrderCreated { order_id: 7 }).await;
     let job = published.dispatched();
     assert_eq!(job.outbox_event_id, published.id);

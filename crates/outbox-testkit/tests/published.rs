@@ -3,27 +3,16 @@
 //! the messages of failed assertions.
 
 use diesel_async::AsyncConnection;
-use outbox_publish::{
-    NewOutboxEvent, OutboxEvent, OutboxTx, PublishError, publish, publish_outbox_event,
-};
+use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish, publish_outbox_event};
 use outbox_testkit::{
     TestDatabase, published, published_events, require_not_published, require_published,
     require_published_where,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "orders.order.created")]
-struct OrderCreated {
-    order_id: u64,
-}
+mod common;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "orders.order.cancelled")]
-struct OrderCancelled {
-    order_id: u64,
-}
+use common::{OrderCancelled, OrderCreated, commit, event};
 
 /// What a transaction closure returns to roll back, so that the reads in
 /// it saw only the transaction's own events.
@@ -44,6 +33,25 @@ async fn panic_message(future: impl Future<Output = ()> + Send + 'static) -> Str
         (None, Some(message)) => (*message).to_owned(),
         (None, None) => panic!("the panic carries no text"),
     }
+}
+
+/// The message of `require_published(OrderCreated { order_id: 7 })` that
+/// fails after `events` were committed, and the ids of those events.
+async fn requiring_order_7_after(events: Vec<NewOutboxEvent>) -> (String, Vec<String>) {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    commit(&mut conn, events).await;
+    let ids = published_events(&mut conn)
+        .await
+        .iter()
+        .map(|e| e.id.to_string())
+        .collect();
+    let message = panic_message(async move {
+        let mut conn = db.conn().await;
+        require_published(&mut conn, &OrderCreated { order_id: 7 }).await;
+    })
+    .await;
+    (message, ids)
 }
 
 #[tokio::test]
@@ -103,13 +111,11 @@ async fn events_published_in_an_open_transaction_are_read_there_decoded_with_the
 async fn a_plain_connection_reads_what_was_committed() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish(&mut tx, "acme", &OrderCreated { order_id: 7 }).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
+    commit(
+        &mut conn,
+        vec![event("acme", &OrderCreated { order_id: 7 })],
+    )
+    .await;
     let mut other = db.conn().await;
     let created = require_published(&mut other, &OrderCreated { order_id: 7 }).await;
     assert_eq!(created.tenant_id, "acme");
@@ -146,25 +152,10 @@ async fn require_published_fails_when_nothing_was_published() {
 
 #[tokio::test]
 async fn a_failed_require_published_names_the_events_that_were_published_instead() {
-    let db = TestDatabase::new().await;
-    let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish(&mut tx, "acme", &OrderCreated { order_id: 8 }).await?;
-        publish(&mut tx, "acme", &OrderCancelled { order_id: 7 }).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
-    let ids: Vec<String> = published_events(&mut conn)
-        .await
-        .iter()
-        .map(|e| e.id.to_string())
-        .collect();
-    let message = panic_message(async move {
-        let mut conn = db.conn().await;
-        require_published(&mut conn, &OrderCreated { order_id: 7 }).await;
-    })
+    let (message, ids) = requiring_order_7_after(vec![
+        event("acme", &OrderCreated { order_id: 8 }),
+        event("acme", &OrderCancelled { order_id: 7 }),
+    ])
     .await;
     assert_eq!(
         message,
@@ -179,20 +170,10 @@ async fn a_failed_require_published_names_the_events_that_were_published_instead
 
 #[tokio::test]
 async fn require_published_fails_when_two_events_match() {
-    let db = TestDatabase::new().await;
-    let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish(&mut tx, "acme", &OrderCreated { order_id: 7 }).await?;
-        publish(&mut tx, "globex", &OrderCreated { order_id: 7 }).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
-    let message = panic_message(async move {
-        let mut conn = db.conn().await;
-        require_published(&mut conn, &OrderCreated { order_id: 7 }).await;
-    })
+    let (message, _) = requiring_order_7_after(vec![
+        event("acme", &OrderCreated { order_id: 7 }),
+        event("globex", &OrderCreated { order_id: 7 }),
+    ])
     .await;
     assert!(
         message.starts_with(
@@ -207,16 +188,11 @@ async fn require_published_fails_when_two_events_match() {
 async fn require_not_published_fails_listing_the_events_of_the_type() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish(&mut tx, "acme", &OrderCreated { order_id: 7 }).await?;
-        let keyed = NewOutboxEvent::from_typed("acme", &OrderCancelled { order_id: 7 })?
-            .dispatch_key("cancel-7");
-        publish_outbox_event(&mut tx, keyed).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
+    let events = vec![
+        event("acme", &OrderCreated { order_id: 7 }),
+        event("acme", &OrderCancelled { order_id: 7 }).dispatch_key("cancel-7"),
+    ];
+    commit(&mut conn, events).await;
     let message = panic_message(async move {
         let mut conn = db.conn().await;
         require_not_published::<OrderCancelled>(&mut conn).await;
@@ -236,14 +212,8 @@ async fn require_not_published_fails_listing_the_events_of_the_type() {
 async fn a_payload_that_does_not_decode_fails_the_read_naming_the_event() {
     let db = TestDatabase::new().await;
     let mut conn = db.conn().await;
-    conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        let wrong = NewOutboxEvent::new("acme", "orders.order.created", json!({ "id": 7 }));
-        publish_outbox_event(&mut tx, wrong).await?;
-        Ok(())
-    })
-    .await
-    .unwrap();
+    let wrong = NewOutboxEvent::new("acme", "orders.order.created", json!({ "id": 7 }));
+    commit(&mut conn, vec![wrong]).await;
     let message = panic_message(async move {
         let mut conn = db.conn().await;
         published::<OrderCreated>(&mut conn).await;

@@ -2,24 +2,14 @@
 //! sqlx transaction, and the same events as the diesel reads after the
 //! commit.
 
-use outbox_publish::OutboxEvent;
 use outbox_testkit::{
     TestDatabase, published, published_events, require_not_published, require_published,
 };
-use serde::{Deserialize, Serialize};
 use sqlx::Connection;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "orders.order.created")]
-struct OrderCreated {
-    order_id: u64,
-}
+mod common;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "orders.order.cancelled")]
-struct OrderCancelled {
-    order_id: u64,
-}
+use common::{OrderCancelled, OrderCreated};
 
 const INSERT: &str = "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key) \
      VALUES ($1, $2, $3::jsonb, $4)";
