@@ -3,9 +3,10 @@
 //!
 //! - [`TestDatabase`]: a fresh Postgres database per test, cloned in
 //!   milliseconds from a template that is migrated once per schema version,
-//!   and dropped when the value is dropped (also on panic).
+//!   and dropped when the value is dropped (also on panic); re-exported from
+//!   `outbox-testkit`, the test kit for applications, which holds it.
 //! - [`TestRedis`]: a unique key prefix per test on a real Redis, whose keys
-//!   are deleted on drop.
+//!   are deleted on drop; also `outbox-testkit`'s.
 //! - [`RedisProcess`]: a private `redis-server` a test can stop and restart,
 //!   or one that speaks TLS only.
 //! - [`PostgresProcess`]: a private Postgres cluster that accepts TLS only,
@@ -25,30 +26,30 @@
 //! services. Nothing here mocks Postgres or Redis. Not for production code.
 
 mod child_output;
-mod database;
 mod eventually;
 mod http_sink;
 mod log_capture;
 mod metrics_recording;
 mod pki;
 mod postgres_process;
-mod redis_ns;
 mod redis_process;
 mod smtp_sink;
 mod url;
 
 pub use child_output::ChildOutput;
-pub use database::{TestDatabase, sweep_abandoned_databases};
 pub use eventually::{POLL, consistently, eventually, eventually_reaching};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use log_capture::LogCapture;
 pub use metrics_recording::with_metrics_recorder;
+pub use outbox_testkit::{
+    Swept, TestDatabase, TestRedis, database_server_url, redis_server_url,
+    sweep_abandoned_databases, sweep_abandoned_namespaces, with_database,
+};
 pub use pki::TestPki;
 pub use postgres_process::PostgresProcess;
-pub use redis_ns::{Swept, TestRedis, sweep_abandoned_namespaces};
 pub use redis_process::RedisProcess;
 pub use smtp_sink::{ReceivedMail, SmtpSink};
-pub use url::{database_server_url, redis_server_url, with_database, workflow_e2e_server_url};
+pub use url::workflow_e2e_server_url;
 
 /// Installs a tracing subscriber that writes through the test harness'
 /// capture (shown for failing tests). Honors `RUST_LOG`; safe to call from

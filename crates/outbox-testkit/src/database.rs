@@ -310,7 +310,8 @@ async fn connect(url: &str) -> AsyncPgConnection {
     outbox_postgres::establish(url).await.unwrap_or_else(|e| {
         panic!(
             "cannot connect to Postgres at {url}: {e}\n\
-             hint: run `cargo xtask services` and export the DATABASE_URL it prints"
+             hint: set OUTBOX_TEST_DATABASE_URL to a server whose role may create databases \
+             (in the outbox workspace, `cargo xtask services` starts one and prints its URL)"
         )
     })
 }

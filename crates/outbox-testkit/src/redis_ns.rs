@@ -54,7 +54,8 @@ impl TestRedis {
             .unwrap_or_else(|e| {
                 panic!(
                     "cannot connect to Redis at {url}: {e}\n\
-                 hint: run `cargo xtask services` and export the REDIS_URL it prints"
+                 hint: set OUTBOX_TEST_REDIS_URL \
+                 (in the outbox workspace, `cargo xtask services` starts one and prints its URL)"
                 )
             });
         let _: String = redis::cmd("PING")
@@ -88,7 +89,7 @@ impl TestRedis {
             let url = url.clone();
             std::thread::spawn(move || {
                 if let Err(e) = sweep_abandoned_namespaces(&url) {
-                    eprintln!("outbox-test-support: sweeping abandoned test keys failed: {e}");
+                    eprintln!("outbox-testkit: sweeping abandoned test keys failed: {e}");
                 }
             });
         }
