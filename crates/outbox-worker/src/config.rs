@@ -327,7 +327,7 @@ pub const WORKER_HTTP_ADDR: Text = Text {
     name: "WORKER_HTTP_ADDR",
     default: Group::General.default_http_addr(),
     form: "host:port",
-    meaning: "where /healthz, /readyz and /metrics are served (every interface by default, so a scraper outside the container reaches it)",
+    meaning: "where /healthz, /readyz and /metrics are served (every interface by default, so a scraper outside the container reaches it); unused by a worker embedded with WorkerBuilder::without_http_listener",
 };
 /// `OUTBOX_DISPATCHER_ENABLED`: [`WorkerConfig::dispatcher_enabled`].
 pub const OUTBOX_DISPATCHER_ENABLED: Flag = Flag {
