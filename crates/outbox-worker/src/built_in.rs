@@ -12,7 +12,7 @@
 
 use std::sync::LazyLock;
 
-#[cfg(feature = "mail")]
+#[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
 use anyhow::Context;
 use anyhow::Result;
 use outbox_subscriber::{HandlerGroup, SubscriberDescription};

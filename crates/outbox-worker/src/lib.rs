@@ -44,6 +44,7 @@ mod recorder;
 mod redis_check;
 mod registration;
 mod serve;
+mod subscriber;
 mod supervisor;
 mod traces;
 mod trim;
@@ -63,7 +64,7 @@ use outbox_workflow_runner::Runner;
 
 #[cfg(feature = "workflow")]
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
-pub use builder::{BARE_BINARY, Resources, Subscriber, WorkerBuilder, handler_group};
+pub use builder::{BARE_BINARY, WorkerBuilder};
 pub use built_in::{BuiltIn, built_in_subscribers};
 #[cfg(feature = "workflow")]
 pub use config::{BridgeConfig, BridgeSettings, DEFAULT_BRIDGE_ADDR};
@@ -83,6 +84,7 @@ pub use redis_check::{
     enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
     set_persistence_gauge,
 };
+pub use subscriber::{Resources, Subscriber, handler_group};
 pub use traces::{
     OTLP_ENDPOINT_VARIABLE, SERVICE_NAME_VARIABLE, TraceExport, TraceExportConfig,
     start_trace_export, trace_layer,
