@@ -63,7 +63,9 @@ pub async fn generate(server_url: &str) -> Result<String> {
         .await?;
     let result = async {
         let url = with_database(server_url, &scratch);
-        outbox_model::run_migrations(outbox_postgres::establish(&url).await?).await?;
+        // Every set, whatever this build's features: schema.rs has every table.
+        let conn = outbox_postgres::establish(&url).await?;
+        outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL).await?;
         let mut conn = outbox_postgres::establish(&url).await?;
         render(&mut conn).await
     }

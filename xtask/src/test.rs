@@ -125,7 +125,9 @@ async fn prepare_services(no_install: bool) -> Result<[(&'static str, String); 4
     Ok(found.test_env())
 }
 
-/// `cargo fmt --check` and clippy with warnings denied.
+/// `cargo fmt --check` and clippy with warnings denied, for the workspace
+/// and for a bare worker: `outbox-worker` without its features, built on
+/// its own (a workspace build would unify the features back on).
 fn lint() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -137,6 +139,18 @@ fn lint() -> Result<()> {
             "clippy",
             "--workspace",
             "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]),
+    )?;
+    step(
+        "cargo clippy of a bare worker (outbox-worker --no-default-features, warnings denied)",
+        cargo().args([
+            "clippy",
+            "--package",
+            "outbox-worker",
+            "--no-default-features",
             "--",
             "-D",
             "warnings",

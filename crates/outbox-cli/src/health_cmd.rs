@@ -1,10 +1,11 @@
-//! `outbox health`: queues, workers, dead jobs and stuck workflow executions against thresholds; exit 1 on an alert.
+//! `outbox health`: queues, workers, dead jobs and stuck workflow executions (when the workflow migration set is applied) against thresholds; exit 1 on an alert.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use outbox_cli::health;
+use outbox_model::MigrationSet;
 use outbox_queue::{QueueNamespace, redact_url};
 use serde_json::json;
 
@@ -51,9 +52,17 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             )
         })?;
     let mut conn = connect(cli).await?;
-    let workflows = workflow::health(&mut conn, args.stuck_after)
-        .await
-        .context("cannot read the workflow executions")?;
+    // A database without the workflow migration set (a bare application's)
+    // has no executions to read.
+    let workflows = if workflow_set_applied(&mut conn).await? {
+        Some(
+            workflow::health(&mut conn, args.stuck_after)
+                .await
+                .context("cannot read the workflow executions")?,
+        )
+    } else {
+        None
+    };
     let redis_status = redis_status::read(&mut conn, &mut redis, &namespace)
         .await
         .context("cannot read Redis' persistence and loss marker")?;
@@ -63,7 +72,7 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             .context("cannot read the events no route matches")?,
     );
     let alert = report.iter().any(|q| !q.alerts.is_empty())
-        || !workflows.alerts.is_empty()
+        || workflows.as_ref().is_some_and(|w| !w.alerts.is_empty())
         || !redis_status.alerts.is_empty()
         || !unrouted.alerts.is_empty();
     if cli.json {
@@ -103,7 +112,19 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
         println!();
         unrouted::print(&unrouted);
         println!();
-        workflow::print_health(&workflows);
+        match &workflows {
+            Some(workflows) => workflow::print_health(workflows),
+            None => println!("WORKFLOW: the workflow migration set is not applied"),
+        }
     }
     Ok(ExitStatus::alert_if(alert))
+}
+
+/// Whether the database has the workflow migration set (its first
+/// migration creates the tables the workflow section reads).
+async fn workflow_set_applied(conn: &mut diesel_async::AsyncPgConnection) -> anyhow::Result<bool> {
+    let states = outbox_model::migration_set_status(conn, &[MigrationSet::Workflow])
+        .await
+        .context("cannot read the applied migrations")?;
+    Ok(states.iter().any(|m| m.applied))
 }

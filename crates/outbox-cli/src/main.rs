@@ -135,8 +135,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Apply pending migrations; --status lists applied and pending ones, --dry-run what would be applied.
-    #[command(after_help = concat!("Examples:\n  outbox migrate\n  outbox migrate --status\n  outbox migrate --dry-run --json\n\n", exit_codes!()))]
+    /// Apply pending migrations of every set (or those --set names); --status lists applied and pending ones, --dry-run what would be applied.
+    #[command(after_help = concat!("Examples:\n  outbox migrate\n  outbox migrate --set core\n  outbox migrate --status\n  outbox migrate --dry-run --json\n\n", exit_codes!()))]
     Migrate(migrate::MigrateArgs),
     /// Counts by status and queue, oldest due pending age, the pending alert.
     #[command(after_help = concat!("Examples:\n  outbox stats\n  outbox stats --json | jq .by_status\n\n", exit_codes!()))]

@@ -106,6 +106,56 @@ async fn migrate_status_and_dry_run_list_without_changing_anything() {
     );
 }
 
+/// A database without the workflow migration set (a bare application's):
+/// `outbox health` reports the queues and says the set is missing instead
+/// of failing; `outbox migrate --set workflow` adds the set later.
+#[tokio::test]
+async fn health_without_the_workflow_set_answers_and_migrate_set_adds_it() {
+    let env = Env::new().await;
+    let status = env.outbox(&["migrate", "--status", "--json"]).json();
+    let workflow_versions: Vec<String> = status["migrations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["set"] == "workflow")
+        .map(|m| format!("'{}'", m["version"].as_str().unwrap()))
+        .collect();
+    assert_eq!(workflow_versions.len(), 5);
+    env.sql(&format!(
+        "DROP TABLE workflow_block_execution, workflow_execution, workflow_version, workflow,
+                    entity_row, application_event, workflow_bridge_request CASCADE;
+         DELETE FROM __diesel_schema_migrations WHERE version IN ({});",
+        workflow_versions.join(", ")
+    ))
+    .await;
+
+    let health = env.outbox(&["health", "--json"]);
+    assert_eq!(health.code, 0, "{}", health.stderr);
+    assert_eq!(health.json()["workflows"], Value::Null);
+    let text = env.outbox(&["health"]);
+    assert!(
+        text.stdout
+            .contains("WORKFLOW: the workflow migration set is not applied"),
+        "{}",
+        text.stdout
+    );
+
+    let migrate = env.outbox(&["migrate", "--set", "workflow", "--json"]);
+    assert_eq!(migrate.code, 0, "{}", migrate.stderr);
+    assert_eq!(migrate.json()["applied"].as_array().unwrap().len(), 5);
+    assert_eq!(migrate.json()["sets"], serde_json::json!(["workflow"]));
+    let health = env.outbox(&["health", "--json"]);
+    assert_eq!(health.code, 0, "{}", health.stderr);
+    assert!(health.json()["workflows"]["stuck"].is_array());
+    let unknown = env.outbox(&["migrate", "--set", "billing"]);
+    assert_eq!(unknown.code, 2);
+    assert!(
+        unknown.stderr.contains("unknown migration set \"billing\""),
+        "{}",
+        unknown.stderr
+    );
+}
+
 #[tokio::test]
 async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_done() {
     let env = Env::new().await;

@@ -1,7 +1,9 @@
 //! The base of the transactional outbox: the diesel schema of
 //! `outbox_event`, its row types, the validated [`EventType`], the
 //! [`OutboxStatus`] life cycle, the [`TypedEvent`] trait of payload types,
-//! and the embedded migrations with [`run_migrations`].
+//! and the embedded migrations with [`run_migrations`], in sets
+//! ([`MigrationSet`]: the core, and one per built-in subscriber, each
+//! behind a feature of this crate of the same name, all on by default).
 //!
 //! Every other crate of the workspace builds on this one, and every
 //! application compiles it through `outbox-publish`; it depends on nothing
@@ -26,8 +28,8 @@ pub mod schema;
 pub use event_type::{EventType, EventTypeError, MAX_EVENT_TYPE_LEN, MIN_EVENT_TYPE_SEGMENTS};
 pub use json::RawJson;
 pub use migrations::{
-    MIGRATIONS, MIGRATIONS_FINGERPRINT, MigrationError, MigrationState, migration_status,
-    run_migrations, schema_fingerprint,
+    MIGRATIONS_FINGERPRINT, MigrationError, MigrationSet, MigrationState, UnknownMigrationSet,
+    migration_set_status, migration_status, run_migration_sets, run_migrations, schema_fingerprint,
 };
 pub use prepared::{Prepared, prepared};
 pub use row::{NewOutboxEventRow, OutboxEvent};

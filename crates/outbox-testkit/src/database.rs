@@ -49,9 +49,9 @@ fn unix_now() -> u64 {
 /// A fresh, migrated database for one test, dropped with the value.
 ///
 /// Creating one clones a template database (`outbox_tpl_<fingerprint>`) that
-/// holds the migrated schema; the template is built once per migrations
-/// fingerprint, by whichever test process gets there first, under an
-/// advisory lock. Cloning costs milliseconds; no test runs migrations.
+/// holds the migrated schema (every migration set, whatever the features);
+/// the template is built once per migrations fingerprint, by whichever test
+/// process gets there first, under an advisory lock. Cloning costs milliseconds; no test runs migrations.
 /// The pool is small (4 by default) so that a parallel suite stays well
 /// within the server's default of 100 connections.
 pub struct TestDatabase {
@@ -352,7 +352,9 @@ async fn build_template(admin: &mut AsyncPgConnection, admin_url: &str, template
         let conn = outbox_postgres::establish(&with_database(admin_url, &building))
             .await
             .map_err(|e| e.to_string())?;
-        outbox_model::run_migrations(conn)
+        // Every set, whatever the build's features: a test of any crate
+        // finds every table.
+        outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL)
             .await
             .map_err(|e| e.to_string())?;
         // Renamed only once complete, so a template that exists is whole.

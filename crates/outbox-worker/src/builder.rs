@@ -14,78 +14,20 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{RouteError, Router};
-use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::TypedEvent;
 use outbox_postgres::PgPool;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHandlers};
+#[cfg(feature = "mail")]
 use outbox_subscriber_mail::Templates;
 use redis::aio::ConnectionManager;
 
 use crate::http::Readiness;
-use crate::{Group, WorkerConfig};
+use crate::{Group, Resources, Subscriber, WorkerConfig};
 
-/// What a handler added with [`WorkerBuilder::handler_with`] may use: the
-/// worker's configuration and its connections, made at start.
-#[derive(Clone, Copy)]
-pub struct Resources<'a> {
-    /// The configuration read at start.
-    pub config: &'a WorkerConfig,
-    /// The Postgres pool (`DATABASE_URL`, `DATABASE_POOL_SIZE`).
-    pub pool: &'a PgPool,
-    /// The Redis connection (`REDIS_URL`).
-    pub redis: &'a ConnectionManager,
-    /// The queues' namespace (`OUTBOX_QUEUE_PREFIX`).
-    pub namespace: &'a QueueNamespace,
-    /// The mail templates ([`WorkerBuilder::template`]).
-    pub templates: &'a Templates,
-}
-
-impl Resources<'_> {
-    /// The receivers' idempotency store on the worker's Redis, under the
-    /// namespace's prefix (where the built-in handlers record their keys
-    /// and reconciliation reads them).
-    #[must_use]
-    pub fn idempotency(&self) -> RedisIdempotencyStore {
-        RedisIdempotencyStore::new(self.redis.clone())
-            .with_prefix(outbox_queue::idempotency_prefix(self.namespace))
-    }
-}
-
-/// A subscriber a worker runs, registered with one line
-/// ([`WorkerBuilder::subscriber`]): its description (the queues it
-/// consumes and the routing prefixes that feed them, the downstream queues
-/// it feeds, the keys it deduplicates on) and the handlers it adds at
-/// start. Everything else follows from the description: the routing
-/// table, `--help`, the queues measured and trimmed, reconciliation after
-/// a Redis loss, and what the worker records for `outbox health` and
-/// `outbox reconcile`.
-///
-/// A description alone is a subscriber without handlers (its queues are
-/// then consumed elsewhere, or its handlers added with
-/// [`WorkerBuilder::handler`]).
-pub trait Subscriber: Send + 'static {
-    /// What it adds to a worker, as plain data.
-    fn description(&self) -> SubscriberDescription;
-
-    /// Adds its handlers to `group`, made from the worker's [`Resources`].
-    ///
-    /// # Errors
-    ///
-    /// When a handler cannot be made (stops start-up; exit code 2 for a
-    /// [`crate::ConfigError`]) or its queue already has one.
-    fn handlers(self, group: HandlerGroup, resources: &Resources<'_>) -> Result<HandlerGroup>;
-}
-
-impl Subscriber for SubscriberDescription {
-    fn description(&self) -> SubscriberDescription {
-        *self
-    }
-
-    fn handlers(self, group: HandlerGroup, _: &Resources<'_>) -> Result<HandlerGroup> {
-        Ok(group)
-    }
-}
+/// The process's name of a [`WorkerBuilder::bare`] worker, unless
+/// [`WorkerBuilder::name`] gives another.
+pub const BARE_BINARY: &str = "outbox-worker";
 
 /// Adds one handler to the group being assembled.
 type AddHandler = Box<dyn FnOnce(HandlerGroup, &Resources<'_>) -> Result<HandlerGroup> + Send>;
@@ -132,6 +74,10 @@ pub struct WorkerBuilder {
     name: Option<&'static str>,
     routes: Vec<(String, String)>,
     handlers: Vec<AddHandler>,
+    /// Whether the group's built-in subscribers are left out
+    /// ([`WorkerBuilder::bare`]).
+    bare: bool,
+    #[cfg(feature = "mail")]
     templates: Templates,
     catalog: Catalog,
     /// The descriptions added with [`WorkerBuilder::subscriber`].
@@ -149,13 +95,15 @@ pub struct WorkerBuilder {
 
 impl std::fmt::Debug for WorkerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerBuilder")
-            .field("group", &self.group)
+        let mut f = f.debug_struct("WorkerBuilder");
+        f.field("group", &self.group)
+            .field("bare", &self.bare)
             .field("name", &self.binary())
             .field("routes", &self.routes)
-            .field("handlers", &self.handlers.len())
-            .field("templates", &self.templates)
-            .field("catalog", &self.catalog)
+            .field("handlers", &self.handlers.len());
+        #[cfg(feature = "mail")]
+        f.field("templates", &self.templates);
+        f.field("catalog", &self.catalog)
             .field("http_listener", &self.http_listener)
             .finish()
     }
@@ -172,6 +120,8 @@ impl WorkerBuilder {
             name: None,
             routes: Vec::new(),
             handlers: Vec::new(),
+            bare: false,
+            #[cfg(feature = "mail")]
             templates: Templates::standard(),
             catalog: Catalog::built_in(),
             added: Vec::new(),
@@ -181,8 +131,54 @@ impl WorkerBuilder {
         }
     }
 
+    /// A bare worker: the dispatcher (with `OUTBOX_DISPATCHER_ENABLED=true`),
+    /// retention and the handlers the application adds, and no built-in
+    /// subscriber (no audit, notification, workflow or plugin handlers, no
+    /// workflow sweep), whatever features of this crate are compiled in; so
+    /// an application whose build turns the features on through another
+    /// crate still runs bare. It is the general group (`WORKER_QUEUE_GROUP`
+    /// unset or `general`) named `outbox-worker` ([`WorkerBuilder::name`]
+    /// renames it); [`WorkerBuilder::group`]`(Group::Mail)` turns it into a
+    /// worker of the application's handlers alone, without the dispatcher.
+    ///
+    /// The routing table is the standard one all the same: an event of a
+    /// built-in prefix (`audit.`, `mail.`, ...) is handed to its queue,
+    /// where it waits, as backlog in `outbox health`, for a worker that runs
+    /// that subscriber. The tables a bare application needs are the core
+    /// migration set (`outbox_model::MigrationSet::Core`).
+    ///
+    /// ```no_run
+    /// use outbox_publish::OutboxEvent;
+    /// use outbox_subscriber::{EventContext, JobError, TypedHandlers};
+    /// use outbox_worker::WorkerBuilder;
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+    /// #[outbox(event_type = "orders.order.created")]
+    /// struct OrderCreated {
+    ///     order_id: u64,
+    /// }
+    ///
+    /// async fn order_created(event: OrderCreated, cx: EventContext) -> Result<(), JobError> {
+    ///     println!("order {} of {}", event.order_id, cx.tenant_id);
+    ///     Ok(())
+    /// }
+    ///
+    /// fn main() -> anyhow::Result<std::process::ExitCode> {
+    ///     let orders = TypedHandlers::new("app.orders").on(order_created)?;
+    ///     Ok(WorkerBuilder::bare().name("orders-worker").typed(orders).main())
+    /// }
+    /// ```
+    #[must_use]
+    pub fn bare() -> Self {
+        Self {
+            bare: true,
+            ..Self::new(Group::General)
+        }
+    }
+
     /// Runs the built-in handlers of `group` instead (and, for `general`,
-    /// the dispatcher and retention). `WORKER_QUEUE_GROUP`, when set, must
+    /// the dispatcher and retention); a [`WorkerBuilder::bare`] worker
+    /// stays without built-in handlers. `WORKER_QUEUE_GROUP`, when set, must
     /// name the same group.
     #[must_use]
     pub fn group(mut self, group: Group) -> Self {
@@ -243,7 +239,8 @@ impl WorkerBuilder {
 
     /// Replaces the mail templates (the mail group's `outbox.mail` and
     /// `outbox.marketing` handlers render with them); keep
-    /// `lead-notification` if marketing leads are mailed.
+    /// `lead-notification` if marketing leads are mailed. Feature `mail`.
+    #[cfg(feature = "mail")]
     #[must_use]
     pub fn templates(mut self, templates: Templates) -> Self {
         self.templates = templates;
@@ -251,7 +248,8 @@ impl WorkerBuilder {
     }
 
     /// Adds or replaces one mail template: subject, text and optional HTML
-    /// with `{{name}}` placeholders.
+    /// with `{{name}}` placeholders. Feature `mail`.
+    #[cfg(feature = "mail")]
     #[must_use]
     pub fn template(mut self, name: &str, subject: &str, text: &str, html: Option<&str>) -> Self {
         self.templates.insert(name, subject, text, html);
@@ -453,7 +451,7 @@ impl WorkerBuilder {
     /// queues of the subscribers added to it.
     #[must_use]
     pub fn about(&self) -> String {
-        let mut about = crate::built_in::about(self.group).to_owned();
+        let mut about = crate::built_in::sentence(self.group, self.built_ins());
         let added: Vec<&str> = self
             .added
             .iter()
@@ -471,10 +469,31 @@ impl WorkerBuilder {
     /// The process's name (see [`WorkerBuilder::name`]).
     #[must_use]
     pub fn binary(&self) -> &'static str {
-        self.name.unwrap_or(match self.group {
-            Group::General => "worker-general",
-            Group::Mail => "worker-mail",
+        self.name.unwrap_or(match (self.bare, self.group) {
+            (true, _) => BARE_BINARY,
+            (false, Group::General) => "worker-general",
+            (false, Group::Mail) => "worker-mail",
         })
+    }
+
+    /// The built-in subscribers this worker runs: its group's
+    /// ([`crate::built_in_subscribers`], as far as the crate's features
+    /// compile them), none for a [`WorkerBuilder::bare`] worker.
+    #[must_use]
+    pub fn built_ins(&self) -> &'static [crate::BuiltIn] {
+        if self.bare {
+            &[]
+        } else {
+            crate::built_in_subscribers(self.group)
+        }
+    }
+
+    /// Whether this worker runs the workflow subscriber, and with it the
+    /// sweep of runs whose lease ran out and the workflow gauges.
+    pub(crate) fn runs_workflows(&self) -> bool {
+        self.built_ins()
+            .iter()
+            .any(|s| s.description().name == outbox_catalog::built_in::WORKFLOW.name)
     }
 
     /// The group whose built-in handlers this worker runs.
@@ -608,9 +627,10 @@ impl WorkerBuilder {
             pool,
             redis,
             namespace,
+            #[cfg(feature = "mail")]
             templates: &self.templates,
         };
-        let mut group = crate::built_in::handlers(self.group, &resources)?;
+        let mut group = crate::built_in::handlers(self.built_ins(), &resources)?;
         for add in self.handlers.drain(..) {
             group = add(group, &resources)?;
         }
@@ -635,85 +655,6 @@ impl WorkerBuilder {
     }
 }
 
-/// The handlers of `group`'s built-in subscribers
-/// ([`crate::built_in_subscribers`]), as `worker-general` and `worker-mail`
-/// run them (with the standard mail templates).
-///
-/// # Errors
-///
-/// When a handler cannot be built (an invalid `SMTP_URL`, TLS set-up).
-pub fn handler_group(
-    group: Group,
-    config: &WorkerConfig,
-    pool: &PgPool,
-    redis: &ConnectionManager,
-    namespace: &QueueNamespace,
-) -> Result<HandlerGroup> {
-    let templates = Templates::standard();
-    let resources = Resources {
-        config,
-        pool,
-        redis,
-        namespace,
-        templates: &templates,
-    };
-    crate::built_in::handlers(group, &resources)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn added_routes_join_the_table_and_a_taken_prefix_is_refused() {
-        let builder = WorkerBuilder::new(Group::General)
-            .route("search.index.urgent.", "app.search-urgent")
-            .route("orders.", "app.orders");
-        let router = builder
-            .routes(outbox_catalog::standard_router().unwrap())
-            .unwrap();
-        assert_eq!(
-            router.route("search.index.urgent.takedown"),
-            Some("app.search-urgent")
-        );
-        assert_eq!(
-            router.route("search.index.page.updated"),
-            Some("outbox.search-index")
-        );
-        assert_eq!(router.route("orders.order.placed"), Some("app.orders"));
-        // Applied twice (main, then run), the same rules are kept once.
-        assert_eq!(builder.routes(router.clone()).unwrap(), router);
-
-        let taken = WorkerBuilder::new(Group::General).route("mail.", "app.mail");
-        assert!(matches!(
-            taken.routes(outbox_catalog::standard_router().unwrap()),
-            Err(RouteError::Collision { .. })
-        ));
-        let malformed = WorkerBuilder::new(Group::General).route("Orders", "app.orders");
-        assert!(matches!(
-            malformed.routes(outbox_catalog::standard_router().unwrap()),
-            Err(RouteError::InvalidPrefix(_))
-        ));
-    }
-
-    #[test]
-    fn the_binaries_are_the_builder_with_nothing_added() {
-        assert_eq!(
-            WorkerBuilder::new(Group::General).binary(),
-            "worker-general"
-        );
-        assert_eq!(WorkerBuilder::new(Group::Mail).binary(), "worker-mail");
-        let custom = WorkerBuilder::new(Group::Mail)
-            .group(Group::General)
-            .name("search-worker")
-            .template("invoice", "Invoice {{n}}", "Invoice {{n}}.\n", None);
-        assert_eq!(custom.binary(), "search-worker");
-        assert_eq!(custom.worker_group(), Group::General);
-        let vars = serde_json::json!({ "n": 7, "name": "Ada" });
-        let (subject, _, _) = custom.templates.render("invoice", &vars).unwrap();
-        assert_eq!(subject, "Invoice 7");
-        // Added to the standard templates, not instead of them.
-        assert!(custom.templates.render("welcome", &vars).is_ok());
-        assert_eq!(custom.catalog(), &Catalog::built_in());
-    }
-}
+#[path = "builder/tests.rs"]
+mod tests;

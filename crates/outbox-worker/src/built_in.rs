@@ -12,9 +12,11 @@
 
 use std::sync::LazyLock;
 
-use anyhow::{Context, Result};
-use outbox_catalog::built_in as described;
+#[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
+use anyhow::Context;
+use anyhow::Result;
 use outbox_subscriber::{HandlerGroup, SubscriberDescription};
+#[cfg(any(feature = "webhook", feature = "plugin"))]
 use outbox_subscriber_webhook::{Deliverer, DeliverySettings, OnceSettings};
 
 use crate::{Group, Resources, Subscriber};
@@ -36,6 +38,9 @@ impl std::fmt::Debug for BuiltIn {
 }
 
 impl BuiltIn {
+    // Each entry of the lists is behind its feature: a build without the
+    // defaults may have none.
+    #[cfg_attr(not(feature = "default"), allow(dead_code))]
     const fn new(
         description: SubscriberDescription,
         handlers: fn(HandlerGroup, &Resources<'_>) -> Result<HandlerGroup>,
@@ -59,24 +64,28 @@ impl Subscriber for BuiltIn {
 
 /// What `worker-general` runs besides the dispatcher and retention.
 const GENERAL: &[BuiltIn] = &[
-    BuiltIn::new(described::AUDIT, |group, r| {
+    #[cfg(feature = "audit")]
+    BuiltIn::new(outbox_catalog::built_in::AUDIT, |group, r| {
         Ok(group.with(outbox_subscriber_audit::AuditHandler::new(r.pool.clone()))?)
     }),
-    BuiltIn::new(described::NOTIFICATION, |group, r| {
+    #[cfg(feature = "notification")]
+    BuiltIn::new(outbox_catalog::built_in::NOTIFICATION, |group, r| {
         Ok(
             group.with(outbox_subscriber_audit::NotificationHandler::new(
                 r.pool.clone(),
             ))?,
         )
     }),
-    BuiltIn::new(described::WORKFLOW, |group, r| {
+    #[cfg(feature = "workflow")]
+    BuiltIn::new(outbox_catalog::built_in::WORKFLOW, |group, r| {
         let executor = crate::workflow_executor(r.config)?;
         Ok(group.with(outbox_subscriber_workflow::WorkflowHandler::new(
             r.pool.clone(),
             executor,
         ))?)
     }),
-    BuiltIn::new(described::PLUGIN_HOOKS, |group, r| {
+    #[cfg(feature = "plugin")]
+    BuiltIn::new(outbox_catalog::built_in::PLUGIN_HOOKS, |group, r| {
         use outbox_subscriber_webhook::{PluginHookHandler, PluginInvokeHandler};
         let hooks = PluginHookHandler::new(r.pool.clone(), r.redis.clone(), r.namespace.clone());
         let invocations =
@@ -87,7 +96,8 @@ const GENERAL: &[BuiltIn] = &[
 
 /// What `worker-mail` runs.
 const MAIL: &[BuiltIn] = &[
-    BuiltIn::new(described::MAIL, |group, r| {
+    #[cfg(feature = "mail")]
+    BuiltIn::new(outbox_catalog::built_in::MAIL, |group, r| {
         use outbox_subscriber_mail::{MailRequestHandler, SmtpHandler, SmtpSettings};
         let smtp_url = r
             .config
@@ -106,7 +116,8 @@ const MAIL: &[BuiltIn] = &[
             .with(requests)?
             .with(SmtpHandler::new(smtp, r.idempotency())?)?)
     }),
-    BuiltIn::new(described::WEBHOOK, |group, r| {
+    #[cfg(feature = "webhook")]
+    BuiltIn::new(outbox_catalog::built_in::WEBHOOK, |group, r| {
         Ok(group.with(outbox_subscriber_webhook::WebhookHandler::new(
             r.pool.clone(),
             deliverer(r)?,
@@ -114,7 +125,8 @@ const MAIL: &[BuiltIn] = &[
             once(r),
         ))?)
     }),
-    BuiltIn::new(described::MARKETING, |group, r| {
+    #[cfg(feature = "mail")]
+    BuiltIn::new(outbox_catalog::built_in::MARKETING, |group, r| {
         Ok(
             group.with(outbox_subscriber_mail::MarketingLeadHandler::new(
                 r.pool.clone(),
@@ -145,9 +157,9 @@ pub fn built_in_subscribers(group: Group) -> &'static [BuiltIn] {
     }
 }
 
-/// The handlers of `group`'s built-in subscribers, made from `resources`.
-pub(crate) fn handlers(group: Group, resources: &Resources<'_>) -> Result<HandlerGroup> {
-    built_in_subscribers(group)
+/// The handlers of the built-in `subscribers`, made from `resources`.
+pub(crate) fn handlers(subscribers: &[BuiltIn], resources: &Resources<'_>) -> Result<HandlerGroup> {
+    subscribers
         .iter()
         .try_fold(HandlerGroup::new(), |handlers, subscriber| {
             subscriber.handlers(handlers, resources)
@@ -155,6 +167,7 @@ pub(crate) fn handlers(group: Group, resources: &Resources<'_>) -> Result<Handle
 }
 
 /// The HTTP client of webhook and plugin deliveries.
+#[cfg(any(feature = "webhook", feature = "plugin"))]
 fn deliverer(r: &Resources<'_>) -> Result<Deliverer> {
     Deliverer::new(DeliverySettings {
         timeout: r.config.webhook_timeout,
@@ -165,6 +178,7 @@ fn deliverer(r: &Resources<'_>) -> Result<Deliverer> {
 }
 
 /// How long a webhook or plugin delivery is leased and remembered.
+#[cfg(any(feature = "webhook", feature = "plugin"))]
 fn once(r: &Resources<'_>) -> OnceSettings {
     OnceSettings {
         lease: r.config.delivery_lease,
@@ -176,16 +190,19 @@ fn once(r: &Resources<'_>) -> OnceSettings {
 /// own work, and the queues its built-in subscribers consume (routed ones
 /// first, in the list's order, then the downstream ones).
 pub(crate) fn about(group: Group) -> &'static str {
-    static GENERAL_ABOUT: LazyLock<String> = LazyLock::new(|| sentence(Group::General));
-    static MAIL_ABOUT: LazyLock<String> = LazyLock::new(|| sentence(Group::Mail));
+    static GENERAL_ABOUT: LazyLock<String> =
+        LazyLock::new(|| sentence(Group::General, built_in_subscribers(Group::General)));
+    static MAIL_ABOUT: LazyLock<String> =
+        LazyLock::new(|| sentence(Group::Mail, built_in_subscribers(Group::Mail)));
     match group {
         Group::General => &GENERAL_ABOUT,
         Group::Mail => &MAIL_ABOUT,
     }
 }
 
-fn sentence(group: Group) -> String {
-    let subscribers = built_in_subscribers(group);
+/// What a worker of `group` running the built-in `subscribers` is (see
+/// [`about`]).
+pub(crate) fn sentence(group: Group, subscribers: &[BuiltIn]) -> String {
     let routed = subscribers
         .iter()
         .flat_map(|s| s.description.consumes.iter().map(|c| c.queue));
@@ -215,6 +232,8 @@ fn sentence(group: Group) -> String {
 }
 
 #[cfg(test)]
+// The lists as the binaries run them: the default features.
+#[cfg(feature = "default")]
 mod tests {
     use super::*;
 

@@ -12,14 +12,21 @@ use outbox_env::{Flag, MAX_MILLIS, Text, Whole, millis};
 use outbox_http_guard::AddressPolicy;
 use outbox_queue::{QueueNamespace, redact_url};
 use outbox_subscriber::WorkerSettings;
+#[cfg(feature = "mail")]
 use outbox_subscriber_mail::SmtpSettings;
+#[cfg(feature = "workflow")]
 use outbox_workflow_bridge::BridgeSecret;
+#[cfg(feature = "workflow")]
 use outbox_workflow_bridge::executor::{ExecutorMode, WORKFLOW_BRIDGE_URL};
+#[cfg(feature = "workflow")]
 use outbox_workflow_store::sweep::{WORKFLOW_RUN_LEASE_MS, WORKFLOW_SWEEP_INTERVAL_MS};
 
+#[cfg(feature = "workflow")]
 mod bridge;
 
+#[cfg(feature = "workflow")]
 pub use bridge::BridgeConfig;
+#[cfg(feature = "workflow")]
 pub use outbox_workflow_bridge::DEFAULT_BRIDGE_ADDR;
 
 /// A variable that stops start-up; the message names it. The libraries'
@@ -96,11 +103,14 @@ pub struct WorkerConfig {
     pub worker: WorkerSettings,
     /// `DATABASE_POOL_SIZE`.
     pub pool_size: u32,
-    /// `SMTP_URL` (mail group).
+    /// `SMTP_URL` (mail group; feature `mail`).
+    #[cfg(feature = "mail")]
     pub smtp_url: Option<String>,
-    /// `MAIL_FROM`: the default sender.
+    /// `MAIL_FROM`: the default sender (feature `mail`).
+    #[cfg(feature = "mail")]
     pub mail_from: String,
-    /// `WEBHOOK_TIMEOUT_MS`.
+    /// `WEBHOOK_TIMEOUT_MS` (features `webhook`, `plugin`, `mail`).
+    #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
     pub webhook_timeout: Duration,
     /// Which internal addresses webhook and plugin deliveries and workflow
     /// `httpRequest` blocks may reach: every one with
@@ -111,7 +121,9 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
     /// `DELIVERY_LEASE_MS`: how long a delivery (webhook, plugin, mail) in
     /// progress holds its idempotency key; a crashed worker's delivery is
-    /// retried after it. Keep it above the HTTP and SMTP timeouts.
+    /// retried after it. Keep it above the HTTP and SMTP timeouts
+    /// (features `webhook`, `plugin`, `mail`).
+    #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
     pub delivery_lease: Duration,
     /// `QUEUE_DONE_RETENTION_HOURS`: finished jobs are removed from Redis
     /// after this (general group, with the daily retention run).
@@ -137,22 +149,29 @@ pub struct WorkerConfig {
     /// start-up with exit code 2.
     pub allow_redis_eviction: bool,
     /// `WORKFLOW_EXECUTOR`: where workflow executions run (`native` by
-    /// default).
+    /// default; feature `workflow`).
+    #[cfg(feature = "workflow")]
     pub workflow_executor: ExecutorMode,
     /// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: required for the
-    /// `hybrid` and `http` executors.
+    /// `hybrid` and `http` executors (feature `workflow`).
+    #[cfg(feature = "workflow")]
     pub workflow_bridge: Option<BridgeSettings>,
     /// `WORKFLOW_RUN_LEASE_MS`: how long a workflow run stays held after
     /// its holder's last write ([`outbox_workflow_runner::DEFAULT_LEASE`]),
-    /// so how soon a run whose worker died can be resumed.
+    /// so how soon a run whose worker died can be resumed (feature
+    /// `workflow`).
+    #[cfg(feature = "workflow")]
     pub workflow_lease: Duration,
     /// `WORKFLOW_SWEEP_INTERVAL_MS`: how often the general group looks for
     /// runs left `running` with an expired lease and requests their resume
-    /// ([`outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL`]).
+    /// ([`outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL`]; feature
+    /// `workflow`).
+    #[cfg(feature = "workflow")]
     pub workflow_sweep_interval: Duration,
 }
 
 /// Where the signed workflow bridge is, and the key to sign with.
+#[cfg(feature = "workflow")]
 #[derive(Clone)]
 pub struct BridgeSettings {
     /// `WORKFLOW_BRIDGE_URL`: the bridge's base URL.
@@ -161,6 +180,7 @@ pub struct BridgeSettings {
     pub secret: BridgeSecret,
 }
 
+#[cfg(feature = "workflow")]
 impl std::fmt::Debug for BridgeSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BridgeSettings")
@@ -187,11 +207,15 @@ impl std::fmt::Debug for WorkerConfig {
             retention_every,
             worker,
             pool_size,
+            #[cfg(feature = "mail")]
             smtp_url,
+            #[cfg(feature = "mail")]
             mail_from,
+            #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
             webhook_timeout,
             address_policy,
             shutdown_grace,
+            #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
             delivery_lease,
             queue_done_retention,
             delivery_record_ttl,
@@ -199,43 +223,55 @@ impl std::fmt::Debug for WorkerConfig {
             gauge_interval,
             redis_check_interval,
             allow_redis_eviction,
+            #[cfg(feature = "workflow")]
             workflow_executor,
+            #[cfg(feature = "workflow")]
             workflow_bridge,
+            #[cfg(feature = "workflow")]
             workflow_lease,
+            #[cfg(feature = "workflow")]
             workflow_sweep_interval,
         } = self;
-        f.debug_struct("WorkerConfig")
-            .field("group", group)
-            .field("database_url", &redact_url(database_url))
-            .field("redis_url", &redact_url(redis_url))
-            .field("redis_ca_cert", redis_ca_cert)
-            .field("http_addr", http_addr)
-            .field("queue_prefix", queue_prefix)
-            .field("router", &router.rules())
-            .field("dispatcher_enabled", dispatcher_enabled)
-            .field("dispatcher", dispatcher)
-            .field("wakeups", wakeups)
-            .field("retention", retention)
-            .field("retention_every", retention_every)
-            .field("worker", worker)
-            .field("pool_size", pool_size)
-            .field("smtp_url", &smtp_url.as_deref().map(redact_url))
-            .field("mail_from", mail_from)
-            .field("webhook_timeout", webhook_timeout)
-            .field("address_policy", address_policy)
-            .field("shutdown_grace", shutdown_grace)
-            .field("delivery_lease", delivery_lease)
-            .field("queue_done_retention", queue_done_retention)
-            .field("delivery_record_ttl", delivery_record_ttl)
-            .field("queue_dead_retention", queue_dead_retention)
-            .field("gauge_interval", gauge_interval)
-            .field("redis_check_interval", redis_check_interval)
-            .field("allow_redis_eviction", allow_redis_eviction)
-            .field("workflow_executor", workflow_executor)
-            .field("workflow_bridge", workflow_bridge)
-            .field("workflow_lease", workflow_lease)
-            .field("workflow_sweep_interval", workflow_sweep_interval)
-            .finish()
+        let mut f = f.debug_struct("WorkerConfig");
+        f.field("group", group);
+        f.field("database_url", &redact_url(database_url));
+        f.field("redis_url", &redact_url(redis_url));
+        f.field("redis_ca_cert", redis_ca_cert);
+        f.field("http_addr", http_addr);
+        f.field("queue_prefix", queue_prefix);
+        f.field("router", &router.rules());
+        f.field("dispatcher_enabled", dispatcher_enabled);
+        f.field("dispatcher", dispatcher);
+        f.field("wakeups", wakeups);
+        f.field("retention", retention);
+        f.field("retention_every", retention_every);
+        f.field("worker", worker);
+        f.field("pool_size", pool_size);
+        #[cfg(feature = "mail")]
+        f.field("smtp_url", &smtp_url.as_deref().map(redact_url));
+        #[cfg(feature = "mail")]
+        f.field("mail_from", mail_from);
+        #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
+        f.field("webhook_timeout", webhook_timeout);
+        f.field("address_policy", address_policy);
+        f.field("shutdown_grace", shutdown_grace);
+        #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
+        f.field("delivery_lease", delivery_lease);
+        f.field("queue_done_retention", queue_done_retention);
+        f.field("delivery_record_ttl", delivery_record_ttl);
+        f.field("queue_dead_retention", queue_dead_retention);
+        f.field("gauge_interval", gauge_interval);
+        f.field("redis_check_interval", redis_check_interval);
+        f.field("allow_redis_eviction", allow_redis_eviction);
+        #[cfg(feature = "workflow")]
+        f.field("workflow_executor", workflow_executor);
+        #[cfg(feature = "workflow")]
+        f.field("workflow_bridge", workflow_bridge);
+        #[cfg(feature = "workflow")]
+        f.field("workflow_lease", workflow_lease);
+        #[cfg(feature = "workflow")]
+        f.field("workflow_sweep_interval", workflow_sweep_interval);
+        f.finish()
     }
 }
 
@@ -267,20 +303,29 @@ impl WorkerConfig {
         };
         let retention = RetentionConfig::from_lookup(get)?;
         let (worker, shutdown_grace) = worker_settings(get)?;
+        #[cfg(feature = "mail")]
         let smtp_url = SmtpSettings::url_from_lookup(get)?;
+        #[cfg(feature = "mail")]
         if group == Group::Mail && smtp_url.is_none() {
             outbox_subscriber_mail::SMTP_URL.required(get)?;
         }
+        #[cfg(feature = "mail")]
         let mail_from = SmtpSettings::default_from_lookup(get)?;
         let database_url = database_url(get)?;
         let (queue_done_retention, delivery_record_ttl) = dedupe_window(get, &dispatcher)?;
         let (redis_url, redis_ca_cert) = outbox_queue::redis_from_lookup(get)?;
+        #[cfg(feature = "workflow")]
         let workflow_executor = ExecutorMode::from_lookup(get)?;
+        #[cfg(feature = "workflow")]
         let workflow_bridge = workflow_bridge(get, workflow_executor)?;
         Ok(Self {
-            workflow_executor,
+            #[cfg(feature = "workflow")]
             workflow_bridge,
+            #[cfg(feature = "workflow")]
+            workflow_executor,
+            #[cfg(feature = "workflow")]
             workflow_lease: WORKFLOW_RUN_LEASE_MS.read_millis(get)?,
+            #[cfg(feature = "workflow")]
             workflow_sweep_interval: WORKFLOW_SWEEP_INTERVAL_MS.read_millis(get)?,
             group,
             database_url,
@@ -296,11 +341,15 @@ impl WorkerConfig {
             retention_every: OUTBOX_DONE_RETENTION_INTERVAL_MS.read_millis(get)?,
             worker,
             pool_size: outbox_postgres::DATABASE_POOL_SIZE.read_as(get)?,
+            #[cfg(feature = "mail")]
             smtp_url,
+            #[cfg(feature = "mail")]
             mail_from,
+            #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
             webhook_timeout: outbox_subscriber_webhook::WEBHOOK_TIMEOUT_MS.read_millis(get)?,
             address_policy: AddressPolicy::from_lookup(get)?,
             shutdown_grace,
+            #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
             delivery_lease: outbox_subscriber_webhook::DELIVERY_LEASE_MS.read_millis(get)?,
             gauge_interval: WORKER_GAUGE_INTERVAL_MS.read_millis(get)?,
             redis_check_interval: outbox_dispatch::OUTBOX_REDIS_CHECK_INTERVAL_MS
@@ -487,6 +536,7 @@ fn router(get: &dyn Fn(&str) -> Option<String>) -> Result<Router, ConfigError> {
 /// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: the `hybrid` and
 /// `http` executors need both; a secret, when given, must be long enough,
 /// and a URL must be http(s), whatever the mode.
+#[cfg(feature = "workflow")]
 fn workflow_bridge(
     get: &dyn Fn(&str) -> Option<String>,
     mode: ExecutorMode,
@@ -580,5 +630,6 @@ fn dedupe_window(
 }
 
 #[cfg(test)]
+#[cfg(all(feature = "mail", feature = "webhook", feature = "workflow"))]
 #[path = "config/tests.rs"]
 mod tests;

@@ -5,6 +5,7 @@ use std::time::Duration;
 use outbox_dispatch::stats::pending_figures;
 use outbox_postgres::PgPool;
 use outbox_queue::{QueueNamespace, queue_stats};
+#[cfg(feature = "workflow")]
 use outbox_workflow_store::{ExecutionStatus, stuck_executions};
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
@@ -14,9 +15,12 @@ use tokio_util::sync::CancellationToken;
 pub struct GaugeSettings {
     /// Queues whose Redis figures are exported.
     pub queues: Vec<String>,
-    /// Also export the outbox table's pending figures and the workflow
-    /// executions' figures.
+    /// Also export the outbox table's pending figures.
     pub outbox_table: bool,
+    /// Also export the workflow executions' figures (with
+    /// `outbox_table`, and only with the feature `workflow`: the worker
+    /// runs the workflow subscriber, whose tables they read).
+    pub workflow_executions: bool,
     /// Refresh cadence.
     pub every: Duration,
     /// A worker silent for longer is stalled.
@@ -25,6 +29,7 @@ pub struct GaugeSettings {
 
 /// The workflow executions in `queued` or `running`: how many, and how long
 /// the oldest has not changed (the alert rule decides what is stuck).
+#[cfg(feature = "workflow")]
 async fn refresh_workflow_gauges(conn: &mut diesel_async::AsyncPgConnection) {
     match stuck_executions(conn, Duration::ZERO).await {
         Ok(found) => {
@@ -66,7 +71,10 @@ pub async fn refresh_gauges(
                         metrics::gauge!("outbox_pending_oldest_due_age_seconds")
                             .set(figures.oldest_due_age_secs.unwrap_or(0.0));
                         metrics::gauge!("outbox_processing").set(figures.processing as f64);
-                        refresh_workflow_gauges(&mut conn).await;
+                        #[cfg(feature = "workflow")]
+                        if settings.workflow_executions {
+                            refresh_workflow_gauges(&mut conn).await;
+                        }
                     }
                     Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
                 },

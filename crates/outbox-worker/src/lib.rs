@@ -29,6 +29,7 @@
 //! notices a Redis that lost handed-off jobs and pushes them again
 //! (`docs/reliability.md`). Every variable is listed in `docs/operations.md`.
 
+#[cfg(feature = "workflow")]
 mod bridge;
 mod builder;
 mod built_in;
@@ -43,6 +44,7 @@ mod recorder;
 mod redis_check;
 mod registration;
 mod serve;
+mod subscriber;
 mod supervisor;
 mod traces;
 mod trim;
@@ -50,19 +52,26 @@ pub mod variables;
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+#[cfg(feature = "workflow")]
+use anyhow::Context;
+use anyhow::Result;
+#[cfg(feature = "workflow")]
 use outbox_workflow_bridge::BridgeClient;
+#[cfg(feature = "workflow")]
 use outbox_workflow_bridge::executor::Executor;
+#[cfg(feature = "workflow")]
 use outbox_workflow_runner::Runner;
 
+#[cfg(feature = "workflow")]
 pub use bridge::{BRIDGE_BINARY, bridge_main, run_bridge};
-pub use builder::{Resources, Subscriber, WorkerBuilder, handler_group};
+pub use builder::{BARE_BINARY, WorkerBuilder};
 pub use built_in::{BuiltIn, built_in_subscribers};
+#[cfg(feature = "workflow")]
+pub use config::{BridgeConfig, BridgeSettings, DEFAULT_BRIDGE_ADDR};
 pub use config::{
-    BridgeConfig, BridgeSettings, ConfigError, DEFAULT_BRIDGE_ADDR,
-    DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS,
-    DEFAULT_QUEUE_DONE_RETENTION_HOURS, DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group,
-    WorkerConfig,
+    ConfigError, DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL,
+    DEFAULT_QUEUE_DEAD_RETENTION_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS,
+    DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group, WorkerConfig,
 };
 pub use declared::UnroutedEventTypes;
 pub use error_reports::{
@@ -75,6 +84,7 @@ pub use redis_check::{
     enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
     set_persistence_gauge,
 };
+pub use subscriber::{Resources, Subscriber, handler_group};
 pub use traces::{
     OTLP_ENDPOINT_VARIABLE, SERVICE_NAME_VARIABLE, TraceExport, TraceExportConfig,
     start_trace_export, trace_layer,
@@ -272,11 +282,12 @@ pub(crate) fn init_tracing(
     export_error.map_or(Ok(export), Err)
 }
 
-/// The workflow executor `WORKFLOW_EXECUTOR` asks for.
+/// The workflow executor `WORKFLOW_EXECUTOR` asks for (feature `workflow`).
 ///
 /// # Errors
 ///
 /// When the runner's or the bridge client's HTTP client cannot be built.
+#[cfg(feature = "workflow")]
 pub fn workflow_executor(config: &WorkerConfig) -> Result<Executor> {
     let runner = Runner::with_address_policy(config.address_policy.clone())
         .context("cannot build the workflow runner's HTTP client")?

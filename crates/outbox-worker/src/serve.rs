@@ -77,7 +77,11 @@ pub(crate) async fn serve(
         services = general_services(services, &builder, &config, &connections, &queues)?;
     }
     let stopped = services
-        .service("gauges", RESTART, gauges(&config, &connections, queues))
+        .service(
+            "gauges",
+            RESTART,
+            gauges(&builder, &config, &connections, queues),
+        )
         .service(
             "queue workers",
             OnFailure::StopAll,
@@ -90,7 +94,8 @@ pub(crate) async fn serve(
 }
 
 /// The services only the general group runs: the dispatcher (when
-/// enabled), retention, the workflow sweep and the trim of finished jobs.
+/// enabled), retention, the workflow sweep (when the worker runs the
+/// workflow subscriber) and the trim of finished jobs.
 fn general_services(
     services: Supervisor,
     builder: &WorkerBuilder,
@@ -129,19 +134,24 @@ fn general_services(
             token,
         ))
     });
-    let (pool, lease, every) = (
-        connections.pool.clone(),
-        config.workflow_lease,
-        config.workflow_sweep_interval,
-    );
-    let services = services.service("workflow sweep", RESTART, move |token| {
-        endless(outbox_subscriber_workflow::sweep(
-            pool.clone(),
-            lease,
-            every,
-            token,
-        ))
-    });
+    #[cfg(feature = "workflow")]
+    let services = if builder.runs_workflows() {
+        let (pool, lease, every) = (
+            connections.pool.clone(),
+            config.workflow_lease,
+            config.workflow_sweep_interval,
+        );
+        services.service("workflow sweep", RESTART, move |token| {
+            endless(outbox_subscriber_workflow::sweep(
+                pool.clone(),
+                lease,
+                every,
+                token,
+            ))
+        })
+    } else {
+        services
+    };
     let (connections, queues, config) = (connections.clone(), queues.to_vec(), config.clone());
     Ok(services.service("queue trim", RESTART, move |token| {
         endless(trim::trim_queues(
@@ -287,6 +297,7 @@ fn dispatcher(
 /// The Prometheus gauges of `queues` (and, in the general group, of the
 /// outbox table).
 fn gauges(
+    builder: &WorkerBuilder,
     config: &WorkerConfig,
     connections: &Connections,
     queues: Vec<String>,
@@ -294,6 +305,7 @@ fn gauges(
     let settings = GaugeSettings {
         queues,
         outbox_table: config.group == Group::General,
+        workflow_executions: builder.runs_workflows(),
         every: config.gauge_interval,
         stall_after: config.worker.heartbeat * 4,
     };
@@ -362,6 +374,18 @@ fn log_started(config: &WorkerConfig, group: &HandlerGroup, listener: Option<&Tc
         Some(Err(_)) => config.http_addr.to_string(),
         None => "served by the application".to_owned(),
     };
+    #[cfg(feature = "workflow")]
+    let workflow_executor = config.workflow_executor.to_string();
+    #[cfg(not(feature = "workflow"))]
+    let workflow_executor = String::new();
+    #[cfg(feature = "mail")]
+    let smtp = config
+        .smtp_url
+        .as_deref()
+        .map(redact_url)
+        .unwrap_or_default();
+    #[cfg(not(feature = "mail"))]
+    let smtp = String::new();
     tracing::info!(
         group = config.group.as_str(),
         http = %http,
@@ -369,9 +393,9 @@ fn log_started(config: &WorkerConfig, group: &HandlerGroup, listener: Option<&Tc
         queue_prefix = %config.queue_prefix,
         dispatcher = config.group == Group::General && config.dispatcher_enabled,
         database = %redact_url(&config.database_url),
-        workflow_executor = %config.workflow_executor,
+        workflow_executor = %workflow_executor,
         redis = %redact_url(&config.redis_url),
-        smtp = %config.smtp_url.as_deref().map(redact_url).unwrap_or_default(),
+        smtp = %smtp,
         "worker started"
     );
 }

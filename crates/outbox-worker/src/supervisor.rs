@@ -120,7 +120,8 @@ impl Supervisor {
     }
 
     /// What the log says when the stop begins, instead of "stopping: no new
-    /// work; finishing what is in hand".
+    /// work; finishing what is in hand". (The bridge's, feature `workflow`.)
+    #[cfg(feature = "workflow")]
     #[must_use]
     pub fn saying(mut self, stopping: &'static str) -> Self {
         self.stopping = stopping;

@@ -38,32 +38,38 @@ pub const DATABASE_POOL_SIZE_WORKERS: Whole = Whole {
     ..outbox_postgres::DATABASE_POOL_SIZE
 };
 /// `WORKFLOW_BRIDGE_SECRET` of `workflow-bridge`, which requires it.
+#[cfg(feature = "workflow")]
 pub const WORKFLOW_BRIDGE_SECRET_BRIDGE: Text = Text {
     default: "required",
     meaning: "the key a request's signature must verify with; never printed",
     ..outbox_workflow_bridge::WORKFLOW_BRIDGE_SECRET
 };
 /// `WEBHOOK_ALLOW_PRIVATE_ADDRESSES` of `workflow-bridge`.
+#[cfg(feature = "workflow")]
 pub const WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE: Flag = Flag {
     meaning: "allow loopback, private and link-local targets of workflow HTTP blocks (tests, demos)",
     ..outbox_http_guard::WEBHOOK_ALLOW_PRIVATE_ADDRESSES
 };
 /// `OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS` of `workflow-bridge`.
+#[cfg(feature = "workflow")]
 pub const OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE: Text = Text {
     meaning: "internal targets workflow HTTP blocks may reach: a listed name may resolve to internal addresses, an internal address in a listed range may be reached; every other internal address stays refused",
     ..outbox_http_guard::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS
 };
 /// `WORKER_SHUTDOWN_GRACE_MS` of `workflow-bridge`.
+#[cfg(feature = "workflow")]
 pub const WORKER_SHUTDOWN_GRACE_MS_BRIDGE: Whole = Whole {
     meaning: "time requests in progress may take after SIGTERM, in ms",
     ..own::WORKER_SHUTDOWN_GRACE_MS
 };
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` of `workflow-bridge`.
+#[cfg(feature = "workflow")]
 pub const OTEL_EXPORTER_OTLP_ENDPOINT_BRIDGE: Text = Text {
     meaning: "export the span of each request (protobuf, to <URL>/v1/traces), in its caller's trace",
     ..crate::traces::OTEL_EXPORTER_OTLP_ENDPOINT
 };
 /// `OTEL_SERVICE_NAME` of `workflow-bridge`.
+#[cfg(feature = "workflow")]
 pub const OTEL_SERVICE_NAME_BRIDGE: Text = Text {
     default: crate::BRIDGE_BINARY,
     ..crate::traces::OTEL_SERVICE_NAME
@@ -82,7 +88,9 @@ pub fn variables(group: Group) -> Vec<Variable> {
         outbox_postgres::DATABASE_URL.into(),
         outbox_queue::REDIS_URL.into(),
         outbox_queue::REDIS_CA_CERT.into(),
+        #[cfg(feature = "mail")]
         outbox_subscriber_mail::SMTP_URL.into(),
+        #[cfg(feature = "mail")]
         outbox_subscriber_mail::MAIL_FROM.into(),
         own::WORKER_QUEUE_GROUP.into(),
         http_addr.into(),
@@ -107,9 +115,11 @@ pub fn variables(group: Group) -> Vec<Variable> {
         outbox_subscriber::WORKER_POLL_INTERVAL_MS.into(),
         own::WORKER_SHUTDOWN_GRACE_MS.into(),
         DATABASE_POOL_SIZE_WORKERS.into(),
+        #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
         outbox_subscriber_webhook::WEBHOOK_TIMEOUT_MS.into(),
         outbox_http_guard::WEBHOOK_ALLOW_PRIVATE_ADDRESSES.into(),
         outbox_http_guard::OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS.into(),
+        #[cfg(any(feature = "mail", feature = "webhook", feature = "plugin"))]
         outbox_subscriber_webhook::DELIVERY_LEASE_MS.into(),
         own::WORKER_GAUGE_INTERVAL_MS.into(),
         dispatch::OUTBOX_REDIS_CHECK_INTERVAL_MS.into(),
@@ -117,10 +127,15 @@ pub fn variables(group: Group) -> Vec<Variable> {
         outbox_queue::QUEUE_DONE_RETENTION_HOURS.into(),
         own::DELIVERY_RECORD_TTL_HOURS.into(),
         own::QUEUE_DEAD_RETENTION_HOURS.into(),
+        #[cfg(feature = "workflow")]
         outbox_workflow_bridge::executor::WORKFLOW_EXECUTOR.into(),
+        #[cfg(feature = "workflow")]
         outbox_workflow_bridge::executor::WORKFLOW_BRIDGE_URL.into(),
+        #[cfg(feature = "workflow")]
         outbox_workflow_bridge::WORKFLOW_BRIDGE_SECRET.into(),
+        #[cfg(feature = "workflow")]
         outbox_workflow_store::sweep::WORKFLOW_RUN_LEASE_MS.into(),
+        #[cfg(feature = "workflow")]
         outbox_workflow_store::sweep::WORKFLOW_SWEEP_INTERVAL_MS.into(),
         crate::LOG_FORMAT.into(),
         crate::error_reports::SENTRY_DSN.into(),
@@ -130,7 +145,8 @@ pub fn variables(group: Group) -> Vec<Variable> {
 }
 
 /// Every variable `workflow-bridge` reads, in the order its `--help`
-/// lists them.
+/// lists them (feature `workflow`).
+#[cfg(feature = "workflow")]
 #[must_use]
 pub fn bridge_variables() -> Vec<Variable> {
     vec![
@@ -164,6 +180,7 @@ const SDK_VARIABLES: &str = "With OTEL_EXPORTER_OTLP_ENDPOINT set, the OpenTelem
     (default: info, with the queue library at warn).";
 
 /// What the bridge's `--help` says after the variables.
+#[cfg(feature = "workflow")]
 const BRIDGE_AFTER_HELP: &str = "Every setting is an environment variable; the flag of the same \
     name overrides it. Values are checked at start: a bad one stops the process with exit code 2 \
     and a message naming the variable. Exit codes: 0 stopped cleanly (SIGTERM, Ctrl-C); 1 failed \
@@ -190,7 +207,8 @@ pub fn command(group: Group) -> clap::Command {
 
 /// The command line of `workflow-bridge`, as [`command`] is the workers':
 /// `--help` lists every variable of [`bridge_variables`], `--version`
-/// prints the version.
+/// prints the version (feature `workflow`).
+#[cfg(feature = "workflow")]
 #[must_use]
 pub fn bridge_command() -> clap::Command {
     described(
@@ -238,4 +256,6 @@ pub fn lookup(matches: &clap::ArgMatches) -> impl Fn(&str) -> Option<String> + '
 }
 
 #[cfg(test)]
+// The lists as the binaries read them: the default features.
+#[cfg(feature = "default")]
 mod tests;

@@ -115,7 +115,9 @@ impl Scratch {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await?;
         let url = with_database(database_url, &name);
-        let applied = outbox_model::run_migrations(outbox_postgres::establish(&url).await?).await?;
+        let conn = outbox_postgres::establish(&url).await?;
+        let applied =
+            outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL).await?;
         Ok(Self {
             admin,
             name,

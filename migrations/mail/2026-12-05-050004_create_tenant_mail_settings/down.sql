@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS tenant_mail_settings;

@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS plugin_hook_subscription;
