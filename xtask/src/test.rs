@@ -204,7 +204,7 @@ fn docs_and_package() -> Result<()> {
     )?;
     // As docs.rs builds them (all features): the `sqlx` modules too.
     step(
-        "cargo doc of the publisher with its sqlx feature (warnings denied)",
+        "cargo doc of the publisher with all features (warnings denied)",
         cargo()
             .args([
                 "doc",
@@ -213,8 +213,7 @@ fn docs_and_package() -> Result<()> {
                 "-p",
                 "outbox-store",
                 "--no-deps",
-                "--features",
-                "outbox-publish/sqlx",
+                "--all-features",
             ])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;

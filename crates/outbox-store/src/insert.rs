@@ -17,7 +17,7 @@ use crate::Result;
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
 /// One event's insert as SQL text, for drivers other than diesel (the
-/// `sqlx` feature's [`crate::sqlx::insert_event`]): the same columns and
+/// `sqlx` feature's `sqlx::insert_event`): the same columns and
 /// values as [`insert_event`] writes, every column bound, an absent
 /// `scheduled_at` taking the database's `now()`. A row whose dispatch key
 /// another row holds is skipped, and then no id comes back.
