@@ -12,7 +12,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::outbox_event;
 use outbox_model::{NewOutboxEventRow, OutboxEvent};
-use outbox_store::{Inserted, StoreError};
+use outbox_store::{ErrorKind, Inserted, StoreError};
 use outbox_test_support::TestDatabase;
 use sqlx::Connection as _;
 
@@ -177,4 +177,32 @@ async fn the_sqlx_statements_stay_prepared_on_the_connection() {
     let mut prepared = prepared;
     prepared.sort();
     assert_eq!(prepared, expected);
+}
+
+/// What Postgres refuses on the sqlx path has the kind callers match, as
+/// on the diesel path.
+#[tokio::test]
+async fn a_refused_sqlx_insert_has_the_kind_callers_match() {
+    let db = TestDatabase::new().await;
+    let mut conn = sqlx_conn(&db).await;
+    let row = common::new_row("audit.user.login");
+    outbox_store::sqlx::insert_event(&mut conn, &row)
+        .await
+        .unwrap();
+
+    let same_id = outbox_store::sqlx::insert_event(&mut conn, &row)
+        .await
+        .unwrap_err();
+    assert_eq!(same_id.kind(), ErrorKind::UniqueViolation, "{same_id}");
+    let bad_type =
+        outbox_store::sqlx::insert_event(&mut conn, &common::new_row("Audit.user.login"))
+            .await
+            .unwrap_err();
+    assert_eq!(
+        bad_type.kind(),
+        ErrorKind::ConstraintViolation,
+        "{bad_type}"
+    );
+    let not_found = StoreError::from(sqlx::Error::RowNotFound);
+    assert_eq!(not_found.kind(), ErrorKind::NotFound);
 }
