@@ -155,6 +155,22 @@ fn lint() -> Result<()> {
             "-D",
             "warnings",
         ]),
+    )?;
+    // The workspace's tests turn on the publisher's `sqlx` feature (its
+    // dev-dependencies do); the libraries are checked as a diesel
+    // application compiles them too.
+    step(
+        "cargo clippy of the publisher without its sqlx feature",
+        cargo().args([
+            "clippy",
+            "-p",
+            "outbox-publish",
+            "-p",
+            "outbox-store",
+            "--",
+            "-D",
+            "warnings",
+        ]),
     )
 }
 
@@ -198,6 +214,21 @@ fn docs_and_package() -> Result<()> {
         "cargo doc (warnings denied)",
         cargo()
             .args(["doc", "--workspace", "--no-deps"])
+            .env("RUSTDOCFLAGS", "-D warnings"),
+    )?;
+    // As docs.rs builds them (all features): the `sqlx` modules too.
+    step(
+        "cargo doc of the publisher with all features (warnings denied)",
+        cargo()
+            .args([
+                "doc",
+                "-p",
+                "outbox-publish",
+                "-p",
+                "outbox-store",
+                "--no-deps",
+                "--all-features",
+            ])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
     step(

@@ -6,7 +6,10 @@ use crate::NotInTransaction;
 
 /// Why an event was not published. Validation errors are raised before any
 /// SQL runs, so they never abort the caller's transaction; the caller may
-/// handle them and go on.
+/// handle them and go on. The diesel and the sqlx publisher (module
+/// `sqlx`, feature `sqlx`) refuse the same events with the same variants; only the database error
+/// differs ([`PublishError::Database`] for diesel, `PublishError::Sqlx` for
+/// sqlx).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
@@ -107,6 +110,13 @@ pub enum PublishError {
     /// transaction is aborted and must be rolled back.
     #[error("database error while publishing: {0}")]
     Database(#[from] diesel::result::Error),
+    /// Postgres refused a statement of the sqlx publisher
+    /// ([`crate::sqlx`], feature `sqlx`) or the connection failed. The
+    /// caller's transaction is aborted and must be rolled back (dropping
+    /// the `sqlx::Transaction` does).
+    #[cfg(feature = "sqlx")]
+    #[error("database error while publishing: {0}")]
+    Sqlx(#[from] ::sqlx::Error),
 }
 
 impl PublishError {
@@ -134,6 +144,10 @@ impl PublishError {
 
 impl From<outbox_store::StoreError> for PublishError {
     fn from(error: outbox_store::StoreError) -> Self {
+        #[cfg(feature = "sqlx")]
+        if let outbox_store::StoreError::Sqlx(error) = error {
+            return Self::Sqlx(error);
+        }
         Self::Database(error.into_diesel())
     }
 }

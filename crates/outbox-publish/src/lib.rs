@@ -12,6 +12,13 @@
 //!
 //! This crate only writes rows. It does not route, enqueue or deliver.
 //!
+//! Applications on sqlx turn on the `sqlx` feature and publish with the
+//! same functions from the `sqlx` module (`outbox_publish::sqlx::publish`,
+//! `publish_outbox_event`, `publish_outbox_events`, `publish_routed_event`),
+//! which take the open `sqlx::Transaction<'_, Postgres>` instead of an
+//! [`OutboxTx`]: the same refusals, columns, trace context and dispatch-key
+//! behaviour, with the same statements.
+//!
 //! # What the publisher refuses, before any SQL
 //!
 //! Every event is checked before a statement is sent, so a refused event
@@ -72,6 +79,8 @@ mod error;
 mod event;
 mod publish;
 mod routes;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod tx;
 mod typed;
 

@@ -65,16 +65,9 @@ pub async fn publish_outbox_event(
     tx: &mut OutboxTx<'_>,
     event: NewOutboxEvent,
 ) -> Result<PublishOutcome, PublishError> {
-    let mut row = event.into_row()?;
-    stamp(&mut row, TraceContext::current().as_ref());
-    let outcome = match outbox_store::insert_event(tx.conn(), &row).await? {
-        Inserted::New(id) => PublishOutcome::Published(id),
-        Inserted::Existing(id) => PublishOutcome::Duplicate(id),
-    };
-    let span = tracing::Span::current();
-    span.record("event_id", tracing::field::display(outcome.id()));
-    span.record("duplicate", outcome.is_duplicate());
-    Ok(outcome)
+    let row = prepare(event)?;
+    let inserted = outbox_store::insert_event(tx.conn(), &row).await?;
+    Ok(recorded(inserted))
 }
 
 /// Records many events in the caller's transaction with one INSERT statement
@@ -100,6 +93,46 @@ pub async fn publish_outbox_events(
     tx: &mut OutboxTx<'_>,
     events: impl IntoIterator<Item = NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
+    let rows = prepare_batch(events)?;
+    let inserted = outbox_store::insert_events(tx.conn(), &rows).await?;
+    let keys = keys_not_inserted(&rows, &inserted);
+    let holders = outbox_store::dispatch_key_holders(tx.conn(), &keys).await?;
+    batch_outcomes(&rows, &inserted, &holders)
+        // A row that was neither inserted nor blocked by its dispatch key
+        // cannot happen: ON CONFLICT only skips on that key.
+        .ok_or(PublishError::Database(diesel::result::Error::NotFound))
+}
+
+// The steps both drivers share (this module's diesel publisher and
+// `crate::sqlx`): everything but the statements, so that both validate,
+// stamp and report alike.
+
+/// The row of a validated event, stamped with the current trace context.
+/// Called inside the `outbox.publish` span.
+pub(crate) fn prepare(event: NewOutboxEvent) -> Result<NewOutboxEventRow, PublishError> {
+    let mut row = event.into_row()?;
+    stamp(&mut row, TraceContext::current().as_ref());
+    Ok(row)
+}
+
+/// What inserting one row did, recorded on the current (`outbox.publish`) span.
+pub(crate) fn recorded(inserted: Inserted) -> PublishOutcome {
+    let outcome = match inserted {
+        Inserted::New(id) => PublishOutcome::Published(id),
+        Inserted::Existing(id) => PublishOutcome::Duplicate(id),
+    };
+    let span = tracing::Span::current();
+    span.record("event_id", tracing::field::display(outcome.id()));
+    span.record("duplicate", outcome.is_duplicate());
+    outcome
+}
+
+/// The rows of a batch, every event validated before any is returned,
+/// each stamped with the current trace context. Called inside the
+/// `outbox.publish_batch` span.
+pub(crate) fn prepare_batch(
+    events: impl IntoIterator<Item = NewOutboxEvent>,
+) -> Result<Vec<NewOutboxEventRow>, PublishError> {
     let mut events = events.into_iter().enumerate();
     let mut rows = Vec::with_capacity(events.size_hint().0);
     for (index, event) in events.by_ref() {
@@ -123,23 +156,38 @@ pub async fn publish_outbox_events(
     for row in &mut rows {
         stamp(row, trace.as_ref());
     }
+    Ok(rows)
+}
 
-    let inserted = outbox_store::insert_events(tx.conn(), &rows).await?;
+/// The dispatch keys of the rows a batch insert skipped.
+pub(crate) fn keys_not_inserted<'r>(
+    rows: &'r [NewOutboxEventRow],
+    inserted: &HashSet<Uuid>,
+) -> Vec<&'r str> {
+    rows.iter()
+        .filter(|row| !inserted.contains(&row.id))
+        .filter_map(|row| row.dispatch_key.as_deref())
+        .collect()
+}
+
+/// One outcome per row of a batch, in order, recorded on the current
+/// (`outbox.publish_batch`) span; `None` when a row was skipped that no
+/// holder of its dispatch key explains.
+pub(crate) fn batch_outcomes(
+    rows: &[NewOutboxEventRow],
+    inserted: &HashSet<Uuid>,
+    holders: &HashMap<String, Uuid>,
+) -> Option<Vec<PublishOutcome>> {
     tracing::Span::current().record("published", inserted.len());
-
-    let holders = existing_holders(tx, &rows, &inserted).await?;
     rows.iter()
         .map(|row| {
             if inserted.contains(&row.id) {
-                return Ok(PublishOutcome::Published(row.id));
+                return Some(PublishOutcome::Published(row.id));
             }
             row.dispatch_key
                 .as_ref()
                 .and_then(|key| holders.get(key))
                 .map(|id| PublishOutcome::Duplicate(*id))
-                // A row that was neither inserted nor blocked by its dispatch
-                // key cannot happen: ON CONFLICT only skips on that key.
-                .ok_or(PublishError::Database(diesel::result::Error::NotFound))
         })
         .collect()
 }
@@ -149,18 +197,4 @@ pub async fn publish_outbox_events(
 fn stamp(row: &mut NewOutboxEventRow, trace: Option<&TraceContext>) {
     row.traceparent = trace.map(|cx| cx.traceparent().to_owned());
     row.tracestate = trace.and_then(|cx| cx.tracestate().map(str::to_owned));
-}
-
-/// The ids of the rows holding the dispatch keys of events not inserted.
-async fn existing_holders(
-    tx: &mut OutboxTx<'_>,
-    rows: &[NewOutboxEventRow],
-    inserted: &HashSet<Uuid>,
-) -> Result<HashMap<String, Uuid>, PublishError> {
-    let keys: Vec<&str> = rows
-        .iter()
-        .filter(|row| !inserted.contains(&row.id))
-        .filter_map(|row| row.dispatch_key.as_deref())
-        .collect();
-    Ok(outbox_store::dispatch_key_holders(tx.conn(), &keys).await?)
 }

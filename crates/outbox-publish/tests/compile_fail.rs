@@ -1,11 +1,21 @@
 //! What must not compile: the publisher only accepts a transaction handle
-//! (passing a plain connection or a pool is an error), and a typed event's
-//! type must follow the naming rule (the derive reports the broken rule).
+//! (passing a plain connection or a pool is an error, for the diesel and
+//! the sqlx publisher alike), and a typed event's type must follow the
+//! naming rule (the derive reports the broken rule).
 
 #[test]
 fn publisher_rejects_non_transaction_handles_at_compile_time() {
     let cases = trybuild::TestCases::new();
     cases.compile_fail("tests/ui/*.rs");
+}
+
+/// The sqlx publisher takes `&mut sqlx::Transaction<'_, Postgres>`: a
+/// `PgPool`, a bare `PgConnection` or a pooled connection does not compile.
+#[cfg(feature = "sqlx")]
+#[test]
+fn sqlx_publisher_rejects_non_transaction_handles_at_compile_time() {
+    let cases = trybuild::TestCases::new();
+    cases.compile_fail("tests/ui/sqlx/*.rs");
 }
 
 /// One case per refusal of `#[derive(OutboxEvent)]`: no attribute, each

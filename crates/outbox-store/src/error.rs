@@ -8,6 +8,11 @@ pub enum StoreError {
     /// A statement failed (its message is Postgres' or diesel's own).
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
+    /// A statement on an sqlx connection failed (the operations of
+    /// [`crate::sqlx`]; its message is Postgres' or sqlx's own).
+    #[cfg(feature = "sqlx")]
+    #[error(transparent)]
+    Sqlx(#[from] ::sqlx::Error),
 }
 
 /// What kind of failure a [`StoreError`] is, for callers that act on it.
@@ -51,16 +56,43 @@ impl StoreError {
                 _ => ErrorKind::Other,
             },
             Self::Database(_) => ErrorKind::Other,
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(error) => sqlx_kind(error),
         }
     }
 
     /// The diesel error underneath, for callers whose own error type
-    /// carries one (`outbox_publish::PublishError::Database`).
+    /// carries one (`outbox_publish::PublishError::Database`). An sqlx
+    /// error (feature `sqlx`) comes back inside
+    /// `diesel::result::Error::QueryBuilderError`, its message unchanged.
     #[must_use]
     pub fn into_diesel(self) -> diesel::result::Error {
         match self {
             Self::Database(error) => error,
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(error) => diesel::result::Error::QueryBuilderError(Box::new(error)),
         }
+    }
+}
+
+/// The kind of an sqlx error, as [`StoreError::kind`] gives it.
+#[cfg(feature = "sqlx")]
+fn sqlx_kind(error: &::sqlx::Error) -> ErrorKind {
+    use ::sqlx::error::ErrorKind as Db;
+    match error {
+        ::sqlx::Error::RowNotFound => ErrorKind::NotFound,
+        ::sqlx::Error::Io(_) => ErrorKind::ConnectionClosed,
+        ::sqlx::Error::Database(db) => match db.kind() {
+            Db::UniqueViolation => ErrorKind::UniqueViolation,
+            Db::CheckViolation
+            | Db::ForeignKeyViolation
+            | Db::NotNullViolation
+            | Db::ExclusionViolation => ErrorKind::ConstraintViolation,
+            // serialization_failure
+            _ if db.code().as_deref() == Some("40001") => ErrorKind::SerializationFailure,
+            _ => ErrorKind::Other,
+        },
+        _ => ErrorKind::Other,
     }
 }
 

@@ -16,6 +16,50 @@ use crate::Result;
 /// under Postgres' 65,535-parameter limit.
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
+/// One event's insert as SQL text, for drivers other than diesel (the
+/// `sqlx` feature's `sqlx::insert_event`): the same columns and
+/// values as [`insert_event`] writes, every column bound, an absent
+/// `scheduled_at` taking the database's `now()`. A row whose dispatch key
+/// another row holds is skipped, and then no id comes back.
+///
+/// Parameters, in order: `$1` id (uuid), `$2` tenant_id (text),
+/// `$3` event_type (text), `$4` payload (jsonb), `$5` dispatch_key (text or
+/// NULL), `$6` scheduled_at (timestamptz or NULL), `$7` traceparent (text or
+/// NULL), `$8` tracestate (text or NULL). Returns `id`.
+pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8) \
+     ON CONFLICT (dispatch_key) DO NOTHING \
+     RETURNING id";
+
+/// Many events' insert as SQL text, one array per column: the rows of
+/// [`insert_events`], in the order given (so that within a batch the first
+/// event with a dispatch key wins), skipping those whose dispatch key
+/// another row holds. One text whatever the number of rows.
+///
+/// Parameters, in order, each an array with one element per event: `$1`
+/// uuid[], `$2` text[] (tenant_id), `$3` text[] (event_type), `$4` jsonb[],
+/// `$5` text[] (dispatch_key, NULL elements), `$6` timestamptz[]
+/// (scheduled_at, NULL elements for `now()`), `$7` text[] (traceparent),
+/// `$8` text[] (tracestate). Returns the `id`s written.
+pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
+     SELECT id, tenant_id, event_type, payload, dispatch_key, COALESCE(scheduled_at, now()), \
+            traceparent, tracestate \
+     FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], \
+                 $6::timestamptz[], $7::text[], $8::text[]) WITH ORDINALITY \
+          AS e (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, \
+                traceparent, tracestate, n) \
+     ORDER BY n \
+     ON CONFLICT (dispatch_key) DO NOTHING \
+     RETURNING id";
+
+/// The rows holding some dispatch keys, as SQL text (what
+/// [`dispatch_key_holders`] reads). `$1` text[], the keys; returns
+/// `(dispatch_key, id)`.
+pub const DISPATCH_KEY_HOLDERS_SQL: &str =
+    "SELECT dispatch_key, id FROM outbox_event WHERE dispatch_key = ANY($1)";
+
 /// What inserting one row did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Inserted {

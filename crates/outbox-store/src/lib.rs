@@ -26,6 +26,13 @@
 //! [`kind`](StoreError::kind) callers can match, and runs in a `debug`
 //! tracing span named after it.
 //!
+//! The publisher's statements also exist for sqlx (feature `sqlx`, module
+//! `sqlx`: the same inserts on an `sqlx::PgConnection`, for
+//! `outbox_publish::sqlx`). Their texts are this crate's constants
+//! ([`INSERT_EVENT_SQL`], [`INSERT_EVENTS_SQL`], [`DISPATCH_KEY_HOLDERS_SQL`],
+//! each with its parameters in order); a test writes the same rows through
+//! the diesel statements and these texts and finds every column equal.
+//!
 //! # Transactions and locks
 //!
 //! The claim and each outcome update are single autocommit statements
@@ -56,6 +63,8 @@ mod maintenance;
 mod redis_guard;
 mod retention;
 mod select;
+#[cfg(feature = "sqlx")]
+pub mod sqlx;
 mod stats;
 mod unrouted;
 
@@ -67,7 +76,10 @@ pub use claim::{
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
 pub use history::{Change, Requeued, cancel, requeue};
-pub use insert::{Inserted, ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events};
+pub use insert::{
+    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, ROWS_PER_STATEMENT,
+    dispatch_key_holders, insert_event, insert_events,
+};
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,
