@@ -46,3 +46,29 @@ pub fn probe(program: &str, args: &[&str]) -> bool {
         .status()
         .is_ok_and(|s| s.success())
 }
+
+/// `cargo metadata --no-deps` of the workspace, as JSON (offline: the
+/// workspace's own packages need no index).
+///
+/// # Errors
+///
+/// When cargo cannot run or fails, or prints something else than JSON.
+pub fn workspace_metadata() -> Result<serde_json::Value> {
+    let output = cargo()
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .output()
+        .context("cannot run cargo metadata")?;
+    if !output.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("cargo metadata's JSON")
+}

@@ -2,8 +2,9 @@
 //!
 //! - `services`: find Postgres and Redis, or start private ones, and print
 //!   their URLs;
-//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, docs,
-//!   a `cargo package` dry run of the publishable crates);
+//! - `test`: everything CI runs (fmt, clippy, schema drift, tests, the
+//!   examples with workspaces of their own, docs, a `cargo package` dry
+//!   run of the publishable crates);
 //! - `demo`: the real binaries end to end, with progress and an
 //!   exactly-once verdict;
 //! - `bench`: performance figures as JSON lines (a release build; `--smoke`
@@ -14,7 +15,9 @@
 //! - `inventory`: check the production sources against the workflow
 //!   boundary's rules;
 //! - `verify-workflow-outbox-native`: the workflow readiness gate;
-//! - `mutants`: mutation testing with a time budget, caught ratio per crate.
+//! - `mutants`: mutation testing with a time budget, caught ratio per crate;
+//! - `publish-check`: `cargo publish --workspace --dry-run` of the
+//!   publishable crates, run before a release.
 //!
 //! One binary, reached through the `.cargo/config.toml` alias. Not shipped.
 
@@ -37,9 +40,11 @@ macro_rules! print {
 mod bench;
 mod cmd;
 mod demo;
+mod examples;
 mod explain;
 mod install;
 mod mutants;
+mod publish;
 mod schema;
 mod services;
 mod test;
@@ -65,8 +70,9 @@ enum Command {
         #[arg(long)]
         private: bool,
     },
-    /// Run everything CI runs: services, fmt, clippy, schema check, tests, a
-    /// smoke run of the bench, docs.
+    /// Run everything CI runs: services, fmt, clippy, schema check, tests,
+    /// the examples with workspaces of their own, a smoke run of the bench,
+    /// docs.
     Test(test::TestArgs),
     /// The same as `test`; what `.ci/run` calls.
     Ci(test::TestArgs),
@@ -96,6 +102,10 @@ enum Command {
     /// idempotency, subscriber and CLI crates, with a time budget; prints
     /// the caught ratio per crate and the mutants no test noticed.
     Mutants(mutants::MutantsArgs),
+    /// Package every publishable crate and build each from its archive
+    /// (`cargo publish --workspace --dry-run`), as crates.io would receive
+    /// it; run before a release (it needs the network).
+    PublishCheck,
 }
 
 fn main() -> std::process::ExitCode {
@@ -140,6 +150,7 @@ fn run(cli: Cli) -> Result<()> {
             Command::Inventory => verify::inventory::run(),
             Command::VerifyWorkflowOutboxNative => verify::workflow::run().await,
             Command::Mutants(args) => mutants::run(args).await,
+            Command::PublishCheck => publish::check(),
         }
     })
 }

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: everything CI runs, in the order that fails fastest,
-//! including a smoke run of `cargo xtask bench` (tiny sizes, no timings)
-//! and `cargo xtask demo` at 300 events on the debug binaries.
+//! including the examples with workspaces of their own, a smoke run of
+//! `cargo xtask bench` (tiny sizes, no timings) and `cargo xtask demo` at
+//! 300 events on the debug binaries.
 
 use anyhow::Result;
 use clap::Args;
@@ -50,9 +51,12 @@ pub async fn run(args: TestArgs) -> Result<()> {
         }
     }
     if args.runner_args.is_empty() {
+        crate::examples::test(&env)?;
         smoke_runs().await?;
     } else {
-        eprintln!("\nxtask: bench smoke run and demo skipped (the tests were filtered)");
+        eprintln!(
+            "\nxtask: the examples' tests, bench smoke run and demo skipped (the tests were filtered)"
+        );
     }
     if nextest {
         // nextest does not run doctests; plain `cargo test` above already did.
@@ -125,9 +129,11 @@ async fn prepare_services(no_install: bool) -> Result<[(&'static str, String); 4
     Ok(found.test_env())
 }
 
-/// `cargo fmt --check` and clippy with warnings denied, for the workspace
-/// and for a bare worker: `outbox-worker` without its features, built on
-/// its own (a workspace build would unify the features back on).
+/// `cargo fmt --check` and clippy with warnings denied, on the workspace,
+/// on a bare worker (`outbox-worker` without its features, built on its
+/// own: a workspace build would unify the features back on), on the
+/// publisher without its sqlx feature, and on the examples with workspaces
+/// of their own.
 fn lint() -> Result<()> {
     step(
         "cargo fmt --check",
@@ -171,7 +177,8 @@ fn lint() -> Result<()> {
             "-D",
             "warnings",
         ]),
-    )
+    )?;
+    crate::examples::lint()
 }
 
 /// The workspace's tests, through nextest when there is one.
@@ -231,23 +238,7 @@ fn docs_and_package() -> Result<()> {
             ])
             .env("RUSTDOCFLAGS", "-D warnings"),
     )?;
-    step(
-        "cargo package (dry run of the publishable crates)",
-        cargo().args([
-            "package",
-            "--workspace",
-            "--exclude",
-            "xtask",
-            "--exclude",
-            "outbox-tests",
-            "--exclude",
-            "outbox-test-support",
-            "--exclude",
-            "custom-worker",
-            "--no-verify",
-            "--allow-dirty",
-        ]),
-    )
+    crate::publish::package()
 }
 
 #[cfg(test)]

@@ -115,8 +115,3 @@ pub use outbox_model::TypedEvent;
 /// `#[outbox(event_type = "orders.Order.created")]` does not compile:
 /// "event type must be lowercase: 'O' at byte 7", at the string.
 pub use outbox_macros::OutboxEvent;
-
-/// The README's publishing example, compiled as a doctest so it cannot rot.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-struct ReadmeDoctests;

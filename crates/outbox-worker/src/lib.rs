@@ -99,6 +99,13 @@ pub use traces::{
 #[doc = include_str!("../../../docs/adopting.md")]
 struct AdoptingDoctests;
 
+/// The README's examples (the quick start's migrations, publishing and
+/// handler, publishing without a struct), compiled as doctests so that
+/// they cannot rot; here because this crate sees every crate they use.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 /// The exit code of a worker stopped by its configuration: a malformed
 /// variable (a [`ConfigError`], also from a handler added with
 /// [`WorkerBuilder::handler_with`]), a Redis that may evict keys (see

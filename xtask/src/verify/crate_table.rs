@@ -4,27 +4,13 @@
 //! metadata` reports them), so the table cannot drift from the Cargo files.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 
 use crate::cmd::workspace_root;
 
 /// Package name → the packages it depends on (normal dependencies only,
 /// workspace crates and others), from `cargo metadata`.
 pub(crate) fn dependency_graph() -> BTreeMap<String, BTreeSet<String>> {
-    let output = Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(workspace_root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(output.status.success(), "cargo metadata failed");
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("cargo metadata prints JSON");
+    let metadata = crate::cmd::workspace_metadata().expect("cargo metadata");
     let packages = metadata["packages"].as_array().expect("packages");
     packages
         .iter()

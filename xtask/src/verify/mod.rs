@@ -4,14 +4,17 @@
 //! xtask inventory`, [`inventory`]), and the source tests `cargo xtask
 //! test` runs with the rest of xtask's tests: the crate table of
 //! docs/architecture.md against `cargo metadata` (`crate_table`), no
-//! module import cycles (`module_cycles`) and one owner of `outbox_event`
-//! (`table_owner`).
+//! module import cycles (`module_cycles`), one owner of `outbox_event`
+//! (`table_owner`), and the docs' dependency lines and version table
+//! against the Cargo files (`install_docs`).
 //!
 //! Not the CI run itself (that is `crate::test`), and nothing here starts a
 //! service except the gate, which runs focused tests through nextest.
 
 #[cfg(test)]
 mod crate_table;
+#[cfg(test)]
+mod install_docs;
 pub(crate) mod inventory;
 #[cfg(test)]
 mod module_cycles;

@@ -1,0 +1,2 @@
+DROP TABLE order_confirmations;
+DROP TABLE orders;

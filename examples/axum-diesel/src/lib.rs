@@ -1,0 +1,158 @@
+//! A shop service on axum and diesel-async that uses the transactional
+//! outbox the way an application does:
+//!
+//! - `POST /orders` inserts an `orders` row and publishes a typed
+//!   [`OrderPlaced`] event in the same transaction ([`orders::place`]):
+//!   the event exists exactly when the order does;
+//! - the outbox worker runs inside the service ([`serve`]), in its runtime,
+//!   stopped by its shutdown, its `/healthz`, `/readyz` and `/metrics` on
+//!   the service's router;
+//! - the service's own handler of [`OrderPlaced`] ([`confirmations`])
+//!   records a confirmation, which `GET /orders/{id}` shows.
+//!
+//! The binary (`src/main.rs`) reads the environment and calls [`serve`];
+//! the test (`tests/orders.rs`) runs the same [`serve`] against a database
+//! and a Redis key prefix of its own.
+
+pub mod orders;
+pub mod schema;
+
+use anyhow::Context;
+use diesel_async::AsyncPgConnection;
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::pooled_connection::AsyncDieselConnectionManager;
+use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
+use outbox_publish::OutboxEvent;
+use outbox_subscriber::{EventContext, JobError, SubscriberError, TypedHandlers};
+use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The service's connection pool (the one it already had before adopting
+/// the outbox; the worker opens its own from `DATABASE_URL`).
+pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// The queue the service's own events go to. [`WorkerBuilder::typed`]
+/// routes each event type of the handler here, so no routing rule is
+/// written by hand.
+pub const ORDERS_QUEUE: &str = "app.orders";
+
+/// The service's own migrations (`migrations/`), applied after the
+/// outbox's.
+const MIGRATIONS: EmbeddedMigrations = embed_migrations!("migrations");
+
+/// Published in the transaction that inserts the order. The event type is
+/// checked against the naming rule while the service compiles.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "shop.order.placed")]
+pub struct OrderPlaced {
+    /// The `orders` row.
+    pub order_id: i64,
+    /// Who ordered.
+    pub customer: String,
+    /// The order's total, in cents.
+    pub total_cents: i64,
+}
+
+/// Applies the outbox's migrations, then the service's own, on
+/// `database_url`. Both record their versions in
+/// `__diesel_schema_migrations`; neither touches the other's.
+///
+/// # Errors
+///
+/// When Postgres cannot be reached or a migration fails.
+pub async fn migrate(database_url: &str) -> anyhow::Result<()> {
+    let conn = connect(database_url).await?;
+    outbox_model::run_migrations(conn)
+        .await
+        .context("the outbox's migrations")?;
+    let conn = connect(database_url).await?;
+    tokio::task::spawn_blocking(move || {
+        let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::from(conn);
+        conn.run_pending_migrations(MIGRATIONS)
+            .map(|_| ())
+            .map_err(|e| anyhow::anyhow!("the service's migrations: {e}"))
+    })
+    .await?
+}
+
+/// One connection to `database_url`.
+async fn connect(database_url: &str) -> anyhow::Result<AsyncPgConnection> {
+    use diesel_async::AsyncConnection;
+    AsyncPgConnection::establish(database_url)
+        .await
+        .with_context(|| format!("cannot connect to Postgres at {database_url}"))
+}
+
+/// The service's pool on `database_url`.
+///
+/// # Errors
+///
+/// When the pool cannot be built.
+pub async fn pool(database_url: &str) -> anyhow::Result<Pool> {
+    let manager = AsyncDieselConnectionManager::<AsyncPgConnection>::new(database_url);
+    Ok(bb8::Pool::builder().max_size(5).build(manager).await?)
+}
+
+/// The service's handler of its own queue: records one confirmation per
+/// order. Delivery is at least once, so the insert is keyed on the order
+/// and a redelivery changes nothing.
+///
+/// # Errors
+///
+/// Only when two functions take the same event type (not here).
+pub fn confirmations(pool: Pool) -> Result<TypedHandlers, SubscriberError> {
+    TypedHandlers::new(ORDERS_QUEUE).on(move |event: OrderPlaced, cx: EventContext| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool
+                .get()
+                .await
+                .map_err(|e| JobError::retry(format!("no database connection: {e}")))?;
+            orders::confirm(&mut conn, event.order_id, cx.event_id)
+                .await
+                .map_err(|e| JobError::retry(format!("order {}: {e}", event.order_id)))
+        }
+    })
+}
+
+/// Serves the shop on `listener` with the outbox worker running inside it,
+/// until `stop` is cancelled; then both stop (the worker finishes what it
+/// holds within `WORKER_SHUTDOWN_GRACE_MS`). A worker that fails (Postgres
+/// unreachable at start, say) stops the service too.
+///
+/// # Errors
+///
+/// What the server or the worker failed with.
+pub async fn serve(
+    listener: TcpListener,
+    pool: Pool,
+    config: WorkerConfig,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    // TODO(bare): `WorkerBuilder::bare()` once it exists: the dispatcher
+    // and this service's handler only. The general group also runs the
+    // built-in workflow, audit, notification and plugin handlers.
+    let worker = WorkerBuilder::new(Group::General)
+        .name("shop")
+        .typed(confirmations(pool.clone())?)
+        .without_http_listener();
+    let app = orders::routes(pool).merge(worker.http_routes()?);
+
+    let worker = tokio::spawn({
+        let stop_all = stop.clone().drop_guard();
+        let stop = stop.clone();
+        async move {
+            let _stop_all = stop_all;
+            worker.run_until(config, stop.cancelled_owned()).await
+        }
+    });
+    let served = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.clone().cancelled_owned())
+        .await;
+    // The server stopped (asked to, or failed): the worker stops with it.
+    stop.cancel();
+    worker.await.context("the worker task")??;
+    served.context("the HTTP server")
+}
