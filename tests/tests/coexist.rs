@@ -65,7 +65,7 @@ async fn the_outbox_s_migrations_after_the_application_s_coexist() {
         .await
         .unwrap();
     assert_eq!(app_migrate(&url).await, (1, 0));
-    let conn = outbox_postgres::establish(&url).await.unwrap();
+    let conn = outbox_pg::establish(&url).await.unwrap();
     assert!(!outbox_model::run_migrations(conn).await.unwrap().is_empty());
     assert_eq!(app_migrate(&url).await, (0, 0));
     both_tables_answer(&url).await;

@@ -18,7 +18,7 @@ struct Count {
 }
 
 async fn database_count(name: &str) -> i64 {
-    let mut admin = outbox_postgres::establish(&with_database(&database_server_url(), "postgres"))
+    let mut admin = outbox_pg::establish(&with_database(&database_server_url(), "postgres"))
         .await
         .unwrap();
     diesel::sql_query("SELECT count(*) AS n FROM pg_database WHERE datname = $1")
@@ -126,7 +126,7 @@ async fn namespaces_left_by_killed_tests_are_swept_and_live_ones_are_kept() {
 #[tokio::test]
 async fn an_old_test_database_nobody_uses_is_dropped_and_a_used_or_recent_one_is_kept() {
     let server = database_server_url();
-    let mut admin = outbox_postgres::establish(&with_database(&server, "postgres"))
+    let mut admin = outbox_pg::establish(&with_database(&server, "postgres"))
         .await
         .unwrap();
     let now = std::time::SystemTime::now()
@@ -146,7 +146,7 @@ async fn an_old_test_database_nobody_uses_is_dropped_and_a_used_or_recent_one_is
             .await
             .unwrap();
     }
-    let user = outbox_postgres::establish(&with_database(&server, &in_use))
+    let user = outbox_pg::establish(&with_database(&server, &in_use))
         .await
         .unwrap();
     let live = TestDatabase::new().await;
@@ -183,7 +183,7 @@ async fn a_template_of_other_migrations_is_dropped_and_the_current_one_is_kept()
     let server = database_server_url();
     // Makes sure the current template exists.
     let before = TestDatabase::new().await;
-    let mut admin = outbox_postgres::establish(&with_database(&server, "postgres"))
+    let mut admin = outbox_pg::establish(&with_database(&server, "postgres"))
         .await
         .unwrap();
     let old = format!("outbox_tpl_{}", uuid::Uuid::new_v4().simple());

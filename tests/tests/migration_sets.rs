@@ -74,7 +74,7 @@ impl Blank {
     }
 
     async fn conn(&self) -> AsyncPgConnection {
-        outbox_postgres::establish(&self.url).await.unwrap()
+        outbox_pg::establish(&self.url).await.unwrap()
     }
 
     async fn drop(mut self) {

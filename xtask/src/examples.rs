@@ -1,9 +1,10 @@
 //! The applications under `examples/` with a workspace of their own: they
 //! depend on the crates by path as an adopter does, outside this
 //! workspace's dependency resolution and feature unification. `cargo xtask
-//! test` checks their formatting and runs their tests, each in a
-//! target directory of its own under the main one (so CI's warm target
-//! directory keeps them warm).
+//! test` checks their formatting and runs their tests, in one target
+//! directory under the main one that the examples share (the dependencies
+//! they have in common build once, and CI's warm target directory keeps
+//! them warm).
 
 use std::path::{Path, PathBuf};
 
@@ -43,13 +44,14 @@ fn name(manifest: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// A cargo command on the example `manifest`, in its own target directory.
+/// A cargo command on the example `manifest`, in the examples' target
+/// directory.
 fn cargo_on(manifest: &Path, args: &[&str]) -> std::process::Command {
     let mut cmd = cargo();
-    cmd.args(args).arg("--manifest-path").arg(manifest).env(
-        "CARGO_TARGET_DIR",
-        target_dir().join("examples").join(name(manifest)),
-    );
+    cmd.args(args)
+        .arg("--manifest-path")
+        .arg(manifest)
+        .env("CARGO_TARGET_DIR", target_dir().join("examples"));
     cmd
 }
 

@@ -301,7 +301,7 @@ pub async fn run(args: ExplainArgs) -> Result<()> {
     }
     let found = services::ensure().await?;
     let scratch = Scratch::create(&found.database_url, DB).await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     eprintln!("explain: loading {} PENDING rows", args.rows);
     preload_pending(&mut conn, args.rows, &HANDOFF_TYPES).await?;
 

@@ -50,7 +50,7 @@ pub async fn run(check: bool) -> Result<()> {
 pub async fn generate(server_url: &str) -> Result<String> {
     let admin_url = with_database(server_url, "postgres");
     let scratch = format!("outbox_schema_{}", std::process::id());
-    let mut admin = outbox_postgres::establish(&admin_url)
+    let mut admin = outbox_pg::establish(&admin_url)
         .await
         .with_context(|| format!("cannot connect to {admin_url}"))?;
     admin
@@ -64,9 +64,9 @@ pub async fn generate(server_url: &str) -> Result<String> {
     let result = async {
         let url = with_database(server_url, &scratch);
         // Every set, whatever this build's features: schema.rs has every table.
-        let conn = outbox_postgres::establish(&url).await?;
+        let conn = outbox_pg::establish(&url).await?;
         outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL).await?;
-        let mut conn = outbox_postgres::establish(&url).await?;
+        let mut conn = outbox_pg::establish(&url).await?;
         render(&mut conn).await
     }
     .await;

@@ -158,7 +158,7 @@ fn services_dir() -> PathBuf {
 
 async fn postgres_answers(url: &str) -> bool {
     matches!(
-        tokio::time::timeout(Duration::from_secs(3), outbox_postgres::establish(url)).await,
+        tokio::time::timeout(Duration::from_secs(3), outbox_pg::establish(url)).await,
         Ok(Ok(_))
     )
 }

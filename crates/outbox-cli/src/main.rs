@@ -228,10 +228,10 @@ fn database_url(cli: &Cli) -> Result<&str> {
 }
 
 /// A Postgres connection as the workers open theirs (`sslmode` and
-/// `sslrootcert` in the URL, see `outbox_postgres::PgConnectOptions`).
+/// `sslrootcert` in the URL, see `outbox_pg::PgConnectOptions`).
 async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
     let url = database_url(cli)?;
-    let options = outbox_postgres::PgConnectOptions::from_url(url)
+    let options = outbox_pg::PgConnectOptions::from_url(url)
         .with_context(|| format!("invalid DATABASE_URL {}", redact_url(url)))?;
     options
         .connect()

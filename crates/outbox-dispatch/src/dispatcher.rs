@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use futures::StreamExt;
 use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent};
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
 use outbox_trace::{TraceContext, continue_trace};
 use redis::aio::ConnectionManager;

@@ -271,7 +271,7 @@ mod tests {
             #[diesel(sql_type = diesel::sql_types::Bool)]
             taken: bool,
         }
-        let mut conn = outbox_postgres::establish(url).await.unwrap();
+        let mut conn = outbox_pg::establish(url).await.unwrap();
         conn.transaction::<_, diesel::result::Error, _>(async |conn| {
             let (key1, key2) = outbox_model::WAKE_GATE_LOCK;
             diesel::sql_query("SELECT pg_try_advisory_xact_lock_shared($1, $2) AS taken")

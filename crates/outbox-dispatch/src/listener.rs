@@ -79,7 +79,7 @@ pub(crate) async fn dedicated(
     database_url: &str,
     setup: &str,
 ) -> Result<AsyncPgConnection, String> {
-    let mut conn = outbox_postgres::establish(database_url)
+    let mut conn = outbox_pg::establish(database_url)
         .await
         .map_err(|e| e.to_string())?;
     conn.batch_execute(setup).await.map_err(|e| e.to_string())?;

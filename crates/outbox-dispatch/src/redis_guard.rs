@@ -55,7 +55,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{
     Marker, Persistence, QueueNamespace, ServerInfo, confirm_marker_run, read_marker,
     read_server_info, write_marker,

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use tokio_util::sync::CancellationToken;
 use tracing::instrument;
 

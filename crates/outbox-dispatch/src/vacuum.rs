@@ -43,7 +43,7 @@ use outbox_store::{may_vacuum, table_rows};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 
 /// Claimed rows before a dispatcher's first vacuum round (or `vacuum_every`
 /// when that is smaller), and the smallest gap between two rounds; a later

@@ -1,4 +1,4 @@
-//! The connection pool every process uses (`outbox_postgres::connect_pool`):
+//! The connection pool every process uses (`outbox_pg::connect_pool`):
 //! a checkout sends no statement, and a connection the server ended is
 //! not handed out again. Every dispatcher tick and every handler's
 //! statement starts with a checkout.

@@ -305,7 +305,7 @@ async fn a_retention_run_reads_each_index_entry_once_and_never_the_primary_key()
     .await;
     exec(&mut conn, "VACUUM ANALYZE outbox_event").await;
     let before = index_blocks(&mut conn).await;
-    let pool = outbox_postgres::connect_pool(h.db.url(), 1).await.unwrap();
+    let pool = outbox_pg::connect_pool(h.db.url(), 1).await.unwrap();
 
     let deleted = purge_done(
         &pool,

@@ -17,7 +17,7 @@ use diesel::sql_types::{Bool, Integer, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME};
 use outbox_model::OutboxStatus;
-use outbox_postgres::SslMode;
+use outbox_pg::SslMode;
 use outbox_queue::{QueueNamespace, RedisSettings};
 use outbox_test_support::{
     PostgresProcess, RedisProcess, TestDatabase, TestPki, TestRedis, eventually,
@@ -178,16 +178,16 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     let wrong_ca = pg.pki().other_ca_file.display().to_string();
 
     // require: encrypted, whoever signed the certificate.
-    let mut conn = outbox_postgres::establish(&with_query(&server, "sslmode=require"))
+    let mut conn = outbox_pg::establish(&with_query(&server, "sslmode=require"))
         .await
         .unwrap();
     assert!(own_ssl(&mut conn).await);
     // No sslmode is prefer: TLS when the server offers it.
-    let mut conn = outbox_postgres::establish(&server).await.unwrap();
+    let mut conn = outbox_pg::establish(&server).await.unwrap();
     assert!(own_ssl(&mut conn).await);
     // verify-ca and verify-full with the right root.
     for mode in ["verify-ca", "verify-full"] {
-        let mut conn = outbox_postgres::establish(&with_query(
+        let mut conn = outbox_pg::establish(&with_query(
             &server,
             &format!("sslmode={mode}&sslrootcert={ca}"),
         ))
@@ -198,14 +198,14 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     // verify-ca checks the chain only: 127.0.0.2 is not in the certificate,
     // which verify-full refuses.
     let unnamed = server.replace("127.0.0.1", "127.0.0.2");
-    let mut conn = outbox_postgres::establish(&with_query(
+    let mut conn = outbox_pg::establish(&with_query(
         &unnamed,
         &format!("sslmode=verify-ca&sslrootcert={ca}"),
     ))
     .await
     .unwrap();
     assert!(own_ssl(&mut conn).await);
-    let err = outbox_postgres::establish(&with_query(
+    let err = outbox_pg::establish(&with_query(
         &unnamed,
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     ))
@@ -216,7 +216,7 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     assert!(err.to_string().contains("not valid for name"), "{err}");
     // The certificate names localhost too.
     let by_name = server.replace("127.0.0.1", "localhost");
-    outbox_postgres::establish(&with_query(
+    outbox_pg::establish(&with_query(
         &by_name,
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     ))
@@ -224,7 +224,7 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     .unwrap();
 
     // verify-full with a root that did not sign the certificate.
-    let err = outbox_postgres::establish(&with_query(
+    let err = outbox_pg::establish(&with_query(
         &server,
         &format!("sslmode=verify-full&sslrootcert={wrong_ca}"),
     ))
@@ -240,7 +240,7 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
         "unclear error: {message}"
     );
     // A root file given to require is checked too (libpq's rule).
-    let err = outbox_postgres::establish(&with_query(
+    let err = outbox_pg::establish(&with_query(
         &server,
         &format!("sslmode=require&sslrootcert={wrong_ca}"),
     ))
@@ -250,7 +250,7 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     assert!(err.to_string().contains("certificate"), "{err}");
 
     // disable: the server's pg_hba.conf rejects unencrypted connections.
-    let err = outbox_postgres::establish(&with_query(&server, "sslmode=disable"))
+    let err = outbox_pg::establish(&with_query(&server, "sslmode=disable"))
         .await
         .err()
         .expect("a plain connection was accepted by a hostssl-only server");
@@ -258,7 +258,7 @@ async fn each_sslmode_does_what_it_says_against_a_tls_only_server() {
     assert!(err.to_string().contains("no encryption"), "{err}");
 
     // The pool refuses an unknown mode before connecting, naming it.
-    let err = outbox_postgres::connect_pool(&with_query(&server, "sslmode=verify-everything"), 1)
+    let err = outbox_pg::connect_pool(&with_query(&server, "sslmode=verify-everything"), 1)
         .await
         .expect_err("an unknown sslmode was accepted");
     assert!(
@@ -274,15 +274,15 @@ async fn prefer_falls_back_to_plain_text_and_require_refuses_a_plain_server() {
     // private one with ssl=off is the server that refuses TLS.
     let pg = PostgresProcess::start_plain();
     let server = pg.server_url();
-    let options = outbox_postgres::PgConnectOptions::from_url(&server).unwrap();
+    let options = outbox_pg::PgConnectOptions::from_url(&server).unwrap();
     assert_eq!(options.ssl_mode(), SslMode::Prefer);
     let mut conn = options.connect().await.unwrap();
     assert!(!own_ssl(&mut conn).await);
-    let mut conn = outbox_postgres::establish(&with_query(&server, "sslmode=prefer"))
+    let mut conn = outbox_pg::establish(&with_query(&server, "sslmode=prefer"))
         .await
         .unwrap();
     assert!(!own_ssl(&mut conn).await);
-    let err = outbox_postgres::establish(&with_query(&server, "sslmode=require"))
+    let err = outbox_pg::establish(&with_query(&server, "sslmode=require"))
         .await
         .err()
         .expect("require connected to a server without TLS");

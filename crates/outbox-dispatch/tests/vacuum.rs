@@ -207,10 +207,9 @@ struct Role {
 impl Role {
     async fn create() -> Self {
         let name = format!("outbox_test_role_{}", uuid::Uuid::new_v4().simple());
-        let mut admin =
-            outbox_postgres::establish(&with_database(&database_server_url(), "postgres"))
-                .await
-                .unwrap();
+        let mut admin = outbox_pg::establish(&with_database(&database_server_url(), "postgres"))
+            .await
+            .unwrap();
         admin
             .batch_execute(&format!("CREATE ROLE {name} NOLOGIN"))
             .await
@@ -250,7 +249,7 @@ impl Drop for Role {
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                let mut admin = outbox_postgres::establish(&admin_url).await.unwrap();
+                let mut admin = outbox_pg::establish(&admin_url).await.unwrap();
                 admin
                     .batch_execute(&format!("DROP ROLE IF EXISTS {name}"))
                     .await
@@ -277,7 +276,7 @@ async fn a_role_that_may_not_vacuum_the_table_gets_one_warning_and_every_event_i
     h.publish(events).await;
 
     let url = role.url(h.db.url());
-    let pool = outbox_postgres::connect_pool(&url, 4).await.unwrap();
+    let pool = outbox_pg::connect_pool(&url, 4).await.unwrap();
     let redis = outbox_queue::connect(&RedisSettings::new(h.redis.url())).unwrap();
     let config = DispatcherConfig {
         batch_size: 10,

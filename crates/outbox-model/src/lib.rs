@@ -9,7 +9,7 @@
 //! application compiles it through `outbox-publish`; it depends on nothing
 //! of theirs and holds no logic beyond validation. It does not open
 //! connections: the migration functions take one, and URLs, TLS and the
-//! pool are `outbox-postgres`. Publishing lives in `outbox-publish`,
+//! pool are `outbox-pg`. Publishing lives in `outbox-publish`,
 //! claiming and routing in `outbox-dispatch`.
 
 mod event_type;

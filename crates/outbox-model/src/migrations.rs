@@ -225,7 +225,7 @@ pub enum MigrationError {
 /// when the schema was current). [`run_migration_sets`] chooses the sets.
 ///
 /// Takes a connection rather than a URL: this crate opens none. The
-/// outbox's processes open it with `outbox_postgres::establish` (the URL's
+/// outbox's processes open it with `outbox_pg::establish` (the URL's
 /// `sslmode` and `sslrootcert`); an application may pass one of its own.
 /// The connection is used up: diesel's synchronous migration harness runs
 /// on it on tokio's blocking pool, so this works on any tokio runtime

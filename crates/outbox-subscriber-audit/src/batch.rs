@@ -20,7 +20,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_subscriber::JobError;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;

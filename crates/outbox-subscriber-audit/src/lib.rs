@@ -24,7 +24,7 @@
 mod batch;
 mod db;
 
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use serde_json::Value;

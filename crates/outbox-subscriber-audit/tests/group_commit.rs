@@ -12,7 +12,7 @@ use diesel::sql_types::{BigInt, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use futures::future::join_all;
 use outbox_model::RawJson;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_audit::{AuditHandler, GROUP_COMMIT_CONCURRENCY, NotificationHandler};
@@ -76,7 +76,7 @@ async fn total(conn: &mut AsyncPgConnection, table: &str) -> i64 {
 
 /// A second pool on the same database: what another process would see.
 async fn observer(db: &TestDatabase) -> PgPool {
-    outbox_postgres::connect_pool(db.url(), 2)
+    outbox_pg::connect_pool(db.url(), 2)
         .await
         .expect("observer pool")
 }

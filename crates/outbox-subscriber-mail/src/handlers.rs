@@ -9,7 +9,7 @@ use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use outbox_env::{Text, VariableError};
 use outbox_idempotency::{Claim, IdempotencyStore, RedisIdempotencyStore};
 use outbox_model::schema::tenant_mail_settings;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, QueueNamespace, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;

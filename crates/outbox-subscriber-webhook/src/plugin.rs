@@ -7,7 +7,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::schema::plugin_hook_subscription;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, QueueNamespace, endpoint_origin, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use redis::aio::ConnectionManager;

@@ -5,7 +5,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::schema::webhook_endpoint;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, endpoint_origin, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use serde::Serialize;

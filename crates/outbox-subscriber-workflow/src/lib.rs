@@ -27,7 +27,7 @@
 //! once, as plain data, in `outbox_catalog::built_in` (`WORKFLOW`), which
 //! the worker pairs with them.
 
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{OutboxJob, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_workflow_bridge::executor::{ExecuteError, Executor};

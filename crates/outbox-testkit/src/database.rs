@@ -2,7 +2,7 @@
 
 use diesel::sql_types::{BigInt, Bool, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 
 use crate::url::{database_server_url, with_database};
 
@@ -116,7 +116,7 @@ impl TestDatabase {
             });
         }
         let url = with_database(&server, &name);
-        let pool = outbox_postgres::connect_pool(&url, pool_size)
+        let pool = outbox_pg::connect_pool(&url, pool_size)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to test database {name}: {e}"));
         Self {
@@ -195,7 +195,7 @@ impl Drop for TestDatabase {
                 return;
             };
             runtime.block_on(async move {
-                if let Ok(mut admin) = outbox_postgres::establish(&admin_url).await {
+                if let Ok(mut admin) = outbox_pg::establish(&admin_url).await {
                     let _ = admin
                         .batch_execute(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
                         .await;
@@ -239,7 +239,7 @@ pub async fn sweep_abandoned_databases(
     older_than: std::time::Duration,
 ) -> Result<Vec<String>, String> {
     let admin_url = with_database(server, "postgres");
-    let mut admin = outbox_postgres::establish(&admin_url)
+    let mut admin = outbox_pg::establish(&admin_url)
         .await
         .map_err(|e| format!("cannot connect to {admin_url}: {e}"))?;
     let idle = idle_databases(&mut admin, TEST_DATABASE_PREFIX).await?;
@@ -307,7 +307,7 @@ fn stale_template(name: &str, current: &str) -> bool {
 }
 
 async fn connect(url: &str) -> AsyncPgConnection {
-    outbox_postgres::establish(url).await.unwrap_or_else(|e| {
+    outbox_pg::establish(url).await.unwrap_or_else(|e| {
         panic!(
             "cannot connect to Postgres at {url}: {e}\n\
              hint: set OUTBOX_TEST_DATABASE_URL to a server whose role may create databases \
@@ -349,7 +349,7 @@ async fn build_template(admin: &mut AsyncPgConnection, admin_url: &str, template
         ] {
             admin.batch_execute(&sql).await.map_err(|e| e.to_string())?;
         }
-        let conn = outbox_postgres::establish(&with_database(admin_url, &building))
+        let conn = outbox_pg::establish(&with_database(admin_url, &building))
             .await
             .map_err(|e| e.to_string())?;
         // Every set, whatever the build's features: a test of any crate

@@ -151,7 +151,7 @@ async fn the_job_of_a_published_event_carries_the_ids_a_dispatch_derives() {
 /// Writes one `shipment` row per event: idempotent by the table's primary
 /// key, as the built-in audit handler is.
 struct Shipments {
-    db: outbox_postgres::PgPool,
+    db: outbox_pg::PgPool,
 }
 
 impl JobHandler for Shipments {

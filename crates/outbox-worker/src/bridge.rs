@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::redact_url;
 use outbox_workflow_bridge::{BridgeState, prune_request_ids, router};
 use outbox_workflow_runner::Runner;

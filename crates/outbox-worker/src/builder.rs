@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use outbox_catalog::Catalog;
 use outbox_dispatch::{RouteError, Router};
 use outbox_model::TypedEvent;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHandlers};
 #[cfg(feature = "mail")]

@@ -340,7 +340,7 @@ impl WorkerConfig {
             retention,
             retention_every: OUTBOX_DONE_RETENTION_INTERVAL_MS.read_millis(get)?,
             worker,
-            pool_size: outbox_postgres::DATABASE_POOL_SIZE.read_as(get)?,
+            pool_size: outbox_pg::DATABASE_POOL_SIZE.read_as(get)?,
             #[cfg(feature = "mail")]
             smtp_url,
             #[cfg(feature = "mail")]
@@ -499,7 +499,7 @@ fn worker_settings(
 /// `DATABASE_URL`, required; a mistake in it (sslmode, sslrootcert and the
 /// rest) stops start-up here, not at the first connection.
 pub(crate) fn database_url(get: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
-    let spec = outbox_postgres::DATABASE_URL;
+    let spec = outbox_pg::DATABASE_URL;
     let url = spec.required(get)?;
     if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
         return Err(spec.refuse(
@@ -507,7 +507,7 @@ pub(crate) fn database_url(get: &dyn Fn(&str) -> Option<String>) -> Result<Strin
             "must start with postgres:// or postgresql://",
         ));
     }
-    if let Err(e) = outbox_postgres::PgConnectOptions::from_url(&url) {
+    if let Err(e) = outbox_pg::PgConnectOptions::from_url(&url) {
         return Err(spec.refuse(redact_url(&url), e.to_string()));
     }
     Ok(url)

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use outbox_dispatch::stats::pending_figures;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{QueueNamespace, queue_stats};
 #[cfg(feature = "workflow")]
 use outbox_workflow_store::{ExecutionStatus, stuck_executions};

@@ -12,7 +12,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use diesel_async::RunQueryDsl;
 use metrics_exporter_prometheus::PrometheusHandle;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use redis::aio::ConnectionManager;
 
 /// The connections `/readyz` checks: none until a run of the worker has

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use outbox_postgres::CHECKOUT_TIMEOUT;
+use outbox_pg::CHECKOUT_TIMEOUT;
 use outbox_queue::queues;
 
 /// The built-in queues whose handler takes a connection of the pool for

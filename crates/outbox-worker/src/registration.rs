@@ -7,7 +7,7 @@
 
 use outbox_catalog::registration::{self, Registration, Route, Subscriber};
 use outbox_dispatch::Router;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_subscriber::SubscriberDescription;
 
 /// What the worker runs: `handlers` (its queues), the rules of `router`

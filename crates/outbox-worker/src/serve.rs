@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::{HandlerGroup, SubscriberError};
 use redis::aio::ConnectionManager;
@@ -187,7 +187,7 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
 
 /// The Postgres pool of `DATABASE_URL` (the workers' and the bridge's).
 pub(crate) async fn connect_postgres(database_url: &str, size: u32) -> Result<PgPool> {
-    outbox_postgres::connect_pool(database_url, size)
+    outbox_pg::connect_pool(database_url, size)
         .await
         .with_context(|| {
             format!(

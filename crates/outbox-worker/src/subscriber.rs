@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use outbox_idempotency::RedisIdempotencyStore;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_queue::QueueNamespace;
 use outbox_subscriber::{HandlerGroup, SubscriberDescription};
 #[cfg(feature = "mail")]

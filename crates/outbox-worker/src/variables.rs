@@ -35,7 +35,7 @@ pub const WORKER_HTTP_ADDR_MAIL: Text = Text {
 /// `DATABASE_POOL_SIZE` as the workers use it.
 pub const DATABASE_POOL_SIZE_WORKERS: Whole = Whole {
     meaning: "Postgres connections (plus two for the dispatcher: LISTEN and the wake gate); keep it at least WORKER_CONCURRENCY",
-    ..outbox_postgres::DATABASE_POOL_SIZE
+    ..outbox_pg::DATABASE_POOL_SIZE
 };
 /// `WORKFLOW_BRIDGE_SECRET` of `workflow-bridge`, which requires it.
 #[cfg(feature = "workflow")]
@@ -85,7 +85,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         Group::Mail => WORKER_HTTP_ADDR_MAIL,
     };
     vec![
-        outbox_postgres::DATABASE_URL.into(),
+        outbox_pg::DATABASE_URL.into(),
         outbox_queue::REDIS_URL.into(),
         outbox_queue::REDIS_CA_CERT.into(),
         #[cfg(feature = "mail")]
@@ -150,11 +150,11 @@ pub fn variables(group: Group) -> Vec<Variable> {
 #[must_use]
 pub fn bridge_variables() -> Vec<Variable> {
     vec![
-        outbox_postgres::DATABASE_URL.into(),
+        outbox_pg::DATABASE_URL.into(),
         outbox_workflow_bridge::WORKFLOW_BRIDGE_ADDR.into(),
         WORKFLOW_BRIDGE_SECRET_BRIDGE.into(),
         outbox_workflow_bridge::WORKFLOW_BRIDGE_PREVIOUS_SECRET.into(),
-        outbox_postgres::DATABASE_POOL_SIZE.into(),
+        outbox_pg::DATABASE_POOL_SIZE.into(),
         WEBHOOK_ALLOW_PRIVATE_ADDRESSES_BRIDGE.into(),
         OUTBOX_HTTP_ALLOW_INTERNAL_HOSTS_BRIDGE.into(),
         WORKER_SHUTDOWN_GRACE_MS_BRIDGE.into(),

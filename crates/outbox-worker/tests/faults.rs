@@ -221,7 +221,7 @@ impl Drop for TempDir {
 async fn connect(url: &str) -> AsyncPgConnection {
     let deadline = Instant::now() + STEP;
     loop {
-        match outbox_postgres::establish(url).await {
+        match outbox_pg::establish(url).await {
             Ok(conn) => return conn,
             Err(e) => {
                 assert!(

@@ -481,9 +481,7 @@ fn workflow_group(stack: &Stack, _store: RedisIdempotencyStore) -> HandlerGroup 
     let bridge_url = format!("http://{}", listener.local_addr().unwrap());
     let database_url = stack.db.url().to_owned();
     tokio::spawn(async move {
-        let pool = outbox_postgres::connect_pool(&database_url, 2)
-            .await
-            .unwrap();
+        let pool = outbox_pg::connect_pool(&database_url, 2).await.unwrap();
         let runner = Runner::with_address_policy(AddressPolicy::allow_internal(true))
             .unwrap()
             .with_bridge_blocks(std::sync::Arc::new(outbox_workflow_sandbox::QuickJs));

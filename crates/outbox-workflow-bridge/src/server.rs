@@ -15,7 +15,7 @@ use axum::routing::post;
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::workflow_bridge_request;
-use outbox_postgres::PgPool;
+use outbox_pg::PgPool;
 use outbox_trace::{TRACEPARENT_HEADER, TRACESTATE_HEADER, TraceContext};
 use outbox_workflow_runner::{BlockProgress, RunError, RunOutcome, Runner};
 use outbox_workflow_store::{self as store, NewExecution, StoreError, TriggerKind};

@@ -115,7 +115,7 @@ async fn drain(
     .await?;
     let prefix = run.stage_prefix(name);
     clear_redis(&run.found.redis_url, &prefix).await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
     let mut children = vec![process::spawn(run, (&scratch.url, &prefix), binary, &[])?];
     let before = process::Cpu::sample(&children);

@@ -98,7 +98,7 @@ pub async fn run(run: &Run, plan: &Handoff) -> Result<()> {
         run.database("outbox_bench_handoff"),
     )
     .await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     let mut rates = Rates::default();
     let total =
         plan.rounds * (plan.batch_sizes.len() * plan.processes.len() * plan.binaries.len() + 2);
@@ -301,7 +301,7 @@ async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> 
     conn.batch_execute("TRUNCATE outbox_event").await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
     let clients = (0..2).map(|_| async {
-        let mut conn = outbox_postgres::establish(url).await?;
+        let mut conn = outbox_pg::establish(url).await?;
         while diesel::sql_query(CLAIM_AND_DONE_SQL)
             .execute(&mut conn)
             .await?

@@ -105,7 +105,7 @@ impl Scratch {
     pub async fn create(database_url: &str, name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         let admin_url = with_database(database_url, "postgres");
-        let mut admin = outbox_postgres::establish(&admin_url)
+        let mut admin = outbox_pg::establish(&admin_url)
             .await
             .with_context(|| format!("cannot connect to {admin_url}"))?;
         admin
@@ -115,7 +115,7 @@ impl Scratch {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await?;
         let url = with_database(database_url, &name);
-        let conn = outbox_postgres::establish(&url).await?;
+        let conn = outbox_pg::establish(&url).await?;
         let applied =
             outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL).await?;
         Ok(Self {

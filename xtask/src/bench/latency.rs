@@ -160,7 +160,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         run.database("outbox_bench_latency"),
     )
     .await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     let mut serial = 0usize;
     let prefix = run.stage_prefix("latency");
     for &wakeups in plan.wakeups {
@@ -244,7 +244,7 @@ async fn publish_at(url: &str, rate: u32, duration: Duration, first: usize) -> R
     let next = Arc::new(AtomicUsize::new(0));
     let mut conns = Vec::with_capacity(PUBLISHERS);
     for _ in 0..PUBLISHERS {
-        conns.push(outbox_postgres::establish(url).await?);
+        conns.push(outbox_pg::establish(url).await?);
     }
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     let publishers = conns.into_iter().map(|mut conn| {

@@ -330,12 +330,12 @@ async fn pipeline(run: &Run) -> Result<()> {
     let scratch = Scratch::create(&found.database_url, run.database("outbox_bench")).await?;
     let url = scratch.url.clone();
     clear_redis(&found.redis_url, &prefix).await?;
-    let mut conn = outbox_postgres::establish(&url).await?;
+    let mut conn = outbox_pg::establish(&url).await?;
 
     let published = publish_one_per_transaction(run, &mut conn).await?;
     let pending = published + publish_batches(run, &mut conn).await?;
 
-    let pool = outbox_postgres::connect_pool(&url, 8).await?;
+    let pool = outbox_pg::connect_pool(&url, 8).await?;
     let namespace = QueueNamespace::prefixed(prefix.clone());
     let make = |config: DispatcherConfig| -> Result<Arc<Dispatcher>> {
         let redis = outbox_queue::connect(&RedisSettings::new(&found.redis_url))?;

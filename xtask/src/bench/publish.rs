@@ -51,7 +51,7 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         run.database("outbox_bench_publish"),
     )
     .await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     conn.batch_execute(
         "CREATE TABLE bench_order (
              id bigserial PRIMARY KEY,
@@ -137,7 +137,7 @@ enum Event {
 async fn measure(url: &str, event: Event, duration: Duration) -> Result<(f64, serde_json::Value)> {
     let mut conns = Vec::with_capacity(CLIENTS);
     for _ in 0..CLIENTS {
-        conns.push(outbox_postgres::establish(url).await?);
+        conns.push(outbox_pg::establish(url).await?);
     }
     let before = Cpu::sample(&[]);
     let started = Instant::now();

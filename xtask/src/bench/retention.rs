@@ -59,7 +59,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         run.database("outbox_bench_retention"),
     )
     .await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     stage(&format!(
         "retention: loading {} old DONE rows",
         plan.done_rows
@@ -129,7 +129,7 @@ async fn arm(
     (url, prefix): (&str, &str),
     retention: bool,
 ) -> Result<(f64, i64, i64, serde_json::Value)> {
-    let mut conn = outbox_postgres::establish(url).await?;
+    let mut conn = outbox_pg::establish(url).await?;
     clear_redis(&run.found.redis_url, prefix).await?;
     preload_pending(&mut conn, plan.pending_rows, &HANDOFF_TYPES).await?;
     let old_before = old_rows(&mut conn).await?;

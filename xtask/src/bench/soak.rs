@@ -50,7 +50,7 @@ pub async fn run(run: &Run, plan: &Soak) -> Result<()> {
         Scratch::create(&run.found.database_url, run.database("outbox_bench_soak")).await?;
     let prefix = run.stage_prefix("soak");
     clear_redis(&run.found.redis_url, &prefix).await?;
-    let mut conn = outbox_postgres::establish(&scratch.url).await?;
+    let mut conn = outbox_pg::establish(&scratch.url).await?;
     let mut child = crate::bench::process::spawn(run, (&scratch.url, &prefix), &plan.binary, &[])?;
     let outcome = load_and_sample(&mut conn, &mut child, plan).await;
     crate::bench::process::stop_all(vec![child])?;

@@ -275,7 +275,7 @@ impl Stage<'_> {
     /// The queues the two workers consume, from their handler groups built
     /// as the binaries build them.
     async fn subscribed(&self) -> Result<Vec<String>> {
-        let pool = outbox_postgres::connect_pool(&self.url, 1).await?;
+        let pool = outbox_pg::connect_pool(&self.url, 1).await?;
         let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
         let namespace = QueueNamespace::prefixed(self.prefix.clone());
         let mut queues = Vec::new();
@@ -291,7 +291,7 @@ impl Stage<'_> {
     /// Set-up, workers, the mix, the wait, the summary; true when the
     /// verdict passed.
     async fn run(&self, running: &mut Running) -> Result<bool> {
-        let mut conn = outbox_postgres::establish(&self.url).await?;
+        let mut conn = outbox_pg::establish(&self.url).await?;
         let chaos = !self.args.no_chaos;
         let mut setup: Setup = publish::setup(&mut conn, self.http, chaos).await?;
         setup.subscribed = self.subscribed().await?.into_iter().collect();
@@ -321,7 +321,7 @@ impl Stage<'_> {
         let redis = outbox_queue::connect(&RedisSettings::new(&self.redis_url))?;
         let namespace = QueueNamespace::prefixed(self.prefix.clone());
         let mut watch = Watch::new(
-            outbox_postgres::establish(&self.url).await?,
+            outbox_pg::establish(&self.url).await?,
             redis.clone(),
             namespace.clone(),
             watched,

@@ -197,7 +197,7 @@ const SQL_BATCH: usize = 25;
 impl Mix {
     /// Publishes the whole mix; the ledger of what was committed.
     pub async fn run(&self) -> Result<Ledger> {
-        let mut conn = outbox_postgres::establish(&self.url).await?;
+        let mut conn = outbox_pg::establish(&self.url).await?;
         let mut ledger = Ledger::default();
         self.specials(&mut conn, &mut ledger).await?;
         let sql_events = self.events * SQL_PERCENT / 100;
@@ -209,7 +209,7 @@ impl Mix {
         let producers = (0..PRODUCERS).map(|_| {
             let (next, done) = (next.clone(), rust_done.clone());
             async move {
-                let mut conn = outbox_postgres::establish(&self.url).await?;
+                let mut conn = outbox_pg::establish(&self.url).await?;
                 let mut ledger = Ledger::default();
                 while AtomicUsize::load(&done, Ordering::Relaxed) < rust_events {
                     let n = next.fetch_add(1, Ordering::Relaxed);
@@ -223,7 +223,7 @@ impl Mix {
             }
         });
         let plain = async {
-            let mut conn = outbox_postgres::establish(&self.url).await?;
+            let mut conn = outbox_pg::establish(&self.url).await?;
             let mut ledger = Ledger::default();
             let mut from = 0;
             while from < sql_events {
@@ -304,7 +304,7 @@ impl Mix {
 /// Waits until the run `id` waits for input, then answers it; the
 /// continuation's event id.
 pub async fn continue_waiting_run(url: &str, id: Uuid) -> Result<Uuid> {
-    let mut conn = outbox_postgres::establish(url).await?;
+    let mut conn = outbox_pg::establish(url).await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
     loop {
         let StatusRow { status } =

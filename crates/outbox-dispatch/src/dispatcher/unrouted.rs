@@ -196,7 +196,7 @@ pub async fn revive_routable(
 /// Runs [`revive_routable`] at once and then every `unrouted_recheck`
 /// until `shutdown`; a failed round is logged and retried at the next.
 pub(super) async fn watch(
-    pool: outbox_postgres::PgPool,
+    pool: outbox_pg::PgPool,
     router: Router,
     every: Duration,
     shutdown: CancellationToken,

@@ -91,7 +91,7 @@ impl BridgeConfig {
             database_url,
             addr,
             secrets,
-            pool_size: outbox_postgres::DATABASE_POOL_SIZE.read_as(get)?,
+            pool_size: outbox_pg::DATABASE_POOL_SIZE.read_as(get)?,
             address_policy: AddressPolicy::from_lookup(get)?,
             shutdown_grace: WORKER_SHUTDOWN_GRACE_MS.read_millis(get)?,
             workflow_lease: outbox_workflow_store::sweep::WORKFLOW_RUN_LEASE_MS.read_millis(get)?,

@@ -94,7 +94,7 @@ fn the_definitions_are_the_libraries_defaults_and_bounds() {
         config.workflow_sweep_interval,
         outbox_workflow_store::sweep::DEFAULT_SWEEP_INTERVAL
     );
-    assert_eq!(config.pool_size, outbox_postgres::DEFAULT_POOL_SIZE);
+    assert_eq!(config.pool_size, outbox_pg::DEFAULT_POOL_SIZE);
     assert_eq!(
         config.queue_done_retention.as_secs(),
         3600 * outbox_queue::DEFAULT_DONE_RETENTION_HOURS

@@ -8,7 +8,7 @@ pub const SECRET: &str = "a-test-secret-of-at-least-32-bytes!!";
 /// `runner`, accepting `secrets`; its base URL. The server lives until the
 /// test's runtime ends.
 pub async fn serve_bridge(
-    pool: outbox_postgres::PgPool,
+    pool: outbox_pg::PgPool,
     runner: outbox_workflow_runner::Runner,
     secrets: &[&str],
 ) -> String {

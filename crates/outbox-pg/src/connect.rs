@@ -161,7 +161,7 @@ pub const DATABASE_URL: outbox_env::Text = outbox_env::Text {
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let options = outbox_postgres::PgConnectOptions::from_url(
+/// let options = outbox_pg::PgConnectOptions::from_url(
 ///     "postgres://app@db.example.com/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem",
 /// )?;
 /// let conn = options.connect().await?;
