@@ -96,6 +96,7 @@ mod tests {
     fn an_example_with_its_own_workspace_is_found_and_a_member_is_not() {
         let found: Vec<String> = standalone().unwrap().iter().map(|m| name(m)).collect();
         assert!(found.contains(&"axum-diesel".to_owned()), "{found:?}");
+        assert!(found.contains(&"axum-sqlx".to_owned()), "{found:?}");
         assert!(!found.contains(&"custom-worker".to_owned()), "{found:?}");
         assert!(has_own_workspace("[package]\n\n[workspace]\n"));
         assert!(!has_own_workspace("[package]\nversion.workspace = true\n"));

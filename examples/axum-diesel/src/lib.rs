@@ -24,7 +24,7 @@ use diesel_async::pooled_connection::AsyncDieselConnectionManager;
 use diesel_migrations::{EmbeddedMigrations, MigrationHarness, embed_migrations};
 use outbox_publish::OutboxEvent;
 use outbox_subscriber::{EventContext, JobError, SubscriberError, TypedHandlers};
-use outbox_worker::{Group, WorkerBuilder, WorkerConfig};
+use outbox_worker::{WorkerBuilder, WorkerConfig};
 use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -131,10 +131,9 @@ pub async fn serve(
     config: WorkerConfig,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    // TODO(bare): `WorkerBuilder::bare()` once it exists: the dispatcher
-    // and this service's handler only. The general group also runs the
-    // built-in workflow, audit, notification and plugin handlers.
-    let worker = WorkerBuilder::new(Group::General)
+    // The dispatcher and this service's handler only: no built-in
+    // subscriber (none is compiled in), and only the core tables needed.
+    let worker = WorkerBuilder::bare()
         .name("shop")
         .typed(confirmations(pool.clone())?)
         .without_http_listener();
