@@ -120,6 +120,19 @@ impl Catalog {
         }
     }
 
+    /// No subscriber: the catalog of a bare worker, which knows only the
+    /// descriptions its application adds ([`Catalog::with`]).
+    ///
+    /// ```
+    /// assert!(outbox_catalog::Catalog::empty().queues().is_empty());
+    /// ```
+    #[must_use]
+    pub fn empty() -> Self {
+        Self {
+            descriptions: Vec::new(),
+        }
+    }
+
     /// This catalog plus `description`.
     #[must_use]
     pub fn with(mut self, description: SubscriberDescription) -> Self {

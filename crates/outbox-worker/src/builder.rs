@@ -145,7 +145,10 @@ impl WorkerBuilder {
     /// built-in prefix (`audit.`, `mail.`, ...) is handed to its queue,
     /// where it waits, as backlog in `outbox health`, for a worker that runs
     /// that subscriber. The tables a bare application needs are the core
-    /// migration set (`outbox_model::MigrationSet::Core`).
+    /// migration set (`outbox_model::MigrationSet::Core`). Its catalog
+    /// ([`WorkerBuilder::catalog`]) holds only the subscribers the
+    /// application adds, so reconciliation after a Redis loss never reads a
+    /// built-in subscriber's table.
     ///
     /// ```no_run
     /// use outbox_publish::OutboxEvent;
@@ -170,8 +173,12 @@ impl WorkerBuilder {
     /// ```
     #[must_use]
     pub fn bare() -> Self {
+        // Its catalog holds no built-in subscriber either: after a Redis
+        // loss, reconciliation asks only the application's receivers, so
+        // it never reads a built-in table the core set does not create.
         Self {
             bare: true,
+            catalog: Catalog::empty(),
             ..Self::new(Group::General)
         }
     }

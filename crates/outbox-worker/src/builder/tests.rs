@@ -55,3 +55,26 @@ fn the_binaries_are_the_builder_with_nothing_added() {
     assert!(custom.templates.render("welcome", &vars).is_ok());
     assert_eq!(custom.catalog(), &Catalog::built_in());
 }
+
+#[test]
+fn a_bare_worker_reconciles_with_no_built_in_receiver() {
+    use outbox_dispatch::Receiver;
+    // The general group's catalog: reconciliation reads audit_log for a
+    // lost audit job.
+    let general = WorkerBuilder::new(Group::General);
+    assert_ne!(
+        general.catalog().receivers().of("outbox.audit"),
+        &Receiver::Plain
+    );
+    // A bare worker's: no built-in subscriber, so nothing reads audit_log
+    // or the workflow tables, which a core-only database lacks.
+    let bare = WorkerBuilder::bare();
+    assert_eq!(bare.catalog(), &Catalog::empty());
+    for queue in Catalog::built_in().queues() {
+        assert_eq!(
+            bare.catalog().receivers().of(queue),
+            &Receiver::Plain,
+            "{queue}"
+        );
+    }
+}
