@@ -26,7 +26,6 @@
 //! services. Nothing here mocks Postgres or Redis. Not for production code.
 
 mod child_output;
-mod eventually;
 mod http_sink;
 mod log_capture;
 mod metrics_recording;
@@ -37,13 +36,13 @@ mod smtp_sink;
 mod url;
 
 pub use child_output::ChildOutput;
-pub use eventually::{POLL, consistently, eventually, eventually_reaching};
 pub use http_sink::{HttpSink, ReceivedRequest};
 pub use log_capture::LogCapture;
 pub use metrics_recording::with_metrics_recorder;
 pub use outbox_testkit::{
-    Swept, TestDatabase, TestRedis, database_server_url, redis_server_url,
-    sweep_abandoned_databases, sweep_abandoned_namespaces, with_database,
+    POLL, Swept, TestDatabase, TestRedis, consistently, database_server_url, eventually,
+    eventually_reaching, redis_server_url, sweep_abandoned_databases, sweep_abandoned_namespaces,
+    with_database,
 };
 pub use pki::TestPki;
 pub use postgres_process::PostgresProcess;

@@ -193,10 +193,30 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Waiting for an effect
+//!
+//! A worker hands events off and runs handlers on its own tasks, so a test
+//! waits for their effect rather than sleeping: [`eventually`] re-checks a
+//! condition every [`POLL`] until it holds and fails naming what it waited
+//! for when the limit passes; [`consistently`] checks that something stays
+//! true for a window; [`eventually_reaching`] waits for a count and fails
+//! as soon as the count stops moving.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use outbox_testkit::eventually;
+//!
+//! # async fn example(confirmed: impl AsyncFn() -> bool) {
+//! eventually("the order's confirmation", Duration::from_secs(30), async || confirmed().await).await;
+//! # }
+//! ```
 
 mod connection;
 mod database;
 mod event;
+mod eventually;
 mod guard;
 mod handler;
 mod published;
@@ -208,6 +228,7 @@ mod url;
 pub use connection::OutboxConnection;
 pub use database::{TestDatabase, sweep_abandoned_databases};
 pub use event::{Published, PublishedEvent};
+pub use eventually::{POLL, consistently, eventually, eventually_reaching};
 pub use handler::{HandlerOutcome, dispatched, run_handler, run_handler_attempt};
 pub use published::{
     published, published_events, require_not_published, require_published, require_published_where,

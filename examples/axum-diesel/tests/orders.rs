@@ -21,8 +21,8 @@ use diesel::dsl::count_star;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_testkit::{
-    HandlerOutcome, TestDatabase, TestRedis, database_server_url, published, published_events,
-    require_not_published, require_published, run_handler, with_database,
+    HandlerOutcome, TestDatabase, TestRedis, database_server_url, eventually, published,
+    published_events, require_not_published, require_published, run_handler, with_database,
 };
 use outbox_worker::{Group, WorkerConfig};
 use tokio::task::JoinHandle;
@@ -94,9 +94,11 @@ impl Shop {
             task,
             http: reqwest::Client::new(),
         };
-        eventually("the worker's /readyz on the shop's port", async || {
-            shop.get_status("/readyz").await == 200
-        })
+        eventually(
+            "the worker's /readyz on the shop's port",
+            WAIT,
+            async || shop.get_status("/readyz").await == 200,
+        )
         .await;
         shop
     }
@@ -137,18 +139,6 @@ impl Shop {
     }
 }
 
-/// Polls `check` until it holds; fails the test after [`WAIT`].
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still waiting after {WAIT:?} for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The `OrderPlaced` that placing `order` as order `order_id` publishes.
 fn placed(order_id: i64, order: &NewOrder) -> OrderPlaced {
     OrderPlaced {
@@ -169,7 +159,7 @@ async fn a_posted_order_is_confirmed_by_the_services_own_handler_and_a_refused_o
     assert_eq!(response.status().as_u16(), 201);
     let order: Order = response.json().await.unwrap();
     assert!(!order.confirmed);
-    eventually("the order's confirmation", async || {
+    eventually("the order's confirmation", WAIT, async || {
         shop.order(order.id).await.confirmed
     })
     .await;

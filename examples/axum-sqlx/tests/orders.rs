@@ -20,8 +20,8 @@ use std::time::Duration;
 use axum_sqlx_example::orders::{self, NewOrder, Order, OrderError};
 use axum_sqlx_example::{OrderPlaced, confirmations, migrate, pool, serve};
 use outbox_testkit::{
-    HandlerOutcome, TestDatabase, TestRedis, database_server_url, published, published_events,
-    require_not_published, require_published, run_handler, with_database,
+    HandlerOutcome, TestDatabase, TestRedis, database_server_url, eventually, published,
+    published_events, require_not_published, require_published, run_handler, with_database,
 };
 use outbox_worker::{Group, WorkerConfig};
 use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
@@ -91,9 +91,11 @@ impl Shop {
             task,
             http: reqwest::Client::new(),
         };
-        eventually("the worker's /readyz on the shop's port", async || {
-            shop.get_status("/readyz").await == 200
-        })
+        eventually(
+            "the worker's /readyz on the shop's port",
+            WAIT,
+            async || shop.get_status("/readyz").await == 200,
+        )
         .await;
         shop
     }
@@ -134,18 +136,6 @@ impl Shop {
     }
 }
 
-/// Polls `check` until it holds; fails the test after [`WAIT`].
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while !check().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still waiting after {WAIT:?} for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The `OrderPlaced` that placing `order` as order `order_id` publishes.
 fn placed(order_id: i64, order: &NewOrder) -> OrderPlaced {
     OrderPlaced {
@@ -166,7 +156,7 @@ async fn a_posted_order_is_confirmed_by_the_services_own_handler_and_a_refused_o
     assert_eq!(response.status().as_u16(), 201);
     let order: Order = response.json().await.unwrap();
     assert!(!order.confirmed);
-    eventually("the order's confirmation", async || {
+    eventually("the order's confirmation", WAIT, async || {
         shop.order(order.id).await.confirmed
     })
     .await;
