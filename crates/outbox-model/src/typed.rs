@@ -37,4 +37,18 @@ pub trait TypedEvent {
     /// time; a hand-written one that breaks the rule is refused when
     /// published (`PublishError::InvalidEventType`).
     const EVENT_TYPE: &'static str;
+
+    /// The priority of every event of this type, from -2 (bulk) to 2 (most
+    /// urgent); 0 (normal) unless the derive's `#[outbox(priority = N)]`
+    /// says otherwise. Among due events a higher one is handed off first and
+    /// fetched first from its queue.
+    const PRIORITY: i16 = 0;
+
+    /// The event's ordering key: events with the same key reach their
+    /// handler one at a time, in the order they were written. `None` (the
+    /// default) for no order; the derive returns the `Display` text of the
+    /// field marked `#[outbox(ordering_key)]`.
+    fn ordering_key(&self) -> Option<String> {
+        None
+    }
 }

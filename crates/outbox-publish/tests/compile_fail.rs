@@ -20,8 +20,9 @@ fn sqlx_publisher_rejects_non_transaction_handles_at_compile_time() {
 
 /// One case per refusal of `#[derive(OutboxEvent)]`: no attribute, each
 /// rule of the event-type naming rule (the rule's own message at the
-/// string), a malformed attribute, and a type that is not a struct with
-/// named fields.
+/// string), a malformed attribute, an unknown key on a field, a priority
+/// out of range, an ordering key on two fields, and a type that is not a
+/// struct with named fields.
 #[test]
 fn outbox_event_derive_refuses_each_broken_rule_at_compile_time() {
     let cases = trybuild::TestCases::new();
