@@ -40,6 +40,8 @@
 //! | [`PublishError::PayloadStringContainsNul`] | a string anywhere in the payload contains NUL, for the same reason |
 //! | [`PublishError::PayloadTooDeep`] | arrays and objects nest deeper than [`MAX_PAYLOAD_DEPTH`] |
 //! | [`PublishError::PayloadTooLarge`] | the payload is over [`outbox_model::MAX_PAYLOAD_BYTES`] serialized |
+//! | [`PublishError::DedupeWithoutDispatchKey`] | a dedupe window ([`Dedupe`]) or replace mode without a dispatch key |
+//! | [`PublishError::DedupeWindowOutOfRange`] | a [`Dedupe::For`] window of zero or over [`MAX_DEDUPE_WINDOW`] |
 //! | [`PublishError::InvalidBatchItem`] | one event of a batch breaks one of the rules above; nothing of the batch is written |
 //! | [`PublishError::Unrouted`] | only with [`publish_routed_event`] (or [`NewOutboxEvent::check_route`]): the given routing table sends the event type to no queue |
 //! | [`PublishError::NotInTransaction`] | [`OutboxTx::new`] got a connection without an open transaction |
@@ -75,6 +77,8 @@
 //! ([`outbox_model::WAKE_GATE_LOCK`]): a dispatcher that starts to wait
 //! meanwhile claims the event once the transaction has committed.
 
+mod change;
+mod dedupe;
 mod error;
 mod event;
 mod publish;
@@ -84,6 +88,8 @@ pub mod sqlx;
 mod tx;
 mod typed;
 
+pub use change::{ChangeError, EventRef, cancel, reschedule};
+pub use dedupe::{Dedupe, MAX_DEDUPE_WINDOW};
 pub use error::PublishError;
 pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};

@@ -75,10 +75,13 @@ pub use claim::{
 };
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
-pub use history::{Change, Requeued, cancel, requeue};
+pub use history::{
+    CANCEL_SQL, CancelEvent, Change, Found, RESCHEDULE_SQL, Requeued, cancel, cancel_event,
+    requeue, reschedule_event,
+};
 pub use insert::{
-    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, ROWS_PER_STATEMENT,
-    dispatch_key_holders, insert_event, insert_events,
+    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL,
+    ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events,
 };
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
 pub use redis_guard::{
