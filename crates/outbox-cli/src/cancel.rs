@@ -53,7 +53,7 @@ struct Row {
     refused: Option<String>,
 }
 
-/// Cancels the cancellable rows of `ids` in one transaction, each with its
+/// Cancels the cancellable rows of `ids` with one statement, each with its
 /// history entry; rows whose status changed since they were read are left
 /// alone. Returns the ids cancelled.
 async fn execute(
