@@ -10,6 +10,7 @@ use common::{database, row, set};
 use diesel::sql_types::{Text, Uuid as SqlUuid};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AnsiTransactionManager, AsyncPgConnection, RunQueryDsl, TransactionManager};
+use outbox_model::NewOutboxEventRow;
 use outbox_store::ErrorKind;
 use uuid::Uuid;
 
@@ -219,4 +220,53 @@ async fn waiting_on_locks(conn: &mut AsyncPgConnection) -> i64 {
     .await
     .unwrap()
     .n
+}
+
+/// A replace-mode insert that meets a PROCESSING holder leaves it alone
+/// (the holder's id comes back as existing) but keeps it locked until its
+/// transaction ends: the dispatcher's hand-off record of the holder waits
+/// for that transaction, then lands.
+#[tokio::test]
+async fn a_replace_meeting_a_processing_holder_holds_its_row_until_commit() {
+    let (db, mut conn) = database().await;
+    let keyed = |payload| NewOutboxEventRow {
+        id: Uuid::now_v7(),
+        dispatch_key: Some("idx-7".to_owned()),
+        payload,
+        replace_pending: true,
+        ..common::new_row("search.product.updated")
+    };
+    let holder = common::insert_row(&mut conn, keyed(serde_json::json!({ "v": 1 }))).await;
+    let claimed = outbox_store::claim(&mut conn, 10, 60_000).await.unwrap();
+    let lease = outbox_store::Lease::of(&claimed[0]).unwrap();
+    let mut publisher = db.conn().await;
+    AnsiTransactionManager::begin_transaction(&mut publisher)
+        .await
+        .unwrap();
+    let replaced =
+        outbox_store::insert_event(&mut publisher, &keyed(serde_json::json!({ "v": 2 })))
+            .await
+            .unwrap();
+    assert_eq!(replaced, outbox_store::Inserted::Existing(holder));
+
+    let dispatcher = tokio::spawn({
+        let mut conn = db.conn().await;
+        async move {
+            outbox_store::mark_done(&mut conn, &[(lease, "search".to_owned())])
+                .await
+                .unwrap()
+        }
+    });
+    outbox_test_support::eventually("the hand-off record waits on the lock", WAIT, async || {
+        waiting_on_locks(&mut conn).await > 0
+    })
+    .await;
+    AnsiTransactionManager::commit_transaction(&mut publisher)
+        .await
+        .unwrap();
+
+    assert_eq!(dispatcher.await.unwrap(), [holder]);
+    let row = row(&mut conn, holder).await;
+    assert_eq!(row.status, outbox_model::OutboxStatus::Done);
+    assert_eq!(row.payload.value().unwrap(), serde_json::json!({ "v": 1 }));
 }
