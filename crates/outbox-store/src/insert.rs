@@ -178,7 +178,8 @@ pub(crate) fn written(row: &NewOutboxEventRow, id: Uuid) -> Inserted {
 
 /// Inserts `rows` with one statement per [`ROWS_PER_STATEMENT`] rows,
 /// skipping those whose dispatch key another row holds. Returns the ids
-/// written.
+/// written. `replace_pending` is not read here: rows in replace mode go
+/// through [`insert_event`] one by one (the publisher does so).
 ///
 /// # Errors
 ///
