@@ -234,6 +234,7 @@ fn diesel_type(pg: &str) -> Result<String> {
         "timestamptz" => "Timestamptz",
         "timestamp" => "Timestamp",
         "date" => "Date",
+        "interval" => "Interval",
         "bytea" => "Bytea",
         "inet" => "Inet",
         other => bail!("Postgres type {other} has no mapping in xtask's schema generator"),

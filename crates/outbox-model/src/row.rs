@@ -1,6 +1,7 @@
 //! Row types of `outbox_event`.
 
 use chrono::{DateTime, Utc};
+use diesel::pg::data_types::PgInterval;
 use diesel::prelude::*;
 use serde::Serialize;
 use uuid::Uuid;
@@ -57,6 +58,27 @@ pub struct OutboxEvent {
     /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
     /// row, `None` otherwise.
     pub unrouted_since: Option<DateTime<Utc>>,
+    /// Dedupe window: the dispatch key is free again once `created_at` +
+    /// this has passed; `None` for no time limit.
+    #[serde(serialize_with = "interval_micros")]
+    pub dedupe_for: Option<PgInterval>,
+    /// Dedupe window: the dispatch key is free again once the row is
+    /// neither PENDING nor PROCESSING.
+    pub dedupe_while_pending: bool,
+    /// The dispatch key the row held until a newer event took it after the
+    /// row's dedupe window; `None` otherwise.
+    pub released_dispatch_key: Option<String>,
+}
+
+/// A dedupe window as its microseconds (the publisher writes only those).
+fn interval_micros<S: serde::Serializer>(
+    interval: &Option<PgInterval>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    match interval {
+        Some(interval) => serializer.serialize_some(&interval.microseconds),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.
@@ -82,4 +104,15 @@ pub struct NewOutboxEventRow {
     pub traceparent: Option<String>,
     /// The W3C `tracestate` that goes with it.
     pub tracestate: Option<String>,
+    /// Dedupe window: the dispatch key is free again once `created_at` +
+    /// this has passed; `None` for no time limit.
+    pub dedupe_for: Option<PgInterval>,
+    /// Dedupe window: the dispatch key is free again once the row is
+    /// neither PENDING nor PROCESSING.
+    pub dedupe_while_pending: bool,
+    /// When a PENDING row holds the dispatch key, update its payload (and
+    /// `scheduled_at`, when given) instead of skipping this row. Not a
+    /// column: it chooses the statement.
+    #[diesel(skip_insertion)]
+    pub replace_pending: bool,
 }

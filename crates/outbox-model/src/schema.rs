@@ -103,6 +103,12 @@ diesel::table! {
         tracestate -> Nullable<Text>,
         /// When a dispatcher first found no route for the event: set while it waits for one (PENDING) and on a FAILED (unrouted) row; NULL otherwise.
         unrouted_since -> Nullable<Timestamptz>,
+        /// Dedupe window: the dispatch key is free again once created_at + dedupe_for has passed; NULL for no time limit.
+        dedupe_for -> Nullable<Interval>,
+        /// Dedupe window: the dispatch key is free again once the event is no longer PENDING or PROCESSING.
+        dedupe_while_pending -> Bool,
+        /// The dispatch key the row held until a newer event with the same key was recorded after the row's dedupe window; NULL otherwise.
+        released_dispatch_key -> Nullable<Text>,
     }
 }
 

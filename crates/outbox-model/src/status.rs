@@ -48,6 +48,19 @@ impl OutboxStatus {
         Self::Cancelled,
     ];
 
+    /// The statuses a cancel changes, by an operator (`outbox cancel`) or
+    /// by code (`outbox_publish::cancel`): a PENDING row (not yet claimed)
+    /// and a FAILED one (dead-lettered). A PROCESSING row is held by a
+    /// dispatcher handing it off right now, a DONE row was handed off
+    /// already, a CANCELLED row already is.
+    ///
+    /// ```
+    /// use outbox_model::OutboxStatus;
+    /// assert!(OutboxStatus::CANCELLABLE.contains(&OutboxStatus::Failed));
+    /// assert!(!OutboxStatus::CANCELLABLE.contains(&OutboxStatus::Processing));
+    /// ```
+    pub const CANCELLABLE: [OutboxStatus; 2] = [Self::Pending, Self::Failed];
+
     /// The text stored in the `status` column.
     #[must_use]
     pub const fn as_str(self) -> &'static str {

@@ -44,6 +44,23 @@ pub enum PublishError {
         /// Byte offset of the first NUL.
         position: usize,
     },
+    /// A dedupe window other than [`crate::Dedupe::UntilDeleted`], or
+    /// replace mode, was set on an event without a dispatch key: they
+    /// apply to the key.
+    #[error("{setting} needs a dispatch key: set one with NewOutboxEvent::dispatch_key")]
+    DedupeWithoutDispatchKey {
+        /// `"a dedupe window"` or `"replace_pending"`.
+        setting: &'static str,
+    },
+    /// A [`crate::Dedupe::For`] window of zero, or longer than
+    /// [`crate::MAX_DEDUPE_WINDOW`].
+    #[error("dedupe window {window:?} is out of range: more than zero and at most {max:?}")]
+    DedupeWindowOutOfRange {
+        /// The window given.
+        window: crate::Dedupe,
+        /// [`crate::MAX_DEDUPE_WINDOW`].
+        max: std::time::Duration,
+    },
     /// The payload is JSON but not an object.
     #[error("payload must be a JSON object, got {found}")]
     PayloadNotObject {
@@ -131,6 +148,8 @@ impl PublishError {
                 | Self::TenantIdContainsNul { .. }
                 | Self::InvalidEventType(_)
                 | Self::DispatchKeyContainsNul { .. }
+                | Self::DedupeWithoutDispatchKey { .. }
+                | Self::DedupeWindowOutOfRange { .. }
                 | Self::PayloadNotObject { .. }
                 | Self::PayloadTooLarge { .. }
                 | Self::PayloadStringContainsNul { .. }

@@ -5,7 +5,10 @@ use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::PublishError;
+use diesel::pg::data_types::PgInterval;
+
+use crate::dedupe::MAX_DEDUPE_WINDOW;
+use crate::{Dedupe, PublishError};
 
 /// The deepest nesting of arrays and objects a payload may have, the payload
 /// object itself being level 1.
@@ -35,6 +38,15 @@ pub struct NewOutboxEvent {
     pub dispatch_key: Option<String>,
     /// Not dispatched before this instant; `None` means now.
     pub scheduled_at: Option<DateTime<Utc>>,
+    /// How long the dispatch key deduplicates; needs a dispatch key unless
+    /// it is the default [`Dedupe::UntilDeleted`].
+    pub dedupe: Dedupe,
+    /// Replace mode: when a PENDING event of the same tenant and event
+    /// type holds the dispatch key, its payload (and `scheduled_at`, when
+    /// this event has one) is updated instead of this event being skipped
+    /// ([`PublishOutcome::Replaced`](crate::PublishOutcome::Replaced)).
+    /// Needs a dispatch key.
+    pub replace_pending: bool,
 }
 
 impl NewOutboxEvent {
@@ -50,6 +62,8 @@ impl NewOutboxEvent {
             payload,
             dispatch_key: None,
             scheduled_at: None,
+            dedupe: Dedupe::UntilDeleted,
+            replace_pending: false,
         }
     }
 
@@ -64,6 +78,44 @@ impl NewOutboxEvent {
     #[must_use]
     pub fn scheduled_at(mut self, at: DateTime<Utc>) -> Self {
         self.scheduled_at = Some(at);
+        self
+    }
+
+    /// Sets how long the dispatch key deduplicates (see [`Dedupe`]).
+    #[must_use]
+    pub fn dedupe(mut self, window: Dedupe) -> Self {
+        self.dedupe = window;
+        self
+    }
+
+    /// Replace mode: while the event holding the dispatch key is still
+    /// PENDING (not claimed yet) and of the same tenant and event type, it
+    /// takes this event's payload, and this event's `scheduled_at` when it
+    /// has one, and publishing returns
+    /// [`PublishOutcome::Replaced`](crate::PublishOutcome::Replaced) with
+    /// its id. A holder that is PROCESSING, DONE, FAILED or CANCELLED (or
+    /// of another tenant or type) is left as it is:
+    /// [`PublishOutcome::Duplicate`](crate::PublishOutcome::Duplicate). The
+    /// holder keeps its id, trace context and dedupe window. Without a
+    /// holder the event is written as usual.
+    ///
+    /// The holder row stays locked until the transaction ends, replaced or
+    /// not (`ON CONFLICT … DO UPDATE` locks it either way): a dispatcher
+    /// recording the hand-off of a PROCESSING holder waits for the
+    /// transaction, so keep it short.
+    ///
+    /// ```
+    /// use outbox_publish::NewOutboxEvent;
+    ///
+    /// // The latest search-index state wins while the update waits.
+    /// let update = NewOutboxEvent::new("t1", "search.product.updated", serde_json::json!({"name": "v2"}))
+    ///     .dispatch_key("product-7-index")
+    ///     .replace_pending();
+    /// assert!(update.validate().is_ok());
+    /// ```
+    #[must_use]
+    pub fn replace_pending(mut self) -> Self {
+        self.replace_pending = true;
         self
     }
 
@@ -102,7 +154,30 @@ impl NewOutboxEvent {
             &self.event_type,
             &self.payload,
             self.dispatch_key.as_deref(),
-        )
+        )?;
+        self.check_dedupe().map(|_| ())
+    }
+
+    /// The dedupe columns, or why the window or replace mode is refused.
+    fn check_dedupe(&self) -> Result<(Option<PgInterval>, bool), PublishError> {
+        let needs_key = if self.replace_pending {
+            Some("replace_pending")
+        } else if self.dedupe != Dedupe::UntilDeleted {
+            Some("a dedupe window")
+        } else {
+            None
+        };
+        if let Some(setting) = needs_key
+            && self.dispatch_key.is_none()
+        {
+            return Err(PublishError::DedupeWithoutDispatchKey { setting });
+        }
+        self.dedupe
+            .columns()
+            .ok_or(PublishError::DedupeWindowOutOfRange {
+                window: self.dedupe,
+                max: MAX_DEDUPE_WINDOW,
+            })
     }
 
     /// Validates the event and gives it a fresh UUIDv7.
@@ -114,12 +189,15 @@ impl NewOutboxEvent {
             drop_without_recursion(self.payload);
             return Err(e);
         }
+        let (dedupe_for, dedupe_while_pending) = self.check_dedupe()?;
         let Self {
             tenant_id,
             event_type,
             payload,
             dispatch_key,
             scheduled_at,
+            dedupe: _,
+            replace_pending,
         } = self;
         Ok(NewOutboxEventRow {
             id: Uuid::now_v7(),
@@ -130,6 +208,9 @@ impl NewOutboxEvent {
             scheduled_at,
             traceparent: None,
             tracestate: None,
+            dedupe_for,
+            dedupe_while_pending,
+            replace_pending,
         })
     }
 }

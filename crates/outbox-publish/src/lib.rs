@@ -12,6 +12,15 @@
 //!
 //! This crate only writes rows. It does not route, enqueue or deliver.
 //!
+//! A dispatch key deduplicates for a window chosen per event ([`Dedupe`]:
+//! until the row is deleted, the default; while the event is pending; or
+//! for a duration), and [`NewOutboxEvent::replace_pending`] makes a second
+//! event with the key update the payload of a still pending first one
+//! ([`PublishOutcome::Replaced`]). [`cancel`] and [`reschedule`] change a
+//! published event from code, in the caller's transaction, by id or by
+//! dispatch key ([`EventRef`]), with the operator's rules (`outbox
+//! cancel`) and typed refusals ([`ChangeError`]).
+//!
 //! Applications on sqlx turn on the `sqlx` feature and publish with the
 //! same functions from the `sqlx` module (`outbox_publish::sqlx::publish`,
 //! `publish_outbox_event`, `publish_outbox_events`, `publish_routed_event`),
@@ -40,6 +49,8 @@
 //! | [`PublishError::PayloadStringContainsNul`] | a string anywhere in the payload contains NUL, for the same reason |
 //! | [`PublishError::PayloadTooDeep`] | arrays and objects nest deeper than [`MAX_PAYLOAD_DEPTH`] |
 //! | [`PublishError::PayloadTooLarge`] | the payload is over [`outbox_model::MAX_PAYLOAD_BYTES`] serialized |
+//! | [`PublishError::DedupeWithoutDispatchKey`] | a dedupe window ([`Dedupe`]) or replace mode without a dispatch key |
+//! | [`PublishError::DedupeWindowOutOfRange`] | a [`Dedupe::For`] window of zero or over [`MAX_DEDUPE_WINDOW`] |
 //! | [`PublishError::InvalidBatchItem`] | one event of a batch breaks one of the rules above; nothing of the batch is written |
 //! | [`PublishError::Unrouted`] | only with [`publish_routed_event`] (or [`NewOutboxEvent::check_route`]): the given routing table sends the event type to no queue |
 //! | [`PublishError::NotInTransaction`] | [`OutboxTx::new`] got a connection without an open transaction |
@@ -61,9 +72,12 @@
 //!
 //! # Transactions and locks
 //!
-//! Publishing is one `INSERT … ON CONFLICT (dispatch_key) DO NOTHING`, so a
-//! duplicate dispatch key never raises an error that would abort the caller's
-//! transaction. Two concurrent transactions that publish the same dispatch
+//! Publishing is one `INSERT … ON CONFLICT (dispatch_key) DO NOTHING` (`DO
+//! UPDATE … WHERE status = 'PENDING'` in replace mode), so a duplicate
+//! dispatch key never raises an error that would abort the caller's
+//! transaction. Before a keyed row is inserted, the table's trigger frees
+//! the key of a holder whose dedupe window has passed (locking that row
+//! until the transaction ends). Two concurrent transactions that publish the same dispatch
 //! key serialize on the unique index: the second waits for the first to
 //! commit or roll back, then reports [`PublishOutcome::Duplicate`] (or
 //! inserts, if the first rolled back). While a dispatcher waits for new
@@ -75,6 +89,8 @@
 //! ([`outbox_model::WAKE_GATE_LOCK`]): a dispatcher that starts to wait
 //! meanwhile claims the event once the transaction has committed.
 
+mod change;
+mod dedupe;
 mod error;
 mod event;
 mod publish;
@@ -84,6 +100,8 @@ pub mod sqlx;
 mod tx;
 mod typed;
 
+pub use change::{ChangeError, EventRef, cancel, reschedule};
+pub use dedupe::{Dedupe, MAX_DEDUPE_WINDOW};
 pub use error::PublishError;
 pub use event::{MAX_PAYLOAD_DEPTH, NewOutboxEvent};
 pub use publish::{PublishOutcome, publish_outbox_event, publish_outbox_events};

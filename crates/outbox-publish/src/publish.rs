@@ -13,7 +13,11 @@ use crate::event::drop_without_recursion;
 use crate::{NewOutboxEvent, OutboxTx, PublishError};
 
 /// What publishing did.
+///
+/// Non-exhaustive: match the cases you act on and `_` for the rest (or use
+/// [`PublishOutcome::id`] and [`PublishOutcome::is_duplicate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum PublishOutcome {
     /// A new event was written with this id.
     Published(Uuid),
@@ -21,6 +25,10 @@ pub enum PublishOutcome {
     /// or earlier in this transaction or batch); this is its id. Nothing was
     /// written and the transaction is intact.
     Duplicate(Uuid),
+    /// Replace mode ([`NewOutboxEvent::replace_pending`]): the PENDING
+    /// event holding the dispatch key, with this id, now has the new
+    /// payload (and schedule, when given). No row was written.
+    Replaced(Uuid),
 }
 
 impl PublishOutcome {
@@ -28,11 +36,12 @@ impl PublishOutcome {
     #[must_use]
     pub fn id(self) -> Uuid {
         match self {
-            Self::Published(id) | Self::Duplicate(id) => id,
+            Self::Published(id) | Self::Duplicate(id) | Self::Replaced(id) => id,
         }
     }
 
-    /// True when this call wrote nothing because of the dispatch key.
+    /// True when this call wrote nothing because of the dispatch key (a
+    /// replaced holder is not a duplicate: its payload was written).
     #[must_use]
     pub fn is_duplicate(self) -> bool {
         matches!(self, Self::Duplicate(_))
@@ -58,7 +67,7 @@ impl PublishOutcome {
 #[instrument(
     name = "outbox.publish",
     skip_all,
-    fields(tenant_id = %event.tenant_id, event_type = %event.event_type, event_id, duplicate),
+    fields(tenant_id = %event.tenant_id, event_type = %event.event_type, event_id, duplicate, replaced),
     err
 )]
 pub async fn publish_outbox_event(
@@ -78,6 +87,9 @@ pub async fn publish_outbox_event(
 /// nothing. Events that repeat a dispatch key (of an existing row, or of an
 /// earlier event in the same batch) come back as
 /// [`PublishOutcome::Duplicate`] with the id of the row that holds the key.
+/// A batch with an event in replace mode
+/// ([`NewOutboxEvent::replace_pending`]) is written one statement per
+/// event, in order, so that each event meets the ones before it.
 ///
 /// # Errors
 ///
@@ -94,6 +106,13 @@ pub async fn publish_outbox_events(
     events: impl IntoIterator<Item = NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
     let rows = prepare_batch(events)?;
+    if has_replace(&rows) {
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            outcomes.push(outcome(outbox_store::insert_event(tx.conn(), row).await?));
+        }
+        return Ok(published(outcomes));
+    }
     let inserted = outbox_store::insert_events(tx.conn(), &rows).await?;
     let keys = keys_not_inserted(&rows, &inserted);
     let holders = outbox_store::dispatch_key_holders(tx.conn(), &keys).await?;
@@ -115,16 +134,39 @@ pub(crate) fn prepare(event: NewOutboxEvent) -> Result<NewOutboxEventRow, Publis
     Ok(row)
 }
 
-/// What inserting one row did, recorded on the current (`outbox.publish`) span.
-pub(crate) fn recorded(inserted: Inserted) -> PublishOutcome {
-    let outcome = match inserted {
+/// What inserting one row did.
+pub(crate) fn outcome(inserted: Inserted) -> PublishOutcome {
+    match inserted {
         Inserted::New(id) => PublishOutcome::Published(id),
         Inserted::Existing(id) => PublishOutcome::Duplicate(id),
-    };
+        Inserted::Replaced(id) => PublishOutcome::Replaced(id),
+    }
+}
+
+/// What inserting one row did, recorded on the current (`outbox.publish`) span.
+pub(crate) fn recorded(inserted: Inserted) -> PublishOutcome {
+    let outcome = outcome(inserted);
     let span = tracing::Span::current();
     span.record("event_id", tracing::field::display(outcome.id()));
     span.record("duplicate", outcome.is_duplicate());
+    span.record("replaced", matches!(outcome, PublishOutcome::Replaced(_)));
     outcome
+}
+
+/// Whether a batch has an event in replace mode (written one by one).
+pub(crate) fn has_replace(rows: &[NewOutboxEventRow]) -> bool {
+    rows.iter().any(|row| row.replace_pending)
+}
+
+/// The outcomes of a batch written one by one, recorded on the current
+/// (`outbox.publish_batch`) span.
+pub(crate) fn published(outcomes: Vec<PublishOutcome>) -> Vec<PublishOutcome> {
+    let written = outcomes
+        .iter()
+        .filter(|o| matches!(o, PublishOutcome::Published(_)))
+        .count();
+    tracing::Span::current().record("published", written);
+    outcomes
 }
 
 /// The rows of a batch, every event validated before any is returned,

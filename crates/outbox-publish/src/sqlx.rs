@@ -63,12 +63,18 @@
 //! ```
 
 use ::sqlx::{Postgres, Transaction};
+use chrono::{DateTime, Utc};
 use outbox_model::TypedEvent;
 use serde::Serialize;
 use tracing::instrument;
+use uuid::Uuid;
 
-use crate::publish::{batch_outcomes, keys_not_inserted, prepare, prepare_batch, recorded};
-use crate::{EventRoutes, NewOutboxEvent, PublishError, PublishOutcome};
+use crate::change::{RESCHEDULABLE, cancel_of, cancelled, check, rescheduled};
+use crate::publish::{
+    batch_outcomes, has_replace, keys_not_inserted, outcome, prepare, prepare_batch, published,
+    recorded,
+};
+use crate::{ChangeError, EventRef, EventRoutes, NewOutboxEvent, PublishError, PublishOutcome};
 
 /// Records one event in the caller's sqlx transaction: what
 /// [`crate::publish_outbox_event`] does for diesel, in an `outbox.publish`
@@ -92,7 +98,7 @@ use crate::{EventRoutes, NewOutboxEvent, PublishError, PublishOutcome};
 #[instrument(
     name = "outbox.publish",
     skip_all,
-    fields(tenant_id = %event.tenant_id, event_type = %event.event_type, event_id, duplicate),
+    fields(tenant_id = %event.tenant_id, event_type = %event.event_type, event_id, duplicate, replaced),
     err
 )]
 pub async fn publish_outbox_event(
@@ -129,6 +135,13 @@ pub async fn publish_outbox_events(
     events: impl IntoIterator<Item = NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
     let rows = prepare_batch(events)?;
+    if has_replace(&rows) {
+        let mut outcomes = Vec::with_capacity(rows.len());
+        for row in &rows {
+            outcomes.push(outcome(outbox_store::sqlx::insert_event(tx, row).await?));
+        }
+        return Ok(published(outcomes));
+    }
     let inserted = outbox_store::sqlx::insert_events(tx, &rows).await?;
     let keys = keys_not_inserted(&rows, &inserted);
     let holders = outbox_store::sqlx::dispatch_key_holders(tx, &keys).await?;
@@ -173,4 +186,54 @@ pub async fn publish<E: TypedEvent + Serialize>(
     event: &E,
 ) -> Result<PublishOutcome, PublishError> {
     publish_outbox_event(tx, NewOutboxEvent::from_typed(tenant_id, event)?).await
+}
+
+/// Cancels one event in the caller's sqlx transaction: what
+/// [`crate::cancel`] does for diesel (the same rule, statement and history
+/// entry), in an `outbox.cancel` span.
+///
+/// # Errors
+///
+/// As [`crate::cancel`]; a database error is [`ChangeError::Sqlx`].
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox_publish::{ChangeError, EventRef};
+///
+/// # async fn demo(pool: &sqlx::PgPool) -> Result<(), ChangeError> {
+/// let mut tx = pool.begin().await?;
+/// let key = EventRef::DispatchKey("order-7-reminder".to_owned());
+/// outbox_publish::sqlx::cancel(&mut tx, key, "order paid before the reminder").await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[instrument(name = "outbox.cancel", skip_all, fields(event = %event, event_id), err)]
+pub async fn cancel(
+    tx: &mut Transaction<'_, Postgres>,
+    event: EventRef,
+    reason: &str,
+) -> Result<Uuid, ChangeError> {
+    check(&event, reason)?;
+    let found = outbox_store::sqlx::cancel_event(tx, cancel_of(&event, reason)).await?;
+    cancelled(event, found)
+}
+
+/// Moves one PENDING event's dispatch to `at` in the caller's sqlx
+/// transaction: what [`crate::reschedule`] does for diesel, in an
+/// `outbox.reschedule` span.
+///
+/// # Errors
+///
+/// As [`crate::reschedule`]; a database error is [`ChangeError::Sqlx`].
+#[instrument(name = "outbox.reschedule", skip_all, fields(event = %event, event_id, %at), err)]
+pub async fn reschedule(
+    tx: &mut Transaction<'_, Postgres>,
+    event: EventRef,
+    at: DateTime<Utc>,
+) -> Result<Uuid, ChangeError> {
+    check(&event, "")?;
+    let found = outbox_store::sqlx::reschedule_event(tx, event.key(), &RESCHEDULABLE, at).await?;
+    rescheduled(event, found)
 }

@@ -301,6 +301,9 @@ async fn postgres_aborts_the_transaction_on_what_the_publisher_refuses() {
         scheduled_at: None,
         traceparent: None,
         tracestate: None,
+        dedupe_for: None,
+        dedupe_while_pending: false,
+        replace_pending: false,
     };
     let unicode = "unsupported Unicode escape sequence";
     let utf8 = "invalid byte sequence";

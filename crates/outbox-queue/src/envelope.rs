@@ -159,6 +159,9 @@ mod tests {
             traceparent: traceparent.map(str::to_owned),
             tracestate: tracestate.map(str::to_owned),
             unrouted_since: None,
+            dedupe_for: None,
+            dedupe_while_pending: false,
+            released_dispatch_key: None,
         }
     }
 

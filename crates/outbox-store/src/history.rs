@@ -1,23 +1,28 @@
-//! The operator's changes of state, each with its history row in
-//! `outbox_event_requeue`: requeue (and replay of DONE rows) and cancel.
+//! The operator's and the application's changes of state, each with its
+//! history row in `outbox_event_requeue`: requeue (and replay of DONE
+//! rows) and cancel; and the reschedule of a pending row.
 //!
 //! # Transactions and locks
 //!
-//! Each operation is one transaction: it locks the rows that still have an
-//! allowed status (`FOR UPDATE`, so a dispatcher's claim and a second
-//! operator wait for it), writes one history row per locked row, then
-//! changes them. A row whose status changed since the caller read it is
-//! left alone; if anything fails, nothing changed. The statements stay raw
-//! SQL: the history row is an `INSERT … SELECT` of the row's own values.
+//! Requeue is one transaction, cancel and reschedule one statement each:
+//! each locks the rows that still have an allowed status (`FOR UPDATE`, so
+//! a dispatcher's claim and a second operator wait for it), writes one
+//! history row per locked row (not reschedule), then changes them. A row
+//! whose status changed since the caller read it is left alone; if
+//! anything fails, nothing changed. Cancel and reschedule run inside the
+//! caller's transaction when given one (`outbox_publish::cancel`), and
+//! then commit or roll back with it. The statements stay raw SQL: the
+//! history row is an `INSERT … SELECT` of the row's own values.
 
+use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, Bool, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Array, Bool, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::{NOTIFY_CHANNEL, OutboxStatus};
 use tracing::instrument;
 use uuid::Uuid;
 
-use crate::{Result, StoreError};
+use crate::{EventKey, Result, StoreError};
 
 /// Who asks for a change of state, and why: kept in each history row.
 #[derive(Debug, Clone, Copy)]
@@ -33,7 +38,7 @@ pub struct Change<'a> {
 }
 
 impl Change<'_> {
-    fn allowed(&self) -> Vec<&'static str> {
+    pub(crate) fn allowed(&self) -> Vec<&'static str> {
         self.allowed.iter().map(|s| s.as_str()).collect()
     }
 }
@@ -115,50 +120,174 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
     .await
 }
 
-#[derive(QueryableByName)]
-struct Cancelled {
+/// The cancel of some rows as SQL text, one statement: it locks the rows
+/// found (by id or by dispatch key) whose status is allowed (`FOR UPDATE`),
+/// writes one history row each (action `cancel`), sets them CANCELLED
+/// without a lease, and returns every row found with its status and
+/// whether it was cancelled. A row whose status changed to one not allowed
+/// since the statement's snapshot is left alone, with its new status.
+///
+/// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
+/// `$3` text[] (the allowed statuses), `$4` text (reason), `$5` text or
+/// NULL (requested by). Returns `(id uuid, status text, changed bool)`.
+pub const CANCEL_SQL: &str = "WITH found AS (
+         SELECT id, status FROM outbox_event
+         WHERE id = ANY($1) OR dispatch_key = ANY($2)
+     ), target AS (
+         SELECT id, status, retries, last_error FROM outbox_event
+         WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
+         FOR UPDATE
+     ), entry AS (
+         INSERT INTO outbox_event_requeue
+             (outbox_event_id, reason, requested_by, previous_status, previous_retries,
+              previous_last_error, action)
+         SELECT id, $4, $5, status, retries, last_error, 'cancel' FROM target
+     ), changed AS (
+         UPDATE outbox_event e SET status = 'CANCELLED', locked_until = NULL
+         FROM target WHERE e.id = target.id
+         RETURNING e.id
+     )
+     SELECT found.id, COALESCE(target.status, found.status) AS status,
+            changed.id IS NOT NULL AS changed
+     FROM found
+     LEFT JOIN target ON target.id = found.id
+     LEFT JOIN changed ON changed.id = found.id";
+
+/// The reschedule of one row as SQL text, one statement: the row found (by
+/// id or by dispatch key) gets `scheduled_at` = `$4` if its status is
+/// allowed (the row locked by the update); returns it with its status and
+/// whether it changed. No history row: the status does not change.
+///
+/// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
+/// `$3` text[] (the allowed statuses), `$4` timestamptz. Returns `(id
+/// uuid, status text, changed bool)`.
+pub const RESCHEDULE_SQL: &str = "WITH found AS (
+         SELECT id, status FROM outbox_event
+         WHERE id = ANY($1) OR dispatch_key = ANY($2)
+     ), changed AS (
+         UPDATE outbox_event SET scheduled_at = $4
+         WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
+         RETURNING id, status
+     )
+     SELECT found.id, COALESCE(changed.status, found.status) AS status,
+            changed.id IS NOT NULL AS changed
+     FROM found LEFT JOIN changed ON changed.id = found.id";
+
+/// A row a cancel or a reschedule found, and what it did to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub struct Found {
+    /// The row.
     #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
+    pub id: Uuid,
+    /// Its status when the statement ran (before a cancel changed it).
+    #[diesel(sql_type = Text)]
+    pub status: OutboxStatus,
+    /// Whether the statement changed it (its status was allowed).
+    #[diesel(sql_type = Bool)]
+    pub changed: bool,
 }
 
-/// Cancels the rows of `change` in one transaction, each with its history
-/// entry (action `cancel`): status CANCELLED, no lease. Returns the ids
-/// cancelled.
+/// The ids and dispatch keys a statement looks for: what `key` finds.
+pub(crate) fn targets(key: EventKey<'_>) -> (Vec<Uuid>, Vec<&str>) {
+    match key {
+        EventKey::Id(id) => (vec![id], Vec::new()),
+        EventKey::DispatchKey(key) => (Vec::new(), vec![key]),
+    }
+}
+
+/// Cancels the rows of `change` with one statement ([`CANCEL_SQL`]), each
+/// with its history entry (action `cancel`): status CANCELLED, no lease.
+/// Returns the ids cancelled.
 ///
 /// # Errors
 ///
 /// When Postgres fails (nothing changes then).
 #[instrument(level = "debug", skip_all, fields(events = change.ids.len()), err(level = "debug"))]
 pub async fn cancel(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result<Vec<Uuid>> {
-    let allowed = change.allowed();
-    conn.transaction::<_, StoreError, _>(async |conn| {
-        let locked: Vec<Cancelled> = diesel::sql_query(
-            "SELECT id FROM outbox_event WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",
-        )
-        .bind::<Array<SqlUuid>, _>(change.ids)
-        .bind::<Array<Text>, _>(&allowed)
-        .load(conn)
-        .await?;
-        let locked: Vec<Uuid> = locked.into_iter().map(|row| row.id).collect();
-        diesel::sql_query(
-            "INSERT INTO outbox_event_requeue
-                 (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-                  previous_last_error, action)
-             SELECT id, $2, $3, status, retries, last_error, 'cancel'
-             FROM outbox_event WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked)
+    let found = run_cancel(conn, change.ids, &[], change).await?;
+    Ok(found
+        .into_iter()
+        .filter(|row| row.changed)
+        .map(|row| row.id)
+        .collect())
+}
+
+/// What [`cancel_event`] cancels: one row, by id or by dispatch key.
+#[derive(Debug, Clone, Copy)]
+pub struct CancelEvent<'a> {
+    /// The row.
+    pub key: EventKey<'a>,
+    /// Only a row with one of these statuses changes (the caller's policy).
+    pub allowed: &'a [OutboxStatus],
+    /// Why, kept in the history row.
+    pub reason: &'a str,
+    /// Who, when known.
+    pub requested_by: Option<&'a str>,
+}
+
+/// Cancels the one row `cancel.key` finds, as [`cancel`] does (the same
+/// statement, the same history entry), if its status is allowed. Returns
+/// the row found, its status and whether it was cancelled; `None` when no
+/// row has the key. Inside the caller's transaction, it commits or rolls
+/// back with it.
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn cancel_event(
+    conn: &mut AsyncPgConnection,
+    cancel: CancelEvent<'_>,
+) -> Result<Option<Found>> {
+    let (ids, keys) = targets(cancel.key);
+    let change = Change {
+        ids: &ids,
+        allowed: cancel.allowed,
+        reason: cancel.reason,
+        requested_by: cancel.requested_by,
+    };
+    Ok(run_cancel(conn, &ids, &keys, change).await?.pop())
+}
+
+/// [`CANCEL_SQL`] for the rows with `ids` or `keys`.
+async fn run_cancel(
+    conn: &mut AsyncPgConnection,
+    ids: &[Uuid],
+    keys: &[&str],
+    change: Change<'_>,
+) -> Result<Vec<Found>> {
+    Ok(diesel::sql_query(CANCEL_SQL)
+        .bind::<Array<SqlUuid>, _>(ids)
+        .bind::<Array<Text>, _>(keys)
+        .bind::<Array<Text>, _>(change.allowed())
         .bind::<Text, _>(change.reason)
         .bind::<Nullable<Text>, _>(change.requested_by)
-        .execute(conn)
+        .load(conn)
+        .await?)
+}
+
+/// Sets the `scheduled_at` of the one row `key` finds to `at`, if its
+/// status is one of `allowed` ([`RESCHEDULE_SQL`]). Returns the row found,
+/// its status and whether it changed; `None` when no row has the key.
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(level = "debug", skip(conn, allowed), err(level = "debug"))]
+pub async fn reschedule_event(
+    conn: &mut AsyncPgConnection,
+    key: EventKey<'_>,
+    allowed: &[OutboxStatus],
+    at: DateTime<Utc>,
+) -> Result<Option<Found>> {
+    let (ids, keys) = targets(key);
+    let allowed: Vec<&str> = allowed.iter().map(|s| s.as_str()).collect();
+    let mut found: Vec<Found> = diesel::sql_query(RESCHEDULE_SQL)
+        .bind::<Array<SqlUuid>, _>(&ids)
+        .bind::<Array<Text>, _>(&keys)
+        .bind::<Array<Text>, _>(&allowed)
+        .bind::<Timestamptz, _>(at)
+        .load(conn)
         .await?;
-        diesel::sql_query(
-            "UPDATE outbox_event SET status = 'CANCELLED', locked_until = NULL WHERE id = ANY($1)",
-        )
-        .bind::<Array<SqlUuid>, _>(&locked)
-        .execute(conn)
-        .await?;
-        Ok(locked)
-    })
-    .await
+    Ok(found.pop())
 }

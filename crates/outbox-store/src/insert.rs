@@ -3,16 +3,18 @@
 
 use std::collections::{HashMap, HashSet};
 
+use diesel::pg::data_types::PgInterval;
 use diesel::prelude::*;
+use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use outbox_model::NewOutboxEventRow;
 use outbox_model::schema::outbox_event;
+use outbox_model::{NewOutboxEventRow, OutboxStatus};
 use tracing::instrument;
 use uuid::Uuid;
 
 use crate::Result;
 
-/// Rows per INSERT statement in a batch: 8 bind parameters a row stays well
+/// Rows per INSERT statement in a batch: 10 bind parameters a row stays well
 /// under Postgres' 65,535-parameter limit.
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
@@ -25,11 +27,32 @@ pub const ROWS_PER_STATEMENT: usize = 5_000;
 /// Parameters, in order: `$1` id (uuid), `$2` tenant_id (text),
 /// `$3` event_type (text), `$4` payload (jsonb), `$5` dispatch_key (text or
 /// NULL), `$6` scheduled_at (timestamptz or NULL), `$7` traceparent (text or
-/// NULL), `$8` tracestate (text or NULL). Returns `id`.
+/// NULL), `$8` tracestate (text or NULL), `$9` dedupe_for (interval or
+/// NULL), `$10` dedupe_while_pending (boolean). Returns `id`.
 pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
-     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8) \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+      dedupe_for, dedupe_while_pending) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10) \
      ON CONFLICT (dispatch_key) DO NOTHING \
+     RETURNING id";
+
+/// One event's insert in replace mode as SQL text (what [`insert_event`]
+/// runs for a row with `replace_pending`): the parameters of
+/// [`INSERT_EVENT_SQL`]; when a PENDING row of the same tenant and event
+/// type holds the dispatch key, that row's payload becomes `$4` and its
+/// `scheduled_at` `$6` (when not NULL) instead. Returns the `id` written
+/// or updated; none when a row that is not PENDING (or of another tenant
+/// or type) holds the key.
+pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+      dedupe_for, dedupe_while_pending) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10) \
+     ON CONFLICT (dispatch_key) DO UPDATE \
+     SET payload = excluded.payload, \
+         scheduled_at = COALESCE($6, outbox_event.scheduled_at) \
+     WHERE outbox_event.status = 'PENDING' \
+       AND outbox_event.tenant_id = excluded.tenant_id \
+       AND outbox_event.event_type = excluded.event_type \
      RETURNING id";
 
 /// Many events' insert as SQL text, one array per column: the rows of
@@ -41,15 +64,18 @@ pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// uuid[], `$2` text[] (tenant_id), `$3` text[] (event_type), `$4` jsonb[],
 /// `$5` text[] (dispatch_key, NULL elements), `$6` timestamptz[]
 /// (scheduled_at, NULL elements for `now()`), `$7` text[] (traceparent),
-/// `$8` text[] (tracestate). Returns the `id`s written.
+/// `$8` text[] (tracestate), `$9` interval[] (dedupe_for, NULL elements),
+/// `$10` boolean[] (dedupe_while_pending). Returns the `id`s written.
 pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
-     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+      dedupe_for, dedupe_while_pending) \
      SELECT id, tenant_id, event_type, payload, dispatch_key, COALESCE(scheduled_at, now()), \
-            traceparent, tracestate \
+            traceparent, tracestate, dedupe_for, dedupe_while_pending \
      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], \
-                 $6::timestamptz[], $7::text[], $8::text[]) WITH ORDINALITY \
+                 $6::timestamptz[], $7::text[], $8::text[], $9::interval[], $10::boolean[]) \
+          WITH ORDINALITY \
           AS e (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, \
-                traceparent, tracestate, n) \
+                traceparent, tracestate, dedupe_for, dedupe_while_pending, n) \
      ORDER BY n \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
@@ -68,11 +94,17 @@ pub enum Inserted {
     /// A row with the same dispatch key exists already; this is its id.
     /// Nothing was written and the transaction is intact.
     Existing(Uuid),
+    /// In replace mode, a PENDING row held the dispatch key; this is its
+    /// id, and its payload (and schedule, when given) is now the new row's.
+    Replaced(Uuid),
 }
 
 /// Inserts one row. A row with a dispatch key that another row holds is
 /// not written (`ON CONFLICT (dispatch_key) DO NOTHING`, so the caller's
-/// transaction survives) and the holder's id comes back.
+/// transaction survives) and the holder's id comes back. In replace mode
+/// (`row.replace_pending`, [`REPLACE_EVENT_SQL`]) a PENDING holder of the
+/// same tenant and event type takes the row's payload (and schedule, when
+/// given) instead.
 ///
 /// # Errors
 ///
@@ -90,16 +122,40 @@ pub async fn insert_event(
             .await?;
         return Ok(Inserted::New(id));
     };
-    let inserted = diesel::insert_into(outbox_event::table)
-        .values(one_row(row))
-        .on_conflict(outbox_event::dispatch_key)
-        .do_nothing()
+    let inserted = if row.replace_pending {
+        let upsert = diesel::insert_into(outbox_event::table)
+            .values(one_row(row))
+            .on_conflict(outbox_event::dispatch_key)
+            .do_update()
+            .set((
+                outbox_event::payload.eq(excluded(outbox_event::payload)),
+                outbox_event::scheduled_at
+                    .eq(coalesce(row.scheduled_at, outbox_event::scheduled_at)),
+            ));
+        // Only a PENDING holder of the same tenant and type is replaced.
+        diesel::query_dsl::methods::FilterDsl::filter(
+            upsert,
+            outbox_event::status
+                .eq(OutboxStatus::Pending)
+                .and(outbox_event::tenant_id.eq(excluded(outbox_event::tenant_id)))
+                .and(outbox_event::event_type.eq(excluded(outbox_event::event_type))),
+        )
         .returning(outbox_event::id)
         .get_result::<Uuid>(conn)
         .await
-        .optional()?;
+        .optional()?
+    } else {
+        diesel::insert_into(outbox_event::table)
+            .values(one_row(row))
+            .on_conflict(outbox_event::dispatch_key)
+            .do_nothing()
+            .returning(outbox_event::id)
+            .get_result::<Uuid>(conn)
+            .await
+            .optional()?
+    };
     Ok(match inserted {
-        Some(id) => Inserted::New(id),
+        Some(id) => written(row, id),
         None => Inserted::Existing(
             outbox_event::table
                 .filter(outbox_event::dispatch_key.eq(key))
@@ -110,9 +166,20 @@ pub async fn insert_event(
     })
 }
 
+/// What an insert that returned `id` for `row` did: wrote it, or (in
+/// replace mode) updated the holder with this id.
+pub(crate) fn written(row: &NewOutboxEventRow, id: Uuid) -> Inserted {
+    if id == row.id {
+        Inserted::New(id)
+    } else {
+        Inserted::Replaced(id)
+    }
+}
+
 /// Inserts `rows` with one statement per [`ROWS_PER_STATEMENT`] rows,
 /// skipping those whose dispatch key another row holds. Returns the ids
-/// written.
+/// written. `replace_pending` is not read here: rows in replace mode go
+/// through [`insert_event`] one by one (the publisher does so).
 ///
 /// # Errors
 ///
@@ -181,6 +248,8 @@ type OneRow<'r> = (
     >,
     diesel::dsl::Eq<outbox_event::traceparent, Option<&'r str>>,
     diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
+    diesel::dsl::Eq<outbox_event::dedupe_for, Option<PgInterval>>,
+    diesel::dsl::Eq<outbox_event::dedupe_while_pending, bool>,
 );
 
 /// The values of one event's `INSERT`, every column bound (an absent
@@ -201,5 +270,7 @@ fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
         outbox_event::scheduled_at.eq(coalesce(row.scheduled_at, diesel::dsl::now)),
         outbox_event::traceparent.eq(row.traceparent.as_deref()),
         outbox_event::tracestate.eq(row.tracestate.as_deref()),
+        outbox_event::dedupe_for.eq(row.dedupe_for),
+        outbox_event::dedupe_while_pending.eq(row.dedupe_while_pending),
     )
 }

@@ -6,7 +6,9 @@
 //! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
 //! [`mark_failed`], [`mark_waiting_for_route`], [`release`]), the events no
 //! route matched ([`unrouted_types`], [`failed_unrouted_ids`]), retention ([`purge_done_batch`]), the
-//! operator's requeue and cancel with history ([`requeue`], [`cancel`]),
+//! operator's (and the application's) requeue and cancel with history
+//! ([`requeue`], [`cancel`], [`cancel_event`]), the reschedule of a
+//! pending row ([`reschedule_event`]),
 //! listings and lookups ([`list_events`], [`event`], [`history`], …),
 //! figures ([`pending_figures`], [`group_counts`]) and the upkeep of the
 //! table ([`vacuum`]).
@@ -27,18 +29,20 @@
 //! tracing span named after it.
 //!
 //! The publisher's statements also exist for sqlx (feature `sqlx`, module
-//! `sqlx`: the same inserts on an `sqlx::PgConnection`, for
-//! `outbox_publish::sqlx`). Their texts are this crate's constants
-//! ([`INSERT_EVENT_SQL`], [`INSERT_EVENTS_SQL`], [`DISPATCH_KEY_HOLDERS_SQL`],
-//! each with its parameters in order); a test writes the same rows through
+//! `sqlx`: the same inserts, cancel and reschedule on an
+//! `sqlx::PgConnection`, for `outbox_publish::sqlx`). Their texts are this
+//! crate's constants ([`INSERT_EVENT_SQL`], [`REPLACE_EVENT_SQL`],
+//! [`INSERT_EVENTS_SQL`], [`DISPATCH_KEY_HOLDERS_SQL`], [`CANCEL_SQL`],
+//! [`RESCHEDULE_SQL`], each with its parameters in order); a test writes the same rows through
 //! the diesel statements and these texts and finds every column equal.
 //!
 //! # Transactions and locks
 //!
 //! The claim and each outcome update are single autocommit statements
 //! fenced by the claim's lease (see [`claim`] and [`DONE_SQL`]); retention
-//! deletes in batches with `SKIP LOCKED`; requeue and cancel are one
-//! transaction each that locks the rows they change (`FOR UPDATE`).
+//! deletes in batches with `SKIP LOCKED`; requeue is one transaction,
+//! cancel and reschedule one statement each, that locks the rows they
+//! change (`FOR UPDATE`).
 //!
 //! # Example
 //!
@@ -75,10 +79,13 @@ pub use claim::{
 };
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
-pub use history::{Change, Requeued, cancel, requeue};
+pub use history::{
+    CANCEL_SQL, CancelEvent, Change, Found, RESCHEDULE_SQL, Requeued, cancel, cancel_event,
+    requeue, reschedule_event,
+};
 pub use insert::{
-    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, ROWS_PER_STATEMENT,
-    dispatch_key_holders, insert_event, insert_events,
+    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL,
+    ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events,
 };
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
 pub use redis_guard::{

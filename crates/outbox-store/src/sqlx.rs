@@ -1,8 +1,10 @@
 //! The publisher's statements on an sqlx connection (feature `sqlx`): the
-//! same three operations as [`crate::insert_event`], [`crate::insert_events`]
-//! and [`crate::dispatch_key_holders`], for `outbox_publish::sqlx`, with
+//! same operations as [`crate::insert_event`], [`crate::insert_events`],
+//! [`crate::dispatch_key_holders`], [`crate::cancel_event`] and
+//! [`crate::reschedule_event`], for `outbox_publish::sqlx`, with
 //! the statement texts this crate exports ([`INSERT_EVENT_SQL`],
-//! [`INSERT_EVENTS_SQL`], [`DISPATCH_KEY_HOLDERS_SQL`]). sqlx keeps each
+//! [`INSERT_EVENTS_SQL`], [`DISPATCH_KEY_HOLDERS_SQL`], [`CANCEL_SQL`],
+//! [`RESCHEDULE_SQL`]). sqlx keeps each
 //! text prepared on the connection, so a publish is one round trip.
 //!
 //! Each operation takes the connection of the caller's transaction
@@ -17,21 +19,32 @@ use outbox_model::NewOutboxEventRow;
 use tracing::instrument;
 use uuid::Uuid;
 
+use chrono::{DateTime, Utc};
+use outbox_model::OutboxStatus;
+
+use crate::history::targets;
+use crate::insert::written;
 use crate::{
-    DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, ROWS_PER_STATEMENT,
-    Result,
+    CANCEL_SQL, CancelEvent, DISPATCH_KEY_HOLDERS_SQL, EventKey, Found, INSERT_EVENT_SQL,
+    INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL, RESCHEDULE_SQL, ROWS_PER_STATEMENT, Result,
 };
 
 /// Inserts one row, as [`crate::insert_event`] does: a row with a dispatch
 /// key that another row holds is not written (the caller's transaction
-/// survives) and the holder's id comes back.
+/// survives) and the holder's id comes back; in replace mode
+/// ([`REPLACE_EVENT_SQL`]) a PENDING holder takes the row's payload.
 ///
 /// # Errors
 ///
 /// When Postgres fails (the caller's transaction is aborted then).
 #[instrument(name = "insert_event", level = "debug", skip_all, err(level = "debug"))]
 pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> Result<Inserted> {
-    let inserted: Option<Uuid> = ::sqlx::query_scalar(INSERT_EVENT_SQL)
+    let text = if row.replace_pending {
+        REPLACE_EVENT_SQL
+    } else {
+        INSERT_EVENT_SQL
+    };
+    let inserted: Option<Uuid> = ::sqlx::query_scalar(text)
         .bind(row.id)
         .bind(row.tenant_id.as_str())
         .bind(row.event_type.as_str())
@@ -40,10 +53,12 @@ pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> R
         .bind(row.scheduled_at)
         .bind(row.traceparent.as_deref())
         .bind(row.tracestate.as_deref())
+        .bind(row.dedupe_for.map(interval))
+        .bind(row.dedupe_while_pending)
         .fetch_optional(&mut *conn)
         .await?;
     if let Some(id) = inserted {
-        return Ok(Inserted::New(id));
+        return Ok(written(row, id));
     }
     // Only the dispatch key's unique index makes ON CONFLICT skip a row.
     let Some(key) = row.dispatch_key.as_deref() else {
@@ -92,6 +107,18 @@ pub async fn insert_events(
             .bind(chunk.iter().map(|row| row.scheduled_at).collect::<Vec<_>>())
             .bind(optional(|row| row.traceparent.as_deref()))
             .bind(optional(|row| row.tracestate.as_deref()))
+            .bind(
+                chunk
+                    .iter()
+                    .map(|row| row.dedupe_for.map(interval))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|row| row.dedupe_while_pending)
+                    .collect::<Vec<_>>(),
+            )
             .fetch_all(&mut *conn)
             .await?;
         inserted.extend(ids);
@@ -123,4 +150,89 @@ pub async fn dispatch_key_holders(
         .fetch_all(conn)
         .await?;
     Ok(found.into_iter().collect())
+}
+
+/// Cancels the one row `cancel.key` finds, as [`crate::cancel_event`]
+/// does: the same statement ([`CANCEL_SQL`]), the same history entry.
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(
+    name = "cancel_event",
+    level = "debug",
+    skip(conn),
+    err(level = "debug")
+)]
+pub async fn cancel_event(
+    conn: &mut PgConnection,
+    cancel: CancelEvent<'_>,
+) -> Result<Option<Found>> {
+    let (ids, keys) = targets(cancel.key);
+    let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(CANCEL_SQL)
+        .bind(ids)
+        .bind(keys)
+        .bind(statuses(cancel.allowed))
+        .bind(cancel.reason)
+        .bind(cancel.requested_by)
+        .fetch_all(conn)
+        .await?;
+    last_found(rows)
+}
+
+/// Sets the `scheduled_at` of the one row `key` finds, as
+/// [`crate::reschedule_event`] does ([`RESCHEDULE_SQL`]).
+///
+/// # Errors
+///
+/// When Postgres fails (the caller's transaction is aborted then).
+#[instrument(
+    name = "reschedule_event",
+    level = "debug",
+    skip(conn, allowed),
+    err(level = "debug")
+)]
+pub async fn reschedule_event(
+    conn: &mut PgConnection,
+    key: EventKey<'_>,
+    allowed: &[OutboxStatus],
+    at: DateTime<Utc>,
+) -> Result<Option<Found>> {
+    let (ids, keys) = targets(key);
+    let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(RESCHEDULE_SQL)
+        .bind(ids)
+        .bind(keys)
+        .bind(statuses(allowed))
+        .bind(at)
+        .fetch_all(conn)
+        .await?;
+    last_found(rows)
+}
+
+fn statuses(allowed: &[OutboxStatus]) -> Vec<&'static str> {
+    allowed.iter().map(|status| status.as_str()).collect()
+}
+
+/// The row a one-row statement found, its status text parsed.
+fn last_found(rows: Vec<(Uuid, String, bool)>) -> Result<Option<Found>> {
+    let Some((id, status, changed)) = rows.into_iter().last() else {
+        return Ok(None);
+    };
+    let status: OutboxStatus = status
+        .parse()
+        .map_err(|e| ::sqlx::Error::Decode(Box::new(e)))?;
+    Ok(Some(Found {
+        id,
+        status,
+        changed,
+    }))
+}
+
+/// diesel's interval (what the row holds) as sqlx's.
+fn interval(value: diesel::pg::data_types::PgInterval) -> ::sqlx::postgres::types::PgInterval {
+    ::sqlx::postgres::types::PgInterval {
+        months: value.months,
+        days: value.days,
+        microseconds: value.microseconds,
+    }
 }

@@ -8,6 +8,7 @@
 mod common;
 
 use chrono::{DateTime, Utc};
+use diesel::pg::data_types::PgInterval;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use outbox_model::schema::outbox_event;
@@ -16,8 +17,9 @@ use outbox_store::{ErrorKind, Inserted, StoreError};
 use outbox_test_support::TestDatabase;
 use sqlx::Connection as _;
 
-/// Rows with every optional column absent and present, and a dispatch key
-/// repeated (the second of the pair is skipped).
+/// Rows with every optional column absent and present (both dedupe
+/// windows among them), and a dispatch key repeated (the second of the
+/// pair is skipped).
 fn rows() -> Vec<NewOutboxEventRow> {
     let later = DateTime::parse_from_rfc3339("2031-05-06T07:08:09.123456Z")
         .unwrap()
@@ -42,9 +44,14 @@ fn rows() -> Vec<NewOutboxEventRow> {
             r.traceparent =
                 Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned());
             r.tracestate = Some("vendor=x".to_owned());
+            r.dedupe_for = Some(PgInterval::from_microseconds(90_000_000));
         }),
         row(&|r| r.dispatch_key = Some("key-1".to_owned())),
         row(&|r| r.traceparent = Some("not a traceparent".to_owned())),
+        row(&|r| {
+            r.dispatch_key = Some("key-2".to_owned());
+            r.dedupe_while_pending = true;
+        }),
     ]
 }
 
@@ -106,7 +113,7 @@ async fn one_at_a_time_both_drivers_write_the_same_rows_and_answer_the_same() {
     assert_eq!(by_sqlx, by_diesel);
     assert_eq!(by_sqlx[2], Inserted::Existing(rows[1].id));
     let written = stored(&mut diesel).await;
-    assert_eq!(written.len(), 3, "the repeated dispatch key is skipped");
+    assert_eq!(written.len(), 4, "the repeated dispatch key is skipped");
     assert_eq!(
         comparable(stored(&mut sqlx_db.conn().await).await),
         comparable(written)

@@ -45,10 +45,7 @@ pub async fn run(cli: &Cli, args: &AnswerArgs) -> Outcome {
 }
 
 fn render(cli: &Cli, execution: Uuid, answered: &AnsweredRun) -> anyhow::Result<()> {
-    let (event, duplicate) = match answered.event {
-        PublishOutcome::Published(id) => (id, false),
-        PublishOutcome::Duplicate(id) => (id, true),
-    };
+    let (event, duplicate) = (answered.event.id(), answered.event.is_duplicate());
     if cli.json {
         return print_json(&json!({
             "execution_id": execution,

@@ -19,7 +19,7 @@ use crate::refusals::{Refusal, nested, refusals};
 const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// A database with the business table, and a connection of `D` to it.
-async fn setup<D: Driver>() -> (TestDatabase, D) {
+pub async fn setup<D: Driver>() -> (TestDatabase, D) {
     let db = TestDatabase::new().await;
     db.conn().await.batch_execute(BUSINESS_TABLE).await.unwrap();
     let driver = D::connect(&db).await;
@@ -27,7 +27,7 @@ async fn setup<D: Driver>() -> (TestDatabase, D) {
 }
 
 /// The events as a reader sees them, oldest first.
-async fn events(db: &TestDatabase) -> Vec<EventRow> {
+pub async fn events(db: &TestDatabase) -> Vec<EventRow> {
     outbox_event::table
         .order(outbox_event::id)
         .select(EventRow::as_select())
@@ -61,7 +61,7 @@ fn order(note: Option<&str>) -> OrderCreated {
 }
 
 /// The single outcome of a step that published one event.
-fn single(result: &Result<Vec<PublishOutcome>, PublishError>) -> PublishOutcome {
+pub fn single(result: &Result<Vec<PublishOutcome>, PublishError>) -> PublishOutcome {
     match result {
         Ok(outcomes) if outcomes.len() == 1 => outcomes[0],
         other => panic!("expected one outcome, got {other:?}"),

@@ -2,12 +2,16 @@
 //! calls and business writes), committed or rolled back, through the
 //! diesel publisher (`OutboxTx`) or the sqlx one (`sqlx::Transaction`).
 
+use chrono::{DateTime, Utc};
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, TransactionManager};
-use outbox_publish::{EventRoutes, NewOutboxEvent, OutboxEvent, PublishError, PublishOutcome};
+use outbox_publish::{
+    ChangeError, EventRef, EventRoutes, NewOutboxEvent, OutboxEvent, PublishError, PublishOutcome,
+};
 use outbox_test_support::TestDatabase;
 use serde::Serialize;
 use sqlx::Connection as _;
+use uuid::Uuid;
 
 /// The application's own table, written in the same transaction.
 pub const BUSINESS_TABLE: &str = "CREATE TABLE subscription (id bigint PRIMARY KEY)";
@@ -72,6 +76,17 @@ pub enum End {
 /// write), or the error.
 pub type StepResult = Result<Vec<PublishOutcome>, PublishError>;
 
+/// One change of an existing event inside the transaction.
+pub enum Change {
+    /// `cancel(tx, event, reason)`.
+    Cancel(EventRef, &'static str),
+    /// `reschedule(tx, event, at)`.
+    Reschedule(EventRef, DateTime<Utc>),
+}
+
+/// What a change returned: the event's id, or the error.
+pub type ChangeResult = Result<Uuid, ChangeError>;
+
 /// A publisher the suite runs against.
 pub trait Driver: Sized {
     /// A connection to `db`.
@@ -79,6 +94,24 @@ pub trait Driver: Sized {
 
     /// Runs `steps` in one transaction ended by `end`; each step's result.
     async fn transaction(&mut self, steps: Vec<Step>, end: End) -> Vec<StepResult>;
+
+    /// Runs `changes` in one transaction ended by `end`; each one's result.
+    async fn changes(&mut self, changes: Vec<Change>, end: End) -> Vec<ChangeResult>;
+}
+
+/// Runs each change through the publisher module `$api` on `$tx`.
+macro_rules! run_changes {
+    ($($api:ident)::+, $tx:ident, $changes:expr) => {{
+        use $($api)::+ as api;
+        let mut results = Vec::new();
+        for change in $changes {
+            results.push(match change {
+                Change::Cancel(event, reason) => api::cancel(&mut $tx, event, reason).await,
+                Change::Reschedule(event, at) => api::reschedule(&mut $tx, event, at).await,
+            });
+        }
+        results
+    }};
 }
 
 /// Runs each step through the publisher module `$api` (the crate root or
@@ -144,6 +177,18 @@ impl Driver for Diesel {
         }
         results
     }
+
+    async fn changes(&mut self, changes: Vec<Change>, end: End) -> Vec<ChangeResult> {
+        let conn = &mut self.0;
+        DieselManager::begin_transaction(conn).await.unwrap();
+        let mut tx = outbox_publish::OutboxTx::new(conn).unwrap();
+        let results = run_changes!(outbox_publish, tx, changes);
+        match end {
+            End::Commit => DieselManager::commit_transaction(conn).await.unwrap(),
+            End::Rollback => DieselManager::rollback_transaction(conn).await.unwrap(),
+        }
+        results
+    }
 }
 
 /// The sqlx publisher: `outbox_publish::sqlx` over an `sqlx::Transaction`.
@@ -168,6 +213,16 @@ impl Driver for Sqlx {
     async fn transaction(&mut self, steps: Vec<Step>, end: End) -> Vec<StepResult> {
         let mut tx = self.0.begin().await.unwrap();
         let results = run_steps!(outbox_publish::sqlx, tx, steps, sqlx_business);
+        match end {
+            End::Commit => tx.commit().await.unwrap(),
+            End::Rollback => tx.rollback().await.unwrap(),
+        }
+        results
+    }
+
+    async fn changes(&mut self, changes: Vec<Change>, end: End) -> Vec<ChangeResult> {
+        let mut tx = self.0.begin().await.unwrap();
+        let results = run_changes!(outbox_publish::sqlx, tx, changes);
         match end {
             End::Commit => tx.commit().await.unwrap(),
             End::Rollback => tx.rollback().await.unwrap(),

@@ -8,8 +8,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fails loudly by design
 
 mod cases;
+mod changes;
 mod driver;
 mod refusals;
+mod windows;
 
 /// Each case, once per driver.
 macro_rules! conformance {
@@ -18,7 +20,7 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $case() {
-                    crate::cases::$case::<crate::driver::Diesel>().await;
+                    crate::$case::<crate::driver::Diesel>().await;
                 }
             )+
         }
@@ -26,12 +28,16 @@ macro_rules! conformance {
             $(
                 #[tokio::test]
                 async fn $case() {
-                    crate::cases::$case::<crate::driver::Sqlx>().await;
+                    crate::$case::<crate::driver::Sqlx>().await;
                 }
             )+
         }
     };
 }
+
+use cases::*;
+use changes::*;
+use windows::*;
 
 conformance!(
     published_rows_hold_every_column_given,
@@ -41,4 +47,14 @@ conformance!(
     a_batch_writes_in_order_and_reports_duplicates,
     a_typed_event_is_written_with_its_declared_type_and_refused_by_name,
     a_routed_publish_refuses_an_unrouted_type_before_any_sql,
+    cancel_by_id_or_key_cancels_and_records_history,
+    a_rolled_back_cancel_or_reschedule_leaves_the_row_untouched,
+    cancel_refusals_are_typed_and_leave_the_transaction_usable,
+    reschedule_moves_a_pending_event_and_refuses_a_processing_one,
+    while_pending_frees_the_key_once_the_holder_leaves_pending,
+    a_timed_window_frees_the_key_once_it_has_passed,
+    without_a_window_the_key_is_held_until_the_row_is_deleted,
+    replace_updates_a_pending_holder_and_not_a_done_one,
+    replace_with_while_pending_writes_a_new_event_after_hand_off,
+    a_batch_with_replace_events_replaces_in_order,
 );

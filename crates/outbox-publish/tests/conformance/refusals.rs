@@ -2,7 +2,9 @@
 //! every driver.
 
 use outbox_model::{EventTypeError, MAX_PAYLOAD_BYTES};
-use outbox_publish::{MAX_PAYLOAD_DEPTH, NewOutboxEvent, PublishError};
+use std::time::Duration;
+
+use outbox_publish::{Dedupe, MAX_DEDUPE_WINDOW, MAX_PAYLOAD_DEPTH, NewOutboxEvent, PublishError};
 use serde_json::{Value, json};
 
 /// An object nested `levels` deep, the outermost being level 1. Built by
@@ -73,6 +75,52 @@ pub fn refusals() -> Vec<Refusal> {
             rule: "NUL in the dispatch key",
             event: event("acme", ty, json!({})).dispatch_key("upload-\0-7"),
             expected: |e| matches!(e, PublishError::DispatchKeyContainsNul { position: 7 }),
+        },
+        Refusal {
+            rule: "a dedupe window without a dispatch key",
+            event: event("acme", ty, json!({})).dedupe(Dedupe::WhilePending),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::DedupeWithoutDispatchKey {
+                        setting: "a dedupe window"
+                    }
+                )
+            },
+        },
+        Refusal {
+            rule: "replace mode without a dispatch key",
+            event: event("acme", ty, json!({})).replace_pending(),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::DedupeWithoutDispatchKey {
+                        setting: "replace_pending"
+                    }
+                )
+            },
+        },
+        Refusal {
+            rule: "an empty dedupe window",
+            event: event("acme", ty, json!({}))
+                .dispatch_key("k")
+                .dedupe(Dedupe::For(Duration::ZERO)),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::DedupeWindowOutOfRange {
+                        window: Dedupe::For(Duration::ZERO),
+                        max: MAX_DEDUPE_WINDOW
+                    }
+                )
+            },
+        },
+        Refusal {
+            rule: "a dedupe window over the maximum",
+            event: event("acme", ty, json!({}))
+                .dispatch_key("k")
+                .dedupe(Dedupe::For(MAX_DEDUPE_WINDOW * 2)),
+            expected: |e| matches!(e, PublishError::DedupeWindowOutOfRange { .. }),
         },
         Refusal {
             rule: "payload is an array",

@@ -33,6 +33,9 @@ pub fn new_row(event_type: &str) -> NewOutboxEventRow {
         scheduled_at: None,
         traceparent: None,
         tracestate: None,
+        dedupe_for: None,
+        dedupe_while_pending: false,
+        replace_pending: false,
     }
 }
 
