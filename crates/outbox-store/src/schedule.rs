@@ -22,7 +22,7 @@ use tracing::instrument;
 use crate::Result;
 
 /// One schedule's row.
-#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable)]
+#[derive(Debug, Clone, PartialEq, Eq, Queryable, Selectable, serde::Serialize)]
 #[diesel(table_name = outbox_schedule)]
 pub struct ScheduleRow {
     /// The schedule's name.
