@@ -224,7 +224,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "outbox_service_restarts_total",
         Kind::Counter,
-        "Restarts of a service of the process (http, dispatcher, retention, workflow sweep, queue trim, gauges; the bridge's http and request-id pruner) after it failed, by service",
+        "Restarts of a service of the process (http, dispatcher, retention, workflow sweep, queue trim, gauges, schedules; the bridge's http and request-id pruner) after it failed, by service",
     ),
     (
         "outbox_queue_trimmed_total",
