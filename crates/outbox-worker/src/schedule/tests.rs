@@ -470,3 +470,62 @@ async fn a_tick_is_not_published_again_after_retention_deleted_its_event() {
     );
     assert_eq!(keys(&db).await, ["schedule:five:2026-12-05T10:10:00Z"]);
 }
+
+/// Transactions of the test's database that rolled back so far.
+async fn rollbacks(db: &TestDatabase) -> i64 {
+    use diesel_async::RunQueryDsl;
+    let mut conn = db.conn().await;
+    diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap()
+}
+
+async fn sql(db: &TestDatabase, sql: &str) {
+    use diesel_async::SimpleAsyncConnection;
+    db.conn().await.batch_execute(sql).await.unwrap();
+}
+
+#[tokio::test]
+async fn ticks_whose_publication_failed_are_published_in_order_once_postgres_answers_again() {
+    let schedule = every_five_minutes(Missed::Skip);
+    let t0 = utc("2026-12-05T10:02:30Z");
+    let db = first_start(&schedule, t0).await;
+    let clock = ManualClock::at(t0);
+    let runner = start(&db, &schedule, &clock);
+    clock.wait_sleeping(1).await;
+
+    // The schedules' table is away: the 10:05 tick's transaction fails.
+    let before = rollbacks(&db).await;
+    sql(
+        &db,
+        "ALTER TABLE outbox_schedule RENAME TO outbox_schedule_away",
+    )
+    .await;
+    clock.set(utc("2026-12-05T10:10:00Z"));
+    eventually("a failed attempt", WAIT, async || {
+        rollbacks(&db).await > before
+    })
+    .await;
+    assert!(keys(&db).await.is_empty());
+
+    sql(
+        &db,
+        "ALTER TABLE outbox_schedule_away RENAME TO outbox_schedule",
+    )
+    .await;
+    eventually("the 10:05 and 10:10 ticks", WAIT, async || {
+        keys(&db).await.len() == 2
+    })
+    .await;
+    stop(runner).await;
+    assert_eq!(
+        keys(&db).await,
+        [
+            "schedule:five:2026-12-05T10:05:00Z",
+            "schedule:five:2026-12-05T10:10:00Z",
+        ]
+    );
+}
