@@ -362,8 +362,24 @@ async fn first_start(schedule: &Schedule, t0: DateTime<Utc>) -> TestDatabase {
     db
 }
 
-/// A runner of `schedule` started at 10:32:30 after every worker was down
-/// since the schedule's first start at 10:02:30 (six ticks missed).
+/// A runner of `schedule` started at `restart` after the schedule's first
+/// start at 10:02:30 (and no worker in between).
+async fn restarted_at(
+    schedule: Schedule,
+    restart: &str,
+) -> (
+    TestDatabase,
+    Arc<ManualClock>,
+    (CancellationToken, tokio::task::JoinHandle<()>),
+) {
+    let db = first_start(&schedule, utc("2026-12-05T10:02:30Z")).await;
+    let clock = ManualClock::at(utc(restart));
+    let runner = start(&db, &schedule, &clock);
+    (db, clock, runner)
+}
+
+/// A runner started at 10:32:30 after every worker was down since the
+/// schedule's first start at 10:02:30 (six ticks missed).
 async fn after_an_outage(
     schedule: Schedule,
 ) -> (
@@ -371,21 +387,25 @@ async fn after_an_outage(
     Arc<ManualClock>,
     (CancellationToken, tokio::task::JoinHandle<()>),
 ) {
-    let db = first_start(&schedule, utc("2026-12-05T10:02:30Z")).await;
-    let clock = ManualClock::at(utc("2026-12-05T10:32:30Z"));
-    let runner = start(&db, &schedule, &clock);
-    (db, clock, runner)
+    restarted_at(schedule, "2026-12-05T10:32:30Z").await
+}
+
+/// The dispatch keys of schedule `five` at the times `hh_mm` of 2026-12-05.
+fn five_at(hh_mm: &[&str]) -> Vec<String> {
+    hh_mm
+        .iter()
+        .map(|t| format!("schedule:five:2026-12-05T{t}:00Z"))
+        .collect()
 }
 
 #[tokio::test]
 async fn a_first_start_publishes_nothing_for_the_past_then_each_tick_once() {
-    let schedule = every_five_minutes(Missed::PublishLast);
-    let t0 = utc("2026-12-05T10:02:30Z");
-    let db = first_start(&schedule, t0).await;
+    let (db, clock, runner) = restarted_at(
+        every_five_minutes(Missed::PublishLast),
+        "2026-12-05T10:02:30Z",
+    )
+    .await;
     assert!(keys(&db).await.is_empty());
-
-    let clock = ManualClock::at(t0);
-    let runner = start(&db, &schedule, &clock);
     clock.wait_sleeping(1).await;
     clock.set(utc("2026-12-05T10:05:00Z"));
     eventually("the 10:05 tick", WAIT, async || keys(&db).await.len() == 1).await;
@@ -396,14 +416,7 @@ async fn a_first_start_publishes_nothing_for_the_past_then_each_tick_once() {
     })
     .await;
     stop(runner).await;
-    assert_eq!(
-        keys(&db).await,
-        [
-            "schedule:five:2026-12-05T10:05:00Z",
-            "schedule:five:2026-12-05T10:10:00Z",
-            "schedule:five:2026-12-05T10:15:00Z",
-        ]
-    );
+    assert_eq!(keys(&db).await, five_at(&["10:05", "10:10", "10:15"]));
 }
 
 #[tokio::test]
@@ -490,11 +503,8 @@ async fn sql(db: &TestDatabase, sql: &str) {
 
 #[tokio::test]
 async fn ticks_whose_publication_failed_are_published_in_order_once_postgres_answers_again() {
-    let schedule = every_five_minutes(Missed::Skip);
-    let t0 = utc("2026-12-05T10:02:30Z");
-    let db = first_start(&schedule, t0).await;
-    let clock = ManualClock::at(t0);
-    let runner = start(&db, &schedule, &clock);
+    let (db, clock, runner) =
+        restarted_at(every_five_minutes(Missed::Skip), "2026-12-05T10:02:30Z").await;
     clock.wait_sleeping(1).await;
 
     // The schedules' table is away: the 10:05 tick's transaction fails.
@@ -521,11 +531,5 @@ async fn ticks_whose_publication_failed_are_published_in_order_once_postgres_ans
     })
     .await;
     stop(runner).await;
-    assert_eq!(
-        keys(&db).await,
-        [
-            "schedule:five:2026-12-05T10:05:00Z",
-            "schedule:five:2026-12-05T10:10:00Z",
-        ]
-    );
+    assert_eq!(keys(&db).await, five_at(&["10:05", "10:10"]));
 }
