@@ -152,6 +152,10 @@ async fn start(pool: &PgPool, schedule: &Schedule, clock: &dyn Clock) -> Result<
         );
     }
     drop(conn);
+    if let Some(tick) = plan.publish {
+        publish_tick(pool, schedule, tick).await?;
+    }
+    // Counted once the start succeeded: a start tried again counts once.
     if plan.skipped > 0 {
         count(schedule, "skipped", plan.skipped);
         tracing::info!(
@@ -159,9 +163,6 @@ async fn start(pool: &PgPool, schedule: &Schedule, clock: &dyn Clock) -> Result<
             skipped = plan.skipped,
             "ticks missed while no worker ran are skipped"
         );
-    }
-    if let Some(tick) = plan.publish {
-        publish_tick(pool, schedule, tick).await?;
     }
     Ok(now)
 }
