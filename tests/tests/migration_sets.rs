@@ -13,18 +13,20 @@ use outbox_model::{MigrationSet, migration_set_status, run_migration_sets};
 use outbox_test_support::TestDatabase;
 
 /// The tables of the core set: what publishing, dispatching, requeue
-/// history, the Redis guard and worker registration need.
-const CORE_TABLES: [&str; 5] = [
+/// history, the Redis guard, worker registration and periodic events need.
+const CORE_TABLES: [&str; 6] = [
     "outbox_event",
     "outbox_event_requeue",
     "outbox_redis_epoch",
     "outbox_redis_safe_point",
+    "outbox_schedule",
     "outbox_worker_registration",
 ];
 
 /// Every table the single migrations tree (17 migrations, up to
-/// 2026-12-05-040000) made.
-const SINGLE_TREE_TABLES: [&str; 17] = [
+/// 2026-12-05-040000) made, and `outbox_schedule`, which the core set
+/// added since.
+const SINGLE_TREE_TABLES: [&str; 18] = [
     "application_event",
     "audit_log",
     "entity_row",
@@ -33,6 +35,7 @@ const SINGLE_TREE_TABLES: [&str; 17] = [
     "outbox_event_requeue",
     "outbox_redis_epoch",
     "outbox_redis_safe_point",
+    "outbox_schedule",
     "outbox_worker_registration",
     "plugin_hook_subscription",
     "tenant_mail_settings",
@@ -142,7 +145,7 @@ async fn rows(conn: &mut AsyncPgConnection, sql: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn the_core_set_alone_makes_the_five_core_tables_and_takes_events() {
+async fn the_core_set_alone_makes_the_six_core_tables_and_takes_events() {
     let db = TestDatabase::new().await;
     let blank = Blank::new(&db).await;
     let applied = run_migration_sets(blank.conn().await, &[MigrationSet::Core])

@@ -3,7 +3,8 @@
 //! `outbox migrate [--status|--dry-run] | stats | health | dead QUEUE |
 //! retry-dead QUEUE | list | show ID | requeue | cancel ID… | reconcile |
 //! workflow executions | workflow show ID | workflow validate | save |
-//! publish | versions | start | answer | cancel | probe | completions SHELL`
+//! publish | versions | start | answer | cancel | probe | schedules |
+//! completions SHELL`
 //! (one module per command; this file holds the command line, the
 //! connections and the dispatch to the modules). Every command prints a table, or JSON with `--json`
 //! (errors on stderr); output into a closed pipe ends quietly. `health`
@@ -52,6 +53,7 @@ mod reconcile;
 mod redis_status;
 mod render;
 mod retry_dead;
+mod schedules;
 mod show;
 mod stats;
 mod unrouted;
@@ -123,7 +125,7 @@ struct Cli {
     /// Key prefix of the queues (as the workers' OUTBOX_QUEUE_PREFIX).
     #[arg(long, env = "OUTBOX_QUEUE_PREFIX", global = true, default_value = "", value_parser = queue_prefix)]
     queue_prefix: String,
-    /// A routes file (TOML, `[[route]]` tables with prefix and queue) whose rules are added to the standard table, as the workers' OUTBOX_ROUTES_FILE.
+    /// A routes file (TOML, `[[route]]` tables with prefix and queue) whose rules are added to the standard table, as the workers' OUTBOX_ROUTES_FILE (its `[[schedule]]` tables are the workers' only).
     #[arg(long, env = "OUTBOX_ROUTES_FILE", global = true)]
     routes_file: Option<std::path::PathBuf>,
     /// Machine-readable output.
@@ -171,6 +173,9 @@ enum Command {
     /// Workflows: validate, save, publish and list versions of definitions; start, answer and cancel runs; list executions or show one with its block runs.
     #[command(after_help = EXIT_CODES)]
     Workflow(workflow::WorkflowArgs),
+    /// Periodic events: each schedule's last tick (published, or passed over at its first start), as the workers recorded it.
+    #[command(after_help = concat!("Examples:\n  outbox schedules\n  outbox schedules --json\n\n", exit_codes!()))]
+    Schedules,
     /// Print the shell completion script (bash, elvish, fish, powershell, zsh).
     #[command(after_help = concat!("Examples:\n  outbox completions bash > /etc/bash_completion.d/outbox\n  outbox completions zsh > \"${fpath[1]}/_outbox\"\n\n", exit_codes!()))]
     Completions(completions::CompletionsArgs),
@@ -270,6 +275,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Reconcile(args) => reconcile::run(&cli, args).await,
         Command::RetryDead(args) => retry_dead::run(&cli, args).await,
         Command::Cancel(args) => cancel::run(&cli, args).await,
+        Command::Schedules => schedules::run(&cli).await,
     }
 }
 

@@ -8,6 +8,9 @@
 //! prefix = "orders."
 //! queue = "app.orders"
 //! ```
+//!
+//! The same file may hold `[[schedule]]` tables (periodic events), which
+//! the worker reads; this reader passes over them.
 
 use serde::Deserialize;
 
@@ -17,8 +20,8 @@ use crate::{RouteError, Router};
 pub const OUTBOX_ROUTES_FILE: outbox_env::Text = outbox_env::Text {
     name: "OUTBOX_ROUTES_FILE",
     default: "unset (the standard table only)",
-    form: "a path to a TOML file of [[route]] tables with prefix and queue",
-    meaning: "routing rules added to the standard table, validated at start",
+    form: "a path to a TOML file of [[route]] tables (prefix, queue) and [[schedule]] tables (name, cron, zone, tenant, event_type, payload, missed)",
+    meaning: "routing rules added to the standard table, and periodic events, validated at start",
 };
 
 #[derive(Debug, Deserialize)]
@@ -26,6 +29,10 @@ pub const OUTBOX_ROUTES_FILE: outbox_env::Text = outbox_env::Text {
 struct RoutesFile {
     #[serde(default)]
     route: Vec<Rule>,
+    /// Periodic events (`[[schedule]]` tables), read and checked by the
+    /// worker (`outbox_worker::schedules_from_file`), not here.
+    #[serde(default, rename = "schedule")]
+    _schedules: Vec<toml::Table>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,6 +112,10 @@ mod tests {
         );
         assert_eq!(router.route("mail.user.welcome"), Some("outbox.mail"));
         assert_eq!(base().with_routes_file(""), Ok(base()));
+        assert_eq!(
+            base().with_routes_file("[[schedule]]\nname = \"n\"\ncron = \"* * * * * *\"\n"),
+            Ok(base())
+        );
 
         let taken = base()
             .with_routes_file("[[route]]\nprefix = \"mail.\"\nqueue = \"app.mail\"\n")

@@ -39,9 +39,9 @@ const WORKFLOW: EmbeddedMigrations = embed_migrations!("migrations/workflow");
 #[non_exhaustive]
 pub enum MigrationSet {
     /// `outbox_event`, `outbox_event_requeue`, `outbox_redis_epoch`,
-    /// `outbox_redis_safe_point`, `outbox_worker_registration`: publishing,
-    /// dispatching, requeue history, the Redis guard and worker
-    /// registration. Always built.
+    /// `outbox_redis_safe_point`, `outbox_worker_registration`,
+    /// `outbox_schedule`: publishing, dispatching, requeue history, the
+    /// Redis guard, worker registration and periodic events. Always built.
     Core,
     /// `audit_log` (feature `audit`).
     Audit,

@@ -163,6 +163,17 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// Periodic events: the newest settled tick of each schedule; the row that advances decides which worker publishes a tick.
+    outbox_schedule (name) {
+        name -> Text,
+        /// The newest tick published (or passed over at the schedule's first start), in UTC.
+        last_tick -> Timestamptz,
+        /// When the row last advanced.
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// What each worker runs, written at its start: its handlers' queues, its own routing rules and its subscribers' descriptions; the operator CLI reads it.
     outbox_worker_registration (queue_prefix, worker) {
         queue_prefix -> Text,
@@ -329,6 +340,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     outbox_event_requeue,
     outbox_redis_epoch,
     outbox_redis_safe_point,
+    outbox_schedule,
     outbox_worker_registration,
     plugin_hook_subscription,
     tenant_mail_settings,

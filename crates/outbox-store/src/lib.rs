@@ -1,7 +1,8 @@
 //! The one owner of the outbox tables. Every statement that reads or
 //! changes `outbox_event`, its history (`outbox_event_requeue`) and the
 //! Redis guard's tables (`outbox_redis_epoch`, `outbox_redis_safe_point`)
-//! lives here, as a named operation with typed parameters: the publisher's
+//! and the periodic events' ticks (`outbox_schedule`: [`advance_schedule`],
+//! [`anchor_schedule`], [`schedule_rows`]) lives here, as a named operation with typed parameters: the publisher's
 //! inserts ([`insert_event`], [`insert_events`]), the claim and
 //! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
 //! [`mark_failed`], [`mark_waiting_for_route`], [`release`]), the events no
@@ -66,6 +67,7 @@ mod insert;
 mod maintenance;
 mod redis_guard;
 mod retention;
+mod schedule;
 mod select;
 #[cfg(feature = "sqlx")]
 pub mod sqlx;
@@ -94,6 +96,7 @@ pub use redis_guard::{
     safe_points, save_epoch, take_reconcile_lease,
 };
 pub use retention::{PurgedBatch, purge_done_batch};
+pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
     Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, candidate,
     count_events, delivery_state, event, history, list_candidates, list_events, statuses, summary,

@@ -23,7 +23,7 @@ use outbox_subscriber_mail::Templates;
 use redis::aio::ConnectionManager;
 
 use crate::http::Readiness;
-use crate::{Group, Resources, Subscriber, WorkerConfig};
+use crate::{Group, Resources, Schedule, Subscriber, WorkerConfig};
 
 /// The process's name of a [`WorkerBuilder::bare`] worker, unless
 /// [`WorkerBuilder::name`] gives another.
@@ -85,6 +85,8 @@ pub struct WorkerBuilder {
     /// The event types declared with [`WorkerBuilder::typed`] and
     /// [`WorkerBuilder::declare`], checked against the routing table at start.
     declared: Vec<&'static str>,
+    /// The periodic events added with [`WorkerBuilder::schedule`].
+    schedules: Vec<Schedule>,
     /// Whether the run serves `/healthz`, `/readyz` and `/metrics` on a
     /// listener of its own (`WORKER_HTTP_ADDR`).
     http_listener: bool,
@@ -100,7 +102,8 @@ impl std::fmt::Debug for WorkerBuilder {
             .field("bare", &self.bare)
             .field("name", &self.binary())
             .field("routes", &self.routes)
-            .field("handlers", &self.handlers.len());
+            .field("handlers", &self.handlers.len())
+            .field("schedules", &self.schedules);
         #[cfg(feature = "mail")]
         f.field("templates", &self.templates);
         f.field("catalog", &self.catalog)
@@ -126,6 +129,7 @@ impl WorkerBuilder {
             catalog: Catalog::built_in(),
             added: Vec::new(),
             declared: Vec::new(),
+            schedules: Vec::new(),
             http_listener: true,
             readiness: Readiness::default(),
         }
@@ -388,6 +392,40 @@ impl WorkerBuilder {
         self
     }
 
+    /// Adds a periodic event: at each tick of the schedule, its event is
+    /// published once, however many workers run the schedule (the
+    /// schedule's row in `outbox_schedule` decides which one does). The
+    /// worker runs it in a `schedules` service of its own, in either group
+    /// and in a [`WorkerBuilder::bare`] worker, together with the
+    /// `[[schedule]]` tables of `OUTBOX_ROUTES_FILE`; two schedules of one
+    /// name stop start-up ([`crate::ScheduleError::Duplicate`], exit code
+    /// 2), and so does an event type no routing rule matches
+    /// ([`crate::UnroutedEventTypes`]).
+    ///
+    /// ```no_run
+    /// use outbox_publish::NewOutboxEvent;
+    /// use outbox_worker::{Missed, Schedule, WorkerBuilder};
+    ///
+    /// fn main() -> anyhow::Result<std::process::ExitCode> {
+    ///     let nightly = Schedule::new(
+    ///         "nightly-report",
+    ///         "0 0 3 * * *",
+    ///         "Europe/Berlin",
+    ///         NewOutboxEvent::new("acme", "reports.nightly.due", serde_json::json!({ "kind": "daily" })),
+    ///     )?
+    ///     .missed(Missed::PublishLast);
+    ///     Ok(WorkerBuilder::bare()
+    ///         .route("reports.", "app.reports")
+    ///         .schedule(nightly)
+    ///         .main())
+    /// }
+    /// ```
+    #[must_use]
+    pub fn schedule(mut self, schedule: Schedule) -> Self {
+        self.schedules.push(schedule);
+        self
+    }
+
     /// Leaves the worker's `/healthz`, `/readyz` and `/metrics` to the
     /// application, which serves them with its own router
     /// ([`WorkerBuilder::http_routes`]): the run binds no listener of its
@@ -469,6 +507,14 @@ impl WorkerBuilder {
                 " Added by the application: the queues {}.",
                 added.join(", ")
             ));
+        }
+        if !self.schedules.is_empty() {
+            let schedules: Vec<String> = self
+                .schedules
+                .iter()
+                .map(|s| format!("{} ({} in {})", s.name(), s.cron(), s.zone()))
+                .collect();
+            about.push_str(&format!(" Schedules: {}.", schedules.join(", ")));
         }
         about
     }
@@ -605,7 +651,19 @@ impl WorkerBuilder {
         config.router = self
             .routes(config.router)
             .context("a routing rule added to the worker")?;
-        crate::declared::check(&self.declared, &config.router)?;
+        config.schedules = crate::schedule::merge(&self.schedules, &config.schedules)?;
+        let declared: Vec<&str> = self
+            .declared
+            .iter()
+            .copied()
+            .chain(
+                config
+                    .schedules
+                    .iter()
+                    .map(|s| s.event().event_type.as_str()),
+            )
+            .collect();
+        crate::declared::check(&declared, &config.router)?;
         crate::serve::serve(self, config, shutdown).await
     }
 

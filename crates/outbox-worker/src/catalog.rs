@@ -217,9 +217,14 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "DONE rows purged by retention",
     ),
     (
+        "outbox_schedule_ticks_total",
+        Kind::Counter,
+        "Ticks of periodic events, by schedule and outcome: published by this worker, taken (published by another), skipped (missed while no worker ran)",
+    ),
+    (
         "outbox_service_restarts_total",
         Kind::Counter,
-        "Restarts of a service of the process (http, dispatcher, retention, workflow sweep, queue trim, gauges; the bridge's http and request-id pruner) after it failed, by service",
+        "Restarts of a service of the process (http, dispatcher, retention, workflow sweep, queue trim, gauges, schedules; the bridge's http and request-id pruner) after it failed, by service",
     ),
     (
         "outbox_queue_trimmed_total",

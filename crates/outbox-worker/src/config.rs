@@ -86,6 +86,9 @@ pub struct WorkerConfig {
     /// The routing table: the standard one plus the rules of
     /// `OUTBOX_ROUTES_FILE`, when set.
     pub router: Router,
+    /// The periodic events of `OUTBOX_ROUTES_FILE`'s `[[schedule]]`
+    /// tables; a run adds those of [`crate::WorkerBuilder::schedule`].
+    pub schedules: Vec<crate::Schedule>,
     /// `OUTBOX_DISPATCHER_ENABLED` (general group only).
     pub dispatcher_enabled: bool,
     /// The dispatcher's settings.
@@ -200,6 +203,7 @@ impl std::fmt::Debug for WorkerConfig {
             http_addr,
             queue_prefix,
             router,
+            schedules,
             dispatcher_enabled,
             dispatcher,
             wakeups,
@@ -240,6 +244,7 @@ impl std::fmt::Debug for WorkerConfig {
         f.field("http_addr", http_addr);
         f.field("queue_prefix", queue_prefix);
         f.field("router", &router.rules());
+        f.field("schedules", schedules);
         f.field("dispatcher_enabled", dispatcher_enabled);
         f.field("dispatcher", dispatcher);
         f.field("wakeups", wakeups);
@@ -318,6 +323,7 @@ impl WorkerConfig {
         let workflow_executor = ExecutorMode::from_lookup(get)?;
         #[cfg(feature = "workflow")]
         let workflow_bridge = workflow_bridge(get, workflow_executor)?;
+        let (router, schedules) = routes_file(get)?;
         Ok(Self {
             #[cfg(feature = "workflow")]
             workflow_bridge,
@@ -333,7 +339,8 @@ impl WorkerConfig {
             redis_ca_cert,
             http_addr,
             queue_prefix: QueueNamespace::from_lookup(get)?.prefix().to_owned(),
-            router: router(get)?,
+            router,
+            schedules,
             dispatcher_enabled: OUTBOX_DISPATCHER_ENABLED.read(get)?,
             dispatcher,
             wakeups,
@@ -514,9 +521,11 @@ pub(crate) fn database_url(get: &dyn Fn(&str) -> Option<String>) -> Result<Strin
 }
 
 /// `OUTBOX_ROUTES_FILE`: the standard routing table plus the file's rules,
-/// read and validated now (a missing file, bad TOML or a refused rule stops
-/// start-up naming the variable).
-fn router(get: &dyn Fn(&str) -> Option<String>) -> Result<Router, ConfigError> {
+/// and the file's schedules, read and validated now (a missing file, bad
+/// TOML, a refused rule or schedule stops start-up naming the variable).
+fn routes_file(
+    get: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Router, Vec<crate::Schedule>), ConfigError> {
     let spec = outbox_dispatch::OUTBOX_ROUTES_FILE;
     let path = spec.read(get);
     let fail = |problem: String| spec.refuse(path.clone().unwrap_or_default(), problem);
@@ -524,13 +533,15 @@ fn router(get: &dyn Fn(&str) -> Option<String>) -> Result<Router, ConfigError> {
     let standard = outbox_catalog::standard_router()
         .map_err(|e| fail(format!("the built-in routing table is refused: {e}")))?;
     let Some(path) = &path else {
-        return Ok(standard);
+        return Ok((standard, Vec::new()));
     };
     let text =
         std::fs::read_to_string(path.trim()).map_err(|e| fail(format!("cannot be read: {e}")))?;
-    standard
+    let router = standard
         .with_routes_file(&text)
-        .map_err(|e| fail(e.to_string()))
+        .map_err(|e| fail(e.to_string()))?;
+    let schedules = crate::schedules_from_file(&text).map_err(|e| fail(e.to_string()))?;
+    Ok((router, schedules))
 }
 
 /// `WORKFLOW_BRIDGE_URL` and `WORKFLOW_BRIDGE_SECRET`: the `hybrid` and

@@ -43,6 +43,7 @@ mod pool_demand;
 mod recorder;
 mod redis_check;
 mod registration;
+mod schedule;
 mod serve;
 mod subscriber;
 mod supervisor;
@@ -84,6 +85,7 @@ pub use redis_check::{
     enforce_eviction_policy, read_eviction_policy, read_persistence, report_persistence,
     set_persistence_gauge,
 };
+pub use schedule::{MAX_SCHEDULE_NAME_LEN, Missed, Schedule, ScheduleError, schedules_from_file};
 pub use subscriber::{Resources, Subscriber, handler_group};
 pub use traces::{
     OTLP_ENDPOINT_VARIABLE, SERVICE_NAME_VARIABLE, TraceExport, TraceExportConfig,
@@ -109,8 +111,9 @@ struct ReadmeDoctests;
 /// The exit code of a worker stopped by its configuration: a malformed
 /// variable (a [`ConfigError`], also from a handler added with
 /// [`WorkerBuilder::handler_with`]), a Redis that may evict keys (see
-/// [`RedisMayEvict`]), or a declared event type no rule routes
-/// ([`UnroutedEventTypes`]).
+/// [`RedisMayEvict`]), a declared event type no rule routes
+/// ([`UnroutedEventTypes`]), or two schedules of one name
+/// ([`ScheduleError`]).
 pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: command line (`--help` lists every
@@ -184,6 +187,7 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
             if e.downcast_ref::<RedisMayEvict>().is_some()
                 || e.downcast_ref::<ConfigError>().is_some()
                 || e.downcast_ref::<UnroutedEventTypes>().is_some()
+                || e.downcast_ref::<ScheduleError>().is_some()
             {
                 ExitCode::from(EXIT_CONFIGURATION)
             } else {

@@ -17,6 +17,7 @@ use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::schedule::runner::{Clock, SystemClock, run_schedules};
 use crate::supervisor::{Backoff, OnFailure, Run, Stopped, Supervisor};
 use crate::{
     GaugeSettings, Group, WorkerBuilder, WorkerConfig, enforce_eviction_policy, pool_demand,
@@ -75,6 +76,18 @@ pub(crate) async fn serve(
     }
     if config.group == Group::General {
         services = general_services(services, &builder, &config, &connections, &queues)?;
+    }
+    if !config.schedules.is_empty() {
+        let (pool, schedules) = (connections.pool.clone(), config.schedules.clone());
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        services = services.service("schedules", RESTART, move |token| {
+            endless(run_schedules(
+                pool.clone(),
+                schedules.clone(),
+                clock.clone(),
+                token,
+            ))
+        });
     }
     let stopped = services
         .service(

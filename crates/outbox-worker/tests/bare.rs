@@ -27,7 +27,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// The tables of the core migration set (`MigrationSet::Core`).
 const CORE_TABLES: &str = "'outbox_event', 'outbox_event_requeue', 'outbox_redis_epoch', \
-     'outbox_redis_safe_point', 'outbox_worker_registration', '__diesel_schema_migrations'";
+     'outbox_redis_safe_point', 'outbox_schedule', 'outbox_worker_registration', \
+     '__diesel_schema_migrations'";
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "orders.order.created")]

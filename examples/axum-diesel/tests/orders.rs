@@ -295,6 +295,7 @@ async fn the_service_creates_the_outbox_core_tables_and_its_own_only() {
             "outbox_event_requeue",
             "outbox_redis_epoch",
             "outbox_redis_safe_point",
+            "outbox_schedule",
             "outbox_worker_registration",
         ],
         "no built-in subscriber's table (audit_log, notification, ...)"

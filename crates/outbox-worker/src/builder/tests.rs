@@ -78,3 +78,20 @@ fn a_bare_worker_reconciles_with_no_built_in_receiver() {
         );
     }
 }
+
+#[test]
+fn help_names_the_schedules_added_in_code() {
+    let nightly = crate::Schedule::new(
+        "nightly-report",
+        "0 0 3 * * *",
+        "Europe/Berlin",
+        outbox_publish::NewOutboxEvent::new("acme", "reports.nightly.due", serde_json::json!({})),
+    )
+    .unwrap();
+    let about = WorkerBuilder::bare().schedule(nightly).about();
+    assert!(
+        about.ends_with(" Schedules: nightly-report (0 0 3 * * * in Europe/Berlin)."),
+        "{about}"
+    );
+    assert!(!WorkerBuilder::bare().about().contains("Schedules"));
+}
