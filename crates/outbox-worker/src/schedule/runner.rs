@@ -200,8 +200,11 @@ pub(crate) async fn publish_tick(
             tracing::info!(tick = %at, event_id = %id, "schedule tick published");
             Outcome::Published
         }
-        // The row advanced but the event was there: a row reset by hand.
-        Some(PublishOutcome::Duplicate(id)) => {
+        // The row advanced but the event was there: a row reset by hand. (A
+        // schedule's event never asks for replace mode, so nothing else
+        // comes back.)
+        Some(other) => {
+            let id = other.id();
             tracing::info!(tick = %at, event_id = %id, "schedule tick was published before");
             Outcome::Taken
         }
