@@ -6,7 +6,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::schema::outbox_event;
-use crate::{OutboxStatus, RawJson};
+use crate::{OutboxStatus, Priority, RawJson};
 
 /// One `outbox_event` row as stored.
 #[derive(
@@ -57,6 +57,8 @@ pub struct OutboxEvent {
     /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
     /// row, `None` otherwise.
     pub unrouted_since: Option<DateTime<Utc>>,
+    /// Claim and fetch order among due events ([`Priority`]).
+    pub priority: Priority,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.
@@ -82,4 +84,6 @@ pub struct NewOutboxEventRow {
     pub traceparent: Option<String>,
     /// The W3C `tracestate` that goes with it.
     pub tracestate: Option<String>,
+    /// Claim and fetch order among due events.
+    pub priority: Priority,
 }

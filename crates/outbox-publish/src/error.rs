@@ -1,6 +1,6 @@
 //! [`PublishError`]: everything that can stop an event from being recorded.
 
-use outbox_model::EventTypeError;
+use outbox_model::{EventTypeError, PriorityOutOfRange};
 
 use crate::NotInTransaction;
 
@@ -103,6 +103,10 @@ pub enum PublishError {
         /// The event type.
         event_type: String,
     },
+    /// A priority outside -2 to 2, turned into a [`crate::Priority`] with
+    /// `?` in code that publishes (see [`crate::NewOutboxEvent::priority`]).
+    #[error(transparent)]
+    PriorityOutOfRange(#[from] PriorityOutOfRange),
     /// The handle was not inside a transaction (see [`crate::OutboxTx::new`]).
     #[error(transparent)]
     NotInTransaction(#[from] NotInTransaction),
@@ -138,6 +142,7 @@ impl PublishError {
                 | Self::PayloadTooDeep { .. }
                 | Self::InvalidBatchItem { .. }
                 | Self::Unrouted { .. }
+                | Self::PriorityOutOfRange(_)
         )
     }
 }

@@ -1,7 +1,7 @@
 //! [`NewOutboxEvent`] and its validation into a row.
 
 use chrono::{DateTime, Utc};
-use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow};
+use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow, Priority};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -35,6 +35,8 @@ pub struct NewOutboxEvent {
     pub dispatch_key: Option<String>,
     /// Not dispatched before this instant; `None` means now.
     pub scheduled_at: Option<DateTime<Utc>>,
+    /// Claim and fetch order among due events; [`Priority::NORMAL`] unless set.
+    pub priority: Priority,
 }
 
 impl NewOutboxEvent {
@@ -50,6 +52,7 @@ impl NewOutboxEvent {
             payload,
             dispatch_key: None,
             scheduled_at: None,
+            priority: Priority::NORMAL,
         }
     }
 
@@ -64,6 +67,37 @@ impl NewOutboxEvent {
     #[must_use]
     pub fn scheduled_at(mut self, at: DateTime<Utc>) -> Self {
         self.scheduled_at = Some(at);
+        self
+    }
+
+    /// Sets the priority: once due, the event is claimed before due events
+    /// of lower priority, and its job is fetched before theirs by the
+    /// workers of its queue. A value from elsewhere (a request, a
+    /// setting) becomes a [`Priority`] with `Priority::try_from`, which
+    /// refuses anything outside -2 to 2.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use outbox_publish::{NewOutboxEvent, Priority, PublishError};
+    /// use serde_json::json;
+    ///
+    /// let reset = NewOutboxEvent::new("t1", "mail.user.password-reset", json!({"to": "a@b.c"}))
+    ///     .priority(Priority::HIGHEST);
+    /// assert_eq!(reset.priority, Priority::HIGHEST);
+    ///
+    /// fn from_request(level: i16) -> Result<NewOutboxEvent, PublishError> {
+    ///     Ok(NewOutboxEvent::new("t1", "mail.user.newsletter", json!({}))
+    ///         .priority(Priority::try_from(level)?))
+    /// }
+    /// assert!(matches!(
+    ///     from_request(5),
+    ///     Err(PublishError::PriorityOutOfRange(e)) if e.value == 5
+    /// ));
+    /// ```
+    #[must_use]
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -120,6 +154,7 @@ impl NewOutboxEvent {
             payload,
             dispatch_key,
             scheduled_at,
+            priority,
         } = self;
         Ok(NewOutboxEventRow {
             id: Uuid::now_v7(),
@@ -130,6 +165,7 @@ impl NewOutboxEvent {
             scheduled_at,
             traceparent: None,
             tracestate: None,
+            priority,
         })
     }
 }

@@ -48,6 +48,17 @@ struct Traced {
     trace_context: Option<outbox_trace::TraceContext>,
 }
 
+/// The priority a job carries (the envelope's `priority`), read apart and
+/// leniently like the trace context.
+#[derive(serde::Deserialize)]
+struct Prioritized {
+    #[serde(
+        default,
+        deserialize_with = "outbox_queue::deserialize_priority_lenient"
+    )]
+    priority: outbox_model::Priority,
+}
+
 /// The fields that date a job's first delivery; read apart from [`Head`] so
 /// that a malformed date never hides the ids.
 #[derive(serde::Deserialize)]
@@ -105,6 +116,19 @@ impl JobBody {
         serde_json::from_slice::<Traced>(&self.raw)
             .ok()
             .and_then(|traced| traced.trace_context)
+    }
+
+    /// The top-level `priority` field (see [`outbox_queue::OutboxJob::priority`]):
+    /// normal when absent or invalid, and for a body that is not an object.
+    /// A retry copy of the job is pushed at this level.
+    #[must_use]
+    pub fn priority(&self) -> outbox_model::Priority {
+        if !self.is_object() {
+            return outbox_model::Priority::NORMAL;
+        }
+        serde_json::from_slice::<Prioritized>(&self.raw)
+            .map(|p| p.priority)
+            .unwrap_or_default()
     }
 
     /// Whether the body starts like a JSON object. Serde also reads a

@@ -33,6 +33,7 @@ pub fn new_row(event_type: &str) -> NewOutboxEventRow {
         scheduled_at: None,
         traceparent: None,
         tracestate: None,
+        priority: outbox_model::Priority::NORMAL,
     }
 }
 
