@@ -331,6 +331,26 @@ mod tests {
     }
 
     #[test]
+    fn a_body_gives_the_priority_its_retry_copy_is_pushed_at_and_normal_otherwise() {
+        use outbox_model::Priority;
+        let priority = |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).priority();
+        assert_eq!(
+            priority(r#"{"outbox_event_id":"x","priority":2}"#),
+            Priority::HIGHEST
+        );
+        assert_eq!(priority(r#"{"priority":-1}"#), Priority::LOW);
+        for raw in [
+            r#"{"outbox_event_id":"x"}"#,
+            r#"{"priority":7}"#,
+            r#"{"priority":"high"}"#,
+            "[2]",
+            "not json",
+        ] {
+            assert_eq!(priority(raw), Priority::NORMAL, "{raw}");
+        }
+    }
+
+    #[test]
     fn ids_come_from_an_object_only() {
         let ids = |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).ids();
         assert_eq!(
