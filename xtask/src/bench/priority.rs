@@ -141,6 +141,19 @@ async fn variant(
         )
         .await
         .context("the probe's audit row did not appear")?;
+        // The worker may run the job before the dispatcher records the
+        // hand-off it made.
+        process::wait_for_count(
+            &mut conn,
+            &mut children,
+            &format!(
+                "SELECT count(*) AS n FROM outbox_event WHERE id = '{id}' AND processed_at IS NOT NULL"
+            ),
+            1,
+            Duration::from_secs(60),
+        )
+        .await
+        .context("the probe's hand-off was not recorded")?;
         let probe: Probe = diesel::sql_query(format!(
             "SELECT (SELECT (extract(epoch FROM recorded_at) * 1000000)::bigint
                      FROM audit_log WHERE outbox_event_id = '{id}') AS recorded_us,
