@@ -68,6 +68,39 @@ macro_rules! level {
     };
 }
 
+/// `WITH due AS (…)`: the ids of up to `$1` claimable rows, level by level,
+/// highest first.
+// One branch per level of `outbox_model::Priority::ALL`, in that order
+// (a unit test holds the two together).
+macro_rules! due_ids {
+    () => {
+        concat!(
+            "WITH due AS (
+    ",
+            level!("2"),
+            "
+    UNION ALL
+    ",
+            level!("1"),
+            "
+    UNION ALL
+    ",
+            level!("0"),
+            "
+    UNION ALL
+    ",
+            level!("-1"),
+            "
+    UNION ALL
+    ",
+            level!("-2"),
+            "
+    LIMIT $1
+)"
+        )
+    };
+}
+
 /// Claims up to `limit` claimable rows in one round trip: `PENDING` rows whose
 /// `scheduled_at` has passed and `PROCESSING` rows whose lease expired (a
 /// dispatcher died holding them), the highest [`Priority`] first and, within
@@ -95,37 +128,21 @@ macro_rules! level {
 /// the next claim's lease is always later than the one it replaces.
 ///
 /// [`Priority`]: outbox_model::Priority
-// One branch per level of `outbox_model::Priority::ALL`, in that order
-// (a unit test holds the two together).
 pub const CLAIM_SQL: &str = concat!(
-    "WITH due AS (
-    ",
-    level!("2"),
+    due_ids!(),
     "
-    UNION ALL
-    ",
-    level!("1"),
-    "
-    UNION ALL
-    ",
-    level!("0"),
-    "
-    UNION ALL
-    ",
-    level!("-1"),
-    "
-    UNION ALL
-    ",
-    level!("-2"),
-    "
-    LIMIT $1
-)
 UPDATE outbox_event e
 SET status = 'PROCESSING',
     locked_until = now() + make_interval(secs => $2 / 1000.0)
 WHERE e.id = ANY(ARRAY(SELECT id FROM due))
 RETURNING e.*"
 );
+
+/// The claim's choice of rows as a `WITH due AS (…)` clause, for a
+/// statement that follows it with its own use of `due` (the bench's
+/// SQL-only baseline): the up to `$1` claimable rows of [`CLAIM_SQL`],
+/// highest priority first, locked.
+pub const CLAIM_DUE_IDS_SQL: &str = due_ids!();
 
 /// Claims rows; see [`CLAIM_SQL`]. The result is sorted by `created_at`
 /// (Postgres does not order `RETURNING`).
