@@ -16,6 +16,7 @@ mod event_type;
 mod json;
 mod migrations;
 mod prepared;
+mod priority;
 mod row;
 mod status;
 mod typed;
@@ -32,6 +33,7 @@ pub use migrations::{
     migration_set_status, migration_status, run_migration_sets, run_migrations, schema_fingerprint,
 };
 pub use prepared::{Prepared, prepared};
+pub use priority::{Priority, PriorityOutOfRange};
 pub use row::{NewOutboxEventRow, OutboxEvent};
 pub use status::{OutboxStatus, UnknownStatus};
 pub use typed::TypedEvent;

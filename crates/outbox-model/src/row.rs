@@ -7,7 +7,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::schema::outbox_event;
-use crate::{OutboxStatus, RawJson};
+use crate::{OutboxStatus, Priority, RawJson};
 
 /// One `outbox_event` row as stored.
 #[derive(
@@ -58,6 +58,8 @@ pub struct OutboxEvent {
     /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
     /// row, `None` otherwise.
     pub unrouted_since: Option<DateTime<Utc>>,
+    /// Claim and fetch order among due events ([`Priority`]).
+    pub priority: Priority,
     /// Dedupe window: the dispatch key is free again once `created_at` +
     /// this has passed; `None` for no time limit.
     #[serde(serialize_with = "interval_micros")]
@@ -115,4 +117,6 @@ pub struct NewOutboxEventRow {
     /// column: it chooses the statement.
     #[diesel(skip_insertion)]
     pub replace_pending: bool,
+    /// Claim and fetch order among due events.
+    pub priority: Priority,
 }

@@ -103,6 +103,8 @@ diesel::table! {
         tracestate -> Nullable<Text>,
         /// When a dispatcher first found no route for the event: set while it waits for one (PENDING) and on a FAILED (unrouted) row; NULL otherwise.
         unrouted_since -> Nullable<Timestamptz>,
+        /// Claim order among due events: -2 (bulk) to 2 (most urgent), 0 normal.
+        priority -> Int2,
         /// Dedupe window: the dispatch key is free again once created_at + dedupe_for has passed; NULL for no time limit.
         dedupe_for -> Nullable<Interval>,
         /// Dedupe window: the dispatch key is free again once the event is no longer PENDING or PROCESSING.

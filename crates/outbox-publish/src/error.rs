@@ -1,6 +1,6 @@
 //! [`PublishError`]: everything that can stop an event from being recorded.
 
-use outbox_model::EventTypeError;
+use outbox_model::{EventTypeError, PriorityOutOfRange};
 
 use crate::NotInTransaction;
 
@@ -120,6 +120,10 @@ pub enum PublishError {
         /// The event type.
         event_type: String,
     },
+    /// A priority outside -2 to 2, turned into a [`crate::Priority`] with
+    /// `?` in code that publishes (see [`crate::NewOutboxEvent::priority`]).
+    #[error(transparent)]
+    PriorityOutOfRange(#[from] PriorityOutOfRange),
     /// The handle was not inside a transaction (see [`crate::OutboxTx::new`]).
     #[error(transparent)]
     NotInTransaction(#[from] NotInTransaction),
@@ -157,6 +161,7 @@ impl PublishError {
                 | Self::PayloadTooDeep { .. }
                 | Self::InvalidBatchItem { .. }
                 | Self::Unrouted { .. }
+                | Self::PriorityOutOfRange(_)
         )
     }
 }

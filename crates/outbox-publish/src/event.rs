@@ -1,7 +1,7 @@
 //! [`NewOutboxEvent`] and its validation into a row.
 
 use chrono::{DateTime, Utc};
-use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow};
+use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow, Priority};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -47,6 +47,8 @@ pub struct NewOutboxEvent {
     /// ([`PublishOutcome::Replaced`](crate::PublishOutcome::Replaced)).
     /// Needs a dispatch key.
     pub replace_pending: bool,
+    /// Claim and fetch order among due events; [`Priority::NORMAL`] unless set.
+    pub priority: Priority,
 }
 
 impl NewOutboxEvent {
@@ -64,6 +66,7 @@ impl NewOutboxEvent {
             scheduled_at: None,
             dedupe: Dedupe::UntilDeleted,
             replace_pending: false,
+            priority: Priority::NORMAL,
         }
     }
 
@@ -116,6 +119,37 @@ impl NewOutboxEvent {
     #[must_use]
     pub fn replace_pending(mut self) -> Self {
         self.replace_pending = true;
+        self
+    }
+
+    /// Sets the priority: once due, the event is claimed before due events
+    /// of lower priority, and its job is fetched before theirs by the
+    /// workers of its queue. A value from elsewhere (a request, a
+    /// setting) becomes a [`Priority`] with `Priority::try_from`, which
+    /// refuses anything outside -2 to 2.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use outbox_publish::{NewOutboxEvent, Priority, PublishError};
+    /// use serde_json::json;
+    ///
+    /// let reset = NewOutboxEvent::new("t1", "mail.user.password-reset", json!({"to": "a@b.c"}))
+    ///     .priority(Priority::HIGHEST);
+    /// assert_eq!(reset.priority, Priority::HIGHEST);
+    ///
+    /// fn from_request(level: i16) -> Result<NewOutboxEvent, PublishError> {
+    ///     Ok(NewOutboxEvent::new("t1", "mail.user.newsletter", json!({}))
+    ///         .priority(Priority::try_from(level)?))
+    /// }
+    /// assert!(matches!(
+    ///     from_request(5),
+    ///     Err(PublishError::PriorityOutOfRange(e)) if e.value == 5
+    /// ));
+    /// ```
+    #[must_use]
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -198,6 +232,7 @@ impl NewOutboxEvent {
             scheduled_at,
             dedupe: _,
             replace_pending,
+            priority,
         } = self;
         Ok(NewOutboxEventRow {
             id: Uuid::now_v7(),
@@ -211,6 +246,7 @@ impl NewOutboxEvent {
             dedupe_for,
             dedupe_while_pending,
             replace_pending,
+            priority,
         })
     }
 }

@@ -110,6 +110,7 @@ pub use tx::{NotInTransaction, OutboxTx};
 pub use typed::publish;
 
 pub use outbox_model::TypedEvent;
+pub use outbox_model::{Priority, PriorityOutOfRange};
 
 /// Derives [`TypedEvent`] for a payload struct from its
 /// `#[outbox(event_type = "…")]` attribute; the event type is checked

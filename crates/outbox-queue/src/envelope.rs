@@ -1,9 +1,9 @@
 //! The job body every dispatched event becomes.
 
 use chrono::{DateTime, Utc};
-use outbox_model::{OutboxEvent, RawJson};
+use outbox_model::{OutboxEvent, Priority, RawJson};
 use outbox_trace::TraceContext;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use uuid::Uuid;
 
 /// The JSON body of the apalis job for one outbox event (the contract's
@@ -39,6 +39,38 @@ pub struct OutboxJob {
         deserialize_with = "outbox_trace::deserialize_lenient"
     )]
     pub trace_context: Option<TraceContext>,
+    /// The event's priority: the job waits in its level's list, which the
+    /// workers of the queue read before (positive) or after (negative) the
+    /// normal jobs. Left out of the body when normal; a missing or invalid
+    /// one reads as normal, never as an undecodable job.
+    #[serde(
+        default,
+        skip_serializing_if = "is_normal",
+        deserialize_with = "deserialize_priority_lenient"
+    )]
+    pub priority: Priority,
+}
+
+fn is_normal(priority: &Priority) -> bool {
+    priority.is_normal()
+}
+
+/// Reads a job's `priority` field leniently: a value that is not one of the
+/// five levels reads as [`Priority::NORMAL`], so that a scheduling hint can
+/// never make a job undecodable (for `#[serde(deserialize_with = ...)]`).
+///
+/// # Errors
+///
+/// Only when the input is not JSON at all.
+pub fn deserialize_priority_lenient<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Priority, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(value
+        .as_i64()
+        .and_then(|v| i16::try_from(v).ok())
+        .and_then(|v| Priority::try_from(v).ok())
+        .unwrap_or_default())
 }
 
 fn is_first_generation(generation: &u32) -> bool {
@@ -58,6 +90,7 @@ impl OutboxJob {
             created_at: event.created_at,
             generation: u32::try_from(event.generation).unwrap_or(0),
             trace_context: stored_trace_context(event),
+            priority: event.priority,
         }
     }
 
@@ -162,6 +195,7 @@ mod tests {
             dedupe_for: None,
             dedupe_while_pending: false,
             released_dispatch_key: None,
+            priority: outbox_model::Priority::NORMAL,
         }
     }
 
@@ -196,6 +230,7 @@ mod tests {
             created_at: DateTime::from_timestamp(0, 0).unwrap(),
             generation: 0,
             trace_context: None,
+            priority: Priority::NORMAL,
         };
         let value = serde_json::to_value(&job).unwrap();
         let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();
@@ -251,6 +286,17 @@ mod tests {
         assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), traced);
         // A context nobody can continue does not cost the job.
         let text = text.replace("00f067aa0ba902b7", "not-a-span-id");
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), job);
+
+        let urgent = OutboxJob {
+            priority: Priority::HIGHEST,
+            ..job.clone()
+        };
+        let text = serde_json::to_string(&urgent).unwrap();
+        assert!(text.ends_with(r#","priority":2}"#), "{text}");
+        assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), urgent);
+        // A level out of range costs the job nothing: it runs as normal.
+        let text = text.replace(r#""priority":2"#, r#""priority":9"#);
         assert_eq!(serde_json::from_str::<OutboxJob>(&text).unwrap(), job);
     }
 }

@@ -5,12 +5,15 @@ use std::time::Duration;
 
 use apalis_redis::ConnectionManager;
 
-use crate::{QueueError, QueueNamespace, apalis_config};
+use outbox_model::Priority;
+
+use crate::{QueueError, QueueNamespace, apalis_config, ready_list, scheduled_set};
 
 /// One queue's figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct QueueStats {
-    /// Jobs waiting: scheduled (pushes land there) plus the active list.
+    /// Jobs waiting: scheduled (pushes land there) plus ready (the active
+    /// list), at every priority level.
     pub backlog: u64,
     /// Of the backlog, jobs whose time has come.
     pub due: u64,
@@ -58,22 +61,29 @@ pub async fn queue_stats(
 ) -> Result<QueueStats, QueueError> {
     let config = apalis_config(namespace, queue);
     let now = now_secs();
-    let (scheduled, due, active, done, dead, workers): (
-        u64,
-        u64,
-        u64,
-        u64,
-        u64,
-        Vec<(String, f64)>,
-    ) = redis::pipe()
-        .zcard(config.scheduled_jobs_set())
-        .zcount(config.scheduled_jobs_set(), "-inf", now)
-        .llen(config.active_jobs_list())
+    let (done, dead, workers): (u64, u64, Vec<(String, f64)>) = redis::pipe()
         .scard(config.done_jobs_set())
         .scard(config.dead_jobs_set())
         .zrange_withscores(config.workers_set(), 0, -1)
         .query_async(conn)
         .await?;
+    // Every level's ready list and scheduled set.
+    let mut waiting = redis::pipe();
+    for level in Priority::ALL {
+        let scheduled = scheduled_set(&config, level);
+        waiting
+            .llen(ready_list(&config, level))
+            .zcard(&scheduled)
+            .zcount(&scheduled, "-inf", now);
+    }
+    let counts: Vec<u64> = waiting.query_async(conn).await?;
+    let (mut backlog, mut due) = (0, 0);
+    for level in counts.chunks(3) {
+        if let [ready, scheduled, scheduled_due] = level {
+            backlog += ready + scheduled;
+            due += ready + scheduled_due;
+        }
+    }
     let mut running = 0;
     let mut stalled_workers = 0;
     for (worker, last_seen) in &workers {
@@ -87,8 +97,8 @@ pub async fn queue_stats(
         }
     }
     Ok(QueueStats {
-        backlog: scheduled + active,
-        due: due + active,
+        backlog,
+        due,
         running,
         done,
         dead,

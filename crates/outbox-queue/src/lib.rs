@@ -16,12 +16,17 @@
 //! subscriber describes them ([`DerivedTaskIds`]) and as the built-in ones
 //! form them ([`email_task_id`], [`plugin_invoke_task_id`]).
 //!
+//! A job of a [`outbox_model::Priority`] other than normal waits in its
+//! level's own ready list ([`ready_list`], [`push_raw_at_priority`]); the
+//! workers' fetch takes higher levels first.
+//!
 //! This crate neither claims rows nor runs handlers: the dispatcher
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
 mod derived;
 mod envelope;
 mod inspect;
+mod levels;
 mod presence;
 mod redact;
 mod redis_queue;
@@ -31,11 +36,15 @@ mod worker_store;
 pub use derived::{
     DerivedTaskIds, EMAIL_TASK_IDS, PLUGIN_INVOKE_TASK_IDS, email_task_id, plugin_invoke_task_id,
 };
-pub use envelope::{OutboxJob, delivery_id, generation_task_id, stored_trace_context, task_id};
+pub use envelope::{
+    OutboxJob, delivery_id, deserialize_priority_lenient, generation_task_id, stored_trace_context,
+    task_id,
+};
 pub use inspect::{
     DEFAULT_DONE_RETENTION_HOURS, DeadJob, QUEUE_DONE_RETENTION_HOURS, QueueStats, dead_jobs,
     dead_task_ids, queue_stats, trim_finished,
 };
+pub use levels::{push_raw_at_priority, ready_list, scheduled_set};
 pub use presence::{
     JobState, JobStateKind, Unfinished, event_of_task, job_states, rerun_finished, retry_dead,
     unfinished_jobs,

@@ -17,7 +17,7 @@ use uuid::Uuid;
 use crate::{MAX_RETRY_ROUNDS, QueueError, QueueNamespace, apalis_config, wake_channel};
 
 static STATES: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/states.lua")));
-static RERUN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/rerun.lua")));
+static RERUN: LazyLock<Script> = LazyLock::new(|| crate::levels::leveled!("lua/rerun.lua"));
 static UNFINISHED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/unfinished.lua")));
 
@@ -130,8 +130,9 @@ pub struct Unfinished {
 }
 
 /// The unfinished jobs of `queues` and the marker of `namespace`, read by
-/// one Lua call (so at one instant): the active list, the scheduled set and
-/// the in-flight set of every registered worker of each queue. The ids are
+/// one Lua call (so at one instant): the active list and the scheduled set
+/// (of every priority level) and the in-flight set of every registered
+/// worker of each queue. The ids are
 /// read only when there are at most `limit` of them; a queue holding a
 /// backlog costs Redis O(queues + workers), not O(backlog).
 ///

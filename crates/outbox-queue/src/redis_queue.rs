@@ -1,5 +1,7 @@
 //! Addressing, connecting to and pushing onto apalis-redis queues.
 
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -7,10 +9,12 @@ use apalis_core::task::builder::TaskBuilder;
 use apalis_core::task::task_id::TaskId;
 use apalis_redis::{Config, ConnectionManager, RedisStorage};
 use outbox_env::{Text, VariableError};
+use outbox_model::Priority;
 use redis::aio::ConnectionManagerConfig;
 use tracing::instrument;
 
 use crate::OutboxJob;
+use crate::levels::push_raw_at_priority;
 
 /// `OUTBOX_QUEUE_PREFIX`: the [`QueueNamespace`] of a process
 /// ([`QueueNamespace::from_lookup`]).
@@ -324,9 +328,11 @@ pub struct PushReport {
     pub duplicates: usize,
 }
 
-/// Pushes `jobs` onto `queue` with one Redis round trip (apalis-redis' batch
-/// push script), each with its deterministic task id `outbox:<event id>`.
-/// A job whose id is already on the queue is skipped and counted as a
+/// Pushes `jobs` onto `queue`, each with its deterministic task id
+/// `outbox:<event id>`: the normal ones with one Redis round trip
+/// (apalis-redis' batch push script), and those of another priority with one
+/// more round trip per level ([`push_raw_at_priority`]), onto their level's
+/// list. A job whose id is already on the queue is skipped and counted as a
 /// duplicate.
 ///
 /// # Errors
@@ -341,11 +347,22 @@ pub async fn push_jobs(
     queue: &str,
     jobs: &[OutboxJob],
 ) -> Result<PushReport, QueueError> {
-    let bodies = jobs
-        .iter()
-        .map(|job| Ok((job.task_id(), serde_json::to_vec(job)?)))
-        .collect::<Result<Vec<_>, QueueError>>()?;
-    push_raw(conn, namespace, queue, &bodies).await
+    let mut by_level: BTreeMap<Reverse<Priority>, Vec<(String, Vec<u8>)>> = BTreeMap::new();
+    for job in jobs {
+        by_level
+            .entry(Reverse(job.priority))
+            .or_default()
+            .push((job.task_id(), serde_json::to_vec(job)?));
+    }
+    let mut report = PushReport::default();
+    // The highest level first, so that its jobs are on their list before
+    // the workers are woken for the normal ones.
+    for (Reverse(priority), bodies) in by_level {
+        let pushed = push_raw_at_priority(conn, namespace, queue, &bodies, None, priority).await?;
+        report.new += pushed.new;
+        report.duplicates += pushed.duplicates;
+    }
+    Ok(report)
 }
 
 /// Pushes pre-encoded job bodies with the given task ids in one round trip;
@@ -394,21 +411,32 @@ pub async fn push_raw_at(
         .collect();
     let (enqueued, scheduled) = apalis_redis::queries::push_tasks(conn, &config, &tasks).await?;
     let new = (enqueued + scheduled) as usize;
-    if new > 0 {
-        // Wake idle workers of this queue now rather than at their next poll.
-        if let Err(e) = redis::cmd("PUBLISH")
-            .arg(wake_channel(namespace, queue))
-            .arg(new)
-            .query_async::<i64>(conn)
-            .await
-        {
-            tracing::warn!(queue, error = %e, "jobs pushed, but the wake-up was not published");
-        }
-    }
+    wake(conn, namespace, queue, new).await;
     Ok(PushReport {
         new,
         duplicates: jobs.len().saturating_sub(new),
     })
+}
+
+/// Wakes idle workers of `queue` now rather than at their next poll, when
+/// `new` jobs were pushed.
+pub(crate) async fn wake(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    new: usize,
+) {
+    if new == 0 {
+        return;
+    }
+    if let Err(e) = redis::cmd("PUBLISH")
+        .arg(wake_channel(namespace, queue))
+        .arg(new)
+        .query_async::<i64>(conn)
+        .await
+    {
+        tracing::warn!(queue, error = %e, "jobs pushed, but the wake-up was not published");
+    }
 }
 
 /// The pub/sub channel that wakes the workers of `queue` after a push.

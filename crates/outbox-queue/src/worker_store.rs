@@ -31,6 +31,8 @@ use apalis_core::worker::context::WorkerContext;
 use apalis_redis::{Config, ConnectionManager};
 use redis::{Script, Value};
 
+use crate::levels::leveled;
+
 /// Attempts after which a job that keeps failing goes to the dead set when
 /// the queue reschedules it itself (apalis-redis' fixed limit, kept). The
 /// subscriber framework normally decides earlier, with its own retry rounds.
@@ -45,10 +47,10 @@ const RECOVER_STEP: usize = 5_000;
 /// and the worker looks again at its next wake-up or poll.
 const MAX_FETCHES_PER_CALL: usize = 4;
 
-static FETCH: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/fetch.lua")));
-static ACK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/ack.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/release.lua")));
-static RECOVER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/recover.lua")));
+static FETCH: LazyLock<Script> = LazyLock::new(|| leveled!("lua/fetch.lua"));
+static ACK: LazyLock<Script> = LazyLock::new(|| leveled!("lua/ack.lua"));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| leveled!("lua/release.lua"));
+static RECOVER: LazyLock<Script> = LazyLock::new(|| leveled!("lua/recover.lua"));
 static REGISTER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/register.lua")));
 static HEARTBEAT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/heartbeat.lua")));

@@ -164,6 +164,7 @@ fn job(parts: &Parts) -> Result<OutboxJob, TestCaseError> {
         created_at,
         generation: parts.generation,
         trace_context: None,
+        priority: outbox_model::Priority::NORMAL,
     })
 }
 

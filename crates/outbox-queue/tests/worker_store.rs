@@ -11,12 +11,11 @@ mod common;
 
 use std::time::Duration;
 
-use apalis_core::backend::TaskResult;
 use apalis_core::backend::persistence::{Persistence, TaskEvent};
 use apalis_core::task::Task;
 use apalis_core::task::status::Status;
-use apalis_core::worker::context::WorkerContext;
 use apalis_redis::{Config, ConnectionManager};
+use common::{finished, ids, range, started};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use outbox_queue::{QueueNamespace, WorkerStore, apalis_config, push_raw};
 use outbox_test_support::{LogCapture, eventually, with_metrics_recorder};
@@ -56,40 +55,9 @@ async fn push(conn: &mut ConnectionManager, namespace: &QueueNamespace, id: &str
     assert_eq!(report.new, 1, "{id} was pushed");
 }
 
-/// A worker registered on the queue, as apalis starts one.
-async fn started(store: &mut WorkerStore, name: &str) -> WorkerContext {
-    let worker = WorkerContext::new(name);
-    store.register(&worker).await.unwrap();
-    worker
-}
-
-/// The ids of a fetched batch.
-fn ids(tasks: &[Task<Vec<u8>>]) -> Vec<String> {
-    tasks
-        .iter()
-        .map(|t| t.task_id().expect("fetched jobs have ids").to_string())
-        .collect()
-}
-
 /// The handler finished `task` successfully, as apalis reports it.
 fn done(task: &Task<Vec<u8>>) -> TaskEvent<serde_json::Value> {
-    TaskEvent::Complete(TaskResult {
-        task_id: task.task_id().unwrap().clone(),
-        attempt: 1,
-        status: Status::Done,
-        result: Ok(serde_json::Value::Null),
-    })
-}
-
-/// The whole of the list or sorted set `key` (`LRANGE` or `ZRANGE`).
-async fn range(conn: &mut ConnectionManager, command: &str, key: &str) -> Vec<String> {
-    redis::cmd(command)
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .unwrap()
+    finished(task, Status::Done)
 }
 
 async fn waiting(conn: &mut ConnectionManager, config: &Config) -> Vec<String> {

@@ -28,15 +28,92 @@ use uuid::Uuid;
 
 use crate::Result;
 
+/// The instant a row becomes claimable (a `PENDING` row from its
+/// `scheduled_at`, a `PROCESSING` one from the end of its lease): the
+/// expression `outbox_event_claimable_idx` is built on, after the priority.
+macro_rules! due {
+    () => {
+        "(CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)"
+    };
+}
+
+/// The due rows of one priority level, oldest first, at most `$1`, locked
+/// (`SKIP LOCKED`): one range of the claim index, `priority = <level> AND
+/// due <= now()`, walked in due order. A level with no due row costs one
+/// index descent; rows scheduled for later are never read.
+///
+/// `FOR UPDATE` is not allowed in a branch of a `UNION` itself, so each
+/// level is a subquery in `FROM`.
+// Merging note: a predicate added to the claim index's WHERE (e.g. `AND
+// NOT ordering_blocked`) goes into this WHERE too, once for all levels.
+macro_rules! level {
+    ($priority:literal) => {
+        concat!(
+            "SELECT id FROM (
+        SELECT id FROM outbox_event
+        WHERE status IN ('PENDING', 'PROCESSING')
+          AND priority = ",
+            $priority,
+            "
+          AND ",
+            due!(),
+            " <= now()
+        ORDER BY ",
+            due!(),
+            "
+        LIMIT $1
+        FOR UPDATE SKIP LOCKED
+    ) AS p"
+        )
+    };
+}
+
+/// `WITH due AS (…)`: the ids of up to `$1` claimable rows, level by level,
+/// highest first.
+// One branch per level of `outbox_model::Priority::ALL`, in that order
+// (a unit test holds the two together).
+macro_rules! due_ids {
+    () => {
+        concat!(
+            "WITH due AS (
+    ",
+            level!("2"),
+            "
+    UNION ALL
+    ",
+            level!("1"),
+            "
+    UNION ALL
+    ",
+            level!("0"),
+            "
+    UNION ALL
+    ",
+            level!("-1"),
+            "
+    UNION ALL
+    ",
+            level!("-2"),
+            "
+    LIMIT $1
+)"
+        )
+    };
+}
+
 /// Claims up to `limit` claimable rows in one round trip: `PENDING` rows whose
 /// `scheduled_at` has passed and `PROCESSING` rows whose lease expired (a
-/// dispatcher died holding them), oldest first. They become `PROCESSING`
-/// with a fresh lease of `lease_ms`. `SKIP LOCKED` lets concurrent
-/// dispatchers claim disjoint sets without waiting on each other.
+/// dispatcher died holding them), the highest [`Priority`] first and, within
+/// a priority, oldest first. They become `PROCESSING` with a fresh lease of
+/// `lease_ms`. `SKIP LOCKED` lets concurrent dispatchers claim disjoint sets
+/// without waiting on each other.
 ///
-/// The `CASE` expression is the one the partial index
-/// `outbox_event_claimable_idx` is built on, so the scan is an index range
-/// scan over due rows only.
+/// The priorities are read one level at a time, highest first (a `UNION ALL`
+/// of one index range scan per level, see `level!`), and the outer `LIMIT`
+/// stops reading, and locking, as soon as the batch is full: a batch that
+/// the highest levels fill never touches the lower ones. Each level walks the
+/// partial index `outbox_event_claimable_idx` on `(priority, due)`, over due
+/// rows only.
 ///
 /// The claimed ids come back to the `UPDATE` as one array (`= ANY(ARRAY(…))`)
 /// rather than through a join: the join planned a hash join over a
@@ -49,20 +126,23 @@ use crate::Result;
 /// whole claim with one value instead of joining a per-row list. The fence
 /// stays strict: a row is re-claimed only once `locked_until <= now()`, so
 /// the next claim's lease is always later than the one it replaces.
-pub const CLAIM_SQL: &str = "\
-WITH due AS (
-    SELECT id FROM outbox_event
-    WHERE status IN ('PENDING', 'PROCESSING')
-      AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
-    ORDER BY (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
+///
+/// [`Priority`]: outbox_model::Priority
+pub const CLAIM_SQL: &str = concat!(
+    due_ids!(),
+    "
 UPDATE outbox_event e
 SET status = 'PROCESSING',
     locked_until = now() + make_interval(secs => $2 / 1000.0)
 WHERE e.id = ANY(ARRAY(SELECT id FROM due))
-RETURNING e.*";
+RETURNING e.*"
+);
+
+/// The claim's choice of rows as a `WITH due AS (…)` clause, for a
+/// statement that follows it with its own use of `due` (the bench's
+/// SQL-only baseline): the up to `$1` claimable rows of [`CLAIM_SQL`],
+/// highest priority first, locked.
+pub const CLAIM_DUE_IDS_SQL: &str = due_ids!();
 
 /// Claims rows; see [`CLAIM_SQL`]. The result is sorted by `created_at`
 /// (Postgres does not order `RETURNING`).
@@ -395,16 +475,42 @@ struct CountRow {
     n: i64,
 }
 
-/// How many `PENDING` rows are due now (walks the claim index).
+/// How many `PENDING` rows are due now: the claim index's due range of
+/// each priority level (the levels listed, so that the leading `priority`
+/// column is one index descent per level rather than a walk of every entry,
+/// rows scheduled for later included).
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn due_pending_count(conn: &mut AsyncPgConnection) -> Result<i64> {
-    let row: CountRow = diesel::sql_query(
+    let row: CountRow = diesel::sql_query(concat!(
         "SELECT count(*) AS n FROM outbox_event
          WHERE status IN ('PENDING', 'PROCESSING')
-           AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
-           AND status = 'PENDING'",
-    )
+           AND priority IN (2, 1, 0, -1, -2)
+           AND ",
+        due!(),
+        " <= now()
+           AND status = 'PENDING'"
+    ))
     .get_result(conn)
     .await?;
     Ok(row.n)
+}
+
+#[cfg(test)]
+mod tests {
+    use outbox_model::Priority;
+
+    use super::CLAIM_SQL;
+
+    #[test]
+    fn the_claim_reads_every_priority_level_highest_first() {
+        let positions: Vec<usize> = Priority::ALL
+            .iter()
+            .map(|level| {
+                let branch = format!("AND priority = {level}\n");
+                assert_eq!(CLAIM_SQL.matches(&branch).count(), 1, "{branch}");
+                CLAIM_SQL.find(&branch).unwrap_or_default()
+            })
+            .collect();
+        assert!(positions.is_sorted(), "levels out of order: {CLAIM_SQL}");
+    }
 }

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::Result;
 
-/// Rows per INSERT statement in a batch: 10 bind parameters a row stays well
+/// Rows per INSERT statement in a batch: 11 bind parameters a row stays well
 /// under Postgres' 65,535-parameter limit.
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
@@ -28,11 +28,12 @@ pub const ROWS_PER_STATEMENT: usize = 5_000;
 /// `$3` event_type (text), `$4` payload (jsonb), `$5` dispatch_key (text or
 /// NULL), `$6` scheduled_at (timestamptz or NULL), `$7` traceparent (text or
 /// NULL), `$8` tracestate (text or NULL), `$9` dedupe_for (interval or
-/// NULL), `$10` dedupe_while_pending (boolean). Returns `id`.
+/// NULL), `$10` dedupe_while_pending (boolean), `$11` priority (smallint,
+/// -2 to 2). Returns `id`.
 pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10) \
+      dedupe_for, dedupe_while_pending, priority) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11) \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
 
@@ -45,8 +46,8 @@ pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// or type) holds the key.
 pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10) \
+      dedupe_for, dedupe_while_pending, priority) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11) \
      ON CONFLICT (dispatch_key) DO UPDATE \
      SET payload = excluded.payload, \
          scheduled_at = COALESCE($6, outbox_event.scheduled_at) \
@@ -65,17 +66,19 @@ pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// `$5` text[] (dispatch_key, NULL elements), `$6` timestamptz[]
 /// (scheduled_at, NULL elements for `now()`), `$7` text[] (traceparent),
 /// `$8` text[] (tracestate), `$9` interval[] (dedupe_for, NULL elements),
-/// `$10` boolean[] (dedupe_while_pending). Returns the `id`s written.
+/// `$10` boolean[] (dedupe_while_pending), `$11` smallint[] (priority).
+/// Returns the `id`s written.
 pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending) \
+      dedupe_for, dedupe_while_pending, priority) \
      SELECT id, tenant_id, event_type, payload, dispatch_key, COALESCE(scheduled_at, now()), \
-            traceparent, tracestate, dedupe_for, dedupe_while_pending \
+            traceparent, tracestate, dedupe_for, dedupe_while_pending, priority \
      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], \
-                 $6::timestamptz[], $7::text[], $8::text[], $9::interval[], $10::boolean[]) \
+                 $6::timestamptz[], $7::text[], $8::text[], $9::interval[], $10::boolean[], \
+                 $11::smallint[]) \
           WITH ORDINALITY \
           AS e (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, \
-                traceparent, tracestate, dedupe_for, dedupe_while_pending, n) \
+                traceparent, tracestate, dedupe_for, dedupe_while_pending, priority, n) \
      ORDER BY n \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
@@ -250,6 +253,7 @@ type OneRow<'r> = (
     diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
     diesel::dsl::Eq<outbox_event::dedupe_for, Option<PgInterval>>,
     diesel::dsl::Eq<outbox_event::dedupe_while_pending, bool>,
+    diesel::dsl::Eq<outbox_event::priority, outbox_model::Priority>,
 );
 
 /// The values of one event's `INSERT`, every column bound (an absent
@@ -272,5 +276,6 @@ fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
         outbox_event::tracestate.eq(row.tracestate.as_deref()),
         outbox_event::dedupe_for.eq(row.dedupe_for),
         outbox_event::dedupe_while_pending.eq(row.dedupe_while_pending),
+        outbox_event::priority.eq(row.priority),
     )
 }

@@ -75,9 +75,9 @@ mod stats;
 mod unrouted;
 
 pub use claim::{
-    CLAIM_SQL, DONE_SQL, FAILED_SQL, Failure, Lease, RELEASE_SQL, RETRY_SQL, Retry,
-    WAIT_FOR_ROUTE_SQL, WaitForRoute, claim, due_pending_count, mark_done, mark_failed, mark_retry,
-    mark_waiting_for_route, release,
+    CLAIM_DUE_IDS_SQL, CLAIM_SQL, DONE_SQL, FAILED_SQL, Failure, Lease, RELEASE_SQL, RETRY_SQL,
+    Retry, WAIT_FOR_ROUTE_SQL, WaitForRoute, claim, due_pending_count, mark_done, mark_failed,
+    mark_retry, mark_waiting_for_route, release,
 };
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};

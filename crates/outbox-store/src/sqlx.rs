@@ -55,6 +55,7 @@ pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> R
         .bind(row.tracestate.as_deref())
         .bind(row.dedupe_for.map(interval))
         .bind(row.dedupe_while_pending)
+        .bind(row.priority.get())
         .fetch_optional(&mut *conn)
         .await?;
     if let Some(id) = inserted {
@@ -117,6 +118,12 @@ pub async fn insert_events(
                 chunk
                     .iter()
                     .map(|row| row.dedupe_while_pending)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                chunk
+                    .iter()
+                    .map(|row| row.priority.get())
                     .collect::<Vec<_>>(),
             )
             .fetch_all(&mut *conn)

@@ -45,6 +45,7 @@ fn rows() -> Vec<NewOutboxEventRow> {
                 Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned());
             r.tracestate = Some("vendor=x".to_owned());
             r.dedupe_for = Some(PgInterval::from_microseconds(90_000_000));
+            r.priority = outbox_model::Priority::HIGHEST;
         }),
         row(&|r| r.dispatch_key = Some("key-1".to_owned())),
         row(&|r| r.traceparent = Some("not a traceparent".to_owned())),

@@ -35,6 +35,7 @@ fn job(event_type: &str, payload: &str) -> OutboxJob {
         created_at: Utc::now(),
         generation: 0,
         trace_context: None,
+        priority: outbox_model::Priority::NORMAL,
     }
 }
 

@@ -48,6 +48,17 @@ struct Traced {
     trace_context: Option<outbox_trace::TraceContext>,
 }
 
+/// The priority a job carries (the envelope's `priority`), read apart and
+/// leniently like the trace context.
+#[derive(serde::Deserialize)]
+struct Prioritized {
+    #[serde(
+        default,
+        deserialize_with = "outbox_queue::deserialize_priority_lenient"
+    )]
+    priority: outbox_model::Priority,
+}
+
 /// The fields that date a job's first delivery; read apart from [`Head`] so
 /// that a malformed date never hides the ids.
 #[derive(serde::Deserialize)]
@@ -105,6 +116,19 @@ impl JobBody {
         serde_json::from_slice::<Traced>(&self.raw)
             .ok()
             .and_then(|traced| traced.trace_context)
+    }
+
+    /// The top-level `priority` field (see [`outbox_queue::OutboxJob::priority`]):
+    /// normal when absent or invalid, and for a body that is not an object.
+    /// A retry copy of the job is pushed at this level.
+    #[must_use]
+    pub fn priority(&self) -> outbox_model::Priority {
+        if !self.is_object() {
+            return outbox_model::Priority::NORMAL;
+        }
+        serde_json::from_slice::<Prioritized>(&self.raw)
+            .map(|p| p.priority)
+            .unwrap_or_default()
     }
 
     /// Whether the body starts like a JSON object. Serde also reads a
@@ -303,6 +327,26 @@ mod tests {
             "not json",
         ] {
             assert_eq!(body(raw.to_owned()).trace_context(), None, "{raw}");
+        }
+    }
+
+    #[test]
+    fn a_body_gives_the_priority_its_retry_copy_is_pushed_at_and_normal_otherwise() {
+        use outbox_model::Priority;
+        let priority = |raw: &str| JobBody::from_bytes(raw.as_bytes().to_vec()).priority();
+        assert_eq!(
+            priority(r#"{"outbox_event_id":"x","priority":2}"#),
+            Priority::HIGHEST
+        );
+        assert_eq!(priority(r#"{"priority":-1}"#), Priority::LOW);
+        for raw in [
+            r#"{"outbox_event_id":"x"}"#,
+            r#"{"priority":7}"#,
+            r#"{"priority":"high"}"#,
+            "[2]",
+            "not json",
+        ] {
+            assert_eq!(priority(raw), Priority::NORMAL, "{raw}");
         }
     }
 

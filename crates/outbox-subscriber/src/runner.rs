@@ -406,12 +406,13 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
     // Put a copy back on the queue, due later; this copy is finished.
     let mut conn = shared.conn.clone();
     let run_at = std::time::SystemTime::now() + delay;
-    let pushed = outbox_queue::push_raw_at(
+    let pushed = outbox_queue::push_raw_at_priority(
         &mut conn,
         &shared.namespace,
         &queue,
         &[(next.clone(), body.raw().to_vec())],
         Some(run_at),
+        body.priority(),
     )
     .await;
     match pushed {

@@ -225,6 +225,7 @@ mod tests {
             created_at: Utc::now(),
             generation: 0,
             trace_context: None,
+            priority: outbox_model::Priority::NORMAL,
         }
     }
 

@@ -123,6 +123,7 @@ fn envelope() -> impl Strategy<Value = OutboxJob> {
                     created_at: DateTime::from_timestamp(secs, nanos)?,
                     generation,
                     trace_context: None,
+                    priority: outbox_model::Priority::NORMAL,
                 })
             },
         )

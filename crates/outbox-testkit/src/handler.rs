@@ -124,6 +124,7 @@ fn job(
         created_at,
         generation: 0,
         trace_context: None,
+        priority: outbox_model::Priority::NORMAL,
     }
 }
 

@@ -282,31 +282,26 @@ pub async fn done_rate_where(
     Ok((span.done - span.first) as f64 / span.seconds)
 }
 
-/// The statement of the `sql_only` baseline: claim 100 due rows through the
-/// claim index and mark them `DONE`, in one statement.
-const CLAIM_AND_DONE_SQL: &str = "\
-WITH due AS (
-    SELECT id FROM outbox_event
-    WHERE status IN ('PENDING', 'PROCESSING')
-      AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
-    ORDER BY (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)
-    LIMIT 100
-    FOR UPDATE SKIP LOCKED
-)
+/// The statement of the `sql_only` baseline: claim 100 due rows as the
+/// dispatcher's claim chooses them (through the claim index, level by
+/// level) and mark them `DONE`, in one statement.
+fn claim_and_done_sql() -> String {
+    format!(
+        "{}
 UPDATE outbox_event
 SET status = 'DONE', processed_at = now(), locked_until = NULL, target_queue = 'baseline'
-WHERE id = ANY(ARRAY(SELECT id FROM due))";
+WHERE id = ANY(ARRAY(SELECT id FROM due))",
+        outbox_store::CLAIM_DUE_IDS_SQL.replace("$1", "100")
+    )
+}
 
 async fn sql_only_rate(url: &str, conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
     conn.batch_execute("TRUNCATE outbox_event").await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await?;
+    let sql = claim_and_done_sql();
     let clients = (0..2).map(|_| async {
         let mut conn = outbox_pg::establish(url).await?;
-        while diesel::sql_query(CLAIM_AND_DONE_SQL)
-            .execute(&mut conn)
-            .await?
-            > 0
-        {}
+        while diesel::sql_query(&sql).execute(&mut conn).await? > 0 {}
         Ok::<_, anyhow::Error>(())
     });
     futures::future::try_join_all(clients).await?;

@@ -4,7 +4,7 @@
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
 //! databases (`outbox_bench`, `outbox_bench_handoff`, and one per stage of
 //! the real workers: `outbox_bench_drain_audit`, `outbox_bench_latency`,
-//! `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`) and an `outbox-bench:`
+//! `outbox_bench_priority`, `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`) and an `outbox-bench:`
 //! Redis prefix (all removed first). `--chart FILE` draws the run's lines as
 //! an SVG. Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
@@ -24,6 +24,7 @@ mod drain_audit;
 pub(crate) mod handoff;
 pub(crate) mod kit;
 mod latency;
+mod priority;
 mod process;
 mod publish;
 mod retention;
@@ -174,7 +175,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         pipeline(&run).await?;
     }
     let drain_needs_default = wants("drain_audit") && args.drain_bins.is_empty();
-    let workers = ["handoff", "latency", "retention", "soak"];
+    let workers = ["handoff", "latency", "priority", "retention", "soak"];
     let binaries = if drain_needs_default || workers.iter().any(|name| wants(name)) {
         handoff_binaries(&args.handoff_bins, args.smoke)?
     } else {
@@ -229,6 +230,12 @@ async fn more_stages(
             duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
         };
         latency::run(run, binary, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("priority")) {
+        let plan = priority::Plan {
+            backlog: run.size(100_000, 300),
+        };
+        priority::run(run, binary, &plan).await?;
     }
     if wants("publish_overhead") {
         let plan = publish::Plan {

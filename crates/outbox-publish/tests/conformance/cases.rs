@@ -8,7 +8,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_model::schema::outbox_event;
 use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent as EventRow, OutboxStatus};
-use outbox_publish::{MAX_PAYLOAD_DEPTH, NewOutboxEvent, PublishError, PublishOutcome};
+use outbox_publish::{MAX_PAYLOAD_DEPTH, NewOutboxEvent, Priority, PublishError, PublishOutcome};
 use outbox_test_support::TestDatabase;
 use outbox_trace::TraceContext;
 use serde_json::json;
@@ -415,5 +415,61 @@ pub async fn a_routed_publish_refuses_an_unrouted_type_before_any_sql<D: Driver>
     assert_eq!(
         (rows[0].id, rows[0].event_type.as_str()),
         (routed.id(), "orders.order.shipped")
+    );
+}
+
+/// The priority given is stored, one by one and in a batch, and an event
+/// without one is normal. A level from outside that is out of range is a
+/// typed error naming the range, before any event exists to publish: the
+/// transaction writes only the events given a valid level.
+pub async fn a_priority_is_stored_as_given_and_an_out_of_range_one_is_refused_by_type<D: Driver>() {
+    let (db, mut driver) = setup::<D>().await;
+    let refused = Priority::try_from(3_i16).map_err(PublishError::from);
+    match &refused {
+        Err(e @ PublishError::PriorityOutOfRange(out)) => {
+            assert_eq!(out.value, 3);
+            assert!(e.is_invalid_event());
+            assert_eq!(
+                e.to_string(),
+                "priority 3 is out of range: a priority is from -2 (lowest) to 2 (highest)"
+            );
+        }
+        other => panic!("expected PriorityOutOfRange, got {other:?}"),
+    }
+    let results = driver
+        .transaction(
+            vec![
+                Step::One(activated(1).priority(Priority::HIGHEST)),
+                Step::One(activated(2)),
+                Step::Batch(vec![
+                    activated(3).priority(Priority::LOWEST),
+                    activated(4).priority(Priority::try_from(-1_i16).unwrap()),
+                    activated(5),
+                ]),
+            ],
+            End::Commit,
+        )
+        .await;
+
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let stored: Vec<(serde_json::Value, Priority)> = events(&db)
+        .await
+        .into_iter()
+        .map(|row| {
+            (
+                row.payload.value().unwrap()["subscriptionId"].clone(),
+                row.priority,
+            )
+        })
+        .collect();
+    assert_eq!(
+        stored,
+        vec![
+            (json!(1), Priority::HIGHEST),
+            (json!(2), Priority::NORMAL),
+            (json!(3), Priority::LOWEST),
+            (json!(4), Priority::LOW),
+            (json!(5), Priority::NORMAL),
+        ]
     );
 }

@@ -4,7 +4,8 @@
 -- KEYS[1] this worker's in-flight set
 -- KEYS[2] done set
 -- KEYS[3] dead set
--- KEYS[4] scheduled: zset, task id -> due time (seconds)
+-- KEYS[4] scheduled: zset, task id -> due time (seconds) (a priority
+--   level's is KEYS[4] .. ':p' .. level)
 -- KEYS[5] prefix of the per-job meta hashes
 -- ARGV[1] now (seconds)
 -- ARGV[2] attempts after which a failing job goes to the dead set
@@ -25,7 +26,8 @@ for i = 3, #ARGV, 4 do
         if status == 'Done' then
             redis.call('SADD', done, id)
         elseif (status == 'Failed' or status == 'Pending') and attempt < max_attempts then
-            redis.call('ZADD', scheduled, now + attempt, id)
+            local later = at_level(scheduled, level_of(meta_prefix .. ':' .. id))
+            redis.call('ZADD', later, now + attempt, id)
         else
             redis.call('SADD', dead, id)
         end

@@ -1,10 +1,11 @@
 -- Puts the in-flight jobs of workers presumed dead (no heartbeat since
--- ARGV[1]) back at the front of the queue, at most ARGV[2] jobs per call so
+-- ARGV[1]) back at the front of the queue (of the list of their level, the
+-- meta hash's `priority`; none is the active list), at most ARGV[2] jobs per call so
 -- that one call never blocks Redis for long, whatever a dead worker held.
 -- A worker leaves the workers set once its in-flight set is empty.
 --
 -- KEYS[1] workers: zset, worker name -> last heartbeat (seconds)
--- KEYS[2] active list
+-- KEYS[2] active list (a level's list is KEYS[2] .. ':p' .. level)
 -- KEYS[3] prefix of the in-flight sets (<prefix>:<worker>)
 -- KEYS[4] prefix of the per-job meta hashes
 -- ARGV[1] heartbeats at or before this time (seconds) count as dead
@@ -29,8 +30,8 @@ for _, worker in ipairs(dead) do
             if not id then
                 break
             end
-            redis.call('LPUSH', active, id)
             local meta_key = meta_prefix .. ':' .. id
+            redis.call('LPUSH', at_level(active, level_of(meta_key)), id)
             redis.call('HSET', meta_key, 'status', 'Pending')
             redis.call('HDEL', meta_key, 'locked_at', 'locked_by')
             moved = moved + 1

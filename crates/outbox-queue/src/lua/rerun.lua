@@ -5,7 +5,8 @@
 --
 -- KEYS[1] bodies: hash, task id -> job body
 -- KEYS[2] the set the jobs finished in: done or dead
--- KEYS[3] scheduled: zset, task id -> due time (seconds)
+-- KEYS[3] scheduled: zset, task id -> due time (seconds) (a priority
+--   level's is KEYS[3] .. ':p' .. level)
 -- KEYS[4] prefix of the per-job meta hashes
 -- ARGV[1] now (seconds)
 -- ARGV[2..] task ids
@@ -21,7 +22,7 @@ for i = 2, #ARGV do
         local meta = meta_prefix .. ':' .. id
         redis.call('HDEL', meta, 'done_at', 'result', 'locked_by', 'locked_at')
         redis.call('HSET', meta, 'status', 'Pending', 'attempts', 0)
-        redis.call('ZADD', scheduled, now, id)
+        redis.call('ZADD', at_level(scheduled, level_of(meta)), now, id)
         n = n + 1
     end
 end

@@ -36,6 +36,7 @@ pub fn new_row(event_type: &str) -> NewOutboxEventRow {
         dedupe_for: None,
         dedupe_while_pending: false,
         replace_pending: false,
+        priority: outbox_model::Priority::NORMAL,
     }
 }
 
