@@ -60,9 +60,10 @@ fn expand(input: &DeriveInput) -> syn::Result<proc_macro2::TokenStream> {
         return Err(syn::Error::new(options.event_type.span(), broken));
     }
     let event_type = &options.event_type;
-    let priority = options
-        .priority
-        .map(|p| quote! { const PRIORITY: i16 = #p; });
+    let priority = options.priority.map(|p| {
+        let level = syn::Ident::new(priority_name(p), Span::call_site());
+        quote! { const PRIORITY: ::outbox_publish::Priority = ::outbox_publish::Priority::#level; }
+    });
     let ordering_key = ordering_key_field(fields)?.map(|field| {
         let ident = &field.ident;
         if is_option(&field.ty) {
@@ -157,6 +158,18 @@ fn options(input: &DeriveInput) -> syn::Result<Options> {
         event_type,
         priority,
     })
+}
+
+/// The name of `outbox_publish::Priority`'s constant for a level of
+/// [`PRIORITIES`].
+fn priority_name(level: i16) -> &'static str {
+    match level {
+        -2 => "LOWEST",
+        -1 => "LOW",
+        1 => "HIGH",
+        2 => "HIGHEST",
+        _ => "NORMAL",
+    }
 }
 
 /// An integer literal, possibly negated, within [`PRIORITIES`].

@@ -38,11 +38,12 @@ pub trait TypedEvent {
     /// published (`PublishError::InvalidEventType`).
     const EVENT_TYPE: &'static str;
 
-    /// The priority of every event of this type, from -2 (bulk) to 2 (most
-    /// urgent); 0 (normal) unless the derive's `#[outbox(priority = N)]`
+    /// The priority of every event of this type, from
+    /// [`Priority::LOWEST`](crate::Priority::LOWEST) (bulk) to
+    /// [`Priority::HIGHEST`](crate::Priority::HIGHEST); normal unless the derive's `#[outbox(priority = N)]`
     /// says otherwise. Among due events a higher one is handed off first and
     /// fetched first from its queue.
-    const PRIORITY: i16 = 0;
+    const PRIORITY: crate::Priority = crate::Priority::NORMAL;
 
     /// The event's ordering key: events with the same key reach their
     /// handler one at a time, in the order they were written. `None` (the

@@ -10,8 +10,10 @@ use crate::{NewOutboxEvent, OutboxTx, PublishError, PublishOutcome, publish_outb
 impl NewOutboxEvent {
     /// The event of `tenant_id` whose type is `E::EVENT_TYPE` and whose
     /// payload is `event` serialized, due now, without a dispatch key (add
-    /// one with [`NewOutboxEvent::dispatch_key`]). Runs no SQL; the event is
-    /// validated when published, as an untyped one is.
+    /// one with [`NewOutboxEvent::dispatch_key`]), with the type's priority
+    /// ([`TypedEvent::PRIORITY`], the derive's `#[outbox(priority = N)]`).
+    /// Runs no SQL; the event is validated when published, as an untyped
+    /// one is.
     ///
     /// # Errors
     ///
@@ -22,10 +24,10 @@ impl NewOutboxEvent {
     /// # Example
     ///
     /// ```
-    /// use outbox_publish::{NewOutboxEvent, OutboxEvent};
+    /// use outbox_publish::{NewOutboxEvent, OutboxEvent, Priority};
     ///
     /// #[derive(serde::Serialize, OutboxEvent)]
-    /// #[outbox(event_type = "orders.order.created")]
+    /// #[outbox(event_type = "orders.order.created", priority = 1)]
     /// struct OrderCreated {
     ///     order_id: u64,
     /// }
@@ -34,6 +36,7 @@ impl NewOutboxEvent {
     ///     .dispatch_key("order-7-created");
     /// assert_eq!(event.event_type, "orders.order.created");
     /// assert_eq!(event.payload, serde_json::json!({ "order_id": 7 }));
+    /// assert_eq!(event.priority, Priority::HIGH);
     /// event.validate()?;
     /// # Ok::<(), outbox_publish::PublishError>(())
     /// ```
@@ -46,7 +49,7 @@ impl NewOutboxEvent {
                 event_type: E::EVENT_TYPE,
                 source,
             })?;
-        Ok(Self::new(tenant_id, E::EVENT_TYPE, payload))
+        Ok(Self::new(tenant_id, E::EVENT_TYPE, payload).priority(E::PRIORITY))
     }
 }
 
