@@ -57,6 +57,15 @@ pub struct OutboxEvent {
     /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
     /// row, `None` otherwise.
     pub unrouted_since: Option<DateTime<Utc>>,
+    /// The ordering key: events with the same key are handled one at a
+    /// time, in the order they were written; `None` for an unordered event.
+    pub ordering_key: Option<String>,
+    /// The event's place within its ordering key (1, 2, 3, …, in commit
+    /// order), set by the table's insert trigger; `None` when unordered.
+    pub ordering_position: Option<i64>,
+    /// True while an earlier event of the key is unfinished or the key is
+    /// held: the row is not claimable.
+    pub ordering_blocked: bool,
 }
 
 /// The columns a producer sets; everything else takes the table's defaults.
@@ -82,4 +91,7 @@ pub struct NewOutboxEventRow {
     pub traceparent: Option<String>,
     /// The W3C `tracestate` that goes with it.
     pub tracestate: Option<String>,
+    /// The ordering key (see `outbox_publish::NewOutboxEvent::ordering_key`);
+    /// `None` for an unordered event.
+    pub ordering_key: Option<String>,
 }

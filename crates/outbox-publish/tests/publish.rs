@@ -301,6 +301,7 @@ async fn postgres_aborts_the_transaction_on_what_the_publisher_refuses() {
         scheduled_at: None,
         traceparent: None,
         tracestate: None,
+        ordering_key: None,
     };
     let unicode = "unsupported Unicode escape sequence";
     let utf8 = "invalid byte sequence";

@@ -39,6 +39,16 @@ pub struct OutboxJob {
         deserialize_with = "outbox_trace::deserialize_lenient"
     )]
     pub trace_context: Option<TraceContext>,
+    /// The event's ordering key (`outbox_publish::NewOutboxEvent::ordering_key`):
+    /// the worker runs the handler of an ordered job only after every
+    /// earlier event of the key, and records its completion. Left out of
+    /// the body of an unordered event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// The event's position within its ordering key (1, 2, 3, …); left out
+    /// with the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_position: Option<i64>,
 }
 
 fn is_first_generation(generation: &u32) -> bool {
@@ -58,6 +68,8 @@ impl OutboxJob {
             created_at: event.created_at,
             generation: u32::try_from(event.generation).unwrap_or(0),
             trace_context: stored_trace_context(event),
+            ordering_key: event.ordering_key.clone(),
+            ordering_position: event.ordering_position,
         }
     }
 
@@ -159,6 +171,9 @@ mod tests {
             traceparent: traceparent.map(str::to_owned),
             tracestate: tracestate.map(str::to_owned),
             unrouted_since: None,
+            ordering_key: None,
+            ordering_position: None,
+            ordering_blocked: false,
         }
     }
 
@@ -193,6 +208,8 @@ mod tests {
             created_at: DateTime::from_timestamp(0, 0).unwrap(),
             generation: 0,
             trace_context: None,
+            ordering_key: None,
+            ordering_position: None,
         };
         let value = serde_json::to_value(&job).unwrap();
         let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();

@@ -164,6 +164,8 @@ fn job(parts: &Parts) -> Result<OutboxJob, TestCaseError> {
         created_at,
         generation: parts.generation,
         trace_context: None,
+        ordering_key: None,
+        ordering_position: None,
     })
 }
 

@@ -36,7 +36,9 @@ use crate::Result;
 ///
 /// The `CASE` expression is the one the partial index
 /// `outbox_event_claimable_idx` is built on, so the scan is an index range
-/// scan over due rows only.
+/// scan over due rows only. `NOT ordering_blocked` repeats the index's
+/// predicate (an ordered event waiting for an earlier one of its key is not
+/// in the index, and never claimed).
 ///
 /// The claimed ids come back to the `UPDATE` as one array (`= ANY(ARRAY(…))`)
 /// rather than through a join: the join planned a hash join over a
@@ -53,6 +55,7 @@ pub const CLAIM_SQL: &str = "\
 WITH due AS (
     SELECT id FROM outbox_event
     WHERE status IN ('PENDING', 'PROCESSING')
+      AND NOT ordering_blocked
       AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
     ORDER BY (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)
     LIMIT $1
@@ -400,7 +403,7 @@ struct CountRow {
 pub async fn due_pending_count(conn: &mut AsyncPgConnection) -> Result<i64> {
     let row: CountRow = diesel::sql_query(
         "SELECT count(*) AS n FROM outbox_event
-         WHERE status IN ('PENDING', 'PROCESSING')
+         WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
            AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
            AND status = 'PENDING'",
     )

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::Result;
 
-/// Rows per INSERT statement in a batch: 8 bind parameters a row stays well
+/// Rows per INSERT statement in a batch: 9 bind parameters a row stays well
 /// under Postgres' 65,535-parameter limit.
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
@@ -25,10 +25,13 @@ pub const ROWS_PER_STATEMENT: usize = 5_000;
 /// Parameters, in order: `$1` id (uuid), `$2` tenant_id (text),
 /// `$3` event_type (text), `$4` payload (jsonb), `$5` dispatch_key (text or
 /// NULL), `$6` scheduled_at (timestamptz or NULL), `$7` traceparent (text or
-/// NULL), `$8` tracestate (text or NULL). Returns `id`.
+/// NULL), `$8` tracestate (text or NULL), `$9` ordering_key (text or NULL).
+/// Returns `id`.
 pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
-     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8) \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+      ordering_key) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, \
+             $9) \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
 
@@ -41,15 +44,21 @@ pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// uuid[], `$2` text[] (tenant_id), `$3` text[] (event_type), `$4` jsonb[],
 /// `$5` text[] (dispatch_key, NULL elements), `$6` timestamptz[]
 /// (scheduled_at, NULL elements for `now()`), `$7` text[] (traceparent),
-/// `$8` text[] (tracestate). Returns the `id`s written.
+/// `$8` text[] (tracestate), `$9` text[] (ordering_key). Returns the `id`s
+/// written. Rows are inserted in the order given, so events of one ordering
+/// key get their positions in that order.
 pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
-     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate) \
+     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+      ordering_key) \
      SELECT id, tenant_id, event_type, payload, dispatch_key, COALESCE(scheduled_at, now()), \
-            traceparent, tracestate \
+            traceparent, tracestate, \
+            ordering_key \
      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], \
-                 $6::timestamptz[], $7::text[], $8::text[]) WITH ORDINALITY \
+                 $6::timestamptz[], $7::text[], $8::text[], \
+                 $9::text[]) WITH ORDINALITY \
           AS e (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, \
-                traceparent, tracestate, n) \
+                traceparent, tracestate, \
+                ordering_key, n) \
      ORDER BY n \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
@@ -181,6 +190,7 @@ type OneRow<'r> = (
     >,
     diesel::dsl::Eq<outbox_event::traceparent, Option<&'r str>>,
     diesel::dsl::Eq<outbox_event::tracestate, Option<&'r str>>,
+    diesel::dsl::Eq<outbox_event::ordering_key, Option<&'r str>>,
 );
 
 /// The values of one event's `INSERT`, every column bound (an absent
@@ -201,5 +211,6 @@ fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
         outbox_event::scheduled_at.eq(coalesce(row.scheduled_at, diesel::dsl::now)),
         outbox_event::traceparent.eq(row.traceparent.as_deref()),
         outbox_event::tracestate.eq(row.tracestate.as_deref()),
+        outbox_event::ordering_key.eq(row.ordering_key.as_deref()),
     )
 }

@@ -40,6 +40,7 @@ pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> R
         .bind(row.scheduled_at)
         .bind(row.traceparent.as_deref())
         .bind(row.tracestate.as_deref())
+        .bind(row.ordering_key.as_deref())
         .fetch_optional(&mut *conn)
         .await?;
     if let Some(id) = inserted {
@@ -92,6 +93,7 @@ pub async fn insert_events(
             .bind(chunk.iter().map(|row| row.scheduled_at).collect::<Vec<_>>())
             .bind(optional(|row| row.traceparent.as_deref()))
             .bind(optional(|row| row.tracestate.as_deref()))
+            .bind(optional(|row| row.ordering_key.as_deref()))
             .fetch_all(&mut *conn)
             .await?;
         inserted.extend(ids);

@@ -35,6 +35,8 @@ fn job(event_type: &str, payload: &str) -> OutboxJob {
         created_at: Utc::now(),
         generation: 0,
         trace_context: None,
+        ordering_key: None,
+        ordering_position: None,
     }
 }
 

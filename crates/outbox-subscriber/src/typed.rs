@@ -225,6 +225,8 @@ mod tests {
             created_at: Utc::now(),
             generation: 0,
             trace_context: None,
+            ordering_key: None,
+            ordering_position: None,
         }
     }
 

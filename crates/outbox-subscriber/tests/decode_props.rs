@@ -123,6 +123,8 @@ fn envelope() -> impl Strategy<Value = OutboxJob> {
                     created_at: DateTime::from_timestamp(secs, nanos)?,
                     generation,
                     trace_context: None,
+                    ordering_key: None,
+                    ordering_position: None,
                 })
             },
         )

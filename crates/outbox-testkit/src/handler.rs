@@ -124,6 +124,8 @@ fn job(
         created_at,
         generation: 0,
         trace_context: None,
+        ordering_key: None,
+        ordering_position: None,
     }
 }
 

@@ -287,7 +287,7 @@ pub async fn done_rate_where(
 const CLAIM_AND_DONE_SQL: &str = "\
 WITH due AS (
     SELECT id FROM outbox_event
-    WHERE status IN ('PENDING', 'PROCESSING')
+    WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
       AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()
     ORDER BY (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END)
     LIMIT 100

@@ -33,6 +33,7 @@ pub fn new_row(event_type: &str) -> NewOutboxEventRow {
         scheduled_at: None,
         traceparent: None,
         tracestate: None,
+        ordering_key: None,
     }
 }
 
