@@ -150,6 +150,9 @@ impl PublishError {
                 | Self::TenantIdContainsNul { .. }
                 | Self::InvalidEventType(_)
                 | Self::DispatchKeyContainsNul { .. }
+                | Self::EmptyOrderingKey
+                | Self::OrderingKeyContainsNul { .. }
+                | Self::OrderingKeyTooLong { .. }
                 | Self::PayloadNotObject { .. }
                 | Self::PayloadTooLarge { .. }
                 | Self::PayloadStringContainsNul { .. }

@@ -41,4 +41,5 @@ conformance!(
     a_batch_writes_in_order_and_reports_duplicates,
     a_typed_event_is_written_with_its_declared_type_and_refused_by_name,
     a_routed_publish_refuses_an_unrouted_type_before_any_sql,
+    ordered_events_are_numbered_within_their_key_in_written_order,
 );
