@@ -153,6 +153,16 @@ async fn concurrent_writers_of_one_key_get_dense_positions_in_each_writer_s_comm
     }
 }
 
+/// The ids one claim takes now.
+async fn claim_ids(conn: &mut AsyncPgConnection) -> Vec<Uuid> {
+    outbox_store::claim(conn, 100, 60_000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.id)
+        .collect()
+}
+
 #[tokio::test]
 async fn only_the_head_of_a_key_is_claimable_and_advance_unblocks_the_next_past_cancelled_ones() {
     let (_db, mut conn) = database().await;
@@ -161,12 +171,7 @@ async fn only_the_head_of_a_key_is_claimable_and_advance_unblocks_the_next_past_
         ids.push(common::insert_row(&mut conn, ordered("acct-1")).await);
     }
     let unordered = common::insert(&mut conn, "audit.user.login").await;
-    let claimed: Vec<Uuid> = outbox_store::claim(&mut conn, 100, 60_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect();
+    let claimed: Vec<Uuid> = claim_ids(&mut conn).await;
     assert_eq!(claimed.len(), 2);
     assert!(claimed.contains(&ids[0]) && claimed.contains(&unordered));
 
@@ -192,12 +197,7 @@ async fn only_the_head_of_a_key_is_claimable_and_advance_unblocks_the_next_past_
             .await
             .unwrap()
     );
-    let claimed: Vec<Uuid> = outbox_store::claim(&mut conn, 100, 60_000)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| e.id)
-        .collect();
+    let claimed: Vec<Uuid> = claim_ids(&mut conn).await;
     assert_eq!(claimed, [ids[2]]);
 }
 
