@@ -24,6 +24,7 @@ mod drain_audit;
 pub(crate) mod handoff;
 pub(crate) mod kit;
 mod latency;
+mod ordering;
 mod process;
 mod publish;
 mod retention;
@@ -229,6 +230,9 @@ async fn more_stages(
             duration: run.size(Duration::from_secs(20), Duration::from_secs(1)),
         };
         latency::run(run, binary, &plan).await?;
+    }
+    if wants("ordering") {
+        ordering::run(run).await?;
     }
     if wants("publish_overhead") {
         let plan = publish::Plan {
