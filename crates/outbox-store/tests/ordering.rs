@@ -83,7 +83,7 @@ async fn two_writers(
     (first, first_id, second)
 }
 
-// Break checked: the trigger's upsert replaced by a read of
+// What it guards (not break-checked yet): the trigger's upsert replaced by a read of
 // max(ordering_position) + 1 without the key row's lock gives two open
 // transactions the same position, and fails here.
 #[tokio::test]

@@ -105,7 +105,7 @@ fn by_key(handled: &[Handled]) -> BTreeMap<String, Vec<(i64, i64)>> {
     keys
 }
 
-// Break checked: the claim without `AND NOT ordering_blocked` (and the
+// What it guards (not break-checked yet): the claim without `AND NOT ordering_blocked` (and the
 // index without it) hands every event of a key off at once; positions
 // then arrive out of order here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -150,7 +150,7 @@ async fn three_dispatchers_deliver_200_keys_of_20_events_each_in_written_order_p
     }
 }
 
-// Break checked: `outbox_ordering_assign` blocking a new event whenever
+// What it guards (not break-checked yet): `outbox_ordering_assign` blocking a new event whenever
 // any earlier event of any key is unfinished (the key condition dropped)
 // leaves the other keys waiting behind the failed one, and fails here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
