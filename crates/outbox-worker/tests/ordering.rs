@@ -49,7 +49,11 @@ impl JobHandler for Recorder {
         if payload["fail"] == json!(true) {
             return Err(JobError::permanent("this event never succeeds"));
         }
-        // Let other jobs interleave, so that a broken order would show.
+        // A few handlings are slow: without the per-key order, the next
+        // event of the key (far behind in the queue) would overtake them.
+        if let Some(ms) = payload["slow_ms"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         tokio::task::yield_now().await;
         self.handled.lock().unwrap().push((
             job.ordering_key.clone().unwrap_or_default(),
@@ -105,9 +109,9 @@ fn by_key(handled: &[Handled]) -> BTreeMap<String, Vec<(i64, i64)>> {
     keys
 }
 
-// What it guards (not break-checked yet): the claim without `AND NOT ordering_blocked` (and the
-// index without it) hands every event of a key off at once; positions
-// then arrive out of order here.
+// Break checked: CLAIM_SQL without `AND NOT ordering_blocked` hands every
+// event of a key off at once, and the slow handlings are overtaken by the
+// next event of their key here (key-0 handled 2, 3, 4 before 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_dispatchers_deliver_200_keys_of_20_events_each_in_written_order_per_key() {
     const KEYS: i64 = 200;
@@ -122,7 +126,13 @@ async fn three_dispatchers_deliver_200_keys_of_20_events_each_in_written_order_p
         publish(
             &stack,
             (0..KEYS)
-                .map(|k| event(&format!("key-{k}"), n, false))
+                .map(|k| {
+                    let mut event = event(&format!("key-{k}"), n, false);
+                    if (k + n) % 40 == 0 {
+                        event.payload["slow_ms"] = json!(1_500);
+                    }
+                    event
+                })
                 .collect(),
         )
         .await;
