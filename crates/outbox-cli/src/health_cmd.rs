@@ -71,6 +71,10 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             .await
             .context("cannot read the events no route matches")?,
     );
+    let ordering = outbox_store::held_figures(&mut conn)
+        .await
+        .context("cannot read the held ordering keys")?;
+    let ordering_warning = ordering_warning(&ordering);
     let alert = report.iter().any(|q| !q.alerts.is_empty())
         || workflows.as_ref().is_some_and(|w| !w.alerts.is_empty())
         || !redis_status.alerts.is_empty()
@@ -82,6 +86,11 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
             "redis": redis_status,
             "unrouted": unrouted,
             "workflows": workflows,
+            "ordering": {
+                "held_keys": ordering.held,
+                "oldest_held_since": ordering.oldest_since,
+                "warning": ordering_warning,
+            },
         }))?;
     } else {
         println!(
@@ -112,12 +121,29 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
         println!();
         unrouted::print(&unrouted);
         println!();
+        match &ordering_warning {
+            Some(warning) => println!("ORDERING: WARNING: {warning}"),
+            None => println!("ORDERING: no ordering key is held"),
+        }
+        println!();
         match &workflows {
             Some(workflows) => workflow::print_health(workflows),
             None => println!("WORKFLOW: the workflow migration set is not applied"),
         }
     }
     Ok(ExitStatus::alert_if(alert))
+}
+
+/// The warning held ordering keys raise (a warning, not an alert: the keys'
+/// other events wait, nothing is lost), `None` when no key is held.
+fn ordering_warning(figures: &outbox_store::HeldFigures) -> Option<String> {
+    let since = figures.oldest_since?;
+    let age = (chrono::Utc::now() - since).num_seconds().max(0);
+    Some(format!(
+        "{} ordering key(s) held on an event that failed for good, the oldest for {age} s \
+         (outbox ordering list; outbox ordering release KEY [--skip-event])",
+        figures.held
+    ))
 }
 
 /// Whether the database has the workflow migration set (its first

@@ -1,7 +1,8 @@
 //! `outbox`: the operator CLI of the transactional outbox.
 //!
 //! `outbox migrate [--status|--dry-run] | stats | health | dead QUEUE |
-//! retry-dead QUEUE | list | show ID | requeue | cancel ID… | reconcile |
+//! retry-dead QUEUE | list | show ID | requeue | cancel ID… | ordering list |
+//! ordering release KEY | reconcile |
 //! workflow executions | workflow show ID | workflow validate | save |
 //! publish | versions | start | answer | cancel | probe | schedules |
 //! completions SHELL`
@@ -48,6 +49,7 @@ mod health_cmd;
 mod known;
 mod list;
 mod migrate;
+mod ordering;
 mod probe;
 mod reconcile;
 mod redis_status;
@@ -167,6 +169,9 @@ enum Command {
     /// Set PENDING or FAILED rows to CANCELLED, each with a history entry (who, why, what it was); PROCESSING and DONE rows are refused.
     #[command(after_help = concat!("Examples:\n  outbox cancel 0190f3c2-7d1e-7a3b-9c4d-5e6f7a8b9c0d --reason \"customer withdrew\"\n  outbox cancel <id> <id> --dry-run --json\n\n", exit_codes!()))]
     Cancel(cancel::CancelArgs),
+    /// Ordering keys held on an event that failed for good: list them, or release one (deliver the event again, or --skip-event to move past it).
+    #[command(after_help = concat!("Examples:\n  outbox ordering list\n  outbox ordering release order-7\n  outbox ordering release order-7 --skip-event --reason \"refund handled by hand\"\n\n", exit_codes!()))]
+    Ordering(ordering::OrderingArgs),
     /// Find the DONE rows whose job Redis lost (or a job derived from it) and push them again; --dry-run lists them.
     #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
@@ -276,6 +281,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::RetryDead(args) => retry_dead::run(&cli, args).await,
         Command::Cancel(args) => cancel::run(&cli, args).await,
         Command::Schedules => schedules::run(&cli).await,
+        Command::Ordering(args) => ordering::run(&cli, args).await,
     }
 }
 

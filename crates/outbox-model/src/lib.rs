@@ -41,6 +41,10 @@ pub use typed::TypedEvent;
 /// The largest accepted payload: 1 MiB of serialized JSON.
 pub const MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
 
+/// The longest ordering key, in characters (the `outbox_event` CHECK
+/// constraint `outbox_event_ordering_key_check` repeats it).
+pub const MAX_ORDERING_KEY_CHARS: usize = 255;
+
 /// The Postgres channel the `outbox_event` insert trigger notifies.
 pub const NOTIFY_CHANNEL: &str = "outbox_event";
 

@@ -58,6 +58,15 @@ pub struct OutboxEvent {
     /// while the row waits for one (`PENDING`) and on a `FAILED` (unrouted)
     /// row, `None` otherwise.
     pub unrouted_since: Option<DateTime<Utc>>,
+    /// The ordering key: events with the same key are handled one at a
+    /// time, in the order they were written; `None` for an unordered event.
+    pub ordering_key: Option<String>,
+    /// The event's place within its ordering key (1, 2, 3, …, in commit
+    /// order), set by the table's insert trigger; `None` when unordered.
+    pub ordering_position: Option<i64>,
+    /// True while an earlier event of the key is unfinished or the key is
+    /// held: the row is not claimable.
+    pub ordering_blocked: bool,
     /// Claim and fetch order among due events ([`Priority`]).
     pub priority: Priority,
     /// Dedupe window: the dispatch key is free again once `created_at` +
@@ -119,4 +128,7 @@ pub struct NewOutboxEventRow {
     pub replace_pending: bool,
     /// Claim and fetch order among due events.
     pub priority: Priority,
+    /// The ordering key (see `outbox_publish::NewOutboxEvent::ordering_key`);
+    /// `None` for an unordered event.
+    pub ordering_key: Option<String>,
 }

@@ -103,6 +103,12 @@ diesel::table! {
         tracestate -> Nullable<Text>,
         /// When a dispatcher first found no route for the event: set while it waits for one (PENDING) and on a FAILED (unrouted) row; NULL otherwise.
         unrouted_since -> Nullable<Timestamptz>,
+        /// Events with the same key are handled one at a time in the order they were written; NULL: unordered.
+        ordering_key -> Nullable<Text>,
+        /// The event's place within its key (1, 2, 3, …), set by the insert trigger in commit order.
+        ordering_position -> Nullable<Int8>,
+        /// True while an earlier event of the key is unfinished: the row is not claimable.
+        ordering_blocked -> Bool,
         /// Claim order among due events: -2 (bulk) to 2 (most urgent), 0 normal.
         priority -> Int2,
         /// Dedupe window: the dispatch key is free again once created_at + dedupe_for has passed; NULL for no time limit.
@@ -128,8 +134,26 @@ diesel::table! {
         replay -> Bool,
         /// The generation a replay started; NULL for a requeue of a FAILED or CANCELLED row (same generation).
         generation -> Nullable<Int4>,
-        /// requeue (outbox requeue) or cancel (outbox cancel: a PENDING or FAILED row set to CANCELLED).
+        /// requeue (outbox requeue), cancel (outbox cancel: a PENDING or FAILED row set to CANCELLED) or skip (outbox ordering release --skip-event: the key moved past the event).
         action -> Text,
+    }
+}
+
+diesel::table! {
+    /// Per ordering key: the last position written, the last one finished, and the hold that stops it (outbox ordering list / release).
+    outbox_ordering_key (ordering_key) {
+        ordering_key -> Text,
+        /// The position the latest event of the key got.
+        last_position -> Int8,
+        /// Every event of the key up to this position is finished (handled, skipped or cancelled).
+        done_position -> Int8,
+        /// The event the key waits on because it failed for good (dead job or FAILED row); NULL when not held.
+        held_event_id -> Nullable<Uuid>,
+        /// When the key was held.
+        held_since -> Nullable<Timestamptz>,
+        /// Why the held event failed.
+        held_reason -> Nullable<Text>,
+        updated_at -> Timestamptz,
     }
 }
 
@@ -340,6 +364,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     notification,
     outbox_event,
     outbox_event_requeue,
+    outbox_ordering_key,
     outbox_redis_epoch,
     outbox_redis_safe_point,
     outbox_schedule,

@@ -61,6 +61,25 @@ pub enum PublishError {
         /// [`crate::MAX_DEDUPE_WINDOW`].
         max: std::time::Duration,
     },
+    /// `ordering_key` is empty: an ordered event names its key.
+    #[error("ordering_key is empty: leave it out for an unordered event")]
+    EmptyOrderingKey,
+    /// `ordering_key` contains a NUL character, which Postgres `text` refuses.
+    #[error(
+        "ordering_key contains a NUL character (U+0000) at byte {position}; Postgres text cannot store it"
+    )]
+    OrderingKeyContainsNul {
+        /// Byte offset of the first NUL.
+        position: usize,
+    },
+    /// `ordering_key` is longer than [`outbox_model::MAX_ORDERING_KEY_CHARS`].
+    #[error("ordering_key is {chars} characters long; the limit is {max}")]
+    OrderingKeyTooLong {
+        /// Its length in characters.
+        chars: usize,
+        /// The limit, [`outbox_model::MAX_ORDERING_KEY_CHARS`].
+        max: usize,
+    },
     /// The payload is JSON but not an object.
     #[error("payload must be a JSON object, got {found}")]
     PayloadNotObject {
@@ -154,6 +173,9 @@ impl PublishError {
                 | Self::DispatchKeyContainsNul { .. }
                 | Self::DedupeWithoutDispatchKey { .. }
                 | Self::DedupeWindowOutOfRange { .. }
+                | Self::EmptyOrderingKey
+                | Self::OrderingKeyContainsNul { .. }
+                | Self::OrderingKeyTooLong { .. }
                 | Self::PayloadNotObject { .. }
                 | Self::PayloadTooLarge { .. }
                 | Self::PayloadStringContainsNul { .. }

@@ -1,7 +1,9 @@
 //! [`NewOutboxEvent`] and its validation into a row.
 
 use chrono::{DateTime, Utc};
-use outbox_model::{EventType, MAX_PAYLOAD_BYTES, NewOutboxEventRow, Priority};
+use outbox_model::{
+    EventType, MAX_ORDERING_KEY_CHARS, MAX_PAYLOAD_BYTES, NewOutboxEventRow, Priority,
+};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -49,6 +51,11 @@ pub struct NewOutboxEvent {
     pub replace_pending: bool,
     /// Claim and fetch order among due events; [`Priority::NORMAL`] unless set.
     pub priority: Priority,
+    /// Ordering key: events with the same key reach their handler one at
+    /// a time, in the order their transactions committed (see
+    /// [`NewOutboxEvent::ordering_key`]). Not empty, no NUL, at most
+    /// [`MAX_ORDERING_KEY_CHARS`] characters.
+    pub ordering_key: Option<String>,
 }
 
 impl NewOutboxEvent {
@@ -67,6 +74,7 @@ impl NewOutboxEvent {
             dedupe: Dedupe::UntilDeleted,
             replace_pending: false,
             priority: Priority::NORMAL,
+            ordering_key: None,
         }
     }
 
@@ -74,6 +82,34 @@ impl NewOutboxEvent {
     #[must_use]
     pub fn dispatch_key(mut self, key: impl Into<String>) -> Self {
         self.dispatch_key = Some(key.into());
+        self
+    }
+
+    /// Orders the event within `key`: events with the same key reach their
+    /// handler one at a time, in the order their transactions committed,
+    /// across dispatchers, worker crashes, retries and replays; events of
+    /// other keys (and unordered ones) never wait for them.
+    ///
+    /// A second transaction that writes an event of the same key waits for
+    /// the first one's commit or rollback (the key's row lock), so keep
+    /// keys fine-grained (an order, an account), not one key for
+    /// everything.
+    ///
+    /// ```
+    /// use outbox_publish::{NewOutboxEvent, PublishError};
+    /// use serde_json::json;
+    ///
+    /// let event = NewOutboxEvent::new("t1", "shop.order.paid", json!({"order": 7}))
+    ///     .ordering_key("order-7");
+    /// assert!(event.validate().is_ok());
+    /// assert!(matches!(
+    ///     NewOutboxEvent::new("t1", "shop.order.paid", json!({})).ordering_key("").validate(),
+    ///     Err(PublishError::EmptyOrderingKey)
+    /// ));
+    /// ```
+    #[must_use]
+    pub fn ordering_key(mut self, key: impl Into<String>) -> Self {
+        self.ordering_key = Some(key.into());
         self
     }
 
@@ -155,7 +191,7 @@ impl NewOutboxEvent {
 
     /// Checks the event against every rule of the publisher, in the order
     /// of the crate documentation's table, without touching a database:
-    /// tenant id, event type, dispatch key, then the payload (an object; no
+    /// tenant id, event type, dispatch key, ordering key, then the payload (an object; no
     /// NUL in any string or key; at most [`MAX_PAYLOAD_DEPTH`] levels; at
     /// most [`outbox_model::MAX_PAYLOAD_BYTES`] serialized). The publishing
     /// functions run exactly this before any SQL; call it to refuse an event
@@ -188,6 +224,7 @@ impl NewOutboxEvent {
             &self.event_type,
             &self.payload,
             self.dispatch_key.as_deref(),
+            self.ordering_key.as_deref(),
         )?;
         self.check_dedupe().map(|_| ())
     }
@@ -233,6 +270,7 @@ impl NewOutboxEvent {
             dedupe: _,
             replace_pending,
             priority,
+            ordering_key,
         } = self;
         Ok(NewOutboxEventRow {
             id: Uuid::now_v7(),
@@ -247,6 +285,7 @@ impl NewOutboxEvent {
             dedupe_while_pending,
             replace_pending,
             priority,
+            ordering_key,
         })
     }
 }
@@ -258,6 +297,7 @@ fn validate(
     event_type: &str,
     payload: &Value,
     dispatch_key: Option<&str>,
+    ordering_key: Option<&str>,
 ) -> Result<(), PublishError> {
     if tenant_id.is_empty() {
         return Err(PublishError::EmptyTenantId);
@@ -270,6 +310,7 @@ fn validate(
     if let Some(position) = dispatch_key.and_then(|key| key.find('\0')) {
         return Err(PublishError::DispatchKeyContainsNul { position });
     }
+    check_ordering_key(ordering_key)?;
     if !payload.is_object() {
         return Err(PublishError::PayloadNotObject {
             found: json_kind(payload),
@@ -283,6 +324,27 @@ fn validate(
         return Err(PublishError::PayloadTooLarge {
             size,
             max: MAX_PAYLOAD_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// The ordering key's rules (the table's CHECK constraint repeats them).
+fn check_ordering_key(key: Option<&str>) -> Result<(), PublishError> {
+    let Some(key) = key else {
+        return Ok(());
+    };
+    if key.is_empty() {
+        return Err(PublishError::EmptyOrderingKey);
+    }
+    if let Some(position) = key.find('\0') {
+        return Err(PublishError::OrderingKeyContainsNul { position });
+    }
+    let chars = key.chars().count();
+    if chars > MAX_ORDERING_KEY_CHARS {
+        return Err(PublishError::OrderingKeyTooLong {
+            chars,
+            max: MAX_ORDERING_KEY_CHARS,
         });
     }
     Ok(())

@@ -44,6 +44,9 @@
 //! | [`PublishError::TenantIdContainsNul`] | `tenant_id` contains NUL (U+0000); Postgres `text` cannot store it |
 //! | [`PublishError::InvalidEventType`] | the event type breaks the naming rule ([`outbox_model::EventType`]; NUL is an invalid character) |
 //! | [`PublishError::DispatchKeyContainsNul`] | `dispatch_key` contains NUL |
+//! | [`PublishError::EmptyOrderingKey`] | `ordering_key` is set and empty |
+//! | [`PublishError::OrderingKeyContainsNul`] | `ordering_key` contains NUL |
+//! | [`PublishError::OrderingKeyTooLong`] | `ordering_key` is over [`outbox_model::MAX_ORDERING_KEY_CHARS`] characters |
 //! | [`PublishError::PayloadNotObject`] | the payload is not a JSON object |
 //! | [`PublishError::PayloadKeyContainsNul`] | an object key anywhere in the payload contains NUL: Postgres `jsonb` refuses `\u0000` ("unsupported Unicode escape sequence") |
 //! | [`PublishError::PayloadStringContainsNul`] | a string anywhere in the payload contains NUL, for the same reason |

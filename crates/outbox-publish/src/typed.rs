@@ -11,7 +11,9 @@ impl NewOutboxEvent {
     /// The event of `tenant_id` whose type is `E::EVENT_TYPE` and whose
     /// payload is `event` serialized, due now, without a dispatch key (add
     /// one with [`NewOutboxEvent::dispatch_key`]), with the type's priority
-    /// ([`TypedEvent::PRIORITY`], the derive's `#[outbox(priority = N)]`).
+    /// ([`TypedEvent::PRIORITY`], the derive's `#[outbox(priority = N)]`)
+    /// and its ordering key ([`TypedEvent::ordering_key`], the field marked
+    /// `#[outbox(ordering_key)]`).
     /// Runs no SQL; the event is validated when published, as an untyped
     /// one is.
     ///
@@ -29,6 +31,7 @@ impl NewOutboxEvent {
     /// #[derive(serde::Serialize, OutboxEvent)]
     /// #[outbox(event_type = "orders.order.created", priority = 1)]
     /// struct OrderCreated {
+    ///     #[outbox(ordering_key)]
     ///     order_id: u64,
     /// }
     ///
@@ -37,6 +40,7 @@ impl NewOutboxEvent {
     /// assert_eq!(event.event_type, "orders.order.created");
     /// assert_eq!(event.payload, serde_json::json!({ "order_id": 7 }));
     /// assert_eq!(event.priority, Priority::HIGH);
+    /// assert_eq!(event.ordering_key.as_deref(), Some("7"));
     /// event.validate()?;
     /// # Ok::<(), outbox_publish::PublishError>(())
     /// ```
@@ -49,7 +53,11 @@ impl NewOutboxEvent {
                 event_type: E::EVENT_TYPE,
                 source,
             })?;
-        Ok(Self::new(tenant_id, E::EVENT_TYPE, payload).priority(E::PRIORITY))
+        let typed = Self::new(tenant_id, E::EVENT_TYPE, payload).priority(E::PRIORITY);
+        Ok(match event.ordering_key() {
+            Some(key) => typed.ordering_key(key),
+            None => typed,
+        })
     }
 }
 

@@ -305,6 +305,7 @@ async fn postgres_aborts_the_transaction_on_what_the_publisher_refuses() {
         dedupe_while_pending: false,
         replace_pending: false,
         priority: outbox_model::Priority::NORMAL,
+        ordering_key: None,
     };
     let unicode = "unsupported Unicode escape sequence";
     let utf8 = "invalid byte sequence";

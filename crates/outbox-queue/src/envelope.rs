@@ -39,6 +39,16 @@ pub struct OutboxJob {
         deserialize_with = "outbox_trace::deserialize_lenient"
     )]
     pub trace_context: Option<TraceContext>,
+    /// The event's ordering key (`outbox_publish::NewOutboxEvent::ordering_key`):
+    /// the worker runs the handler of an ordered job only after every
+    /// earlier event of the key, and records its completion. Left out of
+    /// the body of an unordered event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_key: Option<String>,
+    /// The event's position within its ordering key (1, 2, 3, …); left out
+    /// with the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordering_position: Option<i64>,
     /// The event's priority: the job waits in its level's list, which the
     /// workers of the queue read before (positive) or after (negative) the
     /// normal jobs. Left out of the body when normal; a missing or invalid
@@ -91,6 +101,8 @@ impl OutboxJob {
             generation: u32::try_from(event.generation).unwrap_or(0),
             trace_context: stored_trace_context(event),
             priority: event.priority,
+            ordering_key: event.ordering_key.clone(),
+            ordering_position: event.ordering_position,
         }
     }
 
@@ -196,6 +208,9 @@ mod tests {
             dedupe_while_pending: false,
             released_dispatch_key: None,
             priority: outbox_model::Priority::NORMAL,
+            ordering_key: None,
+            ordering_position: None,
+            ordering_blocked: false,
         }
     }
 
@@ -231,6 +246,8 @@ mod tests {
             generation: 0,
             trace_context: None,
             priority: Priority::NORMAL,
+            ordering_key: None,
+            ordering_position: None,
         };
         let value = serde_json::to_value(&job).unwrap();
         let mut keys: Vec<_> = value.as_object().unwrap().keys().cloned().collect();

@@ -165,6 +165,8 @@ fn job(parts: &Parts) -> Result<OutboxJob, TestCaseError> {
         generation: parts.generation,
         trace_context: None,
         priority: outbox_model::Priority::NORMAL,
+        ordering_key: None,
+        ordering_position: None,
     })
 }
 

@@ -36,6 +36,8 @@ fn job(priority: Priority) -> OutboxJob {
         generation: 0,
         trace_context: None,
         priority,
+        ordering_key: None,
+        ordering_position: None,
     }
 }
 

@@ -44,14 +44,16 @@ macro_rules! due {
 ///
 /// `FOR UPDATE` is not allowed in a branch of a `UNION` itself, so each
 /// level is a subquery in `FROM`.
-// Merging note: a predicate added to the claim index's WHERE (e.g. `AND
-// NOT ordering_blocked`) goes into this WHERE too, once for all levels.
+///
+/// `NOT ordering_blocked` repeats the rest of the index's predicate: an
+/// ordered event waiting for an earlier one of its key is not in the index,
+/// and never claimed.
 macro_rules! level {
     ($priority:literal) => {
         concat!(
             "SELECT id FROM (
         SELECT id FROM outbox_event
-        WHERE status IN ('PENDING', 'PROCESSING')
+        WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
           AND priority = ",
             $priority,
             "
@@ -483,7 +485,7 @@ struct CountRow {
 pub async fn due_pending_count(conn: &mut AsyncPgConnection) -> Result<i64> {
     let row: CountRow = diesel::sql_query(concat!(
         "SELECT count(*) AS n FROM outbox_event
-         WHERE status IN ('PENDING', 'PROCESSING')
+         WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
            AND priority IN (2, 1, 0, -1, -2)
            AND ",
         due!(),

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::Result;
 
-/// Rows per INSERT statement in a batch: 11 bind parameters a row stays well
+/// Rows per INSERT statement in a batch: 12 bind parameters a row stays well
 /// under Postgres' 65,535-parameter limit.
 pub const ROWS_PER_STATEMENT: usize = 5_000;
 
@@ -29,11 +29,11 @@ pub const ROWS_PER_STATEMENT: usize = 5_000;
 /// NULL), `$6` scheduled_at (timestamptz or NULL), `$7` traceparent (text or
 /// NULL), `$8` tracestate (text or NULL), `$9` dedupe_for (interval or
 /// NULL), `$10` dedupe_while_pending (boolean), `$11` priority (smallint,
-/// -2 to 2). Returns `id`.
+/// -2 to 2), `$12` ordering_key (text or NULL). Returns `id`.
 pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending, priority) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11) \
+      dedupe_for, dedupe_while_pending, priority, ordering_key) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11, $12) \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
 
@@ -46,8 +46,8 @@ pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// or type) holds the key.
 pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending, priority) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11) \
+      dedupe_for, dedupe_while_pending, priority, ordering_key) \
+     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11, $12) \
      ON CONFLICT (dispatch_key) DO UPDATE \
      SET payload = excluded.payload, \
          scheduled_at = COALESCE($6, outbox_event.scheduled_at) \
@@ -66,19 +66,22 @@ pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
 /// `$5` text[] (dispatch_key, NULL elements), `$6` timestamptz[]
 /// (scheduled_at, NULL elements for `now()`), `$7` text[] (traceparent),
 /// `$8` text[] (tracestate), `$9` interval[] (dedupe_for, NULL elements),
-/// `$10` boolean[] (dedupe_while_pending), `$11` smallint[] (priority).
-/// Returns the `id`s written.
+/// `$10` boolean[] (dedupe_while_pending), `$11` smallint[] (priority),
+/// `$12` text[] (ordering_key, NULL elements). Returns the `id`s written.
+/// Rows are inserted in the order given, so events of one ordering key get
+/// their positions in that order.
 pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending, priority) \
+      dedupe_for, dedupe_while_pending, priority, ordering_key) \
      SELECT id, tenant_id, event_type, payload, dispatch_key, COALESCE(scheduled_at, now()), \
-            traceparent, tracestate, dedupe_for, dedupe_while_pending, priority \
+            traceparent, tracestate, dedupe_for, dedupe_while_pending, priority, ordering_key \
      FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::text[], \
                  $6::timestamptz[], $7::text[], $8::text[], $9::interval[], $10::boolean[], \
-                 $11::smallint[]) \
+                 $11::smallint[], $12::text[]) \
           WITH ORDINALITY \
           AS e (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, \
-                traceparent, tracestate, dedupe_for, dedupe_while_pending, priority, n) \
+                traceparent, tracestate, dedupe_for, dedupe_while_pending, priority, \
+                ordering_key, n) \
      ORDER BY n \
      ON CONFLICT (dispatch_key) DO NOTHING \
      RETURNING id";
@@ -254,6 +257,7 @@ type OneRow<'r> = (
     diesel::dsl::Eq<outbox_event::dedupe_for, Option<PgInterval>>,
     diesel::dsl::Eq<outbox_event::dedupe_while_pending, bool>,
     diesel::dsl::Eq<outbox_event::priority, outbox_model::Priority>,
+    diesel::dsl::Eq<outbox_event::ordering_key, Option<&'r str>>,
 );
 
 /// The values of one event's `INSERT`, every column bound (an absent
@@ -277,5 +281,6 @@ fn one_row(row: &NewOutboxEventRow) -> OneRow<'_> {
         outbox_event::dedupe_for.eq(row.dedupe_for),
         outbox_event::dedupe_while_pending.eq(row.dedupe_while_pending),
         outbox_event::priority.eq(row.priority),
+        outbox_event::ordering_key.eq(row.ordering_key.as_deref()),
     )
 }

@@ -11,8 +11,9 @@
 //! ([`requeue`], [`cancel`], [`cancel_event`]), the reschedule of a
 //! pending row ([`reschedule_event`]),
 //! listings and lookups ([`list_events`], [`event`], [`history`], …),
-//! figures ([`pending_figures`], [`group_counts`]) and the upkeep of the
-//! table ([`vacuum`]).
+//! figures ([`pending_figures`], [`group_counts`]), the upkeep of the
+//! table ([`vacuum`]) and per-key ordering ([`advance`], [`hold`],
+//! [`held_keys`], [`skip_held`], on `outbox_ordering_key`).
 //!
 //! The dispatcher (`outbox-dispatch`), the operator CLI and the developer
 //! tasks call these operations; none of them writes SQL on `outbox_event`
@@ -65,6 +66,7 @@ mod error;
 mod history;
 mod insert;
 mod maintenance;
+mod ordering;
 mod redis_guard;
 mod retention;
 mod schedule;
@@ -90,6 +92,10 @@ pub use insert::{
     ROWS_PER_STATEMENT, dispatch_key_holders, insert_event, insert_events,
 };
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
+pub use ordering::{
+    HeldFigures, HeldKey, Skipped, advance, clear_hold, held_figures, held_keys, hold, is_finished,
+    skip_held,
+};
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,
     lock_namespace, mark_pending, release_reconcile_lease, remembered_epoch, renew_reconcile_lease,

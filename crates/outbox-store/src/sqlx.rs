@@ -56,6 +56,7 @@ pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> R
         .bind(row.dedupe_for.map(interval))
         .bind(row.dedupe_while_pending)
         .bind(row.priority.get())
+        .bind(row.ordering_key.as_deref())
         .fetch_optional(&mut *conn)
         .await?;
     if let Some(id) = inserted {
@@ -126,6 +127,7 @@ pub async fn insert_events(
                     .map(|row| row.priority.get())
                     .collect::<Vec<_>>(),
             )
+            .bind(optional(|row| row.ordering_key.as_deref()))
             .fetch_all(&mut *conn)
             .await?;
         inserted.extend(ids);

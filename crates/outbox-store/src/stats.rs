@@ -66,7 +66,7 @@ pub async fn pending_figures(conn: &mut AsyncPgConnection) -> Result<PendingFigu
                 EXTRACT(EPOCH FROM now() - min(scheduled_at) FILTER (WHERE status = 'PENDING'))::float8 AS oldest,
                 (SELECT count(*) FROM outbox_event WHERE status = 'PROCESSING') AS processing
          FROM outbox_event
-         WHERE status IN ('PENDING', 'PROCESSING')
+         WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
            AND (CASE WHEN status = 'PENDING' THEN scheduled_at ELSE locked_until END) <= now()",
     )
     .bind::<Double, _>(OVERDUE_AFTER_SECS as f64)

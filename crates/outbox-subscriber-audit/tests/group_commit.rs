@@ -36,6 +36,8 @@ fn job(event_type: &str, payload: &str) -> OutboxJob {
         generation: 0,
         trace_context: None,
         priority: outbox_model::Priority::NORMAL,
+        ordering_key: None,
+        ordering_position: None,
     }
 }
 

@@ -68,6 +68,31 @@ struct Dating {
     generation: u32,
 }
 
+/// The ordering fields of an outbox envelope; read apart so that nothing
+/// else of the body can hide them.
+#[derive(serde::Deserialize)]
+struct Ordered {
+    #[serde(default)]
+    ordering_key: Option<String>,
+    #[serde(default)]
+    ordering_position: Option<i64>,
+    #[serde(default)]
+    generation: u32,
+}
+
+/// Where an ordered job stands in its ordering key (the envelope's
+/// `ordering_key` and `ordering_position`, see
+/// [`outbox_queue::OutboxJob::ordering_key`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOrdering {
+    /// The ordering key.
+    pub key: String,
+    /// The event's position within the key, from 1.
+    pub position: i64,
+    /// The delivery generation (above 0 for an operator's replay).
+    pub generation: u32,
+}
+
 /// A top-level field's value as text: strings without their quotes.
 fn field_text(raw: Option<&serde_json::value::RawValue>) -> Option<String> {
     let raw = raw?;
@@ -129,6 +154,33 @@ impl JobBody {
         serde_json::from_slice::<Prioritized>(&self.raw)
             .map(|p| p.priority)
             .unwrap_or_default()
+    }
+
+    /// The job's place in its ordering key, when it is an ordered event's
+    /// envelope (both `ordering_key` and `ordering_position` present);
+    /// `None` for any other body.
+    ///
+    /// ```
+    /// use outbox_subscriber::{JobBody, JobOrdering};
+    ///
+    /// let body = JobBody::from_bytes(br#"{"ordering_key":"order-7","ordering_position":3}"#.to_vec());
+    /// assert_eq!(
+    ///     body.ordering(),
+    ///     Some(JobOrdering { key: "order-7".into(), position: 3, generation: 0 })
+    /// );
+    /// assert_eq!(JobBody::from_bytes(b"{}".to_vec()).ordering(), None);
+    /// ```
+    #[must_use]
+    pub fn ordering(&self) -> Option<JobOrdering> {
+        if !self.is_object() {
+            return None;
+        }
+        let ordered = serde_json::from_slice::<Ordered>(&self.raw).ok()?;
+        Some(JobOrdering {
+            key: ordered.ordering_key?,
+            position: ordered.ordering_position?,
+            generation: ordered.generation,
+        })
     }
 
     /// Whether the body starts like a JSON object. Serde also reads a

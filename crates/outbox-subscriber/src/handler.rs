@@ -154,6 +154,15 @@ pub trait DynHandler: Send + Sync + 'static {
 
     /// Parses the body and runs the handler.
     fn call<'a>(&'a self, body: JobBody, meta: &'a JobMeta) -> BoxFuture<'a, Result<(), JobError>>;
+
+    /// Called once when a job of this queue goes to the dead set (a
+    /// permanent failure, or its retry policy gave up), with the reason,
+    /// before the dead set takes it. Nothing by default; the worker's
+    /// ordering layer holds the job's ordering key here.
+    fn dead<'a>(&'a self, body: &'a JobBody, reason: &'a str) -> BoxFuture<'a, ()> {
+        let _ = (body, reason);
+        Box::pin(async {})
+    }
 }
 
 impl<H: JobHandler> DynHandler for H {

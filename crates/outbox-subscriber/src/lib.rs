@@ -33,7 +33,7 @@ mod settings;
 mod typed;
 mod wake;
 
-pub use body::{JobBody, LenientCodec, LenientRedis};
+pub use body::{JobBody, JobOrdering, LenientCodec, LenientRedis};
 pub use describe::{
     ConsumedQueue, DedupKey, DerivedTaskIds, DownstreamQueue, SubscriberDescription,
 };

@@ -84,6 +84,19 @@ impl HandlerGroup {
         Self::default()
     }
 
+    /// Wraps every handler of the group with `layer` (a handler that runs
+    /// the one it is given, with something before or after), keeping their
+    /// order. The worker composes its ordering step this way, so that it
+    /// applies to built-in and application handlers alike.
+    #[must_use]
+    pub fn layer(
+        mut self,
+        mut layer: impl FnMut(Arc<dyn DynHandler>) -> Arc<dyn DynHandler>,
+    ) -> Self {
+        self.handlers = self.handlers.into_iter().map(&mut layer).collect();
+        self
+    }
+
     /// Adds a handler.
     ///
     /// # Errors
@@ -394,12 +407,14 @@ async fn deliver(body: JobBody, shared: SharedHandler, task_id: String) -> Resul
         Attempts::Permanent(reason) => {
             tracing::error!(%reason, "job failed permanently; moved to the dead set");
             done("dead");
+            shared.handler.dead(&body, &reason).await;
             return Err(Box::new(AbortError::new(reason)));
         }
         Attempts::Failed(Settled::Requeue { next, delay }, reason) => (reason, next, delay),
         Attempts::Failed(Settled::GiveUp(reason), _) => {
             tracing::error!(%reason, "job failed for the last time; moved to the dead set");
             done("dead");
+            shared.handler.dead(&body, &reason).await;
             return Err(Box::new(AbortError::new(reason)));
         }
     };

@@ -226,6 +226,8 @@ mod tests {
             generation: 0,
             trace_context: None,
             priority: outbox_model::Priority::NORMAL,
+            ordering_key: None,
+            ordering_position: None,
         }
     }
 

@@ -124,6 +124,8 @@ fn envelope() -> impl Strategy<Value = OutboxJob> {
                     generation,
                     trace_context: None,
                     priority: outbox_model::Priority::NORMAL,
+                    ordering_key: None,
+                    ordering_position: None,
                 })
             },
         )

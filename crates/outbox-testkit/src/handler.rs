@@ -125,6 +125,8 @@ fn job(
         generation: 0,
         trace_context: None,
         priority: outbox_model::Priority::NORMAL,
+        ordering_key: None,
+        ordering_position: None,
     }
 }
 

@@ -22,6 +22,7 @@ use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHa
 use outbox_subscriber_mail::Templates;
 use redis::aio::ConnectionManager;
 
+use crate::OrderingPolicy;
 use crate::http::Readiness;
 use crate::{Group, Resources, Schedule, Subscriber, WorkerConfig};
 
@@ -93,6 +94,8 @@ pub struct WorkerBuilder {
     /// The connections the run's `/readyz` checks, also those of the
     /// routes handed out by [`WorkerBuilder::http_routes`].
     readiness: Readiness,
+    /// What a dead ordered job does to its ordering key.
+    ordering_policy: OrderingPolicy,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -132,6 +135,7 @@ impl WorkerBuilder {
             schedules: Vec::new(),
             http_listener: true,
             readiness: Readiness::default(),
+            ordering_policy: OrderingPolicy::default(),
         }
     }
 
@@ -238,6 +242,24 @@ impl WorkerBuilder {
         F: FnOnce(&Resources<'_>) -> Result<H> + Send + 'static,
     {
         self.add(move |group, resources| Ok(group.with(make(resources)?)?))
+    }
+
+    /// What a job of an ordered event that goes to the dead set does to its
+    /// ordering key: [`OrderingPolicy::Hold`] (the default) stops the key
+    /// until the event succeeds on a retry or an operator releases it;
+    /// [`OrderingPolicy::Skip`] moves the key past the dead event.
+    ///
+    /// ```no_run
+    /// use outbox_worker::{OrderingPolicy, WorkerBuilder};
+    ///
+    /// fn main() -> std::process::ExitCode {
+    ///     WorkerBuilder::bare().ordering_policy(OrderingPolicy::Skip).main()
+    /// }
+    /// ```
+    #[must_use]
+    pub fn ordering_policy(mut self, policy: OrderingPolicy) -> Self {
+        self.ordering_policy = policy;
+        self
     }
 
     fn add(
@@ -699,7 +721,8 @@ impl WorkerBuilder {
         for add in self.handlers.drain(..) {
             group = add(group, &resources)?;
         }
-        Ok(group)
+        // Last, so that it wraps every handler, built-in or added.
+        Ok(crate::ordering::layer(group, pool, self.ordering_policy))
     }
 
     /// What this worker runs, for `outbox_worker_registration`.

@@ -116,6 +116,21 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     ),
     ("outbox_pending_due", Kind::Gauge, "PENDING rows due now"),
     (
+        "outbox_ordering_held_keys",
+        Kind::Gauge,
+        "Ordering keys held on an event that failed for good (outbox ordering list)",
+    ),
+    (
+        "outbox_ordering_oldest_held_seconds",
+        Kind::Gauge,
+        "How long the oldest held ordering key has been held",
+    ),
+    (
+        "outbox_ordering_duplicates_skipped_total",
+        Kind::Counter,
+        "Deliveries of an ordered event its key was past, acknowledged without running the handler, by queue",
+    ),
+    (
         "outbox_unrouted_waiting",
         Kind::Gauge,
         "PENDING events no routing rule matches, waiting for a route within their grace period",

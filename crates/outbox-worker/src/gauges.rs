@@ -53,6 +53,24 @@ async fn refresh_workflow_gauges(conn: &mut diesel_async::AsyncPgConnection) {
     }
 }
 
+/// The ordering keys held on an event that failed for good: how many, and
+/// how long the oldest has been held.
+async fn refresh_ordering_gauges(conn: &mut diesel_async::AsyncPgConnection) {
+    match outbox_store::held_figures(conn).await {
+        Ok(figures) => {
+            metrics::gauge!("outbox_ordering_held_keys").set(figures.held as f64);
+            let age = figures.oldest_since.map_or(0.0, |since| {
+                (chrono::Utc::now() - since)
+                    .to_std()
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            });
+            metrics::gauge!("outbox_ordering_oldest_held_seconds").set(age);
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read the held ordering keys"),
+    }
+}
+
 /// Refreshes the gauges until `shutdown`.
 pub async fn refresh_gauges(
     pool: PgPool,
@@ -71,6 +89,7 @@ pub async fn refresh_gauges(
                         metrics::gauge!("outbox_pending_oldest_due_age_seconds")
                             .set(figures.oldest_due_age_secs.unwrap_or(0.0));
                         metrics::gauge!("outbox_processing").set(figures.processing as f64);
+                        refresh_ordering_gauges(&mut conn).await;
                         #[cfg(feature = "workflow")]
                         if settings.workflow_executions {
                             refresh_workflow_gauges(&mut conn).await;

@@ -39,6 +39,7 @@ mod declared;
 mod error_reports;
 mod gauges;
 mod http;
+mod ordering;
 mod pool_demand;
 mod recorder;
 mod redis_check;
@@ -79,6 +80,7 @@ pub use error_reports::{
     ErrorReportLayer, ErrorReports, SENTRY_DSN_VARIABLE, error_report_layer, start_error_reports,
 };
 pub use gauges::{GaugeSettings, refresh_gauges};
+pub use ordering::OrderingPolicy;
 pub use recorder::METRICS_UPKEEP_EVERY;
 pub use redis_check::{
     ALLOW_EVICTION_VARIABLE, EVICTION_CHECK_TIMEOUT, EvictionPolicy, NO_EVICTION, RedisMayEvict,

@@ -80,7 +80,8 @@ impl Subscriber for SubscriberDescription {
 
 /// The handlers of `group`'s built-in subscribers
 /// ([`crate::built_in_subscribers`]), as `worker-general` and `worker-mail`
-/// run them (with the standard mail templates).
+/// run them (with the standard mail templates and the ordering step, its
+/// policy [`crate::OrderingPolicy::Hold`]).
 ///
 /// # Errors
 ///
@@ -102,5 +103,10 @@ pub fn handler_group(
         #[cfg(feature = "mail")]
         templates: &templates,
     };
-    crate::built_in::handlers(crate::built_in_subscribers(group), &resources)
+    let handlers = crate::built_in::handlers(crate::built_in_subscribers(group), &resources)?;
+    Ok(crate::ordering::layer(
+        handlers,
+        pool,
+        crate::OrderingPolicy::default(),
+    ))
 }

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The tables of the core migration set (`MigrationSet::Core`).
-const CORE_TABLES: &str = "'outbox_event', 'outbox_event_requeue', 'outbox_redis_epoch', \
+const CORE_TABLES: &str = "'outbox_event', 'outbox_event_requeue', 'outbox_ordering_key', 'outbox_redis_epoch', \
      'outbox_redis_safe_point', 'outbox_schedule', 'outbox_worker_registration', \
      '__diesel_schema_migrations'";
 

@@ -288,6 +288,7 @@ async fn the_service_creates_the_outbox_core_tables_and_its_own_only() {
             "orders",
             "outbox_event",
             "outbox_event_requeue",
+            "outbox_ordering_key",
             "outbox_redis_epoch",
             "outbox_redis_safe_point",
             "outbox_schedule",

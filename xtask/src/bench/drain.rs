@@ -17,11 +17,12 @@ use crate::bench::kit::{Run, clear_redis, rate, stage};
 /// The backlog sizes measured.
 pub const BACKLOGS: [usize; 3] = [10_000, 50_000, 200_000];
 
-const QUEUE: &str = "bench.drain";
+/// The queue of the counting handler (also the `ordering` stage's).
+pub(crate) const QUEUE: &str = "bench.drain";
 
 /// Counts jobs and does nothing else.
 #[derive(Clone, Default)]
-struct Count(Arc<AtomicUsize>);
+pub(crate) struct Count(pub(crate) Arc<AtomicUsize>);
 
 impl JobHandler for Count {
     type Job = serde::de::IgnoredAny;

@@ -24,6 +24,7 @@ mod drain_audit;
 pub(crate) mod handoff;
 pub(crate) mod kit;
 mod latency;
+mod ordering;
 mod priority;
 mod process;
 mod publish;
@@ -236,6 +237,9 @@ async fn more_stages(
             backlog: run.size(100_000, 300),
         };
         priority::run(run, binary, &plan).await?;
+    }
+    if wants("ordering") {
+        ordering::run(run).await?;
     }
     if wants("publish_overhead") {
         let plan = publish::Plan {

@@ -319,6 +319,54 @@ pub async fn a_batch_writes_in_order_and_reports_duplicates<D: Driver>() {
     }
 }
 
+/// Events with an ordering key are numbered within their key in the order
+/// written, one call or a batch, across transactions; only the head of
+/// each key is claimable, and an unordered event carries no position.
+pub async fn ordered_events_are_numbered_within_their_key_in_written_order<D: Driver>() {
+    let (db, mut driver) = setup::<D>().await;
+    let first = driver
+        .transaction(
+            vec![
+                Step::One(activated(1).ordering_key("sub-1")),
+                Step::One(activated(2)),
+            ],
+            End::Commit,
+        )
+        .await;
+    let batch: Vec<NewOutboxEvent> = (3..=6)
+        .map(|i| activated(i).ordering_key(if i % 2 == 0 { "sub-2" } else { "sub-1" }))
+        .collect();
+    let second = driver
+        .transaction(vec![Step::Batch(batch)], End::Commit)
+        .await;
+    let rows = events(&db).await;
+    let row = |id| rows.iter().find(|e| e.id == id).unwrap();
+    let ordered = |id| {
+        let row = row(id);
+        (
+            row.ordering_key.clone(),
+            row.ordering_position,
+            row.ordering_blocked,
+        )
+    };
+    assert_eq!(
+        ordered(single(&first[0]).id()),
+        (Some("sub-1".into()), Some(1), false)
+    );
+    assert_eq!(ordered(single(&first[1]).id()), (None, None, false));
+    let outcomes = second[0].as_ref().unwrap();
+    let placed: Vec<_> = outcomes.iter().map(|o| ordered(o.id())).collect();
+    assert_eq!(
+        placed,
+        [
+            (Some("sub-1".into()), Some(2), true),
+            (Some("sub-2".into()), Some(1), false),
+            (Some("sub-1".into()), Some(3), true),
+            (Some("sub-2".into()), Some(2), true),
+        ]
+    );
+}
+
 /// A derived event is written with its declared type and its serialized
 /// payload; what it gets wrong is refused by name before any SQL.
 pub async fn a_typed_event_is_written_with_its_declared_type_and_refused_by_name<D: Driver>() {

@@ -58,4 +58,5 @@ conformance!(
     replace_with_while_pending_writes_a_new_event_after_hand_off,
     a_batch_with_replace_events_replaces_in_order,
     a_priority_is_stored_as_given_and_an_out_of_range_one_is_refused_by_type,
+    ordered_events_are_numbered_within_their_key_in_written_order,
 );

@@ -77,6 +77,29 @@ pub fn refusals() -> Vec<Refusal> {
             expected: |e| matches!(e, PublishError::DispatchKeyContainsNul { position: 7 }),
         },
         Refusal {
+            rule: "empty ordering key",
+            event: event("acme", ty, json!({})).ordering_key(""),
+            expected: |e| matches!(e, PublishError::EmptyOrderingKey),
+        },
+        Refusal {
+            rule: "NUL in the ordering key",
+            event: event("acme", ty, json!({})).ordering_key("order-\0-7"),
+            expected: |e| matches!(e, PublishError::OrderingKeyContainsNul { position: 6 }),
+        },
+        Refusal {
+            rule: "ordering key over 255 characters",
+            event: event("acme", ty, json!({})).ordering_key("é".repeat(256)),
+            expected: |e| {
+                matches!(
+                    e,
+                    PublishError::OrderingKeyTooLong {
+                        chars: 256,
+                        max: 255
+                    }
+                )
+            },
+        },
+        Refusal {
             rule: "a dedupe window without a dispatch key",
             event: event("acme", ty, json!({})).dedupe(Dedupe::WhilePending),
             expected: |e| {

@@ -37,6 +37,7 @@ pub fn new_row(event_type: &str) -> NewOutboxEventRow {
         dedupe_while_pending: false,
         replace_pending: false,
         priority: outbox_model::Priority::NORMAL,
+        ordering_key: None,
     }
 }
 

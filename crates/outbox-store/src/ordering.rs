@@ -1,0 +1,286 @@
+//! Per-key ordered delivery (`outbox_event.ordering_key`): the statements
+//! the worker runs around an ordered job's handler, and the operator's view
+//! of held keys.
+//!
+//! The insert trigger numbers each ordered event within its key and blocks
+//! it while an earlier event of the key is unfinished; the claim never
+//! takes a blocked row (see [`crate::CLAIM_SQL`]). What moves a key on is
+//! [`advance`]: the worker calls it once the handler of the event at the
+//! key's head succeeded, and it unblocks the next event. [`hold`] records
+//! why a key stopped when its head failed for good.
+//!
+//! # Transactions and locks
+//!
+//! [`advance`], [`hold`] and [`clear_hold`] are single statements that take
+//! the key's row lock (`outbox_ordering_key`) for their transaction, as
+//! the insert trigger does: a writer of the key and an advance of the key
+//! wait for each other, so an event committed while the key advances is
+//! never left blocked. [`skip_held`] is one transaction.
+
+use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use tracing::instrument;
+use uuid::Uuid;
+
+use crate::{Result, StoreError};
+
+#[derive(QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    flag: bool,
+}
+
+/// Records that the event at `position` of `key` is finished: the key's
+/// `done_position` moves to it, a hold is lifted, and the next event of the
+/// key (past cancelled ones) becomes claimable, waking the dispatchers.
+/// Returns false, changing nothing, when the key is already past
+/// `position` (a duplicate delivery, a replay).
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn advance(conn: &mut AsyncPgConnection, key: &str, position: i64) -> Result<bool> {
+    let row: Flag = diesel::sql_query("SELECT outbox_ordering_advance($1, $2) AS flag")
+        .bind::<Text, _>(key)
+        .bind::<BigInt, _>(position)
+        .get_result(conn)
+        .await?;
+    Ok(row.flag)
+}
+
+/// Whether the event at `position` of `key` is finished already (the key's
+/// `done_position` reached it): a delivery of it is a duplicate.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn is_finished(conn: &mut AsyncPgConnection, key: &str, position: i64) -> Result<bool> {
+    let row: Flag = diesel::sql_query(
+        "SELECT EXISTS (SELECT 1 FROM outbox_ordering_key
+                        WHERE ordering_key = $1 AND done_position >= $2) AS flag",
+    )
+    .bind::<Text, _>(key)
+    .bind::<BigInt, _>(position)
+    .get_result(conn)
+    .await?;
+    Ok(row.flag)
+}
+
+/// Holds `key` on the event `event_id` at `position`, whose job failed for
+/// good: the key's later events wait until the event is retried
+/// successfully, skipped or released. Returns false when the key is
+/// already past the position.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn, reason), err(level = "debug"))]
+pub async fn hold(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    position: i64,
+    event_id: Uuid,
+    reason: &str,
+) -> Result<bool> {
+    let held = diesel::sql_query(
+        "UPDATE outbox_ordering_key
+         SET held_event_id = $3, held_since = now(), held_reason = $4, updated_at = now()
+         WHERE ordering_key = $1 AND done_position < $2",
+    )
+    .bind::<Text, _>(key)
+    .bind::<BigInt, _>(position)
+    .bind::<SqlUuid, _>(event_id)
+    .bind::<Text, _>(reason)
+    .execute(conn)
+    .await?;
+    Ok(held == 1)
+}
+
+/// Lifts the hold of `key` (its events still wait for the held one to
+/// finish). Returns false when the key was not held.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn clear_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<bool> {
+    let cleared = diesel::sql_query(
+        "UPDATE outbox_ordering_key
+         SET held_event_id = NULL, held_since = NULL, held_reason = NULL, updated_at = now()
+         WHERE ordering_key = $1 AND held_event_id IS NOT NULL",
+    )
+    .bind::<Text, _>(key)
+    .execute(conn)
+    .await?;
+    Ok(cleared == 1)
+}
+
+/// A key whose head event failed for good, as `outbox ordering list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
+pub struct HeldKey {
+    /// The ordering key.
+    #[diesel(sql_type = Text)]
+    pub ordering_key: String,
+    /// The event it waits on.
+    #[diesel(sql_type = SqlUuid)]
+    pub event_id: Uuid,
+    /// That event's position.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub position: Option<i64>,
+    /// That event's status (`FAILED` when the dispatcher dead-lettered it,
+    /// `DONE` when its job died in the queue).
+    #[diesel(sql_type = Nullable<Text>)]
+    pub status: Option<String>,
+    /// Since when.
+    #[diesel(sql_type = Timestamptz)]
+    pub since: DateTime<Utc>,
+    /// Why the event failed.
+    #[diesel(sql_type = Text)]
+    pub reason: String,
+    /// Events of the key written after it, waiting.
+    #[diesel(sql_type = BigInt)]
+    pub waiting: i64,
+}
+
+/// Held keys, oldest hold first, at most `limit`.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn held_keys(conn: &mut AsyncPgConnection, limit: i64) -> Result<Vec<HeldKey>> {
+    Ok(diesel::sql_query(
+        "SELECT k.ordering_key, k.held_event_id AS event_id, e.ordering_position AS position,
+                e.status, k.held_since AS since, coalesce(k.held_reason, '') AS reason,
+                greatest(k.last_position - coalesce(e.ordering_position, k.done_position + 1), 0)
+                    AS waiting
+         FROM outbox_ordering_key k
+         LEFT JOIN outbox_event e ON e.id = k.held_event_id
+         WHERE k.held_event_id IS NOT NULL
+         ORDER BY k.held_since, k.ordering_key
+         LIMIT $1",
+    )
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await?)
+}
+
+/// How many keys are held, and since when the oldest hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
+pub struct HeldFigures {
+    /// Held keys.
+    #[diesel(sql_type = BigInt)]
+    pub held: i64,
+    /// The oldest hold's start, when any key is held.
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub oldest_since: Option<DateTime<Utc>>,
+}
+
+/// [`HeldFigures`], from the partial index of held keys.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn held_figures(conn: &mut AsyncPgConnection) -> Result<HeldFigures> {
+    Ok(diesel::sql_query(
+        "SELECT count(*) AS held, min(held_since) AS oldest_since
+         FROM outbox_ordering_key WHERE held_event_id IS NOT NULL",
+    )
+    .get_result(conn)
+    .await?)
+}
+
+#[derive(QueryableByName)]
+struct HeldRow {
+    #[diesel(sql_type = SqlUuid)]
+    event_id: Uuid,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    position: Option<i64>,
+}
+
+/// What [`skip_held`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skipped {
+    /// The event skipped.
+    pub event_id: Uuid,
+    /// Its position in the key.
+    pub position: i64,
+}
+
+/// Moves `key` past the event it is held on, in one transaction: a history
+/// row (action `skip`, with `reason` and `requested_by`) for the event; a
+/// `FAILED` or `PENDING` event becomes `CANCELLED` (it will not be
+/// delivered); the key's `done_position` moves past it, the hold is lifted
+/// and the next event becomes claimable. `None` when the key is not held.
+///
+/// # Errors
+///
+/// When Postgres fails (nothing changes then).
+#[instrument(
+    level = "debug",
+    skip(conn, reason, requested_by),
+    err(level = "debug")
+)]
+pub async fn skip_held(
+    conn: &mut AsyncPgConnection,
+    key: &str,
+    reason: &str,
+    requested_by: Option<&str>,
+) -> Result<Option<Skipped>> {
+    conn.transaction::<_, StoreError, _>(async |conn| {
+        let held: Option<HeldRow> = diesel::sql_query(
+            "SELECT k.held_event_id AS event_id, e.ordering_position AS position
+             FROM outbox_ordering_key k
+             LEFT JOIN outbox_event e ON e.id = k.held_event_id
+             WHERE k.ordering_key = $1 AND k.held_event_id IS NOT NULL
+             FOR UPDATE OF k",
+        )
+        .bind::<Text, _>(key)
+        .get_result(conn)
+        .await
+        .map(Some)
+        .or_else(not_found_is_none)?;
+        let Some(HeldRow {
+            event_id,
+            position: Some(position),
+        }) = held
+        else {
+            return Ok(None);
+        };
+        diesel::sql_query(
+            "INSERT INTO outbox_event_requeue
+                 (outbox_event_id, reason, requested_by, previous_status, previous_retries,
+                  previous_last_error, action)
+             SELECT id, $2, $3, status, retries, last_error, 'skip'
+             FROM outbox_event WHERE id = $1",
+        )
+        .bind::<SqlUuid, _>(event_id)
+        .bind::<Text, _>(reason)
+        .bind::<Nullable<Text>, _>(requested_by)
+        .execute(conn)
+        .await?;
+        diesel::sql_query(
+            "UPDATE outbox_event SET status = 'CANCELLED', locked_until = NULL
+             WHERE id = $1 AND status IN ('FAILED', 'PENDING')",
+        )
+        .bind::<SqlUuid, _>(event_id)
+        .execute(conn)
+        .await?;
+        advance(conn, key, position).await?;
+        clear_hold(conn, key).await?;
+        Ok(Some(Skipped { event_id, position }))
+    })
+    .await
+}
+
+fn not_found_is_none<T>(error: diesel::result::Error) -> Result<Option<T>> {
+    match error {
+        diesel::result::Error::NotFound => Ok(None),
+        other => Err(other.into()),
+    }
+}
