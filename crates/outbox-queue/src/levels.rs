@@ -22,7 +22,6 @@ use apalis_redis::{Config, ConnectionManager};
 use outbox_model::Priority;
 use redis::Script;
 
-use crate::redis_queue::wake;
 use crate::{PushReport, QUEUE_RESCHEDULE_ATTEMPTS, QueueError, QueueNamespace, apalis_config};
 
 /// A script that puts jobs onto a queue's keys, with the priority levels'
@@ -120,4 +119,25 @@ pub async fn push_raw_at_priority(
         new,
         duplicates: jobs.len().saturating_sub(new),
     })
+}
+
+/// Wakes idle workers of `queue` now rather than at their next poll, when
+/// `new` jobs were pushed.
+pub(crate) async fn wake(
+    conn: &mut ConnectionManager,
+    namespace: &QueueNamespace,
+    queue: &str,
+    new: usize,
+) {
+    if new == 0 {
+        return;
+    }
+    if let Err(e) = redis::cmd("PUBLISH")
+        .arg(crate::wake_channel(namespace, queue))
+        .arg(new)
+        .query_async::<i64>(conn)
+        .await
+    {
+        tracing::warn!(queue, error = %e, "jobs pushed, but the wake-up was not published");
+    }
 }

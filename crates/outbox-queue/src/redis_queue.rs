@@ -14,7 +14,7 @@ use redis::aio::ConnectionManagerConfig;
 use tracing::instrument;
 
 use crate::OutboxJob;
-use crate::levels::push_raw_at_priority;
+use crate::levels::{push_raw_at_priority, wake};
 
 /// `OUTBOX_QUEUE_PREFIX`: the [`QueueNamespace`] of a process
 /// ([`QueueNamespace::from_lookup`]).
@@ -416,27 +416,6 @@ pub async fn push_raw_at(
         new,
         duplicates: jobs.len().saturating_sub(new),
     })
-}
-
-/// Wakes idle workers of `queue` now rather than at their next poll, when
-/// `new` jobs were pushed.
-pub(crate) async fn wake(
-    conn: &mut ConnectionManager,
-    namespace: &QueueNamespace,
-    queue: &str,
-    new: usize,
-) {
-    if new == 0 {
-        return;
-    }
-    if let Err(e) = redis::cmd("PUBLISH")
-        .arg(wake_channel(namespace, queue))
-        .arg(new)
-        .query_async::<i64>(conn)
-        .await
-    {
-        tracing::warn!(queue, error = %e, "jobs pushed, but the wake-up was not published");
-    }
 }
 
 /// The pub/sub channel that wakes the workers of `queue` after a push.
