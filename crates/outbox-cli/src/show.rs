@@ -1,4 +1,5 @@
-//! `outbox show ID`: one row with its requeue and cancel history.
+//! `outbox show ID`: one row with its history (requeues, cancels, skips
+//! and reschedules).
 
 use outbox_model::OutboxEvent;
 use outbox_store::HistoryEntry;
@@ -54,22 +55,17 @@ pub(crate) async fn show(cli: &Cli, id: Uuid) -> Outcome {
     Ok(ExitStatus::Ok)
 }
 
-/// The row's requeues and cancels, oldest first.
+/// The row's requeues, cancels, skips and reschedules, oldest first.
 fn print_history(history: &[HistoryEntry]) {
     if history.is_empty() {
-        println!("history       (never requeued or cancelled)");
+        println!("history       (never requeued, cancelled or rescheduled)");
     } else {
         println!("history");
         for h in history {
             println!(
-                "  {}  {} from {} (retries {}, last error: {}){}: {}",
+                "  {}  {} (retries {}, last error: {}){}: {}",
                 h.requeued_at.to_rfc3339(),
-                if h.action == "cancel" {
-                    "cancelled"
-                } else {
-                    "requeued"
-                },
-                h.previous_status,
+                change(h),
                 h.previous_retries,
                 h.previous_last_error.as_deref().unwrap_or("-"),
                 match (h.replay, h.generation) {
@@ -80,6 +76,21 @@ fn print_history(history: &[HistoryEntry]) {
                 h.reason
             );
         }
+    }
+}
+
+/// What an entry changed: `cancelled from FAILED`, `rescheduled from
+/// 2026-12-05T10:00:00+00:00` (the due time it had), ….
+fn change(h: &HistoryEntry) -> String {
+    match h.action.as_str() {
+        "cancel" => format!("cancelled from {}", h.previous_status),
+        "skip" => format!("skipped from {}", h.previous_status),
+        "reschedule" => format!(
+            "rescheduled from {}",
+            h.previous_scheduled_at
+                .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
+        ),
+        _ => format!("requeued from {}", h.previous_status),
     }
 }
 

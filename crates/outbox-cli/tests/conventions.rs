@@ -1,6 +1,7 @@
 //! The conventions users of other database CLIs expect from the real
 //! `outbox` binary: output into a closed pipe ends quietly; shell
 //! completions; `migrate --status` and `--dry-run`; `cancel` with history;
+//! a reschedule from code in `show`'s history;
 //! `retry-dead`, guarded like `requeue`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -247,6 +248,56 @@ async fn cancel_sets_pending_and_failed_rows_cancelled_with_history_and_refuses_
         "{}",
         table.stdout
     );
+}
+
+/// A reschedule from code (`outbox_publish::reschedule`) is in the row's
+/// history as `outbox show` prints it: the due time the row had, the
+/// reason, and the action in the JSON.
+#[tokio::test]
+async fn show_lists_a_reschedule_from_code_with_the_due_time_it_had() {
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+    use outbox_publish::{ChangeError, EventRef, OutboxTx, reschedule};
+
+    let env = Env::new().await;
+    let id = "00000000-0000-4000-8000-000000000006";
+    env.sql(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, scheduled_at) \
+         VALUES ('{id}', 'acme', 'audit.user.login', '{{}}', '2031-05-06T07:00:00Z')"
+    ))
+    .await;
+    let later = chrono::DateTime::parse_from_rfc3339("2031-05-06T19:00:00Z")
+        .unwrap()
+        .to_utc();
+    let mut conn: AsyncPgConnection = env.db.conn().await;
+    conn.transaction::<_, ChangeError, _>(async |conn| {
+        let mut tx = OutboxTx::new(conn)?;
+        reschedule(
+            &mut tx,
+            EventRef::Id(id.parse().unwrap()),
+            later,
+            "evening slot",
+        )
+        .await
+    })
+    .await
+    .unwrap();
+
+    let table = env.outbox(&["show", id]);
+    assert_eq!(table.code, 0, "{}", table.stderr);
+    assert!(
+        table
+            .stdout
+            .contains("rescheduled from 2031-05-06T07:00:00+00:00")
+            && table.stdout.contains(": evening slot"),
+        "{}",
+        table.stdout
+    );
+    let shown = env.outbox(&["show", id, "--json"]).json();
+    assert_eq!(shown["event"]["scheduled_at"], "2031-05-06T19:00:00Z");
+    let history = shown["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{shown}");
+    assert_eq!(history[0]["action"], "reschedule");
+    assert_eq!(history[0]["previous_scheduled_at"], "2031-05-06T07:00:00Z");
 }
 
 #[tokio::test]

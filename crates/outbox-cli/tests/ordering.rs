@@ -139,6 +139,12 @@ async fn a_held_key_is_listed_and_in_health_and_after_release_with_skip_the_rest
     assert_eq!(release.json()["action"], "skipped");
     let show = env.outbox(&["show", &ids[0].to_string(), "--json"]).json();
     assert_eq!(show["event"]["status"], "CANCELLED", "{show}");
+    let table = env.outbox(&["show", &ids[0].to_string()]);
+    assert!(
+        table.stdout.contains("skipped from FAILED"),
+        "the history names the skip: {}",
+        table.stdout
+    );
     let mut conn = env.db.conn().await;
     let skips: Vec<IdRow> = diesel::sql_query(
         "SELECT outbox_event_id AS id FROM outbox_event_requeue

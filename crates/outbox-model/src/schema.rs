@@ -134,8 +134,10 @@ diesel::table! {
         replay -> Bool,
         /// The generation a replay started; NULL for a requeue of a FAILED or CANCELLED row (same generation).
         generation -> Nullable<Int4>,
-        /// requeue (outbox requeue), cancel (outbox cancel: a PENDING or FAILED row set to CANCELLED) or skip (outbox ordering release --skip-event: the key moved past the event).
+        /// requeue (outbox requeue), cancel (outbox cancel or outbox_publish::cancel: a PENDING or FAILED row set to CANCELLED), skip (outbox ordering release --skip-event: the key moved past the event) or reschedule (outbox_publish::reschedule: a PENDING row's scheduled_at moved).
         action -> Text,
+        /// The row's scheduled_at before the change (every action); NULL for entries written before the column existed.
+        previous_scheduled_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use outbox_model::OutboxStatus;
-use outbox_store::{CancelEvent, EventKey, Found};
+use outbox_store::{CancelEvent, EventKey, Found, RescheduleEvent};
 use tracing::instrument;
 use uuid::Uuid;
 
@@ -177,19 +177,24 @@ pub async fn cancel(
 /// Moves one PENDING event's dispatch to `at` (earlier or later; a past
 /// instant makes it due now), in the caller's transaction. Returns the
 /// event's id. The dispatcher claims it at its first poll or wake-up after
-/// `at`. No history entry is written: the status does not change.
+/// `at`. Its history (`outbox show`, table `outbox_event_requeue`) gets an
+/// entry with action `reschedule`, `reason`, the due time it had
+/// (`previous_scheduled_at`), its status, retries and last error, and no
+/// `requested_by`.
 ///
 /// Only a PENDING event changes. A PROCESSING one is being handed off by a
 /// dispatcher right now: it is refused with
-/// [`ChangeError::NotReschedulable`] and is handed off as it was (to retry
-/// later, wait for it to go back to PENDING or cancel it instead). The
-/// change commits or rolls back with the caller's transaction.
+/// [`ChangeError::NotReschedulable`], is handed off as it was and gets no
+/// history entry (to retry later, wait for it to go back to PENDING or
+/// cancel it instead). The change and its entry commit or roll back with
+/// the caller's transaction.
 ///
 /// # Errors
 ///
 /// [`ChangeError::NotFound`], [`ChangeError::NotReschedulable`] (with the
-/// status) or [`ChangeError::DispatchKeyContainsNul`] leave the
-/// transaction usable; [`ChangeError::Database`] means it is aborted.
+/// status), [`ChangeError::DispatchKeyContainsNul`] or
+/// [`ChangeError::ReasonContainsNul`] leave the transaction usable;
+/// [`ChangeError::Database`] means it is aborted.
 ///
 /// # Example
 ///
@@ -201,7 +206,7 @@ pub async fn cancel(
 /// let later = chrono::Utc::now() + chrono::Duration::hours(1);
 /// conn.transaction::<_, ChangeError, _>(async |conn| {
 ///     let mut tx = OutboxTx::new(conn)?;
-///     reschedule(&mut tx, EventRef::Id(id), later).await?;
+///     reschedule(&mut tx, EventRef::Id(id), later, "customer asked for the evening").await?;
 ///     Ok(())
 /// })
 /// .await
@@ -212,9 +217,11 @@ pub async fn reschedule(
     tx: &mut OutboxTx<'_>,
     event: EventRef,
     at: DateTime<Utc>,
+    reason: &str,
 ) -> Result<Uuid, ChangeError> {
-    check(&event, "")?;
-    let found = outbox_store::reschedule_event(tx.conn(), event.key(), &RESCHEDULABLE, at).await?;
+    check(&event, reason)?;
+    let found =
+        outbox_store::reschedule_event(tx.conn(), reschedule_of(&event, at, reason)).await?;
     rescheduled(event, found)
 }
 
@@ -240,6 +247,21 @@ pub(crate) fn cancel_of<'a>(event: &'a EventRef, reason: &'a str) -> CancelEvent
     CancelEvent {
         key: event.key(),
         allowed: &OutboxStatus::CANCELLABLE,
+        reason,
+        requested_by: None,
+    }
+}
+
+/// The store's reschedule of `event` to `at`, under the shared rule.
+pub(crate) fn reschedule_of<'a>(
+    event: &'a EventRef,
+    at: DateTime<Utc>,
+    reason: &'a str,
+) -> RescheduleEvent<'a> {
+    RescheduleEvent {
+        key: event.key(),
+        allowed: &RESCHEDULABLE,
+        at,
         reason,
         requested_by: None,
     }

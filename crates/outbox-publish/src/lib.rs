@@ -19,7 +19,8 @@
 //! ([`PublishOutcome::Replaced`]). [`cancel`] and [`reschedule`] change a
 //! published event from code, in the caller's transaction, by id or by
 //! dispatch key ([`EventRef`]), with the operator's rules (`outbox
-//! cancel`) and typed refusals ([`ChangeError`]).
+//! cancel`), an entry with the reason in the event's history each, and
+//! typed refusals ([`ChangeError`]).
 //!
 //! Applications on sqlx turn on the `sqlx` feature and publish with the
 //! same functions from the `sqlx` module (`outbox_publish::sqlx::publish`,

@@ -69,7 +69,7 @@ use serde::Serialize;
 use tracing::instrument;
 use uuid::Uuid;
 
-use crate::change::{RESCHEDULABLE, cancel_of, cancelled, check, rescheduled};
+use crate::change::{cancel_of, cancelled, check, reschedule_of, rescheduled};
 use crate::publish::{
     batch_outcomes, has_replace, keys_not_inserted, outcome, prepare, prepare_batch, published,
     recorded,
@@ -221,19 +221,35 @@ pub async fn cancel(
 }
 
 /// Moves one PENDING event's dispatch to `at` in the caller's sqlx
-/// transaction: what [`crate::reschedule`] does for diesel, in an
-/// `outbox.reschedule` span.
+/// transaction: what [`crate::reschedule`] does for diesel (the same rule,
+/// statement and history entry), in an `outbox.reschedule` span.
 ///
 /// # Errors
 ///
 /// As [`crate::reschedule`]; a database error is [`ChangeError::Sqlx`].
+///
+/// # Example
+///
+/// ```no_run
+/// use outbox_publish::{ChangeError, EventRef};
+///
+/// # async fn demo(pool: &sqlx::PgPool) -> Result<(), ChangeError> {
+/// let mut tx = pool.begin().await?;
+/// let key = EventRef::DispatchKey("order-7-survey".to_owned());
+/// let later = chrono::Utc::now() + chrono::Duration::days(7);
+/// outbox_publish::sqlx::reschedule(&mut tx, key, later, "delivery delayed").await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
 #[instrument(name = "outbox.reschedule", skip_all, fields(event = %event, event_id, %at), err)]
 pub async fn reschedule(
     tx: &mut Transaction<'_, Postgres>,
     event: EventRef,
     at: DateTime<Utc>,
+    reason: &str,
 ) -> Result<Uuid, ChangeError> {
-    check(&event, "")?;
-    let found = outbox_store::sqlx::reschedule_event(tx, event.key(), &RESCHEDULABLE, at).await?;
+    check(&event, reason)?;
+    let found = outbox_store::sqlx::reschedule_event(tx, reschedule_of(&event, at, reason)).await?;
     rescheduled(event, found)
 }

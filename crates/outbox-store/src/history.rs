@@ -1,18 +1,20 @@
 //! The operator's and the application's changes of state, each with its
 //! history row in `outbox_event_requeue`: requeue (and replay of DONE
-//! rows) and cancel; and the reschedule of a pending row.
+//! rows), cancel, and the reschedule of a pending row.
 //!
 //! # Transactions and locks
 //!
 //! Requeue is one transaction, cancel and reschedule one statement each:
 //! each locks the rows that still have an allowed status (`FOR UPDATE`, so
 //! a dispatcher's claim and a second operator wait for it), writes one
-//! history row per locked row (not reschedule), then changes them. A row
-//! whose status changed since the caller read it is left alone; if
-//! anything fails, nothing changed. Cancel and reschedule run inside the
-//! caller's transaction when given one (`outbox_publish::cancel`), and
-//! then commit or roll back with it. The statements stay raw SQL: the
-//! history row is an `INSERT … SELECT` of the row's own values.
+//! history row per locked row (with the status, retries, last error and
+//! `scheduled_at` the row had), then changes them. A row whose status
+//! changed since the caller read it is left alone; if anything fails,
+//! nothing changed. Cancel and reschedule run inside the caller's
+//! transaction when given one (`outbox_publish::cancel`,
+//! `outbox_publish::reschedule`), and then commit or roll back with it.
+//! The statements stay raw SQL: the history row is an `INSERT … SELECT` of
+//! the row's own values.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
@@ -87,8 +89,8 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
         diesel::sql_query(
             "INSERT INTO outbox_event_requeue
                  (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-                  previous_last_error, replay, generation)
-             SELECT id, $2, $3, status, retries, last_error, status = 'DONE',
+                  previous_last_error, previous_scheduled_at, replay, generation)
+             SELECT id, $2, $3, status, retries, last_error, scheduled_at, status = 'DONE',
                     CASE WHEN status = 'DONE' THEN generation + 1 END
              FROM outbox_event WHERE id = ANY($1)",
         )
@@ -120,30 +122,40 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
     .await
 }
 
-/// The cancel of some rows as SQL text, one statement: it locks the rows
-/// found (by id or by dispatch key) whose status is allowed (`FOR UPDATE`),
-/// writes one history row each (action `cancel`), sets them CANCELLED
-/// without a lease, and returns every row found with its status and
-/// whether it was cancelled. A row whose status changed to one not allowed
-/// since the statement's snapshot is left alone, with its new status.
-///
-/// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
-/// `$3` text[] (the allowed statuses), `$4` text (reason), `$5` text or
-/// NULL (requested by). Returns `(id uuid, status text, changed bool)`.
-pub const CANCEL_SQL: &str = "WITH found AS (
+/// A change of state with its history row, as one statement: it locks the
+/// rows found (`$1` ids or `$2` dispatch keys) whose status is one of `$3`
+/// (`FOR UPDATE`), writes one history row each (`action`, the reason and
+/// requested-by parameters named, and the status, retries, last error and
+/// `scheduled_at` the row had), applies `set` to them, and returns every
+/// row found as `(id, status, changed)`: its status when locked (before the
+/// change) and whether it changed. A row whose status changed to one not
+/// allowed since the statement's snapshot is left alone, with its new
+/// status, and gets no history row.
+macro_rules! change_with_history_sql {
+    (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal) => {
+        concat!(
+            "WITH found AS (
          SELECT id, status FROM outbox_event
          WHERE id = ANY($1) OR dispatch_key = ANY($2)
      ), target AS (
-         SELECT id, status, retries, last_error FROM outbox_event
+         SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
          WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
          FOR UPDATE
      ), entry AS (
          INSERT INTO outbox_event_requeue
              (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-              previous_last_error, action)
-         SELECT id, $4, $5, status, retries, last_error, 'cancel' FROM target
+              previous_last_error, previous_scheduled_at, action)
+         SELECT id, ",
+            $reason,
+            ", ",
+            $by,
+            ", status, retries, last_error, scheduled_at, '",
+            $action,
+            "' FROM target
      ), changed AS (
-         UPDATE outbox_event e SET status = 'CANCELLED', locked_until = NULL
+         UPDATE outbox_event e SET ",
+            $set,
+            "
          FROM target WHERE e.id = target.id
          RETURNING e.id
      )
@@ -151,27 +163,48 @@ pub const CANCEL_SQL: &str = "WITH found AS (
             changed.id IS NOT NULL AS changed
      FROM found
      LEFT JOIN target ON target.id = found.id
-     LEFT JOIN changed ON changed.id = found.id";
+     LEFT JOIN changed ON changed.id = found.id"
+        )
+    };
+}
 
-/// The reschedule of one row as SQL text, one statement: the row found (by
-/// id or by dispatch key) gets `scheduled_at` = `$4` if its status is
-/// allowed (the row locked by the update); returns it with its status and
-/// whether it changed. No history row: the status does not change.
+/// The cancel of some rows as SQL text, one statement: it locks the rows
+/// found (by id or by dispatch key) whose status is allowed (`FOR UPDATE`),
+/// writes one history row each (action `cancel`, with the status, retries,
+/// last error and `scheduled_at` the row had), sets them CANCELLED
+/// without a lease, and returns every row found with its status and
+/// whether it was cancelled. A row whose status changed to one not allowed
+/// since the statement's snapshot is left alone, with its new status.
 ///
 /// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
-/// `$3` text[] (the allowed statuses), `$4` timestamptz. Returns `(id
-/// uuid, status text, changed bool)`.
-pub const RESCHEDULE_SQL: &str = "WITH found AS (
-         SELECT id, status FROM outbox_event
-         WHERE id = ANY($1) OR dispatch_key = ANY($2)
-     ), changed AS (
-         UPDATE outbox_event SET scheduled_at = $4
-         WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
-         RETURNING id, status
-     )
-     SELECT found.id, COALESCE(changed.status, found.status) AS status,
-            changed.id IS NOT NULL AS changed
-     FROM found LEFT JOIN changed ON changed.id = found.id";
+/// `$3` text[] (the allowed statuses), `$4` text (reason), `$5` text or
+/// NULL (requested by). Returns `(id uuid, status text, changed bool)`.
+pub const CANCEL_SQL: &str = change_with_history_sql!(
+    reason: "$4",
+    requested_by: "$5",
+    action: "cancel",
+    set: "status = 'CANCELLED', locked_until = NULL"
+);
+
+/// The reschedule of one row as SQL text, one statement, built as
+/// [`CANCEL_SQL`]: it locks the row found (by id or by dispatch key) if its
+/// status is allowed (`FOR UPDATE`), writes its history row (action
+/// `reschedule`, with the status, retries, last error and `scheduled_at`
+/// the row had), sets its `scheduled_at` to `$4`, and returns the row found
+/// with its status and whether it changed. A row whose status changed to
+/// one not allowed since the statement's snapshot is left alone, with its
+/// new status, and gets no history row.
+///
+/// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
+/// `$3` text[] (the allowed statuses), `$4` timestamptz (the new due
+/// time), `$5` text (reason), `$6` text or NULL (requested by). Returns
+/// `(id uuid, status text, changed bool)`.
+pub const RESCHEDULE_SQL: &str = change_with_history_sql!(
+    reason: "$5",
+    requested_by: "$6",
+    action: "reschedule",
+    set: "scheduled_at = $4"
+);
 
 /// A row a cancel or a reschedule found, and what it did to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, QueryableByName)]
@@ -266,27 +299,46 @@ async fn run_cancel(
         .await?)
 }
 
-/// Sets the `scheduled_at` of the one row `key` finds to `at`, if its
-/// status is one of `allowed` ([`RESCHEDULE_SQL`]). Returns the row found,
-/// its status and whether it changed; `None` when no row has the key.
+/// What [`reschedule_event`] moves: one row, by id or by dispatch key, and
+/// where to.
+#[derive(Debug, Clone, Copy)]
+pub struct RescheduleEvent<'a> {
+    /// The row.
+    pub key: EventKey<'a>,
+    /// Only a row with one of these statuses changes (the caller's policy).
+    pub allowed: &'a [OutboxStatus],
+    /// The row's new `scheduled_at`.
+    pub at: DateTime<Utc>,
+    /// Why, kept in the history row.
+    pub reason: &'a str,
+    /// Who, when known.
+    pub requested_by: Option<&'a str>,
+}
+
+/// Sets the `scheduled_at` of the one row `reschedule.key` finds to
+/// `reschedule.at`, if its status is allowed, with its history entry
+/// (action `reschedule`, the due time it had in `previous_scheduled_at`):
+/// one statement, [`RESCHEDULE_SQL`]. Returns the row found, its status
+/// and whether it changed; `None` when no row has the key. Inside the
+/// caller's transaction, it commits or rolls back with it.
 ///
 /// # Errors
 ///
 /// When Postgres fails (the caller's transaction is aborted then).
-#[instrument(level = "debug", skip(conn, allowed), err(level = "debug"))]
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn reschedule_event(
     conn: &mut AsyncPgConnection,
-    key: EventKey<'_>,
-    allowed: &[OutboxStatus],
-    at: DateTime<Utc>,
+    reschedule: RescheduleEvent<'_>,
 ) -> Result<Option<Found>> {
-    let (ids, keys) = targets(key);
-    let allowed: Vec<&str> = allowed.iter().map(|s| s.as_str()).collect();
+    let (ids, keys) = targets(reschedule.key);
+    let allowed: Vec<&str> = reschedule.allowed.iter().map(|s| s.as_str()).collect();
     let mut found: Vec<Found> = diesel::sql_query(RESCHEDULE_SQL)
         .bind::<Array<SqlUuid>, _>(&ids)
         .bind::<Array<Text>, _>(&keys)
         .bind::<Array<Text>, _>(&allowed)
-        .bind::<Timestamptz, _>(at)
+        .bind::<Timestamptz, _>(reschedule.at)
+        .bind::<Text, _>(reschedule.reason)
+        .bind::<Nullable<Text>, _>(reschedule.requested_by)
         .load(conn)
         .await?;
     Ok(found.pop())

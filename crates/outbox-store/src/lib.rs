@@ -7,9 +7,9 @@
 //! the fenced outcome updates ([`claim`], [`mark_done`], [`mark_retry`],
 //! [`mark_failed`], [`mark_waiting_for_route`], [`release`]), the events no
 //! route matched ([`unrouted_types`], [`failed_unrouted_ids`]), retention ([`purge_done_batch`]), the
-//! operator's (and the application's) requeue and cancel with history
-//! ([`requeue`], [`cancel`], [`cancel_event`]), the reschedule of a
-//! pending row ([`reschedule_event`]),
+//! operator's (and the application's) requeue, cancel and reschedule with
+//! history ([`requeue`], [`cancel`], [`cancel_event`], and
+//! [`reschedule_event`] of a pending row),
 //! listings and lookups ([`list_events`], [`event`], [`history`], …),
 //! figures ([`pending_figures`], [`group_counts`]), the upkeep of the
 //! table ([`vacuum`]) and per-key ordering ([`advance`], [`hold`],
@@ -84,8 +84,8 @@ pub use claim::{
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
 pub use history::{
-    CANCEL_SQL, CancelEvent, Change, Found, RESCHEDULE_SQL, Requeued, cancel, cancel_event,
-    requeue, reschedule_event,
+    CANCEL_SQL, CancelEvent, Change, Found, RESCHEDULE_SQL, Requeued, RescheduleEvent, cancel,
+    cancel_event, requeue, reschedule_event,
 };
 pub use insert::{
     DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL,

@@ -255,8 +255,8 @@ pub async fn skip_held(
         diesel::sql_query(
             "INSERT INTO outbox_event_requeue
                  (outbox_event_id, reason, requested_by, previous_status, previous_retries,
-                  previous_last_error, action)
-             SELECT id, $2, $3, status, retries, last_error, 'skip'
+                  previous_last_error, previous_scheduled_at, action)
+             SELECT id, $2, $3, status, retries, last_error, scheduled_at, 'skip'
              FROM outbox_event WHERE id = $1",
         )
         .bind::<SqlUuid, _>(event_id)

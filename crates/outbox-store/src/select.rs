@@ -203,7 +203,7 @@ pub async fn statuses(
 }
 
 /// One entry of a row's history (`outbox_event_requeue`): a requeue, a
-/// replay or a cancel.
+/// replay, a cancel, a skip or a reschedule.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable)]
 pub struct HistoryEntry {
     /// When.
@@ -218,11 +218,15 @@ pub struct HistoryEntry {
     pub previous_retries: i32,
     /// The last error before.
     pub previous_last_error: Option<String>,
+    /// The due time (`scheduled_at`) before; `None` for entries written
+    /// before this was recorded.
+    pub previous_scheduled_at: Option<DateTime<Utc>>,
     /// Whether a DONE row was replayed.
     pub replay: bool,
     /// The delivery generation a replay started.
     pub generation: Option<i32>,
-    /// `requeue` or `cancel`.
+    /// `requeue`, `cancel`, `skip` (`outbox ordering release
+    /// --skip-event`) or `reschedule`.
     pub action: String,
 }
 
@@ -243,6 +247,7 @@ pub async fn history(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Vec<Histo
             outbox_event_requeue::previous_status,
             outbox_event_requeue::previous_retries,
             outbox_event_requeue::previous_last_error,
+            outbox_event_requeue::previous_scheduled_at,
             outbox_event_requeue::replay,
             outbox_event_requeue::generation,
             outbox_event_requeue::action,

@@ -15,18 +15,15 @@ use std::collections::{HashMap, HashSet};
 
 use ::sqlx::PgConnection;
 use ::sqlx::types::Json;
-use outbox_model::NewOutboxEventRow;
+use outbox_model::{NewOutboxEventRow, OutboxStatus};
 use tracing::instrument;
 use uuid::Uuid;
-
-use chrono::{DateTime, Utc};
-use outbox_model::OutboxStatus;
 
 use crate::history::targets;
 use crate::insert::written;
 use crate::{
-    CANCEL_SQL, CancelEvent, DISPATCH_KEY_HOLDERS_SQL, EventKey, Found, INSERT_EVENT_SQL,
-    INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL, RESCHEDULE_SQL, ROWS_PER_STATEMENT, Result,
+    CANCEL_SQL, CancelEvent, DISPATCH_KEY_HOLDERS_SQL, Found, INSERT_EVENT_SQL, INSERT_EVENTS_SQL,
+    Inserted, REPLACE_EVENT_SQL, RESCHEDULE_SQL, ROWS_PER_STATEMENT, RescheduleEvent, Result,
 };
 
 /// Inserts one row, as [`crate::insert_event`] does: a row with a dispatch
@@ -189,8 +186,9 @@ pub async fn cancel_event(
     last_found(rows)
 }
 
-/// Sets the `scheduled_at` of the one row `key` finds, as
-/// [`crate::reschedule_event`] does ([`RESCHEDULE_SQL`]).
+/// Moves the one row `reschedule.key` finds, as
+/// [`crate::reschedule_event`] does: the same statement
+/// ([`RESCHEDULE_SQL`]), the same history entry.
 ///
 /// # Errors
 ///
@@ -198,21 +196,21 @@ pub async fn cancel_event(
 #[instrument(
     name = "reschedule_event",
     level = "debug",
-    skip(conn, allowed),
+    skip(conn),
     err(level = "debug")
 )]
 pub async fn reschedule_event(
     conn: &mut PgConnection,
-    key: EventKey<'_>,
-    allowed: &[OutboxStatus],
-    at: DateTime<Utc>,
+    reschedule: RescheduleEvent<'_>,
 ) -> Result<Option<Found>> {
-    let (ids, keys) = targets(key);
+    let (ids, keys) = targets(reschedule.key);
     let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(RESCHEDULE_SQL)
         .bind(ids)
         .bind(keys)
-        .bind(statuses(allowed))
-        .bind(at)
+        .bind(statuses(reschedule.allowed))
+        .bind(reschedule.at)
+        .bind(reschedule.reason)
+        .bind(reschedule.requested_by)
         .fetch_all(conn)
         .await?;
     last_found(rows)

@@ -1,5 +1,6 @@
 //! The operator's requeue and cancel: what they change, the history row
-//! each writes, and the rows they leave alone.
+//! each writes (with the due time the row had), and the rows they leave
+//! alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -37,6 +38,7 @@ async fn requeue_one(conn: &mut AsyncPgConnection, id: Uuid, allowed: OutboxStat
 async fn requeue_puts_a_failed_row_back_as_new_and_records_what_it_was() {
     let (_db, mut conn) = database().await;
     let id = insert_with(&mut conn, FAILED).await;
+    let was_due = row(&mut conn, id).await.scheduled_at;
 
     let before = now(&mut conn).await;
     let requeued = requeue_one(&mut conn, id, OutboxStatus::Failed).await;
@@ -70,6 +72,7 @@ async fn requeue_puts_a_failed_row_back_as_new_and_records_what_it_was() {
         ),
         ("FAILED", 5, Some("smtp refused"))
     );
+    assert_eq!(entry.previous_scheduled_at, Some(was_due));
     assert_eq!((entry.replay, entry.generation), (false, None));
     assert_eq!(
         claim(&mut conn, 10, 60_000).await.unwrap()[0].id,

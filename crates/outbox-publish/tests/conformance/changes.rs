@@ -50,10 +50,11 @@ async fn status_of(db: &TestDatabase, id: Uuid) -> OutboxStatus {
 
 /// Cancel by id and by dispatch key: the event goes CANCELLED and its
 /// history gets one `cancel` entry with the reason and what the row was
-/// (a FAILED row keeps its retries and last error in the entry).
+/// (a FAILED row keeps its retries and last error in the entry; every
+/// entry its due time).
 pub async fn cancel_by_id_or_key_cancels_and_records_history<D: Driver>() {
     let (db, mut driver) = setup::<D>().await;
-    let by_id = published(&mut driver, reminder("cart-1")).await;
+    let by_id = published(&mut driver, reminder("cart-1").scheduled_at(far_future())).await;
     let by_key = published(&mut driver, reminder("cart-2")).await;
     set(
         &db,
@@ -90,6 +91,7 @@ pub async fn cancel_by_id_or_key_cancels_and_records_history<D: Driver>() {
         ),
         ("cancel", "order paid", "PENDING", None)
     );
+    assert_eq!(first[0].previous_scheduled_at, Some(far_future()));
     let second = outbox_store::history(&mut conn, by_key).await.unwrap();
     assert_eq!(second.len(), 1);
     assert_eq!(
@@ -114,7 +116,7 @@ pub async fn a_rolled_back_cancel_or_reschedule_leaves_the_row_untouched<D: Driv
         .changes(
             vec![
                 Change::Cancel(EventRef::Id(cancelled), "order paid"),
-                Change::Reschedule(EventRef::Id(moved), far_future()),
+                Change::Reschedule(EventRef::Id(moved), far_future(), "later"),
             ],
             End::Rollback,
         )
@@ -123,12 +125,14 @@ pub async fn a_rolled_back_cancel_or_reschedule_leaves_the_row_untouched<D: Driv
     assert!(results.iter().all(Result::is_ok), "{results:?}");
     assert_eq!(events(&db).await, before);
     let mut conn = db.conn().await;
-    assert!(
-        outbox_store::history(&mut conn, cancelled)
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    for id in [cancelled, moved] {
+        assert!(
+            outbox_store::history(&mut conn, id)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+    }
 }
 
 /// An instant far ahead, with microseconds.
@@ -216,9 +220,10 @@ pub async fn cancel_refusals_are_typed_and_leave_the_transaction_usable<D: Drive
 }
 
 /// Reschedule by id and by key moves a PENDING event's `scheduled_at`,
-/// earlier or later, and writes no history; a PROCESSING event is refused
-/// with its status and keeps its schedule and lease, and an unknown one is
-/// not found.
+/// earlier or later; a PROCESSING event is refused with its status, keeps
+/// its schedule and lease and gets no history entry; an unknown one is not
+/// found; a reason with NUL is refused before any SQL; none of the refusals
+/// aborts the transaction.
 pub async fn reschedule_moves_a_pending_event_and_refuses_a_processing_one<D: Driver>() {
     let (db, mut driver) = setup::<D>().await;
     let later = published(&mut driver, reminder("cart-1")).await;
@@ -236,21 +241,21 @@ pub async fn reschedule_moves_a_pending_event_and_refuses_a_processing_one<D: Dr
     let results = driver
         .changes(
             vec![
-                Change::Reschedule(EventRef::Id(later), far_future()),
+                Change::Reschedule(EventRef::Id(processing), far_future(), "r"),
+                Change::Reschedule(EventRef::DispatchKey("nope".into()), far_future(), "r"),
+                Change::Reschedule(EventRef::Id(later), far_future(), "bad \0 reason"),
+                Change::Reschedule(EventRef::Id(later), far_future(), "r"),
                 Change::Reschedule(
                     EventRef::DispatchKey("cart-2".into()),
                     now - TimeDelta::minutes(1),
+                    "r",
                 ),
-                Change::Reschedule(EventRef::Id(processing), far_future()),
-                Change::Reschedule(EventRef::DispatchKey("nope".into()), far_future()),
             ],
             End::Commit,
         )
         .await;
 
     let mut results = results.into_iter();
-    assert_eq!(results.next().unwrap().unwrap(), later);
-    assert_eq!(results.next().unwrap().unwrap(), sooner);
     assert!(matches!(
         results.next().unwrap(),
         Err(ChangeError::NotReschedulable { id, status: OutboxStatus::Processing, .. })
@@ -260,6 +265,12 @@ pub async fn reschedule_moves_a_pending_event_and_refuses_a_processing_one<D: Dr
         results.next().unwrap(),
         Err(ChangeError::NotFound { .. })
     ));
+    assert!(matches!(
+        results.next().unwrap(),
+        Err(ChangeError::ReasonContainsNul { position: 4 })
+    ));
+    assert_eq!(results.next().unwrap().unwrap(), later);
+    assert_eq!(results.next().unwrap().unwrap(), sooner);
     let after = events(&db).await;
     let row = |id: Uuid| after.iter().find(|r| r.id == id).unwrap();
     assert_eq!(row(later).scheduled_at, far_future());
@@ -271,7 +282,105 @@ pub async fn reschedule_moves_a_pending_event_and_refuses_a_processing_one<D: Dr
     assert_eq!(row(processing), was, "the PROCESSING event is untouched");
     let mut conn = db.conn().await;
     assert!(
-        outbox_store::history(&mut conn, later)
+        outbox_store::history(&mut conn, processing)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a refused reschedule writes no history entry"
+    );
+}
+
+/// Each reschedule writes one history entry (action `reschedule`) with its
+/// reason, no `requested_by`, and what the row was: PENDING, its retries
+/// and last error, and the due time it had before (so two reschedules
+/// read as a chain: the second entry holds the time the first one set).
+pub async fn reschedule_writes_a_history_entry_with_the_reason_and_the_previous_due_time<
+    D: Driver,
+>() {
+    let (db, mut driver) = setup::<D>().await;
+    let first_due = far_future() - TimeDelta::days(30);
+    let id = published(&mut driver, reminder("cart-1").scheduled_at(first_due)).await;
+    set(&db, id, "retries = 2, last_error = 'smtp timeout'").await;
+
+    for (at, reason) in [
+        (far_future(), "customer on holiday"),
+        (far_future() + TimeDelta::hours(2), "evening slot"),
+    ] {
+        let moved = driver
+            .changes(
+                vec![Change::Reschedule(
+                    EventRef::DispatchKey("cart-1".into()),
+                    at,
+                    reason,
+                )],
+                End::Commit,
+            )
+            .await;
+        assert_eq!(moved[0].as_ref().unwrap(), &id);
+    }
+
+    let mut conn = db.conn().await;
+    let entries = outbox_store::history(&mut conn, id).await.unwrap();
+    let seen: Vec<_> = entries
+        .iter()
+        .map(|e| {
+            (
+                e.action.as_str(),
+                e.reason.as_str(),
+                e.requested_by.as_deref(),
+                e.previous_status.as_str(),
+                e.previous_retries,
+                e.previous_last_error.as_deref(),
+                e.previous_scheduled_at,
+            )
+        })
+        .collect();
+    // Action, reason, requested by, then what the row was.
+    let entry = |reason, due| {
+        (
+            "reschedule",
+            reason,
+            None,
+            "PENDING",
+            2,
+            Some("smtp timeout"),
+            Some(due),
+        )
+    };
+    assert_eq!(
+        seen,
+        [
+            entry("customer on holiday", first_due),
+            entry("evening slot", far_future()),
+        ]
+    );
+    let row = events(&db).await.remove(0);
+    assert_eq!(row.scheduled_at, far_future() + TimeDelta::hours(2));
+}
+
+/// A reschedule in a transaction that rolls back leaves the event due when
+/// it was, and its history empty.
+pub async fn a_rolled_back_reschedule_leaves_neither_the_new_time_nor_a_history_entry<D: Driver>() {
+    let (db, mut driver) = setup::<D>().await;
+    let id = published(&mut driver, reminder("cart-1")).await;
+    let before = events(&db).await.remove(0).scheduled_at;
+
+    let results = driver
+        .changes(
+            vec![Change::Reschedule(EventRef::Id(id), far_future(), "later")],
+            End::Rollback,
+        )
+        .await;
+
+    assert_eq!(
+        results[0].as_ref().unwrap(),
+        &id,
+        "it was moved, then rolled back"
+    );
+    assert_eq!(events(&db).await.remove(0).scheduled_at, before);
+    let mut conn = db.conn().await;
+    assert!(
+        outbox_store::history(&mut conn, id)
             .await
             .unwrap()
             .is_empty()

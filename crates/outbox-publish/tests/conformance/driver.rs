@@ -80,8 +80,8 @@ pub type StepResult = Result<Vec<PublishOutcome>, PublishError>;
 pub enum Change {
     /// `cancel(tx, event, reason)`.
     Cancel(EventRef, &'static str),
-    /// `reschedule(tx, event, at)`.
-    Reschedule(EventRef, DateTime<Utc>),
+    /// `reschedule(tx, event, at, reason)`.
+    Reschedule(EventRef, DateTime<Utc>, &'static str),
 }
 
 /// What a change returned: the event's id, or the error.
@@ -107,7 +107,9 @@ macro_rules! run_changes {
         for change in $changes {
             results.push(match change {
                 Change::Cancel(event, reason) => api::cancel(&mut $tx, event, reason).await,
-                Change::Reschedule(event, at) => api::reschedule(&mut $tx, event, at).await,
+                Change::Reschedule(event, at, reason) => {
+                    api::reschedule(&mut $tx, event, at, reason).await
+                }
             });
         }
         results

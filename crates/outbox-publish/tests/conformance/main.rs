@@ -51,6 +51,8 @@ conformance!(
     a_rolled_back_cancel_or_reschedule_leaves_the_row_untouched,
     cancel_refusals_are_typed_and_leave_the_transaction_usable,
     reschedule_moves_a_pending_event_and_refuses_a_processing_one,
+    reschedule_writes_a_history_entry_with_the_reason_and_the_previous_due_time,
+    a_rolled_back_reschedule_leaves_neither_the_new_time_nor_a_history_entry,
     while_pending_frees_the_key_once_the_holder_leaves_pending,
     a_timed_window_frees_the_key_once_it_has_passed,
     without_a_window_the_key_is_held_until_the_row_is_deleted,

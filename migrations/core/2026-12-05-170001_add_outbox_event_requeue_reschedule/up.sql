@@ -1,0 +1,13 @@
+-- A reschedule from code (outbox_publish::reschedule) records itself in the
+-- history, as a cancel does: when, why and what the row was before, with
+-- the due time it had. Every writer of the history fills
+-- previous_scheduled_at from now on; entries written before stay NULL.
+--
+-- A nullable column without a default: adding it rewrites nothing.
+ALTER TABLE outbox_event_requeue ADD COLUMN previous_scheduled_at timestamptz NULL;
+COMMENT ON COLUMN outbox_event_requeue.previous_scheduled_at IS 'The row''s scheduled_at before the change (every action); NULL for entries written before the column existed.';
+
+ALTER TABLE outbox_event_requeue DROP CONSTRAINT outbox_event_requeue_action_check;
+ALTER TABLE outbox_event_requeue ADD CONSTRAINT outbox_event_requeue_action_check
+    CHECK (action IN ('requeue', 'cancel', 'skip', 'reschedule'));
+COMMENT ON COLUMN outbox_event_requeue.action IS 'requeue (outbox requeue), cancel (outbox cancel or outbox_publish::cancel: a PENDING or FAILED row set to CANCELLED), skip (outbox ordering release --skip-event: the key moved past the event) or reschedule (outbox_publish::reschedule: a PENDING row''s scheduled_at moved).';
