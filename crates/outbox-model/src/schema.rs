@@ -121,7 +121,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// History of operator requeues (outbox requeue): when, why, and what the row was before.
+    /// History of the changes made to outbox_event rows by operators and from code (requeue, cancel, skip, reschedule): when, why, and what the row was before.
     outbox_event_requeue (id) {
         id -> Uuid,
         outbox_event_id -> Uuid,
