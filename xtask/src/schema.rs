@@ -125,7 +125,11 @@ async fn render(conn: &mut AsyncPgConnection) -> Result<String> {
     );
     for table in &tables {
         let columns: Vec<ColumnRow> = diesel::sql_query(
-            "SELECT a.attname::text AS name, t.typname::text AS type_name,
+            "SELECT a.attname::text AS name,
+                    -- a domain's column has its base type's diesel type
+                    CASE WHEN t.typtype = 'd'
+                         THEN (SELECT b.typname FROM pg_type b WHERE b.oid = t.typbasetype)
+                         ELSE t.typname END::text AS type_name,
                     a.attnotnull AS not_null,
                     EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid
                             AND i.indisprimary AND a.attnum = ANY (i.indkey)) AS primary,

@@ -125,6 +125,13 @@ pub struct BenchArgs {
     /// Length of the soak stage, in seconds.
     #[arg(long, default_value_t = 600)]
     pub soak_seconds: u64,
+    /// Arms of the `publish_overhead` stage: `default` (the publisher, its
+    /// SQL alone, the SQL into a copy of the table without its checks and
+    /// triggers) or `all` (then also one copy of the table per check,
+    /// column rule, insert trigger and index, without that piece, and the
+    /// store's insert without the publisher).
+    #[arg(long, value_enum, default_value = "default")]
+    pub publish_arms: publish::Arms,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -150,6 +157,7 @@ impl BenchArgs {
             latency_wakeups_only: false,
             soak_rate: 0,
             soak_seconds: 0,
+            publish_arms: publish::Arms::All,
             smoke: true,
         }
     }
@@ -245,6 +253,9 @@ async fn more_stages(
         let plan = publish::Plan {
             rounds: run.size(3, 1),
             duration: run.size(Duration::from_secs(5), Duration::from_millis(300)),
+            arms: args.publish_arms,
+            loop_rows: run.size(3_000, 20),
+            loop_rounds: run.size(5, 1),
         };
         publish::run(run, &plan).await?;
     }
