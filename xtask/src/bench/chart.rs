@@ -1,7 +1,8 @@
 //! The bench's chart: an SVG drawn from the JSON lines of the run (no
 //! plotting library), with hand-off throughput per configuration against
-//! its baselines, the other throughput figures, and the latency
-//! percentiles per load on a log scale. `cargo xtask bench --chart FILE`
+//! its baselines, the other throughput figures, the latency
+//! percentiles per load on a log scale, and the peers stage's arms (drain
+//! rates; p50 and p99 per load). `cargo xtask bench --chart FILE`
 //! writes it; sections whose stages did not run are left out.
 
 use std::fmt::Write as _;
@@ -69,6 +70,16 @@ fn sections(lines: &[Value]) -> Vec<Section> {
             "Commit → handler start, milliseconds (log scale): p50, p95, p99, max",
             true,
             latency_rows(lines),
+        ),
+        (
+            "Peers: a backlog of no-op jobs drained, jobs per second (medians)",
+            false,
+            peer_drain_rows(lines),
+        ),
+        (
+            "Peers: commit → handler entry, milliseconds (log scale): p50, p99 (medians)",
+            true,
+            peer_latency_rows(lines),
         ),
     ]
     .into_iter()
@@ -198,6 +209,54 @@ fn latency_rows(lines: &[Value]) -> Vec<Row> {
                 .collect(),
         })
         .collect()
+}
+
+/// How the peers stage's arms read in a row's label.
+fn arm_label(arm: &str) -> String {
+    match arm {
+        "this" => "this project (its path includes the Redis hand-off)".to_owned(),
+        "river_defaults" => "River, defaults (1,000 workers)".to_owned(),
+        "river_low_latency" => "River, 1 ms fetch cooldown (100 workers)".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// Each arm's drain rate, from the peers stage's summary.
+fn peer_drain_rows(lines: &[Value]) -> Vec<Row> {
+    named(lines, "peers_summary")
+        .filter_map(|s| s.get("arms").and_then(Value::as_object))
+        .flat_map(|arms| {
+            arms.iter()
+                .map(|(arm, figures)| single(arm_label(arm), field(figures, "drain_per_second")))
+        })
+        .collect()
+}
+
+/// Each arm's p50 and p99 per load, from the peers stage's summary.
+fn peer_latency_rows(lines: &[Value]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for arms in
+        named(lines, "peers_summary").filter_map(|s| s.get("arms").and_then(Value::as_object))
+    {
+        for (arm, figures) in arms {
+            let Some(loads) = figures.get("latency_ms").and_then(Value::as_object) else {
+                continue;
+            };
+            for (load, at) in loads {
+                rows.push(Row {
+                    label: format!("{}, {load} jobs/s", arm_label(arm)),
+                    bars: ["p50", "p99"]
+                        .into_iter()
+                        .map(|series| Bar {
+                            series,
+                            value: field(at, series),
+                        })
+                        .collect(),
+                });
+            }
+        }
+    }
+    rows
 }
 
 fn escape(text: &str) -> String {
@@ -352,5 +411,21 @@ mod tests {
         assert!(svg.contains("500 events/s offered (498 achieved), wake-ups on"));
         assert!(!svg.contains("Business transactions"));
         assert!(render(&[], "run").is_none());
+    }
+
+    #[test]
+    fn draws_the_peers_drain_rates_and_their_p50_and_p99_per_load() {
+        let lines = [json!({"bench": "peers_summary", "arms": {
+            "river_low_latency": {"drain_per_second": 7397.0,
+                                  "latency_ms": {"500": {"p50": 2.55, "p99": 7.83}}},
+            "this": {"drain_per_second": 15000.0,
+                     "latency_ms": {"500": {"p50": 1.5, "p99": 4.2}}},
+        }})];
+        let svg = render(&lines, "run").unwrap();
+        assert!(svg.contains("Peers: a backlog of no-op jobs drained"));
+        assert!(svg.contains("River, 1 ms fetch cooldown (100 workers)"));
+        assert!(svg.contains("7,397"));
+        assert!(svg.contains("this project (its path includes the Redis hand-off), 500 jobs/s"));
+        assert!(svg.contains("p99 7.8"));
     }
 }

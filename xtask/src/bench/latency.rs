@@ -33,9 +33,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use diesel::QueryableByName;
@@ -45,10 +43,10 @@ use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_even
 use serde_json::json;
 
 use crate::bench::kit::{Run, Scratch, clear_redis, line, stage};
+use crate::bench::open_loop::{
+    self, PUBLISHERS, latency_fields, merge, now_us, percentile, round2,
+};
 use crate::bench::process;
-
-/// Publishing connections.
-const PUBLISHERS: usize = 32;
 
 /// What to measure.
 pub struct Plan {
@@ -137,20 +135,15 @@ struct Recorded {
     handed_off_us: i64,
 }
 
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 /// What one load's publishers did.
-struct Published {
+pub(crate) struct Published {
     /// `(event id, clock before COMMIT, clock when COMMIT returned)`, µs
     /// since the epoch.
-    commits: Vec<(String, i64, i64)>,
+    pub(crate) commits: Vec<(String, i64, i64)>,
     /// How late each event was published against its schedule, ms.
-    late_ms: Vec<f64>,
-    elapsed: Duration,
+    pub(crate) late_ms: Vec<f64>,
+    /// From the first event's due time to the last commit.
+    pub(crate) elapsed: Duration,
 }
 
 /// Runs every load with wake-ups on, then polling only.
@@ -171,7 +164,7 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
         let result = async {
             // Warm-up: one event through, so the worker is ready.
             let before = audit_rows(&mut conn).await?;
-            publish_one(&mut conn, serial).await?;
+            publish_one(&mut conn, event(serial)).await?;
             serial += 1;
             wait_for_audit(&mut conn, &mut children, before + 1).await?;
             for &load in &plan.loads {
@@ -183,7 +176,8 @@ pub async fn run(run: &Run, binary: &Path, plan: &Plan) -> Result<()> {
                 let upkeep = Upkeep::before_load(&mut conn).await?;
                 let before = audit_rows(&mut conn).await?;
                 let cpu = process::Cpu::sample(&children);
-                let published = publish_at(&scratch.url, load, plan.duration, serial).await?;
+                let published =
+                    publish_at(&scratch.url, load, plan.duration, serial, event).await?;
                 // Over the load only, not the catch-up after it.
                 let cpu = cpu.shares(&process::Cpu::sample(&children));
                 serial += published.commits.len();
@@ -217,14 +211,17 @@ struct Clock {
     us: i64,
 }
 
-/// Publishes event `n` in its own transaction; returns its id and the
+/// Publishes `event` in its own transaction; returns its id and the
 /// server's clock read by the transaction's last statement before `COMMIT`
 /// (µs since the epoch).
-async fn publish_one(conn: &mut AsyncPgConnection, n: usize) -> Result<(String, i64)> {
+pub(crate) async fn publish_one(
+    conn: &mut AsyncPgConnection,
+    event: NewOutboxEvent,
+) -> Result<(String, i64)> {
     let (outcome, clock) = conn
         .transaction::<_, PublishError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
-            let outcome = publish_outbox_event(&mut tx, event(n)).await?;
+            let outcome = publish_outbox_event(&mut tx, event).await?;
             // Kept prepared: the instrument's own statement should cost the
             // shared cores as little as it can (one round trip, no parse).
             let clock: Clock = outbox_model::prepared(
@@ -238,45 +235,30 @@ async fn publish_one(conn: &mut AsyncPgConnection, n: usize) -> Result<(String, 
     Ok((outcome.id().to_string(), clock.us))
 }
 
-/// Publishes `rate` events a second for `duration`, open loop.
-async fn publish_at(url: &str, rate: u32, duration: Duration, first: usize) -> Result<Published> {
+/// Publishes `rate` events a second for `duration`, open loop, from
+/// [`PUBLISHERS`] connections: event *i* (made by `make(first + i)`) is due
+/// at *i* / `rate` seconds.
+pub(crate) async fn publish_at(
+    url: &str,
+    rate: u32,
+    duration: Duration,
+    first: usize,
+    make: fn(usize) -> NewOutboxEvent,
+) -> Result<Published> {
     let total = (f64::from(rate) * duration.as_secs_f64()).round() as usize;
-    let next = Arc::new(AtomicUsize::new(0));
     let mut conns = Vec::with_capacity(PUBLISHERS);
     for _ in 0..PUBLISHERS {
         conns.push(outbox_pg::establish(url).await?);
     }
-    let start = tokio::time::Instant::now() + Duration::from_millis(50);
-    let publishers = conns.into_iter().map(|mut conn| {
-        let next = next.clone();
-        async move {
-            let mut commits = Vec::new();
-            let mut late = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
-                    break;
-                }
-                let due = start + Duration::from_secs_f64(i as f64 / f64::from(rate));
-                tokio::time::sleep_until(due).await;
-                late.push(due.elapsed().as_secs_f64() * 1000.0);
-                let (id, before) = publish_one(&mut conn, first + i).await?;
-                commits.push((id, before, now_us()));
-            }
-            Ok::<_, anyhow::Error>((commits, late))
-        }
-    });
-    let parts = futures::future::try_join_all(publishers).await?;
-    let elapsed = start.elapsed();
-    let (mut commits, mut late_ms) = (Vec::with_capacity(total), Vec::with_capacity(total));
-    for (c, l) in parts {
-        commits.extend(c);
-        late_ms.extend(l);
-    }
+    let load = open_loop::publish(conns, rate, total, async |conn, i| {
+        let (id, before) = publish_one(conn, make(first + i)).await?;
+        Ok((id, before, now_us()))
+    })
+    .await?;
     Ok(Published {
-        commits,
-        late_ms,
-        elapsed,
+        commits: load.results,
+        late_ms: load.late_ms,
+        elapsed: load.elapsed,
     })
 }
 
@@ -312,15 +294,6 @@ async fn wait_for_audit(
 /// (`over_100ms_by_second`), to tell a start-up delay from a recurring one.
 const SLOW_MS: f64 = 100.0;
 
-/// Percentiles (nearest rank) of sorted `values`.
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
-}
-
 /// `[[second, events], …]` in order of the second of the run in which the
 /// events slower than [`SLOW_MS`] were committed; `seconds[i]` belongs to
 /// `millis[i]` (both unsorted).
@@ -335,10 +308,6 @@ fn slow_by_second(seconds: &[u64], millis: &[f64]) -> serde_json::Value {
         .into_iter()
         .map(|(second, n)| json!([second, n]))
         .collect()
-}
-
-fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 async fn report(
@@ -383,41 +352,36 @@ async fn report(
         "to_hand_off": slow_by_second(&seconds, &to_hand_off),
         "from_hand_off": slow_by_second(&seconds, &from_hand_off),
     });
-    latencies.sort_by(f64::total_cmp);
     from_before.sort_by(f64::total_cmp);
     to_hand_off.sort_by(f64::total_cmp);
     from_hand_off.sort_by(f64::total_cmp);
-    let mut late = published.late_ms;
-    late.sort_by(f64::total_cmp);
-    let events = latencies.len();
-    line(json!({
-        "bench": "latency_ms", "wakeups": wakeups, "offered_per_second": load,
-        "achieved_per_second": (events as f64 / published.elapsed.as_secs_f64()).round(),
-        "events": events,
-        "p50": round2(percentile(&latencies, 0.50)),
-        "p95": round2(percentile(&latencies, 0.95)),
-        "p99": round2(percentile(&latencies, 0.99)),
-        "max": round2(percentile(&latencies, 1.0)),
-        "min": round2(percentile(&latencies, 0.0)),
-        "before_commit": {
-            "p50": round2(percentile(&from_before, 0.50)),
-            "p99": round2(percentile(&from_before, 0.99)),
-            "max": round2(percentile(&from_before, 1.0)),
-        },
-        "publish_late_p99_ms": round2(percentile(&late, 0.99)),
-        "to_hand_off": {
-            "p50": round2(percentile(&to_hand_off, 0.50)),
-            "p99": round2(percentile(&to_hand_off, 0.99)),
-            "max": round2(percentile(&to_hand_off, 1.0)),
-        },
-        "from_hand_off": {
-            "p50": round2(percentile(&from_hand_off, 0.50)),
-            "p99": round2(percentile(&from_hand_off, 0.99)),
-            "max": round2(percentile(&from_hand_off, 1.0)),
-        },
-        "over_100ms_by_second": slow,
-        "cpu_share": cpu,
-        "table_upkeep": upkeep.json(),
-    }));
+    // p50, p95, p99, max and min (from the returned COMMIT), the load
+    // achieved and how late the publishers were, as every latency line.
+    let mut out = latency_fields(load, latencies, published.late_ms, published.elapsed);
+    merge(
+        &mut out,
+        json!({
+            "bench": "latency_ms", "wakeups": wakeups,
+            "before_commit": {
+                "p50": round2(percentile(&from_before, 0.50)),
+                "p99": round2(percentile(&from_before, 0.99)),
+                "max": round2(percentile(&from_before, 1.0)),
+            },
+            "to_hand_off": {
+                "p50": round2(percentile(&to_hand_off, 0.50)),
+                "p99": round2(percentile(&to_hand_off, 0.99)),
+                "max": round2(percentile(&to_hand_off, 1.0)),
+            },
+            "from_hand_off": {
+                "p50": round2(percentile(&from_hand_off, 0.50)),
+                "p99": round2(percentile(&from_hand_off, 0.99)),
+                "max": round2(percentile(&from_hand_off, 1.0)),
+            },
+            "over_100ms_by_second": slow,
+            "cpu_share": cpu,
+            "table_upkeep": upkeep.json(),
+        }),
+    );
+    line(out);
     Ok(())
 }

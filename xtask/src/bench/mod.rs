@@ -4,7 +4,8 @@
 //! Runs against the services `cargo xtask services` finds, in fresh scratch
 //! databases (`outbox_bench`, `outbox_bench_handoff`, and one per stage of
 //! the real workers: `outbox_bench_drain_audit`, `outbox_bench_latency`,
-//! `outbox_bench_priority`, `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`) and an `outbox-bench:`
+//! `outbox_bench_priority`, `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`,
+//! `outbox_bench_peers`) and an `outbox-bench:`
 //! Redis prefix (all removed first). `--chart FILE` draws the run's lines as
 //! an SVG. Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
@@ -24,7 +25,9 @@ mod drain_audit;
 pub(crate) mod handoff;
 pub(crate) mod kit;
 mod latency;
+pub(crate) mod open_loop;
 mod ordering;
+mod peers;
 mod priority;
 mod process;
 mod publish;
@@ -80,7 +83,8 @@ const PIPELINE: [&str; 5] = [
 /// Options of `cargo xtask bench`.
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Run only the benchmarks whose name starts with this (e.g. `queue_drain`).
+    /// Run only the benchmarks whose name starts with this (e.g.
+    /// `queue_drain`; `peers` for this project next to River for Rust).
     #[arg(long)]
     pub only: Option<String>,
     /// A `worker-general` binary for the hand-off stage, as `label=path`;
@@ -132,6 +136,18 @@ pub struct BenchArgs {
     /// store's insert without the publisher).
     #[arg(long, value_enum, default_value = "default")]
     pub publish_arms: publish::Arms,
+    /// Offered loads of the peers stage, events per second.
+    #[arg(long, value_delimiter = ',', default_values_t = [500, 2_000])]
+    pub peer_loads: Vec<u32>,
+    /// Length of each load of the peers stage, in seconds.
+    #[arg(long, default_value_t = 20)]
+    pub peer_seconds: u64,
+    /// Jobs in each drain of the peers stage.
+    #[arg(long, default_value_t = 50_000)]
+    pub peer_drain_jobs: usize,
+    /// Rounds of the peers stage (the summary gives the medians).
+    #[arg(long, default_value_t = 1)]
+    pub peer_rounds: usize,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -158,6 +174,10 @@ impl BenchArgs {
             soak_rate: 0,
             soak_seconds: 0,
             publish_arms: publish::Arms::All,
+            peer_loads: Vec::new(),
+            peer_seconds: 0,
+            peer_drain_jobs: 0,
+            peer_rounds: 0,
             smoke: true,
         }
     }
@@ -275,6 +295,21 @@ async fn more_stages(
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
         soak::run(run, &plan).await?;
+    }
+    if wants("peers") {
+        let plan = peers::Plan {
+            loads: run.size(args.peer_loads.clone(), vec![50]),
+            duration: run.size(
+                Duration::from_secs(args.peer_seconds),
+                Duration::from_secs(1),
+            ),
+            drain_jobs: run.size(args.peer_drain_jobs, 500),
+            rounds: run.size(args.peer_rounds.max(1), 1),
+            // River's cold debug build takes over 3 minutes here: the smoke
+            // run (CI) leaves its arms out.
+            river: !run.smoke,
+        };
+        peers::run(run, &plan).await?;
     }
     write_chart(run, args.chart.as_deref())
 }
