@@ -242,6 +242,10 @@ fn peer_latency_rows(lines: &[Value]) -> Vec<Row> {
             let Some(loads) = figures.get("latency_ms").and_then(Value::as_object) else {
                 continue;
             };
+            // The summary's keys are text ("2000" sorts before "500"):
+            // the loads go in numeric order.
+            let mut loads: Vec<_> = loads.iter().collect();
+            loads.sort_by_key(|(load, _)| load.parse::<u64>().unwrap_or(u64::MAX));
             for (load, at) in loads {
                 rows.push(Row {
                     label: format!("{}, {load} jobs/s", arm_label(arm)),
@@ -427,5 +431,17 @@ mod tests {
         assert!(svg.contains("7,397"));
         assert!(svg.contains("this project (its path includes the Redis hand-off), 500 jobs/s"));
         assert!(svg.contains("p99 7.8"));
+    }
+
+    #[test]
+    fn the_peers_loads_are_drawn_in_numeric_order() {
+        let lines = [json!({"bench": "peers_summary", "arms": {
+            "this": {"drain_per_second": 15000.0,
+                     "latency_ms": {"2000": {"p50": 5.0, "p99": 29.0},
+                                    "500": {"p50": 2.2, "p99": 8.6}}},
+        }})];
+        let svg = render(&lines, "run").unwrap();
+        let at = |load: &str| svg.find(&format!("{load} jobs/s")).unwrap();
+        assert!(at(", 500") < at(", 2000"), "{svg}");
     }
 }
