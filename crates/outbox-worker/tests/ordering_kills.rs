@@ -1,7 +1,9 @@
 //! Ordered delivery under SIGKILL, with the real binaries: two
 //! `worker-general` processes (each with its dispatcher and the audit
 //! handler) are killed with SIGKILL in turn and restarted while a producer
-//! writes ordered `audit.*` events, interleaved across keys. At the end
+//! writes ordered `audit.*` events, interleaved across keys; kill *r* of
+//! *n* comes once *r*/(*n*+1) of the events were handled, so every kill
+//! hits work in flight whatever the machine's speed. At the end
 //! every event of every key was handled (its audit row exists, exactly once
 //! by the audit log's own key), and per key the handlings happened in
 //! position order (audit rows by `recorded_at`: each is the event's first
@@ -94,15 +96,31 @@ async fn killed_workers_and_dispatchers_handle_every_event_of_every_key_in_posit
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
+    // Each kill lands at its share of the work handled (round r of n after
+    // r/(n+1) of the events), so that every kill hits a worker mid-flight
+    // however fast the machine is.
+    let total = i64::try_from(keys * per_key).unwrap();
+    let mut conn = stack.db.conn().await;
+    let all_rounds = i64::try_from(rounds).unwrap() + 1;
     for round in 0..rounds {
-        tokio::time::sleep(Duration::from_millis(700)).await;
+        let share = total * (i64::try_from(round).unwrap() + 1) / all_rounds;
+        eventually(
+            &format!("{share} audit rows before kill {round}"),
+            SETTLE,
+            async || {
+                let row: Count = diesel::sql_query("SELECT count(*) AS n FROM audit_log")
+                    .get_result(&mut conn)
+                    .await
+                    .unwrap();
+                row.n >= share
+            },
+        )
+        .await;
         let victim = round % workers.len();
         kill_and_restart(&stack, &mut workers[victim], &mut retired).await;
     }
     producer.await.unwrap();
 
-    let total = i64::try_from(keys * per_key).unwrap();
-    let mut conn = stack.db.conn().await;
     eventually("every event's audit row", SETTLE, async || {
         let row: Count = diesel::sql_query("SELECT count(*) AS n FROM audit_log")
             .get_result(&mut conn)
