@@ -148,6 +148,10 @@ pub struct BenchArgs {
     /// Rounds of the peers stage (the summary gives the medians).
     #[arg(long, default_value_t = 1)]
     pub peer_rounds: usize,
+    /// The peers stage without River's arms: this project's figures alone,
+    /// for comparing builds of this project.
+    #[arg(long)]
+    pub peer_without_river: bool,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -177,6 +181,7 @@ impl BenchArgs {
             peer_loads: Vec::new(),
             peer_seconds: 0,
             peer_drain_jobs: 0,
+            peer_without_river: false,
             peer_rounds: 0,
             smoke: true,
         }
@@ -307,7 +312,7 @@ async fn more_stages(
             rounds: run.size(args.peer_rounds.max(1), 1),
             // River's cold debug build takes over 3 minutes here: the smoke
             // run (CI) leaves its arms out.
-            river: !run.smoke,
+            river: !run.smoke && !args.peer_without_river,
         };
         peers::run(run, &plan).await?;
     }

@@ -112,9 +112,59 @@ pub fn latency_fields(
     })
 }
 
+/// The rate fields of a drain of `jobs` no-op jobs that took `seconds`
+/// from the worker's start to the last handler call, whose first handler
+/// call was at `first_us` and last at `last_us`, the worker started at
+/// `started_us` (µs since the epoch). `per_second` counts from the first
+/// handler call to the last (the jobs after the first over that span): the
+/// rate at which the backlog is worked, without the start-up, which the
+/// two sides do not time alike (River's client and pool exist before its
+/// clock starts; this project's worker opens its pools inside it).
+/// `from_start_per_second` and `first_call_ms` give the start-up's share.
+pub fn drain_rates(
+    jobs: usize,
+    seconds: f64,
+    first_us: i64,
+    last_us: i64,
+    started_us: i64,
+) -> serde_json::Value {
+    let span = (last_us - first_us) as f64 / 1e6;
+    let per_second = if jobs > 1 && span > 0.0 {
+        ((jobs - 1) as f64 / span).round()
+    } else {
+        (jobs as f64 / seconds).round()
+    };
+    json!({
+        "per_second": per_second,
+        "from_start_per_second": (jobs as f64 / seconds).round(),
+        "first_call_ms": round2((first_us - started_us) as f64 / 1000.0),
+    })
+}
+
 /// Adds `extra`'s fields to the object `out`.
 pub fn merge(out: &mut serde_json::Value, extra: serde_json::Value) {
     if let (Some(out), serde_json::Value::Object(extra)) = (out.as_object_mut(), extra) {
         out.extend(extra);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drain_rates;
+
+    #[test]
+    fn the_drain_rate_counts_from_the_first_handler_call_to_the_last_and_the_start_up_apart() {
+        // 1,001 jobs: the worker started at 0, its first call came 500 ms
+        // later and its last 1 s after that.
+        let rates = drain_rates(1_001, 1.5, 500_000, 1_500_000, 0);
+        assert_eq!(rates["per_second"], 1_000.0);
+        assert_eq!(rates["from_start_per_second"], 667.0);
+        assert_eq!(rates["first_call_ms"], 500.0);
+    }
+
+    #[test]
+    fn a_drain_of_one_job_falls_back_to_the_rate_from_the_start() {
+        let rates = drain_rates(1, 0.25, 100_000, 100_000, 0);
+        assert_eq!(rates["per_second"], 4.0);
     }
 }

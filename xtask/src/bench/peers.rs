@@ -18,8 +18,9 @@
 //!   worker's fetch); River's worker fetches from Postgres directly.
 //!
 //! Each arm drains a backlog of no-op jobs (`--peer-drain-jobs`, 50,000,
-//! inserted before the worker starts; timed from the worker's start to the
-//! last handler call) and measures commit → handler entry at each of
+//! inserted before the worker starts; the rate counts from the first
+//! handler call to the last, and `from_start_per_second` from the worker's
+//! start, see [`drain_rates`]) and measures commit → handler entry at each of
 //! `--peer-loads` (500 and 2,000 a second, `--peer-seconds` each, 32
 //! publishers committing one job per transaction on an open-loop
 //! schedule, as the latency stage). River's side runs in its own binary,
@@ -52,7 +53,7 @@ use uuid::Uuid;
 use crate::bench::handoff::median;
 use crate::bench::kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
 use crate::bench::latency::{Published, publish_at, publish_one};
-use crate::bench::open_loop::{latency_fields, merge, now_us};
+use crate::bench::open_loop::{drain_rates, latency_fields, merge, now_us};
 
 /// The peer crate, relative to the workspace root.
 const PEER_DIR: &str = "xtask/peers/river";
@@ -90,7 +91,7 @@ pub struct Plan {
     /// Rounds; each runs every arm once per measurement.
     pub rounds: usize,
     /// Whether River's arms run: a smoke run leaves them out (the peer's
-    /// cold build takes minutes).
+    /// cold build takes minutes), and so does `--peer-without-river`.
     pub river: bool,
 }
 
@@ -115,10 +116,23 @@ impl Arm {
     fn river_options(self) -> Option<&'static [&'static str]> {
         match self {
             Self::RiverDefaults => Some(&["--workers", "1000"]),
-            Self::RiverLowLatency => Some(&["--workers", "100", "--fetch-cooldown-ms", "1"]),
+            Self::RiverLowLatency => {
+                Some(&["--workers", LOW_LATENCY_WORKERS, "--fetch-cooldown-ms", "1"])
+            }
             Self::This => None,
         }
     }
+}
+
+/// Jobs at once in River's low-latency arm (its workers) and in this
+/// project's arm (`WORKER_CONCURRENCY`, which also sets the queue worker's
+/// fetch batch): both sides work up to as many jobs at once.
+const LOW_LATENCY_WORKERS: &str = "100";
+
+/// [`LOW_LATENCY_WORKERS`] as a number, for this project's lines (River's
+/// carry their `workers`).
+fn worker_count() -> u64 {
+    LOW_LATENCY_WORKERS.parse().unwrap_or_default()
 }
 
 /// One measurement of the stage.
@@ -135,8 +149,8 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
     let mut river = None;
     if !plan.river {
         stage(
-            "peers: River skipped in a smoke run (its cold build takes minutes); \
-             `cargo xtask bench --only peers` runs it",
+            "peers: River's arms left out (a smoke run, where its cold build takes \
+             minutes, or --peer-without-river); `cargo xtask bench --only peers` runs them",
         );
     } else if let Some(binary) = river_peer()? {
         river = Some(binary);
@@ -297,14 +311,26 @@ fn parse_version(text: &str) -> Option<(u32, u32)> {
 }
 
 /// What this project's no-op handler saw.
-#[derive(Default)]
 struct Seen {
     calls: AtomicUsize,
-    /// The last call's wall-clock time, µs since the epoch.
+    /// The first and the last call's wall-clock time, µs since the epoch
+    /// (`first_us` is `i64::MAX` until the first call).
+    first_us: AtomicI64,
     last_us: AtomicI64,
     /// The first call per event id, µs since the epoch (the latency
     /// measurement's).
     entered: Mutex<HashMap<Uuid, i64>>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        Self {
+            calls: AtomicUsize::new(0),
+            first_us: AtomicI64::new(i64::MAX),
+            last_us: AtomicI64::new(0),
+            entered: Mutex::default(),
+        }
+    }
 }
 
 impl Seen {
@@ -317,6 +343,7 @@ impl Seen {
                 .entry(event_id)
                 .or_insert(at);
         }
+        self.first_us.fetch_min(at, Ordering::Relaxed);
         self.last_us.fetch_max(at, Ordering::Relaxed);
         self.calls.fetch_add(1, Ordering::Release);
     }
@@ -374,6 +401,7 @@ async fn this_project(
         ("REDIS_URL", run.found.redis_url.clone()),
         ("OUTBOX_QUEUE_PREFIX", prefix.clone()),
         ("OUTBOX_DISPATCHER_ENABLED", "true".to_owned()),
+        ("WORKER_CONCURRENCY", LOW_LATENCY_WORKERS.to_owned()),
     ]);
     let config = WorkerConfig::from_lookup(outbox_worker::Group::General, &|name| {
         env.get(name).cloned()
@@ -390,13 +418,25 @@ async fn this_project(
             Measurement::Drain => {
                 seen.wait_for(plan.drain_jobs, &worker, Duration::from_secs(900))
                     .await?;
-                let seconds = (seen.last_us.load(Ordering::Relaxed) - started_us) as f64 / 1e6;
-                Ok(json!({
+                let last_us = seen.last_us.load(Ordering::Relaxed);
+                let seconds = (last_us - started_us) as f64 / 1e6;
+                let mut out = json!({
                     "jobs": plan.drain_jobs,
                     "seconds": (seconds * 1000.0).round() / 1000.0,
-                    "per_second": (plan.drain_jobs as f64 / seconds).round(),
                     "path": HANDLER_PATH,
-                }))
+                    "workers": worker_count(),
+                });
+                merge(
+                    &mut out,
+                    drain_rates(
+                        plan.drain_jobs,
+                        seconds,
+                        seen.first_us.load(Ordering::Relaxed),
+                        last_us,
+                        started_us,
+                    ),
+                );
+                Ok(out)
             }
             Measurement::Latency(load) => {
                 // Warm-up: one event through, so the worker is ready.
@@ -435,7 +475,10 @@ fn latency_line(load: u32, published: Published, seen: &Seen) -> Result<Value> {
         latencies.push((at - committed) as f64 / 1000.0);
     }
     let mut out = latency_fields(load, latencies, published.late_ms, published.elapsed);
-    merge(&mut out, json!({ "path": HANDLER_PATH }));
+    merge(
+        &mut out,
+        json!({ "path": HANDLER_PATH, "workers": worker_count() }),
+    );
     Ok(out)
 }
 

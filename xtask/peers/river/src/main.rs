@@ -38,7 +38,7 @@ use tokio::sync::Notify;
 #[path = "../../../src/bench/open_loop.rs"]
 mod open_loop;
 
-use open_loop::{PUBLISHERS, latency_fields, merge, now_us};
+use open_loop::{PUBLISHERS, drain_rates, latency_fields, merge, now_us};
 
 /// The queue the peer's jobs go to.
 const QUEUE: &str = "bench";
@@ -171,6 +171,9 @@ struct Seen {
     /// The wall-clock time of each sequence number's first call, µs since
     /// the epoch (0 until called).
     entered: Vec<AtomicI64>,
+    /// The first and the last call's wall-clock time, µs since the epoch.
+    first_us: AtomicI64,
+    last_us: AtomicI64,
 }
 
 impl Seen {
@@ -180,6 +183,8 @@ impl Seen {
             target,
             done: Notify::new(),
             entered: (0..slots).map(|_| AtomicI64::new(0)).collect(),
+            first_us: AtomicI64::new(i64::MAX),
+            last_us: AtomicI64::new(0),
         })
     }
 
@@ -189,6 +194,8 @@ impl Seen {
         if let Some(slot) = self.entered.get(seq) {
             let _ = slot.compare_exchange(0, at, Ordering::Relaxed, Ordering::Relaxed);
         }
+        self.first_us.fetch_min(at, Ordering::Relaxed);
+        self.last_us.fetch_max(at, Ordering::Relaxed);
         if self.calls.fetch_add(1, Ordering::AcqRel) + 1 == self.target {
             self.done.notify_one();
         }
@@ -240,6 +247,7 @@ async fn drain(river: &RiverOptions, jobs: usize) -> Result<()> {
         client.insert_many(batch).await?;
     }
     let started = Instant::now();
+    let started_us = now_us();
     let mut run = client.start()?;
     let done = seen.done.notified();
     tokio::pin!(done);
@@ -265,9 +273,18 @@ async fn drain(river: &RiverOptions, jobs: usize) -> Result<()> {
     let mut out = json!({
         "bench": "peer_drain", "peer": "river", "jobs": jobs,
         "seconds": (seconds * 1000.0).round() / 1000.0,
-        "per_second": (jobs as f64 / seconds).round(),
         "completed_seconds": (completed.as_secs_f64() * 1000.0).round() / 1000.0,
     });
+    merge(
+        &mut out,
+        drain_rates(
+            jobs,
+            seconds,
+            seen.first_us.load(Ordering::Relaxed),
+            seen.last_us.load(Ordering::Relaxed),
+            started_us,
+        ),
+    );
     merge(&mut out, river.json());
     println!("{out}");
     Ok(())
