@@ -5,14 +5,17 @@
 //! test` runs with the rest of xtask's tests: the crate table of
 //! docs/architecture.md against `cargo metadata` (`crate_table`), no
 //! module import cycles (`module_cycles`), one owner of `outbox_event`
-//! (`table_owner`), and the docs' dependency lines and version table
-//! against the Cargo files (`install_docs`).
+//! (`table_owner`), the docs' dependency lines and version table against
+//! the Cargo files (`install_docs`), and the container image's toolchain
+//! against the workspace's `rust-version` (`dockerfile`).
 //!
 //! Not the CI run itself (that is `crate::test`), and nothing here starts a
 //! service except the gate, which runs focused tests through nextest.
 
 #[cfg(test)]
 mod crate_table;
+#[cfg(test)]
+mod dockerfile;
 #[cfg(test)]
 mod install_docs;
 pub(crate) mod inventory;
