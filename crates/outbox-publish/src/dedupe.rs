@@ -100,4 +100,15 @@ mod tests {
         }
         assert!(Dedupe::For(MAX_DEDUPE_WINDOW).columns().is_some());
     }
+
+    #[test]
+    fn the_longest_window_is_one_hundred_years_of_365_days() {
+        assert_eq!(MAX_DEDUPE_WINDOW.as_secs(), 3_153_600_000);
+        let century = Duration::from_secs(36_500 * 86_400);
+        assert!(Dedupe::For(century).columns().is_some());
+        assert_eq!(
+            Dedupe::For(century + Duration::from_secs(1)).columns(),
+            None
+        );
+    }
 }

@@ -197,3 +197,18 @@ impl From<outbox_store::StoreError> for PublishError {
         Self::Database(error.into_diesel())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::PublishError;
+    use crate::NotInTransaction;
+
+    #[test]
+    fn errors_of_the_database_or_the_calling_code_are_not_invalid_events() {
+        let database = PublishError::Database(diesel::result::Error::NotFound);
+        assert!(!database.is_invalid_event(), "{database}");
+        let outside = PublishError::NotInTransaction(NotInTransaction);
+        assert!(!outside.is_invalid_event(), "{outside}");
+        assert!(PublishError::EmptyTenantId.is_invalid_event());
+    }
+}
