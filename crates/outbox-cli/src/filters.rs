@@ -187,6 +187,7 @@ impl Filters {
             created_before: self.created_before,
             failed_after: self.failed_after,
             failed_before: self.failed_before,
+            ..EventFilter::default()
         }
     }
 
