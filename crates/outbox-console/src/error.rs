@@ -2,7 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use outbox_cli::health::QueueReadError;
+use outbox_operator::health::QueueReadError;
 use outbox_store::StoreError;
 
 /// Why the console could not answer. Its messages hide the secrets of URLs

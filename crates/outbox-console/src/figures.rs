@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use outbox_cli::health::{QueueHealth, Thresholds, queue_health};
 use outbox_model::OutboxStatus;
+use outbox_operator::health::{QueueHealth, Thresholds, queue_health};
 use outbox_store::{PendingFigures, StatusQueueCount, UnroutedType};
 
 use crate::{Console, ConsoleError};

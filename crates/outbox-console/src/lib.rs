@@ -8,9 +8,9 @@
 //! and the requeue of one event (a dry run first, then a confirmation).
 //!
 //! It is not a second owner of the tables: every read and change goes
-//! through `outbox-store`'s typed operations, and the requeue policy is the
-//! CLI's (`outbox_cli::requeue`), so the console and `outbox requeue` refuse
-//! and record the same things. It reads no environment: the binary parses
+//! through `outbox-store`'s typed operations, and the requeue policy and
+//! the queue alerts are those the CLI uses (`outbox-operator`), so the
+//! console and `outbox requeue` refuse and record the same things. It reads no environment: the binary parses
 //! `OUTBOX_CONSOLE_TOKENS` with [`Tokens::parse`], an application hands in
 //! its own [`Authorize`] hook.
 //!

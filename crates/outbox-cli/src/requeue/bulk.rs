@@ -213,7 +213,7 @@ pub async fn run(
         )
         .await
         .map_err(|e| {
-            e.context(format!(
+            anyhow::Error::from(e).context(format!(
                 "batch {} failed; {} row(s) requeued before it stay requeued",
                 done.batches + 1,
                 thousands(so_far)

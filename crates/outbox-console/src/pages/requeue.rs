@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
-use outbox_cli::requeue::{Plan, plan, requeueable};
+use outbox_operator::requeue::{Plan, plan, requeueable};
 use outbox_store::Change;
 use serde::Deserialize;
 use uuid::Uuid;

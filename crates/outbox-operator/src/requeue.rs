@@ -1,16 +1,16 @@
-//! `outbox requeue`: put FAILED / CANCELLED (and, on request, DONE) rows back
-//! to PENDING, consistently and with history.
+//! Requeue: put FAILED / CANCELLED (and, on request, DONE) rows back to
+//! PENDING, consistently and with history.
 //!
 //! This module holds the policy ([`refusal`], [`plan`]) and one transaction
-//! of requeues ([`execute`], by `outbox_store::requeue`). The binary's `requeue::bulk` selects by
-//! filters and runs in batches; its `requeue::command` is the `outbox
-//! requeue` command itself.
+//! of requeues ([`execute`], by `outbox_store::requeue`). The CLI's
+//! `requeue::bulk` selects by filters and runs in batches, its
+//! `requeue::command` is the `outbox requeue` command itself; the console's
+//! requeue page plans and executes one row with the same functions.
 
-use anyhow::Result;
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
 pub use outbox_store::Candidate;
-use outbox_store::Change;
+use outbox_store::{Change, StoreError};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -122,7 +122,7 @@ pub async fn execute(
     reason: &str,
     requested_by: Option<&str>,
     replay: bool,
-) -> Result<Executed> {
+) -> Result<Executed, StoreError> {
     let ids: Vec<Uuid> = plan.requeue.iter().map(|r| r.id).collect();
     let allowed = requeueable(replay);
     let requeued = outbox_store::requeue(
