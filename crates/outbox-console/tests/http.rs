@@ -409,3 +409,51 @@ async fn links_and_the_session_cookie_follow_the_mount_prefix() {
     let (status, _) = console.get_as(OPERATOR, "/assets/console.js").await;
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_cancel_shows_its_dry_run_then_cancels_with_its_actor_and_refuses_a_done_event() {
+    let console = served().await;
+    let failed = console.failed_event().await;
+    let done = console
+        .event(r#"{"a": 2}"#, ", status, processed_at", ", 'DONE', now()")
+        .await;
+
+    let (_, dry_run) = console
+        .get_as(OPERATOR, &format!("/events/{failed}/cancel"))
+        .await;
+    assert!(dry_run.contains(r#"<span id="dry-run-count">1</span>"#));
+    assert!(dry_run.contains("FAILED → CANCELLED"));
+    let reader = console
+        .post_as(READER, &format!("/events/{failed}/cancel"), "reason=x")
+        .await;
+    assert_eq!(reader.status(), StatusCode::FORBIDDEN);
+    assert_eq!(console.status(failed).await, "FAILED");
+
+    let cancelled = console
+        .post_as(
+            OPERATOR,
+            &format!("/events/{failed}/cancel"),
+            "reason=duplicate",
+        )
+        .await;
+    assert_eq!(cancelled.status(), StatusCode::SEE_OTHER);
+    assert_eq!(console.status(failed).await, "CANCELLED");
+    let history = console.history(failed).await;
+    assert_eq!(history[0].action, "cancel");
+    assert_eq!(
+        history[0].requested_by.as_deref(),
+        Some("console:ana (operator)")
+    );
+    assert_eq!(history[0].reason, "duplicate");
+
+    let (_, refused_page) = console
+        .get_as(OPERATOR, &format!("/events/{done}/cancel"))
+        .await;
+    assert!(refused_page.contains(r#"<span id="dry-run-count">0</span>"#));
+    assert!(refused_page.contains("DONE: it was handed off already"));
+    let refused = console
+        .post_as(OPERATOR, &format!("/events/{done}/cancel"), "")
+        .await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert_eq!(console.status(done).await, "DONE");
+}

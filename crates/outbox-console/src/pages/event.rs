@@ -28,6 +28,7 @@ fn said(done: &str) -> Option<&'static str> {
     match done {
         "requeued" => Some("Requeued: it is PENDING again."),
         "replayed" => Some("Replayed: it is PENDING again, in a new delivery generation."),
+        "cancelled" => Some("Cancelled: it will not be delivered unless requeued."),
         "unchanged" => Some("Nothing changed: its status changed meanwhile."),
         _ => None,
     }
@@ -74,6 +75,7 @@ fn pretty_payload(row: &OutboxEvent) -> String {
 
 fn actions(viewer: &Viewer, row: &OutboxEvent) -> Markup {
     let requeue = viewer.base.to(&format!("/events/{}/requeue", row.id));
+    let cancel = viewer.base.to(&format!("/events/{}/cancel", row.id));
     html! {
         div.actions {
             @if refusal(row.status, false).is_none() {
@@ -82,6 +84,10 @@ fn actions(viewer: &Viewer, row: &OutboxEvent) -> Markup {
                 a.button #replay href=(format!("{requeue}?replay=true")) { "Replay…" }
             } @else {
                 span.muted { (refusal(row.status, false).unwrap_or_default()) }
+            }
+            " "
+            @if outbox_operator::cancel::refusal(row.status).is_none() {
+                a.button.secondary #cancel href=(cancel) { "Cancel…" }
             }
         }
     }

@@ -1,11 +1,11 @@
 //! The routes, who is asking ([`Viewer`]), where the console is mounted
 //! ([`Base`]) and the layout every page shares.
 
+mod actions;
 mod event;
 mod events;
 mod login;
 mod overview;
-mod requeue;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, OriginalUri};
@@ -26,7 +26,11 @@ pub(crate) fn routes(console: Console) -> Router {
         .route("/events/{id}", get(event::page))
         .route(
             "/events/{id}/requeue",
-            get(requeue::dry_run).post(requeue::confirm),
+            get(actions::requeue_dry_run).post(actions::requeue_confirm),
+        )
+        .route(
+            "/events/{id}/cancel",
+            get(actions::cancel_dry_run).post(actions::cancel_confirm),
         )
         .route("/login", get(login::form).post(login::submit))
         .route("/logout", post(login::logout))
