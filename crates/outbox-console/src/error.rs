@@ -19,6 +19,9 @@ pub enum ConsoleError {
     /// A queue's figures could not be read from Redis.
     #[error(transparent)]
     Queues(#[from] QueueReadError),
+    /// Redis failed reading or putting back dead jobs.
+    #[error("Redis: {0}")]
+    Redis(String),
 }
 
 impl ConsoleError {
@@ -26,7 +29,7 @@ impl ConsoleError {
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::Pool(_) | Self::Queues(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Pool(_) | Self::Queues(_) | Self::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

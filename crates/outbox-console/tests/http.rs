@@ -23,9 +23,13 @@ struct Served {
 }
 
 async fn served_under(prefix: &str) -> Served {
+    served_with(prefix, |console| console).await
+}
+
+async fn served_with(prefix: &str, setup: impl FnOnce(Console) -> Console) -> Served {
     let db = TestDatabase::new().await;
     let tokens = Tokens::parse(&format!("ana=operator:{OPERATOR},reader:{READER}")).unwrap();
-    let console = Console::new(db.pool().clone()).with_tokens(tokens).router();
+    let console = setup(Console::new(db.pool().clone()).with_tokens(tokens)).router();
     let app = if prefix.is_empty() {
         console
     } else {
@@ -456,4 +460,107 @@ async fn a_cancel_shows_its_dry_run_then_cancels_with_its_actor_and_refuses_a_do
         .await;
     assert_eq!(refused.status(), StatusCode::CONFLICT);
     assert_eq!(console.status(done).await, "DONE");
+}
+
+/// A handler that refuses every job for good: its jobs die at once.
+struct Doomed;
+
+impl outbox_subscriber::JobHandler for Doomed {
+    type Job = serde_json::Value;
+
+    fn queue(&self) -> &str {
+        outbox_queue::queues::WEBHOOK
+    }
+
+    async fn handle(
+        &self,
+        _job: serde_json::Value,
+        _meta: &outbox_subscriber::JobMeta,
+    ) -> Result<(), outbox_subscriber::JobError> {
+        Err(outbox_subscriber::JobError::permanent(
+            "the receiver refuses this body",
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_jobs_are_listed_and_an_operator_puts_them_back_a_reader_cannot() {
+    use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
+    let redis = outbox_test_support::TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let console = served_with("", |console| {
+        console.with_queues(conn.clone(), namespace.clone(), vec![WEBHOOK.to_owned()])
+    })
+    .await;
+    let jobs: Vec<(String, Vec<u8>)> = (1..=3)
+        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+        .collect();
+    outbox_queue::push_raw(&mut conn.clone(), &namespace, WEBHOOK, &jobs)
+        .await
+        .unwrap();
+    let group = outbox_subscriber::HandlerGroup::new().with(Doomed).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (worker_conn, worker_ns, worker_stop) = (conn.clone(), namespace.clone(), stop.clone());
+    let worker = tokio::spawn(async move {
+        group
+            .run(
+                worker_conn,
+                &worker_ns,
+                &outbox_subscriber::WorkerSettings::default(),
+                worker_stop,
+            )
+            .await
+    });
+    let dead = async || {
+        outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
+            .await
+            .unwrap()
+            .len()
+    };
+    outbox_test_support::eventually(
+        "three dead jobs",
+        std::time::Duration::from_secs(30),
+        async || dead().await == 3,
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+
+    let (status, overview) = console.get_as(OPERATOR, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        overview.contains(&format!(r#"href="/queues/{WEBHOOK}/dead""#)),
+        "{overview}"
+    );
+    let (status, page) = console
+        .get_as(READER, &format!("/queues/{WEBHOOK}/dead"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains(r#"<span id="dry-run-count">3</span>"#),
+        "{page}"
+    );
+    assert!(page.contains("the receiver refuses this body"));
+
+    let refused = console
+        .post_as(READER, &format!("/queues/{WEBHOOK}/dead"), "")
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(dead().await, 3);
+
+    let put_back = console
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "")
+        .await;
+    assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
+    assert_eq!(dead().await, 0);
+    let (_, page) = console
+        .get_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead?put_back=3"))
+        .await;
+    assert!(page.contains("Put 3 dead job(s) back"));
+
+    let (status, _) = console
+        .get_as(OPERATOR, "/queues/outbox.nowhere/dead")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

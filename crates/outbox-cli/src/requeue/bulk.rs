@@ -17,7 +17,7 @@ use crate::filters::Filters;
 use crate::render::thousands;
 
 /// Default of `--confirm-above`: a requeue that changes more rows needs `--yes`.
-pub const DEFAULT_CONFIRM_ABOVE: u64 = 100;
+pub use outbox_operator::confirm::DEFAULT_CONFIRM_ABOVE;
 /// Default of `--batch-size`: rows requeued per transaction.
 pub const DEFAULT_BATCH_SIZE: u64 = 1_000;
 /// Largest `--batch-size`: one batch's ids travel as one array parameter.
@@ -98,7 +98,7 @@ pub fn confirm(
     confirm_above: u64,
     yes: bool,
 ) -> Result<(), NeedsConfirmation> {
-    if selection.to_requeue > confirm_above && !yes {
+    if outbox_operator::confirm::needs_confirmation(selection.to_requeue, confirm_above) && !yes {
         return Err(NeedsConfirmation {
             rows: selection.to_requeue,
             matching: selection.matching,

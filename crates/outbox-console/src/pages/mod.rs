@@ -2,6 +2,7 @@
 //! ([`Base`]) and the layout every page shares.
 
 mod actions;
+mod dead;
 mod event;
 mod events;
 mod login;
@@ -32,6 +33,7 @@ pub(crate) fn routes(console: Console) -> Router {
             "/events/{id}/cancel",
             get(actions::cancel_dry_run).post(actions::cancel_confirm),
         )
+        .route("/queues/{queue}/dead", get(dead::page).post(dead::retry))
         .route("/login", get(login::form).post(login::submit))
         .route("/logout", post(login::logout))
         .route("/assets/console.js", get(crate::assets::script))

@@ -89,7 +89,11 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
                                 td.num { (queue.stats.backlog) }
                                 td.num { (queue.stats.due) }
                                 td.num { (queue.stats.running) }
-                                td.num { (queue.stats.dead) }
+                                td.num {
+                                    @if queue.stats.dead > 0 {
+                                        a.dead-link href=(base.to(&format!("/queues/{}/dead", queue.queue))) { (queue.stats.dead) }
+                                    } @else { (queue.stats.dead) }
+                                }
                                 td.num { (queue.stats.workers) }
                                 td.num { (queue.stats.stalled_workers) }
                                 td { (queue.alerts.join("; ")) }
