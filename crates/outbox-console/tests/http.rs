@@ -564,3 +564,37 @@ async fn dead_jobs_are_listed_and_an_operator_puts_them_back_a_reader_cannot() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last_row() {
+    let console = served().await;
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, created_at)
+             SELECT 'acme', 'audit.user.login', jsonb_build_object('n', n),
+                    now() - make_interval(secs => 100 - n)
+             FROM generate_series(1, 60) AS n",
+        )
+        .await
+        .unwrap();
+
+    let (_, first) = console.get_as(OPERATOR, "/events?tenant=acme").await;
+    assert!(first.contains("60 matching event(s)"));
+    assert_eq!(first.matches(r#"class="event-link""#).count(), 50);
+    let start = first.find(r#"id="next-page" href=""#).expect("a next page") + 21;
+    let next = &first[start..start + first[start..].find('"').unwrap()];
+    assert!(next.contains("tenant=acme&amp;after="), "{next}");
+    let (_, second) = console.get_as(OPERATOR, &next.replace("&amp;", "&")).await;
+    assert_eq!(second.matches(r#"class="event-link""#).count(), 10);
+    assert!(!second.contains("next-page"));
+    let ids = |page: &str| -> Vec<String> {
+        page.match_indices(r#"class="event-link" href="/events/"#)
+            .map(|(i, m)| page[i + m.len()..i + m.len() + 36].to_owned())
+            .collect()
+    };
+    let (first_ids, second_ids) = (ids(&first), ids(&second));
+    assert!(second_ids.iter().all(|id| !first_ids.contains(id)));
+}
