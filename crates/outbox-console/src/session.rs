@@ -99,12 +99,24 @@ pub(crate) fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
-/// The `Set-Cookie` value of a session under `path`.
-pub(crate) fn set_cookie(id: &str, path: &str) -> String {
+/// The `Set-Cookie` value of a session under `path`; `Secure` when the
+/// browser reached the console over HTTPS (`secure`: through a TLS proxy
+/// that says so), so that the cookie never travels in clear text after.
+pub(crate) fn set_cookie(id: &str, path: &str, secure: bool) -> String {
     format!(
-        "{COOKIE}={id}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={}",
-        SESSION_LIFETIME.as_secs()
+        "{COOKIE}={id}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={}{}",
+        SESSION_LIFETIME.as_secs(),
+        if secure { "; Secure" } else { "" }
     )
+}
+
+/// Whether the request came over HTTPS: a TLS proxy in front says so
+/// with `X-Forwarded-Proto: https` (the console itself speaks plain HTTP).
+pub(crate) fn over_https(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|proto| proto.trim().eq_ignore_ascii_case("https"))
 }
 
 /// The `Set-Cookie` value that removes the session cookie.
@@ -137,6 +149,17 @@ mod tests {
         assert_ne!(one.csrf("a"), one.csrf("b"));
         assert_ne!(one.csrf("a"), other.csrf("a"));
         assert_eq!(one.csrf("a").len(), 64);
+    }
+
+    #[test]
+    fn the_session_cookie_is_secure_behind_a_tls_proxy() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(!over_https(&headers));
+        assert!(!set_cookie("id", "/", false).contains("Secure"));
+        headers.insert("x-forwarded-proto", "HTTPS".parse().unwrap());
+        assert!(over_https(&headers));
+        let cookie = set_cookie("id", "/ops", true);
+        assert!(cookie.ends_with("; Secure") && cookie.contains("HttpOnly; SameSite=Strict"));
     }
 
     #[test]

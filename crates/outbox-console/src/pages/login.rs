@@ -51,6 +51,7 @@ pub(crate) struct Login {
 pub(crate) async fn submit(
     State(console): State<Console>,
     base: Base,
+    headers: axum::http::HeaderMap,
     Form(login): Form<Login>,
 ) -> Response {
     let Some(identity) = console.inner.tokens.identify(login.token.trim()) else {
@@ -61,7 +62,7 @@ pub(crate) async fn submit(
     (
         [(
             header::SET_COOKIE,
-            session::set_cookie(&id, &base.cookie_path()),
+            session::set_cookie(&id, &base.cookie_path(), session::over_https(&headers)),
         )],
         Redirect::to(&base.home()),
     )
