@@ -1,4 +1,4 @@
-//! What the overview shows, read through the store and the CLI's health
+//! What the overview shows, read through the store and `outbox health`'s
 //! checks, and its live form (the numbers the page's script swaps in).
 
 use std::collections::BTreeMap;
