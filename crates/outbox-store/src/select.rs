@@ -71,6 +71,25 @@ fn like_escape(text: &str) -> String {
 }
 
 impl EventFilter {
+    /// The same filter, further narrowed to rows whose status is one of
+    /// `statuses`; `None` when no status is left (nothing can match).
+    #[must_use]
+    pub fn only(&self, statuses: &[OutboxStatus]) -> Option<Self> {
+        let kept: Vec<OutboxStatus> = if self.statuses.is_empty() {
+            statuses.to_vec()
+        } else {
+            self.statuses
+                .iter()
+                .copied()
+                .filter(|s| statuses.contains(s))
+                .collect()
+        };
+        (!kept.is_empty()).then(|| Self {
+            statuses: kept,
+            ..self.clone()
+        })
+    }
+
     /// Every matching row, in no particular order.
     fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
         let mut query = outbox_event::table.into_boxed::<Pg>();
@@ -435,6 +454,24 @@ pub async fn delivery_state(
 #[cfg(test)]
 mod tests {
     use super::like_escape;
+
+    #[test]
+    fn narrowing_to_statuses_intersects() {
+        use super::EventFilter;
+        use outbox_model::OutboxStatus;
+        let any = EventFilter::default();
+        let failed_or_done = EventFilter {
+            statuses: vec![OutboxStatus::Failed, OutboxStatus::Done],
+            ..EventFilter::default()
+        };
+        let allowed = [OutboxStatus::Failed, OutboxStatus::Cancelled];
+        assert_eq!(any.only(&allowed).unwrap().statuses, allowed);
+        assert_eq!(
+            failed_or_done.only(&allowed).unwrap().statuses,
+            [OutboxStatus::Failed]
+        );
+        assert!(failed_or_done.only(&[OutboxStatus::Pending]).is_none());
+    }
 
     #[test]
     fn like_wildcards_are_escaped() {

@@ -1,11 +1,13 @@
 //! Requeue: put FAILED / CANCELLED (and, on request, DONE) rows back to
 //! PENDING, consistently and with history.
 //!
-//! This module holds the policy ([`refusal`], [`plan`]) and one transaction
-//! of requeues ([`execute`], by `outbox_store::requeue`). The CLI's
-//! `requeue::bulk` selects by filters and runs in batches, its
-//! `requeue::command` is the `outbox requeue` command itself; the console's
-//! requeue page plans and executes one row with the same functions.
+//! This module holds the policy ([`refusal`], [`plan`]), one transaction
+//! of requeues ([`execute`], by `outbox_store::requeue`) and the requeue by
+//! filters in batches ([`bulk`]). `outbox requeue` (the CLI's
+//! `requeue::command`, with its `--yes` guard) and the console's requeue
+//! pages run them.
+
+pub mod bulk;
 
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
