@@ -19,6 +19,10 @@ pub enum ConsoleError {
     /// A queue's figures could not be read from Redis.
     #[error(transparent)]
     Queues(#[from] QueueReadError),
+    /// A batch of a requeue by filter failed; the batches before it stay
+    /// committed, and the message says how many rows they held.
+    #[error(transparent)]
+    Batch(#[from] outbox_operator::requeue::bulk::BatchFailed),
     /// Redis failed reading or putting back dead jobs.
     #[error("Redis: {0}")]
     Redis(String),
@@ -30,7 +34,7 @@ impl ConsoleError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Pool(_) | Self::Queues(_) | Self::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store(_) | Self::Batch(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -5,8 +5,9 @@
 //! overview (events by status and queue, the oldest due event, dead jobs,
 //! workers and the alerts of `outbox health`, updated live), the events
 //! with the CLI's filters, one event with its masked payload and history,
-//! the requeue, replay or cancel of one event and the retry of a queue's
-//! dead jobs (a dry run first, then a confirmation).
+//! the requeue, replay or cancel of one event, the requeue of the events a
+//! filter selects and the retry of a queue's dead jobs (a dry run first,
+//! then a confirmation).
 //!
 //! It is not a second owner of the tables: every read and change goes
 //! through `outbox-store`'s typed operations, and the requeue policy and

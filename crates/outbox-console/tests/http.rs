@@ -598,3 +598,58 @@ async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last
     let (first_ids, second_ids) = (ids(&first), ids(&second));
     assert!(second_ids.iter().all(|id| !first_ids.contains(id)));
 }
+
+#[tokio::test]
+async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_and_only_those() {
+    let console = served().await;
+    let mut acme = Vec::new();
+    for _ in 0..3 {
+        acme.push(console.failed_event().await);
+    }
+    let other = console.failed_event().await;
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(&format!(
+            "UPDATE outbox_event SET tenant_id = 'globex' WHERE id = '{other}'"
+        ))
+        .await
+        .unwrap();
+
+    let (status, dry_run) = console.get_as(READER, "/events/requeue?tenant=acme").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        dry_run.contains(r#"<span id="dry-run-count">3</span>"#),
+        "{dry_run}"
+    );
+    assert!(dry_run.contains(r#"<input type="hidden" name="tenant" value="acme">"#));
+    let refused = console
+        .post_as(READER, "/events/requeue", "tenant=acme")
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    let done = console
+        .post_as(
+            OPERATOR,
+            "/events/requeue",
+            "tenant=acme&reason=broker+back",
+        )
+        .await;
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    assert_eq!(done.headers()[LOCATION], "/events?tenant=acme&requeued=3");
+    for id in &acme {
+        assert_eq!(console.status(*id).await, "PENDING");
+        let history = console.history(*id).await;
+        assert_eq!(
+            history[0].requested_by.as_deref(),
+            Some("console:ana (operator)")
+        );
+        assert_eq!(history[0].reason, "broker back");
+    }
+    assert_eq!(console.status(other).await, "FAILED");
+    let again = console
+        .post_as(OPERATOR, "/events/requeue", "tenant=acme")
+        .await;
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+}

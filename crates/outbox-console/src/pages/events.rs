@@ -40,6 +40,9 @@ pub(crate) struct Filters {
     /// Where the page starts: `<created_at in µs>_<id>` of the row before.
     #[serde(default)]
     after: String,
+    /// How many events a requeue of the matching ones just requeued.
+    #[serde(default)]
+    requeued: String,
 }
 
 fn given(field: &str) -> Option<String> {
@@ -64,7 +67,7 @@ fn parse_time(name: &str, raw: &str) -> Result<Option<DateTime<Utc>>, String> {
 
 impl Filters {
     /// The store's filter, or what is wrong with a field.
-    fn selection(&self) -> Result<EventFilter, String> {
+    pub(crate) fn selection(&self) -> Result<EventFilter, String> {
         let statuses = match given(&self.status) {
             Some(status) => vec![status.parse::<OutboxStatus>().map_err(|e| e.to_string())?],
             None => Vec::new(),
@@ -101,22 +104,44 @@ impl Filters {
         }))
     }
 
-    /// The query string of these filters with the page starting after `row`.
-    fn next_page(&self, row: &OutboxEvent) -> String {
-        let fields = [
-            ("status", &self.status),
-            ("type_prefix", &self.type_prefix),
-            ("tenant", &self.tenant),
-            ("created_after", &self.created_after),
-            ("created_before", &self.created_before),
-            ("id", &self.id),
-            ("dispatch_key", &self.dispatch_key),
-            ("ordering_key", &self.ordering_key),
-        ];
-        let mut query: Vec<String> = fields
+    /// The filter fields by name, as the form sends them.
+    fn fields(&self) -> [(&'static str, &str); 8] {
+        [
+            ("status", self.status.as_str()),
+            ("type_prefix", self.type_prefix.as_str()),
+            ("tenant", self.tenant.as_str()),
+            ("created_after", self.created_after.as_str()),
+            ("created_before", self.created_before.as_str()),
+            ("id", self.id.as_str()),
+            ("dispatch_key", self.dispatch_key.as_str()),
+            ("ordering_key", self.ordering_key.as_str()),
+        ]
+    }
+
+    /// The query string of the filters (no page position).
+    pub(crate) fn query(&self) -> String {
+        self.fields()
             .iter()
             .filter(|(_, value)| !value.trim().is_empty())
             .map(|(name, value)| format!("{name}={}", encode(value.trim())))
+            .collect::<Vec<_>>()
+            .join("&")
+    }
+
+    /// The filters as hidden fields of a form that acts on what they select.
+    pub(crate) fn hidden(&self) -> Markup {
+        html! {
+            @for (name, value) in self.fields() {
+                @if !value.trim().is_empty() { input type="hidden" name=(name) value=(value.trim()); }
+            }
+        }
+    }
+
+    /// The query string of these filters with the page starting after `row`.
+    fn next_page(&self, row: &OutboxEvent) -> String {
+        let mut query: Vec<String> = Some(self.query())
+            .filter(|q| !q.is_empty())
+            .into_iter()
             .collect();
         query.push(format!(
             "after={}_{}",
@@ -157,8 +182,13 @@ pub(crate) async fn page(
     let next = (rows.len() as i64 == PAGE_SIZE)
         .then(|| rows.last().map(|last| filters.next_page(last)))
         .flatten();
+    let requeue_link = format!("{}?{}", viewer.base.to("/events/requeue"), filters.query());
     let body = html! {
         (form(&viewer, &filters))
+        @if let Ok(n) = filters.requeued.parse::<u64>() { p.ok #done { "Requeued " (n) " event(s)." } }
+        @if matching > 0 {
+            p { a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" } }
+        }
         p #matching { (matching) " matching event(s)" @if after.is_some() { ", this page after the ones before" } }
         (table(&viewer, &rows))
         @if let Some(next) = next {

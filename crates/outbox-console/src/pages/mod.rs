@@ -2,6 +2,7 @@
 //! ([`Base`]) and the layout every page shares.
 
 mod actions;
+mod bulk;
 mod dead;
 mod event;
 mod events;
@@ -24,6 +25,7 @@ pub(crate) fn routes(console: Console) -> Router {
         .route("/", get(overview::page))
         .route("/live", get(overview::live))
         .route("/events", get(events::page))
+        .route("/events/requeue", get(bulk::dry_run).post(bulk::confirm))
         .route("/events/{id}", get(event::page))
         .route(
             "/events/{id}/requeue",
