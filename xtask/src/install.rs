@@ -1,5 +1,6 @@
-//! The Postgres and Redis server binaries: finding them, and installing
-//! them from the system's packages when they are missing.
+//! The Postgres and Redis server binaries, and the headless browser of the
+//! console's browser test (Chromium and ChromeDriver): finding them, and
+//! installing them from the system's packages when they are missing.
 //!
 //! The one place that knows how: `cargo xtask test` (its tests start
 //! `redis-server` themselves) and `cargo xtask demo` and `services` (when
@@ -35,13 +36,17 @@ impl Install {
     }
 }
 
-/// A server whose binaries the commands may need.
+/// A server (or program) whose binaries the commands may need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Server {
     /// `initdb` and `pg_ctl`.
     Postgres,
     /// `redis-server`.
     Redis,
+    /// `chromium`, the console's browser test drives it headless.
+    Chromium,
+    /// `chromedriver`, the WebDriver server the browser test starts.
+    ChromeDriver,
 }
 
 impl Server {
@@ -50,6 +55,18 @@ impl Server {
         match self {
             Self::Postgres => "postgresql",
             Self::Redis => "redis-server",
+            Self::Chromium => "chromium",
+            Self::ChromeDriver => "chromium-driver",
+        }
+    }
+
+    /// Fedora's package and Homebrew's formula that bring it.
+    fn elsewhere(self) -> (&'static str, &'static str) {
+        match self {
+            Self::Postgres => ("postgresql-server", "postgresql@16"),
+            Self::Redis => ("redis", "redis"),
+            Self::Chromium => ("chromium", "--cask chromium"),
+            Self::ChromeDriver => ("chromedriver", "chromedriver"),
         }
     }
 
@@ -57,6 +74,8 @@ impl Server {
         match self {
             Self::Postgres => postgres_bin_dir().is_some(),
             Self::Redis => probe("redis-server", &["--version"]),
+            Self::Chromium => probe("chromium", &["--version"]),
+            Self::ChromeDriver => probe("chromedriver", &["--version"]),
         }
     }
 }
@@ -91,12 +110,19 @@ pub fn is_root() -> bool {
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
 }
 
-/// The commands that install `packages`, one per line, for a person to run.
-fn manual_commands(packages: &str) -> String {
+/// The commands that install what `missing` names, one per line, for a
+/// person to run.
+fn manual_commands(missing: &[Server]) -> String {
+    let list = |of: fn(Server) -> &'static str| {
+        missing.iter().map(|s| of(*s)).collect::<Vec<_>>().join(" ")
+    };
     format!(
-        "  sudo apt-get update && sudo apt-get install -y {packages}   (Debian/Ubuntu)\n  \
-         sudo dnf install postgresql-server redis                       (Fedora)\n  \
-         brew install postgresql@16 redis                               (macOS)"
+        "  sudo apt-get update && sudo apt-get install -y {}   (Debian/Ubuntu)\n  \
+         sudo dnf install {}   (Fedora)\n  \
+         brew install {}   (macOS)",
+        list(Server::package),
+        list(|s| s.elsewhere().0),
+        list(|s| s.elsewhere().1),
     )
 }
 
@@ -126,12 +152,12 @@ fn plan(missing: &[Server], install: Install, can_install: bool) -> Plan {
         (Install::Allowed, true) => Plan::Install(packages),
         (Install::Refused, _) => Plan::Refuse(format!(
             "the server binaries of {packages} are missing and --no-install was given; install them:\n{}",
-            manual_commands(&packages)
+            manual_commands(missing)
         )),
         (Install::Allowed, false) => Plan::Refuse(format!(
             "the server binaries of {packages} are missing and this command installs packages only \
              as root with apt-get; install them:\n{}",
-            manual_commands(&packages)
+            manual_commands(missing)
         )),
     }
 }
@@ -225,6 +251,18 @@ mod tests {
         assert_eq!(
             plan(&[Redis], Install::Allowed, true),
             Plan::Install("redis-server".into())
+        );
+        let Plan::Refuse(browser) = plan(
+            &[Server::Chromium, Server::ChromeDriver],
+            Install::Allowed,
+            false,
+        ) else {
+            panic!("expected a refusal");
+        };
+        assert!(
+            browser.contains("sudo apt-get install -y chromium chromium-driver")
+                && browser.contains("brew install --cask chromium chromedriver"),
+            "{browser}"
         );
         for (install, can, why) in [
             (Install::Refused, true, "--no-install"),

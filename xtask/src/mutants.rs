@@ -32,6 +32,7 @@ pub const DEFAULT_CRATES: &[&str] = &[
     "outbox-subscriber-webhook",
     "outbox-subscriber-workflow",
     "outbox-cli",
+    "outbox-operator",
 ];
 
 /// Options of `cargo xtask mutants`.

@@ -99,12 +99,15 @@ fn gate(nextest: bool, filtered: bool) -> Gate {
 /// environment each test child gets.
 async fn prepare_services(no_install: bool) -> Result<[(&'static str, String); 4]> {
     // The tests start redis-server themselves, and a private Postgres is
-    // started when none answers: both binaries are needed.
+    // started when none answers: both binaries are needed; so are Chromium
+    // and ChromeDriver, which the console's browser test starts.
     let install = crate::install::Install::from_flag(no_install);
     crate::install::ensure(
         &[
             crate::install::Server::Postgres,
             crate::install::Server::Redis,
+            crate::install::Server::Chromium,
+            crate::install::Server::ChromeDriver,
         ],
         install,
     )?;

@@ -2,13 +2,13 @@
 //! entry each (`outbox_event_requeue`, action `cancel`), so that `outbox
 //! show` tells who cancelled what and why, and `outbox requeue` can bring
 //! the row back. PROCESSING (a dispatcher holds it) and DONE (already
-//! handed off) rows are refused.
+//! handed off) rows are refused: the policy and the statement are
+//! `outbox_operator::cancel`'s, shared with the console.
 
 use anyhow::Context;
 use clap::Args;
-use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
-use outbox_store::{Change, StoreError};
+use outbox_operator::cancel::{execute, refusal};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -31,18 +31,6 @@ pub struct CancelArgs {
     pub dry_run: bool,
 }
 
-/// Why a row with `status` is not cancelled, or `None` when it is
-/// (exactly the statuses of [`OutboxStatus::CANCELLABLE`], the rule that
-/// code's cancel follows too; a test holds the two together).
-fn refusal(status: OutboxStatus) -> Option<&'static str> {
-    match status {
-        OutboxStatus::Pending | OutboxStatus::Failed => None,
-        OutboxStatus::Processing => Some("PROCESSING: a dispatcher holds it right now"),
-        OutboxStatus::Done => Some("DONE: it was handed off already"),
-        OutboxStatus::Cancelled => Some("already CANCELLED"),
-    }
-}
-
 /// One row of the report.
 #[derive(Debug, Serialize)]
 struct Row {
@@ -51,27 +39,6 @@ struct Row {
     status: Option<OutboxStatus>,
     /// Why it is left alone, when it is.
     refused: Option<String>,
-}
-
-/// Cancels the cancellable rows of `ids` with one statement, each with its
-/// history entry; rows whose status changed since they were read are left
-/// alone. Returns the ids cancelled.
-async fn execute(
-    conn: &mut AsyncPgConnection,
-    ids: &[Uuid],
-    reason: &str,
-    requested_by: Option<&str>,
-) -> Result<Vec<Uuid>, StoreError> {
-    outbox_store::cancel(
-        conn,
-        Change {
-            ids,
-            allowed: &OutboxStatus::CANCELLABLE,
-            reason,
-            requested_by,
-        },
-    )
-    .await
 }
 
 /// Runs `outbox cancel`.
@@ -141,19 +108,5 @@ fn print(rows: &[Row], cancelled: &[Uuid], dry_run: bool) {
         println!("dry run: nothing changed");
     } else {
         println!("{} row(s) cancelled", cancelled.len());
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_rows_left_alone_are_those_the_shared_rule_refuses() {
-        let cancelled: Vec<OutboxStatus> = OutboxStatus::ALL
-            .into_iter()
-            .filter(|status| refusal(*status).is_none())
-            .collect();
-        assert_eq!(cancelled, OutboxStatus::CANCELLABLE);
     }
 }

@@ -10,7 +10,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use clap::Args;
 use diesel_async::AsyncPgConnection;
 use outbox_model::{OutboxEvent, OutboxStatus, UnknownStatus};
-use outbox_store::{Candidate, EventFilter, StoreError};
+use outbox_store::{EventFilter, StoreError};
 
 /// Which rows a command works on.
 #[derive(Debug, Clone, Args, Default)]
@@ -156,25 +156,6 @@ impl Filters {
             && self.failed_before.is_none()
     }
 
-    /// The same filters, further narrowed to rows whose status is one of
-    /// `statuses`; `None` when no status is left (nothing can match).
-    #[must_use]
-    pub fn only(&self, statuses: &[OutboxStatus]) -> Option<Self> {
-        let kept: Vec<OutboxStatus> = if self.statuses.is_empty() {
-            statuses.to_vec()
-        } else {
-            self.statuses
-                .iter()
-                .copied()
-                .filter(|s| statuses.contains(s))
-                .collect()
-        };
-        (!kept.is_empty()).then(|| Self {
-            statuses: kept,
-            ..self.clone()
-        })
-    }
-
     /// The store's filter for these flags. Every value becomes a bind
     /// parameter: quotes and semicolons in filters are just text.
     #[must_use]
@@ -187,6 +168,7 @@ impl Filters {
             created_before: self.created_before,
             failed_after: self.failed_after,
             failed_before: self.failed_before,
+            ..EventFilter::default()
         }
     }
 
@@ -210,20 +192,6 @@ impl Filters {
         limit: i64,
     ) -> Result<Vec<OutboxEvent>, StoreError> {
         outbox_store::list_events(conn, &self.selection(), limit).await
-    }
-
-    /// As [`Filters::oldest_first`], only the columns the requeue policy
-    /// looks at (the order of requeue batches).
-    ///
-    /// # Errors
-    ///
-    /// When Postgres fails.
-    pub async fn candidates(
-        &self,
-        conn: &mut AsyncPgConnection,
-        limit: i64,
-    ) -> Result<Vec<Candidate>, StoreError> {
-        outbox_store::list_candidates(conn, &self.selection(), limit).await
     }
 }
 
@@ -325,22 +293,6 @@ mod tests {
                 "99999999999999999999999s".into()
             ))
         );
-    }
-
-    #[test]
-    fn narrowing_to_statuses_intersects() {
-        let any = Filters::default();
-        let failed_or_done = Filters {
-            statuses: vec![OutboxStatus::Failed, OutboxStatus::Done],
-            ..Filters::default()
-        };
-        let allowed = [OutboxStatus::Failed, OutboxStatus::Cancelled];
-        assert_eq!(any.only(&allowed).unwrap().statuses, allowed);
-        assert_eq!(
-            failed_or_done.only(&allowed).unwrap().statuses,
-            [OutboxStatus::Failed]
-        );
-        assert!(failed_or_done.only(&[OutboxStatus::Pending]).is_none());
     }
 
     /// Strings a user could type, weighted towards what parsers trip on:

@@ -1,10 +1,9 @@
 //! The library side of the operator CLI `outbox`: the requeue policy and
-//! its transaction ([`requeue`]), which the `outbox` binary runs for
-//! `outbox requeue`, the queue checks of `outbox health` ([`health`]), and
-//! standard output that ends quietly on a closed pipe ([`stdout`]);
-//! tests of other crates call them to act or judge exactly as an operator
-//! would.
+//! its transaction ([`requeue`]) and the queue checks of `outbox health`
+//! ([`health`]), both `outbox-operator`'s (re-exported here, where tests
+//! of other crates have always found them, to act or judge exactly as an
+//! operator would), and standard output that ends quietly on a closed pipe
+//! ([`stdout`]).
 
-pub mod health;
-pub mod requeue;
+pub use outbox_operator::{health, requeue};
 pub mod stdout;

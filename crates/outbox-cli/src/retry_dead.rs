@@ -44,7 +44,10 @@ struct Report<'a> {
 /// The policy: how many jobs may go back without `--yes`.
 fn guard(selected: usize, args: &RetryDeadArgs) -> Result<(), Failure> {
     let selected = selected as u64;
-    if !args.dry_run && !args.yes && selected > args.confirm_above {
+    if !args.dry_run
+        && !args.yes
+        && outbox_operator::confirm::needs_confirmation(selected, args.confirm_above)
+    {
         return Err(Failure::from(anyhow::anyhow!(
             "{selected} dead jobs of {} would go back, more than --confirm-above {}; \
              run with --dry-run to see them, then with --yes (nothing changed)",

@@ -65,7 +65,7 @@ fn print_history(history: &[HistoryEntry]) {
             println!(
                 "  {}  {} (retries {}, last error: {}){}: {}",
                 h.requeued_at.to_rfc3339(),
-                change(h),
+                h.change(),
                 h.previous_retries,
                 h.previous_last_error.as_deref().unwrap_or("-"),
                 match (h.replay, h.generation) {
@@ -76,21 +76,6 @@ fn print_history(history: &[HistoryEntry]) {
                 h.reason
             );
         }
-    }
-}
-
-/// What an entry changed: `cancelled from FAILED`, `rescheduled from
-/// 2026-12-05T10:00:00+00:00` (the due time it had), ….
-fn change(h: &HistoryEntry) -> String {
-    match h.action.as_str() {
-        "cancel" => format!("cancelled from {}", h.previous_status),
-        "skip" => format!("skipped from {}", h.previous_status),
-        "reschedule" => format!(
-            "rescheduled from {}",
-            h.previous_scheduled_at
-                .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
-        ),
-        _ => format!("requeued from {}", h.previous_status),
     }
 }
 

@@ -4,7 +4,7 @@
 //! ([`QueueNamespace`], [`connect`], [`redis_client`] for `redis://` and
 //! `rediss://`, [`push_jobs`]), and how URLs are shown
 //! without their secrets ([`redact_url`], [`endpoint_origin`],
-//! [`redact_urls_in`]), which every crate above this one uses.
+//! [`redact_urls_in`], [`redact_json`]), which every crate above this one uses.
 //!
 //! For noticing and repairing a Redis that lost data (see
 //! `docs/reliability.md`): what a server says about its run and persistence
@@ -49,7 +49,7 @@ pub use presence::{
     JobState, JobStateKind, Unfinished, event_of_task, job_states, rerun_finished, retry_dead,
     unfinished_jobs,
 };
-pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_url, redact_urls_in};
+pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_json, redact_url, redact_urls_in};
 pub use redis_queue::{
     InvalidQueuePrefix, MAX_RETRY_ROUNDS, OUTBOX_QUEUE_PREFIX, PushReport, QUEUE_PREFIX_SEPARATOR,
     QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL, RedisSettings, apalis_config, connect,

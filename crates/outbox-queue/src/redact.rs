@@ -9,6 +9,9 @@
 //!   query often carry a token: only scheme, host and port are shown.
 //! - [`redact_urls_in`] for free text that may embed URLs (an error chain,
 //!   a stored reason): each URL is replaced by one of the above.
+//! - [`redact_json`] for a JSON document shown to a person (an event's
+//!   payload in the console): the values of secret-looking fields become
+//!   `***` and URLs in strings are reduced as above.
 //!
 //! These functions err on the side of hiding too much: a string they cannot
 //! make sense of loses more than its secret, never less.
@@ -150,6 +153,49 @@ fn split_scheme(url: &str) -> Option<(&str, &str)> {
     let valid =
         scheme.starts_with(|c: char| c.is_ascii_alphabetic()) && scheme.chars().all(is_scheme_char);
     valid.then_some((scheme, rest))
+}
+
+/// `value` with the value of every secret-looking field (a name containing
+/// `pass`, `pwd`, `secret`, `token`, `key`, `auth`, `sig` or `credential`,
+/// the same words as the query parameters [`redact_url`] hides), at any
+/// depth, replaced by `***`, and every URL inside a string reduced by
+/// [`redact_urls_in`]. Field names, numbers and other strings stay.
+///
+/// ```
+/// use outbox_queue::redact_json;
+/// use serde_json::json;
+/// let shown = redact_json(&json!({
+///     "user": "ana",
+///     "webhook": { "signingSecret": "whsec_abc", "url": "https://h.example/t/abc?k=1" },
+///     "tokens": ["a", "b"]
+/// }));
+/// assert_eq!(shown, json!({
+///     "user": "ana",
+///     "webhook": { "signingSecret": "***", "url": "https://h.example/…" },
+///     "tokens": "***"
+/// }));
+/// ```
+#[must_use]
+pub fn redact_json(value: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(name, field)| {
+                    let shown = if is_secret_key(name) && !field.is_null() {
+                        Value::String(REDACTED.to_owned())
+                    } else {
+                        redact_json(field)
+                    };
+                    (name.clone(), shown)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(redact_json).collect()),
+        Value::String(text) => Value::String(redact_urls_in(text)),
+        other => other.clone(),
+    }
 }
 
 fn is_secret_key(key: &str) -> bool {

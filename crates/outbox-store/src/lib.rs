@@ -10,7 +10,8 @@
 //! operator's (and the application's) requeue, cancel and reschedule with
 //! history ([`requeue`], [`cancel`], [`cancel_event`], and
 //! [`reschedule_event`] of a pending row),
-//! listings and lookups ([`list_events`], [`event`], [`history`], …),
+//! listings and lookups ([`list_events`], [`list_events_page`], [`event`],
+//! [`history`], …),
 //! figures ([`pending_figures`], [`group_counts`]), the upkeep of the
 //! table ([`vacuum`]) and per-key ordering ([`advance`], [`hold`],
 //! [`held_keys`], [`skip_held`], on `outbox_ordering_key`).
@@ -104,8 +105,9 @@ pub use redis_guard::{
 pub use retention::{PurgedBatch, purge_done_batch};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
-    Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, candidate,
-    count_events, delivery_state, event, history, list_candidates, list_events, statuses, summary,
+    Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, PageAfter,
+    candidate, count_events, delivery_state, event, history, list_candidates, list_events,
+    list_events_page, statuses, summary,
 };
 pub use stats::{
     GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,

@@ -34,6 +34,33 @@ pub struct EventFilter {
     pub failed_after: Option<DateTime<Utc>>,
     /// FAILED rows that went FAILED before.
     pub failed_before: Option<DateTime<Utc>>,
+    /// Only the row with this id.
+    pub id: Option<Uuid>,
+    /// Only the row with this dispatch key.
+    pub dispatch_key: Option<String>,
+    /// Only rows with this ordering key.
+    pub ordering_key: Option<String>,
+}
+
+/// Where a page of [`list_events_page`] starts: after the row with this
+/// `created_at` and id (the last row of the page before).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageAfter {
+    /// The `created_at` of the last row shown.
+    pub created_at: DateTime<Utc>,
+    /// Its id.
+    pub id: Uuid,
+}
+
+impl PageAfter {
+    /// The position of `event`: the next page starts after it.
+    #[must_use]
+    pub fn of(event: &OutboxEvent) -> Self {
+        Self {
+            created_at: event.created_at,
+            id: event.id,
+        }
+    }
 }
 
 /// `text` with the `LIKE` wildcards and the escape character escaped.
@@ -44,6 +71,25 @@ fn like_escape(text: &str) -> String {
 }
 
 impl EventFilter {
+    /// The same filter, further narrowed to rows whose status is one of
+    /// `statuses`; `None` when no status is left (nothing can match).
+    #[must_use]
+    pub fn only(&self, statuses: &[OutboxStatus]) -> Option<Self> {
+        let kept: Vec<OutboxStatus> = if self.statuses.is_empty() {
+            statuses.to_vec()
+        } else {
+            self.statuses
+                .iter()
+                .copied()
+                .filter(|s| statuses.contains(s))
+                .collect()
+        };
+        (!kept.is_empty()).then(|| Self {
+            statuses: kept,
+            ..self.clone()
+        })
+    }
+
     /// Every matching row, in no particular order.
     fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
         let mut query = outbox_event::table.into_boxed::<Pg>();
@@ -74,6 +120,15 @@ impl EventFilter {
         }
         if let Some(at) = self.failed_before {
             query = query.filter(outbox_event::failed_at.lt(at));
+        }
+        if let Some(id) = self.id {
+            query = query.filter(outbox_event::id.eq(id));
+        }
+        if let Some(key) = &self.dispatch_key {
+            query = query.filter(outbox_event::dispatch_key.eq(key.clone()));
+        }
+        if let Some(key) = &self.ordering_key {
+            query = query.filter(outbox_event::ordering_key.eq(key.clone()));
         }
         query
     }
@@ -115,6 +170,35 @@ pub async fn list_events(
         .select(OutboxEvent::as_select())
         .load(conn)
         .await?)
+}
+
+/// The first `limit` rows `filter` selects after `after` (none: from the
+/// start), oldest first (`created_at`, then id): one page of a listing that
+/// pages by keyset, so that a page deep into a large table costs what the
+/// first one does, and rows inserted meanwhile neither repeat nor shift a
+/// page. The next page starts after [`PageAfter::of`] the last row.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn list_events_page(
+    conn: &mut AsyncPgConnection,
+    filter: &EventFilter,
+    after: Option<PageAfter>,
+    limit: i64,
+) -> Result<Vec<OutboxEvent>> {
+    let mut query = filter.oldest_first(limit);
+    if let Some(after) = after {
+        query = query.filter(
+            outbox_event::created_at
+                .gt(after.created_at)
+                .or(outbox_event::created_at
+                    .eq(after.created_at)
+                    .and(outbox_event::id.gt(after.id))),
+        );
+    }
+    Ok(query.select(OutboxEvent::as_select()).load(conn).await?)
 }
 
 /// The columns the requeue policy looks at: no payload, so that a batch of
@@ -228,6 +312,25 @@ pub struct HistoryEntry {
     /// `requeue`, `cancel`, `skip` (`outbox ordering release
     /// --skip-event`) or `reschedule`.
     pub action: String,
+}
+
+impl HistoryEntry {
+    /// What the entry changed, in words: `cancelled from FAILED`,
+    /// `skipped from PENDING`, `rescheduled from <the due time it had>`,
+    /// `requeued from FAILED` (what `outbox show` and the console print).
+    #[must_use]
+    pub fn change(&self) -> String {
+        match self.action.as_str() {
+            "cancel" => format!("cancelled from {}", self.previous_status),
+            "skip" => format!("skipped from {}", self.previous_status),
+            "reschedule" => format!(
+                "rescheduled from {}",
+                self.previous_scheduled_at
+                    .map_or_else(|| "-".to_owned(), |t| t.to_rfc3339())
+            ),
+            _ => format!("requeued from {}", self.previous_status),
+        }
+    }
 }
 
 /// The history of the row `id`, oldest first.
@@ -351,6 +454,24 @@ pub async fn delivery_state(
 #[cfg(test)]
 mod tests {
     use super::like_escape;
+
+    #[test]
+    fn narrowing_to_statuses_intersects() {
+        use super::EventFilter;
+        use outbox_model::OutboxStatus;
+        let any = EventFilter::default();
+        let failed_or_done = EventFilter {
+            statuses: vec![OutboxStatus::Failed, OutboxStatus::Done],
+            ..EventFilter::default()
+        };
+        let allowed = [OutboxStatus::Failed, OutboxStatus::Cancelled];
+        assert_eq!(any.only(&allowed).unwrap().statuses, allowed);
+        assert_eq!(
+            failed_or_done.only(&allowed).unwrap().statuses,
+            [OutboxStatus::Failed]
+        );
+        assert!(failed_or_done.only(&[OutboxStatus::Pending]).is_none());
+    }
 
     #[test]
     fn like_wildcards_are_escaped() {

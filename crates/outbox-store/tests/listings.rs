@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::{database, insert, insert_due, insert_row, insert_with, new_row, now, sorted};
+use common::{database, insert, insert_due, insert_row, insert_with, new_row, now, set, sorted};
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
 use outbox_store::{
-    EventFilter, EventKey, candidate, count_events, delivery_state, event, list_candidates,
-    list_events, statuses, summary,
+    EventFilter, EventKey, PageAfter, candidate, count_events, delivery_state, event,
+    list_candidates, list_events, list_events_page, statuses, summary,
 };
 use uuid::Uuid;
 
@@ -238,4 +238,54 @@ async fn statuses_reports_the_status_of_each_row_that_exists() {
     let mut expected = vec![(pending, OutboxStatus::Pending), (done, OutboxStatus::Done)];
     expected.sort_by_key(|(id, _)| *id);
     assert_eq!(found, expected);
+}
+
+#[tokio::test]
+async fn pages_follow_each_other_without_repeating_or_skipping_a_row() {
+    let (_db, mut conn) = database().await;
+    // Two rows share a creation time: the id orders them within it.
+    let ids = insert_due(&mut conn, 3).await;
+    let same_time = format!(
+        "created_at = (SELECT created_at FROM outbox_event WHERE id = '{}')",
+        ids[0]
+    );
+    set(&mut conn, ids[1], &same_time).await;
+    let all = listed(&mut conn, &EventFilter::default(), 10).await;
+
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = list_events_page(&mut conn, &EventFilter::default(), after, 2)
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some(PageAfter::of(last));
+        paged.extend(page.iter().map(|e| e.id));
+    }
+    assert_eq!(paged, all);
+    assert_eq!(sorted(paged), sorted(ids));
+}
+
+#[tokio::test]
+async fn a_listing_finds_one_row_by_id_by_dispatch_key_or_by_ordering_key() {
+    let (_db, mut conn) = database().await;
+    let keyed = insert_with(&mut conn, "dispatch_key = 'order-7'").await;
+    let ordered = insert_with(&mut conn, "ordering_key = 'customer-3'").await;
+    let other = insert(&mut conn, "audit.user.login").await;
+
+    let by_id = EventFilter {
+        id: Some(other),
+        ..EventFilter::default()
+    };
+    let by_dispatch_key = EventFilter {
+        dispatch_key: Some("order-7".into()),
+        ..EventFilter::default()
+    };
+    let by_ordering_key = EventFilter {
+        ordering_key: Some("customer-3".into()),
+        ..EventFilter::default()
+    };
+    assert_eq!(listed(&mut conn, &by_id, 10).await, [other]);
+    assert_eq!(listed(&mut conn, &by_dispatch_key, 10).await, [keyed]);
+    assert_eq!(listed(&mut conn, &by_ordering_key, 10).await, [ordered]);
 }

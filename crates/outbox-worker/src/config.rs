@@ -23,9 +23,13 @@ use outbox_workflow_store::sweep::{WORKFLOW_RUN_LEASE_MS, WORKFLOW_SWEEP_INTERVA
 
 #[cfg(feature = "workflow")]
 mod bridge;
+mod console;
 
 #[cfg(feature = "workflow")]
 pub use bridge::BridgeConfig;
+pub use console::{
+    ConsoleConfig, DEFAULT_CONSOLE_ADDR, OUTBOX_CONSOLE_ADDR, OUTBOX_CONSOLE_TOKENS,
+};
 #[cfg(feature = "workflow")]
 pub use outbox_workflow_bridge::DEFAULT_BRIDGE_ADDR;
 
@@ -81,6 +85,9 @@ pub struct WorkerConfig {
     pub redis_ca_cert: Option<PathBuf>,
     /// `WORKER_HTTP_ADDR`.
     pub http_addr: SocketAddr,
+    /// The operator console (`OUTBOX_CONSOLE_TOKENS`, `OUTBOX_CONSOLE_ADDR`;
+    /// general group only): `None`, the default, serves none.
+    pub console: Option<ConsoleConfig>,
     /// `OUTBOX_QUEUE_PREFIX`: a key prefix for every queue (empty in production).
     pub queue_prefix: String,
     /// The routing table: the standard one plus the rules of
@@ -201,6 +208,7 @@ impl std::fmt::Debug for WorkerConfig {
             redis_url,
             redis_ca_cert,
             http_addr,
+            console,
             queue_prefix,
             router,
             schedules,
@@ -242,6 +250,7 @@ impl std::fmt::Debug for WorkerConfig {
         f.field("redis_url", &redact_url(redis_url));
         f.field("redis_ca_cert", redis_ca_cert);
         f.field("http_addr", http_addr);
+        f.field("console", console);
         f.field("queue_prefix", queue_prefix);
         f.field("router", &router.rules());
         f.field("schedules", schedules);
@@ -301,6 +310,10 @@ impl WorkerConfig {
     ) -> Result<Self, ConfigError> {
         let group = group(get, binary_group)?;
         let http_addr = http_addr(get, group)?;
+        let console = match group {
+            Group::General => ConsoleConfig::from_lookup(get)?,
+            Group::Mail => None,
+        };
         let wakeups = OUTBOX_WAKEUPS.read(get)?;
         let dispatcher = DispatcherConfig {
             listen: wakeups,
@@ -338,6 +351,7 @@ impl WorkerConfig {
             redis_url,
             redis_ca_cert,
             http_addr,
+            console,
             queue_prefix: QueueNamespace::from_lookup(get)?.prefix().to_owned(),
             router,
             schedules,

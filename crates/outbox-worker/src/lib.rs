@@ -71,8 +71,8 @@ pub use built_in::{BuiltIn, built_in_subscribers};
 #[cfg(feature = "workflow")]
 pub use config::{BridgeConfig, BridgeSettings, DEFAULT_BRIDGE_ADDR};
 pub use config::{
-    ConfigError, DEFAULT_DELIVERY_RECORD_TTL_HOURS, DEFAULT_GAUGE_INTERVAL,
-    DEFAULT_QUEUE_DEAD_RETENTION_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS,
+    ConfigError, ConsoleConfig, DEFAULT_CONSOLE_ADDR, DEFAULT_DELIVERY_RECORD_TTL_HOURS,
+    DEFAULT_GAUGE_INTERVAL, DEFAULT_QUEUE_DEAD_RETENTION_HOURS, DEFAULT_QUEUE_DONE_RETENTION_HOURS,
     DEFAULT_RETENTION_EVERY, DEFAULT_SHUTDOWN_GRACE, Group, WorkerConfig,
 };
 pub use declared::UnroutedEventTypes;

@@ -63,6 +63,10 @@ pub(crate) async fn serve(
     } else {
         None
     };
+    let console_listener = match &config.console {
+        Some(console) => Some(bind_console(console).await?),
+        None => None,
+    };
     log_started(&config, &group, listener.as_ref());
     warn_pool_shortfall(&config, &group);
 
@@ -73,6 +77,20 @@ pub(crate) async fn serve(
     }
     if let Some(handle) = metrics {
         services = services.service("metrics upkeep", RESTART, crate::recorder::upkeep(handle));
+    }
+    if let (Some(listener), Some(settings)) = (console_listener, &config.console) {
+        let console = outbox_console::Console::new(connections.pool.clone())
+            .with_tokens(settings.tokens.clone())
+            .with_queues(
+                connections.redis.clone(),
+                connections.namespace.clone(),
+                queues.clone(),
+            );
+        // Each run's token also ends the live streams, or its graceful
+        // shutdown would wait for every open overview.
+        let app =
+            move |token: &CancellationToken| console.clone().with_shutdown(token.clone()).router();
+        services = services.service("console", RESTART, http_with(listener, app)?);
     }
     if config.group == Group::General {
         services = general_services(services, &builder, &config, &connections, &queues)?;
@@ -241,16 +259,33 @@ async fn bind(config: &WorkerConfig) -> Result<TcpListener> {
         .with_context(|| format!("cannot bind WORKER_HTTP_ADDR={}", config.http_addr))
 }
 
+/// `OUTBOX_CONSOLE_ADDR`, bound at start so that a taken address stops it.
+async fn bind_console(console: &crate::ConsoleConfig) -> Result<TcpListener> {
+    let listener = TcpListener::bind(console.addr)
+        .await
+        .with_context(|| format!("cannot bind OUTBOX_CONSOLE_ADDR={}", console.addr))?;
+    tracing::info!(addr = %listener.local_addr()?, tokens = ?console.tokens, "console served");
+    Ok(listener)
+}
+
 /// `app` served on `listener` until its token is cancelled (requests in
 /// progress finish); a restart binds the same address again.
 pub(crate) fn http(
     listener: TcpListener,
     app: axum::Router,
 ) -> Result<impl FnMut(CancellationToken) -> Run<std::io::Error> + Send + 'static> {
+    http_with(listener, move |_: &CancellationToken| app.clone())
+}
+
+/// As [`http`], with the app of each run made by `app` from that run's token.
+pub(crate) fn http_with(
+    listener: TcpListener,
+    app: impl Fn(&CancellationToken) -> axum::Router + Send + 'static,
+) -> Result<impl FnMut(CancellationToken) -> Run<std::io::Error> + Send + 'static> {
     let addr = listener.local_addr()?;
     let mut listener = Some(listener);
     Ok(move |token: CancellationToken| {
-        let (listener, app) = (listener.take(), app.clone());
+        let (listener, app) = (listener.take(), app(&token));
         let run: Run<std::io::Error> = Box::pin(async move {
             let listener = match listener {
                 Some(listener) => listener,

@@ -84,7 +84,15 @@ pub fn variables(group: Group) -> Vec<Variable> {
         Group::General => own::WORKER_HTTP_ADDR,
         Group::Mail => WORKER_HTTP_ADDR_MAIL,
     };
-    vec![
+    // The console is worker-general's only.
+    let console: Vec<Variable> = match group {
+        Group::General => vec![
+            own::OUTBOX_CONSOLE_TOKENS.into(),
+            own::OUTBOX_CONSOLE_ADDR.into(),
+        ],
+        Group::Mail => Vec::new(),
+    };
+    let mut list: Vec<Variable> = vec![
         outbox_pg::DATABASE_URL.into(),
         outbox_queue::REDIS_URL.into(),
         outbox_queue::REDIS_CA_CERT.into(),
@@ -141,7 +149,14 @@ pub fn variables(group: Group) -> Vec<Variable> {
         crate::error_reports::SENTRY_DSN.into(),
         crate::traces::OTEL_EXPORTER_OTLP_ENDPOINT.into(),
         crate::traces::OTEL_SERVICE_NAME.into(),
-    ]
+    ];
+    // After WORKER_HTTP_ADDR, the other address.
+    let after = list
+        .iter()
+        .position(|v| v.name() == own::WORKER_HTTP_ADDR.name)
+        .map_or(list.len(), |i| i + 1);
+    list.splice(after..after, console);
+    list
 }
 
 /// Every variable `workflow-bridge` reads, in the order its `--help`

@@ -1,71 +1,62 @@
-//! Requeue by filters: how many rows a requeue changes, the `--yes` guard,
-//! a preview of the first rows, and the run in batches.
-//!
-//! Nothing here holds one transaction for the whole selection: each batch is
-//! its own [`execute`], so row locks last one batch and a requeue of a
-//! million rows commits as it goes.
+//! Requeue by filters in the CLI: the `--yes` guard; the counts, the
+//! preview and the run in batches are `outbox_operator::requeue::bulk`'s
+//! (shared with the console), on the store filter the flags stand for.
 
-use anyhow::Result;
-use diesel_async::AsyncPgConnection;
-use outbox_model::OutboxStatus;
 use outbox_store::StoreError;
-use serde::Serialize;
-use uuid::Uuid;
 
-use super::{Candidate, Plan, execute, plan, refusal, requeueable};
+pub use outbox_operator::requeue::bulk::{
+    BatchFailed, DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, Request, Requeued, SHOWN_ROWS, Selection,
+};
+
+use super::Plan;
 use crate::filters::Filters;
 use crate::render::thousands;
 
 /// Default of `--confirm-above`: a requeue that changes more rows needs `--yes`.
-pub const DEFAULT_CONFIRM_ABOVE: u64 = 100;
-/// Default of `--batch-size`: rows requeued per transaction.
-pub const DEFAULT_BATCH_SIZE: u64 = 1_000;
-/// Largest `--batch-size`: one batch's ids travel as one array parameter.
-pub const MAX_BATCH_SIZE: u64 = 10_000;
-/// Rows a requeue lists (to requeue, and refused) before it only counts them.
-pub const SHOWN_ROWS: u64 = 100;
+pub use outbox_operator::confirm::DEFAULT_CONFIRM_ABOVE;
 
-/// How many rows the filters select, and how many of them a requeue changes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Selection {
-    /// Rows matching the filters, whatever their status.
-    pub matching: u64,
-    /// Matching rows a requeue may change (FAILED, CANCELLED; DONE with `--replay`).
-    pub requeueable: u64,
-    /// The rows this requeue changes: every requeueable row, or `--limit` of them.
-    pub to_requeue: u64,
-}
-
-impl Selection {
-    /// Matching rows that the policy refuses (PENDING, PROCESSING, DONE without `--replay`).
-    #[must_use]
-    pub fn refused(&self) -> u64 {
-        self.matching.saturating_sub(self.requeueable)
-    }
-}
-
-/// Counts the rows matching `filters` (one count query with the same
-/// filters, whatever the status) and those a requeue may change.
+/// Counts the rows matching `filters` and those a requeue may change.
 ///
 /// # Errors
 ///
 /// When Postgres fails.
 pub async fn select(
-    conn: &mut AsyncPgConnection,
+    conn: &mut diesel_async::AsyncPgConnection,
     filters: &Filters,
     replay: bool,
     limit: Option<u64>,
 ) -> Result<Selection, StoreError> {
-    let matching = filters.count(conn).await?;
-    let requeueable = match filters.only(&requeueable(replay)) {
-        Some(eligible) => eligible.count(conn).await?,
-        None => 0,
-    };
-    Ok(Selection {
-        matching,
-        requeueable,
-        to_requeue: limit.map_or(requeueable, |limit| limit.min(requeueable)),
-    })
+    outbox_operator::requeue::bulk::select(conn, &filters.selection(), replay, limit).await
+}
+
+/// The first `shown` rows the requeue changes and the first `shown` it refuses.
+///
+/// # Errors
+///
+/// When Postgres fails.
+pub async fn preview(
+    conn: &mut diesel_async::AsyncPgConnection,
+    filters: &Filters,
+    replay: bool,
+    selection: &Selection,
+    shown: u64,
+) -> Result<Plan, StoreError> {
+    outbox_operator::requeue::bulk::preview(conn, &filters.selection(), replay, selection, shown)
+        .await
+}
+
+/// Requeues the rows of `filters` in batches (see
+/// `outbox_operator::requeue::bulk::run`).
+///
+/// # Errors
+///
+/// [`BatchFailed`]: the batches committed before stay committed.
+pub async fn run(
+    conn: &mut diesel_async::AsyncPgConnection,
+    filters: &Filters,
+    request: &Request<'_>,
+) -> Result<Requeued, BatchFailed> {
+    outbox_operator::requeue::bulk::run(conn, &filters.selection(), request).await
 }
 
 /// A requeue of more rows than `--confirm-above` without `--yes`.
@@ -98,7 +89,7 @@ pub fn confirm(
     confirm_above: u64,
     yes: bool,
 ) -> Result<(), NeedsConfirmation> {
-    if selection.to_requeue > confirm_above && !yes {
+    if outbox_operator::confirm::needs_confirmation(selection.to_requeue, confirm_above) && !yes {
         return Err(NeedsConfirmation {
             rows: selection.to_requeue,
             matching: selection.matching,
@@ -106,131 +97,6 @@ pub fn confirm(
         });
     }
     Ok(())
-}
-
-fn sql_limit(n: u64) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// The first `shown` rows (oldest first) that the requeue changes and the
-/// first `shown` it refuses, classified by [`plan`].
-///
-/// # Errors
-///
-/// When Postgres fails.
-pub async fn preview(
-    conn: &mut AsyncPgConnection,
-    filters: &Filters,
-    replay: bool,
-    selection: &Selection,
-    shown: u64,
-) -> Result<Plan, StoreError> {
-    let mut rows: Vec<Candidate> = Vec::new();
-    let to_show = shown.min(selection.to_requeue);
-    if to_show > 0
-        && let Some(eligible) = filters.only(&requeueable(replay))
-    {
-        rows.extend(eligible.candidates(conn, sql_limit(to_show)).await?);
-    }
-    let refused: Vec<OutboxStatus> = OutboxStatus::ALL
-        .into_iter()
-        .filter(|status| refusal(*status, replay).is_some())
-        .collect();
-    if shown > 0
-        && selection.refused() > 0
-        && let Some(refused) = filters.only(&refused)
-    {
-        rows.extend(refused.candidates(conn, sql_limit(shown)).await?);
-    }
-    Ok(plan(rows, replay))
-}
-
-/// What [`run`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Requeued {
-    /// Every row requeued, in the order of the batches.
-    pub ids: Vec<Uuid>,
-    /// Of those, DONE rows replayed (each started a new delivery generation).
-    pub replayed: usize,
-    /// Transactions committed.
-    pub batches: usize,
-}
-
-/// The text and metadata of a bulk requeue.
-pub struct Request<'a> {
-    /// Why (kept in each history row).
-    pub reason: &'a str,
-    /// Who (kept in each history row).
-    pub requested_by: Option<&'a str>,
-    /// Whether DONE rows are requeued (replayed).
-    pub replay: bool,
-    /// At most this many rows (what was counted and confirmed).
-    pub total: u64,
-    /// Rows per transaction.
-    pub batch_size: u64,
-}
-
-/// Requeues up to `request.total` rows matching `filters`, oldest first, in
-/// transactions of at most `request.batch_size` rows, each with its history
-/// rows and its NOTIFY (see [`execute`]). Requeued rows are PENDING and drop
-/// out of the selection, so each batch takes the next ones. The count bounds
-/// the run: it never changes more rows than were counted and confirmed, even
-/// when rows go FAILED meanwhile (some matching rows may then be left for
-/// the next requeue). It stops early when a batch finds nothing left to
-/// change (another session changed the rows meanwhile).
-///
-/// # Errors
-///
-/// When Postgres or Redis fails; the batches committed before stay
-/// committed (each is whole), and the error says how many rows they held.
-pub async fn run(
-    conn: &mut AsyncPgConnection,
-    filters: &Filters,
-    request: &Request<'_>,
-) -> Result<Requeued> {
-    let mut done = Requeued::default();
-    let Some(eligible) = filters.only(&requeueable(request.replay)) else {
-        return Ok(done);
-    };
-    let batch_size = request.batch_size.max(1);
-    loop {
-        let so_far = u64::try_from(done.ids.len()).unwrap_or(u64::MAX);
-        let want = batch_size.min(request.total.saturating_sub(so_far));
-        if want == 0 {
-            break;
-        }
-        let rows: Vec<Candidate> = eligible.candidates(conn, sql_limit(want)).await?;
-        if rows.is_empty() {
-            break;
-        }
-        let batch = plan(rows, request.replay);
-        let executed = execute(
-            conn,
-            &batch,
-            request.reason,
-            request.requested_by,
-            request.replay,
-        )
-        .await
-        .map_err(|e| {
-            e.context(format!(
-                "batch {} failed; {} row(s) requeued before it stay requeued",
-                done.batches + 1,
-                thousands(so_far)
-            ))
-        })?;
-        done.batches += 1;
-        done.replayed += batch
-            .requeue
-            .iter()
-            .filter(|row| row.replay && executed.requeued.contains(&row.id))
-            .count();
-        if executed.requeued.is_empty() {
-            break;
-        }
-        done.ids.extend(executed.requeued);
-    }
-    Ok(done)
 }
 
 #[cfg(test)]

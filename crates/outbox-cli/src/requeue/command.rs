@@ -158,9 +158,10 @@ async fn many(
     };
     if args.dry_run {
         let replays = if args.replay {
-            let done = filters.only(&[OutboxStatus::Done]);
-            match done {
-                Some(done) => done.count(conn).await?.min(selection.to_requeue),
+            match filters.selection().only(&[OutboxStatus::Done]) {
+                Some(done) => outbox_store::count_events(conn, &done)
+                    .await?
+                    .min(selection.to_requeue),
                 None => 0,
             }
         } else {

@@ -1,16 +1,18 @@
-//! `outbox requeue`: put FAILED / CANCELLED (and, on request, DONE) rows back
-//! to PENDING, consistently and with history.
+//! Requeue: put FAILED / CANCELLED (and, on request, DONE) rows back to
+//! PENDING, consistently and with history.
 //!
-//! This module holds the policy ([`refusal`], [`plan`]) and one transaction
-//! of requeues ([`execute`], by `outbox_store::requeue`). The binary's `requeue::bulk` selects by
-//! filters and runs in batches; its `requeue::command` is the `outbox
-//! requeue` command itself.
+//! This module holds the policy ([`refusal`], [`plan`]), one transaction
+//! of requeues ([`execute`], by `outbox_store::requeue`) and the requeue by
+//! filters in batches ([`bulk`]). `outbox requeue` (the CLI's
+//! `requeue::command`, with its `--yes` guard) and the console's requeue
+//! pages run them.
 
-use anyhow::Result;
+pub mod bulk;
+
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
 pub use outbox_store::Candidate;
-use outbox_store::Change;
+use outbox_store::{Change, StoreError};
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -122,7 +124,7 @@ pub async fn execute(
     reason: &str,
     requested_by: Option<&str>,
     replay: bool,
-) -> Result<Executed> {
+) -> Result<Executed, StoreError> {
     let ids: Vec<Uuid> = plan.requeue.iter().map(|r| r.id).collect();
     let allowed = requeueable(replay);
     let requeued = outbox_store::requeue(

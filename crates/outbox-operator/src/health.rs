@@ -1,7 +1,8 @@
 //! The queue half of `outbox health`: what it reads from Redis for each
-//! queue and which figures raise an alert. The binary adds Redis' status
-//! and the workflow executions, and renders the report; tests of other
-//! crates call [`queue_health`] to see exactly what an operator would.
+//! queue and which figures raise an alert. The CLI adds Redis' status and
+//! the workflow executions, and renders the report; the console's
+//! overview shows the same alerts; tests of other crates call
+//! [`queue_health`] to see exactly what an operator would.
 
 use std::time::Duration;
 

@@ -1,0 +1,55 @@
+//! What can go wrong while a page is built, and the page that says so.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use outbox_operator::health::QueueReadError;
+use outbox_store::StoreError;
+
+/// Why the console could not answer. Its messages hide the secrets of URLs
+/// (`outbox_queue::redact_urls_in`).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsoleError {
+    /// No Postgres connection could be had from the pool.
+    #[error("no database connection: {0}")]
+    Pool(String),
+    /// A statement of the store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A queue's figures could not be read from Redis.
+    #[error(transparent)]
+    Queues(#[from] QueueReadError),
+    /// A batch of a requeue by filter failed; the batches before it stay
+    /// committed, and the message says how many rows they held.
+    #[error(transparent)]
+    Batch(#[from] outbox_operator::requeue::bulk::BatchFailed),
+    /// Redis failed reading or putting back dead jobs.
+    #[error("Redis: {0}")]
+    Redis(String),
+}
+
+impl ConsoleError {
+    /// The status a browser gets: 503 while a server is out of reach, else 500.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Pool(_) | Self::Queues(_) | Self::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Store(_) | Self::Batch(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ConsoleError {
+    fn into_response(self) -> Response {
+        tracing::warn!(error = %self, "console page failed");
+        let message = outbox_queue::redact_urls_in(&self.to_string());
+        let page = maud::html! {
+            (maud::DOCTYPE)
+            html lang="en" {
+                head { meta charset="utf-8"; title { "Outbox console: error" } }
+                body { h1 { "The console could not answer" } p.error { (message) } }
+            }
+        };
+        (self.status(), page).into_response()
+    }
+}

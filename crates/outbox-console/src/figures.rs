@@ -1,0 +1,157 @@
+//! What the overview shows, read through the store and `outbox health`'s
+//! checks, and its live form (the numbers the page's script swaps in).
+
+use std::collections::BTreeMap;
+
+use outbox_model::OutboxStatus;
+use outbox_operator::health::{QueueHealth, Thresholds, queue_health};
+use outbox_store::{PendingFigures, StatusQueueCount, UnroutedType};
+
+use crate::{Console, ConsoleError};
+
+/// The overview's figures at one moment.
+pub(crate) struct Figures {
+    pub pending: PendingFigures,
+    pub counts: Vec<StatusQueueCount>,
+    pub unrouted: Vec<UnroutedType>,
+    /// The queues' figures, when the console was given Redis.
+    pub queues: Option<Vec<QueueHealth>>,
+}
+
+impl Figures {
+    /// Reads every figure (one table scan for the counts).
+    pub(crate) async fn read(console: &Console) -> Result<Self, ConsoleError> {
+        let mut conn = console.conn().await?;
+        let pending = outbox_store::pending_figures(&mut conn).await?;
+        let counts = outbox_store::status_queue_counts(&mut conn).await?;
+        let unrouted = outbox_store::unrouted_types(&mut conn).await?;
+        drop(conn);
+        let queues = match &console.inner.queues {
+            Some(queues) => {
+                let names: Vec<&str> = queues.names.iter().map(String::as_str).collect();
+                let mut redis = queues.redis.clone();
+                Some(
+                    queue_health(
+                        &mut redis,
+                        &queues.namespace,
+                        &names,
+                        &Thresholds::default(),
+                    )
+                    .await?,
+                )
+            }
+            None => None,
+        };
+        Ok(Self {
+            pending,
+            counts,
+            unrouted,
+            queues,
+        })
+    }
+
+    /// Rows of `status`, over every queue.
+    pub(crate) fn total(&self, status: OutboxStatus) -> i64 {
+        self.counts
+            .iter()
+            .filter(|c| c.status == status.as_str())
+            .map(|c| c.n)
+            .sum()
+    }
+
+    /// Dead jobs over every queue read.
+    pub(crate) fn dead(&self) -> Option<u64> {
+        self.queues
+            .as_ref()
+            .map(|queues| queues.iter().map(|q| q.stats.dead).sum())
+    }
+
+    /// Workers registered over every queue read.
+    pub(crate) fn workers(&self) -> Option<u64> {
+        self.queues
+            .as_ref()
+            .map(|queues| queues.iter().map(|q| q.stats.workers).sum())
+    }
+
+    /// The alerts `outbox health` would raise for these figures: the
+    /// pending alert, each queue's, and the events no route matches.
+    pub(crate) fn alerts(&self) -> Vec<String> {
+        let mut alerts = Vec::new();
+        if self.pending.alert() {
+            alerts.push(format!(
+                "{} event(s) due for over {} s (more than {})",
+                self.pending.overdue,
+                outbox_store::OVERDUE_AFTER_SECS,
+                outbox_store::PENDING_ALERT_THRESHOLD
+            ));
+        }
+        for queue in self.queues.iter().flatten() {
+            for alert in &queue.alerts {
+                alerts.push(format!("{}: {alert}", queue.queue));
+            }
+        }
+        for unrouted in &self.unrouted {
+            if unrouted.failed > 0 {
+                alerts.push(format!(
+                    "{}: {} event(s) FAILED without a route",
+                    unrouted.event_type, unrouted.failed
+                ));
+            }
+        }
+        alerts
+    }
+
+    /// The numbers of the page by their `data-live` key, as shown.
+    pub(crate) fn live(&self) -> BTreeMap<String, String> {
+        let mut live = BTreeMap::new();
+        live.insert("due".into(), self.pending.due.to_string());
+        live.insert("overdue".into(), self.pending.overdue.to_string());
+        live.insert("oldest".into(), age(self.pending.oldest_due_age_secs));
+        live.insert("processing".into(), self.pending.processing.to_string());
+        for status in OutboxStatus::ALL {
+            live.insert(format!("total:{status}"), self.total(status).to_string());
+        }
+        for count in &self.counts {
+            live.insert(
+                format!("count:{}:{}", count.status, count.queue),
+                count.n.to_string(),
+            );
+        }
+        if let Some(dead) = self.dead() {
+            live.insert("dead".into(), dead.to_string());
+        }
+        if let Some(workers) = self.workers() {
+            live.insert("workers".into(), workers.to_string());
+        }
+        live.insert("alerts".into(), self.alerts().len().to_string());
+        live
+    }
+}
+
+/// An age in seconds as people read it: `-`, `42 s`, `3 min`, `5 h`, `2 d`.
+pub(crate) fn age(secs: Option<f64>) -> String {
+    let Some(secs) = secs else {
+        return "-".to_owned();
+    };
+    let secs = secs.max(0.0).round() as u64;
+    match secs {
+        0..120 => format!("{secs} s"),
+        120..7_200 => format!("{} min", secs / 60),
+        7_200..172_800 => format!("{} h", secs / 3_600),
+        _ => format!("{} d", secs / 86_400),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::age;
+
+    #[test]
+    fn ages_read_in_the_largest_whole_unit() {
+        assert_eq!(age(None), "-");
+        assert_eq!(age(Some(41.6)), "42 s");
+        assert_eq!(age(Some(600.0)), "10 min");
+        assert_eq!(age(Some(18_000.0)), "5 h");
+        assert_eq!(age(Some(200_000.0)), "2 d");
+    }
+}

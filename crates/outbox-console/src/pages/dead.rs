@@ -1,0 +1,144 @@
+//! A queue's dead jobs and why each died, and putting them back on their
+//! queue (`outbox retry-dead`): the page is the dry run (how many would go
+//! back, the first ones listed), the confirmation POST puts them back; more
+//! than [`DEFAULT_CONFIRM_ABOVE`] need the box ticked, as the CLI needs
+//! `--yes`.
+
+use axum::Form;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Redirect, Response};
+use maud::html;
+use outbox_operator::confirm::{DEFAULT_CONFIRM_ABOVE, needs_confirmation};
+use serde::Deserialize;
+
+use super::{Viewer, layout, refusal};
+use crate::{Console, ConsoleError, Queues};
+
+/// Dead jobs listed on the page (all are counted and put back).
+pub const SHOWN_JOBS: usize = 50;
+
+#[derive(Deserialize)]
+pub(crate) struct Shown {
+    /// How many jobs the last retry put back.
+    #[serde(default)]
+    put_back: Option<usize>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Retry {
+    #[serde(default)]
+    csrf: String,
+    /// The box "yes, put them all back" (needed above the threshold).
+    #[serde(default)]
+    yes: bool,
+}
+
+/// The console's queues, if `queue` is one of them.
+fn known<'a>(console: &'a Console, queue: &str) -> Option<&'a Queues> {
+    console
+        .inner
+        .queues
+        .as_ref()
+        .filter(|queues| queues.names.iter().any(|name| name == queue))
+}
+
+fn unknown(viewer: &Viewer, queue: &str) -> Response {
+    refusal(
+        &viewer.base,
+        StatusCode::NOT_FOUND,
+        &format!("{queue} is not a queue this console reads."),
+    )
+}
+
+pub(crate) async fn page(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Path(queue): Path<String>,
+    Query(shown): Query<Shown>,
+) -> Result<Response, ConsoleError> {
+    let Some(queues) = known(&console, &queue) else {
+        return Ok(unknown(&viewer, &queue));
+    };
+    let mut redis = queues.redis.clone();
+    let read = async {
+        let ids = outbox_queue::dead_task_ids(&mut redis, &queues.namespace, &queue).await?;
+        let jobs =
+            outbox_queue::dead_jobs(&mut redis, &queues.namespace, &queue, SHOWN_JOBS).await?;
+        Ok::<_, outbox_queue::QueueError>((ids, jobs))
+    };
+    let (ids, jobs) = read.await.map_err(|e| ConsoleError::Redis(e.to_string()))?;
+    let guarded = needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE);
+    let action = viewer.base.to(&format!("/queues/{queue}/dead"));
+    let body = html! {
+        @if let Some(n) = shown.put_back { p.ok #done { "Put " (n) " dead job(s) back on " (queue) "." } }
+        p #dry-run {
+            "Dry run: " span #dry-run-count { (ids.len()) } " dead job(s) would go back on " (queue)
+            ", due now; nothing changed yet."
+        }
+        @if !jobs.is_empty() {
+            table #dead-jobs {
+                thead { tr { th { "task id" } th.num { "attempts" } th { "reason" } } }
+                tbody {
+                    @for job in &jobs {
+                        tr {
+                            td { (job.task_id) }
+                            td.num { (job.attempts.as_deref().unwrap_or("-")) }
+                            td { (job.reason.as_deref().map_or_else(|| "-".to_owned(), outbox_queue::redact_urls_in)) }
+                        }
+                    }
+                }
+            }
+            @if ids.len() > jobs.len() { p.muted { "The first " (jobs.len()) " of " (ids.len()) " shown." } }
+            form #confirm-form method="post" action=(action) {
+                input type="hidden" name="csrf" value=(viewer.csrf_field());
+                @if guarded {
+                    label.warning {
+                        input #yes type="checkbox" name="yes" value="true";
+                        " Yes, put all " (ids.len()) " back (more than " (DEFAULT_CONFIRM_ABOVE) ")"
+                    }
+                }
+                button #confirm type="submit" { "Confirm: put " (ids.len()) " dead job(s) back" }
+            }
+        }
+    };
+    Ok(layout(&viewer, &format!("Dead jobs of {queue}"), body).into_response())
+}
+
+pub(crate) async fn retry(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Path(queue): Path<String>,
+    Form(form): Form<Retry>,
+) -> Result<Response, ConsoleError> {
+    if let Some(refused) = viewer.refusal_of_action(&form.csrf) {
+        tracing::warn!(queue = %queue, name = %viewer.identity.name, role = %viewer.identity.role, "console retry of dead jobs refused");
+        return Ok(refused);
+    }
+    let Some(queues) = known(&console, &queue) else {
+        return Ok(unknown(&viewer, &queue));
+    };
+    let mut redis = queues.redis.clone();
+    let ids = outbox_queue::dead_task_ids(&mut redis, &queues.namespace, &queue)
+        .await
+        .map_err(|e| ConsoleError::Redis(e.to_string()))?;
+    if needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE) && !form.yes {
+        return Ok(refusal(
+            &viewer.base,
+            StatusCode::CONFLICT,
+            &format!(
+                "{} dead jobs of {queue} would go back, more than {DEFAULT_CONFIRM_ABOVE}: tick the confirmation box (nothing changed).",
+                ids.len()
+            ),
+        ));
+    }
+    let put_back = outbox_queue::retry_dead(&mut redis, &queues.namespace, &queue, &ids)
+        .await
+        .map_err(|e| ConsoleError::Redis(e.to_string()))?;
+    tracing::info!(queue = %queue, actor = %viewer.identity.actor(), put_back, "console retry of dead jobs");
+    let to = format!(
+        "{}?put_back={put_back}",
+        viewer.base.to(&format!("/queues/{queue}/dead"))
+    );
+    Ok(Redirect::to(&to).into_response())
+}

@@ -1,0 +1,189 @@
+//! One event: its columns, its payload pretty-printed with secrets masked,
+//! its trace id, its history (requeues, replays, cancels, reschedules) and
+//! what an operator may do with it.
+
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use maud::{Markup, html};
+use outbox_model::{OutboxEvent, OutboxStatus};
+use outbox_operator::requeue::refusal;
+use outbox_store::HistoryEntry;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{Viewer, layout, not_found};
+use crate::{Console, ConsoleError};
+
+#[derive(Deserialize)]
+pub(crate) struct Shown {
+    /// What an action just did (`requeued`, `replayed`, `unchanged`), to
+    /// say so at the top.
+    #[serde(default)]
+    done: Option<String>,
+}
+
+/// What the page says after an action.
+fn said(done: &str) -> Option<&'static str> {
+    match done {
+        "requeued" => Some("Requeued: it is PENDING again."),
+        "replayed" => Some("Replayed: it is PENDING again, in a new delivery generation."),
+        "cancelled" => Some("Cancelled: it will not be delivered unless requeued."),
+        "unchanged" => Some("Nothing changed: its status changed meanwhile."),
+        _ => None,
+    }
+}
+
+fn time(at: Option<DateTime<Utc>>) -> String {
+    at.map_or_else(|| "-".to_owned(), |at| at.to_rfc3339())
+}
+
+pub(crate) async fn page(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Path(id): Path<Uuid>,
+    Query(shown): Query<Shown>,
+) -> Result<Response, ConsoleError> {
+    let mut conn = console.conn().await?;
+    let Some(row) = outbox_store::event(&mut conn, id).await? else {
+        return Ok(not_found(&viewer.base, id));
+    };
+    let history = outbox_store::history(&mut conn, id).await?;
+    let body = html! {
+        @if let Some(said) = shown.done.as_deref().and_then(said) { p.ok #done { (said) } }
+        (actions(&viewer, &row))
+        (details(&row))
+        h2 { "Payload" }
+        pre #payload { (pretty_payload(&row)) }
+        h2 { "History" }
+        (history_table(&history))
+    };
+    Ok(layout(&viewer, &format!("Event {id}"), body).into_response())
+}
+
+/// The payload as indented JSON, with secret-looking fields masked (a
+/// payload that is not JSON, which the table does not allow, is not shown).
+fn pretty_payload(row: &OutboxEvent) -> String {
+    match serde_json::from_str::<serde_json::Value>(row.payload.get()) {
+        Ok(payload) => {
+            let shown = outbox_queue::redact_json(&payload);
+            serde_json::to_string_pretty(&shown).unwrap_or_else(|_| shown.to_string())
+        }
+        Err(e) => format!("(not shown: the payload does not parse as JSON: {e})"),
+    }
+}
+
+fn actions(viewer: &Viewer, row: &OutboxEvent) -> Markup {
+    let requeue = viewer.base.to(&format!("/events/{}/requeue", row.id));
+    let cancel = viewer.base.to(&format!("/events/{}/cancel", row.id));
+    html! {
+        div.actions {
+            @if refusal(row.status, false).is_none() {
+                a.button #requeue href=(requeue) { "Requeue…" }
+            } @else if row.status == OutboxStatus::Done {
+                a.button #replay href=(format!("{requeue}?replay=true")) { "Replay…" }
+            } @else {
+                span.muted { (refusal(row.status, false).unwrap_or_default()) }
+            }
+            " "
+            @if outbox_operator::cancel::refusal(row.status).is_none() {
+                a.button.secondary #cancel href=(cancel) { "Cancel…" }
+            }
+        }
+    }
+}
+
+fn details(row: &OutboxEvent) -> Markup {
+    let trace = match (&row.traceparent, outbox_queue::stored_trace_context(row)) {
+        (_, Some(trace)) => trace.trace_id().to_owned(),
+        (Some(_), None) => "- (its traceparent is not valid; the dispatcher ignores it)".to_owned(),
+        (None, None) => "-".to_owned(),
+    };
+    let generation = u32::try_from(row.generation).unwrap_or(0);
+    let rows: [(&str, &str, String); 15] = [
+        ("status", "status", row.status.to_string()),
+        ("tenant", "tenant", row.tenant_id.clone()),
+        ("event type", "event-type", row.event_type.clone()),
+        ("retries", "retries", row.retries.to_string()),
+        (
+            "generation",
+            "generation",
+            format!(
+                "{} (task id {})",
+                row.generation,
+                outbox_queue::generation_task_id(row.id, generation)
+            ),
+        ),
+        ("created", "created", row.created_at.to_rfc3339()),
+        ("scheduled", "scheduled", row.scheduled_at.to_rfc3339()),
+        ("locked until", "locked-until", time(row.locked_until)),
+        ("processed", "processed", time(row.processed_at)),
+        ("failed", "failed", time(row.failed_at)),
+        (
+            "target queue",
+            "target-queue",
+            row.target_queue.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "dispatch key",
+            "dispatch-key",
+            row.dispatch_key.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "ordering key",
+            "ordering-key",
+            row.ordering_key.clone().unwrap_or_else(|| "-".into()),
+        ),
+        (
+            "last error",
+            "last-error",
+            row.last_error
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), outbox_queue::redact_urls_in),
+        ),
+        ("trace id", "trace-id", trace),
+    ];
+    html! {
+        table.details #details {
+            @for (label, id, value) in &rows {
+                tr { th { (label) } td id=(format!("field-{id}")) { (value) } }
+            }
+        }
+    }
+}
+
+/// What an entry changed, as `outbox show` words it, and whether it was a replay.
+fn change(entry: &HistoryEntry) -> String {
+    match (entry.replay, entry.generation) {
+        (true, Some(n)) => format!("{} as a replay (generation {n})", entry.change()),
+        (true, None) => format!("{} as a replay", entry.change()),
+        (false, _) => entry.change(),
+    }
+}
+
+fn history_table(history: &[HistoryEntry]) -> Markup {
+    html! {
+        @if history.is_empty() {
+            p.muted #no-history { "Never requeued, replayed, cancelled or rescheduled." }
+        } @else {
+            table #history {
+                thead { tr {
+                    th { "when (UTC)" } th { "what" } th { "who" } th { "why" }
+                    th.num { "retries before" } th { "last error before" }
+                } }
+                tbody {
+                    @for entry in history {
+                        tr {
+                            td { (entry.requeued_at.format("%Y-%m-%d %H:%M:%S").to_string()) }
+                            td { (change(entry)) }
+                            td { (entry.requested_by.as_deref().unwrap_or("-")) }
+                            td { (entry.reason) }
+                            td.num { (entry.previous_retries) }
+                            td { (entry.previous_last_error.as_deref().map_or_else(|| "-".to_owned(), outbox_queue::redact_urls_in)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The overview: events by status and queue, the oldest due event, the
+//! queues (dead jobs, workers) and the alerts, updated live over SSE.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream};
+use maud::{Markup, html};
+use outbox_model::OutboxStatus;
+
+use super::{Viewer, layout};
+use crate::figures::{Figures, age};
+use crate::{Console, ConsoleError};
+
+/// How often the live overview sends new figures.
+pub const LIVE_EVERY: Duration = Duration::from_secs(2);
+
+pub(crate) async fn page(
+    State(console): State<Console>,
+    viewer: Viewer,
+) -> Result<Response, ConsoleError> {
+    let figures = Figures::read(&console).await?;
+    Ok(layout(&viewer, "Overview", body(&viewer, &figures)).into_response())
+}
+
+fn tile(label: &str, key: &str, value: String) -> Markup {
+    html! {
+        div.tile { span.label { (label) } span.value data-live=(key) { (value) } }
+    }
+}
+
+fn body(viewer: &Viewer, figures: &Figures) -> Markup {
+    let base = &viewer.base;
+    let alerts = figures.alerts();
+    html! {
+        section.live data-live-url=(base.to("/live")) {
+            p.muted { "Live: " span data-live-stamp { "connecting…" } }
+        }
+        section.tiles {
+            @for status in OutboxStatus::ALL {
+                a.tile-link href=(format!("{}?status={status}", base.to("/events"))) {
+                    (tile(status.as_str(), &format!("total:{status}"), figures.total(status).to_string()))
+                }
+            }
+            (tile("due now", "due", figures.pending.due.to_string()))
+            (tile("overdue (> 60 s)", "overdue", figures.pending.overdue.to_string()))
+            (tile("oldest due", "oldest", age(figures.pending.oldest_due_age_secs)))
+            @if let Some(dead) = figures.dead() { (tile("dead jobs", "dead", dead.to_string())) }
+            @if let Some(workers) = figures.workers() { (tile("workers", "workers", workers.to_string())) }
+        }
+        section #alerts {
+            h2 { "Alerts (" span data-live="alerts" { (alerts.len()) } ")" }
+            @if alerts.is_empty() {
+                p.ok { "None: outbox health would exit 0 for these figures." }
+            } @else {
+                ul.alerts { @for alert in &alerts { li { (alert) } } }
+            }
+        }
+        section {
+            h2 { "Events by status and queue" }
+            table #by-status {
+                thead { tr { th { "status" } th { "queue" } th.num { "events" } } }
+                tbody {
+                    @for count in &figures.counts {
+                        tr {
+                            td { a href=(format!("{}?status={}", base.to("/events"), count.status)) { (count.status) } }
+                            td { (count.queue) }
+                            td.num data-live=(format!("count:{}:{}", count.status, count.queue)) { (count.n) }
+                        }
+                    }
+                }
+            }
+        }
+        @if let Some(queues) = &figures.queues {
+            section {
+                h2 { "Queues" }
+                table #queues {
+                    thead { tr {
+                        th { "queue" } th.num { "backlog" } th.num { "due" } th.num { "running" }
+                        th.num { "dead" } th.num { "workers" } th.num { "stalled" } th { "alerts" }
+                    } }
+                    tbody {
+                        @for queue in queues {
+                            tr {
+                                td { (queue.queue) }
+                                td.num { (queue.stats.backlog) }
+                                td.num { (queue.stats.due) }
+                                td.num { (queue.stats.running) }
+                                td.num {
+                                    @if queue.stats.dead > 0 {
+                                        a.dead-link href=(base.to(&format!("/queues/{}/dead", queue.queue))) { (queue.stats.dead) }
+                                    } @else { (queue.stats.dead) }
+                                }
+                                td.num { (queue.stats.workers) }
+                                td.num { (queue.stats.stalled_workers) }
+                                td { (queue.alerts.join("; ")) }
+                            }
+                        }
+                    }
+                }
+            }
+        } @else {
+            p.muted { "Queues: this console was not given Redis, so backlogs, dead jobs and workers are not shown." }
+        }
+    }
+}
+
+/// `/live`: the overview's numbers every [`LIVE_EVERY`], as `figures`
+/// events (a JSON object from `data-live` key to text); an `error` event
+/// when they cannot be read.
+pub(crate) async fn live(
+    State(console): State<Console>,
+    _viewer: Viewer,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let ticks = stream::unfold((console, true), |(console, first)| async move {
+        if !first {
+            tokio::select! {
+                () = tokio::time::sleep(LIVE_EVERY) => {}
+                () = console.inner.stop.cancelled() => return None,
+            }
+        }
+        let event = match Figures::read(&console).await {
+            Ok(figures) => Event::default()
+                .event("figures")
+                .json_data(figures.live())
+                .unwrap_or_else(|_| Event::default().event("error")),
+            Err(e) => Event::default()
+                .event("error")
+                .data(outbox_queue::redact_urls_in(&e.to_string())),
+        };
+        Some((Ok(event), (console, false)))
+    });
+    Sse::new(ticks).keep_alive(KeepAlive::default())
+}

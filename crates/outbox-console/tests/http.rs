@@ -1,0 +1,655 @@
+//! The console over plain HTTP, without a browser: who gets in (401
+//! without a token), who may act (403 for a reader), the CSRF check on
+//! every action, links under a mount prefix, and that no page shows a
+//! secret. Real Postgres, a real server on 127.0.0.1.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use diesel_async::SimpleAsyncConnection;
+use outbox_console::{Console, Tokens};
+use outbox_test_support::TestDatabase;
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
+use uuid::Uuid;
+
+const OPERATOR: &str = "operator-token-0123456789";
+const READER: &str = "reader-token-0123456789";
+
+struct Served {
+    db: TestDatabase,
+    /// The console's own address, with the mount prefix.
+    url: String,
+    http: reqwest::Client,
+}
+
+async fn served_under(prefix: &str) -> Served {
+    served_with(prefix, |console| console).await
+}
+
+async fn served_with(prefix: &str, setup: impl FnOnce(Console) -> Console) -> Served {
+    let db = TestDatabase::new().await;
+    let tokens = Tokens::parse(&format!("ana=operator:{OPERATOR},reader:{READER}")).unwrap();
+    let console = setup(Console::new(db.pool().clone()).with_tokens(tokens)).router();
+    let app = if prefix.is_empty() {
+        console
+    } else {
+        axum::Router::new().nest(prefix, console)
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    Served {
+        db,
+        url: format!("http://{addr}{prefix}"),
+        http,
+    }
+}
+
+async fn served() -> Served {
+    served_under("").await
+}
+
+impl Served {
+    /// Inserts an event row in the state `columns` = `values` describe.
+    async fn event(&self, payload: &str, columns: &str, values: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        self.db
+            .conn()
+            .await
+            .batch_execute(&format!(
+                "INSERT INTO outbox_event (id, tenant_id, event_type, payload{columns})
+                 VALUES ('{id}', 'acme', 'audit.user.login', '{payload}'{values})"
+            ))
+            .await
+            .unwrap();
+        id
+    }
+
+    async fn failed_event(&self) -> Uuid {
+        self.event(
+            r#"{"userId": "u1"}"#,
+            ", status, retries, failed_at, last_error",
+            ", 'FAILED', 3, now(), 'queue unreachable'",
+        )
+        .await
+    }
+
+    async fn status(&self, id: Uuid) -> String {
+        let mut conn = self.db.conn().await;
+        outbox_store::event(&mut conn, id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            .to_string()
+    }
+
+    async fn history(&self, id: Uuid) -> Vec<outbox_store::HistoryEntry> {
+        let mut conn = self.db.conn().await;
+        outbox_store::history(&mut conn, id).await.unwrap()
+    }
+
+    async fn get_as(&self, token: &str, path: &str) -> (StatusCode, String) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .header(AUTHORIZATION, format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap();
+        (response.status(), response.text().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, headers: &[(&str, String)], form: &str) -> reqwest::Response {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(form.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        request.send().await.unwrap()
+    }
+
+    /// A form POST with `Authorization: Bearer <token>`.
+    async fn post_as(&self, token: &str, path: &str, form: &str) -> reqwest::Response {
+        self.post(path, &[("authorization", format!("Bearer {token}"))], form)
+            .await
+    }
+
+    /// Signs in with `token` through the login form; returns the cookie.
+    async fn sign_in(&self, token: &str) -> String {
+        let response = self.post("/login", &[], &format!("token={token}")).await;
+        assert_eq!(response.status(), StatusCode::SEE_OTHER);
+        let set = response.headers()[SET_COOKIE].to_str().unwrap().to_owned();
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+            "{set}"
+        );
+        set.split(';').next().unwrap().to_owned()
+    }
+
+    async fn get_with_cookie(&self, cookie: &str, path: &str) -> String {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .header(COOKIE, cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        response.text().await.unwrap()
+    }
+}
+
+/// A requeue of `id` posted with the session `cookie` and `form`.
+async fn requeue(console: &Served, cookie: &str, id: Uuid, form: &str) -> reqwest::Response {
+    console
+        .post(
+            &format!("/events/{id}/requeue"),
+            &[("cookie", cookie.to_owned())],
+            form,
+        )
+        .await
+}
+
+/// The value of the hidden `csrf` field of a page's form.
+fn csrf_of(page: &str) -> String {
+    let start = page.find(r#"name="csrf" value=""#).expect("a csrf field") + 19;
+    page[start..start + 64].to_owned()
+}
+
+#[tokio::test]
+async fn a_request_without_a_valid_token_gets_401_and_the_login_form() {
+    let console = served().await;
+
+    for path in ["/", "/events", "/live"] {
+        let response = console
+            .http
+            .get(format!("{}{path}", console.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
+        assert!(response.text().await.unwrap().contains("Sign in"));
+    }
+    let (status, _) = console.get_as("not-a-token-of-this-console", "/").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let wrong = console
+        .post("/login", &[], "token=not-a-token-of-this-console")
+        .await;
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get(SET_COOKIE).is_none());
+}
+
+#[tokio::test]
+async fn a_reader_sees_every_page_but_its_requeue_is_refused_with_403() {
+    let console = served().await;
+    let id = console.failed_event().await;
+
+    for path in [
+        "/".to_owned(),
+        "/events?status=FAILED".to_owned(),
+        format!("/events/{id}"),
+        format!("/events/{id}/requeue"),
+    ] {
+        let (status, _) = console.get_as(READER, &path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+    }
+    let refused = console
+        .post_as(
+            READER,
+            &format!("/events/{id}/requeue"),
+            "replay=false&reason=try",
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains("Readers may look but not act")
+    );
+    assert_eq!(console.status(id).await, "FAILED");
+    assert!(console.history(id).await.is_empty());
+
+    // A reader signed in through the form is refused the same way.
+    let cookie = console.sign_in(READER).await;
+    let page = console
+        .get_with_cookie(&cookie, &format!("/events/{id}/requeue"))
+        .await;
+    let refused = console
+        .post(
+            &format!("/events/{id}/requeue"),
+            &[("cookie", cookie)],
+            &format!("csrf={}&replay=false", csrf_of(&page)),
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(console.status(id).await, "FAILED");
+}
+
+#[tokio::test]
+async fn an_action_without_the_sessions_csrf_token_is_refused_and_with_it_is_recorded_with_its_actor()
+ {
+    let console = served().await;
+    let id = console.failed_event().await;
+    let cookie = console.sign_in(OPERATOR).await;
+    let dry_run = console
+        .get_with_cookie(&cookie, &format!("/events/{id}/requeue"))
+        .await;
+    assert!(
+        dry_run.contains(r#"<span id="dry-run-count">1</span>"#),
+        "{dry_run}"
+    );
+    let csrf = csrf_of(&dry_run);
+
+    for form in [
+        "replay=false".to_owned(),
+        "csrf=&replay=false".to_owned(),
+        format!("csrf={}&replay=false", "0".repeat(64)),
+    ] {
+        let refused = requeue(&console, &cookie, id, &form).await;
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN, "{form}");
+        assert!(refused.text().await.unwrap().contains("CSRF"));
+    }
+    assert_eq!(console.status(id).await, "FAILED");
+
+    // Another session's token is no better than none.
+    let other = console.sign_in(OPERATOR).await;
+    let other_csrf = csrf_of(&console.get_with_cookie(&other, "/").await);
+    assert_ne!(other_csrf, csrf);
+    let refused = requeue(
+        &console,
+        &cookie,
+        id,
+        &format!("csrf={other_csrf}&replay=false"),
+    )
+    .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    let done = requeue(
+        &console,
+        &cookie,
+        id,
+        &format!("csrf={csrf}&replay=false&reason=queue+is+back"),
+    )
+    .await;
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    assert!(
+        done.headers()[LOCATION]
+            .to_str()
+            .unwrap()
+            .ends_with("?done=requeued")
+    );
+    assert_eq!(console.status(id).await, "PENDING");
+    let history = console.history(id).await;
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        history[0].requested_by.as_deref(),
+        Some("console:ana (operator)")
+    );
+    assert_eq!(history[0].reason, "queue is back");
+    assert_eq!(history[0].previous_status, "FAILED");
+    let page = console
+        .get_with_cookie(&cookie, &format!("/events/{id}"))
+        .await;
+    assert!(page.contains("console:ana (operator)") && page.contains("requeued from FAILED"));
+}
+
+#[tokio::test]
+async fn the_requeue_policy_is_the_clis_a_pending_event_is_refused_and_a_done_one_needs_replay() {
+    let console = served().await;
+    let pending = console.event(r#"{"a": 1}"#, "", "").await;
+    let done = console
+        .event(r#"{"a": 2}"#, ", status, processed_at", ", 'DONE', now()")
+        .await;
+
+    let (_, page) = console
+        .get_as(OPERATOR, &format!("/events/{pending}/requeue"))
+        .await;
+    assert!(page.contains(r#"<span id="dry-run-count">0</span>"#));
+    assert!(page.contains("already PENDING"));
+    let refused = console
+        .post_as(
+            OPERATOR,
+            &format!("/events/{pending}/requeue"),
+            "replay=false",
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+
+    let replayed = console
+        .post_as(OPERATOR, &format!("/events/{done}/requeue"), "replay=true")
+        .await;
+    assert_eq!(replayed.status(), StatusCode::SEE_OTHER);
+    let history = console.history(done).await;
+    assert!(history[0].replay && history[0].generation == Some(1));
+}
+
+#[tokio::test]
+async fn no_page_shows_a_secret_of_a_payload_an_error_or_the_tokens() {
+    let console = served().await;
+    let id = console
+        .event(
+            r#"{"user": "ana", "webhook": {"signingSecret": "whsec_c2VjcmV0LXZhbHVl", "url": "https://hooks.example.com/t/private-path?sig=abc"}, "password": "hunter2-hunter2"}"#,
+            ", status, retries, failed_at, last_error",
+            ", 'FAILED', 1, now(), 'error sending request for url (https://hooks.example.com/t/private-path?sig=abc): timed out'",
+        )
+        .await;
+    let cookie = console.sign_in(OPERATOR).await;
+    let mut pages = Vec::new();
+    for path in [
+        "/".to_owned(),
+        "/events".to_owned(),
+        format!("/events/{id}"),
+        format!("/events/{id}/requeue"),
+    ] {
+        pages.push((path.clone(), console.get_with_cookie(&cookie, &path).await));
+    }
+    for (path, page) in &pages {
+        for secret in [
+            "whsec_c2VjcmV0LXZhbHVl",
+            "private-path",
+            "hunter2-hunter2",
+            OPERATOR,
+            READER,
+            cookie.trim_start_matches("outbox_console="),
+        ] {
+            assert!(!page.contains(secret), "{path} shows {secret}");
+        }
+    }
+    // The payload is shown, HTML-escaped, with its secrets masked.
+    let event_page = &pages[2].1;
+    assert!(
+        event_page.contains("&quot;signingSecret&quot;: &quot;***&quot;"),
+        "{event_page}"
+    );
+    assert!(event_page.contains("https://hooks.example.com/…"));
+    assert!(event_page.contains("&quot;user&quot;: &quot;ana&quot;"));
+}
+
+#[tokio::test]
+async fn links_and_the_session_cookie_follow_the_mount_prefix() {
+    let console = served_under("/ops/outbox").await;
+    let id = console.failed_event().await;
+    let login = console.http.get(&console.url).send().await.unwrap();
+    assert_eq!(login.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        login
+            .text()
+            .await
+            .unwrap()
+            .contains(r#"action="/ops/outbox/login""#)
+    );
+
+    let response = console
+        .post("/login", &[], &format!("token={OPERATOR}"))
+        .await;
+    assert_eq!(response.headers()[LOCATION], "/ops/outbox");
+    assert!(
+        response.headers()[SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Path=/ops/outbox;")
+    );
+
+    let (status, overview) = console.get_as(OPERATOR, "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(overview.contains(r#"href="/ops/outbox/events""#));
+    assert!(overview.contains(r#"src="/ops/outbox/assets/console.js""#));
+    assert!(overview.contains(r#"data-live-url="/ops/outbox/live""#));
+    let (_, events) = console.get_as(OPERATOR, "/events?status=failed").await;
+    assert!(
+        events.contains(&format!(r#"href="/ops/outbox/events/{id}""#)),
+        "{events}"
+    );
+    let (status, _) = console.get_as(OPERATOR, "/assets/console.js").await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_cancel_shows_its_dry_run_then_cancels_with_its_actor_and_refuses_a_done_event() {
+    let console = served().await;
+    let failed = console.failed_event().await;
+    let done = console
+        .event(r#"{"a": 2}"#, ", status, processed_at", ", 'DONE', now()")
+        .await;
+
+    let (_, dry_run) = console
+        .get_as(OPERATOR, &format!("/events/{failed}/cancel"))
+        .await;
+    assert!(dry_run.contains(r#"<span id="dry-run-count">1</span>"#));
+    assert!(dry_run.contains("FAILED → CANCELLED"));
+    let reader = console
+        .post_as(READER, &format!("/events/{failed}/cancel"), "reason=x")
+        .await;
+    assert_eq!(reader.status(), StatusCode::FORBIDDEN);
+    assert_eq!(console.status(failed).await, "FAILED");
+
+    let cancelled = console
+        .post_as(
+            OPERATOR,
+            &format!("/events/{failed}/cancel"),
+            "reason=duplicate",
+        )
+        .await;
+    assert_eq!(cancelled.status(), StatusCode::SEE_OTHER);
+    assert_eq!(console.status(failed).await, "CANCELLED");
+    let history = console.history(failed).await;
+    assert_eq!(history[0].action, "cancel");
+    assert_eq!(
+        history[0].requested_by.as_deref(),
+        Some("console:ana (operator)")
+    );
+    assert_eq!(history[0].reason, "duplicate");
+
+    let (_, refused_page) = console
+        .get_as(OPERATOR, &format!("/events/{done}/cancel"))
+        .await;
+    assert!(refused_page.contains(r#"<span id="dry-run-count">0</span>"#));
+    assert!(refused_page.contains("DONE: it was handed off already"));
+    let refused = console
+        .post_as(OPERATOR, &format!("/events/{done}/cancel"), "")
+        .await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert_eq!(console.status(done).await, "DONE");
+}
+
+/// A handler that refuses every job for good: its jobs die at once.
+struct Doomed;
+
+impl outbox_subscriber::JobHandler for Doomed {
+    type Job = serde_json::Value;
+
+    fn queue(&self) -> &str {
+        outbox_queue::queues::WEBHOOK
+    }
+
+    async fn handle(
+        &self,
+        _job: serde_json::Value,
+        _meta: &outbox_subscriber::JobMeta,
+    ) -> Result<(), outbox_subscriber::JobError> {
+        Err(outbox_subscriber::JobError::permanent(
+            "the receiver refuses this body",
+        ))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_jobs_are_listed_and_an_operator_puts_them_back_a_reader_cannot() {
+    use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
+    let redis = outbox_test_support::TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let console = served_with("", |console| {
+        console.with_queues(conn.clone(), namespace.clone(), vec![WEBHOOK.to_owned()])
+    })
+    .await;
+    let jobs: Vec<(String, Vec<u8>)> = (1..=3)
+        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+        .collect();
+    outbox_queue::push_raw(&mut conn.clone(), &namespace, WEBHOOK, &jobs)
+        .await
+        .unwrap();
+    let group = outbox_subscriber::HandlerGroup::new().with(Doomed).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (worker_conn, worker_ns, worker_stop) = (conn.clone(), namespace.clone(), stop.clone());
+    let worker = tokio::spawn(async move {
+        group
+            .run(
+                worker_conn,
+                &worker_ns,
+                &outbox_subscriber::WorkerSettings::default(),
+                worker_stop,
+            )
+            .await
+    });
+    let dead = async || {
+        outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
+            .await
+            .unwrap()
+            .len()
+    };
+    outbox_test_support::eventually(
+        "three dead jobs",
+        std::time::Duration::from_secs(30),
+        async || dead().await == 3,
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+
+    let (status, overview) = console.get_as(OPERATOR, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        overview.contains(&format!(r#"href="/queues/{WEBHOOK}/dead""#)),
+        "{overview}"
+    );
+    let (status, page) = console
+        .get_as(READER, &format!("/queues/{WEBHOOK}/dead"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains(r#"<span id="dry-run-count">3</span>"#),
+        "{page}"
+    );
+    assert!(page.contains("the receiver refuses this body"));
+
+    let refused = console
+        .post_as(READER, &format!("/queues/{WEBHOOK}/dead"), "")
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(dead().await, 3);
+
+    let put_back = console
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "")
+        .await;
+    assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
+    assert_eq!(dead().await, 0);
+    let (_, page) = console
+        .get_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead?put_back=3"))
+        .await;
+    assert!(page.contains("Put 3 dead job(s) back"));
+
+    let (status, _) = console
+        .get_as(OPERATOR, "/queues/outbox.nowhere/dead")
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last_row() {
+    let console = served().await;
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload, created_at)
+             SELECT 'acme', 'audit.user.login', jsonb_build_object('n', n),
+                    now() - make_interval(secs => 100 - n)
+             FROM generate_series(1, 60) AS n",
+        )
+        .await
+        .unwrap();
+
+    let (_, first) = console.get_as(OPERATOR, "/events?tenant=acme").await;
+    assert!(first.contains("60 matching event(s)"));
+    assert_eq!(first.matches(r#"class="event-link""#).count(), 50);
+    let start = first.find(r#"id="next-page" href=""#).expect("a next page") + 21;
+    let next = &first[start..start + first[start..].find('"').unwrap()];
+    assert!(next.contains("tenant=acme&amp;after="), "{next}");
+    let (_, second) = console.get_as(OPERATOR, &next.replace("&amp;", "&")).await;
+    assert_eq!(second.matches(r#"class="event-link""#).count(), 10);
+    assert!(!second.contains("next-page"));
+    let ids = |page: &str| -> Vec<String> {
+        page.match_indices(r#"class="event-link" href="/events/"#)
+            .map(|(i, m)| page[i + m.len()..i + m.len() + 36].to_owned())
+            .collect()
+    };
+    let (first_ids, second_ids) = (ids(&first), ids(&second));
+    assert!(second_ids.iter().all(|id| !first_ids.contains(id)));
+}
+
+#[tokio::test]
+async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_and_only_those() {
+    let console = served().await;
+    let mut acme = Vec::new();
+    for _ in 0..3 {
+        acme.push(console.failed_event().await);
+    }
+    let other = console.failed_event().await;
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(&format!(
+            "UPDATE outbox_event SET tenant_id = 'globex' WHERE id = '{other}'"
+        ))
+        .await
+        .unwrap();
+
+    let (status, dry_run) = console.get_as(READER, "/events/requeue?tenant=acme").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        dry_run.contains(r#"<span id="dry-run-count">3</span>"#),
+        "{dry_run}"
+    );
+    assert!(dry_run.contains(r#"<input type="hidden" name="tenant" value="acme">"#));
+    let refused = console
+        .post_as(READER, "/events/requeue", "tenant=acme")
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    let done = console
+        .post_as(
+            OPERATOR,
+            "/events/requeue",
+            "tenant=acme&reason=broker+back",
+        )
+        .await;
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    assert_eq!(done.headers()[LOCATION], "/events?tenant=acme&requeued=3");
+    for id in &acme {
+        assert_eq!(console.status(*id).await, "PENDING");
+        let history = console.history(*id).await;
+        assert_eq!(
+            history[0].requested_by.as_deref(),
+            Some("console:ana (operator)")
+        );
+        assert_eq!(history[0].reason, "broker back");
+    }
+    assert_eq!(console.status(other).await, "FAILED");
+    let again = console
+        .post_as(OPERATOR, "/events/requeue", "tenant=acme")
+        .await;
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+}

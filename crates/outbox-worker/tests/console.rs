@@ -1,0 +1,257 @@
+//! The operator console in a real browser (headless Chromium driven over
+//! WebDriver), served by `worker-general` with its dispatcher and queue
+//! workers: sign in, the live overview, the events filtered to a FAILED
+//! one, its page, its requeue (the dry run's count, then the confirmation)
+//! until the worker has handed it off again (DONE), and a reader's requeue
+//! refused. Each page saves a screenshot (`CONSOLE_SCREENSHOTS_DIR=docs/console`
+//! refreshes the pictures of docs/console.md; by default they go under
+//! `target/`).
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `apt-get install chromium
+//! chromium-driver`; `cargo xtask test` installs them as root). Without
+//! them the test fails and says what to install: CI can install them.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{GENERAL, Stack, free_addr};
+use fantoccini::{Client, ClientBuilder, Locator};
+use outbox_test_support::eventually;
+use uuid::Uuid;
+
+const OPERATOR: &str = "browser-operator-token-0123";
+const READER: &str = "browser-reader-token-0123";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A program by its Debian path or on PATH, or the test fails saying what
+/// to install.
+fn program(name: &str, debian: &str) -> PathBuf {
+    if Path::new(debian).exists() {
+        return PathBuf::from(debian);
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.exists())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "the console's browser test needs {name} ({debian}), which is not installed: \
+             `apt-get install chromium chromium-driver` on Debian/Ubuntu \
+             (`cargo xtask test` does it when it runs as root)"
+        )
+    })
+}
+
+/// ChromeDriver on a free port, stopped on drop.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn start_driver() -> Driver {
+    let chromedriver = program("chromedriver", "/usr/bin/chromedriver");
+    let addr = free_addr();
+    let port = addr.rsplit(':').next().unwrap().to_owned();
+    let child = Command::new(chromedriver)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromedriver starts");
+    let driver = Driver {
+        child,
+        url: format!("http://{addr}"),
+    };
+    eventually("chromedriver answers", WAIT, async || {
+        tokio::net::TcpStream::connect(&addr).await.is_ok()
+    })
+    .await;
+    driver
+}
+
+async fn browser(driver: &Driver) -> Client {
+    let chromium = program("chromium", "/usr/bin/chromium");
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": chromium,
+            "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
+                     "--disable-gpu", "--window-size=1280,900"]
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(capabilities)
+        .connect(&driver.url)
+        .await
+        .expect("a headless Chromium session")
+}
+
+/// Saves what the browser shows as `<page>.png` in `CONSOLE_SCREENSHOTS_DIR`
+/// (relative to the workspace root; `docs/console` refreshes the docs'
+/// pictures), else in the test's scratch directory under `target/`, so that
+/// a test run leaves the checkout as it was.
+async fn screenshot(client: &Client, page: &str) {
+    let png = client.screenshot().await.unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = match std::env::var_os("CONSOLE_SCREENSHOTS_DIR") {
+        Some(dir) => root.join(dir),
+        None => Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots"),
+    };
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{page}.png")), png).unwrap();
+}
+
+async fn text_of(client: &Client, css: &str) -> String {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css} on the page: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn click(client: &Client, element: Locator<'_>) {
+    client.find(element).await.unwrap().click().await.unwrap();
+}
+
+/// The text of `css`, or `None` while the page has none (mid-navigation).
+async fn maybe_text(client: &Client, css: &str) -> Option<String> {
+    client.find(Locator::Css(css)).await.ok()?.text().await.ok()
+}
+
+/// Waits until `css` holds `text` (a click's navigation may still be on its way).
+async fn wait_for(client: &Client, css: &str, text: &str) {
+    eventually(&format!("{css} holding {text:?}"), WAIT, async || {
+        maybe_text(client, css)
+            .await
+            .is_some_and(|t| t.contains(text))
+    })
+    .await;
+}
+
+async fn sign_in(client: &Client, console: &str, token: &str) {
+    client.goto(console).await.unwrap();
+    let form = client.form(Locator::Css("form")).await.unwrap();
+    form.set_by_name("token", token).await.unwrap();
+    form.submit().await.unwrap();
+    eventually("the overview after signing in", WAIT, async || {
+        client.find(Locator::Id("who")).await.is_ok()
+    })
+    .await;
+}
+
+async fn failed_event(stack: &Stack) -> Uuid {
+    let id = Uuid::now_v7();
+    stack
+        .sql(&format!(
+            "INSERT INTO outbox_event (id, tenant_id, event_type, payload, status, retries, failed_at, last_error)
+             VALUES ('{id}', 'acme', 'audit.user.login', '{{\"userId\": \"u1\", \"apiToken\": \"tok_live_secret\"}}',
+                     'FAILED', 5, now(), 'Redis refused the hand-off')"
+        ))
+        .await;
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_a_failed_event_in_the_browser_and_sees_it_done_and_a_reader_is_refused()
+ {
+    let driver = start_driver().await;
+    let stack = Stack::new().await;
+    let failed = failed_event(&stack).await;
+    let console_addr = free_addr();
+    let tokens = format!("ana=operator:{OPERATOR},reader:{READER}");
+    let _worker = stack
+        .start(
+            GENERAL,
+            &[
+                ("OUTBOX_CONSOLE_TOKENS", &tokens),
+                ("OUTBOX_CONSOLE_ADDR", &console_addr),
+            ],
+        )
+        .await;
+    let console = format!("http://{console_addr}");
+    let client = browser(&driver).await;
+
+    // Sign in.
+    client.goto(&console).await.unwrap();
+    assert!(text_of(&client, "main").await.contains("Token"));
+    screenshot(&client, "login").await;
+    sign_in(&client, &console, OPERATOR).await;
+    assert_eq!(text_of(&client, "#who").await, "ana (operator)");
+
+    // The overview: the FAILED event is counted, and the numbers update live.
+    assert_eq!(text_of(&client, "[data-live='total:FAILED']").await, "1");
+    wait_for(&client, "[data-live-stamp]", "updated").await;
+    screenshot(&client, "overview").await;
+
+    // The events, filtered to FAILED.
+    client.goto(&format!("{console}/events")).await.unwrap();
+    let filters = client.form(Locator::Id("filters")).await.unwrap();
+    filters.set_by_name("status", "FAILED").await.unwrap();
+    filters.submit().await.unwrap();
+    wait_for(&client, "#matching", "1 matching").await;
+    screenshot(&client, "events").await;
+
+    // Its page: the payload's secret is masked.
+    click(&client, Locator::Css("a.event-link")).await;
+    wait_for(&client, "#field-status", "FAILED").await;
+    let payload = text_of(&client, "#payload").await;
+    assert!(payload.contains("\"apiToken\": \"***\"") && !payload.contains("tok_live_secret"));
+    screenshot(&client, "event").await;
+
+    // Requeue: the dry run's count first, then the confirmation.
+    click(&client, Locator::Id("requeue")).await;
+    wait_for(&client, "#dry-run-count", "1").await;
+    screenshot(&client, "requeue").await;
+    click(&client, Locator::Id("confirm")).await;
+    wait_for(&client, "#done", "Requeued").await;
+
+    // The dispatcher hands it off again: DONE, with the operator in its history.
+    let event_page = format!("{console}/events/{failed}");
+    eventually("the requeued event DONE", WAIT, async || {
+        client.goto(&event_page).await.unwrap();
+        maybe_text(&client, "#field-status").await.as_deref() == Some("DONE")
+    })
+    .await;
+    assert!(
+        text_of(&client, "#history")
+            .await
+            .contains("console:ana (operator)")
+    );
+    screenshot(&client, "event-done").await;
+
+    // A reader sees the dry run but the confirmation is refused (403).
+    let other = failed_event(&stack).await;
+    click(&client, Locator::Css("header form button")).await;
+    sign_in(&client, &console, READER).await;
+    client
+        .goto(&format!("{console}/events/{other}/requeue"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&client, "#dry-run-count").await, "1");
+    click(&client, Locator::Id("confirm")).await;
+    wait_for(&client, "#refusal", "Readers may look but not act").await;
+    screenshot(&client, "refused").await;
+    client
+        .goto(&format!("{console}/events/{other}"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&client, "#field-status").await, "FAILED");
+
+    client.close().await.unwrap();
+}
