@@ -567,6 +567,28 @@ mod tests {
     }
 
     #[test]
+    fn an_ordering_key_of_exactly_the_limit_is_accepted_and_one_more_is_refused() {
+        let at_limit = "é".repeat(MAX_ORDERING_KEY_CHARS);
+        assert!(check_ordering_key(Some(&at_limit)).is_ok());
+        let over = "é".repeat(MAX_ORDERING_KEY_CHARS + 1);
+        assert!(matches!(
+            check_ordering_key(Some(&over)),
+            Err(PublishError::OrderingKeyTooLong { chars, max })
+                if chars == MAX_ORDERING_KEY_CHARS + 1 && max == MAX_ORDERING_KEY_CHARS
+        ));
+    }
+
+    #[test]
+    fn arrays_nested_too_deep_to_drop_recursively_are_dropped_one_at_a_time() {
+        // Deep enough that the default, recursive drop overflows the stack.
+        let mut value = Value::Array(Vec::new());
+        for _ in 1..500_000 {
+            value = Value::Array(vec![value]);
+        }
+        drop_without_recursion(value);
+    }
+
+    #[test]
     fn a_payload_too_deep_to_drop_recursively_is_refused_and_dropped() {
         // Deep enough that a recursive walk or drop would overflow the stack.
         let event = NewOutboxEvent::new("t", "mail.user.welcome", nested(500_000));

@@ -633,3 +633,17 @@ async fn each_form_of_the_insert_stays_prepared_on_the_connection() {
         "an absent schedule is the transaction's now()"
     );
 }
+
+#[tokio::test]
+async fn a_transaction_handle_debug_prints_its_name_and_nothing_of_the_connection() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+    let printed = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let tx = OutboxTx::new(conn)?;
+            Ok(format!("{tx:?}"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(printed, "OutboxTx { .. }");
+}
