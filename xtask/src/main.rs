@@ -99,8 +99,9 @@ enum Command {
     /// print a pass/fail table; exit 0 only when every part passes.
     VerifyWorkflowOutboxNative,
     /// Mutation testing (cargo-mutants) of the dispatcher, queue,
-    /// idempotency, subscriber and CLI crates, with a time budget; prints
-    /// the caught ratio per crate and the mutants no test noticed.
+    /// idempotency, publish, subscriber, CLI and operator crates, with a
+    /// time budget; prints the caught ratio per crate and the mutants no
+    /// test noticed.
     Mutants(mutants::MutantsArgs),
     /// Package every publishable crate and build each from its archive
     /// (`cargo publish --workspace --dry-run`), as crates.io would receive

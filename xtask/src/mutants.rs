@@ -26,6 +26,7 @@ pub const DEFAULT_CRATES: &[&str] = &[
     "outbox-dispatch",
     "outbox-queue",
     "outbox-idempotency",
+    "outbox-publish",
     "outbox-subscriber",
     "outbox-subscriber-audit",
     "outbox-subscriber-mail",
@@ -39,7 +40,7 @@ pub const DEFAULT_CRATES: &[&str] = &[
 #[derive(Args, Debug)]
 pub struct MutantsArgs {
     /// A crate to mutate (repeatable); default: the dispatcher, queue,
-    /// idempotency, subscriber and CLI crates.
+    /// idempotency, publish, subscriber, CLI and operator crates.
     #[arg(long = "crate", value_name = "CRATE")]
     pub crates: Vec<String>,
     /// Stop starting new mutants after this many minutes and report what
