@@ -98,6 +98,16 @@ where
     }
 }
 
+/// A role that is not one, as an error may repeat it: quoted when it is a
+/// short word (`"admin"`), else not at all, since it may be a token.
+fn shown_role(role: &str) -> String {
+    if role.len() <= 12 && role.chars().all(|c| c.is_ascii_alphabetic()) {
+        format!("{role:?}")
+    } else {
+        "given (not shown: it may be a token)".to_owned()
+    }
+}
+
 /// The shortest token accepted: shorter ones are guessed too easily.
 pub const MIN_TOKEN_LEN: usize = 16;
 
@@ -112,11 +122,13 @@ pub enum TokenError {
         entry: usize,
     },
     /// The role is neither `reader` nor `operator`.
-    #[error("entry {entry}: the role {role:?} is neither reader nor operator")]
+    #[error("entry {entry}: the role {role} is neither reader nor operator")]
     Role {
         /// Its position, from 1.
         entry: usize,
-        /// The role given.
+        /// The role given, quoted, when it is a short word; otherwise a
+        /// note that it is not shown (an entry written the wrong way round,
+        /// `token:role`, has its token where the role should be).
         role: String,
     },
     /// The token is shorter than [`MIN_TOKEN_LEN`].
@@ -176,7 +188,7 @@ impl Tokens {
             let (name, role) = who.split_once('=').unwrap_or((who, who));
             let role = Role::parse(role.trim()).ok_or_else(|| TokenError::Role {
                 entry: entry_no,
-                role: role.trim().to_owned(),
+                role: shown_role(role.trim()),
             })?;
             let name = name.trim();
             if name.is_empty() {
@@ -245,7 +257,14 @@ mod tests {
                 "reader:0123456789abcdef,admin:0123456789abcdeX",
                 TokenError::Role {
                     entry: 2,
-                    role: "admin".into(),
+                    role: "\"admin\"".into(),
+                },
+            ),
+            (
+                "0123456789abcdef:operator",
+                TokenError::Role {
+                    entry: 1,
+                    role: "given (not shown: it may be a token)".into(),
                 },
             ),
             ("operator:short-token", TokenError::Short { entry: 1 }),

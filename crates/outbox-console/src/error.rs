@@ -41,8 +41,10 @@ impl ConsoleError {
 
 impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
-        tracing::warn!(error = %self, "console page failed");
+        // Pool and Redis errors may carry a connection URL: the log line
+        // gets the same reduced text as the page.
         let message = outbox_queue::redact_urls_in(&self.to_string());
+        tracing::warn!(error = %message, "console page failed");
         let page = maud::html! {
             (maud::DOCTYPE)
             html lang="en" {

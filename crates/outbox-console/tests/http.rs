@@ -484,7 +484,7 @@ impl outbox_subscriber::JobHandler for Doomed {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_jobs_are_listed_and_an_operator_puts_them_back_a_reader_cannot() {
+async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_a_reader_none() {
     use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
     let redis = outbox_test_support::TestRedis::new().await;
     let namespace = QueueNamespace::prefixed(redis.prefix());
@@ -549,8 +549,16 @@ async fn dead_jobs_are_listed_and_an_operator_puts_them_back_a_reader_cannot() {
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
     assert_eq!(dead().await, 3);
 
+    assert!(page.contains(r#"<input type="hidden" name="expected" value="3">"#));
+    // A confirmation for fewer jobs than the queue now holds puts none back.
+    let stale = console
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=2")
+        .await;
+    assert_eq!(stale.status(), StatusCode::CONFLICT);
+    assert_eq!(dead().await, 3);
+
     let put_back = console
-        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "")
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=3")
         .await;
     assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
     assert_eq!(dead().await, 0);
@@ -600,7 +608,8 @@ async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last
 }
 
 #[tokio::test]
-async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_and_only_those() {
+async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_only_those_and_never_more_than_it_counted()
+ {
     let console = served().await;
     let mut acme = Vec::new();
     for _ in 0..3 {
@@ -629,11 +638,21 @@ async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_and_only_those
         .await;
     assert_eq!(refused.status(), StatusCode::FORBIDDEN);
 
+    assert!(dry_run.contains(r#"<input type="hidden" name="expected" value="3">"#));
+    // A confirmation for fewer events than now match requeues none.
+    let stale = console
+        .post_as(OPERATOR, "/events/requeue", "tenant=acme&expected=2")
+        .await;
+    assert_eq!(stale.status(), StatusCode::CONFLICT);
+    for id in &acme {
+        assert_eq!(console.status(*id).await, "FAILED");
+    }
+
     let done = console
         .post_as(
             OPERATOR,
             "/events/requeue",
-            "tenant=acme&reason=broker+back",
+            "tenant=acme&reason=broker+back&expected=3",
         )
         .await;
     assert_eq!(done.status(), StatusCode::SEE_OTHER);
@@ -649,7 +668,7 @@ async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_and_only_those
     }
     assert_eq!(console.status(other).await, "FAILED");
     let again = console
-        .post_as(OPERATOR, "/events/requeue", "tenant=acme")
+        .post_as(OPERATOR, "/events/requeue", "tenant=acme&expected=3")
         .await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
 }

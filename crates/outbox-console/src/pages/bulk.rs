@@ -78,6 +78,7 @@ pub(crate) async fn dry_run(
             form #confirm-form method="post" action=(viewer.base.to("/events/requeue")) {
                 (filters.hidden())
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
+                input type="hidden" name="expected" value=(selection.to_requeue);
                 label { "reason " input #reason name="reason" value=(DEFAULT_REASON) size="40"; }
                 @if guarded {
                     label.warning {
@@ -105,6 +106,10 @@ pub(crate) struct Confirm {
     yes: String,
     #[serde(default)]
     reason: String,
+    /// How many events the dry run counted when the operator confirmed:
+    /// more than that now and nothing is requeued.
+    #[serde(default)]
+    expected: Option<u64>,
 }
 
 pub(crate) async fn confirm(
@@ -127,6 +132,23 @@ pub(crate) async fn confirm(
             &viewer.base,
             StatusCode::CONFLICT,
             "No matching event may be requeued (any more): nothing changed.",
+        ));
+    }
+    let Some(expected) = form.expected else {
+        return Ok(refusal(
+            &viewer.base,
+            StatusCode::CONFLICT,
+            "The confirmation did not say how many events it was for: confirm from the dry run (nothing changed).",
+        ));
+    };
+    if selection.to_requeue > expected {
+        return Ok(refusal(
+            &viewer.base,
+            StatusCode::CONFLICT,
+            &format!(
+                "{} events now match, {expected} were confirmed: run the dry run again (nothing changed).",
+                selection.to_requeue
+            ),
         ));
     }
     if needs_confirmation(selection.to_requeue, DEFAULT_CONFIRM_ABOVE) && form.yes != "true" {

@@ -32,6 +32,10 @@ pub(crate) struct Retry {
     /// The box "yes, put them all back" (needed above the threshold).
     #[serde(default)]
     yes: bool,
+    /// How many dead jobs the page showed when the operator confirmed:
+    /// more than that now and nothing is put back.
+    #[serde(default)]
+    expected: Option<u64>,
 }
 
 /// The console's queues, if `queue` is one of them.
@@ -92,6 +96,7 @@ pub(crate) async fn page(
             @if ids.len() > jobs.len() { p.muted { "The first " (jobs.len()) " of " (ids.len()) " shown." } }
             form #confirm-form method="post" action=(action) {
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
+                input type="hidden" name="expected" value=(ids.len());
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
@@ -122,6 +127,9 @@ pub(crate) async fn retry(
     let ids = outbox_queue::dead_task_ids(&mut redis, &queues.namespace, &queue)
         .await
         .map_err(|e| ConsoleError::Redis(e.to_string()))?;
+    if let Some(refused) = more_than_confirmed(&viewer, ids.len() as u64, form.expected, &queue) {
+        return Ok(refused);
+    }
     if needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE) && !form.yes {
         return Ok(refusal(
             &viewer.base,
@@ -141,4 +149,23 @@ pub(crate) async fn retry(
         viewer.base.to(&format!("/queues/{queue}/dead"))
     );
     Ok(Redirect::to(&to).into_response())
+}
+
+/// A refusal when the queue now holds more dead jobs than the operator saw
+/// and confirmed (`expected`, `None` when the form did not come from the
+/// page): the confirmation never acts on more than it showed.
+fn more_than_confirmed(
+    viewer: &Viewer,
+    dead_now: u64,
+    expected: Option<u64>,
+    queue: &str,
+) -> Option<Response> {
+    let message = match expected {
+        None => "The confirmation did not say how many jobs it was for: confirm from the dead jobs page (nothing changed).".to_owned(),
+        Some(expected) if dead_now > expected => format!(
+            "{queue} now holds {dead_now} dead jobs, {expected} were confirmed: look again (nothing changed)."
+        ),
+        Some(_) => return None,
+    };
+    Some(refusal(&viewer.base, StatusCode::CONFLICT, &message))
 }
