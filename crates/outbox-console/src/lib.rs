@@ -75,6 +75,9 @@ struct Inner {
     /// Ends the live streams (which never end on their own), so that a
     /// graceful shutdown of the server does not wait for open browsers.
     stop: CancellationToken,
+    /// The overview's live figures of the last read, shared by every open
+    /// overview (see `pages::overview::live`).
+    live: pages::overview::LiveCache,
 }
 
 /// The Redis queues the overview reads (backlog, dead jobs, workers).
@@ -98,6 +101,7 @@ impl Console {
                 authorize: None,
                 sessions: session::Sessions::new(),
                 stop: CancellationToken::new(),
+                live: Arc::default(),
             }),
         }
     }

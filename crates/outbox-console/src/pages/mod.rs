@@ -7,7 +7,7 @@ mod dead;
 mod event;
 mod events;
 mod login;
-mod overview;
+pub(crate) mod overview;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, OriginalUri};

@@ -1,8 +1,10 @@
 //! The overview: events by status and queue, the oldest due event, the
 //! queues (dead jobs, workers) and the alerts, updated live over SSE.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -10,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream};
 use maud::{Markup, html};
 use outbox_model::OutboxStatus;
+use tokio::sync::Mutex;
 
 use super::{Viewer, layout};
 use crate::figures::{Figures, age};
@@ -108,6 +111,32 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
     }
 }
 
+/// The live figures of the last read and when it was made (an error as the
+/// page shows it), shared by every open overview.
+pub(crate) type LiveCache = Arc<Mutex<Option<(Instant, Result<LiveFigures, String>)>>>;
+
+/// The live figures: `data-live` key → text.
+type LiveFigures = BTreeMap<String, String>;
+
+/// The overview's live figures, read at most once per [`LIVE_EVERY`]
+/// whatever the number of open overviews: the first stream to find the
+/// last read older than that reads again (the counts group the whole
+/// table), the others wait for it and share its result.
+async fn live_figures(console: &Console) -> Result<LiveFigures, String> {
+    let mut cached = console.inner.live.lock().await;
+    if let Some((at, figures)) = cached.as_ref()
+        && at.elapsed() < LIVE_EVERY
+    {
+        return figures.clone();
+    }
+    let figures = Figures::read(console)
+        .await
+        .map(|figures| figures.live())
+        .map_err(|e| outbox_queue::redact_urls_in(&e.to_string()));
+    *cached = Some((Instant::now(), figures.clone()));
+    figures
+}
+
 /// `/live`: the overview's numbers every [`LIVE_EVERY`], as `figures`
 /// events (a JSON object from `data-live` key to text); an `error` event
 /// when they cannot be read.
@@ -122,14 +151,12 @@ pub(crate) async fn live(
                 () = console.inner.stop.cancelled() => return None,
             }
         }
-        let event = match Figures::read(&console).await {
+        let event = match live_figures(&console).await {
             Ok(figures) => Event::default()
                 .event("figures")
-                .json_data(figures.live())
+                .json_data(figures)
                 .unwrap_or_else(|_| Event::default().event("error")),
-            Err(e) => Event::default()
-                .event("error")
-                .data(outbox_queue::redact_urls_in(&e.to_string())),
+            Err(e) => Event::default().event("error").data(e),
         };
         Some((Ok(event), (console, false)))
     });
