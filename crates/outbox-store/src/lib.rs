@@ -106,8 +106,8 @@ pub use retention::{PurgedBatch, purge_done_batch};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
     Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, PageAfter,
-    candidate, count_events, delivery_state, event, history, list_candidates, list_events,
-    list_events_page, statuses, summary,
+    candidate, count_events, count_events_up_to, delivery_state, event, history, list_candidates,
+    list_events, list_events_page, statuses, summary,
 };
 pub use stats::{
     GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,

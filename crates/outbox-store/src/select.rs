@@ -153,6 +153,31 @@ pub async fn count_events(conn: &mut AsyncPgConnection, filter: &EventFilter) ->
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// How many rows `filter` selects, counting no further than `cap`: `None`
+/// when there are more than `cap`. The work is bounded by `cap` however
+/// large the table, where [`count_events`] reads every matching row (a
+/// page shows "more than 10,000" rather than scan a million rows).
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn count_events_up_to(
+    conn: &mut AsyncPgConnection,
+    filter: &EventFilter,
+    cap: u64,
+) -> Result<Option<u64>> {
+    let limit = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
+    let ids: Vec<Uuid> = filter
+        .query()
+        .select(outbox_event::id)
+        .limit(limit)
+        .load(conn)
+        .await?;
+    let n = ids.len() as u64;
+    Ok((n <= cap).then_some(n))
+}
+
 /// The first `limit` rows `filter` selects, oldest first (`created_at`,
 /// then id).
 ///

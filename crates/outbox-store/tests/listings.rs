@@ -9,8 +9,8 @@ use common::{database, insert, insert_due, insert_row, insert_with, new_row, now
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
 use outbox_store::{
-    EventFilter, EventKey, PageAfter, candidate, count_events, delivery_state, event,
-    list_candidates, list_events, list_events_page, statuses, summary,
+    EventFilter, EventKey, PageAfter, candidate, count_events, count_events_up_to, delivery_state,
+    event, list_candidates, list_events, list_events_page, statuses, summary,
 };
 use uuid::Uuid;
 
@@ -35,6 +35,26 @@ async fn a_listing_returns_the_oldest_matching_rows_up_to_its_limit() {
             .unwrap(),
         3
     );
+}
+
+#[tokio::test]
+async fn a_capped_count_gives_the_count_up_to_its_cap_and_none_past_it() {
+    let (_db, mut conn) = database().await;
+    insert_due(&mut conn, 5).await;
+    insert(&mut conn, "mail.user.welcome").await;
+    let all = EventFilter::default();
+    let count = async |conn: &mut AsyncPgConnection, filter: &EventFilter, cap| {
+        count_events_up_to(conn, filter, cap).await.unwrap()
+    };
+    assert_eq!(count(&mut conn, &all, 6).await, Some(6));
+    assert_eq!(count(&mut conn, &all, 100).await, Some(6));
+    assert_eq!(count(&mut conn, &all, 5).await, None);
+    let mail = EventFilter {
+        type_prefix: Some("mail.".to_owned()),
+        ..EventFilter::default()
+    };
+    assert_eq!(count(&mut conn, &mail, 1).await, Some(1));
+    assert_eq!(count(&mut conn, &mail, 0).await, None);
 }
 
 #[tokio::test]

@@ -17,6 +17,10 @@ use crate::{Console, ConsoleError};
 /// Rows per page.
 pub const PAGE_SIZE: i64 = 50;
 
+/// The events page counts the matching rows up to this many, and says
+/// "more than" past it: its work stays bounded on a large table.
+const COUNT_CAP: u64 = 10_000;
+
 /// The filter form's fields, as the query string carries them (an empty
 /// field is no filter).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -178,7 +182,7 @@ pub(crate) async fn page(
     };
     let mut conn = console.conn().await?;
     let rows = outbox_store::list_events_page(&mut conn, &selection, after, PAGE_SIZE).await?;
-    let matching = outbox_store::count_events(&mut conn, &selection).await?;
+    let matching = outbox_store::count_events_up_to(&mut conn, &selection, COUNT_CAP).await?;
     let next = (rows.len() as i64 == PAGE_SIZE)
         .then(|| rows.last().map(|last| filters.next_page(last)))
         .flatten();
@@ -186,10 +190,16 @@ pub(crate) async fn page(
     let body = html! {
         (form(&viewer, &filters))
         @if let Ok(n) = filters.requeued.parse::<u64>() { p.ok #done { "Requeued " (n) " event(s)." } }
-        @if matching > 0 {
+        @if matching != Some(0) {
             p { a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" } }
         }
-        p #matching { (matching) " matching event(s)" @if after.is_some() { ", this page after the ones before" } }
+        p #matching {
+            @match matching {
+                Some(n) => { (n) " matching event(s)" }
+                None => { "More than " (COUNT_CAP) " matching events" }
+            }
+            @if after.is_some() { ", this page after the ones before" }
+        }
         (table(&viewer, &rows))
         @if let Some(next) = next {
             p { a #next-page href=(format!("{}?{next}", viewer.base.to("/events"))) { "Next page →" } }
