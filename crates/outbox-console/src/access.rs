@@ -185,6 +185,9 @@ impl Tokens {
             let (who, token) = entry
                 .split_once(':')
                 .ok_or(TokenError::Form { entry: entry_no })?;
+            // The sign-in form trims what is typed: a token kept with the
+            // space after its colon (`operator: token`) could never sign in.
+            let token = token.trim();
             let (name, role) = who.split_once('=').unwrap_or((who, who));
             let role = Role::parse(role.trim()).ok_or_else(|| TokenError::Role {
                 entry: entry_no,
@@ -247,6 +250,12 @@ mod tests {
         );
         assert_eq!(tokens.identify("0123456789abcdeF"), None);
         assert!(Tokens::parse("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_token_written_with_spaces_around_it_signs_in_as_typed() {
+        let tokens = Tokens::parse("ana=operator: 0123456789abcdef ").unwrap();
+        assert!(tokens.identify("0123456789abcdef").is_some());
     }
 
     #[test]

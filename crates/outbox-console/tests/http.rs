@@ -165,6 +165,40 @@ fn csrf_of(page: &str) -> String {
 }
 
 #[tokio::test]
+async fn every_answer_forbids_caching_and_framing() {
+    let console = served().await;
+    for (token, path) in [
+        (None, "/"),
+        (Some(READER), "/"),
+        (Some(READER), "/events"),
+        (Some(READER), "/assets/console.js"),
+    ] {
+        let mut request = console.http.get(format!("{}{path}", console.url));
+        if let Some(token) = token {
+            request = request.header(AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let response = request.send().await.unwrap();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            header("cache-control").as_deref(),
+            Some("no-store"),
+            "{path}"
+        );
+        assert_eq!(header("x-frame-options").as_deref(), Some("DENY"), "{path}");
+        assert_eq!(
+            header("content-security-policy").as_deref(),
+            Some("frame-ancestors 'none'"),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_request_without_a_valid_token_gets_401_and_the_login_form() {
     let console = served().await;
 

@@ -265,6 +265,12 @@ async fn bind_console(console: &crate::ConsoleConfig) -> Result<TcpListener> {
         .await
         .with_context(|| format!("cannot bind OUTBOX_CONSOLE_ADDR={}", console.addr))?;
     tracing::info!(addr = %listener.local_addr()?, tokens = ?console.tokens, "console served");
+    if !console.addr.ip().is_loopback() {
+        tracing::warn!(
+            addr = %console.addr,
+            "the console listens beyond loopback: put a TLS proxy in front of it (tokens and session cookies cross the network)"
+        );
+    }
     Ok(listener)
 }
 

@@ -55,6 +55,7 @@ pub(crate) async fn submit(
     Form(login): Form<Login>,
 ) -> Response {
     let Some(identity) = console.inner.tokens.identify(login.token.trim()) else {
+        tracing::warn!("console sign-in refused: the token is not one of the console's");
         return needed(&base, Some("That token is not valid."));
     };
     tracing::info!(name = %identity.name, role = %identity.role, "console sign-in");

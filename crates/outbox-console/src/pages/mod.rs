@@ -12,7 +12,7 @@ pub(crate) mod overview;
 use axum::Router;
 use axum::extract::{FromRequestParts, OriginalUri};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use maud::{DOCTYPE, Markup, html};
@@ -40,7 +40,32 @@ pub(crate) fn routes(console: Console) -> Router {
         .route("/logout", post(login::logout))
         .route("/assets/console.js", get(crate::assets::script))
         .route("/assets/console.css", get(crate::assets::style))
+        .layer(axum::middleware::map_response(protect))
         .with_state(console)
+}
+
+/// Headers on every answer of the console: no page is kept by a browser or
+/// a proxy (event pages hold payloads), none is shown inside another
+/// site's frame (an embedding application's own sessions have no
+/// `SameSite` cookie to stop a click through a frame), and no answer is
+/// read as another type than it says.
+async fn protect(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("frame-ancestors 'none'"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
 }
 
 /// Where the console is mounted: `""` at the root, `/ops/outbox` when an
