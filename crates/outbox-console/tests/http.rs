@@ -706,3 +706,44 @@ async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_only_those_and
         .await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
 }
+
+#[tokio::test]
+async fn the_live_overview_of_a_session_ends_when_it_signs_out() {
+    let console = served().await;
+    let cookie = console.sign_in(OPERATOR).await;
+    let csrf = csrf_of(&console.get_with_cookie(&cookie, "/").await);
+    let mut live = console
+        .http
+        .get(format!("{}/live", console.url))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    let first = live.chunk().await.unwrap().expect("the first figures");
+    assert!(String::from_utf8_lossy(&first).contains("event: figures"));
+
+    let out = console
+        .post(
+            "/logout",
+            &[("cookie", cookie.clone())],
+            &format!("csrf={csrf}"),
+        )
+        .await;
+    assert_eq!(out.status(), StatusCode::SEE_OTHER);
+    // The stream sends nothing more and ends at its next tick.
+    let rest = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let mut rest = Vec::new();
+        while let Some(chunk) = live.chunk().await.unwrap() {
+            rest.extend_from_slice(&chunk);
+        }
+        rest
+    })
+    .await
+    .expect("the stream ended after the sign-out");
+    assert!(
+        !String::from_utf8_lossy(&rest).contains("event: figures"),
+        "{}",
+        String::from_utf8_lossy(&rest)
+    );
+}

@@ -121,6 +121,9 @@ pub(crate) struct Viewer {
     pub identity: Identity,
     pub csrf: Option<String>,
     pub base: Base,
+    /// The console session the request came with (signed in through the
+    /// form); `None` for a bearer token or the application's hook.
+    pub session: Option<String>,
 }
 
 impl Viewer {
@@ -162,6 +165,7 @@ impl FromRequestParts<Console> for Viewer {
                 identity,
                 csrf: Some(csrf),
                 base,
+                session: None,
             });
         }
         let bearer = parts
@@ -175,6 +179,7 @@ impl FromRequestParts<Console> for Viewer {
                     identity,
                     csrf: None,
                     base,
+                    session: None,
                 }),
                 None => Err(login::needed(&base, Some("That token is not valid."))),
             };
@@ -193,6 +198,7 @@ impl FromRequestParts<Console> for Viewer {
                 identity,
                 csrf: Some(csrf),
                 base,
+                session: Some(id.to_owned()),
             });
         }
         Err(login::needed(&base, None))

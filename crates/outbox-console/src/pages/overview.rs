@@ -142,23 +142,33 @@ async fn live_figures(console: &Console) -> Result<LiveFigures, String> {
 /// when they cannot be read.
 pub(crate) async fn live(
     State(console): State<Console>,
-    _viewer: Viewer,
+    viewer: Viewer,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let ticks = stream::unfold((console, true), |(console, first)| async move {
-        if !first {
-            tokio::select! {
-                () = tokio::time::sleep(LIVE_EVERY) => {}
-                () = console.inner.stop.cancelled() => return None,
+    let session = viewer.session;
+    let ticks = stream::unfold((console, true), move |(console, first)| {
+        let session = session.clone();
+        async move {
+            if !first {
+                tokio::select! {
+                    () = tokio::time::sleep(LIVE_EVERY) => {}
+                    () = console.inner.stop.cancelled() => return None,
+                }
             }
+            // A signed-out or expired session gets no more figures.
+            if let Some(id) = &session
+                && console.inner.sessions.identity(id).is_none()
+            {
+                return None;
+            }
+            let event = match live_figures(&console).await {
+                Ok(figures) => Event::default()
+                    .event("figures")
+                    .json_data(figures)
+                    .unwrap_or_else(|_| Event::default().event("error")),
+                Err(e) => Event::default().event("error").data(e),
+            };
+            Some((Ok(event), (console, false)))
         }
-        let event = match live_figures(&console).await {
-            Ok(figures) => Event::default()
-                .event("figures")
-                .json_data(figures)
-                .unwrap_or_else(|_| Event::default().event("error")),
-            Err(e) => Event::default().event("error").data(e),
-        };
-        Some((Ok(event), (console, false)))
     });
     Sse::new(ticks).keep_alive(KeepAlive::default())
 }
