@@ -93,7 +93,7 @@ pub(crate) async fn page(
                     }
                 }
             }
-            @if ids.len() > jobs.len() { p.muted { "The first " (jobs.len()) " of " (ids.len()) " shown." } }
+            @if ids.len() > jobs.len() { p.muted { (jobs.len()) " of the " (ids.len()) " shown, taken at random." } }
             form #confirm-form method="post" action=(action) {
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
                 input type="hidden" name="expected" value=(ids.len());
