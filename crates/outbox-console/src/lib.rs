@@ -58,6 +58,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use access::{Authorize, Identity, MIN_TOKEN_LEN, Role, TokenError, Tokens};
 pub use error::ConsoleError;
+pub use pages::overview::LIVE_EVERY;
 
 /// The console: its connections and who may use it. Cheap to clone.
 #[derive(Clone)]

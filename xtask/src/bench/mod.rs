@@ -20,6 +20,7 @@
 //! the bench never rots; no timing is checked.
 
 mod chart;
+mod console;
 mod drain;
 mod drain_audit;
 pub(crate) mod handoff;
@@ -152,6 +153,12 @@ pub struct BenchArgs {
     /// for comparing builds of this project.
     #[arg(long)]
     pub peer_without_river: bool,
+    /// Events in the table of the console stage.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub console_rows: usize,
+    /// Measured requests per page of the console stage.
+    #[arg(long, default_value_t = 5)]
+    pub console_requests: usize,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -182,6 +189,8 @@ impl BenchArgs {
             peer_seconds: 0,
             peer_drain_jobs: 0,
             peer_without_river: false,
+            console_rows: 0,
+            console_requests: 0,
             peer_rounds: 0,
             smoke: true,
         }
@@ -300,6 +309,13 @@ async fn more_stages(
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
         soak::run(run, &plan).await?;
+    }
+    if wants("console") {
+        let plan = console::Plan {
+            rows: run.size(args.console_rows, 2_000),
+            requests: run.size(args.console_requests.max(1), 1),
+        };
+        console::run(run, &plan).await?;
     }
     if wants("peers") {
         let plan = peers::Plan {
