@@ -4,8 +4,8 @@
 //! port, each page asked `--console-requests` times (after one unmeasured
 //! request) over a plain HTTP/1.1 connection, timed from the request to
 //! the answer's last byte (the live overview: to its first figures, each
-//! request after the shared read of the figures has expired, so that it
-//! reads them afresh).
+//! request after the shared read of the figures has expired, two seconds
+//! or ten times the last read, so that it reads them afresh).
 //!
 //! The table holds a mix like a service's after some days: most events
 //! DONE, one in a hundred FAILED, one in a hundred PENDING, over 17
@@ -114,16 +114,20 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         let mut medians = serde_json::Map::new();
         for (page, path) in &pages {
             let live = *page == "live";
-            ask(addr, path, live).await?;
+            let warm = ask(addr, path, live).await?;
             let mut times = Vec::with_capacity(plan.requests);
+            let mut last = warm;
             for _ in 0..plan.requests {
                 if live {
-                    // Past the shared read's lifetime, so that each
-                    // request reads the figures afresh.
-                    tokio::time::sleep(outbox_console::LIVE_EVERY + Duration::from_millis(100))
-                        .await;
+                    // Past the shared read's lifetime (two seconds, or ten
+                    // times the last read), so that each request reads the
+                    // figures afresh.
+                    let last_read = Duration::from_secs_f64(last / 1000.0);
+                    let shared = outbox_console::LIVE_EVERY.max(last_read.saturating_mul(10));
+                    tokio::time::sleep(shared + Duration::from_millis(100)).await;
                 }
-                times.push(ask(addr, path, live).await?);
+                last = ask(addr, path, live).await?;
+                times.push(last);
             }
             let p50 = round2(median(times.clone()));
             let min = times.iter().copied().fold(f64::INFINITY, f64::min);

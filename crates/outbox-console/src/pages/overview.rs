@@ -111,29 +111,49 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
     }
 }
 
-/// The live figures of the last read and when it was made (an error as the
-/// page shows it), shared by every open overview.
-pub(crate) type LiveCache = Arc<Mutex<Option<(Instant, Result<LiveFigures, String>)>>>;
+/// The live figures of the last read, when it was made and how long it
+/// took (an error as the page shows it), shared by every open overview.
+pub(crate) type LiveCache = Arc<Mutex<Option<LastRead>>>;
+
+/// One read of the live figures.
+pub(crate) struct LastRead {
+    at: Instant,
+    took: Duration,
+    figures: Result<LiveFigures, String>,
+}
+
+/// How long a read that took `took` is shared before the next: at least
+/// [`LIVE_EVERY`], and ten times the read, so that watching the overview
+/// never keeps the database busy more than a tenth of the time (its counts
+/// group the whole table: about half a second with 1,000,000 events).
+fn shared_for(took: Duration) -> Duration {
+    LIVE_EVERY.max(took.saturating_mul(10))
+}
 
 /// The live figures: `data-live` key → text.
 type LiveFigures = BTreeMap<String, String>;
 
-/// The overview's live figures, read at most once per [`LIVE_EVERY`]
-/// whatever the number of open overviews: the first stream to find the
-/// last read older than that reads again (the counts group the whole
-/// table), the others wait for it and share its result.
+/// The overview's live figures, read at most once per [`shared_for`] the
+/// last read's duration, whatever the number of open overviews: the first
+/// stream to find the last read older than that reads again, the others
+/// wait for it and share its result.
 async fn live_figures(console: &Console) -> Result<LiveFigures, String> {
     let mut cached = console.inner.live.lock().await;
-    if let Some((at, figures)) = cached.as_ref()
-        && at.elapsed() < LIVE_EVERY
+    if let Some(last) = cached.as_ref()
+        && last.at.elapsed() < shared_for(last.took)
     {
-        return figures.clone();
+        return last.figures.clone();
     }
+    let started = Instant::now();
     let figures = Figures::read(console)
         .await
         .map(|figures| figures.live())
         .map_err(|e| outbox_queue::redact_urls_in(&e.to_string()));
-    *cached = Some((Instant::now(), figures.clone()));
+    *cached = Some(LastRead {
+        at: Instant::now(),
+        took: started.elapsed(),
+        figures: figures.clone(),
+    });
     figures
 }
 
@@ -171,4 +191,21 @@ pub(crate) async fn live(
         }
     });
     Sse::new(ticks).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{LIVE_EVERY, shared_for};
+
+    #[test]
+    fn a_read_is_shared_for_two_seconds_or_ten_times_its_duration_whichever_is_longer() {
+        assert_eq!(shared_for(Duration::from_millis(5)), LIVE_EVERY);
+        assert_eq!(shared_for(Duration::from_millis(200)), LIVE_EVERY);
+        assert_eq!(
+            shared_for(Duration::from_millis(500)),
+            Duration::from_secs(5)
+        );
+    }
 }
