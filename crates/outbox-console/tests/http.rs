@@ -165,7 +165,7 @@ fn csrf_of(page: &str) -> String {
 }
 
 #[tokio::test]
-async fn every_answer_forbids_caching_and_framing() {
+async fn pages_assets_and_the_login_form_forbid_caching_framing_and_sniffing() {
     let console = served().await;
     for (token, path) in [
         (None, "/"),
@@ -193,6 +193,16 @@ async fn every_answer_forbids_caching_and_framing() {
         assert_eq!(
             header("content-security-policy").as_deref(),
             Some("frame-ancestors 'none'"),
+            "{path}"
+        );
+        assert_eq!(
+            header("x-content-type-options").as_deref(),
+            Some("nosniff"),
+            "{path}"
+        );
+        assert_eq!(
+            header("referrer-policy").as_deref(),
+            Some("same-origin"),
             "{path}"
         );
     }

@@ -158,6 +158,22 @@ pub async fn count_events(conn: &mut AsyncPgConnection, filter: &EventFilter) ->
 /// large the table, where [`count_events`] reads every matching row (a
 /// page shows "more than 10,000" rather than scan a million rows).
 ///
+/// # Example
+///
+/// ```no_run
+/// # async fn example(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), outbox_store::StoreError> {
+/// use outbox_model::OutboxStatus;
+/// use outbox_store::{EventFilter, count_events_up_to};
+///
+/// let failed = EventFilter { statuses: vec![OutboxStatus::Failed], ..EventFilter::default() };
+/// match count_events_up_to(conn, &failed, 10_000).await? {
+///     Some(n) => println!("{n} failed events"),
+///     None => println!("more than 10,000 failed events"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// When Postgres fails.
