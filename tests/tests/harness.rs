@@ -89,14 +89,14 @@ async fn namespaces_left_by_killed_tests_are_swept_and_live_ones_are_kept() {
     let _: () = conn.set(live.key("job"), 1).await.unwrap();
     // What a test process killed mid-run leaves: keys under its namespace,
     // and no liveness key any more (it expired when the renewals stopped).
-    let abandon = async |conn: &mut redis::aio::ConnectionManager, n: usize| {
+    let abandon = async |conn: &mut outbox_queue::RedisConnection, n: usize| {
         let prefix = format!("outbox-test:{}:", uuid::Uuid::new_v4().simple());
         for i in 0..n {
             let _: () = conn.set(format!("{prefix}q:data:{i}"), i).await.unwrap();
         }
         prefix
     };
-    let left = async |conn: &mut redis::aio::ConnectionManager, prefix: &str| {
+    let left = async |conn: &mut outbox_queue::RedisConnection, prefix: &str| {
         let keys: Vec<String> = conn.keys(format!("{prefix}*")).await.unwrap();
         keys.len()
     };

@@ -39,7 +39,7 @@ pub fn check_queue(queue: &str, known: &[&str]) -> anyhow::Result<()> {
 ///
 /// Redis failing.
 pub async fn dead_jobs(
-    redis: &mut redis::aio::ConnectionManager,
+    redis: &mut outbox_queue::RedisConnection,
     namespace: &QueueNamespace,
     args: &DeadArgs,
 ) -> Result<Vec<DeadJob>, outbox_queue::QueueError> {

@@ -33,7 +33,10 @@ pub(crate) struct HealthArgs {
 
 pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     let mut redis = redis(cli)?;
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let namespace = QueueNamespace::for_redis(
+        cli.queue_prefix.clone(),
+        cli.redis_url.as_deref().unwrap_or_default(),
+    );
     // Redis is read first, as without a database: an unreachable Redis is
     // named before a missing DATABASE_URL.
     let known = Known::read_if_possible(cli).await?;

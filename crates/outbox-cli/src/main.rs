@@ -249,7 +249,7 @@ async fn connect(cli: &Cli) -> Result<AsyncPgConnection> {
         .with_context(|| format!("cannot connect to Postgres at {}", redact_url(url)))
 }
 
-fn redis(cli: &Cli) -> Result<redis::aio::ConnectionManager> {
+fn redis(cli: &Cli) -> Result<outbox_queue::RedisConnection> {
     let url = cli
         .redis_url
         .as_deref()
@@ -291,7 +291,10 @@ async fn dead_cmd(cli: &Cli, args: &dead::DeadArgs) -> Outcome {
         &known::Known::read_if_possible(cli).await?.queues(),
     )?;
     let mut redis = redis(cli)?;
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let namespace = QueueNamespace::for_redis(
+        cli.queue_prefix.clone(),
+        cli.redis_url.as_deref().unwrap_or_default(),
+    );
     let jobs = dead::dead_jobs(&mut redis, &namespace, args)
         .await
         .with_context(|| {

@@ -99,7 +99,10 @@ pub async fn run(cli: &Cli, args: &ReconcileArgs) -> Outcome {
         }
     };
     let redis = redis(cli)?;
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let namespace = QueueNamespace::for_redis(
+        cli.queue_prefix.clone(),
+        cli.redis_url.as_deref().unwrap_or_default(),
+    );
     let report = Reconciler::new(redis, namespace, known.receivers())
         .reconcile(
             &mut conn,

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use outbox_dispatch::guard_status;
 use outbox_queue::QueueNamespace;
-use redis::aio::ConnectionManager;
+use outbox_queue::RedisConnection;
 use serde::Serialize;
 
 /// A reconciliation still due for a queue.
@@ -47,7 +47,7 @@ pub struct RedisStatus {
 /// When either fails.
 pub async fn read(
     conn: &mut AsyncPgConnection,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     namespace: &QueueNamespace,
 ) -> anyhow::Result<RedisStatus> {
     let persistence = outbox_queue::read_persistence(redis).await;

@@ -65,7 +65,10 @@ pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
         &crate::known::Known::read_if_possible(cli).await?.queues(),
     )?;
     let mut redis = redis(cli)?;
-    let namespace = QueueNamespace::prefixed(cli.queue_prefix.clone());
+    let namespace = QueueNamespace::for_redis(
+        cli.queue_prefix.clone(),
+        cli.redis_url.as_deref().unwrap_or_default(),
+    );
     let dead_ids = outbox_queue::dead_task_ids(&mut redis, &namespace, &args.queue)
         .await
         .with_context(|| format!("cannot read the dead jobs of {}", args.queue))?;

@@ -1167,7 +1167,7 @@ fn start_delivery_workers(env: &Env) -> (CancellationToken, tokio::task::JoinHan
 /// Runs `group` on the test's queues in the background until the token is cancelled.
 fn run_group(
     env: &Env,
-    conn: redis::aio::ConnectionManager,
+    conn: outbox_queue::RedisConnection,
     group: HandlerGroup,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let settings = WorkerSettings {

@@ -53,7 +53,7 @@ use std::sync::Arc;
 use axum::Router;
 use outbox_pg::PgPool;
 use outbox_queue::QueueNamespace;
-use redis::aio::ConnectionManager;
+use outbox_queue::RedisConnection;
 use tokio_util::sync::CancellationToken;
 
 pub use access::{Authorize, Identity, MIN_TOKEN_LEN, Role, TokenError, Tokens};
@@ -84,7 +84,7 @@ struct Inner {
 /// The Redis queues the overview reads (backlog, dead jobs, workers).
 #[derive(Clone)]
 struct Queues {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
     names: Vec<String>,
 }
@@ -134,7 +134,7 @@ impl Console {
     #[must_use]
     pub fn with_queues(
         self,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         namespace: QueueNamespace,
         names: Vec<String>,
     ) -> Self {

@@ -9,9 +9,9 @@ use diesel_async::AsyncPgConnection;
 use futures::StreamExt;
 use outbox_model::{MAX_PAYLOAD_BYTES, OutboxEvent};
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
 use outbox_trace::{TraceContext, continue_trace};
-use redis::aio::ConnectionManager;
 use tokio::sync::{Mutex, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, instrument};
@@ -95,7 +95,7 @@ impl TickReport {
 pub struct Dispatcher {
     pool: PgPool,
     database_url: String,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
     router: Router,
     config: DispatcherConfig,
@@ -130,7 +130,7 @@ impl Dispatcher {
     pub fn new(
         pool: PgPool,
         database_url: impl Into<String>,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         namespace: QueueNamespace,
         router: Router,
         config: DispatcherConfig,

@@ -67,11 +67,11 @@ use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::OutboxEvent;
+use outbox_queue::RedisConnection;
 use outbox_queue::{
     DerivedTaskIds, JobState, JobStateKind, OutboxJob, QueueNamespace, generation_task_id,
     idempotency_prefix, job_states, push_jobs, rerun_finished,
 };
-use redis::aio::ConnectionManager;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -353,9 +353,9 @@ pub struct BatchOutcome {
 /// CLI's `outbox reconcile`.
 #[derive(Clone)]
 pub struct Reconciler {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
-    records: RedisIdempotencyStore,
+    records: RedisIdempotencyStore<RedisConnection>,
     receivers: Receivers,
     batch_size: usize,
 }
@@ -392,7 +392,7 @@ impl Reconciler {
     /// receivers' records under [`idempotency_prefix`], and telling what
     /// each queue's handler leaves behind from `receivers`.
     #[must_use]
-    pub fn new(redis: ConnectionManager, namespace: QueueNamespace, receivers: Receivers) -> Self {
+    pub fn new(redis: RedisConnection, namespace: QueueNamespace, receivers: Receivers) -> Self {
         let records =
             RedisIdempotencyStore::new(redis.clone()).with_prefix(idempotency_prefix(&namespace));
         Self {

@@ -56,11 +56,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{
     Marker, Persistence, QueueNamespace, ServerInfo, confirm_marker_run, read_marker,
     read_server_info, write_marker,
 };
-use redis::aio::ConnectionManager;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -321,7 +321,7 @@ pub struct GuardStatus {
 /// When Redis or Postgres fails.
 pub async fn guard_status(
     conn: &mut AsyncPgConnection,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     namespace: &QueueNamespace,
 ) -> Result<GuardStatus, DispatchError> {
     Ok(GuardStatus {
@@ -334,7 +334,7 @@ pub async fn guard_status(
 /// Watches the Redis the dispatcher pushes to (see the module docs).
 pub struct RedisGuard {
     pool: PgPool,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
     queues: Vec<String>,
     reconciler: Reconciler,
@@ -362,7 +362,7 @@ impl RedisGuard {
     #[must_use]
     pub fn new(
         pool: PgPool,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         namespace: QueueNamespace,
         queues: Vec<String>,
         receivers: Receivers,
@@ -461,7 +461,7 @@ impl RedisGuard {
     async fn decide(
         &self,
         conn: &mut AsyncPgConnection,
-        redis: &mut ConnectionManager,
+        redis: &mut RedisConnection,
         server: &ServerInfo,
     ) -> Result<CheckReport, DispatchError> {
         let namespace = &self.namespace;

@@ -24,6 +24,7 @@ use outbox_dispatch::{
 };
 use outbox_model::OutboxEvent;
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
+use outbox_queue::RedisConnection;
 use outbox_queue::{
     JobStateKind, QueueNamespace, RedisSettings, apalis_config, generation_task_id, job_states,
     queues, task_id,
@@ -31,7 +32,6 @@ use outbox_queue::{
 use outbox_store as db;
 use outbox_subscriber::{ConsumedQueue, DerivedTaskIds, DownstreamQueue, SubscriberDescription};
 use outbox_test_support::{LogCapture, RedisProcess, TestDatabase, TestRedis};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -145,7 +145,7 @@ impl Rig {
         Self::on(redis.url().to_owned(), namespace, Some(redis)).await
     }
 
-    fn redis(&self) -> ConnectionManager {
+    fn redis(&self) -> RedisConnection {
         outbox_queue::connect(&RedisSettings::new(&self.redis_url)).unwrap()
     }
 

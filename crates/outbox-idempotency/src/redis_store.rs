@@ -6,7 +6,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::instrument;
@@ -29,21 +29,27 @@ use crate::store::{Claim, ClaimToken, IdempotencyStore, StoreError, duration_mil
 /// JSON text `serde_json` wrote and handed back byte for byte (the scripts
 /// never re-encode it), so large integers and empty arrays survive.
 ///
-/// Cloning is cheap and shares the connection.
+/// Cloning is cheap and shares the connection. `C` is the connection: a
+/// `ConnectionManager` by default, or any other cloneable async
+/// connection (a cluster connection, or the workspace's
+/// `outbox_queue::RedisConnection`, which is either).
 #[derive(Clone)]
-pub struct RedisIdempotencyStore {
-    conn: ConnectionManager,
+pub struct RedisIdempotencyStore<C = ConnectionManager> {
+    conn: C,
     prefix: String,
 }
 
-impl RedisIdempotencyStore {
+impl<C> RedisIdempotencyStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// The key prefix unless [`with_prefix`](Self::with_prefix) sets
     /// another.
     pub const DEFAULT_PREFIX: &'static str = "outbox:idempotency:";
 
     /// A store on `conn` with keys under [`Self::DEFAULT_PREFIX`].
     #[must_use]
-    pub fn new(conn: ConnectionManager) -> Self {
+    pub fn new(conn: C) -> Self {
         Self {
             conn,
             prefix: Self::DEFAULT_PREFIX.to_owned(),
@@ -103,7 +109,7 @@ impl RedisIdempotencyStore {
     }
 }
 
-impl fmt::Debug for RedisIdempotencyStore {
+impl<C> fmt::Debug for RedisIdempotencyStore<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisIdempotencyStore")
             .field("prefix", &self.prefix)
@@ -207,7 +213,10 @@ fn flag(reply: i64) -> Result<bool, StoreError> {
     }
 }
 
-impl IdempotencyStore for RedisIdempotencyStore {
+impl<C> IdempotencyStore for RedisIdempotencyStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     #[instrument(level = "debug", skip(self), fields(prefix = %self.prefix), err)]
     async fn claim(&self, key: &str, lease: Duration) -> Result<Claim, StoreError> {
         let lease_ms = duration_millis("lease", lease)?;

@@ -42,7 +42,7 @@ const SLACK: Duration = Duration::from_millis(50);
 /// One delivery of `event_id` whose handler counts its runs and returns a
 /// receipt numbered by the run.
 async fn deliver(
-    store: &RedisIdempotencyStore,
+    store: &RedisIdempotencyStore<outbox_queue::RedisConnection>,
     event_id: Uuid,
     options: IdempotencyOptions,
     runs: &AtomicUsize,
@@ -59,7 +59,7 @@ async fn deliver(
 
 /// Redelivers until the handler runs, accepting only `InProgress` meanwhile.
 async fn redeliver_until_it_runs(
-    store: &RedisIdempotencyStore,
+    store: &RedisIdempotencyStore<outbox_queue::RedisConnection>,
     event_id: Uuid,
     runs: &AtomicUsize,
 ) -> Receipt {
@@ -328,7 +328,7 @@ async fn store_outage_fails_the_delivery_before_the_handler_runs() {
     let conn = redis::aio::ConnectionManager::new_with_config(client, config)
         .await
         .unwrap();
-    let store = RedisIdempotencyStore::new(conn);
+    let store = RedisIdempotencyStore::new(outbox_queue::RedisConnection::from(conn));
     let runs = AtomicUsize::new(0);
     let event_id = Uuid::now_v7();
 

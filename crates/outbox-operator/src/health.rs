@@ -86,7 +86,7 @@ pub struct QueueReadError {
 ///
 /// The queue that could not be read, with Redis' error.
 pub async fn queue_health(
-    redis: &mut redis::aio::ConnectionManager,
+    redis: &mut outbox_queue::RedisConnection,
     namespace: &QueueNamespace,
     queues: &[&str],
     thresholds: &Thresholds,

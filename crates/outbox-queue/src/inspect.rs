@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use apalis_redis::ConnectionManager;
+use crate::RedisConnection;
 
 use outbox_model::Priority;
 
@@ -54,7 +54,7 @@ fn now_secs() -> f64 {
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn queue_stats(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     stall_after: Duration,
@@ -113,7 +113,7 @@ pub async fn queue_stats(
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn dead_jobs(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     limit: usize,
@@ -148,7 +148,7 @@ pub async fn dead_jobs(
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn dead_task_ids(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
 ) -> Result<Vec<String>, QueueError> {
@@ -205,7 +205,7 @@ pub const QUEUE_DONE_RETENTION_HOURS: outbox_env::Whole = outbox_env::Whole {
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn trim_finished(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     done_after: Duration,

@@ -18,7 +18,8 @@
 use std::sync::LazyLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use apalis_redis::{Config, ConnectionManager};
+use crate::RedisConnection;
+use apalis_redis::Config;
 use outbox_model::Priority;
 use redis::Script;
 
@@ -84,7 +85,7 @@ fn at_level(key: String, priority: Priority) -> String {
 ///
 /// As [`crate::push_jobs`].
 pub async fn push_raw_at_priority(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     jobs: &[(String, Vec<u8>)],
@@ -124,7 +125,7 @@ pub async fn push_raw_at_priority(
 /// Wakes idle workers of `queue` now rather than at their next poll, when
 /// `new` jobs were pushed.
 pub(crate) async fn wake(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     new: usize,

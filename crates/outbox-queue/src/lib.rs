@@ -23,6 +23,7 @@
 //! This crate neither claims rows nor runs handlers: the dispatcher
 //! (`outbox-dispatch`) pushes with it, the workers consume with it.
 
+mod connection;
 mod derived;
 mod envelope;
 mod inspect;
@@ -33,6 +34,7 @@ mod redis_queue;
 mod server;
 mod worker_store;
 
+pub use connection::RedisConnection;
 pub use derived::{
     DerivedTaskIds, EMAIL_TASK_IDS, PLUGIN_INVOKE_TASK_IDS, email_task_id, plugin_invoke_task_id,
 };
@@ -52,9 +54,9 @@ pub use presence::{
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_json, redact_url, redact_urls_in};
 pub use redis_queue::{
     InvalidQueuePrefix, MAX_RETRY_ROUNDS, OUTBOX_QUEUE_PREFIX, PushReport, QUEUE_PREFIX_SEPARATOR,
-    QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL, RedisSettings, apalis_config, connect,
-    idempotency_prefix, push_jobs, push_raw, push_raw_at, redis_client, redis_from_lookup,
-    retry_round, retry_task_id, storage, wake_channel,
+    QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL, RedisSettings, apalis_config,
+    cluster_nodes, connect, idempotency_prefix, push_jobs, push_raw, push_raw_at, redis_client,
+    redis_from_lookup, retry_round, retry_task_id, storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

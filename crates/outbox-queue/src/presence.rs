@@ -10,7 +10,7 @@
 
 use std::sync::LazyLock;
 
-use apalis_redis::ConnectionManager;
+use crate::RedisConnection;
 use redis::Script;
 use uuid::Uuid;
 
@@ -72,7 +72,7 @@ impl JobState {
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn job_states(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     task_ids: &[String],
@@ -141,7 +141,7 @@ pub struct Unfinished {
 /// [`QueueError::Redis`] when Redis fails, [`QueueError::Unexpected`] when
 /// the answer has the wrong shape.
 pub async fn unfinished_jobs(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queues: &[&str],
     limit: usize,
@@ -221,7 +221,7 @@ pub fn event_of_task(task_id: &str) -> Option<Uuid> {
 /// [`QueueError::Redis`] when Redis fails; some of the jobs may have gone
 /// back, and calling again is safe.
 pub async fn rerun_finished(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     task_ids: &[String],
@@ -241,7 +241,7 @@ pub async fn rerun_finished(
 /// [`QueueError::Redis`] when Redis fails; some of the jobs may have gone
 /// back, and calling again is safe.
 pub async fn retry_dead(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     task_ids: &[String],
@@ -253,7 +253,7 @@ pub async fn retry_dead(
 /// Moves the jobs of `task_ids` that are in `from` (the done or the dead
 /// set of `queue`) back on the queue, due now.
 async fn put_back(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     from: &str,

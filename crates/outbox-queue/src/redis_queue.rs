@@ -8,6 +8,8 @@ use std::time::Duration;
 use apalis_core::task::builder::TaskBuilder;
 use apalis_core::task::task_id::TaskId;
 use apalis_redis::{Config, ConnectionManager, RedisStorage};
+
+use crate::RedisConnection;
 use outbox_env::{Text, VariableError};
 use outbox_model::Priority;
 use redis::aio::ConnectionManagerConfig;
@@ -29,9 +31,15 @@ pub const OUTBOX_QUEUE_PREFIX: Text = Text {
 /// [`QueueNamespace::root`] (no prefix, so keys are `outbox.mail:…` as in
 /// the contract); tests use a unique prefix each, so that parallel tests
 /// share one Redis without seeing each other's jobs.
+///
+/// On a Redis Cluster the queue name in each key is a hash tag
+/// ([`QueueNamespace::with_hash_tags`]): `{outbox.mail}:active`, so that
+/// every key of a queue lands in one hash slot, and the queues spread over
+/// the primaries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueNamespace {
     prefix: String,
+    hash_tags: bool,
 }
 
 impl QueueNamespace {
@@ -46,7 +54,33 @@ impl QueueNamespace {
     pub fn prefixed(prefix: impl Into<String>) -> Self {
         Self {
             prefix: prefix.into(),
+            hash_tags: false,
         }
+    }
+
+    /// `prefix`'s namespace for the Redis of `redis_url`: with hash tags
+    /// ([`QueueNamespace::with_hash_tags`]) when the URL is a cluster's
+    /// ([`cluster_nodes`]), without on one server.
+    #[must_use]
+    pub fn for_redis(prefix: impl Into<String>, redis_url: &str) -> Self {
+        Self::prefixed(prefix).with_hash_tags(cluster_nodes(redis_url).is_some())
+    }
+
+    /// With `on`, each queue's name in its keys is a Redis hash tag
+    /// (`<prefix>{outbox.mail}:active` instead of `<prefix>outbox.mail:active`),
+    /// so that a Redis Cluster keeps every key of a queue in one hash slot:
+    /// the queue scripts touch several of them in one call. Needed on a
+    /// cluster; on one server it only renames the keys.
+    #[must_use]
+    pub fn with_hash_tags(mut self, on: bool) -> Self {
+        self.hash_tags = on;
+        self
+    }
+
+    /// Whether queue names are hash tags ([`QueueNamespace::with_hash_tags`]).
+    #[must_use]
+    pub fn hash_tags(&self) -> bool {
+        self.hash_tags
     }
 
     /// The namespace an operator asked for with `OUTBOX_QUEUE_PREFIX`:
@@ -81,7 +115,8 @@ impl QueueNamespace {
     }
 
     /// The namespace of [`OUTBOX_QUEUE_PREFIX`] read through `get`, as
-    /// [`QueueNamespace::checked`] accepts it; the root when unset.
+    /// [`QueueNamespace::checked`] accepts it; the root when unset. With
+    /// hash tags when [`REDIS_URL`] is a cluster's.
     ///
     /// # Errors
     ///
@@ -89,7 +124,12 @@ impl QueueNamespace {
     /// [`InvalidQueuePrefix`].
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
         let prefix = OUTBOX_QUEUE_PREFIX.read(get).unwrap_or_default();
-        Self::checked(&prefix).map_err(|e| OUTBOX_QUEUE_PREFIX.refuse(prefix.clone(), e.problem))
+        let cluster = REDIS_URL
+            .read(get)
+            .is_some_and(|url| cluster_nodes(&url).is_some());
+        Self::checked(&prefix)
+            .map(|namespace| namespace.with_hash_tags(cluster))
+            .map_err(|e| OUTBOX_QUEUE_PREFIX.refuse(prefix.clone(), e.problem))
     }
 
     /// The prefix (empty for the root namespace).
@@ -101,7 +141,11 @@ impl QueueNamespace {
     /// The apalis queue name of `queue` in this namespace.
     #[must_use]
     pub fn queue(&self, queue: &str) -> String {
-        format!("{}{queue}", self.prefix)
+        if self.hash_tags {
+            format!("{}{{{queue}}}", self.prefix)
+        } else {
+            format!("{}{queue}", self.prefix)
+        }
     }
 }
 
@@ -199,16 +243,23 @@ pub enum QueueError {
     Unexpected(String),
 }
 
-/// A reconnecting, multiplexed Redis connection. It connects lazily: it
-/// returns at once even when Redis is down, and each command (re)connects as
-/// needed, so a process can start before Redis and survive its restarts.
-/// Call it inside a tokio runtime (it spawns the connection's driver task).
+/// A connection to the Redis of `settings`: to one server when its `url`
+/// names one, to a Redis Cluster when it lists several nodes separated by
+/// commas ([`cluster_nodes`]). Either connects lazily: it returns at once
+/// even when Redis is down, and each command (re)connects as needed, so a
+/// process can start before Redis and survive its restarts (and, on a
+/// cluster, a primary's failover: commands follow the slot to its new
+/// primary). Call it inside a tokio runtime (it spawns the connection's
+/// driver task).
 ///
 /// # Errors
 ///
-/// [`QueueError::InvalidUrl`] when the URL does not parse,
-/// [`QueueError::CaCert`] when `ca_cert` cannot be read.
-pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError> {
+/// [`QueueError::InvalidUrl`] when the URL (or one of a cluster's) does not
+/// parse, [`QueueError::CaCert`] when `ca_cert` cannot be read.
+pub fn connect(settings: &RedisSettings) -> Result<RedisConnection, QueueError> {
+    if let Some(nodes) = cluster_nodes(&settings.url) {
+        return connect_cluster(settings, &nodes);
+    }
     let client = redis_client(&settings.url, settings.ca_cert.as_deref())?;
     let config = ConnectionManagerConfig::new()
         .set_response_timeout(Some(settings.response_timeout))
@@ -216,15 +267,64 @@ pub fn connect(settings: &RedisSettings) -> Result<ConnectionManager, QueueError
         .set_number_of_retries(settings.reconnect_retries)
         .set_min_delay(Duration::from_millis(100))
         .set_max_delay(Duration::from_secs(1));
-    Ok(ConnectionManager::new_lazy_with_config(client, config)?)
+    Ok(ConnectionManager::new_lazy_with_config(client, config)?.into())
+}
+
+/// The nodes of a cluster URL: `Some` with each node's URL when `url` lists
+/// two or more, separated by commas (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`),
+/// `None` for the URL of one server. Any nodes of the cluster will do: the
+/// client asks them for the others and for who holds which slots.
+#[must_use]
+pub fn cluster_nodes(url: &str) -> Option<Vec<&str>> {
+    let nodes: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|node| !node.is_empty())
+        .collect();
+    (url.contains(',')).then_some(nodes)
+}
+
+fn connect_cluster(
+    settings: &RedisSettings,
+    nodes: &[&str],
+) -> Result<RedisConnection, QueueError> {
+    let invalid = |source| QueueError::InvalidUrl {
+        url: crate::redact_url(&settings.url),
+        source,
+    };
+    if nodes.iter().any(|node| node.starts_with("rediss://")) {
+        // As in redis_client: name the crypto provider the workspace uses.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
+    let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+        .connection_timeout(settings.connection_timeout)
+        .response_timeout(settings.response_timeout)
+        .retries(u32::try_from(settings.reconnect_retries.max(1)).unwrap_or(u32::MAX));
+    if let Some(path) = settings.ca_cert.as_deref() {
+        let pem = std::fs::read(path).map_err(|source| QueueError::CaCert {
+            path: path.to_owned(),
+            source,
+        })?;
+        builder = builder.certs(redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem),
+        });
+    }
+    let client = builder.build().map_err(invalid)?;
+    let config = redis::cluster::ClusterConfig::new()
+        .set_connection_timeout(settings.connection_timeout)
+        .set_response_timeout(settings.response_timeout);
+    Ok(client
+        .get_pending_async_connection_with_config(config)
+        .into())
 }
 
 /// `REDIS_URL`: the `url` of [`redis_client`].
 pub const REDIS_URL: Text = Text {
     name: "REDIS_URL",
     default: "required",
-    form: "redis://host:port[/db], or rediss:// for TLS",
-    meaning: "Redis (a single server, not a cluster; maxmemory-policy noeviction)",
+    form: "redis://host:port[/db], or rediss:// for TLS; for a Redis Cluster, node URLs separated by commas",
+    meaning: "Redis: one server, or a Redis Cluster's nodes (maxmemory-policy noeviction)",
 };
 
 /// `REDIS_CA_CERT`: the `ca_cert` of [`redis_client`].
@@ -265,7 +365,12 @@ pub fn redis_from_lookup(
 /// A Redis client for `url`: `redis://` in plain text, `rediss://` over TLS
 /// (rustls), verified against `ca_cert` (a PEM file of CA certificates)
 /// when given, else against the system's roots. Every Redis connection of
-/// the workspace is opened through a client made here.
+/// the workspace is opened through a client made here or by [`connect`].
+///
+/// For a cluster's URL ([`cluster_nodes`]) every node's URL is checked and
+/// the client is one of the first node: what pub/sub needs (a cluster
+/// forwards each `PUBLISH` to every node), not a client for keys (use
+/// [`connect`]).
 ///
 /// # Errors
 ///
@@ -273,6 +378,26 @@ pub fn redis_from_lookup(
 /// given with a URL that is not `rediss://`), [`QueueError::CaCert`] when
 /// `ca_cert` cannot be read.
 pub fn redis_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {
+    let Some(nodes) = cluster_nodes(url) else {
+        return server_client(url, ca_cert);
+    };
+    let mut clients = nodes
+        .iter()
+        .map(|node| server_client(node, ca_cert))
+        .collect::<Result<Vec<_>, _>>()?;
+    if clients.is_empty() {
+        return Err(QueueError::InvalidUrl {
+            url: crate::redact_url(url),
+            source: redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a cluster URL lists no nodes",
+            )),
+        });
+    }
+    Ok(clients.swap_remove(0))
+}
+
+fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {
     let invalid = |source| QueueError::InvalidUrl {
         url: crate::redact_url(url),
         source,
@@ -312,10 +437,10 @@ pub fn apalis_config(namespace: &QueueNamespace, queue: &str) -> Config {
 /// An apalis-redis storage for jobs of type `T` on `queue`, for workers.
 #[must_use]
 pub fn storage<T>(
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
-) -> RedisStorage<T> {
+) -> RedisStorage<T, RedisConnection> {
     RedisStorage::new(conn).with_config(apalis_config(namespace, queue))
 }
 
@@ -342,7 +467,7 @@ pub struct PushReport {
 /// safe.
 #[instrument(name = "outbox.queue.push", skip(conn, jobs), fields(queue = %namespace.queue(queue), jobs = jobs.len()), err)]
 pub async fn push_jobs(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     jobs: &[OutboxJob],
@@ -373,7 +498,7 @@ pub async fn push_jobs(
 ///
 /// As [`push_jobs`].
 pub async fn push_raw(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     jobs: &[(String, Vec<u8>)],
@@ -387,7 +512,7 @@ pub async fn push_raw(
 ///
 /// As [`push_jobs`].
 pub async fn push_raw_at(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     jobs: &[(String, Vec<u8>)],

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use apalis_redis::ConnectionManager;
+use crate::RedisConnection;
 use uuid::Uuid;
 
 use crate::{QueueError, QueueNamespace};
@@ -193,7 +193,7 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
 ///
 /// [`QueueError::Redis`] when Redis does not answer `INFO`, or
 /// [`QueueError::Unexpected`] when the answer has no `run_id`.
-pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo, QueueError> {
+pub async fn read_server_info(conn: &mut RedisConnection) -> Result<ServerInfo, QueueError> {
     let (run_id, server) = read_server_section(conn).await?;
     let persistence = read_persistence(conn).await;
     Ok(ServerInfo {
@@ -214,13 +214,13 @@ pub async fn read_server_info(conn: &mut ConnectionManager) -> Result<ServerInfo
 /// # Errors
 ///
 /// As [`read_server_info`].
-pub async fn read_run_id(conn: &mut ConnectionManager) -> Result<String, QueueError> {
+pub async fn read_run_id(conn: &mut RedisConnection) -> Result<String, QueueError> {
     Ok(read_server_section(conn).await?.0)
 }
 
 /// `INFO server`, parsed, with its `run_id`.
 async fn read_server_section(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
 ) -> Result<(String, HashMap<String, String>), QueueError> {
     let server: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
     let server = parse_info(&server);
@@ -233,7 +233,7 @@ async fn read_server_section(
 
 /// `CONFIG GET appendonly appendfsync save` as [`Persistence`]; a refusal
 /// (or no answer) is [`Persistence::Unknown`] with Redis' reason.
-pub async fn read_persistence(conn: &mut ConnectionManager) -> Persistence {
+pub async fn read_persistence(conn: &mut RedisConnection) -> Persistence {
     let mut config = HashMap::new();
     for parameter in ["appendonly", "appendfsync", "save"] {
         match redis::cmd("CONFIG")
@@ -275,7 +275,7 @@ pub struct Marker {
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn read_marker(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
 ) -> Result<Option<Marker>, QueueError> {
     let fields: HashMap<String, String> = redis::cmd("HGETALL")
@@ -297,7 +297,7 @@ pub async fn read_marker(
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn write_marker(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     marker: &Marker,
 ) -> Result<(), QueueError> {
@@ -332,7 +332,7 @@ pub async fn write_marker(
 ///
 /// [`QueueError::Redis`] when Redis fails.
 pub async fn confirm_marker_run(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     run_id: &str,
 ) -> Result<(), QueueError> {

@@ -20,6 +20,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 
+use crate::RedisConnection;
 use apalis_core::backend::codec::Codec;
 use apalis_core::backend::persistence::{Persistence, TaskEvent};
 use apalis_core::task::Task;
@@ -28,7 +29,7 @@ use apalis_core::task::metadata::MetadataStore;
 use apalis_core::task::status::Status;
 use apalis_core::task::task_id::TaskId;
 use apalis_core::worker::context::WorkerContext;
-use apalis_redis::{Config, ConnectionManager};
+use apalis_redis::Config;
 use redis::{Script, Value};
 
 use crate::levels::leveled;
@@ -81,7 +82,7 @@ fn invalid(message: String) -> apalis_redis::Error {
 /// in [`apalis_core::backend::persistence::Persisted`] to get a backend.
 #[derive(Debug, Clone)]
 pub struct WorkerStore {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     config: Config,
     wake_count: Option<Arc<AtomicU64>>,
 }
@@ -89,7 +90,7 @@ pub struct WorkerStore {
 impl WorkerStore {
     /// The store of the apalis queue `config.queue`.
     #[must_use]
-    pub fn new(conn: ConnectionManager, config: Config) -> Self {
+    pub fn new(conn: RedisConnection, config: Config) -> Self {
         Self {
             conn,
             config,
@@ -117,7 +118,7 @@ impl WorkerStore {
 
     /// A handle on the store's connection.
     #[must_use]
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
     }
 
@@ -317,7 +318,7 @@ impl Persistence for WorkerStore {
 ///
 /// When Redis fails.
 pub async fn retire_worker(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     config: &Config,
     worker: &WorkerContext,
 ) -> Result<bool, apalis_redis::Error> {

@@ -11,10 +11,11 @@ use apalis_core::backend::persistence::Persistence;
 use apalis_core::task::Task;
 use apalis_core::task::status::Status;
 use apalis_core::worker::context::WorkerContext;
-use apalis_redis::{Config, ConnectionManager};
+use apalis_redis::Config;
 use chrono::DateTime;
 use common::{finished, ids, impatient_worker, range, started};
 use outbox_model::{Priority, RawJson};
+use outbox_queue::RedisConnection;
 use outbox_queue::{
     OutboxJob, QueueNamespace, WorkerStore, apalis_config, push_jobs, push_raw,
     push_raw_at_priority, queue_stats, ready_list, retry_dead, unfinished_jobs,
@@ -42,7 +43,7 @@ fn job(priority: Priority) -> OutboxJob {
 }
 
 /// `n` normal jobs `normal-<i>`, pushed as the dispatcher pushes a batch.
-async fn normal_backlog(conn: &mut ConnectionManager, namespace: &QueueNamespace, n: usize) {
+async fn normal_backlog(conn: &mut RedisConnection, namespace: &QueueNamespace, n: usize) {
     let jobs: Vec<(String, Vec<u8>)> = (0..n)
         .map(|i| (format!("normal-{i}"), b"{}".to_vec()))
         .collect();
@@ -53,7 +54,7 @@ async fn normal_backlog(conn: &mut ConnectionManager, namespace: &QueueNamespace
 }
 
 async fn push_at(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     id: &str,
     priority: Priority,
@@ -71,7 +72,7 @@ async fn push_at(
     assert_eq!((report.new, report.duplicates), (1, 0), "{id} was pushed");
 }
 
-async fn list(conn: &mut ConnectionManager, key: &str) -> Vec<String> {
+async fn list(conn: &mut RedisConnection, key: &str) -> Vec<String> {
     range(conn, "LRANGE", key).await
 }
 
@@ -83,7 +84,7 @@ fn config(namespace: &QueueNamespace, batch: usize) -> Config {
 /// (batches of one): the queue's config, the worker's store and the worker,
 /// and the job as fetched.
 async fn fetched_alone(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     id: &str,
     priority: Priority,

@@ -45,7 +45,7 @@ async fn next(wakeups: &mut (impl futures::Stream<Item = redis::Msg> + Unpin)) -
 
 /// Pushes jobs with empty bodies under `ids` to `queue`.
 async fn push(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut outbox_queue::RedisConnection,
     namespace: &outbox_queue::QueueNamespace,
     queue: &str,
     ids: &[&str],

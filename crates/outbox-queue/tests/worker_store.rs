@@ -14,9 +14,10 @@ use std::time::Duration;
 use apalis_core::backend::persistence::{Persistence, TaskEvent};
 use apalis_core::task::Task;
 use apalis_core::task::status::Status;
-use apalis_redis::{Config, ConnectionManager};
+use apalis_redis::Config;
 use common::{finished, ids, range, started};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, WorkerStore, apalis_config, push_raw};
 use outbox_test_support::{LogCapture, eventually, with_metrics_recorder};
 
@@ -48,7 +49,7 @@ fn counter(recorder: &DebuggingRecorder, name: &str, queue: &str) -> u64 {
         .sum()
 }
 
-async fn push(conn: &mut ConnectionManager, namespace: &QueueNamespace, id: &str) {
+async fn push(conn: &mut RedisConnection, namespace: &QueueNamespace, id: &str) {
     let report = push_raw(conn, namespace, QUEUE, &[(id.to_owned(), b"{}".to_vec())])
         .await
         .unwrap();
@@ -60,11 +61,11 @@ fn done(task: &Task<Vec<u8>>) -> TaskEvent<serde_json::Value> {
     finished(task, Status::Done)
 }
 
-async fn waiting(conn: &mut ConnectionManager, config: &Config) -> Vec<String> {
+async fn waiting(conn: &mut RedisConnection, config: &Config) -> Vec<String> {
     range(conn, "LRANGE", &config.active_jobs_list()).await
 }
 
-async fn members(conn: &mut ConnectionManager, set: &str) -> Vec<String> {
+async fn members(conn: &mut RedisConnection, set: &str) -> Vec<String> {
     let mut members: Vec<String> = redis::cmd("SMEMBERS")
         .arg(set)
         .query_async(conn)
@@ -74,7 +75,7 @@ async fn members(conn: &mut ConnectionManager, set: &str) -> Vec<String> {
     members
 }
 
-async fn meta_status(conn: &mut ConnectionManager, config: &Config, id: &str) -> Option<String> {
+async fn meta_status(conn: &mut RedisConnection, config: &Config, id: &str) -> Option<String> {
     redis::cmd("HGET")
         .arg(format!("{}:{id}", config.job_meta_hash()))
         .arg("status")
@@ -326,7 +327,7 @@ async fn a_stopping_worker_leaves_the_workers_set_only_once_it_holds_no_job() {
     let config = apalis_config(&namespace, QUEUE);
     let mut store = WorkerStore::new(conn.clone(), config.clone());
     let a = started(&mut store, "worker-a").await;
-    let workers = async |conn: &mut ConnectionManager| -> Vec<String> {
+    let workers = async |conn: &mut RedisConnection| -> Vec<String> {
         range(conn, "ZRANGE", &config.workers_set()).await
     };
     push(&mut conn, &namespace, "held").await;

@@ -10,16 +10,16 @@ use outbox_env::{Text, VariableError};
 use outbox_idempotency::{Claim, IdempotencyStore, RedisIdempotencyStore};
 use outbox_model::schema::tenant_mail_settings;
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{OutboxJob, QueueNamespace, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::{EmailJob, MailError, Templates, email_task_id, message_id, render_request};
 
 async fn enqueue_email(
-    redis: &ConnectionManager,
+    redis: &RedisConnection,
     namespace: &QueueNamespace,
     mail: &EmailJob,
 ) -> Result<(), JobError> {
@@ -47,14 +47,14 @@ fn invalid(e: MailError) -> JobError {
 #[derive(Clone)]
 pub struct MailRequestHandler {
     templates: Templates,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
 }
 
 impl MailRequestHandler {
     /// A handler rendering with `templates` and pushing into `namespace`.
     #[must_use]
-    pub fn new(templates: Templates, redis: ConnectionManager, namespace: QueueNamespace) -> Self {
+    pub fn new(templates: Templates, redis: RedisConnection, namespace: QueueNamespace) -> Self {
         Self {
             templates,
             redis,
@@ -103,7 +103,7 @@ impl JobHandler for MailRequestHandler {
 pub struct MarketingLeadHandler {
     pool: PgPool,
     templates: Templates,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
 }
 
@@ -113,7 +113,7 @@ impl MarketingLeadHandler {
     pub fn new(
         pool: PgPool,
         templates: Templates,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         namespace: QueueNamespace,
     ) -> Self {
         Self {
@@ -309,7 +309,7 @@ impl SmtpSettings {
 pub struct SmtpHandler {
     transport: AsyncSmtpTransport<Tokio1Executor>,
     settings: SmtpSettings,
-    store: RedisIdempotencyStore,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
     /// The domain of `settings.default_from`, for `Message-ID`s.
     message_id_domain: String,
 }
@@ -332,7 +332,7 @@ impl SmtpHandler {
     /// [`SmtpConfigError`] when the URL or the default sender does not parse.
     pub fn new(
         settings: SmtpSettings,
-        store: RedisIdempotencyStore,
+        store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
     ) -> Result<Self, SmtpConfigError> {
         let error = |reason: String| SmtpConfigError {
             url: outbox_queue::redact_url(&settings.url),

@@ -8,9 +8,9 @@ use diesel_async::RunQueryDsl;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_model::schema::plugin_hook_subscription;
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{OutboxJob, QueueNamespace, endpoint_origin, push_raw, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -79,14 +79,14 @@ fn db(e: impl std::fmt::Display) -> JobError {
 #[derive(Clone)]
 pub struct PluginHookHandler {
     pool: PgPool,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     namespace: QueueNamespace,
 }
 
 impl PluginHookHandler {
     /// A handler reading subscriptions through `pool` and pushing into `namespace`.
     #[must_use]
-    pub fn new(pool: PgPool, redis: ConnectionManager, namespace: QueueNamespace) -> Self {
+    pub fn new(pool: PgPool, redis: RedisConnection, namespace: QueueNamespace) -> Self {
         Self {
             pool,
             redis,
@@ -180,7 +180,7 @@ struct PluginBody<'a> {
 pub struct PluginInvokeHandler {
     pool: PgPool,
     deliverer: Deliverer,
-    store: RedisIdempotencyStore,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
     once: OnceSettings,
 }
 
@@ -190,7 +190,7 @@ impl PluginInvokeHandler {
     pub fn new(
         pool: PgPool,
         deliverer: Deliverer,
-        store: RedisIdempotencyStore,
+        store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
         once: OnceSettings,
     ) -> Self {
         Self {

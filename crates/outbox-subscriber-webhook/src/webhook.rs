@@ -77,7 +77,7 @@ pub struct WebhookBody<'a> {
 pub struct WebhookHandler {
     pool: PgPool,
     deliverer: Deliverer,
-    store: RedisIdempotencyStore,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
     once: OnceSettings,
 }
 
@@ -87,7 +87,7 @@ impl WebhookHandler {
     pub fn new(
         pool: PgPool,
         deliverer: Deliverer,
-        store: RedisIdempotencyStore,
+        store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
         once: OnceSettings,
     ) -> Self {
         Self {

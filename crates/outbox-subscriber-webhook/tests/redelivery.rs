@@ -39,7 +39,13 @@ impl Env {
 
     /// The parts both handlers take: a deliverer that may reach the sink on
     /// 127.0.0.1, and the delivery records in this test's namespace.
-    async fn parts(&self) -> (Deliverer, RedisIdempotencyStore, OnceSettings) {
+    async fn parts(
+        &self,
+    ) -> (
+        Deliverer,
+        RedisIdempotencyStore<outbox_queue::RedisConnection>,
+        OnceSettings,
+    ) {
         let deliverer = Deliverer::new(DeliverySettings {
             address_policy: AddressPolicy::AllowInternal,
             ..DeliverySettings::default()

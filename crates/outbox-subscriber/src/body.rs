@@ -17,8 +17,9 @@ use apalis_core::backend::persistence::{Persisted, TaskPersistLayer};
 use apalis_core::backend::{Backend, BackendConfig, WireFormatBackend};
 use apalis_core::task::Task;
 use apalis_core::worker::context::WorkerContext;
-use apalis_redis::{ConnectionManager, RedisStorage};
+use apalis_redis::RedisStorage;
 use futures::future::BoxFuture;
+use outbox_queue::RedisConnection;
 use outbox_queue::{ResponseCodec, WorkerStore};
 
 /// A job as fetched: its raw bytes, never decoded as a whole here. Handlers
@@ -256,7 +257,7 @@ impl Clone for LenientRedis {
 impl LenientRedis {
     /// The backend of the apalis queue `config.queue`.
     #[must_use]
-    pub fn new(conn: ConnectionManager, config: apalis_redis::Config) -> Self {
+    pub fn new(conn: RedisConnection, config: apalis_redis::Config) -> Self {
         Self::with_store(WorkerStore::new(conn, config))
     }
 
@@ -264,7 +265,7 @@ impl LenientRedis {
     /// the queue's wake-up count (see [`WorkerStore::with_wake_count`]).
     #[must_use]
     pub fn with_wake_count(
-        conn: ConnectionManager,
+        conn: RedisConnection,
         config: apalis_redis::Config,
         count: std::sync::Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {

@@ -9,7 +9,7 @@ use apalis_core::error::{AbortError, BoxDynError};
 use apalis_core::task::data::Data;
 use apalis_core::task::task_id::TaskId;
 use apalis_core::worker::builder::WorkerBuilder;
-use apalis_redis::ConnectionManager;
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, apalis_config};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -132,7 +132,7 @@ impl HandlerGroup {
     /// The first worker that failed.
     pub async fn run(
         &self,
-        conn: ConnectionManager,
+        conn: RedisConnection,
         namespace: &QueueNamespace,
         settings: &WorkerSettings,
         shutdown: CancellationToken,
@@ -150,7 +150,7 @@ impl HandlerGroup {
     /// The first worker that failed.
     pub async fn run_with_wakeups(
         &self,
-        conn: ConnectionManager,
+        conn: RedisConnection,
         wake: Option<redis::Client>,
         namespace: &QueueNamespace,
         settings: &WorkerSettings,
@@ -214,7 +214,7 @@ impl std::fmt::Debug for HandlerGroup {
 async fn supervise(
     queue: String,
     handler: Arc<dyn DynHandler>,
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: QueueNamespace,
     settings: WorkerSettings,
     wakeups: crate::QueueWakeups,
@@ -309,7 +309,7 @@ struct Retryable(String);
 #[derive(Clone)]
 struct SharedHandler {
     handler: Arc<dyn DynHandler>,
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: QueueNamespace,
     settings: WorkerSettings,
     shutdown: CancellationToken,
@@ -512,7 +512,7 @@ async fn attempt(body: &JobBody, shared: &SharedHandler, task_id: &str) -> Attem
 
 async fn run_queue(
     handler: Arc<dyn DynHandler>,
-    conn: ConnectionManager,
+    conn: RedisConnection,
     namespace: QueueNamespace,
     settings: WorkerSettings,
     wakeups: &crate::QueueWakeups,

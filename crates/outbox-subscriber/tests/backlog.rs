@@ -101,7 +101,7 @@ struct Running {
 }
 
 fn start(
-    conn: &redis::aio::ConnectionManager,
+    conn: &outbox_queue::RedisConnection,
     namespace: &QueueNamespace,
     handler: Counter,
 ) -> Running {
@@ -126,7 +126,7 @@ impl Running {
     }
 }
 
-async fn zcard(conn: &mut redis::aio::ConnectionManager, key: &str) -> usize {
+async fn zcard(conn: &mut outbox_queue::RedisConnection, key: &str) -> usize {
     redis::cmd("ZCARD")
         .arg(key)
         .query_async(conn)
@@ -134,7 +134,7 @@ async fn zcard(conn: &mut redis::aio::ConnectionManager, key: &str) -> usize {
         .unwrap()
 }
 
-async fn len(conn: &mut redis::aio::ConnectionManager, cmd: &str, key: &str) -> usize {
+async fn len(conn: &mut outbox_queue::RedisConnection, cmd: &str, key: &str) -> usize {
     redis::cmd(cmd).arg(key).query_async(conn).await.unwrap()
 }
 

@@ -59,7 +59,7 @@ async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
 /// that only a wake-up delivers a job in a test's time.
 fn woken_only(
     group: HandlerGroup,
-    conn: &redis::aio::ConnectionManager,
+    conn: &outbox_queue::RedisConnection,
     namespace: &QueueNamespace,
     redis_url: &str,
     shutdown: &CancellationToken,
@@ -80,7 +80,7 @@ fn woken_only(
 
 /// Waits until a worker listens for `queue`'s wake-ups.
 async fn wake_subscribed(
-    probe: &mut redis::aio::ConnectionManager,
+    probe: &mut outbox_queue::RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
 ) {
@@ -300,7 +300,7 @@ impl JobHandler for Stubborn {
 /// A handler group running in the background on its own namespace.
 struct Running {
     namespace: QueueNamespace,
-    conn: redis::aio::ConnectionManager,
+    conn: outbox_queue::RedisConnection,
     shutdown: CancellationToken,
     runner: tokio::task::JoinHandle<Result<(), outbox_subscriber::SubscriberError>>,
 }

@@ -9,10 +9,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, RedisSettings, dead_jobs, push_raw};
 use outbox_subscriber::{HandlerGroup, JobError, JobHandler, JobMeta, RetryPolicy, WorkerSettings};
 use outbox_test_support::{TestRedis, eventually};
-use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 /// How long a test waits for an effect: a deadline, not a timing.
@@ -64,7 +64,7 @@ impl JobHandler for Failing {
 /// retries and polls, each queue given one job `test:job`.
 struct Queues {
     namespace: QueueNamespace,
-    conn: ConnectionManager,
+    conn: RedisConnection,
     shutdown: CancellationToken,
     runner: tokio::task::JoinHandle<Result<(), outbox_subscriber::SubscriberError>>,
     /// Redis' clock, in seconds, just before the jobs were pushed.
@@ -153,7 +153,7 @@ impl Queues {
 }
 
 /// Redis' clock, in whole seconds since the epoch.
-async fn redis_now(conn: &mut ConnectionManager) -> u64 {
+async fn redis_now(conn: &mut RedisConnection) -> u64 {
     let (seconds, _micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
     seconds
 }

@@ -9,6 +9,8 @@
 //!   are deleted on drop; also `outbox-testkit`'s.
 //! - [`RedisProcess`]: a private `redis-server` a test can stop and restart,
 //!   or one that speaks TLS only.
+//! - [`RedisCluster`]: a private Redis Cluster (primaries with replicas) a
+//!   test can kill a primary of.
 //! - [`PostgresProcess`]: a private Postgres cluster that accepts TLS only,
 //!   with a certificate from a [`TestPki`] (a test CA made on the spot).
 //! - [`SmtpSink`]: a real SMTP server on 127.0.0.1 that records the mails it
@@ -31,6 +33,7 @@ mod log_capture;
 mod metrics_recording;
 mod pki;
 mod postgres_process;
+mod redis_cluster;
 mod redis_process;
 mod smtp_sink;
 mod url;
@@ -46,6 +49,7 @@ pub use outbox_testkit::{
 };
 pub use pki::TestPki;
 pub use postgres_process::PostgresProcess;
+pub use redis_cluster::{NODE_TIMEOUT_MS, RedisCluster};
 pub use redis_process::RedisProcess;
 pub use smtp_sink::{ReceivedMail, SmtpSink};
 pub use url::workflow_e2e_server_url;

@@ -79,6 +79,36 @@ impl RedisProcess {
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
             .unwrap_or_else(|e| panic!("no free port: {e}"));
+        Self::unstarted_on(port, password, args, tls)
+    }
+
+    /// Starts a server on `port` with extra arguments (a cluster node,
+    /// whose bus port is `port + 10000`, so the port is chosen by the
+    /// caller).
+    pub(crate) async fn start_on(port: u16, args: &[&str]) -> Self {
+        let mut process = Self::unstarted_on(port, None, args, None);
+        process.restart().await;
+        process
+    }
+
+    /// The port it listens on.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Whether the server runs (it was not stopped, or was restarted).
+    #[must_use]
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    fn unstarted_on(
+        port: u16,
+        password: Option<String>,
+        args: &[&str],
+        tls: Option<TestPki>,
+    ) -> Self {
         Self {
             port,
             password,

@@ -5,7 +5,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use outbox_queue::RedisConnection;
 
 use crate::url::redis_server_url;
 
@@ -141,10 +141,11 @@ impl TestRedis {
     /// # Panics
     ///
     /// When Redis cannot be reached.
-    pub async fn conn(&self) -> ConnectionManager {
-        ConnectionManager::new(self.client.clone())
+    pub async fn conn(&self) -> RedisConnection {
+        redis::aio::ConnectionManager::new(self.client.clone())
             .await
             .unwrap_or_else(|e| panic!("cannot connect to Redis at {}: {e}", self.url))
+            .into()
     }
 
     /// Every key under this namespace, sorted.

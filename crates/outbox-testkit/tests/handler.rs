@@ -25,7 +25,7 @@ use common::{OrderCreated, commit, event};
 /// A typed handler whose effect (a count) runs under the Redis
 /// idempotency guard, and fails while the order id is 0.
 fn guarded_orders(
-    store: RedisIdempotencyStore,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
     effects: Arc<AtomicUsize>,
 ) -> Result<TypedHandlers, SubscriberError> {
     TypedHandlers::new("app.orders").on(move |order: OrderCreated, cx: EventContext| {
@@ -50,7 +50,7 @@ fn guarded_orders(
     })
 }
 
-async fn redis_store(redis: &TestRedis) -> RedisIdempotencyStore {
+async fn redis_store(redis: &TestRedis) -> RedisIdempotencyStore<outbox_queue::RedisConnection> {
     RedisIdempotencyStore::new(redis.conn().await).with_prefix(redis.prefix())
 }
 

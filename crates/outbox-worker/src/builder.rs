@@ -17,10 +17,10 @@ use outbox_dispatch::{RouteError, Router};
 use outbox_model::TypedEvent;
 use outbox_pg::PgPool;
 use outbox_queue::QueueNamespace;
+use outbox_queue::RedisConnection;
 use outbox_subscriber::{DynHandler, HandlerGroup, SubscriberDescription, TypedHandlers};
 #[cfg(feature = "mail")]
 use outbox_subscriber_mail::Templates;
-use redis::aio::ConnectionManager;
 
 use crate::OrderingPolicy;
 use crate::http::Readiness;
@@ -706,7 +706,7 @@ impl WorkerBuilder {
         &mut self,
         config: &WorkerConfig,
         pool: &PgPool,
-        redis: &ConnectionManager,
+        redis: &RedisConnection,
         namespace: &QueueNamespace,
     ) -> Result<HandlerGroup> {
         let resources = Resources {

@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use outbox_dispatch::stats::pending_figures;
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, queue_stats};
 #[cfg(feature = "workflow")]
 use outbox_workflow_store::{ExecutionStatus, stuck_executions};
-use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 /// What to measure.
@@ -74,7 +74,7 @@ async fn refresh_ordering_gauges(conn: &mut diesel_async::AsyncPgConnection) {
 /// Refreshes the gauges until `shutdown`.
 pub async fn refresh_gauges(
     pool: PgPool,
-    mut redis: ConnectionManager,
+    mut redis: RedisConnection,
     namespace: QueueNamespace,
     settings: GaugeSettings,
     shutdown: CancellationToken,

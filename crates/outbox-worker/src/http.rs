@@ -13,26 +13,26 @@ use axum::routing::get;
 use diesel_async::RunQueryDsl;
 use metrics_exporter_prometheus::PrometheusHandle;
 use outbox_pg::PgPool;
-use redis::aio::ConnectionManager;
+use outbox_queue::RedisConnection;
 
 /// The connections `/readyz` checks: none until a run of the worker has
 /// connected, and none again once that run has stopped.
 #[derive(Clone, Default)]
-pub(crate) struct Readiness(Arc<RwLock<Option<(PgPool, ConnectionManager)>>>);
+pub(crate) struct Readiness(Arc<RwLock<Option<(PgPool, RedisConnection)>>>);
 
 impl Readiness {
     /// `/readyz` checks `pool` and `redis` until the returned guard is
     /// dropped (the run ends).
-    pub fn running(&self, pool: PgPool, redis: ConnectionManager) -> Running {
+    pub fn running(&self, pool: PgPool, redis: RedisConnection) -> Running {
         self.set(Some((pool, redis)));
         Running(self.clone())
     }
 
-    fn set(&self, connections: Option<(PgPool, ConnectionManager)>) {
+    fn set(&self, connections: Option<(PgPool, RedisConnection)>) {
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = connections;
     }
 
-    fn get(&self) -> Option<(PgPool, ConnectionManager)> {
+    fn get(&self) -> Option<(PgPool, RedisConnection)> {
         self.0
             .read()
             .unwrap_or_else(PoisonError::into_inner)
@@ -91,7 +91,7 @@ async fn postgres_ready(pool: &PgPool) -> Result<(), String> {
         .map_err(|e| e.to_string())
 }
 
-async fn redis_ready(redis: &ConnectionManager) -> Result<(), String> {
+async fn redis_ready(redis: &RedisConnection) -> Result<(), String> {
     let mut redis = redis.clone();
     redis::cmd("PING")
         .query_async::<String>(&mut redis)

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use outbox_queue::Persistence;
-use redis::aio::ConnectionManager;
+use outbox_queue::RedisConnection;
 
 /// The only `maxmemory-policy` that never drops keys.
 pub const NO_EVICTION: &str = "noeviction";
@@ -170,7 +170,7 @@ pub fn enforce_eviction_policy(
 /// Reads Redis' persistence (`CONFIG GET appendonly appendfsync save`)
 /// within [`EVICTION_CHECK_TIMEOUT`]; [`Persistence::Unknown`] when
 /// `CONFIG` is refused or Redis does not answer.
-pub async fn read_persistence(redis: &ConnectionManager) -> Persistence {
+pub async fn read_persistence(redis: &RedisConnection) -> Persistence {
     let mut conn = redis.clone();
     tokio::time::timeout(
         EVICTION_CHECK_TIMEOUT,

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use outbox_dispatch::{Dispatcher, RedisGuardSettings, run_retention};
 use outbox_pg::PgPool;
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, RedisSettings, redact_url};
 use outbox_subscriber::{HandlerGroup, SubscriberError};
-use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +32,7 @@ pub(crate) const RESTART: OnFailure = OnFailure::Restart(Backoff::STANDARD);
 #[derive(Clone)]
 pub(crate) struct Connections {
     pub pool: PgPool,
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     pub namespace: QueueNamespace,
 }
 
@@ -212,7 +212,7 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
     Ok(Connections {
         pool,
         redis,
-        namespace: QueueNamespace::prefixed(config.queue_prefix.clone()),
+        namespace: QueueNamespace::for_redis(config.queue_prefix.clone(), &config.redis_url),
     })
 }
 

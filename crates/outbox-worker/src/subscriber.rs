@@ -6,10 +6,10 @@ use anyhow::Result;
 use outbox_idempotency::RedisIdempotencyStore;
 use outbox_pg::PgPool;
 use outbox_queue::QueueNamespace;
+use outbox_queue::RedisConnection;
 use outbox_subscriber::{HandlerGroup, SubscriberDescription};
 #[cfg(feature = "mail")]
 use outbox_subscriber_mail::Templates;
-use redis::aio::ConnectionManager;
 
 #[cfg(doc)]
 use crate::WorkerBuilder;
@@ -24,7 +24,7 @@ pub struct Resources<'a> {
     /// The Postgres pool (`DATABASE_URL`, `DATABASE_POOL_SIZE`).
     pub pool: &'a PgPool,
     /// The Redis connection (`REDIS_URL`).
-    pub redis: &'a ConnectionManager,
+    pub redis: &'a RedisConnection,
     /// The queues' namespace (`OUTBOX_QUEUE_PREFIX`).
     pub namespace: &'a QueueNamespace,
     /// The mail templates ([`WorkerBuilder::template`]; feature `mail`).
@@ -37,7 +37,7 @@ impl Resources<'_> {
     /// namespace's prefix (where the built-in handlers record their keys
     /// and reconciliation reads them).
     #[must_use]
-    pub fn idempotency(&self) -> RedisIdempotencyStore {
+    pub fn idempotency(&self) -> RedisIdempotencyStore<outbox_queue::RedisConnection> {
         RedisIdempotencyStore::new(self.redis.clone())
             .with_prefix(outbox_queue::idempotency_prefix(self.namespace))
     }
@@ -90,7 +90,7 @@ pub fn handler_group(
     group: Group,
     config: &WorkerConfig,
     pool: &PgPool,
-    redis: &ConnectionManager,
+    redis: &RedisConnection,
     namespace: &QueueNamespace,
 ) -> Result<HandlerGroup> {
     #[cfg(feature = "mail")]

@@ -8,7 +8,7 @@ use crate::WorkerConfig;
 
 /// Removes old finished jobs from every queue, with the retention cadence.
 pub(crate) async fn trim_queues(
-    mut redis: redis::aio::ConnectionManager,
+    mut redis: outbox_queue::RedisConnection,
     namespace: QueueNamespace,
     queues: Vec<String>,
     config: WorkerConfig,

@@ -727,7 +727,7 @@ async fn a_worker_answers_health_and_readiness_and_exports_queue_and_outbox_gaug
     stack.sql(insert_row).await;
     stack.sql(insert_row).await;
     let mut redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
-    let push = async |redis: &mut redis::aio::ConnectionManager, task: &str| {
+    let push = async |redis: &mut outbox_queue::RedisConnection, task: &str| {
         push_raw(
             redis,
             &stack.namespace,

@@ -43,9 +43,9 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncC
 use outbox_publish::{
     NewOutboxEvent, OutboxTx, PublishError, PublishOutcome, publish_outbox_event,
 };
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, RedisSettings, apalis_config, queues};
 use outbox_test_support::{RedisProcess, eventually};
-use redis::aio::ConnectionManager;
 use serde_json::json;
 
 /// Rounds each producer writes (21 events a round from SQL, 7 from Rust).
@@ -723,7 +723,7 @@ fn missing(expected: &HashSet<String>, seen: &HashMap<String, usize>) -> usize {
 async fn outstanding(
     stack: &Stack,
     conn: &mut AsyncPgConnection,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     expected: &Expected,
 ) -> Vec<String> {
     let mut out = Vec::new();
@@ -786,7 +786,7 @@ async fn outstanding(
 /// The task ids in `queue`'s body hash, grouped by base id (retry copies
 /// `<id>~retry<n>` folded into `<id>`), with the number of retry copies.
 async fn task_ids(
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
 ) -> (BTreeSet<String>, usize) {
@@ -865,7 +865,7 @@ async fn persistent_redis(dir: &TempDir) -> RedisProcess {
 async fn settle(
     stack: &Stack,
     conn: &mut AsyncPgConnection,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     expected: &Expected,
 ) {
     let mut stable_since: Option<Instant> = None;
@@ -947,7 +947,7 @@ async fn assert_rows(conn: &mut AsyncPgConnection, rows: &[Row], dispatch_keys: 
 /// Returns the number of retry copies.
 async fn assert_one_job_per_event(
     conn: &mut AsyncPgConnection,
-    redis: &mut ConnectionManager,
+    redis: &mut RedisConnection,
     namespace: &QueueNamespace,
     rows: &[Row],
 ) -> usize {

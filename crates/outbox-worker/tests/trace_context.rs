@@ -118,7 +118,10 @@ struct Pipeline {
 }
 
 /// The handler group of the webhook tests.
-fn webhook_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+fn webhook_group(
+    stack: &Stack,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
+) -> HandlerGroup {
     let deliverer = Deliverer::new(DeliverySettings {
         address_policy: AddressPolicy::AllowInternal,
         ..DeliverySettings::default()
@@ -136,7 +139,10 @@ fn webhook_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
 
 /// The handler group of the mail test: requests become `toolctrl.email`
 /// jobs, sent to the stack's SMTP sink.
-fn mail_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+fn mail_group(
+    stack: &Stack,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
+) -> HandlerGroup {
     let redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
     let smtp = SmtpSettings {
         default_from: "outbox@example.test".to_owned(),
@@ -155,7 +161,10 @@ fn mail_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
 
 /// The handler group of the plugin test: the fan-out and the invocations,
 /// delivering to the stack's sink.
-fn plugin_group(stack: &Stack, store: RedisIdempotencyStore) -> HandlerGroup {
+fn plugin_group(
+    stack: &Stack,
+    store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
+) -> HandlerGroup {
     let redis = outbox_queue::connect(&RedisSettings::new(stack.redis.url())).unwrap();
     let deliverer = Deliverer::new(DeliverySettings {
         address_policy: AddressPolicy::AllowInternal,
@@ -183,7 +192,9 @@ impl Pipeline {
         Self::start_with(webhook_group).await
     }
 
-    async fn start_with(group: impl FnOnce(&Stack, RedisIdempotencyStore) -> HandlerGroup) -> Self {
+    async fn start_with(
+        group: impl FnOnce(&Stack, RedisIdempotencyStore<outbox_queue::RedisConnection>) -> HandlerGroup,
+    ) -> Self {
         exporter();
         let stack = Stack::new().await;
         stack
@@ -475,7 +486,10 @@ const BRIDGE_SECRET: &str = "trace-test-bridge-secret-of-at-least-32-bytes";
 /// The handler group of the bridge test: the workflow handler in `http`
 /// mode, whose bridge (the router `workflow-bridge` serves, with a runner
 /// that may call the stack's sink) runs in this process on its own pool.
-fn workflow_group(stack: &Stack, _store: RedisIdempotencyStore) -> HandlerGroup {
+fn workflow_group(
+    stack: &Stack,
+    _store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
+) -> HandlerGroup {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let bridge_url = format!("http://{}", listener.local_addr().unwrap());

@@ -11,9 +11,9 @@ use diesel::sql_types::{Array, BigInt, Double, Nullable, Text, Timestamptz};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::outbox_event;
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, apalis_config, job_states, queue_stats, task_id};
 use outbox_test_support::{HttpSink, SmtpSink};
-use redis::aio::ConnectionManager;
 use uuid::Uuid;
 
 use crate::demo::publish::{ENDPOINTS, ROLLED_BACK_EMAIL};
@@ -62,7 +62,7 @@ pub struct Watch<'a> {
     /// The demo database.
     pub conn: AsyncPgConnection,
     /// The demo's Redis.
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     /// The demo's queue prefix.
     pub namespace: QueueNamespace,
     /// The queues some worker consumes.
@@ -82,7 +82,7 @@ impl<'a> Watch<'a> {
     /// A watch over the demo's database, Redis and sinks.
     pub fn new(
         conn: AsyncPgConnection,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         namespace: QueueNamespace,
         subscribed: Vec<String>,
         smtp: &'a SmtpSink,

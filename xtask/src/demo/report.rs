@@ -10,8 +10,8 @@ use std::time::Duration;
 use anyhow::Result;
 use diesel::sql_types::{BigInt, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, queue_stats};
-use redis::aio::ConnectionManager;
 
 use crate::demo::verdict::{Observed, Verdict};
 
@@ -71,7 +71,7 @@ pub async fn rows(conn: &mut AsyncPgConnection) -> Result<()> {
 }
 
 /// The queues' figures in Redis.
-pub async fn queues(redis: &mut ConnectionManager, namespace: &QueueNamespace) -> Result<()> {
+pub async fn queues(redis: &mut RedisConnection, namespace: &QueueNamespace) -> Result<()> {
     say!("\nqueues (Redis, prefix {:?})", namespace.prefix());
     say!(
         "  {:<32} {:>7} {:>7} {:>5}",

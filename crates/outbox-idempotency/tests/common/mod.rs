@@ -10,7 +10,7 @@ use outbox_test_support::TestRedis;
 /// alive for the whole test: dropping it deletes the keys.
 pub struct Harness {
     pub redis: TestRedis,
-    pub store: RedisIdempotencyStore,
+    pub store: RedisIdempotencyStore<outbox_queue::RedisConnection>,
 }
 
 impl Harness {
@@ -23,6 +23,6 @@ impl Harness {
 }
 
 /// A store under `redis`'s prefix, on a connection of its own.
-pub async fn store_in(redis: &TestRedis) -> RedisIdempotencyStore {
+pub async fn store_in(redis: &TestRedis) -> RedisIdempotencyStore<outbox_queue::RedisConnection> {
     RedisIdempotencyStore::new(redis.conn().await).with_prefix(redis.key("idempotency:"))
 }

@@ -9,13 +9,13 @@ use apalis_core::task::Task;
 use apalis_core::task::status::Status;
 use apalis_core::worker::context::WorkerContext;
 use apalis_redis::Config;
+use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, RedisSettings, WorkerStore};
 use outbox_test_support::TestRedis;
-use redis::aio::ConnectionManager;
 
 /// A fresh test namespace on the test Redis (its keys go with the
 /// returned [`TestRedis`]), its queue namespace and a connection.
-pub async fn redis_queue() -> (TestRedis, QueueNamespace, ConnectionManager) {
+pub async fn redis_queue() -> (TestRedis, QueueNamespace, RedisConnection) {
     let redis = TestRedis::new().await;
     let namespace = QueueNamespace::prefixed(redis.prefix());
     let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
@@ -48,7 +48,7 @@ pub fn finished(task: &Task<Vec<u8>>, status: Status) -> TaskEvent<serde_json::V
 }
 
 /// The whole of the list or sorted set `key` (`LRANGE` or `ZRANGE`).
-pub async fn range(conn: &mut ConnectionManager, command: &str, key: &str) -> Vec<String> {
+pub async fn range(conn: &mut RedisConnection, command: &str, key: &str) -> Vec<String> {
     redis::cmd(command)
         .arg(key)
         .arg(0)
@@ -62,7 +62,7 @@ pub async fn range(conn: &mut ConnectionManager, command: &str, key: &str) -> Ve
 /// worker dead one second after its last heartbeat (its heartbeats run the
 /// orphan recovery).
 pub async fn impatient_worker(
-    conn: &ConnectionManager,
+    conn: &RedisConnection,
     config: &Config,
     name: &str,
 ) -> (WorkerStore, WorkerContext) {
