@@ -325,7 +325,7 @@ pub async fn guard_status(
     namespace: &QueueNamespace,
 ) -> Result<GuardStatus, DispatchError> {
     Ok(GuardStatus {
-        marker: read_marker(redis, namespace).await?,
+        marker: read_marker(redis, namespace, &[]).await?,
         remembered: store::remembered_epoch(conn, namespace.prefix()).await?,
         safe_points: store::safe_points(conn, namespace.prefix()).await?,
     })
@@ -456,6 +456,23 @@ impl RedisGuard {
         .await
     }
 
+    /// The queues beside which a Redis Cluster keeps copies of the marker
+    /// (the router's targets and the queues their handlers derive jobs
+    /// on), sorted; on one server the marker has no copies.
+    fn marker_queues(&self) -> Vec<&str> {
+        let mut queues: Vec<&str> = self
+            .queues
+            .iter()
+            .flat_map(|queue| {
+                std::iter::once(queue.as_str())
+                    .chain(self.reconciler.receiver_of(queue).derives_on())
+            })
+            .collect();
+        queues.sort_unstable();
+        queues.dedup();
+        queues
+    }
+
     /// The check inside its transaction: the namespace is locked, so
     /// dispatchers decide one after the other.
     async fn decide(
@@ -470,7 +487,8 @@ impl RedisGuard {
         let now = store::db_now(conn).await?;
         let floor = retention_floor(now, self.settings.retention);
         let remembered = store::remembered_epoch(conn, prefix).await?;
-        let marker = read_marker(redis, namespace).await?;
+        let marked = self.marker_queues();
+        let marker = read_marker(redis, namespace, &marked).await?;
         let since_last_check = remembered
             .as_ref()
             .and_then(|r| (now - r.checked_at).to_std().ok())
@@ -487,7 +505,7 @@ impl RedisGuard {
                 store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
             }
             Assessment::RestartedSafely => {
-                confirm_marker_run(redis, namespace, &server.run_id).await?;
+                confirm_marker_run(redis, namespace, &marked, &server.run_id).await?;
                 store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
                 tracing::info!(
                     namespace = %prefix, run_id = %server.run_id,
@@ -514,7 +532,7 @@ impl RedisGuard {
                     epoch,
                     run_id: server.run_id.clone(),
                 };
-                write_marker(redis, namespace, &marker).await?;
+                write_marker(redis, namespace, &marked, &marker).await?;
                 log_window(
                     prefix,
                     &assessment,

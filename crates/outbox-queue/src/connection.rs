@@ -3,6 +3,7 @@
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 /// A connection to Redis: a reconnecting multiplexed connection to one
@@ -32,6 +33,65 @@ impl RedisConnection {
     pub fn is_cluster(&self) -> bool {
         matches!(self, Self::Cluster(_))
     }
+
+    /// Sends `cmd` to every primary and returns each answer with the
+    /// primary's address (`host:port`); on one server, its one answer with
+    /// an empty address. A cluster's primaries are the nodes `CLUSTER
+    /// NODES` calls `master` and does not suspect of failing, as one node
+    /// sees them now (so a replica promoted after a failover is among
+    /// them as soon as the cluster agrees on it).
+    ///
+    /// # Errors
+    ///
+    /// When a node does not answer, or `CLUSTER NODES` names no primary.
+    pub async fn on_each_primary(
+        &mut self,
+        cmd: &Cmd,
+    ) -> Result<Vec<(String, Value)>, redis::RedisError> {
+        let conn = match self {
+            Self::Server(conn) => return Ok(vec![(String::new(), cmd.query_async(conn).await?)]),
+            Self::Cluster(conn) => conn,
+        };
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+        let primaries = primaries(&nodes);
+        if primaries.is_empty() {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "CLUSTER NODES names no primary",
+            )));
+        }
+        let mut answers = Vec::with_capacity(primaries.len());
+        for (host, port) in primaries {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port,
+            });
+            let answer = conn.route_command(cmd.clone(), routing).await?;
+            answers.push((format!("{host}:{port}"), answer));
+        }
+        Ok(answers)
+    }
+}
+
+/// The primaries of a `CLUSTER NODES` answer that no node suspects of
+/// failing, as (host, port), sorted.
+fn primaries(nodes: &str) -> Vec<(String, u16)> {
+    let mut primaries: Vec<(String, u16)> = nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let address = fields.nth(1)?;
+            let flags = fields.next()?;
+            let is_primary = flags.split(',').any(|flag| flag == "master")
+                && !flags
+                    .split(',')
+                    .any(|flag| flag == "fail" || flag == "fail?");
+            let (host, port) = address.split(['@', ',']).next()?.rsplit_once(':')?;
+            is_primary.then(|| Some((host.to_owned(), port.parse().ok()?)))?
+        })
+        .collect();
+    primaries.sort();
+    primaries
 }
 
 impl From<ConnectionManager> for RedisConnection {
@@ -80,5 +140,30 @@ impl ConnectionLike for RedisConnection {
             Self::Server(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_primaries_are_the_masters_no_node_suspects() {
+        let nodes = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master,fail - 0 0 2 connected
+c3 127.0.0.1:7002@17002,node-c.example master - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+e5 10.0.0.5:7004@17004 master - 0 0 5 connected 5461-10922
+f6 127.0.0.1:7005@17005 master,fail? - 0 0 6 connected
+";
+        assert_eq!(
+            primaries(nodes),
+            [
+                ("10.0.0.5".to_owned(), 7004),
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7002),
+            ]
+        );
     }
 }

@@ -60,7 +60,7 @@ pub use redis_queue::{
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,
-    read_marker, read_persistence, read_run_id, read_server_info, write_marker,
+    queue_marker_key, read_marker, read_persistence, read_run_id, read_server_info, write_marker,
 };
 pub use worker_store::{
     QUEUE_RESCHEDULE_ATTEMPTS, ResponseCodec, ResponseCodecError, WorkerStore, retire_worker,

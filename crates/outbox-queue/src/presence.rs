@@ -136,6 +136,11 @@ pub struct Unfinished {
 /// read only when there are at most `limit` of them; a queue holding a
 /// backlog costs Redis O(queues + workers), not O(backlog).
 ///
+/// On a Redis Cluster (a namespace with hash tags) each queue is read by a
+/// call of its own, on the primary that holds it, with the copy of the
+/// marker beside it ([`crate::queue_marker_key`]); the epoch is `None`
+/// unless every copy holds the same one.
+///
 /// # Errors
 ///
 /// [`QueueError::Redis`] when Redis fails, [`QueueError::Unexpected`] when
@@ -146,8 +151,52 @@ pub async fn unfinished_jobs(
     queues: &[&str],
     limit: usize,
 ) -> Result<Unfinished, QueueError> {
+    if !namespace.hash_tags() {
+        let marker = crate::marker_key(namespace);
+        return unfinished_in_one_call(conn, namespace, queues, limit, &marker).await;
+    }
+    // On a Redis Cluster each queue is read where it lives, with the copy
+    // of the marker beside it: one reading per queue, each at one instant.
+    let mut total = Unfinished {
+        epoch: None,
+        count: 0,
+        task_ids: Some(Vec::new()),
+    };
+    for (n, queue) in queues.iter().enumerate() {
+        let reading = unfinished_in_one_call(
+            conn,
+            namespace,
+            &[queue],
+            limit,
+            &crate::queue_marker_key(namespace, queue),
+        )
+        .await?;
+        if n == 0 {
+            total.epoch = reading.epoch;
+        } else if total.epoch != reading.epoch {
+            total.epoch = None;
+        }
+        total.count += reading.count;
+        total.task_ids = match (total.task_ids, reading.task_ids) {
+            (Some(mut all), Some(ids)) if total.count <= limit => {
+                all.extend(ids);
+                Some(all)
+            }
+            _ => None,
+        };
+    }
+    Ok(total)
+}
+
+async fn unfinished_in_one_call(
+    conn: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    queues: &[&str],
+    limit: usize,
+    marker: &str,
+) -> Result<Unfinished, QueueError> {
     let mut call = UNFINISHED.prepare_invoke();
-    call.key(crate::marker_key(namespace));
+    call.key(marker);
     for queue in queues {
         let config = apalis_config(namespace, queue);
         call.key(config.active_jobs_list())

@@ -57,6 +57,24 @@ pub enum Fsync {
 }
 
 impl Persistence {
+    /// How much of what was written survives a restart, for choosing the
+    /// weakest of a cluster's nodes: unknown and none lose everything, RDB
+    /// loses since the last snapshot, AOF as its fsync says.
+    fn strength(&self) -> u8 {
+        match self {
+            Self::Unknown { .. } => 0,
+            Self::None => 1,
+            Self::Rdb { .. } => 2,
+            Self::Aof { fsync: Fsync::No } => 3,
+            Self::Aof {
+                fsync: Fsync::Everysec,
+            } => 4,
+            Self::Aof {
+                fsync: Fsync::Always,
+            } => 5,
+        }
+    }
+
     /// The label of the `outbox_redis_persistence{mode}` gauge and of the
     /// logs: `aof-always`, `aof-everysec`, `aof-no`, `rdb`, `none` or
     /// `unknown`.
@@ -219,44 +237,114 @@ pub async fn read_run_id(conn: &mut RedisConnection) -> Result<String, QueueErro
 }
 
 /// `INFO server`, parsed, with its `run_id`.
+///
+/// On a Redis Cluster, whose every node answers, the run is the cluster's
+/// primaries' runs together (`<address>=<run_id>` of each primary, sorted
+/// and separated by commas): a primary that restarts, or a replica that
+/// takes over after a failover, makes it another run. Its uptime is the
+/// shortest of the primaries'.
 async fn read_server_section(
     conn: &mut RedisConnection,
 ) -> Result<(String, HashMap<String, String>), QueueError> {
-    let server: String = redis::cmd("INFO").arg("server").query_async(conn).await?;
-    let server = parse_info(&server);
-    let run_id = server
-        .get("run_id")
-        .cloned()
-        .ok_or_else(|| QueueError::Unexpected("INFO server has no run_id".to_owned()))?;
-    Ok((run_id, server))
+    let answers = conn
+        .on_each_primary(redis::cmd("INFO").arg("server"))
+        .await?;
+    let mut run_ids = Vec::with_capacity(answers.len());
+    let mut first = None;
+    let mut uptime = None::<u64>;
+    for (node, answer) in answers {
+        let text: String = redis::from_redis_value(answer)
+            .map_err(|e| QueueError::Unexpected(format!("INFO server of {node:?}: {e}")))?;
+        let info = parse_info(&text);
+        let run_id = info.get("run_id").ok_or_else(|| {
+            QueueError::Unexpected(format!("INFO server of {node:?} has no run_id"))
+        })?;
+        run_ids.push(if node.is_empty() {
+            run_id.clone()
+        } else {
+            format!("{node}={run_id}")
+        });
+        if let Some(up) = info
+            .get("uptime_in_seconds")
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            uptime = Some(uptime.map_or(up, |u| u.min(up)));
+        }
+        first.get_or_insert(info);
+    }
+    let mut server =
+        first.ok_or_else(|| QueueError::Unexpected("INFO found no primary".to_owned()))?;
+    if let Some(uptime) = uptime {
+        server.insert("uptime_in_seconds".to_owned(), uptime.to_string());
+    }
+    Ok((run_ids.join(","), server))
 }
 
 /// `CONFIG GET appendonly appendfsync save` as [`Persistence`]; a refusal
-/// (or no answer) is [`Persistence::Unknown`] with Redis' reason.
+/// (or no answer) is [`Persistence::Unknown`] with Redis' reason. On a
+/// Redis Cluster, the weakest of its primaries'.
 pub async fn read_persistence(conn: &mut RedisConnection) -> Persistence {
-    let mut config = HashMap::new();
+    let mut configs: HashMap<String, HashMap<String, String>> = HashMap::new();
     for parameter in ["appendonly", "appendfsync", "save"] {
-        match redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(parameter)
-            .query_async::<HashMap<String, String>>(conn)
+        let answers = match conn
+            .on_each_primary(redis::cmd("CONFIG").arg("GET").arg(parameter))
             .await
         {
-            Ok(answer) => config.extend(answer),
+            Ok(answers) => answers,
             Err(e) => {
                 return Persistence::Unknown {
                     reason: e.to_string(),
                 };
             }
+        };
+        for (node, answer) in answers {
+            match redis::from_redis_value::<HashMap<String, String>>(answer) {
+                Ok(answer) => configs.entry(node).or_default().extend(answer),
+                Err(e) => {
+                    return Persistence::Unknown {
+                        reason: e.to_string(),
+                    };
+                }
+            }
         }
     }
-    Persistence::from_config(&config)
+    configs
+        .values()
+        .map(Persistence::from_config)
+        .min_by_key(Persistence::strength)
+        .unwrap_or(Persistence::Unknown {
+            reason: "CONFIG GET answered nothing".to_owned(),
+        })
 }
 
 /// The marker's key in `namespace`: `<prefix>outbox:redis-marker`.
 #[must_use]
 pub fn marker_key(namespace: &QueueNamespace) -> String {
     format!("{}outbox:redis-marker", namespace.prefix())
+}
+
+/// The key of the copy of the marker kept beside `queue`'s keys on a Redis
+/// Cluster (`<prefix>{outbox.mail}:outbox:redis-marker`: in the queue's
+/// hash slot, so on the primary that holds the queue).
+#[must_use]
+pub fn queue_marker_key(namespace: &QueueNamespace, queue: &str) -> String {
+    format!("{}:outbox:redis-marker", namespace.queue(queue))
+}
+
+/// The keys that hold the marker of `namespace`: [`marker_key`], and on a
+/// Redis Cluster (a namespace with hash tags) a copy beside each of
+/// `queues` ([`queue_marker_key`]), so that a primary that loses its data
+/// loses a copy too, whichever queues it holds.
+fn marker_keys(namespace: &QueueNamespace, queues: &[&str]) -> Vec<String> {
+    let mut keys = vec![marker_key(namespace)];
+    if namespace.hash_tags() {
+        keys.extend(
+            queues
+                .iter()
+                .map(|queue| queue_marker_key(namespace, queue)),
+        );
+    }
+    keys
 }
 
 /// The marker the dispatchers keep in each Redis they push to.
@@ -269,7 +357,9 @@ pub struct Marker {
 }
 
 /// Reads the marker of `namespace`; `None` when it is missing (or has no
-/// readable epoch, which counts the same).
+/// readable epoch, which counts the same). On a Redis Cluster the copies
+/// beside `queues` must hold the same epoch, or the marker counts as
+/// missing (a primary lost its data); on one server `queues` is unused.
 ///
 /// # Errors
 ///
@@ -277,21 +367,31 @@ pub struct Marker {
 pub async fn read_marker(
     conn: &mut RedisConnection,
     namespace: &QueueNamespace,
+    queues: &[&str],
 ) -> Result<Option<Marker>, QueueError> {
-    let fields: HashMap<String, String> = redis::cmd("HGETALL")
-        .arg(marker_key(namespace))
-        .query_async(conn)
-        .await?;
-    let Some(epoch) = fields.get("epoch").and_then(|e| e.parse().ok()) else {
-        return Ok(None);
-    };
-    Ok(Some(Marker {
-        epoch,
-        run_id: fields.get("run_id").cloned().unwrap_or_default(),
-    }))
+    let mut marker: Option<Marker> = None;
+    for key in marker_keys(namespace, queues) {
+        let fields: HashMap<String, String> =
+            redis::cmd("HGETALL").arg(&key).query_async(conn).await?;
+        let Some(epoch) = fields.get("epoch").and_then(|e| e.parse().ok()) else {
+            return Ok(None);
+        };
+        match &marker {
+            None => {
+                marker = Some(Marker {
+                    epoch,
+                    run_id: fields.get("run_id").cloned().unwrap_or_default(),
+                });
+            }
+            Some(first) if first.epoch != epoch => return Ok(None),
+            Some(_) => {}
+        }
+    }
+    Ok(marker)
 }
 
-/// Writes a new marker (epoch and run), replacing any previous one.
+/// Writes a new marker (epoch and run), replacing any previous one, and on
+/// a Redis Cluster its copies beside `queues`.
 ///
 /// # Errors
 ///
@@ -299,34 +399,36 @@ pub async fn read_marker(
 pub async fn write_marker(
     conn: &mut RedisConnection,
     namespace: &QueueNamespace,
+    queues: &[&str],
     marker: &Marker,
 ) -> Result<(), QueueError> {
-    let key = marker_key(namespace);
-    let () = redis::pipe()
-        .atomic()
-        .del(&key)
-        .hset_multiple(
-            &key,
-            &[
-                ("epoch", marker.epoch.to_string()),
-                ("run_id", marker.run_id.clone()),
-                (
-                    "written_at",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or_default()
-                        .to_string(),
-                ),
-            ],
-        )
-        .query_async(conn)
-        .await?;
+    let written_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+        .to_string();
+    // The copies first, the main key last: a marker is complete once the
+    // main key holds its epoch.
+    for key in marker_keys(namespace, queues).iter().rev() {
+        let () = redis::pipe()
+            .atomic()
+            .del(key)
+            .hset_multiple(
+                key,
+                &[
+                    ("epoch", marker.epoch.to_string()),
+                    ("run_id", marker.run_id.clone()),
+                    ("written_at", written_at.clone()),
+                ],
+            )
+            .query_async(conn)
+            .await?;
+    }
     Ok(())
 }
 
 /// Records that the marker was confirmed in the server run `run_id` (after
-/// a restart that lost nothing).
+/// a restart that lost nothing), in every copy.
 ///
 /// # Errors
 ///
@@ -334,14 +436,17 @@ pub async fn write_marker(
 pub async fn confirm_marker_run(
     conn: &mut RedisConnection,
     namespace: &QueueNamespace,
+    queues: &[&str],
     run_id: &str,
 ) -> Result<(), QueueError> {
-    let _: i64 = redis::cmd("HSET")
-        .arg(marker_key(namespace))
-        .arg("run_id")
-        .arg(run_id)
-        .query_async(conn)
-        .await?;
+    for key in marker_keys(namespace, queues) {
+        let _: i64 = redis::cmd("HSET")
+            .arg(key)
+            .arg("run_id")
+            .arg(run_id)
+            .query_async(conn)
+            .await?;
+    }
     Ok(())
 }
 

@@ -139,3 +139,51 @@ async fn on_a_cluster_each_queue_keeps_its_keys_in_one_slot_runs_its_jobs_and_qu
         "the contract's queues spread over the primaries: {primaries:?}"
     );
 }
+
+#[tokio::test]
+async fn a_clusters_run_is_its_primaries_runs_and_changes_when_a_replica_takes_over() {
+    let mut cluster = RedisCluster::start(3, 1).await;
+    let mut conn = outbox_queue::connect(&RedisSettings::new(cluster.url())).unwrap();
+    let before = outbox_queue::read_server_info(&mut conn).await.unwrap();
+    let primaries = cluster.primary_ports().await;
+    assert_eq!(primaries.len(), 3);
+    assert_eq!(
+        before.run_id.split(',').count(),
+        3,
+        "one run per primary: {}",
+        before.run_id
+    );
+    for port in &primaries {
+        assert!(
+            before.run_id.contains(&format!(":{port}=")),
+            "primary {port} in {}",
+            before.run_id
+        );
+    }
+    assert_eq!(
+        before.persistence,
+        outbox_queue::Persistence::None,
+        "the test cluster keeps nothing on disk, and every node says so"
+    );
+
+    cluster.kill(primaries[0]);
+    let mut after = None;
+    outbox_test_support::eventually(
+        "the cluster's run to show the promoted replica",
+        std::time::Duration::from_secs(30),
+        async || {
+            let read = outbox_queue::read_server_info(&mut conn).await;
+            after = read
+                .ok()
+                .filter(|info| info.run_id.split(',').count() == 3 && info.run_id != before.run_id);
+            after.is_some()
+        },
+    )
+    .await;
+    let after = after.unwrap();
+    assert!(
+        !after.run_id.contains(&format!(":{}=", primaries[0])),
+        "the killed primary is gone from the run: {}",
+        after.run_id
+    );
+}

@@ -57,6 +57,9 @@ impl RedisCluster {
                 &node_dir,
                 "--maxmemory-policy",
                 "noeviction",
+                // A replica's first sync at once, not after Redis' 5 s.
+                "--repl-diskless-sync-delay",
+                "0",
             ];
             nodes.push(RedisProcess::start_on(port, &args).await);
         }
@@ -78,6 +81,39 @@ impl RedisCluster {
         );
         cluster.wait_until_ok(Duration::from_secs(30)).await;
         cluster
+            .wait_until_replicas_synced(Duration::from_secs(30))
+            .await;
+        cluster
+    }
+
+    /// Waits until every live replica has finished its sync with its
+    /// primary (`master_link_status:up`): before that a replica cannot take
+    /// over its primary's slots.
+    ///
+    /// # Panics
+    ///
+    /// When that takes longer than `within`.
+    pub async fn wait_until_replicas_synced(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let mut synced = true;
+            for node in self.nodes.iter().filter(|node| node.is_running()) {
+                let info = node_command(node, "INFO", "replication")
+                    .await
+                    .unwrap_or_default();
+                if info.contains("role:slave") && !info.contains("master_link_status:up") {
+                    synced = false;
+                }
+            }
+            if synced {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the Redis cluster's replicas did not sync within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// `REDIS_URL` for the cluster: every live node's URL, separated by

@@ -133,6 +133,7 @@ impl RedisGuard {
     ) -> Result<Vec<Option<Unfinished>>, DispatchError> {
         let mut redis = self.redis.clone();
         let mut readings = Vec::with_capacity(points.len());
+        let marked = self.marker_queues();
         for point in points {
             if self.settings.unfinished_limit == 0 {
                 readings.push(None);
@@ -141,6 +142,12 @@ impl RedisGuard {
             let receiver = self.reconciler.receiver_of(&point.queue);
             let mut queues = vec![point.queue.as_str()];
             queues.extend(receiver.derives_on());
+            // On a Redis Cluster a queue is read beside its copy of the
+            // marker; a queue without one (no longer routed) is scanned.
+            if self.namespace.hash_tags() && !queues.iter().all(|q| marked.contains(q)) {
+                readings.push(None);
+                continue;
+            }
             let reading = unfinished_jobs(
                 &mut redis,
                 &self.namespace,
