@@ -22,6 +22,41 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(60);
 const EVENTS: usize = 20;
 
+async fn publish_audit(stack: &Stack, actor: &str) {
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "audit.user.login",
+            json!({ "actor": actor }),
+        ))
+        .await;
+}
+
+async fn publish_mail(stack: &Stack, to: &str) {
+    stack
+        .publish(NewOutboxEvent::new(
+            "acme",
+            "mail.user.welcome",
+            json!({ "to": to, "template": "welcome", "vars": { "name": "Ada" } }),
+        ))
+        .await;
+}
+
+/// Waits until mails have reached `n` distinct recipients (a repeat, which
+/// a redelivery may cause, counts once).
+async fn wait_for_recipients(stack: &Stack, n: usize) {
+    outbox_test_support::eventually(&format!("mails to {n} recipients"), WAIT, async || {
+        let recipients: std::collections::BTreeSet<_> = stack
+            .smtp
+            .messages()
+            .iter()
+            .flat_map(|mail| mail.to.clone())
+            .collect();
+        recipients.len() == n
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_each_audit_mail_and_webhook_event_takes_effect_once() {
     let cluster = RedisCluster::start(3, 1).await;
@@ -39,20 +74,8 @@ async fn on_a_cluster_each_audit_mail_and_webhook_event_takes_effect_once() {
         .await;
 
     for n in 0..EVENTS {
-        stack
-            .publish(NewOutboxEvent::new(
-                "acme",
-                "audit.user.login",
-                json!({ "actor": format!("actor-{n}") }),
-            ))
-            .await;
-        stack
-            .publish(NewOutboxEvent::new(
-                "acme",
-                "mail.user.welcome",
-                json!({ "to": format!("user{n}@example.com"), "template": "welcome", "vars": { "name": "Ada" } }),
-            ))
-            .await;
+        publish_audit(&stack, &format!("actor-{n}")).await;
+        publish_mail(&stack, &format!("user{n}@example.com")).await;
         stack
             .publish(NewOutboxEvent::new(
                 "acme",
@@ -132,21 +155,9 @@ async fn on_a_cluster_a_primary_killed_under_flow_leaves_every_committed_events_
 
     let publishing = async {
         for n in 0..AUDITS {
-            stack
-                .publish(NewOutboxEvent::new(
-                    "acme",
-                    "audit.user.login",
-                    json!({ "actor": format!("actor-{n}") }),
-                ))
-                .await;
+            publish_audit(&stack, &format!("actor-{n}")).await;
             if n % 5 == 0 {
-                stack
-                    .publish(NewOutboxEvent::new(
-                        "acme",
-                        "mail.user.welcome",
-                        json!({ "to": format!("user{}@example.com", n / 5), "template": "welcome", "vars": { "name": "Ada" } }),
-                    ))
-                    .await;
+                publish_mail(&stack, &format!("user{}@example.com", n / 5)).await;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -168,16 +179,7 @@ async fn on_a_cluster_a_primary_killed_under_flow_leaves_every_committed_events_
     stack
         .wait_count("SELECT count(*) FROM audit_log", AUDITS as i64)
         .await;
-    outbox_test_support::eventually("a mail to each recipient", WAIT, async || {
-        let recipients: std::collections::BTreeSet<_> = stack
-            .smtp
-            .messages()
-            .iter()
-            .flat_map(|mail| mail.to.clone())
-            .collect();
-        recipients.len() == MAILS
-    })
-    .await;
+    wait_for_recipients(&stack, MAILS).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,21 +201,9 @@ async fn on_a_cluster_workers_killed_by_sigkill_in_rounds_lose_no_audit_row_and_
     for round in 0..ROUNDS {
         for n in 0..PER_ROUND {
             let k = round * PER_ROUND + n;
-            stack
-                .publish(NewOutboxEvent::new(
-                    "acme",
-                    "audit.user.login",
-                    json!({ "actor": format!("actor-{k}") }),
-                ))
-                .await;
+            publish_audit(&stack, &format!("actor-{k}")).await;
             if n % 4 == 0 {
-                stack
-                    .publish(NewOutboxEvent::new(
-                        "acme",
-                        "mail.user.welcome",
-                        json!({ "to": format!("user{k}@example.com"), "template": "welcome", "vars": { "name": "Ada" } }),
-                    ))
-                    .await;
+                publish_mail(&stack, &format!("user{k}@example.com")).await;
             }
         }
         // Mid-flow: kill -9 both workers and start new ones.
@@ -240,16 +230,7 @@ async fn on_a_cluster_workers_killed_by_sigkill_in_rounds_lose_no_audit_row_and_
         )
         .await;
     let mails = ROUNDS * PER_ROUND / 4;
-    outbox_test_support::eventually("a mail to each recipient", WAIT, async || {
-        let recipients: std::collections::BTreeSet<_> = stack
-            .smtp
-            .messages()
-            .iter()
-            .flat_map(|mail| mail.to.clone())
-            .collect();
-        recipients.len() == mails
-    })
-    .await;
+    wait_for_recipients(&stack, mails).await;
     // Audit rows are written exactly once, kills or not.
     stack
         .wait_count("SELECT count(*) FROM audit_log", events)
