@@ -258,6 +258,15 @@ fn build_order(images: &[String]) -> Result<Vec<Base>> {
 /// Builds the image (and, with `--local-bases`, the base images podman
 /// lacks).
 pub fn run(args: ImageArgs) -> Result<()> {
+    build(args).context(
+        "building the image; where podman cannot start containers at all \
+         (setrlimit ... Operation not permitted, cgroups in hybrid mode), docs/operations.md \
+         (\"Building the image with podman, without a registry\") gives the containers.conf",
+    )
+}
+
+/// The steps of [`run`].
+fn build(args: ImageArgs) -> Result<()> {
     require(&[("podman", "podman")])?;
     let root = workspace_root();
     let dockerfile = std::fs::read_to_string(root.join(DOCKERFILE))
