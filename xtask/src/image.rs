@@ -14,6 +14,11 @@
 //!   static.rust-lang.org, its checksum verified), laid out as the official
 //!   image lays it out (`/usr/local/cargo`, `/usr/local/rustup`).
 //!
+//! `--compose-images` also builds, from Debian's packages, the images that
+//! `deploy/compose.local.yml` gives the compose file's other services
+//! (Postgres, Redis, a mail catcher, Prometheus): the stages of
+//! `deploy/local/Containerfile`.
+//!
 //! `--ca-cert` adds a certificate the locally built Rust image trusts
 //! (a TLS-intercepting proxy's), for rustup and cargo during the build;
 //! the runtime image never receives it. Not part of `cargo xtask test`:
@@ -29,6 +34,40 @@ use crate::cmd::{probe, run as step, target_dir, workspace_root};
 
 /// The Dockerfile the command builds, from the workspace root.
 const DOCKERFILE: &str = "deploy/Dockerfile";
+
+/// A stand-in for an image of the compose file that comes from Docker Hub.
+struct ComposeImage {
+    /// The compose file's service, and the stage of `deploy/local/Containerfile`.
+    service: &'static str,
+    /// The name `deploy/compose.local.yml` gives the service's image.
+    image: &'static str,
+    /// The Debian packages the stage installs.
+    packages: &'static str,
+}
+
+/// The stand-ins `--compose-images` builds.
+const COMPOSE_IMAGES: [ComposeImage; 4] = [
+    ComposeImage {
+        service: "postgres",
+        image: "localhost/outbox-local-postgres:15",
+        packages: "postgresql-15",
+    },
+    ComposeImage {
+        service: "redis",
+        image: "localhost/outbox-local-redis:7.0",
+        packages: "redis-server",
+    },
+    ComposeImage {
+        service: "mailcatcher",
+        image: "localhost/outbox-local-mailcatcher:latest",
+        packages: "python3",
+    },
+    ComposeImage {
+        service: "prometheus",
+        image: "localhost/outbox-local-prometheus:2.42",
+        packages: "prometheus",
+    },
+];
 
 /// Options of `cargo xtask image`.
 #[derive(Args, Debug)]
@@ -50,6 +89,12 @@ pub struct ImageArgs {
     /// rustup and cargo can download; the runtime image does not get it.
     #[arg(long, value_name = "PEM", requires = "local_bases")]
     pub ca_cert: Option<PathBuf>,
+    /// Also build the images `deploy/compose.local.yml` gives the compose
+    /// file's Postgres, Redis, mail catcher and Prometheus, from Debian's
+    /// packages (`deploy/local/`), for running the compose file where
+    /// Docker Hub cannot be reached.
+    #[arg(long)]
+    pub compose_images: bool,
 }
 
 /// A base image this command knows how to build from Debian's packages.
@@ -290,6 +335,25 @@ fn build(args: ImageArgs) -> Result<()> {
     } else {
         "--pull=missing"
     };
+    if args.compose_images {
+        let dir = root.join("deploy/local");
+        for stand_in in COMPOSE_IMAGES {
+            let ComposeImage {
+                service,
+                image,
+                packages,
+            } = stand_in;
+            step(
+                &format!(
+                    "podman build {image} (the compose file's {service}, Debian's {packages})"
+                ),
+                Command::new("podman")
+                    .args(["build", pull, "--target", service, "-t", image])
+                    .arg(format!("--build-arg=PACKAGES={packages}"))
+                    .arg(&dir),
+            )?;
+        }
+    }
     step(
         &format!(
             "podman build -f {DOCKERFILE} -t {} . (a release build)",
@@ -303,6 +367,12 @@ fn build(args: ImageArgs) -> Result<()> {
         "\n{} is built. The demo's verdict against it: cargo xtask demo --image {}",
         args.tag, args.tag
     );
+    if args.compose_images {
+        eprintln!(
+            "The compose file on the local images: podman-compose -f deploy/compose.yml \
+             -f deploy/compose.local.yml up -d"
+        );
+    }
     Ok(())
 }
 
@@ -344,6 +414,37 @@ mod tests {
             let error = Base::of(image).expect_err(image).to_string();
             assert!(error.contains(&format!("FROM {image}")), "{error}");
         }
+    }
+
+    #[test]
+    fn compose_local_yml_names_the_images_built_for_services_of_the_compose_file_from_their_stages()
+    {
+        let root = workspace_root();
+        let read = |path: &str| {
+            std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+        };
+        let compose = read("deploy/compose.yml");
+        let local = read("deploy/compose.local.yml");
+        let stages = read("deploy/local/Containerfile");
+        for ComposeImage { service, image, .. } in COMPOSE_IMAGES {
+            assert!(
+                compose.contains(&format!("\n  {service}:\n")),
+                "deploy/compose.yml has no service {service}"
+            );
+            assert!(
+                local.contains(&format!("\n  {service}:\n    image: {image}\n")),
+                "deploy/compose.local.yml does not give {service} the image {image}"
+            );
+            assert!(
+                stages.contains(&format!("\nFROM packages AS {service}\n")),
+                "deploy/local/Containerfile has no stage {service}"
+            );
+        }
+        assert_eq!(
+            local.matches("\n    image: ").count(),
+            COMPOSE_IMAGES.len(),
+            "deploy/compose.local.yml names an image --compose-images does not build"
+        );
     }
 
     #[test]
