@@ -11,6 +11,9 @@
 //!   at tiny sizes);
 //! - `explain`: `EXPLAIN ANALYZE` of the dispatcher's statements per batch
 //!   size, before and after the batch-size fix;
+//! - `image`: the container image of `deploy/Dockerfile` with podman
+//!   (`--local-bases` builds its base images from Debian's packages where
+//!   no registry can be reached);
 //! - `schema`: regenerate `outbox-model`'s `schema.rs` (`--check` verifies);
 //! - `inventory`: check the production sources against the workflow
 //!   boundary's rules;
@@ -42,6 +45,7 @@ mod cmd;
 mod demo;
 mod examples;
 mod explain;
+mod image;
 mod install;
 mod mutants;
 mod publish;
@@ -85,6 +89,10 @@ enum Command {
     /// EXPLAIN ANALYZE of every statement of a dispatcher tick at several
     /// batch sizes, statistics states and plan cache modes, as a Markdown table.
     Explain(explain::ExplainArgs),
+    /// Build the container image of deploy/Dockerfile with podman
+    /// (`--local-bases`: its base images from Debian's packages and rustup,
+    /// where no registry can be reached).
+    Image(image::ImageArgs),
     /// Regenerate crates/outbox-model/src/schema.rs from the migrations.
     Schema {
         /// Fail instead of writing when the file differs from the migrations.
@@ -147,6 +155,7 @@ fn run(cli: Cli) -> Result<()> {
             Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Explain(args) => explain::run(args).await,
+            Command::Image(args) => image::run(args),
             Command::Schema { check } => schema::run(check).await,
             Command::Inventory => verify::inventory::run(),
             Command::VerifyWorkflowOutboxNative => verify::workflow::run().await,

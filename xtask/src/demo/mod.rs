@@ -3,7 +3,9 @@
 //!
 //! Finds Postgres and Redis or starts private ones (installing their
 //! packages when it may, see [`crate::install`]); builds `worker-general`,
-//! `worker-mail` and `outbox` (release, or `--debug`); migrates a fresh
+//! `worker-mail` and `outbox` (release, or `--debug`), or takes them from a
+//! container image (`--image`, run by podman on the host's network);
+//! migrates a fresh
 //! `outbox_demo` database; starts an SMTP sink, an HTTP sink and the two
 //! workers as child processes (`worker-general` with the dispatcher);
 //! creates the tenants, their endpoints and workflows; publishes the mix
@@ -66,8 +68,15 @@ pub struct DemoArgs {
     pub keep_running: bool,
     /// Run the debug build of the binaries (what `cargo xtask test` has
     /// already built) instead of building the release build.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "image")]
     pub debug: bool,
+    /// Run the workers from this container image (`cargo xtask image`
+    /// builds `outbox:local`) with podman, on the host's network, instead
+    /// of building them; the database, Redis prefix and containers are
+    /// named `outbox_demo_image`, `outbox-demo-image:` and
+    /// `outbox-demo-image-<worker>`.
+    #[arg(long, value_name = "IMAGE")]
+    pub image: Option<String>,
     /// Never install missing Postgres or Redis packages; print the command
     /// instead.
     #[arg(long)]
@@ -87,6 +96,7 @@ impl DemoArgs {
             no_chaos: false,
             keep_running: false,
             debug: true,
+            image: None,
             no_install: true,
             tag: format!("_test{}", std::process::id()),
         }
@@ -122,7 +132,11 @@ impl Running {
 }
 
 /// Runs the demo; an error when the verdict fails or something broke.
-pub async fn run(args: DemoArgs) -> Result<()> {
+pub async fn run(mut args: DemoArgs) -> Result<()> {
+    // A run on the image keeps apart from a run on the host's build.
+    if args.image.is_some() && args.tag.is_empty() {
+        args.tag = "_image".to_owned();
+    }
     init_tracing();
     let progress = Progress::new();
     let profile = if args.debug {
@@ -132,7 +146,10 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     };
     // Built before any server is started, so a failed build leaves nothing
     // running.
-    let binaries = stack::build(profile, &progress).await?;
+    let binaries = match &args.image {
+        Some(image) => stack::image(image)?,
+        None => stack::build(profile, &progress).await?,
+    };
     let found = services::ensure_with(crate::install::Install::from_flag(args.no_install)).await?;
     let database = format!("{DEMO_DB}{}", args.tag);
     let prefix = format!("{DEMO_PREFIX}{}:", args.tag.replace('_', "-"));
@@ -348,6 +365,11 @@ impl Stage<'_> {
         Ok(verdict.passed())
     }
 
+    /// The container name of the worker `name` (with `--image`).
+    fn container(&self, name: &str) -> String {
+        format!("{DEMO_PREFIX}{}-{name}", self.args.tag.replace('_', "-"))
+    }
+
     /// Starts both workers, their logs under `self.logs`.
     async fn start_workers(&self, running: &mut Running) -> Result<()> {
         let logs = &self.logs;
@@ -358,18 +380,20 @@ impl Stage<'_> {
         running.general = Some(
             Worker::start(
                 "worker-general",
-                &self.binaries.general,
+                self.binaries,
                 self.env(Group::General),
                 logs,
+                self.container("worker-general"),
             )
             .await?,
         );
         running.mail = Some(
             Worker::start(
                 "worker-mail",
-                &self.binaries.mail,
+                self.binaries,
                 self.env(Group::Mail),
                 logs,
+                self.container("worker-mail"),
             )
             .await?,
         );
@@ -487,13 +511,13 @@ impl Stage<'_> {
         target: u64,
     ) -> Result<()> {
         let general = running.general.as_mut().context("worker-general")?;
-        let pid = general.pid().unwrap_or(0);
+        let which = general.which();
         let at = Instant::now();
         general.kill_and_restart().await?;
         self.progress.note(&format!(
-            "demo: chaos: SIGKILL worker-general (pid {pid}) with {dispatched} of about {target} \
-             events dispatched; restarted as pid {} in {:.1} s",
-            general.pid().unwrap_or(0),
+            "demo: chaos: SIGKILL worker-general ({which}) with {dispatched} of about {target} \
+             events dispatched; restarted as {} in {:.1} s",
+            general.which(),
             at.elapsed().as_secs_f64()
         ));
         Ok(())
@@ -514,7 +538,7 @@ impl Stage<'_> {
         }
         let cli = format!(
             "{} --database-url {} --redis-url {} --queue-prefix {}",
-            self.binaries.cli.display(),
+            self.binaries.cli(),
             self.url,
             self.redis_url,
             self.prefix

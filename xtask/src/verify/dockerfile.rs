@@ -17,17 +17,10 @@ fn major_minor(version: &str) -> Option<(u32, u32)> {
 /// The Rust version of each `FROM rust:<version>[-<variant>]` line of a
 /// Dockerfile, as written (`1.95` of `FROM rust:1.95-bookworm AS build`).
 fn builder_versions(dockerfile: &str) -> Vec<String> {
-    dockerfile
-        .lines()
-        .filter_map(|line| {
-            let image = line
-                .trim()
-                .strip_prefix("FROM ")?
-                .split_whitespace()
-                .next()?;
-            let tag = image.strip_prefix("rust:")?;
-            Some(tag.split('-').next().unwrap_or(tag).to_owned())
-        })
+    crate::image::base_images(dockerfile)
+        .iter()
+        .filter_map(|image| image.strip_prefix("rust:"))
+        .map(|tag| tag.split('-').next().unwrap_or(tag).to_owned())
         .collect()
 }
 
