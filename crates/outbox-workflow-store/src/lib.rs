@@ -54,7 +54,8 @@ pub use db::{
 };
 pub use error::StoreError;
 pub use inspect::{
-    StuckExecutions, block_executions, block_types, stuck_executions, workflow_names,
+    StuckExecutions, block_executions, block_types, get_workflow, list_workflows, stuck_executions,
+    version_definition, workflow_names,
 };
 pub use row::{
     ApplicationEvent, BlockExecutionStatus, EntityRow, ExecutionStatus, TriggerKind, UnknownValue,
