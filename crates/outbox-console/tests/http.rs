@@ -601,3 +601,40 @@ async fn the_live_overview_of_a_session_ends_when_it_signs_out() {
         String::from_utf8_lossy(&rest)
     );
 }
+
+#[tokio::test]
+async fn the_overview_counts_done_events_until_the_table_is_analyzed_then_says_about_its_estimate()
+{
+    let console = served().await;
+    for _ in 0..2 {
+        console
+            .event(
+                r#"{"a": 1}"#,
+                ", status, processed_at, target_queue",
+                ", 'DONE', now(), 'outbox.audit'",
+            )
+            .await;
+    }
+    console.failed_event().await;
+    let (_, page) = console.get_as(READER, "/").await;
+    assert!(
+        page.contains(r#"id="done-count" data-live="total:DONE">2<"#),
+        "{page}"
+    );
+    assert!(!page.contains(r#"id="estimated""#));
+
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute("ANALYZE outbox_event")
+        .await
+        .unwrap();
+    let (_, page) = console.get_as(READER, "/").await;
+    assert!(
+        page.contains(r#"id="done-count" data-live="total:DONE">about 2<"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"id="estimated""#));
+    assert!(page.contains(r#"data-live="total:FAILED">1<"#));
+}
