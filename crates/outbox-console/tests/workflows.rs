@@ -372,3 +372,23 @@ async fn following_a_run_sends_its_page_part_then_the_change_once_it_ends_and_th
         "{rest}"
     );
 }
+
+#[tokio::test]
+async fn under_a_mount_prefix_the_workflow_pages_links_forms_and_live_url_follow_it() {
+    let console = served_under("/ops/outbox").await;
+    let (workflow, id) = waiting_run(&console).await;
+    let (_, list) = console.get_as(READER, "/executions").await;
+    assert!(
+        list.contains(&format!(r#"href="/ops/outbox/executions/{id}""#)),
+        "{list}"
+    );
+    assert!(list.contains(&format!(r#"href="/ops/outbox/workflows/{workflow}""#)));
+    let (_, page) = console.get_as(OPERATOR, &format!("/executions/{id}")).await;
+    for target in [
+        format!(r#"action="/ops/outbox/executions/{id}/answer""#),
+        format!(r#"action="/ops/outbox/executions/{id}/cancel""#),
+        format!(r#"data-live-url="/ops/outbox/executions/{id}/live""#),
+    ] {
+        assert!(page.contains(&target), "{target} in {page}");
+    }
+}
