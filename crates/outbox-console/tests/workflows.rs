@@ -145,6 +145,10 @@ async fn the_workflow_pages_show_the_workflow_its_versions_and_a_waiting_runs_ti
     assert!(page.contains(r#"data-block="ask" data-status="waiting""#));
     assert!(page.contains("manualTrigger") && page.contains("refund-approval"));
     assert!(
+        page.contains("(workflow.execution.requested, PENDING)"),
+        "the run's request, as outbox workflow show names it"
+    );
+    assert!(
         page.contains("data-live-url"),
         "an unfinished run is followed live"
     );

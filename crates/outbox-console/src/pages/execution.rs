@@ -17,6 +17,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use futures_util::stream::{self, Stream};
 use maud::{Markup, html};
+use outbox_store::{EventKey, EventSummary};
+use outbox_workflow_model::events::execution_requested_key;
 use outbox_workflow_store::{
     self as store, WorkflowBlockExecution, WorkflowExecution, admin::answer_run,
 };
@@ -41,6 +43,9 @@ struct Loaded {
     /// The prompt of the block a waiting run waits in (`params.prompt`).
     prompt: Option<String>,
     blocks: Vec<WorkflowBlockExecution>,
+    /// The outbox event that started the run, while it is kept: its
+    /// trigger event, or the request of a manual or API run.
+    started_by: Option<EventSummary>,
 }
 
 /// The execution `id` and what its page shows, `None` when there is none.
@@ -60,7 +65,14 @@ async fn load(console: &Console, id: Uuid) -> Result<Option<Loaded>, ConsoleErro
         .as_deref()
         .and_then(|block| prompt_of(definition.as_ref()?, block));
     let blocks = store::block_executions(&mut conn, id).await?;
+    let requested = execution_requested_key(id);
+    let key = match execution.trigger_event_id {
+        Some(event) => EventKey::Id(event),
+        None => EventKey::DispatchKey(&requested),
+    };
+    let started_by = outbox_store::summary(&mut conn, key).await?;
     Ok(Some(Loaded {
+        started_by,
         workflow_name: names.get(&execution.workflow_id).cloned(),
         execution,
         types,
@@ -152,7 +164,7 @@ pub(crate) async fn page(
 fn live_part(viewer: &Viewer, loaded: &Loaded) -> (Markup, String) {
     let view = html! {
         (actions(viewer, loaded))
-        (details(viewer, &loaded.execution, loaded.workflow_name.as_deref()))
+        (details(viewer, loaded))
         h2 { "Timeline" }
         (timeline(loaded))
         h2 { "Input" }
@@ -198,7 +210,8 @@ fn actions(viewer: &Viewer, loaded: &Loaded) -> Markup {
     }
 }
 
-fn details(viewer: &Viewer, execution: &WorkflowExecution, workflow_name: Option<&str>) -> Markup {
+fn details(viewer: &Viewer, loaded: &Loaded) -> Markup {
+    let (execution, workflow_name) = (&loaded.execution, loaded.workflow_name.as_deref());
     let base = &viewer.base;
     html! {
         table.details #details {
@@ -212,9 +225,13 @@ fn details(viewer: &Viewer, execution: &WorkflowExecution, workflow_name: Option
             tr { th { "trigger" } td #field-trigger { (execution.trigger_kind.as_str()) } }
             tr { th { "waiting block" } td #field-waiting-block { (execution.waiting_block.as_deref().unwrap_or("-")) } }
             tr { th { "started by" } td #field-started-by {
-                @match execution.trigger_event_id {
-                    Some(event) => { "outbox event " a href=(base.to(&format!("/events/{event}"))) { (event.to_string()) } }
-                    None => { "a " (execution.trigger_kind.as_str()) " request" }
+                @match (&loaded.started_by, execution.trigger_event_id) {
+                    (Some(event), _) => {
+                        "outbox event " a #started-by href=(base.to(&format!("/events/{}", event.id))) { (event.id.to_string()) }
+                        " (" (event.event_type) ", " (event.status.as_str()) ")"
+                    }
+                    (None, Some(event)) => { "outbox event " (event.to_string()) " (row no longer kept)" }
+                    (None, None) => { "- (no outbox row found)" }
                 }
             } }
             tr { th { "created (UTC)" } td #field-created { (when(Some(execution.created_at))) } }
