@@ -23,6 +23,16 @@ pub enum ConsoleError {
     /// committed, and the message says how many rows they held.
     #[error(transparent)]
     Batch(#[from] outbox_operator::requeue::bulk::BatchFailed),
+    /// A read of the workflow tables failed.
+    #[error(transparent)]
+    Workflows(#[from] outbox_workflow_store::StoreError),
+    /// Answering a waiting run failed (not a refusal: those are answered
+    /// with 409).
+    #[error(transparent)]
+    Answer(#[from] outbox_workflow_store::admin::AdminError),
+    /// Cancelling a run failed (not a refusal: those are answered with 409).
+    #[error(transparent)]
+    Cancel(#[from] outbox_workflow_store::CancelError),
     /// Redis failed reading or putting back dead jobs.
     #[error("Redis: {0}")]
     Redis(String),
@@ -34,7 +44,11 @@ impl ConsoleError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Pool(_) | Self::Queues(_) | Self::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Store(_) | Self::Batch(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Store(_)
+            | Self::Batch(_)
+            | Self::Workflows(_)
+            | Self::Answer(_)
+            | Self::Cancel(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

@@ -5,25 +5,29 @@ use std::collections::BTreeMap;
 
 use outbox_model::OutboxStatus;
 use outbox_operator::health::{QueueHealth, Thresholds, queue_health};
-use outbox_store::{PendingFigures, StatusQueueCount, UnroutedType};
+use outbox_store::{MaybeEstimated, PendingFigures, StatusQueueCount, UnroutedType};
 
 use crate::{Console, ConsoleError};
 
 /// The overview's figures at one moment.
 pub(crate) struct Figures {
     pub pending: PendingFigures,
+    /// Rows of every status but DONE, by status and queue: exact.
     pub counts: Vec<StatusQueueCount>,
+    /// DONE rows over every queue: estimated once the table was analyzed.
+    pub done: MaybeEstimated,
     pub unrouted: Vec<UnroutedType>,
     /// The queues' figures, when the console was given Redis.
     pub queues: Option<Vec<QueueHealth>>,
 }
 
 impl Figures {
-    /// Reads every figure (one table scan for the counts).
+    /// Reads every figure: the unfinished rows along their indexes, the
+    /// DONE ones estimated (`outbox_store::overview_counts`).
     pub(crate) async fn read(console: &Console) -> Result<Self, ConsoleError> {
         let mut conn = console.conn().await?;
         let pending = outbox_store::pending_figures(&mut conn).await?;
-        let counts = outbox_store::status_queue_counts(&mut conn).await?;
+        let counts = outbox_store::overview_counts(&mut conn).await?;
         let unrouted = outbox_store::unrouted_types(&mut conn).await?;
         drop(conn);
         let queues = match &console.inner.queues {
@@ -44,19 +48,27 @@ impl Figures {
         };
         Ok(Self {
             pending,
-            counts,
+            counts: counts.unfinished,
+            done: counts.done,
             unrouted,
             queues,
         })
     }
 
     /// Rows of `status`, over every queue.
-    pub(crate) fn total(&self, status: OutboxStatus) -> i64 {
-        self.counts
-            .iter()
-            .filter(|c| c.status == status.as_str())
-            .map(|c| c.n)
-            .sum()
+    pub(crate) fn total(&self, status: OutboxStatus) -> MaybeEstimated {
+        if status == OutboxStatus::Done {
+            return self.done;
+        }
+        MaybeEstimated {
+            n: self
+                .counts
+                .iter()
+                .filter(|c| c.status == status.as_str())
+                .map(|c| c.n)
+                .sum(),
+            estimated: false,
+        }
     }
 
     /// Dead jobs over every queue read.
@@ -109,7 +121,7 @@ impl Figures {
         live.insert("oldest".into(), age(self.pending.oldest_due_age_secs));
         live.insert("processing".into(), self.pending.processing.to_string());
         for status in OutboxStatus::ALL {
-            live.insert(format!("total:{status}"), self.total(status).to_string());
+            live.insert(format!("total:{status}"), shown(self.total(status)));
         }
         for count in &self.counts {
             live.insert(
@@ -125,6 +137,15 @@ impl Figures {
         }
         live.insert("alerts".into(), self.alerts().len().to_string());
         live
+    }
+}
+
+/// A count as the page shows it: `about 980,000` when estimated.
+pub(crate) fn shown(count: MaybeEstimated) -> String {
+    if count.estimated {
+        format!("about {}", count.n)
+    } else {
+        count.n.to_string()
     }
 }
 

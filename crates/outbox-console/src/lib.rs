@@ -7,10 +7,13 @@
 //! with the CLI's filters, one event with its masked payload and history,
 //! the requeue, replay or cancel of one event, the requeue of the events a
 //! filter selects and the retry of a queue's dead jobs (a dry run first,
-//! then a confirmation).
+//! then a confirmation); the workflows with their versions, their
+//! executions, one execution as a timeline of its blocks (followed live
+//! while it runs), the answer to a waiting run and the cancel of one.
 //!
 //! It is not a second owner of the tables: every read and change goes
-//! through `outbox-store`'s typed operations, and the requeue policy and
+//! through the typed operations of `outbox-store` and
+//! `outbox-workflow-store`, and the requeue policy and
 //! the queue alerts are those the CLI uses (`outbox-operator`), so the
 //! console and `outbox requeue` refuse and record the same things. It reads no environment: the binary parses
 //! `OUTBOX_CONSOLE_TOKENS` with [`Tokens::parse`], an application hands in

@@ -6,163 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use diesel_async::SimpleAsyncConnection;
-use outbox_console::{Console, Tokens};
-use outbox_test_support::TestDatabase;
 use reqwest::StatusCode;
-use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, COOKIE, LOCATION, SET_COOKIE};
-use uuid::Uuid;
+use reqwest::header::{AUTHORIZATION, COOKIE, LOCATION, SET_COOKIE};
 
-const OPERATOR: &str = "operator-token-0123456789";
-const READER: &str = "reader-token-0123456789";
+mod support;
 
-struct Served {
-    db: TestDatabase,
-    /// The console's own address, with the mount prefix.
-    url: String,
-    http: reqwest::Client,
-}
-
-async fn served_under(prefix: &str) -> Served {
-    served_with(prefix, |console| console).await
-}
-
-async fn served_with(prefix: &str, setup: impl FnOnce(Console) -> Console) -> Served {
-    let db = TestDatabase::new().await;
-    let tokens = Tokens::parse(&format!("ana=operator:{OPERATOR},reader:{READER}")).unwrap();
-    let console = setup(Console::new(db.pool().clone()).with_tokens(tokens)).router();
-    let app = if prefix.is_empty() {
-        console
-    } else {
-        axum::Router::new().nest(prefix, console)
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let http = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    Served {
-        db,
-        url: format!("http://{addr}{prefix}"),
-        http,
-    }
-}
-
-async fn served() -> Served {
-    served_under("").await
-}
-
-impl Served {
-    /// Inserts an event row in the state `columns` = `values` describe.
-    async fn event(&self, payload: &str, columns: &str, values: &str) -> Uuid {
-        let id = Uuid::now_v7();
-        self.db
-            .conn()
-            .await
-            .batch_execute(&format!(
-                "INSERT INTO outbox_event (id, tenant_id, event_type, payload{columns})
-                 VALUES ('{id}', 'acme', 'audit.user.login', '{payload}'{values})"
-            ))
-            .await
-            .unwrap();
-        id
-    }
-
-    async fn failed_event(&self) -> Uuid {
-        self.event(
-            r#"{"userId": "u1"}"#,
-            ", status, retries, failed_at, last_error",
-            ", 'FAILED', 3, now(), 'queue unreachable'",
-        )
-        .await
-    }
-
-    async fn status(&self, id: Uuid) -> String {
-        let mut conn = self.db.conn().await;
-        outbox_store::event(&mut conn, id)
-            .await
-            .unwrap()
-            .unwrap()
-            .status
-            .to_string()
-    }
-
-    async fn history(&self, id: Uuid) -> Vec<outbox_store::HistoryEntry> {
-        let mut conn = self.db.conn().await;
-        outbox_store::history(&mut conn, id).await.unwrap()
-    }
-
-    async fn get_as(&self, token: &str, path: &str) -> (StatusCode, String) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .header(AUTHORIZATION, format!("Bearer {token}"))
-            .send()
-            .await
-            .unwrap();
-        (response.status(), response.text().await.unwrap())
-    }
-
-    async fn post(&self, path: &str, headers: &[(&str, String)], form: &str) -> reqwest::Response {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(form.to_owned());
-        for (name, value) in headers {
-            request = request.header(*name, value);
-        }
-        request.send().await.unwrap()
-    }
-
-    /// A form POST with `Authorization: Bearer <token>`.
-    async fn post_as(&self, token: &str, path: &str, form: &str) -> reqwest::Response {
-        self.post(path, &[("authorization", format!("Bearer {token}"))], form)
-            .await
-    }
-
-    /// Signs in with `token` through the login form; returns the cookie.
-    async fn sign_in(&self, token: &str) -> String {
-        let response = self.post("/login", &[], &format!("token={token}")).await;
-        assert_eq!(response.status(), StatusCode::SEE_OTHER);
-        let set = response.headers()[SET_COOKIE].to_str().unwrap().to_owned();
-        assert!(
-            set.contains("HttpOnly") && set.contains("SameSite=Strict"),
-            "{set}"
-        );
-        set.split(';').next().unwrap().to_owned()
-    }
-
-    async fn get_with_cookie(&self, cookie: &str, path: &str) -> String {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .header(COOKIE, cookie)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), StatusCode::OK, "{path}");
-        response.text().await.unwrap()
-    }
-}
-
-/// A requeue of `id` posted with the session `cookie` and `form`.
-async fn requeue(console: &Served, cookie: &str, id: Uuid, form: &str) -> reqwest::Response {
-    console
-        .post(
-            &format!("/events/{id}/requeue"),
-            &[("cookie", cookie.to_owned())],
-            form,
-        )
-        .await
-}
-
-/// The value of the hidden `csrf` field of a page's form.
-fn csrf_of(page: &str) -> String {
-    let start = page.find(r#"name="csrf" value=""#).expect("a csrf field") + 19;
-    page[start..start + 64].to_owned()
-}
+use support::*;
 
 #[tokio::test]
 async fn pages_assets_and_the_login_form_forbid_caching_framing_and_sniffing() {
@@ -213,12 +62,7 @@ async fn a_request_without_a_valid_token_gets_401_and_the_login_form() {
     let console = served().await;
 
     for path in ["/", "/events", "/live"] {
-        let response = console
-            .http
-            .get(format!("{}{path}", console.url))
-            .send()
-            .await
-            .unwrap();
+        let response = console.get_anonymous(path).await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
         assert!(response.text().await.unwrap().contains("Sign in"));
     }
@@ -756,4 +600,41 @@ async fn the_live_overview_of_a_session_ends_when_it_signs_out() {
         "{}",
         String::from_utf8_lossy(&rest)
     );
+}
+
+#[tokio::test]
+async fn the_overview_counts_done_events_until_the_table_is_analyzed_then_says_about_its_estimate()
+{
+    let console = served().await;
+    for _ in 0..2 {
+        console
+            .event(
+                r#"{"a": 1}"#,
+                ", status, processed_at, target_queue",
+                ", 'DONE', now(), 'outbox.audit'",
+            )
+            .await;
+    }
+    console.failed_event().await;
+    let (_, page) = console.get_as(READER, "/").await;
+    assert!(
+        page.contains(r#"id="done-count" data-live="total:DONE">2<"#),
+        "{page}"
+    );
+    assert!(!page.contains(r#"id="estimated""#));
+
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute("ANALYZE outbox_event")
+        .await
+        .unwrap();
+    let (_, page) = console.get_as(READER, "/").await;
+    assert!(
+        page.contains(r#"id="done-count" data-live="total:DONE">about 2<"#),
+        "{page}"
+    );
+    assert!(page.contains(r#"id="estimated""#));
+    assert!(page.contains(r#"data-live="total:FAILED">1<"#));
 }

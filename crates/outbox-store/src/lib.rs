@@ -110,7 +110,8 @@ pub use select::{
     list_events, list_events_page, statuses, summary,
 };
 pub use stats::{
-    GroupCount, OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures, StatusQueueCount,
-    group_counts, pending_figures, status_queue_counts, unfinished_count,
+    GroupCount, MaybeEstimated, OVERDUE_AFTER_SECS, OverviewCounts, PENDING_ALERT_THRESHOLD,
+    PendingFigures, StatusQueueCount, group_counts, overview_counts, pending_figures,
+    status_queue_counts, unfinished_count,
 };
 pub use unrouted::{UnroutedType, failed_unrouted_ids, unrouted_types};

@@ -5,9 +5,10 @@
 mod common;
 
 use common::{database, insert, insert_with};
+use diesel_async::SimpleAsyncConnection;
 use outbox_store::{
-    GroupCount, StatusQueueCount, group_counts, pending_figures, status_queue_counts,
-    unfinished_count,
+    GroupCount, MaybeEstimated, StatusQueueCount, group_counts, overview_counts, pending_figures,
+    status_queue_counts, unfinished_count,
 };
 
 #[tokio::test]
@@ -114,4 +115,64 @@ async fn unfinished_count_counts_every_row_not_done() {
     }
 
     assert_eq!(unfinished_count(&mut conn).await.unwrap(), 3);
+}
+
+#[tokio::test]
+async fn overview_counts_are_exact_but_for_done_rows_estimated_from_the_catalog_once_analyzed() {
+    let (_db, mut conn) = database().await;
+    for _ in 0..3 {
+        insert_with(&mut conn, "status = 'DONE', target_queue = 'outbox.audit'").await;
+    }
+    insert_with(
+        &mut conn,
+        "status = 'FAILED', target_queue = 'outbox.audit'",
+    )
+    .await;
+    insert_with(&mut conn, "status = 'CANCELLED'").await;
+    insert_with(&mut conn, "scheduled_at = now() + interval '1 hour'").await;
+    insert_with(
+        &mut conn,
+        "status = 'PROCESSING', target_queue = 'outbox.audit', locked_until = now() + interval '1 hour'",
+    )
+    .await;
+    insert_with(
+        &mut conn,
+        "ordering_key = 'order-1', ordering_blocked = true, target_queue = 'outbox.audit'",
+    )
+    .await;
+    let row = |status: &str, queue: &str, n| StatusQueueCount {
+        status: status.into(),
+        queue: queue.into(),
+        n,
+    };
+    let unfinished = vec![
+        row("CANCELLED", "(no route)", 1),
+        row("FAILED", "outbox.audit", 1),
+        row("PENDING", "(scheduled for later)", 1),
+        row("PENDING", "outbox.audit", 1),
+        row("PROCESSING", "outbox.audit", 1),
+    ];
+
+    // Never analyzed: the DONE rows are counted.
+    let counts = overview_counts(&mut conn).await.unwrap();
+    assert_eq!(counts.unfinished, unfinished);
+    assert_eq!(
+        counts.done,
+        MaybeEstimated {
+            n: 3,
+            estimated: false
+        }
+    );
+
+    // Analyzed: the catalog's row count minus the others, said estimated.
+    conn.batch_execute("ANALYZE outbox_event").await.unwrap();
+    let counts = overview_counts(&mut conn).await.unwrap();
+    assert_eq!(counts.unfinished, unfinished);
+    assert_eq!(
+        counts.done,
+        MaybeEstimated {
+            n: 3,
+            estimated: true
+        }
+    );
 }

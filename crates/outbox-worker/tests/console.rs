@@ -3,7 +3,9 @@
 //! workers: sign in, the live overview, the events filtered to a FAILED
 //! one, its page, its requeue (the dry run's count, then the confirmation)
 //! until the worker has handed it off again (DONE), and a reader's requeue
-//! refused. Each page saves a screenshot (`CONSOLE_SCREENSHOTS_DIR=docs/console`
+//! refused; and a workflow run waiting for input, answered in its page's
+//! form, followed until it has ended with every block in its timeline.
+//! Each page saves a screenshot (`CONSOLE_SCREENSHOTS_DIR=docs/console`
 //! refreshes the pictures of docs/console.md; by default they go under
 //! `target/`).
 //!
@@ -19,9 +21,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{GENERAL, Stack, free_addr};
+use common::{GENERAL, Stack, Worker, free_addr};
 use fantoccini::{Client, ClientBuilder, Locator};
 use outbox_test_support::eventually;
+use outbox_workflow_store::admin::{self, StartedRun};
+use outbox_workflow_store::{self as store, ExecutionStatus, WorkflowRef, WorkflowStatus};
+use serde_json::json;
 use uuid::Uuid;
 
 const OPERATOR: &str = "browser-operator-token-0123";
@@ -155,6 +160,23 @@ async fn sign_in(client: &Client, console: &str, token: &str) {
     .await;
 }
 
+/// `worker-general` with its console on a free address (the operator
+/// `ana` and a reader); the console's URL.
+async fn serve_console(stack: &Stack) -> (Worker, String) {
+    let console_addr = free_addr();
+    let tokens = format!("ana=operator:{OPERATOR},reader:{READER}");
+    let worker = stack
+        .start(
+            GENERAL,
+            &[
+                ("OUTBOX_CONSOLE_TOKENS", &tokens),
+                ("OUTBOX_CONSOLE_ADDR", &console_addr),
+            ],
+        )
+        .await;
+    (worker, format!("http://{console_addr}"))
+}
+
 async fn failed_event(stack: &Stack) -> Uuid {
     let id = Uuid::now_v7();
     stack
@@ -173,18 +195,7 @@ async fn an_operator_requeues_a_failed_event_in_the_browser_and_sees_it_done_and
     let driver = start_driver().await;
     let stack = Stack::new().await;
     let failed = failed_event(&stack).await;
-    let console_addr = free_addr();
-    let tokens = format!("ana=operator:{OPERATOR},reader:{READER}");
-    let _worker = stack
-        .start(
-            GENERAL,
-            &[
-                ("OUTBOX_CONSOLE_TOKENS", &tokens),
-                ("OUTBOX_CONSOLE_ADDR", &console_addr),
-            ],
-        )
-        .await;
-    let console = format!("http://{console_addr}");
+    let (_worker, console) = serve_console(&stack).await;
     let client = browser(&driver).await;
 
     // Sign in.
@@ -252,6 +263,146 @@ async fn an_operator_requeues_a_failed_event_in_the_browser_and_sees_it_done_and
         .await
         .unwrap();
     assert_eq!(text_of(&client, "#field-status").await, "FAILED");
+
+    client.close().await.unwrap();
+}
+
+/// manualTrigger → waitForInput (`ask`, no timeout) → log of the answer.
+const APPROVAL: &str = r#"{
+  "blocks": [
+    { "id": "start", "type": "manualTrigger" },
+    { "id": "ask", "type": "waitForInput", "params": { "prompt": "Approve the refund of 12 EUR?" } },
+    { "id": "note", "type": "log", "params": { "message": "approved: {{ blocks.ask.output.answer.approved }}" } }
+  ],
+  "edges": [
+    { "from": "start", "to": "ask" },
+    { "from": "ask", "to": "note", "label": "input" }
+  ]
+}"#;
+
+/// Saves the live workflow `refund-approval` and starts a run of it.
+async fn approval_run(stack: &Stack) -> StartedRun {
+    let mut conn = stack.db.conn().await;
+    let saved = admin::save_document(
+        &mut conn,
+        "acme",
+        "refund-approval",
+        Some(WorkflowStatus::Live),
+        APPROVAL,
+    )
+    .await
+    .unwrap();
+    admin::start_run(
+        &mut conn,
+        "acme",
+        &WorkflowRef::Id(saved.workflow.id),
+        &json!({ "refund": 12, "apiToken": "tok_live_secret" }),
+    )
+    .await
+    .unwrap()
+}
+
+async fn execution_status(stack: &Stack, id: Uuid) -> ExecutionStatus {
+    let mut conn = stack.db.conn().await;
+    store::get_execution(&mut conn, id)
+        .await
+        .unwrap()
+        .unwrap()
+        .status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_answers_a_waiting_workflow_in_the_browser_and_sees_its_timeline_finish() {
+    let driver = start_driver().await;
+    let stack = Stack::new().await;
+    let (_worker, console) = serve_console(&stack).await;
+    let run = approval_run(&stack).await;
+    let id = run.execution_id;
+    eventually("the run waiting for input", WAIT, async || {
+        execution_status(&stack, id).await == ExecutionStatus::Waiting
+    })
+    .await;
+    let client = browser(&driver).await;
+    sign_in(&client, &console, OPERATOR).await;
+
+    // The workflows, and the workflow with its versions and definition.
+    client.goto(&format!("{console}/workflows")).await.unwrap();
+    wait_for(&client, "#workflows", "refund-approval").await;
+    screenshot(&client, "workflows").await;
+    click(&client, Locator::Css("a.workflow-link")).await;
+    wait_for(&client, "#versions", "current").await;
+    assert!(
+        text_of(&client, "#definition")
+            .await
+            .contains("waitForInput")
+    );
+    screenshot(&client, "workflow").await;
+
+    // The executions waiting for input: the run.
+    client
+        .goto(&format!("{console}/executions?status=waiting"))
+        .await
+        .unwrap();
+    wait_for(&client, "#matching", "1 matching").await;
+    screenshot(&client, "executions").await;
+
+    // Its page: the prompt, the timeline so far, the input with its secret masked.
+    click(&client, Locator::Css("a.execution-link")).await;
+    wait_for(&client, "#field-status", "waiting").await;
+    assert_eq!(
+        text_of(&client, "#prompt").await,
+        "Approve the refund of 12 EUR?"
+    );
+    let input = text_of(&client, "#input").await;
+    assert!(input.contains("\"apiToken\": \"***\"") && !input.contains("tok_live_secret"));
+    wait_for(&client, "[data-live-stamp]", "updated").await;
+    screenshot(&client, "execution-waiting").await;
+
+    // The answer, typed into the form: the run resumes and the page follows it.
+    let answer = client.find(Locator::Id("answer")).await.unwrap();
+    answer.clear().await.unwrap();
+    answer.send_keys(r#"{"approved": true}"#).await.unwrap();
+    click(&client, Locator::Id("send-answer")).await;
+    wait_for(&client, "#done", "Answered").await;
+    wait_for(&client, "#field-status", "success").await;
+    let blocks: Vec<(String, String)> = {
+        let mut blocks = Vec::new();
+        for row in client
+            .find_all(Locator::Css("#timeline tr.block"))
+            .await
+            .unwrap()
+        {
+            blocks.push((
+                row.attr("data-block").await.unwrap().unwrap(),
+                row.attr("data-status").await.unwrap().unwrap(),
+            ));
+        }
+        blocks
+    };
+    let expected = [
+        ("start", "success"),
+        ("ask", "waiting"),
+        ("ask", "success"),
+        ("note", "success"),
+    ]
+    .map(|(b, s)| (b.to_owned(), s.to_owned()));
+    assert_eq!(blocks, expected);
+    assert!(
+        text_of(&client, "#timeline")
+            .await
+            .contains("\"approved\": true")
+    );
+    assert!(client.find(Locator::Id("answer-form")).await.is_err());
+    // The picture shows the timeline, below the run's fields.
+    client
+        .execute(
+            "document.getElementById('timeline').scrollIntoView()",
+            Vec::new(),
+        )
+        .await
+        .unwrap();
+    screenshot(&client, "execution-done").await;
+    assert_eq!(execution_status(&stack, id).await, ExecutionStatus::Success);
 
     client.close().await.unwrap();
 }

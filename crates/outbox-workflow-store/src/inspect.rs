@@ -1,6 +1,8 @@
-//! Reads for operators (`outbox workflow`, `outbox health`): an execution's
-//! block runs in order, the block types of a stored version, workflow names,
-//! and the executions stuck in `queued` or `running`. Nothing here writes.
+//! Reads for operators (`outbox workflow`, `outbox health`, the console):
+//! the workflows, one by id, a stored version's definition as saved, an
+//! execution's block runs in order, the block types of a stored version,
+//! workflow names, and the executions stuck in `queued` or `running`.
+//! Nothing here writes.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,7 +15,68 @@ use outbox_model::schema::{workflow, workflow_block_execution, workflow_version}
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{ExecutionStatus, StoreError, WorkflowBlockExecution};
+use super::{ExecutionStatus, StoreError, Workflow, WorkflowBlockExecution};
+
+/// The workflows of `tenant_id` (of every tenant when `None`), by tenant
+/// then name, at most `limit` of them.
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn list_workflows(
+    conn: &mut AsyncPgConnection,
+    tenant_id: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Workflow>, StoreError> {
+    let mut query = workflow::table
+        .select(Workflow::as_select())
+        .order((workflow::tenant_id, workflow::name))
+        .limit(limit)
+        .into_boxed();
+    if let Some(tenant_id) = tenant_id {
+        query = query.filter(workflow::tenant_id.eq(tenant_id));
+    }
+    Ok(query.load(conn).await?)
+}
+
+/// The workflow `id`, whatever its tenant, if it exists (a tenant's
+/// workflow by id or name is [`find_workflow`](crate::find_workflow)).
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn get_workflow(
+    conn: &mut AsyncPgConnection,
+    id: Uuid,
+) -> Result<Option<Workflow>, StoreError> {
+    Ok(workflow::table
+        .find(id)
+        .select(Workflow::as_select())
+        .get_result(conn)
+        .await
+        .optional()?)
+}
+
+/// The definition of version `version` of workflow `workflow_id` as it was
+/// saved, without validating it again (so a version the block registry no
+/// longer accepts can still be shown); `None` when there is no such
+/// version. [`load_version`](crate::load_version) validates it.
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn version_definition(
+    conn: &mut AsyncPgConnection,
+    workflow_id: Uuid,
+    version: i32,
+) -> Result<Option<Value>, StoreError> {
+    Ok(workflow_version::table
+        .find((workflow_id, version))
+        .select(workflow_version::definition)
+        .get_result(conn)
+        .await
+        .optional()?)
+}
 
 /// The block runs of execution `execution_id`, in the order they were
 /// recorded (`started_at`, then `sequence`): a block that waited and then
@@ -52,12 +115,7 @@ pub async fn block_types(
     workflow_id: Uuid,
     version: i32,
 ) -> Result<HashMap<String, String>, StoreError> {
-    let definition: Option<Value> = workflow_version::table
-        .find((workflow_id, version))
-        .select(workflow_version::definition)
-        .get_result(conn)
-        .await
-        .optional()?;
+    let definition = version_definition(conn, workflow_id, version).await?;
     let blocks = definition
         .as_ref()
         .and_then(|d| d.get("blocks"))

@@ -8,9 +8,9 @@
 //!
 //! The store: row types, and the functions that
 //! save definitions, read versions, match event triggers and create
-//! executions; the reads operators need (a workflow by id or name, its
-//! versions, listing and counting executions, block runs in order, stuck
-//! executions); and [`cancel_execution`], a person stopping a run.
+//! executions; the reads operators need (the workflows, a workflow by id
+//! or name, its versions and a version's definition as saved, listing and
+//! counting executions, block runs in order, stuck executions); and [`cancel_execution`], a person stopping a run.
 //!
 //! - [`producers`] write the `workflow.*` outbox events in the caller's
 //!   transaction (row mutations with their application events, manual and
@@ -54,7 +54,8 @@ pub use db::{
 };
 pub use error::StoreError;
 pub use inspect::{
-    StuckExecutions, block_executions, block_types, stuck_executions, workflow_names,
+    StuckExecutions, block_executions, block_types, get_workflow, list_workflows, stuck_executions,
+    version_definition, workflow_names,
 };
 pub use row::{
     ApplicationEvent, BlockExecutionStatus, EntityRow, ExecutionStatus, TriggerKind, UnknownValue,

@@ -579,3 +579,70 @@ async fn stuck_executions_are_old_queued_or_running_ones_never_waiting_ones() {
         0
     );
 }
+
+#[tokio::test]
+async fn workflows_are_listed_by_tenant_and_name_and_read_by_id_with_their_definitions_as_saved() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    for (tenant, name) in [("t2", "alpha"), ("t1", "zeta"), ("t1", "beta")] {
+        store::save_workflow(
+            &mut conn,
+            tenant,
+            name,
+            WorkflowStatus::Draft,
+            &manual_workflow(name),
+        )
+        .await
+        .unwrap();
+    }
+    let names = |workflows: Vec<store::Workflow>| -> Vec<(String, String)> {
+        workflows
+            .into_iter()
+            .map(|w| (w.tenant_id, w.name))
+            .collect()
+    };
+    let all = store::list_workflows(&mut conn, None, 10).await.unwrap();
+    let first = all[0].clone();
+    assert_eq!(
+        names(all),
+        [("t1", "beta"), ("t1", "zeta"), ("t2", "alpha")]
+            .map(|(t, n)| (t.to_owned(), n.to_owned()))
+    );
+    assert_eq!(
+        names(
+            store::list_workflows(&mut conn, Some("t2"), 10)
+                .await
+                .unwrap()
+        ),
+        [("t2".to_owned(), "alpha".to_owned())]
+    );
+    assert_eq!(
+        store::list_workflows(&mut conn, None, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    assert_eq!(
+        store::get_workflow(&mut conn, first.id).await.unwrap(),
+        Some(first.clone())
+    );
+    assert_eq!(
+        store::get_workflow(&mut conn, Uuid::now_v7())
+            .await
+            .unwrap(),
+        None
+    );
+    let definition = store::version_definition(&mut conn, first.id, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(definition["blocks"][1]["params"]["message"], json!("beta"));
+    assert_eq!(
+        store::version_definition(&mut conn, first.id, 2)
+            .await
+            .unwrap(),
+        None
+    );
+}

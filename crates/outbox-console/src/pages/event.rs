@@ -20,7 +20,7 @@ pub(crate) struct Shown {
     /// What an action just did (`requeued`, `replayed`, `unchanged`), to
     /// say so at the top.
     #[serde(default)]
-    done: Option<String>,
+    pub(crate) done: Option<String>,
 }
 
 /// What the page says after an action.
@@ -65,10 +65,7 @@ pub(crate) async fn page(
 /// payload that is not JSON, which the table does not allow, is not shown).
 fn pretty_payload(row: &OutboxEvent) -> String {
     match serde_json::from_str::<serde_json::Value>(row.payload.get()) {
-        Ok(payload) => {
-            let shown = outbox_queue::redact_json(&payload);
-            serde_json::to_string_pretty(&shown).unwrap_or_else(|_| shown.to_string())
-        }
+        Ok(payload) => super::shown_json(&payload),
         Err(e) => format!("(not shown: the payload does not parse as JSON: {e})"),
     }
 }

@@ -157,7 +157,7 @@ impl Filters {
 }
 
 /// `text` percent-encoded for a query string (all but the unreserved characters).
-fn encode(text: &str) -> String {
+pub(crate) fn encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {

@@ -6,8 +6,10 @@ mod bulk;
 mod dead;
 mod event;
 mod events;
+mod execution;
 mod login;
 pub(crate) mod overview;
+mod workflows;
 
 use axum::Router;
 use axum::extract::{FromRequestParts, OriginalUri};
@@ -36,6 +38,13 @@ pub(crate) fn routes(console: Console) -> Router {
             get(actions::cancel_dry_run).post(actions::cancel_confirm),
         )
         .route("/queues/{queue}/dead", get(dead::page).post(dead::retry))
+        .route("/workflows", get(workflows::list))
+        .route("/workflows/{id}", get(workflows::one))
+        .route("/executions", get(workflows::executions))
+        .route("/executions/{id}", get(execution::page))
+        .route("/executions/{id}/live", get(execution::live))
+        .route("/executions/{id}/answer", post(execution::answer))
+        .route("/executions/{id}/cancel", post(execution::cancel))
         .route("/login", get(login::form).post(login::submit))
         .route("/logout", post(login::logout))
         .route("/assets/console.js", get(crate::assets::script))
@@ -232,6 +241,22 @@ pub(crate) fn not_found(base: &Base, id: uuid::Uuid) -> Response {
     )
 }
 
+/// `value` as indented JSON with its secrets masked and the URLs inside its
+/// strings reduced (`outbox_queue::redact_json`): how every page shows a
+/// payload, an input or an output.
+pub(crate) fn shown_json(value: &serde_json::Value) -> String {
+    let shown = outbox_queue::redact_json(value);
+    serde_json::to_string_pretty(&shown).unwrap_or_else(|_| shown.to_string())
+}
+
+/// A time as the pages show it (UTC, to the second), or `-`.
+pub(crate) fn when(at: Option<chrono::DateTime<chrono::Utc>>) -> String {
+    at.map_or_else(
+        || "-".to_owned(),
+        |at| at.format("%Y-%m-%d %H:%M:%S").to_string(),
+    )
+}
+
 fn head_links(base: &Base) -> Markup {
     html! {
         meta name="viewport" content="width=device-width, initial-scale=1";
@@ -257,6 +282,8 @@ pub(crate) fn layout(viewer: &Viewer, title: &str, body: Markup) -> Markup {
                         a.brand href=(base.home()) { "Outbox" }
                         a href=(base.home()) { "Overview" }
                         a href=(base.to("/events")) { "Events" }
+                        a href=(base.to("/workflows")) { "Workflows" }
+                        a href=(base.to("/executions")) { "Executions" }
                     }
                     div.who {
                         span #who { (viewer.identity.name) " (" (viewer.identity.role.as_str()) ")" }

@@ -1,0 +1,349 @@
+//! The workflows (definitions, their versions) and their executions with
+//! the CLI's filters (`outbox workflow versions`, `outbox workflow
+//! executions`), read through `outbox-workflow-store`.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use maud::{Markup, html};
+use outbox_workflow_store::{
+    self as store, ExecutionFilter, ExecutionStatus, Workflow, WorkflowExecution,
+};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{Viewer, layout, refusal, shown_json, when};
+use crate::{Console, ConsoleError};
+
+/// Workflows listed at most.
+pub const WORKFLOWS_SHOWN: i64 = 200;
+
+/// Executions per listing, newest first (the CLI's default limit).
+pub const EXECUTIONS_SHOWN: i64 = 50;
+
+/// The tenant filter of the workflows page.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct TenantFilter {
+    #[serde(default)]
+    tenant: String,
+}
+
+pub(crate) async fn list(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Query(filter): Query<TenantFilter>,
+) -> Result<Response, ConsoleError> {
+    let tenant = filter.tenant.trim();
+    let mut conn = console.conn().await?;
+    let workflows = store::list_workflows(
+        &mut conn,
+        (!tenant.is_empty()).then_some(tenant),
+        WORKFLOWS_SHOWN,
+    )
+    .await?;
+    let base = &viewer.base;
+    let body = html! {
+        form.filters #filters method="get" action=(base.to("/workflows")) {
+            label { "tenant " input name="tenant" value=(tenant); }
+            button #apply type="submit" { "Filter" }
+        }
+        @if workflows.is_empty() {
+            p.muted #no-workflows { "No workflow saved yet (outbox workflow save)." }
+        } @else {
+            table #workflows {
+                thead { tr {
+                    th { "tenant" } th { "name" } th { "status" } th.num { "current version" }
+                    th { "updated (UTC)" } th { "executions" }
+                } }
+                tbody {
+                    @for workflow in &workflows {
+                        tr {
+                            td { (workflow.tenant_id) }
+                            td { a.workflow-link href=(base.to(&format!("/workflows/{}", workflow.id))) { (workflow.name) } }
+                            td { (workflow.status.as_str()) }
+                            td.num { (workflow.current_version) }
+                            td { (when(Some(workflow.updated_at))) }
+                            td { a href=(executions_of(&viewer, workflow)) { "executions" } }
+                        }
+                    }
+                }
+            }
+            @if workflows.len() as i64 == WORKFLOWS_SHOWN {
+                p.muted { "The first " (WORKFLOWS_SHOWN) " by tenant and name: filter by tenant to see others." }
+            }
+        }
+    };
+    Ok(layout(&viewer, "Workflows", body).into_response())
+}
+
+fn executions_of(viewer: &Viewer, workflow: &Workflow) -> String {
+    format!("{}?workflow={}", viewer.base.to("/executions"), workflow.id)
+}
+
+/// Which version of a workflow its page shows.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Version {
+    #[serde(default)]
+    version: Option<i32>,
+}
+
+pub(crate) async fn one(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Path(id): Path<Uuid>,
+    Query(Version { version }): Query<Version>,
+) -> Result<Response, ConsoleError> {
+    let mut conn = console.conn().await?;
+    let Some(workflow) = store::get_workflow(&mut conn, id).await? else {
+        return Ok(refusal(
+            &viewer.base,
+            StatusCode::NOT_FOUND,
+            &format!("There is no workflow {id}."),
+        ));
+    };
+    let shown = version.unwrap_or(workflow.current_version);
+    let versions = store::workflow_versions(&mut conn, id).await?;
+    let definition = store::version_definition(&mut conn, id, shown).await?;
+    let filter = ExecutionFilter {
+        workflow_id: Some(id),
+        limit: Some(10),
+        ..ExecutionFilter::default()
+    };
+    let recent = store::list_executions(&mut conn, &filter).await?;
+    let base = &viewer.base;
+    let page = base.to(&format!("/workflows/{id}"));
+    let body = html! {
+        table.details #details {
+            tr { th { "tenant" } td #field-tenant { (workflow.tenant_id) } }
+            tr { th { "status" } td #field-status { (workflow.status.as_str()) } }
+            tr { th { "current version" } td #field-current-version { (workflow.current_version) } }
+            tr { th { "created" } td { (when(Some(workflow.created_at))) } }
+            tr { th { "updated" } td { (when(Some(workflow.updated_at))) } }
+        }
+        h2 { "Versions" }
+        table #versions {
+            thead { tr { th.num { "version" } th { "saved (UTC)" } th { "" } } }
+            tbody {
+                @for v in &versions {
+                    tr {
+                        td.num { a href=(format!("{page}?version={}", v.version)) { (v.version) } }
+                        td { (when(Some(v.created_at))) }
+                        td { @if v.current { "current: new runs start on it" } }
+                    }
+                }
+            }
+        }
+        h2 { "Definition, version " (shown) }
+        @match &definition {
+            Some(definition) => { pre #definition { (shown_json(definition)) } }
+            None => { p.refused #definition { "There is no version " (shown) "." } }
+        }
+        h2 { "Recent executions" }
+        (executions_table(&viewer, &recent, &[(id, workflow.name.clone())].into()))
+        p { a #all-executions href=(executions_of(&viewer, &workflow)) { "All its executions →" } }
+    };
+    let status = if definition.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    Ok((
+        status,
+        layout(&viewer, &format!("Workflow {}", workflow.name), body),
+    )
+        .into_response())
+}
+
+/// The filters of the executions page, as the query string carries them
+/// (an empty field is no filter).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct Filters {
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    tenant: String,
+    #[serde(default)]
+    workflow: String,
+}
+
+/// The filters as the store takes them, or what is wrong with a field.
+#[derive(Debug)]
+struct Selection {
+    status: Option<ExecutionStatus>,
+    tenant: Option<String>,
+    workflow: Option<Uuid>,
+}
+
+impl Filters {
+    fn selection(&self) -> Result<Selection, String> {
+        let status = match self.status.trim() {
+            "" => None,
+            raw => Some(
+                raw.to_ascii_lowercase()
+                    .parse::<ExecutionStatus>()
+                    .map_err(|e| format!("status: {e}"))?,
+            ),
+        };
+        let workflow = match self.workflow.trim() {
+            "" => None,
+            raw => {
+                Some(Uuid::parse_str(raw).map_err(|_| format!("workflow: {raw:?} is not a UUID"))?)
+            }
+        };
+        let tenant = Some(self.tenant.trim().to_owned()).filter(|t| !t.is_empty());
+        Ok(Selection {
+            status,
+            tenant,
+            workflow,
+        })
+    }
+}
+
+pub(crate) async fn executions(
+    State(console): State<Console>,
+    viewer: Viewer,
+    Query(filters): Query<Filters>,
+) -> Result<Response, ConsoleError> {
+    let selection = match filters.selection() {
+        Ok(selection) => selection,
+        Err(problem) => {
+            let body = html! {
+                (executions_form(&viewer, &filters))
+                p.refused #filter-problem { (problem) }
+            };
+            return Ok(
+                (StatusCode::BAD_REQUEST, layout(&viewer, "Executions", body)).into_response(),
+            );
+        }
+    };
+    let statuses: Vec<ExecutionStatus> = selection.status.into_iter().collect();
+    let filter = ExecutionFilter {
+        tenant_id: selection.tenant.as_deref(),
+        workflow_id: selection.workflow,
+        statuses: &statuses,
+        limit: Some(EXECUTIONS_SHOWN),
+    };
+    let mut conn = console.conn().await?;
+    let rows = store::list_executions(&mut conn, &filter).await?;
+    // Only a full page can hide more executions: count them then, as the CLI does.
+    let matching = if rows.len() as i64 == EXECUTIONS_SHOWN {
+        store::count_executions(&mut conn, &filter).await?
+    } else {
+        rows.len() as u64
+    };
+    let mut ids: Vec<Uuid> = rows.iter().map(|e| e.workflow_id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let names = store::workflow_names(&mut conn, &ids).await?;
+    let body = html! {
+        (executions_form(&viewer, &filters))
+        p #matching {
+            (matching) " matching execution(s)"
+            @if matching > rows.len() as u64 { ", the newest " (rows.len()) " shown" }
+        }
+        (executions_table(&viewer, &rows, &names))
+    };
+    Ok(layout(&viewer, "Executions", body).into_response())
+}
+
+fn executions_form(viewer: &Viewer, filters: &Filters) -> Markup {
+    html! {
+        form.filters #filters method="get" action=(viewer.base.to("/executions")) {
+            label { "status "
+                select name="status" {
+                    option value="" { "any" }
+                    @for status in ExecutionStatus::ALL {
+                        option value=(status.as_str()) selected[filters.status.eq_ignore_ascii_case(status.as_str())] { (status.as_str()) }
+                    }
+                }
+            }
+            label { "tenant " input name="tenant" value=(filters.tenant); }
+            label { "workflow id " input name="workflow" value=(filters.workflow) size="36"; }
+            button #apply type="submit" { "Filter" }
+        }
+    }
+}
+
+/// The executions as a table, newest first, each a link to its page.
+fn executions_table(
+    viewer: &Viewer,
+    rows: &[WorkflowExecution],
+    names: &std::collections::HashMap<Uuid, String>,
+) -> Markup {
+    let base = &viewer.base;
+    html! {
+        @if rows.is_empty() {
+            p.muted #no-executions { "No execution." }
+        } @else {
+            table #executions {
+                thead { tr {
+                    th { "created (UTC)" } th { "id" } th { "status" } th { "tenant" } th { "workflow" }
+                    th.num { "version" } th { "trigger" } th { "finished (UTC)" } th { "waiting in / error" }
+                } }
+                tbody {
+                    @for row in rows {
+                        tr {
+                            td { (when(Some(row.created_at))) }
+                            td { a.execution-link href=(base.to(&format!("/executions/{}", row.id))) { (row.id.to_string()) } }
+                            td { span class=(format!("status {}", row.status)) { (row.status.as_str()) } }
+                            td { (row.tenant_id) }
+                            td {
+                                a href=(base.to(&format!("/workflows/{}", row.workflow_id))) {
+                                    (names.get(&row.workflow_id).map_or("-", String::as_str))
+                                }
+                            }
+                            td.num { (row.workflow_version) }
+                            td { (row.trigger_kind.as_str()) }
+                            td { (when(row.finished_at)) }
+                            td { (note(row)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The block a run waits in, or the first line of its error (URLs reduced).
+fn note(row: &WorkflowExecution) -> String {
+    match (&row.waiting_block, &row.error) {
+        (Some(block), _) => block.clone(),
+        (None, Some(error)) => {
+            outbox_queue::redact_urls_in(error.lines().next().unwrap_or_default())
+        }
+        (None, None) => "-".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn execution_filters_become_the_stores_and_wrong_ones_are_named() {
+        let filters = Filters {
+            status: "Waiting".into(),
+            tenant: " acme ".into(),
+            workflow: String::new(),
+        };
+        let selection = filters.selection().unwrap();
+        assert_eq!(selection.status, Some(ExecutionStatus::Waiting));
+        assert_eq!(selection.tenant.as_deref(), Some("acme"));
+        assert_eq!(selection.workflow, None);
+        let wrong = Filters {
+            workflow: "42".into(),
+            ..Filters::default()
+        };
+        assert!(wrong.selection().unwrap_err().contains("not a UUID"));
+        let unknown = Filters {
+            status: "sleeping".into(),
+            ..Filters::default()
+        };
+        assert!(
+            unknown
+                .selection()
+                .unwrap_err()
+                .contains("unknown execution status")
+        );
+    }
+}
