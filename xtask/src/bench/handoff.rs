@@ -252,7 +252,7 @@ pub fn median(mut values: Vec<f64>) -> f64 {
 /// Rows marked `DONE` after the first statement that marked any, per second
 /// from that statement to the last (`processed_at` is the statement's
 /// transaction time); fails unless exactly `rows` rows are `DONE`.
-async fn done_rate(conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
+pub async fn done_rate(conn: &mut AsyncPgConnection, rows: usize) -> Result<f64> {
     done_rate_where(conn, rows, "TRUE").await
 }
 
@@ -389,7 +389,7 @@ async fn measure(
     Ok((done_rate(conn, setup.rows).await?, cpu))
 }
 
-async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -> Result<()> {
+pub async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -188,9 +188,25 @@ pub async fn preload_pending(
     Ok(())
 }
 
-/// Deletes every key under `prefix`.
+/// Deletes every key under `prefix`, on one server or, for a cluster's
+/// URL, on each of its primaries.
 pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
-    let client = outbox_queue::redis_client(redis_url, None)?;
+    match outbox_queue::cluster_nodes(redis_url) {
+        None => clear_node(redis_url, prefix, false).await,
+        Some(nodes) => {
+            for node in nodes {
+                clear_node(node, prefix, true).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// [`clear_redis`] on one node; a cluster's replica is left alone (its
+/// primary's deletions reach it), and a cluster node's keys are deleted one
+/// by one (they are in different slots).
+async fn clear_node(url: &str, prefix: &str, cluster: bool) -> Result<()> {
+    let client = outbox_queue::redis_client(url, None)?;
     // Freeing a queue of 200,000 jobs takes longer than the default
     // response timeout on a busy machine: UNLINK frees in the background,
     // and the timeout is generous.
@@ -199,6 +215,16 @@ pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
     let mut conn = client
         .get_multiplexed_async_connection_with_config(&config)
         .await?;
+    if cluster {
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+        let primary = role
+            .first()
+            .and_then(|role| redis::from_redis_value::<String>(role.clone()).ok())
+            .is_some_and(|role| role == "master");
+        if !primary {
+            return Ok(());
+        }
+    }
     // SCAN in steps, not KEYS: a run leaves hundreds of thousands of keys
     // (the soak), and one KEYS over them outlasts the client's timeout.
     let mut cursor: u64 = 0;
@@ -211,7 +237,13 @@ pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
             .arg(1000)
             .query_async(&mut conn)
             .await?;
-        if !keys.is_empty() {
+        if cluster && !keys.is_empty() {
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("UNLINK").arg(key).ignore();
+            }
+            pipe.query_async::<()>(&mut conn).await?;
+        } else if !keys.is_empty() {
             redis::cmd("UNLINK")
                 .arg(&keys)
                 .query_async::<()>(&mut conn)

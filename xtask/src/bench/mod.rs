@@ -20,6 +20,7 @@
 //! the bench never rots; no timing is checked.
 
 mod chart;
+mod cluster;
 mod console;
 mod drain;
 mod drain_audit;
@@ -159,6 +160,15 @@ pub struct BenchArgs {
     /// Measured requests per page of the console stage.
     #[arg(long, default_value_t = 5)]
     pub console_requests: usize,
+    /// Preloaded rows per hand-off of the cluster stage.
+    #[arg(long, default_value_t = 50_000)]
+    pub cluster_rows: usize,
+    /// Jobs per drain of the cluster stage.
+    #[arg(long, default_value_t = 50_000)]
+    pub cluster_jobs: usize,
+    /// Rounds of the cluster stage (the summary gives the medians).
+    #[arg(long, default_value_t = 3)]
+    pub cluster_rounds: usize,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -191,6 +201,9 @@ impl BenchArgs {
             peer_without_river: false,
             console_rows: 0,
             console_requests: 0,
+            cluster_rows: 0,
+            cluster_jobs: 0,
+            cluster_rounds: 0,
             peer_rounds: 0,
             smoke: true,
         }
@@ -218,7 +231,14 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         pipeline(&run).await?;
     }
     let drain_needs_default = wants("drain_audit") && args.drain_bins.is_empty();
-    let workers = ["handoff", "latency", "priority", "retention", "soak"];
+    let workers = [
+        "handoff",
+        "latency",
+        "priority",
+        "retention",
+        "soak",
+        "cluster",
+    ];
     let binaries = if drain_needs_default || workers.iter().any(|name| wants(name)) {
         handoff_binaries(&args.handoff_bins, args.smoke)?
     } else {
@@ -309,6 +329,15 @@ async fn more_stages(
             sample_every: run.size(Duration::from_secs(10), Duration::from_secs(1)),
         };
         soak::run(run, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("cluster")) {
+        let plan = cluster::Plan {
+            binary: binary.to_path_buf(),
+            rows: run.size(args.cluster_rows, 2_000),
+            jobs: run.size(args.cluster_jobs, 2_000),
+            rounds: run.size(args.cluster_rounds.max(1), 1),
+        };
+        cluster::run(run, &plan).await?;
     }
     if wants("console") {
         let plan = console::Plan {
