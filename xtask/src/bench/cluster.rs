@@ -22,7 +22,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use diesel_async::SimpleAsyncConnection;
 use outbox_queue::{QueueNamespace, RedisSettings, push_raw};
 use outbox_subscriber::{HandlerGroup, WorkerSettings};
 use outbox_test_support::RedisCluster;
@@ -30,8 +29,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::bench::drain::{Count, QUEUE};
-use crate::bench::handoff::{HANDOFF_TYPES, done_rate, median, ratio, wait_until_done};
-use crate::bench::kit::{Run, Scratch, clear_redis, line, preload_pending, stage};
+use crate::bench::handoff::{done_rate, median, ratio, reset_backlog, wait_until_done};
+use crate::bench::kit::{Run, Scratch, clear_redis, line, stage};
 
 /// This stage's name, and its Redis key prefix under the run's.
 const STAGE: &str = "cluster";
@@ -103,9 +102,8 @@ async fn handoff(
 ) -> Result<f64> {
     let prefix = run.stage_prefix(STAGE);
     let mut conn = outbox_pg::establish(database_url).await?;
-    conn.batch_execute("TRUNCATE outbox_event").await?;
     clear_redis(redis_url, &prefix).await?;
-    preload_pending(&mut conn, rows, &HANDOFF_TYPES).await?;
+    reset_backlog(&mut conn, rows).await?;
     let vars = [("REDIS_URL", redis_url.to_owned())];
     let mut children =
         crate::bench::process::spawn_many(run, (database_url, &prefix), binary, &vars, 1)?;

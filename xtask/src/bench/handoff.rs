@@ -370,9 +370,8 @@ async fn measure(
     conn: &mut AsyncPgConnection,
     setup: &Setup<'_>,
 ) -> Result<(f64, serde_json::Value)> {
-    conn.batch_execute("TRUNCATE outbox_event").await?;
     clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
-    preload_pending(conn, setup.rows, &HANDOFF_TYPES).await?;
+    reset_backlog(conn, setup.rows).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
     let mut children = crate::bench::process::spawn_many(
         run,
@@ -389,6 +388,14 @@ async fn measure(
     Ok((done_rate(conn, setup.rows).await?, cpu))
 }
 
+/// Empties the table and preloads `rows` due rows on the queues of
+/// [`HANDOFF_TYPES`]: where every hand-off measurement starts.
+pub async fn reset_backlog(conn: &mut AsyncPgConnection, rows: usize) -> Result<()> {
+    conn.batch_execute("TRUNCATE outbox_event").await?;
+    preload_pending(conn, rows, &HANDOFF_TYPES).await
+}
+
+/// Waits until no row is PENDING or PROCESSING, while every worker runs.
 pub async fn wait_until_done(conn: &mut AsyncPgConnection, children: &mut [Child]) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
