@@ -61,6 +61,21 @@ impl QueueNamespace {
     /// `prefix`'s namespace for the Redis of `redis_url`: with hash tags
     /// ([`QueueNamespace::with_hash_tags`]) when the URL is a cluster's
     /// ([`cluster_nodes`]), without on one server.
+    ///
+    /// ```
+    /// use outbox_queue::{QueueNamespace, apalis_config, queues};
+    ///
+    /// let server = QueueNamespace::for_redis("app:", "redis://10.0.0.1:6379");
+    /// assert_eq!(server.queue(queues::MAIL), "app:outbox.mail");
+    ///
+    /// let cluster =
+    ///     QueueNamespace::for_redis("app:", "redis://10.0.0.1:6379,redis://10.0.0.2:6379");
+    /// assert_eq!(cluster.queue(queues::MAIL), "app:{outbox.mail}");
+    /// assert_eq!(
+    ///     apalis_config(&cluster, queues::MAIL).active_jobs_list(),
+    ///     "app:{outbox.mail}:active"
+    /// );
+    /// ```
     #[must_use]
     pub fn for_redis(prefix: impl Into<String>, redis_url: &str) -> Self {
         Self::prefixed(prefix).with_hash_tags(cluster_nodes(redis_url).is_some())
@@ -274,6 +289,16 @@ pub fn connect(settings: &RedisSettings) -> Result<RedisConnection, QueueError> 
 /// two or more, separated by commas (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`),
 /// `None` for the URL of one server. Any nodes of the cluster will do: the
 /// client asks them for the others and for who holds which slots.
+///
+/// ```
+/// use outbox_queue::cluster_nodes;
+///
+/// assert_eq!(cluster_nodes("redis://10.0.0.1:6379"), None);
+/// assert_eq!(
+///     cluster_nodes("redis://10.0.0.1:6379, redis://10.0.0.2:6379"),
+///     Some(vec!["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+/// );
+/// ```
 #[must_use]
 pub fn cluster_nodes(url: &str) -> Option<Vec<&str>> {
     let nodes: Vec<&str> = url
