@@ -50,6 +50,7 @@ mod known;
 mod list;
 mod migrate;
 mod ordering;
+mod partition;
 mod probe;
 mod reconcile;
 mod redis_status;
@@ -172,6 +173,9 @@ enum Command {
     /// Ordering keys held on an event that failed for good: list them, or release one (deliver the event again, or --skip-event to move past it).
     #[command(after_help = concat!("Examples:\n  outbox ordering list\n  outbox ordering release order-7\n  outbox ordering release order-7 --skip-event --reason \"refund handled by hand\"\n\n", exit_codes!()))]
     Ordering(ordering::OrderingArgs),
+    /// Partition outbox_event by creation time (convert), or list its partitions (status); retention then drops whole partitions of old DONE rows.
+    #[command(after_help = concat!("Examples:\n  outbox partition status\n  outbox partition convert --unit day --ahead 7\n\n", exit_codes!()))]
+    Partition(partition::PartitionArgs),
     /// Find the DONE rows whose job Redis lost (or a job derived from it) and push them again; --dry-run lists them.
     #[command(after_help = EXIT_CODES)]
     Reconcile(reconcile::ReconcileArgs),
@@ -282,6 +286,7 @@ async fn run(cli: Cli) -> Outcome {
         Command::Cancel(args) => cancel::run(&cli, args).await,
         Command::Schedules => schedules::run(&cli).await,
         Command::Ordering(args) => ordering::run(&cli, args).await,
+        Command::Partition(args) => partition::run(&cli, args).await,
     }
 }
 

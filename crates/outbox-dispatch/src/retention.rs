@@ -70,25 +70,65 @@ async fn purge(
     let mut paused = Duration::ZERO;
     let older_than = config.retention.as_secs_f64();
     let mut deleted = 0u64;
-    // Each batch starts where the one before ended (see
-    // `outbox_store::purge_done_batch`); every run starts from the oldest row.
-    let mut from = None;
-    while !stop.is_cancelled() {
-        let started = Instant::now();
-        let batch =
-            outbox_store::purge_done_batch(&mut conn, older_than, config.batch_size, from).await?;
-        let n = u64::try_from(batch.deleted).unwrap_or(0);
-        deleted += n;
-        metrics::counter!("outbox_retention_deleted_total").increment(n);
-        if n < u64::from(config.batch_size) {
-            break;
+    // A partitioned table loses whole partitions first; the rows of the
+    // partitions that must stay are deleted one batch at a time, partition by
+    // partition (a row's position is unique within one table only).
+    let tables = if outbox_store::partitioning(&mut conn).await?.is_some() {
+        upkeep_partitions(&mut conn).await;
+        while !stop.is_cancelled() {
+            match outbox_store::drop_finished_partition(&mut conn, older_than).await {
+                Ok(Some(dropped)) => {
+                    metrics::counter!("outbox_retention_partitions_dropped_total").increment(1);
+                    tracing::info!(
+                        job = RETENTION_JOB_NAME,
+                        partition = %dropped.name,
+                        rows = dropped.rows_estimate as u64,
+                        keys = dropped.keys,
+                        "dropped a partition of finished rows"
+                    );
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(job = RETENTION_JOB_NAME, error = %e, "could not drop a partition; the next run tries again");
+                    break;
+                }
+            }
         }
-        from = batch.last_processed_at;
-        if yield_to.is_some_and(Draining::is_draining) {
-            let pause = started.elapsed() * PAUSE_WHILE_DRAINING;
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = tokio::time::sleep(pause) => paused += pause,
+        outbox_store::partitions(&mut conn)
+            .await?
+            .into_iter()
+            .map(|p| p.name)
+            .collect()
+    } else {
+        vec!["outbox_event".to_owned()]
+    };
+    for table in &tables {
+        // Each batch starts where the one before ended (see
+        // `outbox_store::purge_done_batch`); every run starts from the oldest row.
+        let mut from = None;
+        while !stop.is_cancelled() {
+            let started = Instant::now();
+            let batch = outbox_store::purge_done_batch_in(
+                &mut conn,
+                table,
+                older_than,
+                config.batch_size,
+                from,
+            )
+            .await?;
+            let n = u64::try_from(batch.deleted).unwrap_or(0);
+            deleted += n;
+            metrics::counter!("outbox_retention_deleted_total").increment(n);
+            if n < u64::from(config.batch_size) {
+                break;
+            }
+            from = batch.last_processed_at;
+            if yield_to.is_some_and(Draining::is_draining) {
+                let pause = started.elapsed() * PAUSE_WHILE_DRAINING;
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(pause) => paused += pause,
+                }
             }
         }
     }
@@ -119,10 +159,47 @@ pub async fn run_retention(
         if let Err(e) = purge(&pool, config, &shutdown, yield_to.as_ref()).await {
             tracing::error!(job = RETENTION_JOB_NAME, error = %e, "retention run failed");
         }
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
+        // Between runs, partitions ahead are kept created every
+        // PARTITION_UPKEEP_EVERY (a run a day would not do for hourly ones).
+        let next_run = Instant::now() + every;
+        loop {
+            let wait = next_run
+                .saturating_duration_since(Instant::now())
+                .min(PARTITION_UPKEEP_EVERY);
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            if Instant::now() >= next_run {
+                break;
+            }
+            if let Ok(mut conn) = pool.get().await
+                && matches!(outbox_store::partitioning(&mut conn).await, Ok(Some(_)))
+            {
+                upkeep_partitions(&mut conn).await;
+            }
         }
+    }
+}
+
+/// How often the retention job makes sure the partitions ahead of a
+/// partitioned `outbox_event` exist, between its runs.
+pub const PARTITION_UPKEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Creates the missing partitions ahead; a failure is logged (the default
+/// partition takes rows meanwhile) and tried again at the next upkeep.
+async fn upkeep_partitions(conn: &mut diesel_async::AsyncPgConnection) {
+    match outbox_store::create_partitions_ahead(conn).await {
+        Ok(created) => {
+            for partition in created {
+                tracing::info!(job = RETENTION_JOB_NAME, %partition, "created a partition ahead");
+            }
+        }
+        Err(e) => tracing::warn!(
+            job = RETENTION_JOB_NAME,
+            error = %e,
+            "could not create the partitions ahead; rows go to outbox_event_default until they exist"
+        ),
     }
 }
 

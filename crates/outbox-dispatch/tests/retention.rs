@@ -334,3 +334,45 @@ async fn a_retention_run_reads_each_index_entry_once_and_never_the_primary_key()
         "{processed_at} blocks of the processed_at index read by {batches} batches"
     );
 }
+
+/// On a partitioned table a retention run creates the partitions ahead that
+/// are missing, and deletes the old DONE rows of the partitions it keeps.
+#[tokio::test]
+async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and_deletes_old_rows()
+{
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        outbox_store::convert_to_partitioned(&mut conn, outbox_store::PartitionUnit::Day, 3)
+            .await
+            .unwrap();
+    }
+    let ahead = |parts: Vec<outbox_store::PartitionInfo>| {
+        parts
+            .into_iter()
+            .map(|p| p.name)
+            .filter(|n| n != outbox_store::LEGACY_PARTITION && n != outbox_store::DEFAULT_PARTITION)
+            .collect::<Vec<_>>()
+    };
+    let before = ahead(outbox_store::partitions(&mut conn).await.unwrap());
+    let newest = before.last().expect("partitions ahead").clone();
+    exec(&mut conn, &format!("DROP TABLE \"{newest}\"")).await;
+    old_done_rows(&mut conn, "old-done", 3).await;
+
+    let deleted = purge_done(
+        h.db.pool(),
+        RetentionConfig::new(RetentionConfig::DEFAULT_RETENTION, 2),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(deleted, 3);
+    assert_eq!(
+        ahead(outbox_store::partitions(&mut conn).await.unwrap()),
+        before
+    );
+}

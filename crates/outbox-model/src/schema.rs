@@ -65,6 +65,15 @@ diesel::table! {
 }
 
 diesel::table! {
+    /// On a partitioned outbox_event: the dispatch key of each row that holds one, so that keys stay unique across partitions.
+    outbox_dispatch_key (dispatch_key) {
+        dispatch_key -> Text,
+        event_id -> Uuid,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     /// Side effects recorded in the same transaction as the business write that causes them.
     outbox_event (id) {
         /// UUIDv7 from the publisher; gen_random_uuid() for plain-SQL producers.
@@ -156,6 +165,17 @@ diesel::table! {
         /// Why the held event failed.
         held_reason -> Nullable<Text>,
         updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    /// Present (one row) when outbox_event is partitioned by created_at: the partitions' width and how many are kept created ahead (outbox partition convert).
+    outbox_partitioning (singleton) {
+        singleton -> Bool,
+        unit -> Text,
+        ahead -> Int4,
+        converted_at -> Timestamptz,
+        legacy_until -> Timestamptz,
     }
 }
 
@@ -364,9 +384,11 @@ diesel::allow_tables_to_appear_in_same_query!(
     audit_log,
     entity_row,
     notification,
+    outbox_dispatch_key,
     outbox_event,
     outbox_event_requeue,
     outbox_ordering_key,
+    outbox_partitioning,
     outbox_redis_epoch,
     outbox_redis_safe_point,
     outbox_schedule,

@@ -138,10 +138,9 @@ impl NewOutboxEvent {
     /// holder keeps its id, trace context and dedupe window. Without a
     /// holder the event is written as usual.
     ///
-    /// The holder row stays locked until the transaction ends, replaced or
-    /// not (`ON CONFLICT … DO UPDATE` locks it either way): a dispatcher
-    /// recording the hand-off of a PROCESSING holder waits for the
-    /// transaction, so keep it short.
+    /// A replaced holder stays locked until the transaction ends (a
+    /// dispatcher claiming it waits for the transaction, so keep it
+    /// short); a holder left alone is not locked.
     ///
     /// ```
     /// use outbox_publish::NewOutboxEvent;

@@ -8,6 +8,9 @@ pub enum StoreError {
     /// A statement failed (its message is Postgres' or diesel's own).
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
+    /// A partitioning operation refused to run (`outbox partition`).
+    #[error(transparent)]
+    Partition(#[from] crate::PartitionError),
     /// A statement on an sqlx connection failed (the operations of
     /// [`crate::sqlx`]; its message is Postgres' or sqlx's own).
     #[cfg(feature = "sqlx")]
@@ -34,6 +37,16 @@ pub enum ErrorKind {
 }
 
 impl StoreError {
+    /// The error of an insert that met a row with the same id: a
+    /// [`ErrorKind::UniqueViolation`], as Postgres' own.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn duplicate_id(id: uuid::Uuid) -> Self {
+        Self::Database(diesel::result::Error::DatabaseError(
+            diesel::result::DatabaseErrorKind::UniqueViolation,
+            Box::new(format!("an outbox_event row with id {id} exists already")),
+        ))
+    }
+
     /// The kind of failure.
     ///
     /// ```
@@ -55,7 +68,7 @@ impl StoreError {
                 Db::ClosedConnection => ErrorKind::ConnectionClosed,
                 _ => ErrorKind::Other,
             },
-            Self::Database(_) => ErrorKind::Other,
+            Self::Database(_) | Self::Partition(_) => ErrorKind::Other,
             #[cfg(feature = "sqlx")]
             Self::Sqlx(error) => sqlx_kind(error),
         }
@@ -69,6 +82,7 @@ impl StoreError {
     pub fn into_diesel(self) -> diesel::result::Error {
         match self {
             Self::Database(error) => error,
+            Self::Partition(error) => diesel::result::Error::QueryBuilderError(Box::new(error)),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(error) => diesel::result::Error::QueryBuilderError(Box::new(error)),
         }

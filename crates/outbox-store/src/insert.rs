@@ -5,10 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use diesel::pg::data_types::PgInterval;
 use diesel::prelude::*;
-use diesel::upsert::excluded;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use outbox_model::NewOutboxEventRow;
 use outbox_model::schema::outbox_event;
-use outbox_model::{NewOutboxEventRow, OutboxStatus};
 use tracing::instrument;
 use uuid::Uuid;
 
@@ -34,27 +33,41 @@ pub const INSERT_EVENT_SQL: &str = "INSERT INTO outbox_event \
      (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
       dedupe_for, dedupe_while_pending, priority, ordering_key) \
      VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11, $12) \
-     ON CONFLICT (dispatch_key) DO NOTHING \
+     ON CONFLICT DO NOTHING \
      RETURNING id";
 
 /// One event's insert in replace mode as SQL text (what [`insert_event`]
 /// runs for a row with `replace_pending`): the parameters of
 /// [`INSERT_EVENT_SQL`]; when a PENDING row of the same tenant and event
-/// type holds the dispatch key, that row's payload becomes `$4` and its
-/// `scheduled_at` `$6` (when not NULL) instead. Returns the `id` written
-/// or updated; none when a row that is not PENDING (or of another tenant
-/// or type) holds the key.
-pub const REPLACE_EVENT_SQL: &str = "INSERT INTO outbox_event \
-     (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
-      dedupe_for, dedupe_while_pending, priority, ordering_key) \
-     VALUES ($1, $2, $3, $4, $5, COALESCE($6, now()), $7, $8, $9, $10, $11, $12) \
-     ON CONFLICT (dispatch_key) DO UPDATE \
-     SET payload = excluded.payload, \
-         scheduled_at = COALESCE($6, outbox_event.scheduled_at) \
-     WHERE outbox_event.status = 'PENDING' \
-       AND outbox_event.tenant_id = excluded.tenant_id \
-       AND outbox_event.event_type = excluded.event_type \
-     RETURNING id";
+/// type holds the dispatch key (and its dedupe window has not passed), that
+/// row's payload becomes `$4` and its `scheduled_at` `$6` (when not NULL)
+/// instead. Returns the `id` written or updated; none when a row that is
+/// not PENDING (or of another tenant or type) holds the key, and none when
+/// another transaction wrote the key's first row meanwhile: run it once
+/// more then (a new statement sees that row, and replaces it).
+///
+/// An update and an insert rather than `ON CONFLICT (dispatch_key) DO
+/// UPDATE`, which a partitioned `outbox_event` cannot take (no unique index
+/// on the key alone there, see [`crate::convert_to_partitioned`]).
+pub const REPLACE_EVENT_SQL: &str = "WITH replaced AS ( \
+         UPDATE outbox_event \
+         SET payload = $4::jsonb, scheduled_at = COALESCE($6::timestamptz, scheduled_at) \
+         WHERE dispatch_key = $5::text AND status = 'PENDING' \
+           AND tenant_id = $2::text AND event_type = $3::text \
+           AND (dedupe_for IS NULL OR created_at + dedupe_for > now()) \
+         RETURNING id \
+     ), inserted AS ( \
+         INSERT INTO outbox_event \
+         (id, tenant_id, event_type, payload, dispatch_key, scheduled_at, traceparent, tracestate, \
+          dedupe_for, dedupe_while_pending, priority, ordering_key) \
+         SELECT $1::uuid, $2::text, $3::text, $4::jsonb, $5::text, \
+                COALESCE($6::timestamptz, now()), $7::text, $8::text, $9::interval, \
+                $10::boolean, $11::smallint, $12::text \
+         WHERE NOT EXISTS (SELECT 1 FROM replaced) \
+         ON CONFLICT DO NOTHING \
+         RETURNING id \
+     ) \
+     SELECT id FROM replaced UNION ALL SELECT id FROM inserted";
 
 /// Many events' insert as SQL text, one array per column: the rows of
 /// [`insert_events`], in the order given (so that within a batch the first
@@ -83,7 +96,7 @@ pub const INSERT_EVENTS_SQL: &str = "INSERT INTO outbox_event \
                 traceparent, tracestate, dedupe_for, dedupe_while_pending, priority, \
                 ordering_key, n) \
      ORDER BY n \
-     ON CONFLICT (dispatch_key) DO NOTHING \
+     ON CONFLICT DO NOTHING \
      RETURNING id";
 
 /// The rows holding some dispatch keys, as SQL text (what
@@ -106,7 +119,7 @@ pub enum Inserted {
 }
 
 /// Inserts one row. A row with a dispatch key that another row holds is
-/// not written (`ON CONFLICT (dispatch_key) DO NOTHING`, so the caller's
+/// not written (`ON CONFLICT DO NOTHING`, so the caller's
 /// transaction survives) and the holder's id comes back. In replace mode
 /// (`row.replace_pending`, [`REPLACE_EVENT_SQL`]) a PENDING holder of the
 /// same tenant and event type takes the row's payload (and schedule, when
@@ -129,32 +142,17 @@ pub async fn insert_event(
         return Ok(Inserted::New(id));
     };
     let inserted = if row.replace_pending {
-        let upsert = diesel::insert_into(outbox_event::table)
-            .values(one_row(row))
-            .on_conflict(outbox_event::dispatch_key)
-            .do_update()
-            .set((
-                outbox_event::payload.eq(excluded(outbox_event::payload)),
-                outbox_event::scheduled_at
-                    .eq(coalesce(row.scheduled_at, outbox_event::scheduled_at)),
-            ));
-        // Only a PENDING holder of the same tenant and type is replaced.
-        diesel::query_dsl::methods::FilterDsl::filter(
-            upsert,
-            outbox_event::status
-                .eq(OutboxStatus::Pending)
-                .and(outbox_event::tenant_id.eq(excluded(outbox_event::tenant_id)))
-                .and(outbox_event::event_type.eq(excluded(outbox_event::event_type))),
-        )
-        .returning(outbox_event::id)
-        .get_result::<Uuid>(conn)
-        .await
-        .optional()?
+        // Twice at most: an empty first answer may mean that another
+        // transaction wrote the key's first row meanwhile (see
+        // REPLACE_EVENT_SQL).
+        match replace_pending(conn, row).await? {
+            Some(id) => Some(id),
+            None => replace_pending(conn, row).await?,
+        }
     } else {
         diesel::insert_into(outbox_event::table)
             .values(one_row(row))
-            .on_conflict(outbox_event::dispatch_key)
-            .do_nothing()
+            .on_conflict_do_nothing()
             .returning(outbox_event::id)
             .get_result::<Uuid>(conn)
             .await
@@ -170,6 +168,38 @@ pub async fn insert_event(
                 .await?,
         ),
     })
+}
+
+/// One run of [`REPLACE_EVENT_SQL`].
+async fn replace_pending(
+    conn: &mut AsyncPgConnection,
+    row: &NewOutboxEventRow,
+) -> Result<Option<Uuid>> {
+    use diesel::sql_types::{
+        Bool, Interval, Jsonb, Nullable, SmallInt, Text, Timestamptz, Uuid as SqlUuid,
+    };
+    #[derive(diesel::QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = SqlUuid)]
+        id: Uuid,
+    }
+    let found: Option<Id> = diesel::sql_query(REPLACE_EVENT_SQL)
+        .bind::<SqlUuid, _>(row.id)
+        .bind::<Text, _>(row.tenant_id.as_str())
+        .bind::<Text, _>(row.event_type.as_str())
+        .bind::<Jsonb, _>(&row.payload)
+        .bind::<Nullable<Text>, _>(row.dispatch_key.as_deref())
+        .bind::<Nullable<Timestamptz>, _>(row.scheduled_at)
+        .bind::<Nullable<Text>, _>(row.traceparent.as_deref())
+        .bind::<Nullable<Text>, _>(row.tracestate.as_deref())
+        .bind::<Nullable<Interval>, _>(row.dedupe_for)
+        .bind::<Bool, _>(row.dedupe_while_pending)
+        .bind::<SmallInt, _>(row.priority.get())
+        .bind::<Nullable<Text>, _>(row.ordering_key.as_deref())
+        .get_result(conn)
+        .await
+        .optional()?;
+    Ok(found.map(|found| found.id))
 }
 
 /// What an insert that returned `id` for `row` did: wrote it, or (in
@@ -199,8 +229,7 @@ pub async fn insert_events(
     for chunk in rows.chunks(ROWS_PER_STATEMENT) {
         let ids: Vec<Uuid> = diesel::insert_into(outbox_event::table)
             .values(chunk)
-            .on_conflict(outbox_event::dispatch_key)
-            .do_nothing()
+            .on_conflict_do_nothing()
             .returning(outbox_event::id)
             .get_results(conn)
             .await?;

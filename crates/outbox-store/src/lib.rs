@@ -68,6 +68,7 @@ mod history;
 mod insert;
 mod maintenance;
 mod ordering;
+mod partition;
 mod redis_guard;
 mod retention;
 mod schedule;
@@ -97,12 +98,17 @@ pub use ordering::{
     HeldFigures, HeldKey, Skipped, advance, clear_hold, held_figures, held_keys, hold, is_finished,
     skip_held,
 };
+pub use partition::{
+    Converted, DEFAULT_PARTITION, DroppedPartition, LEGACY_PARTITION, LOCK_TIMEOUT, PartitionError,
+    PartitionInfo, PartitionUnit, Partitioning, UnknownPartitionUnit, convert_to_partitioned,
+    create_partitions_ahead, drop_finished_partition, partitioning, partitions,
+};
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,
     lock_namespace, mark_pending, release_reconcile_lease, remembered_epoch, renew_reconcile_lease,
     safe_points, save_epoch, take_reconcile_lease,
 };
-pub use retention::{PurgedBatch, purge_done_batch};
+pub use retention::{PurgedBatch, purge_done_batch, purge_done_batch_in};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
     Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, PageAfter,

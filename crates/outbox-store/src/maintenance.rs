@@ -50,7 +50,11 @@ struct TableRows {
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
     let row: TableRows = diesel::sql_query(
-        "SELECT reltuples::float8 AS n FROM pg_class WHERE oid = 'outbox_event'::regclass",
+        // Its partitions' counts summed when it is partitioned (a
+        // partitioned table has no count of its own); -1 when none was counted.
+        "SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples >= 0), -1)::float8 AS n
+         FROM pg_partition_tree('outbox_event') t JOIN pg_class c ON c.oid = t.relid
+         WHERE t.isleaf",
     )
     .get_result(conn)
     .await?;

@@ -28,7 +28,8 @@ pub struct PurgedBatch {
 /// Deletes up to `limit` `DONE` rows whose `processed_at` is older than
 /// `older_than_secs`, oldest first and from `from` on (`None`: from the
 /// oldest), skipping rows another transaction holds. Never touches any
-/// other status.
+/// other status. On a partitioned `outbox_event` it goes partition by
+/// partition, oldest first, until `limit` rows are deleted.
 ///
 /// Two things keep a batch's cost flat over a long run:
 ///
@@ -52,22 +53,61 @@ pub async fn purge_done_batch(
     limit: u32,
     from: Option<DateTime<Utc>>,
 ) -> Result<PurgedBatch> {
-    Ok(diesel::sql_query(
+    if crate::partitioning(conn).await?.is_none() {
+        return purge_done_batch_in(conn, "outbox_event", older_than_secs, limit, from).await;
+    }
+    // Partition by partition, oldest first, until the batch is full.
+    let mut batch = PurgedBatch {
+        deleted: 0,
+        last_processed_at: None,
+    };
+    for partition in crate::partitions(conn).await? {
+        let left = limit.saturating_sub(u32::try_from(batch.deleted).unwrap_or(u32::MAX));
+        if left == 0 {
+            break;
+        }
+        let part = purge_done_batch_in(conn, &partition.name, older_than_secs, left, from).await?;
+        batch.deleted += part.deleted;
+        batch.last_processed_at = batch.last_processed_at.max(part.last_processed_at);
+    }
+    Ok(batch)
+}
+
+/// [`purge_done_batch`] on one table: `outbox_event`, or one partition of a
+/// partitioned `outbox_event` ([`crate::partitions`]). A row's position
+/// (`ctid`) is unique within one table only, so on a partitioned
+/// `outbox_event` the batch must name a partition: a batch on the
+/// partitioned table itself deletes nothing.
+///
+/// # Errors
+///
+/// When Postgres fails (a table that does not exist among the causes).
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn purge_done_batch_in(
+    conn: &mut AsyncPgConnection,
+    table: &str,
+    older_than_secs: f64,
+    limit: u32,
+    from: Option<DateTime<Utc>>,
+) -> Result<PurgedBatch> {
+    let table = format!("\"{}\"", table.replace('"', "\"\""));
+    Ok(diesel::sql_query(format!(
         "WITH doomed AS (
-             SELECT ctid FROM outbox_event
+             SELECT ctid FROM {table}
              WHERE status = 'DONE' AND processed_at IS NOT NULL
                AND processed_at >= COALESCE($3, '-infinity'::timestamptz)
                AND processed_at < now() - make_interval(secs => $1)
+               AND tableoid = '{table}'::regclass
              ORDER BY processed_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
          ), gone AS (
-             DELETE FROM outbox_event
+             DELETE FROM {table}
              WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
              RETURNING processed_at
          )
-         SELECT count(*) AS deleted, max(processed_at) AS last_processed_at FROM gone",
-    )
+         SELECT count(*) AS deleted, max(processed_at) AS last_processed_at FROM gone"
+    ))
     .bind::<Double, _>(older_than_secs)
     .bind::<BigInt, _>(i64::from(limit))
     .bind::<Nullable<Timestamptz>, _>(from)

@@ -41,27 +41,37 @@ pub async fn insert_event(conn: &mut PgConnection, row: &NewOutboxEventRow) -> R
     } else {
         INSERT_EVENT_SQL
     };
-    let inserted: Option<Uuid> = ::sqlx::query_scalar(text)
-        .bind(row.id)
-        .bind(row.tenant_id.as_str())
-        .bind(row.event_type.as_str())
-        .bind(Json(&row.payload))
-        .bind(row.dispatch_key.as_deref())
-        .bind(row.scheduled_at)
-        .bind(row.traceparent.as_deref())
-        .bind(row.tracestate.as_deref())
-        .bind(row.dedupe_for.map(interval))
-        .bind(row.dedupe_while_pending)
-        .bind(row.priority.get())
-        .bind(row.ordering_key.as_deref())
-        .fetch_optional(&mut *conn)
-        .await?;
+    let once = async |conn: &mut PgConnection| -> Result<Option<Uuid>> {
+        Ok(::sqlx::query_scalar(text)
+            .bind(row.id)
+            .bind(row.tenant_id.as_str())
+            .bind(row.event_type.as_str())
+            .bind(Json(&row.payload))
+            .bind(row.dispatch_key.as_deref())
+            .bind(row.scheduled_at)
+            .bind(row.traceparent.as_deref())
+            .bind(row.tracestate.as_deref())
+            .bind(row.dedupe_for.map(interval))
+            .bind(row.dedupe_while_pending)
+            .bind(row.priority.get())
+            .bind(row.ordering_key.as_deref())
+            .fetch_optional(&mut *conn)
+            .await?)
+    };
+    let mut inserted = once(conn).await?;
+    if inserted.is_none() && row.replace_pending {
+        // Another transaction may have written the key's first row
+        // meanwhile: a second run sees it (see REPLACE_EVENT_SQL).
+        inserted = once(conn).await?;
+    }
     if let Some(id) = inserted {
         return Ok(written(row, id));
     }
-    // Only the dispatch key's unique index makes ON CONFLICT skip a row.
+    // A held dispatch key makes the insert skip a row, and so does a row
+    // with the same id (`ON CONFLICT DO NOTHING` names no index, so that a
+    // partitioned table takes it too).
     let Some(key) = row.dispatch_key.as_deref() else {
-        return Err(::sqlx::Error::RowNotFound.into());
+        return Err(crate::StoreError::duplicate_id(row.id));
     };
     let holders = dispatch_key_holders(conn, &[key]).await?;
     holders

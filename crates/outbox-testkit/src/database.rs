@@ -22,6 +22,31 @@ fn current_template() -> String {
     format!("{TEMPLATE_PREFIX}{}", outbox_model::schema_fingerprint())
 }
 
+/// With this variable set to `1`, every test database has a partitioned
+/// `outbox_event` (`outbox partition convert`, one partition a day): the
+/// same tests then prove that each operation works on both forms of the
+/// table. `cargo xtask test` runs the store's, the publisher's and the
+/// dispatcher's tests a second time so.
+const PARTITIONED_VAR: &str = "OUTBOX_TEST_PARTITIONED";
+
+/// The suffix of the templates whose `outbox_event` is partitioned.
+const PARTITIONED_SUFFIX: &str = "_partitioned";
+
+/// Whether this process' test databases have a partitioned `outbox_event`.
+fn partitioned_run() -> bool {
+    std::env::var(PARTITIONED_VAR).is_ok_and(|v| v == "1")
+}
+
+/// The template this process clones: [`current_template`], partitioned
+/// when [`PARTITIONED_VAR`] says so.
+fn run_template() -> String {
+    if partitioned_run() {
+        format!("{}{PARTITIONED_SUFFIX}", current_template())
+    } else {
+        current_template()
+    }
+}
+
 /// The name of a new test database created at `unix_seconds`.
 fn test_database_name(unix_seconds: u64) -> String {
     format!(
@@ -301,9 +326,9 @@ async fn idle_databases(admin: &mut AsyncPgConnection, prefix: &str) -> Result<V
 /// those of `current` (the template of this code, and the one being built
 /// for it, are kept).
 fn stale_template(name: &str, current: &str) -> bool {
-    name.starts_with(TEMPLATE_PREFIX)
-        && name != current
-        && name.strip_suffix("_building") != Some(current)
+    let name = name.strip_suffix("_building").unwrap_or(name);
+    let name = name.strip_suffix(PARTITIONED_SUFFIX).unwrap_or(name);
+    name.starts_with(TEMPLATE_PREFIX) && name != current
 }
 
 async fn connect(url: &str) -> AsyncPgConnection {
@@ -318,7 +343,7 @@ async fn connect(url: &str) -> AsyncPgConnection {
 
 /// Makes sure the template for the current migrations exists; returns its name.
 async fn ensure_template(admin_url: &str) -> String {
-    let template = current_template();
+    let template = run_template();
     let mut admin = connect(admin_url).await;
     if database_exists(&mut admin, &template).await {
         return template;
@@ -357,6 +382,14 @@ async fn build_template(admin: &mut AsyncPgConnection, admin_url: &str, template
         outbox_model::run_migration_sets(conn, &outbox_model::MigrationSet::ALL)
             .await
             .map_err(|e| e.to_string())?;
+        if template.ends_with(PARTITIONED_SUFFIX) {
+            let mut conn = outbox_pg::establish(&with_database(admin_url, &building))
+                .await
+                .map_err(|e| e.to_string())?;
+            outbox_store::convert_to_partitioned(&mut conn, outbox_store::PartitionUnit::Day, 3)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         // Renamed only once complete, so a template that exists is whole.
         admin
             .batch_execute(&format!(

@@ -1,0 +1,768 @@
+//! A partitioned `outbox_event`: converting the table, keeping partitions
+//! created ahead, and dropping the ones that hold only old `DONE` rows.
+//!
+//! Partitioning is opt in. The migrations leave `outbox_event` one table;
+//! [`convert_to_partitioned`] (`outbox partition convert`) turns it into a
+//! table partitioned by range on `created_at`, and from then on
+//! [`outbox_partitioning`] has its one row. The table that was converted
+//! becomes the first partition (`outbox_event_legacy`, every row created
+//! before the conversion's bound), so no row is copied.
+//!
+//! # What changes on a partitioned table
+//!
+//! - The primary key is `(id, created_at)`: a unique index of a
+//!   partitioned table must hold the partition key.
+//! - Dispatch keys stay unique across partitions through
+//!   `outbox_dispatch_key` (one row per key a live row holds), kept by
+//!   triggers the conversion adds: a second row with a held key is skipped,
+//!   as `ON CONFLICT DO NOTHING` skips it on one table, whether or not the
+//!   statement says `ON CONFLICT`.
+//! - Retention drops a partition once every row in it is `DONE` and was
+//!   handed off before the retention window, instead of deleting its rows
+//!   ([`drop_finished_partition`]); the rows of partitions that cannot go
+//!   yet are deleted as before.
+//! - Rows whose `created_at` no partition covers go to
+//!   `outbox_event_default`, so an insert never fails for lack of a
+//!   partition; [`create_partitions_ahead`] keeps that from happening.
+//!
+//! # Locks
+//!
+//! The conversion validates its bound and builds its two indexes without
+//! blocking writers, then swaps the tables in one transaction that holds
+//! `ACCESS EXCLUSIVE` on `outbox_event` for as long as copying the held
+//! dispatch keys takes (milliseconds without keys). Creating and dropping
+//! partitions take `ACCESS EXCLUSIVE` on the parent for a moment. Every
+//! such statement runs with a `lock_timeout` ([`LOCK_TIMEOUT`]), so it
+//! gives up instead of queueing producers behind a long transaction.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Bool, Double, Integer, Nullable, Text, Timestamptz};
+use diesel::{OptionalExtension, QueryableByName};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use tracing::instrument;
+
+use crate::{Result, StoreError};
+
+/// How long a statement that needs `ACCESS EXCLUSIVE` on `outbox_event`
+/// waits for it before it gives up (and is retried at the next run).
+pub const LOCK_TIMEOUT: &str = "1s";
+
+/// The name of the partition that was the whole table before the conversion.
+pub const LEGACY_PARTITION: &str = "outbox_event_legacy";
+
+/// The name of the partition for rows no other partition covers.
+pub const DEFAULT_PARTITION: &str = "outbox_event_default";
+
+/// The width of one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PartitionUnit {
+    /// One partition an hour.
+    Hour,
+    /// One partition a day (the default).
+    Day,
+    /// One partition a week (from Monday).
+    Week,
+    /// One partition a calendar month.
+    Month,
+}
+
+impl PartitionUnit {
+    /// The unit as `date_trunc` and `interval` spell it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Hour => "hour",
+            Self::Day => "day",
+            Self::Week => "week",
+            Self::Month => "month",
+        }
+    }
+}
+
+impl fmt::Display for PartitionUnit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A partition unit that is not `hour`, `day`, `week` or `month`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown partition unit {0:?}: expected hour, day, week or month")]
+pub struct UnknownPartitionUnit(pub String);
+
+impl FromStr for PartitionUnit {
+    type Err = UnknownPartitionUnit;
+
+    /// ```
+    /// use outbox_store::PartitionUnit;
+    /// assert_eq!("day".parse::<PartitionUnit>(), Ok(PartitionUnit::Day));
+    /// assert!("fortnight".parse::<PartitionUnit>().is_err());
+    /// ```
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "hour" => Ok(Self::Hour),
+            "day" => Ok(Self::Day),
+            "week" => Ok(Self::Week),
+            "month" => Ok(Self::Month),
+            other => Err(UnknownPartitionUnit(other.to_owned())),
+        }
+    }
+}
+
+/// Why a partitioning operation refused to run. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PartitionError {
+    /// `outbox_event` is partitioned already.
+    #[error("outbox_event is partitioned already")]
+    AlreadyPartitioned,
+    /// Rows were created at or after the bound the conversion chose for the
+    /// table's existing rows (`created_at` set in the future by a producer).
+    #[error(
+        "{rows} row(s) of outbox_event have created_at at or after {bound}: \
+         the conversion puts every existing row in one partition that ends there; \
+         fix or remove those rows and run it again"
+    )]
+    RowsPastBound {
+        /// How many rows.
+        rows: i64,
+        /// The bound.
+        bound: DateTime<Utc>,
+    },
+    /// `ahead` is outside 1 to 1,000.
+    #[error("partitions ahead must be 1 to 1000, not {0}")]
+    AheadOutOfRange(u32),
+}
+
+/// How `outbox_event` is partitioned (the row of `outbox_partitioning`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partitioning {
+    /// The width of one partition.
+    pub unit: PartitionUnit,
+    /// How many partitions past the current one are kept created.
+    pub ahead: u32,
+    /// When the table was converted.
+    pub converted_at: DateTime<Utc>,
+    /// Rows created before this live in [`LEGACY_PARTITION`].
+    pub legacy_until: DateTime<Utc>,
+}
+
+#[derive(QueryableByName)]
+struct PartitioningRow {
+    #[diesel(sql_type = Text)]
+    unit: String,
+    #[diesel(sql_type = Integer)]
+    ahead: i32,
+    #[diesel(sql_type = Timestamptz)]
+    converted_at: DateTime<Utc>,
+    #[diesel(sql_type = Timestamptz)]
+    legacy_until: DateTime<Utc>,
+}
+
+/// How `outbox_event` is partitioned; `None` while it is one table.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn partitioning(conn: &mut AsyncPgConnection) -> Result<Option<Partitioning>> {
+    let row: Option<PartitioningRow> = diesel::sql_query(
+        "SELECT unit, ahead, converted_at, legacy_until FROM outbox_partitioning",
+    )
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(row.map(|row| Partitioning {
+        unit: row.unit.parse().unwrap_or(PartitionUnit::Day),
+        ahead: u32::try_from(row.ahead).unwrap_or(1),
+        converted_at: row.converted_at,
+        legacy_until: row.legacy_until,
+    }))
+}
+
+/// What [`convert_to_partitioned`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Converted {
+    /// Rows created before this are in [`LEGACY_PARTITION`].
+    pub legacy_until: DateTime<Utc>,
+    /// Dispatch keys copied into `outbox_dispatch_key`.
+    pub keys: i64,
+    /// The partitions created after the legacy one.
+    pub created: Vec<String>,
+}
+
+#[derive(QueryableByName)]
+struct Instant {
+    #[diesel(sql_type = Timestamptz)]
+    at: DateTime<Utc>,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+#[derive(QueryableByName)]
+struct Flag {
+    #[diesel(sql_type = Bool)]
+    yes: bool,
+}
+
+#[derive(QueryableByName)]
+struct Definition {
+    #[diesel(sql_type = Text)]
+    name: String,
+    #[diesel(sql_type = Text)]
+    def: String,
+}
+
+/// Whether `outbox_event` is a partitioned table.
+async fn is_partitioned(conn: &mut AsyncPgConnection) -> Result<bool> {
+    let row: Flag = diesel::sql_query(
+        "SELECT relkind = 'p' AS yes FROM pg_class WHERE oid = 'outbox_event'::regclass",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.yes)
+}
+
+/// Converts `outbox_event` into a table partitioned by range on
+/// `created_at`, one partition per `unit`, and creates `ahead` partitions
+/// past the current one. The rows stay where they are: the table becomes
+/// the partition [`LEGACY_PARTITION`] for everything created before the
+/// end of the next `unit` (at least ten minutes from now), validated
+/// beforehand without blocking writers, so attaching it reads nothing.
+///
+/// Steps, each safe to run again after a failure:
+///
+/// 1. a `CHECK (created_at < bound)` constraint, added `NOT VALID` and then
+///    validated (writers go on meanwhile);
+/// 2. the unique index `(id, created_at)` and an index on `dispatch_key`,
+///    built `CONCURRENTLY`;
+/// 3. one transaction under `ACCESS EXCLUSIVE`: the table is renamed to
+///    the legacy partition, a partitioned `outbox_event` with the same
+///    columns, defaults, checks, indexes, triggers and comments is created,
+///    the legacy table is attached, the held dispatch keys are copied to
+///    `outbox_dispatch_key`, and the default and future partitions are
+///    created.
+///
+/// When a step fails the constraint of step 1 is removed again, so the
+/// table takes rows created after the bound as before.
+///
+/// # Errors
+///
+/// [`PartitionError`] (inside [`StoreError::Partition`]) when the table is
+/// partitioned already or holds rows past the bound; a database error
+/// otherwise (a lock not granted within [`LOCK_TIMEOUT`] among them).
+#[instrument(level = "info", skip(conn), err)]
+pub async fn convert_to_partitioned(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+) -> Result<Converted> {
+    if !(1..=1000).contains(&ahead) {
+        return Err(PartitionError::AheadOutOfRange(ahead).into());
+    }
+    if is_partitioned(conn).await? {
+        return Err(PartitionError::AlreadyPartitioned.into());
+    }
+    let bound: Instant = diesel::sql_query(format!(
+        "SELECT date_trunc('{unit}', now() + interval '10 minutes') + interval '1 {unit}' AS at"
+    ))
+    .get_result(conn)
+    .await?;
+    let bound = bound.at;
+    let result = convert_below(conn, unit, ahead, bound).await;
+    if result.is_err() && !is_partitioned(conn).await.unwrap_or(true) {
+        // Best effort: a failure must not leave a bound that refuses rows later.
+        let _ = conn
+            .batch_execute(
+                "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound",
+            )
+            .await;
+    }
+    result
+}
+
+async fn convert_below(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+    bound: DateTime<Utc>,
+) -> Result<Converted> {
+    let bound_sql = sql_instant(bound);
+    conn.batch_execute(&format!(
+        "SET lock_timeout = '{LOCK_TIMEOUT}';
+         ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound;
+         ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound
+             CHECK (created_at < {bound_sql}) NOT VALID;
+         RESET lock_timeout;"
+    ))
+    .await?;
+    let past: Count = diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM outbox_event WHERE created_at >= {bound_sql}"
+    ))
+    .get_result(conn)
+    .await?;
+    if past.n > 0 {
+        return Err(PartitionError::RowsPastBound {
+            rows: past.n,
+            bound,
+        }
+        .into());
+    }
+    conn.batch_execute("ALTER TABLE outbox_event VALIDATE CONSTRAINT outbox_event_partition_bound")
+        .await?;
+    for (name, def) in [
+        (
+            "outbox_event_id_created_at_key",
+            "CREATE UNIQUE INDEX CONCURRENTLY outbox_event_id_created_at_key \
+             ON outbox_event (id, created_at)",
+        ),
+        (
+            "outbox_event_dispatch_key_idx",
+            "CREATE INDEX CONCURRENTLY outbox_event_dispatch_key_idx \
+             ON outbox_event (dispatch_key) WHERE dispatch_key IS NOT NULL",
+        ),
+    ] {
+        // An interrupted CONCURRENTLY build leaves an invalid index behind.
+        let valid: Option<Flag> = diesel::sql_query(format!(
+            "SELECT indisvalid AS yes FROM pg_index WHERE indexrelid = to_regclass('{name}')"
+        ))
+        .get_result(conn)
+        .await
+        .optional()?;
+        match valid {
+            Some(Flag { yes: true }) => continue,
+            Some(Flag { yes: false }) => conn.batch_execute(&format!("DROP INDEX {name}")).await?,
+            None => {}
+        }
+        conn.batch_execute(def).await?;
+    }
+    conn.transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound).await)
+        .await
+}
+
+/// Step 3 of [`convert_to_partitioned`], inside its transaction.
+async fn swap(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+    bound: DateTime<Utc>,
+) -> Result<Converted> {
+    let bound_sql = sql_instant(bound);
+    conn.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+         LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE;"
+    ))
+    .await?;
+    // Everything the new parent must have, read before the rename: indexes
+    // (all but the primary key and the unique ones, which cannot exist on
+    // the parent), triggers and the table's comment.
+    let indexes: Vec<Definition> = diesel::sql_query(
+        "SELECT c.relname::text AS name, pg_get_indexdef(i.indexrelid) AS def
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'outbox_event'::regclass AND NOT i.indisunique
+         ORDER BY c.relname",
+    )
+    .load(conn)
+    .await?;
+    let triggers: Vec<Definition> = diesel::sql_query(
+        "SELECT tgname::text AS name, pg_get_triggerdef(oid) AS def
+         FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal
+         ORDER BY tgname",
+    )
+    .load(conn)
+    .await?;
+    let mut ddl = String::from(
+        "ALTER TABLE outbox_event RENAME TO outbox_event_legacy;
+         ALTER INDEX outbox_event_pkey RENAME TO outbox_event_legacy_pkey;
+         ALTER TABLE outbox_event_legacy ADD CONSTRAINT outbox_event_legacy_id_created_at_key
+             UNIQUE USING INDEX outbox_event_id_created_at_key;\n",
+    );
+    for index in &indexes {
+        ddl.push_str(&format!(
+            "ALTER INDEX {} RENAME TO {};\n",
+            quote_ident(&index.name),
+            quote_ident(&format!("{}_legacy", index.name))
+        ));
+    }
+    for trigger in &triggers {
+        ddl.push_str(&format!(
+            "DROP TRIGGER {} ON outbox_event_legacy;\n",
+            quote_ident(&trigger.name)
+        ));
+    }
+    ddl.push_str(
+        "CREATE TABLE outbox_event (LIKE outbox_event_legacy
+             INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
+             INCLUDING STORAGE INCLUDING GENERATED)
+         PARTITION BY RANGE (created_at);
+         ALTER TABLE outbox_event DROP CONSTRAINT outbox_event_partition_bound;
+         ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_pkey PRIMARY KEY (id, created_at);\n",
+    );
+    // The definitions name `outbox_event`, which is now the new parent.
+    for index in &indexes {
+        ddl.push_str(&index.def);
+        ddl.push_str(";\n");
+    }
+    for trigger in &triggers {
+        ddl.push_str(&trigger.def);
+        ddl.push_str(";\n");
+    }
+    ddl.push_str(&format!(
+        "CREATE TRIGGER outbox_event_take_dispatch_key
+             BEFORE INSERT ON outbox_event
+             FOR EACH ROW WHEN (NEW.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_take();
+         CREATE TRIGGER outbox_event_forget_dispatch_key_delete
+             AFTER DELETE ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_forget();
+         CREATE TRIGGER outbox_event_forget_dispatch_key_update
+             AFTER UPDATE OF dispatch_key ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS DISTINCT FROM NEW.dispatch_key)
+             EXECUTE FUNCTION outbox_dispatch_key_forget();
+         COMMENT ON TABLE outbox_event IS
+             'Side effects recorded in the same transaction as the business write that causes them (partitioned by created_at).';
+         ALTER TABLE outbox_event ATTACH PARTITION outbox_event_legacy
+             FOR VALUES FROM (MINVALUE) TO ({bound_sql});
+         ALTER TABLE outbox_event_legacy DROP CONSTRAINT outbox_event_partition_bound;
+         CREATE TABLE {DEFAULT_PARTITION} PARTITION OF outbox_event DEFAULT;
+         INSERT INTO outbox_partitioning (unit, ahead, converted_at, legacy_until)
+             VALUES ('{unit}', {ahead}, now(), {bound_sql});\n"
+    ));
+    conn.batch_execute(&ddl).await?;
+    let keys: Count = diesel::sql_query(
+        "WITH copied AS (
+             INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+             SELECT dispatch_key, id, created_at FROM outbox_event_legacy
+             WHERE dispatch_key IS NOT NULL
+             ON CONFLICT (dispatch_key) DO NOTHING
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM copied",
+    )
+    .get_result(conn)
+    .await?;
+    let created = create_ahead(conn, unit, ahead, Some(bound)).await?;
+    Ok(Converted {
+        legacy_until: bound,
+        keys: keys.n,
+        created,
+    })
+}
+
+/// Creates the partitions from `from` (default: the current unit) up to
+/// `ahead` units past the current one that do not exist yet. Returns
+/// their names.
+async fn create_ahead(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+    from: Option<DateTime<Utc>>,
+) -> Result<Vec<String>> {
+    #[derive(QueryableByName)]
+    struct Missing {
+        #[diesel(sql_type = Text)]
+        name: String,
+        #[diesel(sql_type = Text)]
+        lo: String,
+        #[diesel(sql_type = Text)]
+        hi: String,
+    }
+    // Starts of the wanted ranges that no partition covers yet, with
+    // their names (outbox_event_p<yyyymmdd>[hh]).
+    let missing: Vec<Missing> = diesel::sql_query(format!(
+        "WITH wanted AS (
+             SELECT lo, lo + interval '1 {unit}' AS hi
+             FROM generate_series(
+                 greatest(date_trunc('{unit}', now()),
+                          COALESCE($1, '-infinity'::timestamptz),
+                          (SELECT legacy_until FROM outbox_partitioning)),
+                 date_trunc('{unit}', now()) + {ahead} * interval '1 {unit}',
+                 interval '1 {unit}') AS lo
+         ), existing AS (
+             SELECT pg_get_expr(c.relpartbound, c.oid) AS bound
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'outbox_event'::regclass
+         )
+         SELECT 'outbox_event_p' || to_char(lo AT TIME ZONE 'UTC', '{fmt}') AS name,
+                quote_literal(lo::text) AS lo, quote_literal(hi::text) AS hi
+         FROM wanted w
+         WHERE NOT EXISTS (
+             SELECT 1 FROM existing e
+             WHERE e.bound = format('FOR VALUES FROM (%L) TO (%L)', w.lo, w.hi))
+         ORDER BY lo",
+        fmt = match unit {
+            PartitionUnit::Hour => "YYYYMMDD\"h\"HH24",
+            _ => "YYYYMMDD",
+        }
+    ))
+    .bind::<Nullable<Timestamptz>, _>(from)
+    .load(conn)
+    .await?;
+    let mut created = Vec::with_capacity(missing.len());
+    for m in missing {
+        conn.batch_execute(&format!(
+            "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+             CREATE TABLE IF NOT EXISTS {name} PARTITION OF outbox_event
+                 FOR VALUES FROM ({lo}) TO ({hi});",
+            name = quote_ident(&m.name),
+            lo = m.lo,
+            hi = m.hi,
+        ))
+        .await?;
+        created.push(m.name);
+    }
+    Ok(created)
+}
+
+/// On a partitioned `outbox_event`, creates the partitions from the current
+/// one to [`Partitioning::ahead`] past it that do not exist yet; does
+/// nothing on one table. Returns the names of the partitions created. The
+/// dispatcher's retention runs it at every run.
+///
+/// # Errors
+///
+/// When Postgres fails (a lock not granted within [`LOCK_TIMEOUT`], or a
+/// row in the default partition inside a new partition's range).
+#[instrument(level = "debug", skip_all, err)]
+pub async fn create_partitions_ahead(conn: &mut AsyncPgConnection) -> Result<Vec<String>> {
+    let Some(p) = partitioning(conn).await? else {
+        return Ok(Vec::new());
+    };
+    conn.transaction::<_, StoreError, _>(async |conn| {
+        create_ahead(conn, p.unit, p.ahead, None).await
+    })
+    .await
+}
+
+/// One partition of a partitioned `outbox_event`, as [`partitions`] lists it.
+#[derive(Debug, Clone, PartialEq, QueryableByName)]
+pub struct PartitionInfo {
+    /// The partition's table name.
+    #[diesel(sql_type = Text)]
+    pub name: String,
+    /// The start of its `created_at` range (`None`: unbounded, or the default partition).
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub from: Option<DateTime<Utc>>,
+    /// The end of its range, exclusive (`None`: the default partition).
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    pub to: Option<DateTime<Utc>>,
+    /// Its rows as the catalog estimates them (0 when never counted).
+    #[diesel(sql_type = Double)]
+    pub rows_estimate: f64,
+    /// Its size on disk, indexes included, in bytes.
+    #[diesel(sql_type = BigInt)]
+    pub bytes: i64,
+}
+
+/// The partitions of `outbox_event`, oldest first (the default partition
+/// last); empty when the table is not partitioned.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn partitions(conn: &mut AsyncPgConnection) -> Result<Vec<PartitionInfo>> {
+    Ok(diesel::sql_query(
+        "WITH parts AS (
+             SELECT c.oid, c.relname::text AS name, c.reltuples,
+                    pg_get_expr(c.relpartbound, c.oid) AS bound
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'outbox_event'::regclass
+         ), ranges AS (
+             SELECT p.*,
+                    substring(bound FROM 'FROM \\(''([^'']*)''\\)') AS lo,
+                    substring(bound FROM 'TO \\(''([^'']*)''\\)') AS hi
+             FROM parts p
+         )
+         SELECT name, lo::timestamptz AS \"from\", hi::timestamptz AS \"to\",
+                greatest(reltuples, 0)::float8 AS rows_estimate,
+                pg_total_relation_size(oid) AS bytes
+         FROM ranges
+         ORDER BY (bound = 'DEFAULT'), hi::timestamptz NULLS FIRST",
+    )
+    .load(conn)
+    .await?)
+}
+
+/// What [`drop_finished_partition`] dropped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DroppedPartition {
+    /// The partition's name.
+    pub name: String,
+    /// Its rows as the catalog estimated them (all `DONE`).
+    pub rows_estimate: f64,
+    /// Dispatch keys its rows held, forgotten with it.
+    pub keys: i64,
+}
+
+/// Drops the oldest partition of a partitioned `outbox_event` whose range
+/// ended before the retention window and whose rows are all `DONE` and
+/// handed off before the window (`processed_at` older than
+/// `older_than_secs`), with the dispatch keys its rows held. The legacy and
+/// default partitions are never dropped (their `DONE` rows are deleted row
+/// by row, [`crate::purge_done_batch_in`]). Returns `None` when no
+/// partition can go, and on one table.
+///
+/// The dispatch keys are forgotten first, by creation time, outside the
+/// lock; then one transaction takes `ACCESS EXCLUSIVE` on `outbox_event`
+/// (what detaching needs), checks again that every row is an old `DONE`
+/// one (three reads of partial indexes), detaches and drops the partition.
+/// Writers wait for that transaction only, and at most [`LOCK_TIMEOUT`]
+/// for the lock: when it is not granted, nothing is dropped, the keys are
+/// taken back, and the next run tries again.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err)]
+pub async fn drop_finished_partition(
+    conn: &mut AsyncPgConnection,
+    older_than_secs: f64,
+) -> Result<Option<DroppedPartition>> {
+    if partitioning(conn).await?.is_none() {
+        return Ok(None);
+    }
+    let candidates: Vec<PartitionInfo> = partitions(conn)
+        .await?
+        .into_iter()
+        .filter(|p| p.name != LEGACY_PARTITION && p.name != DEFAULT_PARTITION)
+        .collect();
+    for part in candidates {
+        let (Some(from), Some(to)) = (part.from, part.to) else {
+            continue;
+        };
+        let ended: Flag =
+            diesel::sql_query("SELECT $1 <= now() - make_interval(secs => $2) AS yes")
+                .bind::<Timestamptz, _>(to)
+                .bind::<Double, _>(older_than_secs)
+                .get_result(conn)
+                .await?;
+        if !ended.yes {
+            // Partitions are in range order: no later one has ended either.
+            return Ok(None);
+        }
+        if busy(conn, &part.name, older_than_secs).await? {
+            continue;
+        }
+        let keys: Count = diesel::sql_query(
+            "WITH gone AS (
+                 DELETE FROM outbox_dispatch_key WHERE created_at >= $1 AND created_at < $2
+                 RETURNING 1
+             )
+             SELECT count(*) AS n FROM gone",
+        )
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
+        .get_result(conn)
+        .await?;
+        let name = part.name.clone();
+        let dropped = conn
+            .transaction::<_, StoreError, _>(async |conn| {
+                conn.batch_execute(&format!(
+                    "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+                         LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE;"
+                ))
+                .await?;
+                if busy(conn, &name, older_than_secs).await? {
+                    return Ok(false);
+                }
+                let name = quote_ident(&name);
+                conn.batch_execute(&format!(
+                    "ALTER TABLE outbox_event DETACH PARTITION {name}; DROP TABLE {name};"
+                ))
+                .await?;
+                Ok(true)
+            })
+            .await;
+        match dropped {
+            Ok(true) => {
+                return Ok(Some(DroppedPartition {
+                    name: part.name,
+                    rows_estimate: part.rows_estimate,
+                    keys: keys.n,
+                }));
+            }
+            Ok(false) => take_keys_back(conn, &part.name).await?,
+            Err(e) => {
+                take_keys_back(conn, &part.name).await?;
+                return Err(e);
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether a partition holds a row that is not an old `DONE` one. Each
+/// test reads one partial index of the partition: the claim index
+/// (PENDING, PROCESSING), the operators' (FAILED, CANCELLED) and the
+/// retention index (DONE by processed_at).
+async fn busy(conn: &mut AsyncPgConnection, partition: &str, older_than_secs: f64) -> Result<bool> {
+    let name = quote_ident(partition);
+    let busy: Flag = diesel::sql_query(format!(
+        "SELECT EXISTS (SELECT 1 FROM {name} WHERE status IN ('PENDING', 'PROCESSING'))
+             OR EXISTS (SELECT 1 FROM {name} WHERE status IN ('FAILED', 'CANCELLED'))
+             OR EXISTS (SELECT 1 FROM {name} WHERE status = 'DONE'
+                        AND processed_at >= now() - make_interval(secs => $1)) AS yes"
+    ))
+    .bind::<Double, _>(older_than_secs)
+    .get_result(conn)
+    .await?;
+    Ok(busy.yes)
+}
+
+/// The keys of a partition that was not dropped after all, held again.
+async fn take_keys_back(conn: &mut AsyncPgConnection, partition: &str) -> Result<()> {
+    conn.batch_execute(&format!(
+        "INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+         SELECT dispatch_key, id, created_at FROM {}
+         WHERE dispatch_key IS NOT NULL
+         ON CONFLICT (dispatch_key) DO NOTHING",
+        quote_ident(partition)
+    ))
+    .await?;
+    Ok(())
+}
+
+/// An instant as an SQL literal.
+fn sql_instant(at: DateTime<Utc>) -> String {
+    format!("'{}'::timestamptz", at.to_rfc3339())
+}
+
+/// A name as an SQL identifier.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted_and_their_quotes_doubled() {
+        assert_eq!(
+            quote_ident("outbox_event_p20261206"),
+            "\"outbox_event_p20261206\""
+        );
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn every_unit_reads_back_as_itself() {
+        for unit in [
+            PartitionUnit::Hour,
+            PartitionUnit::Day,
+            PartitionUnit::Week,
+            PartitionUnit::Month,
+        ] {
+            assert_eq!(unit.as_str().parse::<PartitionUnit>(), Ok(unit));
+        }
+    }
+}

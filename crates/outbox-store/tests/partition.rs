@@ -1,0 +1,414 @@
+//! A partitioned `outbox_event`: the conversion of a table with rows in
+//! every state, dispatch keys across partitions, partitions ahead, and
+//! retention by dropping partitions.
+//!
+//! Each test converts its own database (the test template is one table,
+//! unless the whole run is partitioned, see `outbox_testkit`'s
+//! `OUTBOX_TEST_PARTITIONED`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{database, insert_row, new_row, set};
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use outbox_model::NewOutboxEventRow;
+use outbox_store::{Inserted, PartitionError, PartitionUnit, StoreError};
+use uuid::Uuid;
+
+const ONE_DAY_SECS: f64 = 86_400.0;
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct StatusCount {
+    #[diesel(sql_type = Text)]
+    status: String,
+    #[diesel(sql_type = BigInt)]
+    n: i64,
+}
+
+async fn by_status(conn: &mut AsyncPgConnection) -> Vec<StatusCount> {
+    diesel::sql_query(
+        "SELECT status::text AS status, count(*) AS n FROM outbox_event GROUP BY 1 ORDER BY 1",
+    )
+    .load(conn)
+    .await
+    .unwrap()
+}
+
+/// Converts the test's database, unless the run has converted it already.
+async fn partitioned(conn: &mut AsyncPgConnection) {
+    if outbox_store::partitioning(conn).await.unwrap().is_none() {
+        outbox_store::convert_to_partitioned(conn, PartitionUnit::Day, 3)
+            .await
+            .unwrap();
+    }
+}
+
+fn keyed(key: &str) -> NewOutboxEventRow {
+    NewOutboxEventRow {
+        dispatch_key: Some(key.to_owned()),
+        ..new_row("mail.cart.reminder")
+    }
+}
+
+/// Inserts a row holding `key` through the store.
+async fn insert_keyed(conn: &mut AsyncPgConnection, key: &str) -> Inserted {
+    outbox_store::insert_event(conn, &keyed(key)).await.unwrap()
+}
+
+/// Inserts a row created `days` from now (in a partition ahead when
+/// positive) through plain SQL; returns its id.
+async fn created_in(conn: &mut AsyncPgConnection, days: i32, key: Option<&str>) -> Uuid {
+    #[derive(QueryableByName)]
+    struct Id {
+        #[diesel(sql_type = diesel::sql_types::Uuid)]
+        id: Uuid,
+    }
+    diesel::sql_query(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, created_at)
+         VALUES ('acme', 'mail.cart.reminder', '{}', $1, now() + make_interval(days => $2))
+         ON CONFLICT DO NOTHING RETURNING id",
+    )
+    .bind::<diesel::sql_types::Nullable<Text>, _>(key)
+    .bind::<diesel::sql_types::Integer, _>(days)
+    .get_result::<Id>(conn)
+    .await
+    .unwrap()
+    .id
+}
+
+async fn partition_names(conn: &mut AsyncPgConnection) -> Vec<String> {
+    outbox_store::partitions(conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .collect()
+}
+
+async fn partition_of(conn: &mut AsyncPgConnection, id: Uuid) -> String {
+    #[derive(QueryableByName)]
+    struct Name {
+        #[diesel(sql_type = Text)]
+        name: String,
+    }
+    diesel::sql_query("SELECT tableoid::regclass::text AS name FROM outbox_event WHERE id = $1")
+        .bind::<diesel::sql_types::Uuid, _>(id)
+        .get_result::<Name>(conn)
+        .await
+        .unwrap()
+        .name
+}
+
+// Break checked: a conversion that copies no dispatch keys lets the second
+// "cart-1" in (the last assertion).
+#[tokio::test]
+async fn converting_keeps_every_row_in_every_state_where_it_was_and_the_claim_finds_the_due_ones() {
+    let (_db, mut conn) = database().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        return; // the run's databases are converted already
+    }
+    let due = insert_row(&mut conn, new_row("audit.user.login")).await;
+    let later = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(&mut conn, later, "scheduled_at = now() + interval '1 hour'").await;
+    let expired = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(
+        &mut conn,
+        expired,
+        "status = 'PROCESSING', locked_until = now() - interval '1 minute'",
+    )
+    .await;
+    let leased = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(
+        &mut conn,
+        leased,
+        "status = 'PROCESSING', locked_until = now() + interval '1 minute'",
+    )
+    .await;
+    for state in [
+        "status = 'DONE', processed_at = now()",
+        "status = 'FAILED', failed_at = now()",
+        "status = 'CANCELLED'",
+    ] {
+        let id = insert_row(&mut conn, new_row("audit.user.login")).await;
+        set(&mut conn, id, state).await;
+    }
+    let holder = insert_row(&mut conn, keyed("cart-1")).await;
+    let before = by_status(&mut conn).await;
+
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap();
+
+    assert_eq!(converted.keys, 1, "the one held dispatch key is copied");
+    assert_eq!(by_status(&mut conn).await, before, "no row changed");
+    assert_eq!(
+        partition_of(&mut conn, due).await,
+        outbox_store::LEGACY_PARTITION
+    );
+    let names: Vec<String> = partition_names(&mut conn).await;
+    assert!(
+        names.contains(&outbox_store::DEFAULT_PARTITION.to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        names.len() >= 4,
+        "legacy, default and partitions ahead: {names:?}"
+    );
+    let mut claimed: Vec<Uuid> = outbox_store::claim(&mut conn, 10, 60_000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.id)
+        .collect();
+    claimed.sort();
+    let mut expected = vec![due, expired, holder];
+    expected.sort();
+    assert_eq!(
+        claimed, expected,
+        "the due PENDING rows and the expired lease"
+    );
+    assert_eq!(
+        insert_keyed(&mut conn, "cart-1").await,
+        Inserted::Existing(holder),
+        "the copied key still keeps a second row out"
+    );
+}
+
+#[tokio::test]
+async fn converting_twice_is_refused_and_changes_nothing() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let err = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Partition(PartitionError::AlreadyPartitioned)
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn rows_created_past_the_bound_refuse_the_conversion_and_the_table_stays_one_table() {
+    let (_db, mut conn) = database().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        return;
+    }
+    let future = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(
+        &mut conn,
+        future,
+        "created_at = now() + interval '400 days'",
+    )
+    .await;
+
+    let err = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap_err();
+
+    assert!(
+        matches!(
+            err,
+            StoreError::Partition(PartitionError::RowsPastBound { rows: 1, .. })
+        ),
+        "{err}"
+    );
+    assert!(
+        outbox_store::partitioning(&mut conn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The bound was removed: a row created after it is still taken.
+    let later = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(&mut conn, later, "created_at = now() + interval '300 days'").await;
+}
+
+// Break checked: without the key trigger the second row is written.
+#[tokio::test]
+async fn a_dispatch_key_held_in_one_partition_keeps_a_row_of_another_partition_out() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let holder = created_in(&mut conn, 2, Some("cart-1")).await;
+
+    let second = insert_keyed(&mut conn, "cart-1").await;
+
+    assert_eq!(second, Inserted::Existing(holder));
+    assert_ne!(
+        partition_of(&mut conn, holder).await,
+        outbox_store::LEGACY_PARTITION,
+        "the holder is in a partition ahead"
+    );
+    let batch = outbox_store::insert_events(&mut conn, &[keyed("cart-1"), keyed("cart-2")])
+        .await
+        .unwrap();
+    assert_eq!(
+        batch.len(),
+        1,
+        "a batch skips the held key and writes the other"
+    );
+}
+
+#[tokio::test]
+async fn a_key_whose_dedupe_window_passed_goes_to_the_next_row_across_partitions() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let first = created_in(&mut conn, 2, Some("cart-1")).await;
+    set(
+        &mut conn,
+        first,
+        "status = 'DONE', processed_at = now(), dedupe_while_pending = true",
+    )
+    .await;
+
+    let next = insert_keyed(&mut conn, "cart-1").await;
+
+    let Inserted::New(next) = next else {
+        panic!("expected the key to be taken, got {next:?}");
+    };
+    assert_eq!(
+        insert_keyed(&mut conn, "cart-1").await,
+        Inserted::Existing(next),
+        "the new holder keeps the key"
+    );
+}
+
+#[tokio::test]
+async fn replace_mode_replaces_a_pending_holder_of_a_partitioned_table() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let replacing = |v| NewOutboxEventRow {
+        id: Uuid::now_v7(),
+        payload: serde_json::json!({ "v": v }),
+        replace_pending: true,
+        ..keyed("idx-7")
+    };
+    let holder = insert_row(&mut conn, replacing(1)).await;
+
+    let replaced = outbox_store::insert_event(&mut conn, &replacing(2))
+        .await
+        .unwrap();
+
+    assert_eq!(replaced, Inserted::Replaced(holder));
+    let row = common::row(&mut conn, holder).await;
+    assert_eq!(row.payload.value().unwrap(), serde_json::json!({ "v": 2 }));
+}
+
+// Break checked: a drop that ignores FAILED rows drops the partition of
+// `failed` too.
+#[tokio::test]
+async fn retention_drops_a_partition_of_old_done_rows_with_its_keys_and_keeps_one_holding_a_failed_row()
+ {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let done = created_in(&mut conn, 1, Some("cart-1")).await;
+    set(&mut conn, done, "status = 'DONE', processed_at = now()").await;
+    let failed = created_in(&mut conn, 2, None).await;
+    set(&mut conn, failed, "status = 'FAILED', failed_at = now()").await;
+    let done_partition = partition_of(&mut conn, done).await;
+    let failed_partition = partition_of(&mut conn, failed).await;
+
+    // A window that ended four days from now: partitions up to then count
+    // as old (the partitions ahead are the only ones a test can fill).
+    let dropped = outbox_store::drop_finished_partition(&mut conn, -4.0 * ONE_DAY_SECS)
+        .await
+        .unwrap()
+        .expect("a partition of old DONE rows is dropped");
+
+    assert_eq!(dropped.name, done_partition);
+    assert_eq!(dropped.keys, 1);
+    let names: Vec<String> = partition_names(&mut conn).await;
+    assert!(!names.contains(&done_partition), "{names:?}");
+    assert!(names.contains(&failed_partition), "{names:?}");
+    assert!(names.contains(&outbox_store::LEGACY_PARTITION.to_owned()));
+    assert_eq!(
+        partition_of(&mut conn, failed).await,
+        failed_partition,
+        "the FAILED row is kept"
+    );
+    assert!(
+        matches!(insert_keyed(&mut conn, "cart-1").await, Inserted::New(_)),
+        "the dropped row's key is free"
+    );
+}
+
+#[tokio::test]
+async fn a_row_no_partition_covers_is_written_to_the_default_partition_and_partitions_ahead_come_back()
+ {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let ahead: Vec<String> = outbox_store::partitions(&mut conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.name)
+        .filter(|n| n != outbox_store::LEGACY_PARTITION && n != outbox_store::DEFAULT_PARTITION)
+        .collect();
+    for name in &ahead {
+        conn.batch_execute(&format!("DROP TABLE \"{name}\""))
+            .await
+            .unwrap();
+    }
+
+    let stray = created_in(&mut conn, 2, None).await;
+    assert_eq!(
+        partition_of(&mut conn, stray).await,
+        outbox_store::DEFAULT_PARTITION
+    );
+    conn.batch_execute("DELETE FROM outbox_event_default")
+        .await
+        .unwrap();
+    let created = outbox_store::create_partitions_ahead(&mut conn)
+        .await
+        .unwrap();
+
+    assert!(
+        !created.is_empty(),
+        "the missing partitions are created again"
+    );
+    let back = created_in(&mut conn, 2, None).await;
+    assert_ne!(
+        partition_of(&mut conn, back).await,
+        outbox_store::DEFAULT_PARTITION
+    );
+}
+
+#[tokio::test]
+async fn a_retention_batch_deletes_old_done_rows_of_every_partition() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let old = insert_row(&mut conn, new_row("audit.user.login")).await;
+    set(
+        &mut conn,
+        old,
+        "status = 'DONE', processed_at = now() - interval '3 days'",
+    )
+    .await;
+    let ahead = created_in(&mut conn, 2, None).await;
+    set(
+        &mut conn,
+        ahead,
+        "status = 'DONE', processed_at = now() - interval '3 days'",
+    )
+    .await;
+
+    let batch = outbox_store::purge_done_batch(&mut conn, ONE_DAY_SECS, 100, None)
+        .await
+        .unwrap();
+
+    assert_eq!(batch.deleted, 2);
+    assert!(by_status(&mut conn).await.is_empty());
+}
