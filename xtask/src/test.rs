@@ -37,6 +37,9 @@ pub async fn run(args: TestArgs) -> Result<()> {
 
     let nextest = probe("cargo", &["nextest", "--version"]);
     run_tests(nextest, &args.runner_args, &env)?;
+    if nextest && args.runner_args.is_empty() {
+        run_partitioned_tests(&env)?;
+    }
     match gate(nextest, !args.runner_args.is_empty()) {
         Gate::Run => {
             // Only the gate's tests again, already built: cheap.
@@ -203,6 +206,33 @@ fn run_tests(nextest: bool, runner_args: &[String], env: &[(&'static str, String
                 .envs(env.iter().cloned()),
         )
     }
+}
+
+/// The tests of the crates that write `outbox_event` (the store, the
+/// publisher, the dispatcher) once more, each test database with a
+/// partitioned `outbox_event` (`OUTBOX_TEST_PARTITIONED=1`, see
+/// `outbox_testkit`): every operation works on both forms of the table.
+/// The same binaries as the first run, so nothing is built again. Left
+/// out: the publisher's compile-fail tests (no database), and the
+/// dispatcher's tests of one table's query plans, whose partitioned
+/// counterpart is the store's claim plan test.
+pub const PARTITIONED_FILTER: &str = "(package(outbox-store) | package(outbox-publish) | package(outbox-dispatch)) \
+     & !binary(compile_fail) \
+     & !test(=claim_is_an_index_scan_on_a_table_full_of_done_rows) \
+     & !test(=no_statement_of_a_tick_joins_its_batch_of_1000_against_the_table) \
+     & !test(=the_claim_and_done_statements_stay_prepared_and_keep_their_index_plan) \
+     & !test(=the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics) \
+     & !test(=a_retention_run_reads_each_index_entry_once_and_never_the_primary_key)";
+
+fn run_partitioned_tests(env: &[(&'static str, String)]) -> Result<()> {
+    step(
+        "cargo nextest run (partitioned outbox_event)",
+        cargo()
+            .args(["nextest", "run", "--workspace", "--no-fail-fast", "-E"])
+            .arg(PARTITIONED_FILTER)
+            .env("OUTBOX_TEST_PARTITIONED", "1")
+            .envs(env.iter().cloned()),
+    )
 }
 
 /// Every bench stage at tiny sizes, so the bench never rots (its figures

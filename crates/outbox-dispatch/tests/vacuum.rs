@@ -32,7 +32,12 @@ struct Vacuums {
 async fn manual_vacuums(h: &Harness) -> i64 {
     let mut conn = h.conn().await;
     diesel::sql_query(
-        "SELECT vacuum_count AS n FROM pg_stat_user_tables WHERE relname = 'outbox_event'",
+        // The table's, or the most of its partitions' when it is partitioned.
+        "SELECT COALESCE(max(s.vacuum_count), 0) AS n
+         FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+         WHERE c.relkind = 'r'
+           AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
+                         UNION ALL SELECT 'outbox_event'::regclass)",
     )
     .get_result::<Vacuums>(&mut conn)
     .await
@@ -46,7 +51,19 @@ async fn manual_vacuums(h: &Harness) -> i64 {
 async fn without_autovacuum(h: &Harness) {
     h.conn()
         .await
-        .batch_execute("ALTER TABLE outbox_event SET (autovacuum_enabled = off)")
+        // Each table that holds rows: the table, or each of its partitions.
+        .batch_execute(
+            "DO $$
+             DECLARE t regclass;
+             BEGIN
+                 FOR t IN SELECT c.oid FROM pg_class c
+                          WHERE c.relkind = 'r'
+                            AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
+                                          UNION ALL SELECT 'outbox_event'::regclass) LOOP
+                     EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', t);
+                 END LOOP;
+             END $$",
+        )
         .await
         .unwrap();
 }

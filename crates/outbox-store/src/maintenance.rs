@@ -53,8 +53,10 @@ pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
         // Its partitions' counts summed when it is partitioned (a
         // partitioned table has no count of its own); -1 when none was counted.
         "SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples >= 0), -1)::float8 AS n
-         FROM pg_partition_tree('outbox_event') t JOIN pg_class c ON c.oid = t.relid
-         WHERE t.isleaf",
+         FROM pg_class c
+         WHERE c.relkind = 'r'
+           AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
+                         UNION ALL SELECT 'outbox_event'::regclass)",
     )
     .get_result(conn)
     .await?;

@@ -29,6 +29,7 @@ pub(crate) mod kit;
 mod latency;
 pub(crate) mod open_loop;
 mod ordering;
+mod partitioned;
 mod peers;
 mod priority;
 mod process;
@@ -169,6 +170,18 @@ pub struct BenchArgs {
     /// Rounds of the cluster stage (the summary gives the medians).
     #[arg(long, default_value_t = 3)]
     pub cluster_rounds: usize,
+    /// Old DONE rows in each arm's table of the partitioned stage.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub partition_rows: usize,
+    /// Days the partitioned stage's old rows span (a partition each).
+    #[arg(long, default_value_t = 10)]
+    pub partition_days: u32,
+    /// Due rows per hand-off of the partitioned stage.
+    #[arg(long, default_value_t = 100_000)]
+    pub partition_backlog: usize,
+    /// Rounds of the partitioned stage (each round's retention removes a day).
+    #[arg(long, default_value_t = 3)]
+    pub partition_rounds: usize,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -204,6 +217,10 @@ impl BenchArgs {
             cluster_rows: 0,
             cluster_jobs: 0,
             cluster_rounds: 0,
+            partition_rows: 0,
+            partition_days: 0,
+            partition_backlog: 0,
+            partition_rounds: 0,
             peer_rounds: 0,
             smoke: true,
         }
@@ -238,6 +255,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         "retention",
         "soak",
         "cluster",
+        "partitioned",
     ];
     let binaries = if drain_needs_default || workers.iter().any(|name| wants(name)) {
         handoff_binaries(&args.handoff_bins, args.smoke)?
@@ -338,6 +356,18 @@ async fn more_stages(
             rounds: run.size(args.cluster_rounds.max(1), 1),
         };
         cluster::run(run, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("partitioned")) {
+        let plan = partitioned::Plan {
+            binary: binary.to_path_buf(),
+            rows: run.size(args.partition_rows, 3_000),
+            days: run.size(args.partition_days, 3),
+            backlog: run.size(args.partition_backlog, 1_000),
+            rate: run.size(500, 100),
+            seconds: run.size(20, 2),
+            rounds: run.size(args.partition_rounds.max(1), 1),
+        };
+        partitioned::run(run, &plan).await?;
     }
     if wants("console") {
         let plan = console::Plan {

@@ -1,0 +1,82 @@
+//! `outbox partition convert | status` on the real binary: a table with
+//! rows is converted, its rows are all still there and in the legacy
+//! partition, a second conversion is refused with exit code 2, and
+//! `status` lists the partitions.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use diesel_async::SimpleAsyncConnection;
+
+use crate::common::Env;
+
+#[tokio::test]
+async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() {
+    let env = Env::new().await;
+    let mut conn = env.db.conn().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        return; // the run's databases are partitioned already
+    }
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at, dispatch_key)
+         SELECT 'acme', 'audit.user.login', '{}', 'DONE', now(), 'k-' || g
+         FROM generate_series(1, 50) AS g",
+    )
+    .await
+    .unwrap();
+    let before = env.outbox(&["partition", "status", "--json"]);
+    assert_eq!(before.code, 0, "{}{}", before.stdout, before.stderr);
+    assert_eq!(before.json()["partitioned"], false);
+
+    let convert = env.outbox(&[
+        "partition",
+        "convert",
+        "--unit",
+        "day",
+        "--ahead",
+        "2",
+        "--json",
+    ]);
+
+    assert_eq!(convert.code, 0, "{}{}", convert.stdout, convert.stderr);
+    assert_eq!(convert.json()["dispatch_keys"], 50, "{}", convert.stdout);
+    let status = env.outbox(&["partition", "status", "--json"]);
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    let status = status.json();
+    assert_eq!(status["partitioned"], true);
+    assert_eq!(status["unit"], "day");
+    let names: Vec<&str> = status["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.first(), Some(&"outbox_event_legacy"), "{names:?}");
+    assert_eq!(names.last(), Some(&"outbox_event_default"), "{names:?}");
+    assert!(names.len() >= 4, "{names:?}");
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let legacy: Count = diesel_async::RunQueryDsl::get_result(
+        diesel::sql_query("SELECT count(*) AS n FROM outbox_event_legacy WHERE status = 'DONE'"),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    assert_eq!(legacy.n, 50, "every row stays where it was");
+
+    let again = env.outbox(&["partition", "convert"]);
+    assert_eq!(again.code, 2, "{}{}", again.stdout, again.stderr);
+    assert!(
+        again.stderr.contains("partitioned already"),
+        "{}",
+        again.stderr
+    );
+}
