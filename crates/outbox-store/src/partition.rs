@@ -245,7 +245,8 @@ async fn is_partitioned(conn: &mut AsyncPgConnection) -> Result<bool> {
 ///    built `CONCURRENTLY`;
 /// 3. one transaction under `ACCESS EXCLUSIVE`: the table is renamed to
 ///    the legacy partition, a partitioned `outbox_event` with the same
-///    columns, defaults, checks, indexes, triggers and comments is created,
+///    columns, defaults, checks, indexes, triggers, comments, owner and
+///    grants is created,
 ///    the legacy table is attached, the held dispatch keys are copied to
 ///    `outbox_dispatch_key`, and the default and future partitions are
 ///    created.
@@ -378,6 +379,19 @@ async fn swap(
     )
     .load(conn)
     .await?;
+    // Its owner and grants, which a new table does not inherit.
+    let rights: Vec<Definition> = diesel::sql_query(
+        "SELECT 'owner' AS name, format('ALTER TABLE outbox_event OWNER TO %s', c.relowner::regrole) AS def
+         FROM pg_class c WHERE c.oid = 'outbox_event'::regclass
+         UNION ALL
+         SELECT 'grant', format('GRANT %s ON outbox_event TO %s', a.privilege_type,
+                                CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                     ELSE a.grantee::regrole::text END)
+         FROM pg_class c, aclexplode(c.relacl) a
+         WHERE c.oid = 'outbox_event'::regclass AND a.grantee <> c.relowner",
+    )
+    .load(conn)
+    .await?;
     let mut ddl = String::from(
         "ALTER TABLE outbox_event RENAME TO outbox_event_legacy;
          ALTER INDEX outbox_event_pkey RENAME TO outbox_event_legacy_pkey;
@@ -410,8 +424,8 @@ async fn swap(
         ddl.push_str(&index.def);
         ddl.push_str(";\n");
     }
-    for trigger in &triggers {
-        ddl.push_str(&trigger.def);
+    for statement in triggers.iter().chain(&rights) {
+        ddl.push_str(&statement.def);
         ddl.push_str(";\n");
     }
     ddl.push_str(&format!(

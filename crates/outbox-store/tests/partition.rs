@@ -182,6 +182,50 @@ async fn converting_keeps_every_row_in_every_state_where_it_was_and_the_claim_fi
 }
 
 #[tokio::test]
+async fn converting_keeps_the_tables_grants() {
+    let (_db, mut conn) = database().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        return;
+    }
+    let role = format!("outbox_test_reader_{}", Uuid::new_v4().simple());
+    conn.batch_execute(&format!(
+        "CREATE ROLE {role}; GRANT SELECT, INSERT ON outbox_event TO {role}"
+    ))
+    .await
+    .unwrap();
+
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3).await;
+
+    #[derive(QueryableByName)]
+    struct Granted {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        select: bool,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        insert: bool,
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        delete: bool,
+    }
+    let granted: Granted = diesel::sql_query(format!(
+        "SELECT has_table_privilege('{role}', 'outbox_event', 'SELECT') AS select,
+                has_table_privilege('{role}', 'outbox_event', 'INSERT') AS insert,
+                has_table_privilege('{role}', 'outbox_event', 'DELETE') AS delete"
+    ))
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    conn.batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role}"))
+        .await
+        .unwrap();
+    converted.unwrap();
+    assert!(granted.select && granted.insert, "the grants are copied");
+    assert!(!granted.delete, "and no more");
+}
+
+#[tokio::test]
 async fn converting_twice_is_refused_and_changes_nothing() {
     let (_db, mut conn) = database().await;
     partitioned(&mut conn).await;

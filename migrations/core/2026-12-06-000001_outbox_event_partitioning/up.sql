@@ -38,12 +38,15 @@ CREATE TABLE outbox_dispatch_key (
 CREATE INDEX outbox_dispatch_key_created_at_idx ON outbox_dispatch_key (created_at);
 COMMENT ON TABLE outbox_dispatch_key IS 'On a partitioned outbox_event: the dispatch key of each row that holds one, so that keys stay unique across partitions.';
 
+-- Both trigger functions run with their owner's rights (the role that
+-- migrates), so that producers need no privilege on outbox_dispatch_key.
+--
 -- BEFORE INSERT (a row with a key): take the key, or skip the row when a
 -- live row holds it, as `ON CONFLICT DO NOTHING` would. Runs after
 -- outbox_event_release_dispatch_key (triggers fire in name order), so a
 -- holder whose dedupe window has passed has given the key up already.
 CREATE FUNCTION outbox_dispatch_key_take() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
     VALUES (NEW.dispatch_key, NEW.id, NEW.created_at)
@@ -58,7 +61,7 @@ $$;
 -- AFTER DELETE, or an UPDATE that changed the key (a release sets it NULL):
 -- the row no longer holds its old key.
 CREATE FUNCTION outbox_dispatch_key_forget() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+    LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 BEGIN
     DELETE FROM outbox_dispatch_key
     WHERE dispatch_key = OLD.dispatch_key AND event_id = OLD.id;
