@@ -390,11 +390,18 @@ async fn outcome_plans(
         .iter()
         .map(|id| (id.to_string(), json!("outbox.audit")))
         .collect();
+    // The creation times' bounds (see outbox_store's fenced statements).
+    let (from, to) = (
+        chrono::Utc::now() - chrono::Duration::days(1),
+        chrono::Utc::now() + chrono::Duration::days(1),
+    );
     let explain = |sql: &str| diesel::sql_query(format!("EXPLAIN {sql}"));
     let done = explain(db::DONE_SQL)
         .bind::<Array<SqlUuid>, _>(ids.to_vec())
         .bind::<Timestamptz, _>(lease)
         .bind::<Jsonb, _>(serde_json::Value::Object(queues))
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
         .load(conn)
         .await
         .unwrap();
@@ -404,6 +411,8 @@ async fn outcome_plans(
         .bind::<BigInt, _>(1000_i64)
         .bind::<Text, _>("boom")
         .bind::<Text, _>("outbox.audit")
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
         .load(conn)
         .await
         .unwrap();
@@ -414,6 +423,8 @@ async fn outcome_plans(
         .bind::<Text, _>("boom")
         .bind::<Nullable<Text>, _>(Some("outbox.audit"))
         .bind::<Bool, _>(false)
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
         .load(conn)
         .await
         .unwrap();
@@ -422,12 +433,16 @@ async fn outcome_plans(
         .bind::<Timestamptz, _>(lease)
         .bind::<BigInt, _>(30_000_i64)
         .bind::<Text, _>("no route")
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
         .load(conn)
         .await
         .unwrap();
     let release = explain(db::RELEASE_SQL)
         .bind::<Array<SqlUuid>, _>(ids.to_vec())
         .bind::<Timestamptz, _>(lease)
+        .bind::<Timestamptz, _>(from)
+        .bind::<Timestamptz, _>(to)
         .load(conn)
         .await
         .unwrap();
@@ -546,13 +561,14 @@ async fn the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_s
         &mut conn,
         &format!(
             "SET plan_cache_mode = force_generic_plan;
-             PREPARE done_generic(uuid[], timestamptz, jsonb) AS {}",
+             PREPARE done_generic(uuid[], timestamptz, jsonb, timestamptz, timestamptz) AS {}",
             db::DONE_SQL
         ),
     )
     .await;
     let generic: Vec<PlanLine> = diesel::sql_query(format!(
-        "EXPLAIN EXECUTE done_generic({array}, '{}'::timestamptz, '{{}}'::jsonb)",
+        "EXPLAIN EXECUTE done_generic({array}, '{}'::timestamptz, '{{}}'::jsonb, \
+         now() - interval '1 day', now() + interval '1 day')",
         lease.to_rfc3339()
     ))
     .load(&mut conn)

@@ -51,8 +51,8 @@ macro_rules! due {
 macro_rules! level {
     ($priority:literal) => {
         concat!(
-            "SELECT id FROM (
-        SELECT id FROM outbox_event
+            "SELECT id, created_at FROM (
+        SELECT id, created_at FROM outbox_event
         WHERE status IN ('PENDING', 'PROCESSING') AND NOT ordering_blocked
           AND priority = ",
             $priority,
@@ -137,6 +137,8 @@ UPDATE outbox_event e
 SET status = 'PROCESSING',
     locked_until = now() + make_interval(secs => $2 / 1000.0)
 WHERE e.id = ANY(ARRAY(SELECT id FROM due))
+  AND e.created_at >= (SELECT min(created_at) FROM due)
+  AND e.created_at <= (SELECT max(created_at) FROM due)
 RETURNING e.*"
 );
 
@@ -177,6 +179,10 @@ pub struct Lease {
     pub id: Uuid,
     /// Its `locked_until` as claimed (the same for every row of one claim).
     pub locked_until: DateTime<Utc>,
+    /// Its `created_at`: the outcome statements bound the rows' creation
+    /// times, so that on a partitioned table they read only the partitions
+    /// that hold them.
+    pub created_at: DateTime<Utc>,
 }
 
 impl Lease {
@@ -186,6 +192,7 @@ impl Lease {
         event.locked_until.map(|locked_until| Self {
             id: event.id,
             locked_until,
+            created_at: event.created_at,
         })
     }
 }
@@ -208,10 +215,22 @@ impl Lease {
 /// stale"). That rests on the planner not seeing through `IS TRUE`; the
 /// test `the_outcome_statements_use_the_primary_key_when_a_backlog_outgrew_the_statistics`
 /// fails if a Postgres version starts to.
+///
+/// `created_at` between the two parameters named (the least and the greatest
+/// of the rows') adds nothing on one table; on a partitioned one it lets
+/// Postgres read only the partitions that hold the rows, instead of
+/// looking every id up in every partition's primary key.
 macro_rules! fenced {
-    () => {
-        "WHERE id = ANY($1) AND (status = 'PROCESSING') IS TRUE AND locked_until = $2
+    ($from:literal, $to:literal) => {
+        concat!(
+            "WHERE id = ANY($1) AND created_at >= ",
+            $from,
+            " AND created_at <= ",
+            $to,
+            "
+           AND (status = 'PROCESSING') IS TRUE AND locked_until = $2
          RETURNING id"
+        )
     };
 }
 
@@ -224,7 +243,7 @@ pub const DONE_SQL: &str = concat!(
      SET status = 'DONE', processed_at = now(), locked_until = NULL,
          last_error = NULL, target_queue = $3 ->> id::text, unrouted_since = NULL
      ",
-    fenced!()
+    fenced!("$4", "$5")
 );
 
 /// Puts rows back to `PENDING` after a failed hand-off; one statement per
@@ -236,7 +255,7 @@ pub const RETRY_SQL: &str = concat!(
          scheduled_at = now() + make_interval(secs => $3 / 1000.0),
          last_error = $4, target_queue = $5, unrouted_since = NULL
      ",
-    fenced!()
+    fenced!("$6", "$7")
 );
 
 /// Dead-letters rows; one statement per lease, retry increment (`$3`), error
@@ -249,7 +268,7 @@ pub const FAILED_SQL: &str = concat!(
          last_error = $4, target_queue = $5, failed_at = now(),
          unrouted_since = CASE WHEN $6 THEN coalesce(unrouted_since, now()) END
      ",
-    fenced!()
+    fenced!("$7", "$8")
 );
 
 /// Puts rows that no routing rule matches back to `PENDING` to wait for a
@@ -262,7 +281,7 @@ pub const WAIT_FOR_ROUTE_SQL: &str = concat!(
          scheduled_at = now() + make_interval(secs => $3 / 1000.0),
          last_error = $4, unrouted_since = coalesce(unrouted_since, now())
      ",
-    fenced!()
+    fenced!("$5", "$6")
 );
 
 /// Gives rows back to `PENDING`, due at once; one statement per lease. See
@@ -271,14 +290,39 @@ pub const RELEASE_SQL: &str = concat!(
     "UPDATE outbox_event
      SET status = 'PENDING', locked_until = NULL
      ",
-    fenced!()
+    fenced!("$3", "$4")
 );
 
-/// Groups ids by the values their outcome statement binds besides the ids.
-fn group<K: Ord>(items: impl IntoIterator<Item = (K, Uuid)>) -> Vec<(K, Vec<Uuid>)> {
-    let mut groups: BTreeMap<K, Vec<Uuid>> = BTreeMap::new();
-    for (key, id) in items {
-        groups.entry(key).or_default().push(id);
+/// The rows of one outcome statement: their ids, and the least and the
+/// greatest of their `created_at` (see `fenced!`).
+#[derive(Debug, Default)]
+struct Rows {
+    ids: Vec<Uuid>,
+    bounds: Option<(DateTime<Utc>, DateTime<Utc>)>,
+}
+
+impl Rows {
+    fn push(&mut self, lease: &Lease) {
+        self.ids.push(lease.id);
+        let at = lease.created_at;
+        self.bounds = Some(match self.bounds {
+            None => (at, at),
+            Some((from, to)) => (from.min(at), to.max(at)),
+        });
+    }
+
+    /// The bounds (a group always has a row).
+    fn span(&self) -> (DateTime<Utc>, DateTime<Utc>) {
+        self.bounds
+            .unwrap_or((DateTime::UNIX_EPOCH, DateTime::UNIX_EPOCH))
+    }
+}
+
+/// Groups leases by the values their outcome statement binds besides the ids.
+fn group<'l, K: Ord>(items: impl IntoIterator<Item = (K, &'l Lease)>) -> Vec<(K, Rows)> {
+    let mut groups: BTreeMap<K, Rows> = BTreeMap::new();
+    for (key, lease) in items {
+        groups.entry(key).or_default().push(lease);
     }
     groups.into_iter().collect()
 }
@@ -298,23 +342,28 @@ pub async fn mark_done(
     done: &[(Lease, String)],
 ) -> Result<Vec<Uuid>> {
     /// The ids of one lease and the queue of each.
-    type Batch = (Vec<Uuid>, Map<String, Value>);
+    type Batch = (Rows, Map<String, Value>);
     let mut groups: BTreeMap<DateTime<Utc>, Batch> = BTreeMap::new();
     for (lease, queue) in done {
-        let (ids, queues) = groups.entry(lease.locked_until).or_default();
-        ids.push(lease.id);
+        let (rows, queues) = groups.entry(lease.locked_until).or_default();
+        rows.push(lease);
         queues.insert(lease.id.to_string(), Value::String(queue.clone()));
     }
     let conn: &AsyncPgConnection = conn;
-    let statements = groups.into_iter().map(|(lease, (ids, queues))| async move {
-        let mut conn = conn;
-        prepared(DONE_SQL)
-            .bind::<Array<SqlUuid>, _>(ids)
-            .bind::<Timestamptz, _>(lease)
-            .bind::<Jsonb, _>(Value::Object(queues))
-            .load::<IdRow>(&mut conn)
-            .await
-    });
+    let statements = groups
+        .into_iter()
+        .map(|(lease, (rows, queues))| async move {
+            let mut conn = conn;
+            let (from, to) = rows.span();
+            prepared(DONE_SQL)
+                .bind::<Array<SqlUuid>, _>(rows.ids)
+                .bind::<Timestamptz, _>(lease)
+                .bind::<Jsonb, _>(Value::Object(queues))
+                .bind::<Timestamptz, _>(from)
+                .bind::<Timestamptz, _>(to)
+                .load::<IdRow>(&mut conn)
+                .await
+        });
     Ok(try_join_all(statements).await.map(updated)?)
 }
 
@@ -343,19 +392,22 @@ pub async fn mark_retry(conn: &mut AsyncPgConnection, retries: &[Retry]) -> Resu
             r.error.clone(),
             r.queue.clone(),
         );
-        (key, r.lease.id)
+        (key, &r.lease)
     }));
     let conn: &AsyncPgConnection = conn;
     let statements = groups
         .into_iter()
-        .map(|((lease, delay_ms, error, queue), ids)| async move {
+        .map(|((lease, delay_ms, error, queue), rows)| async move {
             let mut conn = conn;
+            let (from, to) = rows.span();
             prepared(RETRY_SQL)
-                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Array<SqlUuid>, _>(rows.ids)
                 .bind::<Timestamptz, _>(lease)
                 .bind::<BigInt, _>(delay_ms)
                 .bind::<Text, _>(error)
                 .bind::<Text, _>(queue)
+                .bind::<Timestamptz, _>(from)
+                .bind::<Timestamptz, _>(to)
                 .load::<IdRow>(&mut conn)
                 .await
         });
@@ -392,19 +444,22 @@ pub async fn mark_failed(conn: &mut AsyncPgConnection, failures: &[Failure]) -> 
             f.queue.clone(),
             f.unrouted,
         );
-        (key, f.lease.id)
+        (key, &f.lease)
     }));
     let conn: &AsyncPgConnection = conn;
     let statements = groups.into_iter().map(
-        |((lease, increment, error, queue, unrouted), ids)| async move {
+        |((lease, increment, error, queue, unrouted), rows)| async move {
             let mut conn = conn;
+            let (from, to) = rows.span();
             prepared(FAILED_SQL)
-                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Array<SqlUuid>, _>(rows.ids)
                 .bind::<Timestamptz, _>(lease)
                 .bind::<Int4, _>(increment)
                 .bind::<Text, _>(error)
                 .bind::<Nullable<Text>, _>(queue)
                 .bind::<Bool, _>(unrouted)
+                .bind::<Timestamptz, _>(from)
+                .bind::<Timestamptz, _>(to)
                 .load::<IdRow>(&mut conn)
                 .await
         },
@@ -434,19 +489,22 @@ pub async fn mark_waiting_for_route(
     let groups = group(waits.iter().map(|w| {
         (
             (w.lease.locked_until, w.delay_ms, w.error.clone()),
-            w.lease.id,
+            &w.lease,
         )
     }));
     let conn: &AsyncPgConnection = conn;
     let statements = groups
         .into_iter()
-        .map(|((lease, delay_ms, error), ids)| async move {
+        .map(|((lease, delay_ms, error), rows)| async move {
             let mut conn = conn;
+            let (from, to) = rows.span();
             prepared(WAIT_FOR_ROUTE_SQL)
-                .bind::<Array<SqlUuid>, _>(ids)
+                .bind::<Array<SqlUuid>, _>(rows.ids)
                 .bind::<Timestamptz, _>(lease)
                 .bind::<BigInt, _>(delay_ms)
                 .bind::<Text, _>(error)
+                .bind::<Timestamptz, _>(from)
+                .bind::<Timestamptz, _>(to)
                 .load::<IdRow>(&mut conn)
                 .await
         });
@@ -458,13 +516,16 @@ pub async fn mark_waiting_for_route(
 /// actually released.
 #[instrument(level = "debug", skip_all, fields(rows = leases.len()), err(level = "debug"))]
 pub async fn release(conn: &mut AsyncPgConnection, leases: &[Lease]) -> Result<Vec<Uuid>> {
-    let groups = group(leases.iter().map(|l| (l.locked_until, l.id)));
+    let groups = group(leases.iter().map(|l| (l.locked_until, l)));
     let conn: &AsyncPgConnection = conn;
-    let statements = groups.into_iter().map(|(lease, ids)| async move {
+    let statements = groups.into_iter().map(|(lease, rows)| async move {
         let mut conn = conn;
+        let (from, to) = rows.span();
         prepared(RELEASE_SQL)
-            .bind::<Array<SqlUuid>, _>(ids)
+            .bind::<Array<SqlUuid>, _>(rows.ids)
             .bind::<Timestamptz, _>(lease)
+            .bind::<Timestamptz, _>(from)
+            .bind::<Timestamptz, _>(to)
             .load::<IdRow>(&mut conn)
             .await
     });
