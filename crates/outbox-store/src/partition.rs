@@ -53,6 +53,22 @@ pub const LOCK_TIMEOUT: &str = "1s";
 /// The name of the partition that was the whole table before the conversion.
 pub const LEGACY_PARTITION: &str = "outbox_event_legacy";
 
+/// `parts, ranges`: the partitions of `outbox_event` with their bounds as
+/// text (`lo` NULL for `MINVALUE` and for the default partition, `hi` NULL
+/// for the default partition), read from the catalog whatever the
+/// session's time zone (the bounds carry their offset).
+const PARTITION_RANGES: &str = "parts AS (
+             SELECT c.oid, c.relname::text AS name, c.reltuples,
+                    pg_get_expr(c.relpartbound, c.oid) AS bound
+             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = 'outbox_event'::regclass
+         ), ranges AS (
+             SELECT p.*,
+                    substring(bound FROM 'FROM \\(''([^'']*)''\\)') AS lo,
+                    substring(bound FROM 'TO \\(''([^'']*)''\\)') AS hi
+             FROM parts p
+         )";
+
 /// The name of the partition for rows no other partition covers.
 pub const DEFAULT_PARTITION: &str = "outbox_event_default";
 
@@ -272,7 +288,8 @@ pub async fn convert_to_partitioned(
         return Err(PartitionError::AlreadyPartitioned.into());
     }
     let bound: Instant = diesel::sql_query(format!(
-        "SELECT date_trunc('{unit}', now() + interval '10 minutes') + interval '1 {unit}' AS at"
+        "SELECT (date_trunc('{unit}', (now() + interval '10 minutes') AT TIME ZONE 'UTC')
+                 + interval '1 {unit}') AT TIME ZONE 'UTC' AS at"
     ))
     .get_result(conn)
     .await?;
@@ -472,8 +489,9 @@ async fn swap(
 }
 
 /// Creates the partitions from `from` (default: the current unit) up to
-/// `ahead` units past the current one that do not exist yet. Returns
-/// their names.
+/// `ahead` units past the current one that no partition covers yet, their
+/// bounds on the unit's boundaries in UTC whatever the session's time
+/// zone. Returns their names.
 async fn create_ahead(
     conn: &mut AsyncPgConnection,
     unit: PartitionUnit,
@@ -492,26 +510,22 @@ async fn create_ahead(
     // Starts of the wanted ranges that no partition covers yet, with
     // their names (outbox_event_p<yyyymmdd>[hh]).
     let missing: Vec<Missing> = diesel::sql_query(format!(
-        "WITH wanted AS (
-             SELECT lo, lo + interval '1 {unit}' AS hi
+        "WITH {PARTITION_RANGES}, wanted AS (
+             SELECT lo AT TIME ZONE 'UTC' AS lo, (lo + interval '1 {unit}') AT TIME ZONE 'UTC' AS hi,
+                    'outbox_event_p' || to_char(lo, '{fmt}') AS name
              FROM generate_series(
-                 greatest(date_trunc('{unit}', now()),
-                          COALESCE($1, '-infinity'::timestamptz),
-                          (SELECT legacy_until FROM outbox_partitioning)),
-                 date_trunc('{unit}', now()) + {ahead} * interval '1 {unit}',
+                 date_trunc('{unit}', now() AT TIME ZONE 'UTC'),
+                 date_trunc('{unit}', now() AT TIME ZONE 'UTC') + {ahead} * interval '1 {unit}',
                  interval '1 {unit}') AS lo
-         ), existing AS (
-             SELECT pg_get_expr(c.relpartbound, c.oid) AS bound
-             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-             WHERE i.inhparent = 'outbox_event'::regclass
          )
-         SELECT 'outbox_event_p' || to_char(lo AT TIME ZONE 'UTC', '{fmt}') AS name,
-                quote_literal(lo::text) AS lo, quote_literal(hi::text) AS hi
+         SELECT name, quote_literal(lo::text) AS lo, quote_literal(hi::text) AS hi
          FROM wanted w
-         WHERE NOT EXISTS (
-             SELECT 1 FROM existing e
-             WHERE e.bound = format('FOR VALUES FROM (%L) TO (%L)', w.lo, w.hi))
-         ORDER BY lo",
+         WHERE w.lo >= COALESCE($1, '-infinity'::timestamptz)
+           AND w.lo >= COALESCE((SELECT legacy_until FROM outbox_partitioning), '-infinity'::timestamptz)
+           AND NOT EXISTS (
+               SELECT 1 FROM ranges r
+               WHERE COALESCE(r.lo::timestamptz, '-infinity') < w.hi AND r.hi::timestamptz > w.lo)
+         ORDER BY w.lo",
         fmt = match unit {
             PartitionUnit::Hour => "YYYYMMDD\"h\"HH24",
             _ => "YYYYMMDD",
@@ -584,24 +598,14 @@ pub struct PartitionInfo {
 /// When Postgres fails.
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn partitions(conn: &mut AsyncPgConnection) -> Result<Vec<PartitionInfo>> {
-    Ok(diesel::sql_query(
-        "WITH parts AS (
-             SELECT c.oid, c.relname::text AS name, c.reltuples,
-                    pg_get_expr(c.relpartbound, c.oid) AS bound
-             FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-             WHERE i.inhparent = 'outbox_event'::regclass
-         ), ranges AS (
-             SELECT p.*,
-                    substring(bound FROM 'FROM \\(''([^'']*)''\\)') AS lo,
-                    substring(bound FROM 'TO \\(''([^'']*)''\\)') AS hi
-             FROM parts p
-         )
+    Ok(diesel::sql_query(format!(
+        "WITH {PARTITION_RANGES}
          SELECT name, lo::timestamptz AS \"from\", hi::timestamptz AS \"to\",
                 greatest(reltuples, 0)::float8 AS rows_estimate,
                 pg_total_relation_size(oid) AS bytes
          FROM ranges
-         ORDER BY (bound = 'DEFAULT'), hi::timestamptz NULLS FIRST",
-    )
+         ORDER BY (bound = 'DEFAULT'), hi::timestamptz NULLS FIRST"
+    ))
     .load(conn)
     .await?)
 }

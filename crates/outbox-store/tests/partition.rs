@@ -456,3 +456,40 @@ async fn a_retention_batch_deletes_old_done_rows_of_every_partition() {
     assert_eq!(batch.deleted, 2);
     assert!(by_status(&mut conn).await.is_empty());
 }
+
+// Break checked: cutting the ranges in the session's time zone
+// (`date_trunc('day', now())`) makes every wanted range overlap a
+// partition that exists, so none is created and the dropped day stays
+// uncovered.
+#[tokio::test]
+async fn partitions_ahead_are_cut_on_utc_boundaries_whatever_the_session_time_zone() {
+    let (_db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let newest = outbox_store::partitions(&mut conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .rfind(|p| p.name != outbox_store::DEFAULT_PARTITION)
+        .unwrap();
+    conn.batch_execute(&format!(
+        "DROP TABLE \"{}\"; SET TimeZone = 'Asia/Kolkata'",
+        newest.name
+    ))
+    .await
+    .unwrap();
+
+    let created = outbox_store::create_partitions_ahead(&mut conn)
+        .await
+        .unwrap();
+
+    assert_eq!(created, std::slice::from_ref(&newest.name));
+    let again = outbox_store::partitions(&mut conn)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|p| p.name == newest.name)
+        .unwrap();
+    assert_eq!((again.from, again.to), (newest.from, newest.to));
+    let from = again.from.unwrap();
+    assert_eq!(from.timestamp() % 86_400, 0, "a UTC midnight: {from}");
+}

@@ -200,7 +200,7 @@ async fn fill(url: &str, plan: &Plan, partitioned: bool) -> Result<()> {
              DECLARE d timestamptz;
              BEGIN
                  FOR d IN SELECT generate_series(
-                              date_trunc('day', now()) - interval '{days} days',
+                              date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '{days} days',
                               (SELECT legacy_until FROM outbox_partitioning) - interval '1 day',
                               interval '1 day') LOOP
                      EXECUTE format('CREATE TABLE %I PARTITION OF outbox_event FOR VALUES FROM (%L) TO (%L)',
@@ -221,7 +221,7 @@ async fn fill(url: &str, plan: &Plan, partitioned: bool) -> Result<()> {
                                        scheduled_at, processed_at, target_queue)
              SELECT 'tenant-' || (g % 17), 'audit.user.login', '{{\"n\": 1}}', 'DONE', ts, ts,
                     ts, 'outbox.audit'
-             FROM (SELECT g, date_trunc('day', now()) - interval '{span_ms} ms'
+             FROM (SELECT g, date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '{span_ms} ms'
                              + ((g - 1)::float8 * {span_ms} / {rows}) * interval '1 ms' AS ts
                    FROM generate_series({first}, {last}) AS g) AS s",
             first = start + 1,
