@@ -85,7 +85,7 @@ enum Command {
     /// exactly-once verdict (exit 1 when it fails).
     Demo(demo::DemoArgs),
     /// Performance figures as JSON lines on stdout.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// EXPLAIN ANALYZE of every statement of a dispatcher tick at several
     /// batch sizes, statistics states and plan cache modes, as a Markdown table.
     Explain(explain::ExplainArgs),
@@ -153,7 +153,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Command::Test(args) | Command::Ci(args) => test::run(args).await,
             Command::Demo(args) => demo::run(args).await,
-            Command::Bench(args) => bench::run(args).await,
+            Command::Bench(args) => bench::run(*args).await,
             Command::Explain(args) => explain::run(args).await,
             Command::Image(args) => image::run(args),
             Command::Schema { check } => schema::run(check).await,

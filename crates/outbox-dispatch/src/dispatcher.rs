@@ -106,6 +106,8 @@ pub struct Dispatcher {
     guard: Option<Arc<RedisGuard>>,
     upkeep: Arc<Upkeep>,
     draining: Draining,
+    /// Whether the ticks refresh `outbox_pending_due` themselves.
+    pending_gauge: bool,
 }
 
 /// One batch of jobs for one queue.
@@ -149,6 +151,7 @@ impl Dispatcher {
             gauge_refreshed: Mutex::new(None),
             guard: None,
             draining: Draining::default(),
+            pending_gauge: true,
         })
     }
 
@@ -182,6 +185,21 @@ impl Dispatcher {
             receivers,
             settings,
         )));
+        self
+    }
+
+    /// Leaves the gauge `outbox_pending_due` to the process's gauge task.
+    /// By default a dispatcher's ticks count the due rows for it every 5 s,
+    /// in every process; the count reads every due row through the claim
+    /// index, so under a backlog N processes read it N times per interval,
+    /// on the side that saturates first. The workers' gauge task counts
+    /// once per interval for all the processes of a namespace
+    /// ([`crate::stats::shared_pending_figures`]) and sets the same gauge:
+    /// `worker-general` calls this (docs/scaling.md, "Why more processes
+    /// were slower").
+    #[must_use]
+    pub fn without_pending_gauge(mut self) -> Self {
+        self.pending_gauge = false;
         self
     }
 
@@ -570,6 +588,9 @@ impl Dispatcher {
     }
 
     async fn refresh_pending_gauge(&self, conn: &mut diesel_async::AsyncPgConnection) {
+        if !self.pending_gauge {
+            return;
+        }
         // Another loop counting right now refreshes it for both: this tick
         // goes on instead of waiting for that count.
         let Ok(mut refreshed) = self.gauge_refreshed.try_lock() else {

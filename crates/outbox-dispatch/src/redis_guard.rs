@@ -75,6 +75,10 @@ pub use safe_point::SafePointPass;
 /// [`RedisGuardSettings::safe_point_lag`] says otherwise.
 pub const SAFE_POINT_LAG: Duration = Duration::from_secs(5);
 
+/// How long a check waits before it tries again for the namespace's lock
+/// that another dispatcher's check holds.
+const NAMESPACE_BUSY_RETRY: Duration = Duration::from_millis(20);
+
 /// How often a failing check (Redis or Postgres away) is tried again.
 const RETRY_FAILED_CHECK: Duration = Duration::from_secs(1);
 
@@ -449,11 +453,27 @@ impl RedisGuard {
     pub async fn check(&self) -> Result<CheckReport, DispatchError> {
         let mut redis = self.redis.clone();
         let server = read_server_info(&mut redis).await?;
-        let mut conn = self.pool.get().await?;
-        conn.transaction::<_, DispatchError, _>(async |conn| {
-            self.decide(conn, &mut redis, &server).await
-        })
-        .await
+        let prefix = self.namespace.prefix();
+        loop {
+            let mut conn = self.pool.get().await?;
+            // The namespace's lock is tried, not waited for inside the
+            // transaction: a waiting statement keeps its snapshot, which
+            // keeps the claim index's dead entries alive for every claim
+            // meanwhile (`outbox_store::try_lock_namespace`).
+            let decided = conn
+                .transaction::<_, DispatchError, _>(async |conn| {
+                    if !store::try_lock_namespace(conn, prefix).await? {
+                        return Ok(None);
+                    }
+                    self.decide(conn, &mut redis, &server).await.map(Some)
+                })
+                .await?;
+            if let Some(report) = decided {
+                return Ok(report);
+            }
+            drop(conn);
+            tokio::time::sleep(NAMESPACE_BUSY_RETRY).await;
+        }
     }
 
     /// The queues beside which a Redis Cluster keeps copies of the marker
@@ -473,8 +493,8 @@ impl RedisGuard {
         queues
     }
 
-    /// The check inside its transaction: the namespace is locked, so
-    /// dispatchers decide one after the other.
+    /// The check inside its transaction, which holds the namespace's lock,
+    /// so dispatchers decide one after the other.
     async fn decide(
         &self,
         conn: &mut AsyncPgConnection,
@@ -483,7 +503,6 @@ impl RedisGuard {
     ) -> Result<CheckReport, DispatchError> {
         let namespace = &self.namespace;
         let prefix = namespace.prefix();
-        store::lock_namespace(conn, prefix).await?;
         let now = store::db_now(conn).await?;
         let floor = retention_floor(now, self.settings.retention);
         let remembered = store::remembered_epoch(conn, prefix).await?;

@@ -3,9 +3,11 @@
 //! knows (the queue of rows not routed yet).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
+use outbox_queue::{QueueError, QueueNamespace, RedisConnection};
 pub use outbox_store::{OVERDUE_AFTER_SECS, PENDING_ALERT_THRESHOLD, PendingFigures};
 use serde::Serialize;
 
@@ -20,6 +22,69 @@ pub async fn pending_figures(
     conn: &mut AsyncPgConnection,
 ) -> Result<PendingFigures, outbox_store::StoreError> {
     outbox_store::pending_figures(conn).await
+}
+
+/// The Redis key under which the processes sharing `namespace` keep the
+/// latest [`PendingFigures`] (JSON), and the key whose holder counts them
+/// next.
+fn shared_figures_keys(namespace: &QueueNamespace) -> (String, String) {
+    let key = format!("{}outbox:pending-figures", namespace.prefix());
+    let turn = format!("{key}:turn");
+    (key, turn)
+}
+
+/// [`PendingFigures`] counted at most once per `every` by all the
+/// processes that share `namespace`, for their gauges.
+///
+/// The count reads every due row through the claim index, so a backlog
+/// makes it expensive; when each process counted for itself, N processes
+/// counted the backlog N times per interval, and 8 processes handed off a
+/// 100,000-row backlog at 0.8 of the rate of one (docs/scaling.md, "Why
+/// more processes were slower"). Now the process that takes the turn (a
+/// Redis key set only if absent, expiring after `every`) counts and stores
+/// the figures in Redis for three intervals; the others read them there.
+/// `None` when another process has the turn and has stored no figures yet:
+/// the gauges then keep their value until the next refresh.
+///
+/// # Errors
+///
+/// When Redis or Postgres fails.
+pub async fn shared_pending_figures(
+    conn: &mut AsyncPgConnection,
+    redis: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    every: Duration,
+) -> Result<Option<PendingFigures>, crate::DispatchError> {
+    let (key, turn) = shared_figures_keys(namespace);
+    let millis = u64::try_from(every.as_millis()).unwrap_or(u64::MAX).max(1);
+    let taken: Option<String> = redis::cmd("SET")
+        .arg(&turn)
+        .arg(1)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis)
+        .query_async(redis)
+        .await
+        .map_err(QueueError::from)?;
+    if taken.is_none() {
+        let stored: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(redis)
+            .await
+            .map_err(QueueError::from)?;
+        return Ok(stored.and_then(|json| serde_json::from_str(&json).ok()));
+    }
+    let figures = outbox_store::pending_figures(conn).await?;
+    let json = serde_json::to_string(&figures).unwrap_or_default();
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(json)
+        .arg("PX")
+        .arg(millis.saturating_mul(3))
+        .query_async::<()>(redis)
+        .await
+        .map_err(QueueError::from)?;
+    Ok(Some(figures))
 }
 
 /// Counts by status and by queue, with the pending figures.

@@ -4,13 +4,14 @@
 //!
 //! # Transactions and locks
 //!
-//! [`lock_namespace`] takes a transaction-scoped advisory lock: call it
-//! inside the transaction whose checks it serialises. Everything else is a
+//! [`lock_namespace`] and [`try_lock_namespace`] take a transaction-scoped
+//! advisory lock: call them inside the transaction whose checks they
+//! serialise. Everything else is a
 //! single statement.
 
 use chrono::{DateTime, Utc};
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::sql_types::{Array, BigInt, Bool, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tracing::instrument;
 use uuid::Uuid;
@@ -75,6 +76,36 @@ pub async fn lock_namespace(conn: &mut AsyncPgConnection, namespace: &str) -> Re
     .execute(conn)
     .await
     .map(|_| ())?)
+}
+
+#[derive(QueryableByName)]
+struct Taken {
+    #[diesel(sql_type = Bool)]
+    taken: bool,
+}
+
+/// [`lock_namespace`] without waiting: whether the lock was free and is
+/// now this transaction's. A check that waits in Postgres for another's
+/// lock keeps its statement's snapshot open all that time, and with it
+/// the oldest row version the server must keep visible: the claim index
+/// entries of every row handed off meanwhile cannot be marked dead, and
+/// each claim walks over them. When N processes start together their
+/// checks queue one behind the other, so this cost grew with N
+/// (docs/scaling.md, "Why more processes were slower"). Waiting outside
+/// the transaction, between tries, holds no snapshot.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn try_lock_namespace(conn: &mut AsyncPgConnection, namespace: &str) -> Result<bool> {
+    let row: Taken = diesel::sql_query(
+        "SELECT pg_try_advisory_xact_lock(hashtextextended('outbox_redis_epoch:' || $1, 0)) AS taken",
+    )
+    .bind::<Text, _>(namespace)
+    .get_result(conn)
+    .await?;
+    Ok(row.taken)
 }
 
 /// The remembered marker of `namespace`, if any.

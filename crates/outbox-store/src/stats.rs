@@ -8,7 +8,7 @@ use diesel::sql_types::{BigInt, Double, Nullable, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use outbox_model::OutboxStatus;
 use outbox_model::schema::outbox_event;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracing::instrument;
 
 use crate::Result;
@@ -20,7 +20,7 @@ pub const OVERDUE_AFTER_SECS: i64 = 60;
 pub const PENDING_ALERT_THRESHOLD: i64 = 1000;
 
 /// Due-pending figures, cheap enough to read every few seconds (claim index).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PendingFigures {
     /// PENDING rows whose `scheduled_at` has passed.
     pub due: i64,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use outbox_dispatch::stats::pending_figures;
+use outbox_dispatch::stats::{PendingFigures, shared_pending_figures};
 use outbox_pg::PgPool;
 use outbox_queue::RedisConnection;
 use outbox_queue::{QueueNamespace, queue_stats};
@@ -71,6 +71,15 @@ async fn refresh_ordering_gauges(conn: &mut diesel_async::AsyncPgConnection) {
     }
 }
 
+/// The gauges of the outbox table's pending figures.
+fn set_pending_gauges(figures: &PendingFigures) {
+    metrics::gauge!("outbox_pending_due").set(figures.due as f64);
+    metrics::gauge!("outbox_pending_overdue").set(figures.overdue as f64);
+    metrics::gauge!("outbox_pending_oldest_due_age_seconds")
+        .set(figures.oldest_due_age_secs.unwrap_or(0.0));
+    metrics::gauge!("outbox_processing").set(figures.processing as f64);
+}
+
 /// Refreshes the gauges until `shutdown`.
 pub async fn refresh_gauges(
     pool: PgPool,
@@ -82,21 +91,22 @@ pub async fn refresh_gauges(
     loop {
         if settings.outbox_table {
             match pool.get().await {
-                Ok(mut conn) => match pending_figures(&mut conn).await {
-                    Ok(figures) => {
-                        metrics::gauge!("outbox_pending_due").set(figures.due as f64);
-                        metrics::gauge!("outbox_pending_overdue").set(figures.overdue as f64);
-                        metrics::gauge!("outbox_pending_oldest_due_age_seconds")
-                            .set(figures.oldest_due_age_secs.unwrap_or(0.0));
-                        metrics::gauge!("outbox_processing").set(figures.processing as f64);
-                        refresh_ordering_gauges(&mut conn).await;
-                        #[cfg(feature = "workflow")]
-                        if settings.workflow_executions {
-                            refresh_workflow_gauges(&mut conn).await;
-                        }
+                Ok(mut conn) => {
+                    // One process of those sharing the namespace counts the
+                    // backlog per interval; the others read its figures.
+                    match shared_pending_figures(&mut conn, &mut redis, &namespace, settings.every)
+                        .await
+                    {
+                        Ok(Some(figures)) => set_pending_gauges(&figures),
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
-                },
+                    refresh_ordering_gauges(&mut conn).await;
+                    #[cfg(feature = "workflow")]
+                    if settings.workflow_executions {
+                        refresh_workflow_gauges(&mut conn).await;
+                    }
+                }
                 Err(e) => tracing::warn!(error = %e, "cannot read the outbox figures"),
             }
         }

@@ -337,6 +337,13 @@ fn dispatcher(
         },
         builder.catalog().receivers(),
     );
+    // The general group's gauge task sets `outbox_pending_due` from the
+    // figures the processes share: the dispatcher does not count for it.
+    let dispatcher = if config.group == Group::General {
+        dispatcher.without_pending_gauge()
+    } else {
+        dispatcher
+    };
     for feed in builder.catalog().unreconciled_feeds() {
         tracing::warn!(
             queue = feed.queue,

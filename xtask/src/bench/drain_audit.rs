@@ -54,10 +54,13 @@ pub struct Plan {
 }
 
 /// One drain's rates, events per second.
-struct Rates {
-    total: f64,
-    handoff: f64,
-    handler: f64,
+pub(crate) struct Rates {
+    /// From the first `DONE` statement to the last audit row.
+    pub total: f64,
+    /// From the first `DONE` statement to the last.
+    pub handoff: f64,
+    /// From the first audit row to the last.
+    pub handler: f64,
 }
 
 /// Runs `plan`, interleaving the binaries round by round.
@@ -108,16 +111,47 @@ async fn drain(
     stage(&format!(
         "{name}: {events} events through the audit subscriber of {label}, round {round}"
     ));
+    let drained = drain_with(run, name, binary, events, 1).await?;
+    line(json!({
+        "bench": "drain_audit_round", "binary": label, "round": round, "events": events,
+        "seconds": drained.seconds, "per_second": drained.rates.total,
+        "handoff_per_second": drained.rates.handoff,
+        "handler_per_second": drained.rates.handler, "cpu_share": drained.cpu,
+    }));
+    Ok(drained.rates)
+}
+
+/// What one drain saw.
+pub(crate) struct Drained {
+    /// Its rates.
+    pub rates: Rates,
+    /// From the first `DONE` statement to the last audit row, to the
+    /// millisecond.
+    pub seconds: f64,
+    /// `cpu_share` over the drain.
+    pub cpu: serde_json::Value,
+}
+
+/// Drains `events` audit events through `processes` copies of `binary`
+/// (each with its dispatcher and its audit subscriber), in a scratch
+/// database and Redis prefix named after `name`.
+pub(crate) async fn drain_with(
+    run: &Run,
+    name: &str,
+    binary: &Path,
+    events: usize,
+    processes: usize,
+) -> Result<Drained> {
     let scratch = Scratch::create(
         &run.found.database_url,
-        run.database("outbox_bench_drain_audit"),
+        run.database(&format!("outbox_bench_{name}")),
     )
     .await?;
     let prefix = run.stage_prefix(name);
     clear_redis(&run.found.redis_url, &prefix).await?;
     let mut conn = outbox_pg::establish(&scratch.url).await?;
     preload_pending(&mut conn, events, &["audit.user.login"]).await?;
-    let mut children = vec![process::spawn(run, (&scratch.url, &prefix), binary, &[])?];
+    let mut children = process::spawn_many(run, (&scratch.url, &prefix), binary, &[], processes)?;
     let before = process::Cpu::sample(&children);
     let drained = process::wait_for_count(
         &mut conn,
@@ -160,15 +194,12 @@ async fn drain(
         handoff: per(spans.handoff),
         handler: per(spans.handler),
     };
-    line(json!({
-        "bench": "drain_audit_round", "binary": label, "round": round, "events": events,
-        "seconds": (spans.total * 1000.0).round() / 1000.0,
-        "per_second": rates.total,
-        "handoff_per_second": rates.handoff,
-        "handler_per_second": rates.handler, "cpu_share": cpu,
-    }));
     drop(conn);
     clear_redis(&run.found.redis_url, &prefix).await?;
     scratch.remove().await?;
-    Ok(rates)
+    Ok(Drained {
+        rates,
+        seconds: (spans.total * 1000.0).round() / 1000.0,
+        cpu,
+    })
 }

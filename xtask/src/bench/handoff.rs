@@ -184,18 +184,20 @@ async fn measure_round(
                     batch,
                     processes,
                     rows: plan.rows,
+                    stage: STAGE,
                 };
-                let (rate, cpu) = measure(run, url, conn, &setup).await.with_context(|| {
+                let measured = measure(run, url, conn, &setup).await.with_context(|| {
                     format!("{label} at batch {batch}, {processes} process(es)")
                 })?;
                 crate::bench::kit::line(json!({
                     "bench": "handoff", "binary": label, "batch_size": batch,
                     "processes": processes, "round": round, "events": plan.rows,
-                    "per_second": rate.round(), "cpu_share": cpu,
+                    "per_second": measured.rate.round(), "cpu_share": measured.cpu,
+                    "work": measured.work,
                 }));
                 rates
                     .configurations
-                    .push((label.clone(), batch, processes, rate));
+                    .push((label.clone(), batch, processes, measured.rate));
             }
         }
     }
@@ -355,43 +357,134 @@ async fn redis_only_rate(run: &Run, conn: &mut AsyncPgConnection, rows: usize) -
 }
 
 /// One hand-off configuration.
-struct Setup<'a> {
-    binary: &'a PathBuf,
-    batch: u32,
-    processes: usize,
-    rows: usize,
+pub(crate) struct Setup<'a> {
+    /// The `worker-general` binary.
+    pub binary: &'a PathBuf,
+    /// `OUTBOX_DISPATCH_BATCH_SIZE`.
+    pub batch: u32,
+    /// Processes started at once.
+    pub processes: usize,
+    /// Preloaded rows.
+    pub rows: usize,
+    /// The stage measuring (its Redis key prefix).
+    pub stage: &'a str,
+}
+
+/// What one hand-off measurement saw.
+pub(crate) struct Measured {
+    /// Rows per second (see [`done_rate`]).
+    pub rate: f64,
+    /// `cpu_share` over the hand-off.
+    pub cpu: serde_json::Value,
+    /// Where the work went, per handed-off row (see [`Counters`]).
+    pub work: serde_json::Value,
 }
 
 /// One measurement: preload, run the workers until every row is DONE, stop
 /// them.
-async fn measure(
+pub(crate) async fn measure(
     run: &Run,
     url: &str,
     conn: &mut AsyncPgConnection,
     setup: &Setup<'_>,
-) -> Result<(f64, serde_json::Value)> {
-    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
+) -> Result<Measured> {
+    let prefix = run.stage_prefix(setup.stage);
+    clear_redis(&run.found.redis_url, &prefix).await?;
     reset_backlog(conn, setup.rows).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
+    let counted = Counters::read(conn).await?;
     let mut children = crate::bench::process::spawn_many(
         run,
-        (url, &run.stage_prefix(STAGE)),
+        (url, &prefix),
         setup.binary,
         &vars,
         setup.processes,
     )?;
     let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
-    let cpu = before.shares(&Cpu::sample(&children));
+    let after = Cpu::sample(&children);
     crate::bench::process::stop_all(children)?;
     finished?;
-    Ok((done_rate(conn, setup.rows).await?, cpu))
+    // The stopped workers' backends report their statistics as they exit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let work = counted.per_row(&Counters::read(conn).await?, setup.rows, (&before, &after));
+    Ok(Measured {
+        rate: done_rate(conn, setup.rows).await?,
+        cpu: before.shares(&after),
+        work,
+    })
+}
+
+/// Counters of the scratch database's statistics (`pg_stat_*`), read before
+/// and after a hand-off: the difference says how the claim spent its work.
+#[derive(QueryableByName)]
+pub(crate) struct Counters {
+    /// Scans of the claim index (one per priority level a claim reads; the
+    /// bench's own progress query adds one every 100 ms).
+    #[diesel(sql_type = BigInt)]
+    scans: i64,
+    /// Claim index entries read: the rows claimed, and those a claim
+    /// stepped over (locked by another claim, or dead versions).
+    #[diesel(sql_type = BigInt)]
+    entries: i64,
+    /// Committed transactions in the database (each of the dispatcher's
+    /// statements is one).
+    #[diesel(sql_type = BigInt)]
+    commits: i64,
+    /// The server's write-ahead log position, in bytes (every database's
+    /// writes: the figure is this hand-off's only on an otherwise idle
+    /// server).
+    #[diesel(sql_type = BigInt)]
+    wal: i64,
+}
+
+impl Counters {
+    /// Reads the counters now (after the statistics of ended sessions
+    /// arrived).
+    pub async fn read(conn: &mut AsyncPgConnection) -> Result<Self> {
+        conn.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await?;
+        Ok(diesel::sql_query(
+            "SELECT (SELECT coalesce(sum(idx_scan), 0)::int8 FROM pg_stat_user_indexes
+                     WHERE indexrelname = 'outbox_event_claimable_idx') AS scans,
+                    (SELECT coalesce(sum(idx_tup_read), 0)::int8 FROM pg_stat_user_indexes
+                     WHERE indexrelname = 'outbox_event_claimable_idx') AS entries,
+                    (SELECT xact_commit FROM pg_stat_database
+                     WHERE datname = current_database()) AS commits,
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8 AS wal",
+        )
+        .get_result(conn)
+        .await?)
+    }
+
+    /// The work between `self` and `later`, per `rows` handed off, with
+    /// the context switches of the two CPU samples: claim index scans and
+    /// statements per 1,000 rows, index entries read and bytes of
+    /// write-ahead log per row, and the context switches of the workers
+    /// and of Postgres per 1,000 rows.
+    pub fn per_row(&self, later: &Self, rows: usize, cpu: (&Cpu, &Cpu)) -> serde_json::Value {
+        let per =
+            |n: i64, unit: f64| (n as f64 / rows.max(1) as f64 * unit * 100.0).round() / 100.0;
+        let (workers, postgres) = cpu.0.switches(cpu.1);
+        json!({
+            "claim_index_scans_per_1000": per(later.scans - self.scans, 1000.0),
+            "claim_index_entries_per_row": per(later.entries - self.entries, 1.0),
+            "statements_per_1000": per(later.commits - self.commits, 1000.0),
+            "wal_bytes_per_row": per(later.wal - self.wal, 1.0).round(),
+            "worker_switches_per_1000": per(workers as i64, 1000.0),
+            "postgres_switches_per_1000": per(postgres as i64, 1000.0),
+        })
+    }
 }
 
 /// Empties the table and preloads `rows` due rows on the queues of
-/// [`HANDOFF_TYPES`]: where every hand-off measurement starts.
+/// [`HANDOFF_TYPES`]: where every hand-off measurement starts. The Redis
+/// guard's memory goes too: the measurement's Redis prefix starts empty,
+/// and a guard that remembered the marker of the measurement before would
+/// take it for a lost Redis and reconcile during the hand-off.
 pub async fn reset_backlog(conn: &mut AsyncPgConnection, rows: usize) -> Result<()> {
-    conn.batch_execute("TRUNCATE outbox_event").await?;
+    conn.batch_execute("TRUNCATE outbox_event, outbox_redis_epoch, outbox_redis_safe_point")
+        .await?;
     preload_pending(conn, rows, &HANDOFF_TYPES).await
 }
 

@@ -5,7 +5,7 @@
 //! databases (`outbox_bench`, `outbox_bench_handoff`, and one per stage of
 //! the real workers: `outbox_bench_drain_audit`, `outbox_bench_latency`,
 //! `outbox_bench_priority`, `outbox_bench_publish`, `outbox_bench_retention`, `outbox_bench_soak`,
-//! `outbox_bench_peers`) and an `outbox-bench:`
+//! `outbox_bench_peers`, `outbox_bench_scaling`, `outbox_bench_scaling_drain`) and an `outbox-bench:`
 //! Redis prefix (all removed first). `--chart FILE` draws the run's lines as
 //! an SVG. Each line is one measurement:
 //! `{"bench": …, "events": …, "seconds": …, "per_second": …}`, latency
@@ -35,6 +35,7 @@ mod priority;
 mod process;
 mod publish;
 mod retention;
+mod scaling;
 mod soak;
 
 use std::path::PathBuf;
@@ -182,6 +183,21 @@ pub struct BenchArgs {
     /// Rounds of the partitioned stage (each round's retention removes a day).
     #[arg(long, default_value_t = 3)]
     pub partition_rounds: usize,
+    /// Process counts of the scaling stage's hand-off.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
+    pub scaling_handoff_processes: Vec<usize>,
+    /// Process counts of the scaling stage's end-to-end drain.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
+    pub scaling_drain_processes: Vec<usize>,
+    /// Preloaded rows per hand-off of the scaling stage.
+    #[arg(long, default_value_t = 200_000)]
+    pub scaling_rows: usize,
+    /// Audit events per drain of the scaling stage.
+    #[arg(long, default_value_t = 50_000)]
+    pub scaling_drain_events: usize,
+    /// Rounds of the scaling stage (the summary gives the medians).
+    #[arg(long, default_value_t = 3)]
+    pub scaling_rounds: usize,
     /// Every stage at tiny sizes (the `--handoff-*` sizes are ignored), in
     /// whatever build runs it: checks that the bench still works (`cargo
     /// xtask test` runs it); the figures mean nothing.
@@ -222,6 +238,11 @@ impl BenchArgs {
             partition_backlog: 0,
             partition_rounds: 0,
             peer_rounds: 0,
+            scaling_handoff_processes: Vec::new(),
+            scaling_drain_processes: Vec::new(),
+            scaling_rows: 0,
+            scaling_drain_events: 0,
+            scaling_rounds: 0,
             smoke: true,
         }
     }
@@ -256,6 +277,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         "soak",
         "cluster",
         "partitioned",
+        "scaling",
     ];
     let binaries = if drain_needs_default || workers.iter().any(|name| wants(name)) {
         handoff_binaries(&args.handoff_bins, args.smoke)?
@@ -299,6 +321,17 @@ async fn more_stages(
             rounds: run.size(args.drain_rounds.max(1), 1),
         };
         drain_audit::run(run, &plan).await?;
+    }
+    if let Some(binary) = binary.filter(|_| wants("scaling")) {
+        let plan = scaling::Plan {
+            binary: binary.to_path_buf(),
+            handoff_processes: run.size(args.scaling_handoff_processes.clone(), vec![1, 2]),
+            rows: run.size(args.scaling_rows, 2_000),
+            drain_processes: run.size(args.scaling_drain_processes.clone(), vec![1, 2]),
+            events: run.size(args.scaling_drain_events, 1_500),
+            rounds: run.size(args.scaling_rounds.max(1), 1),
+        };
+        scaling::run(run, &plan).await?;
     }
     if let Some(binary) = binary.filter(|_| wants("latency")) {
         let plan = latency::Plan {

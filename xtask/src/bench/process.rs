@@ -141,6 +141,24 @@ pub struct Cpu {
     redis: u64,
     /// Ticks of this process (the bench: its publishers and its queries).
     bench: u64,
+    /// Context switches (voluntary and not) of the workers under test.
+    worker_switches: u64,
+    /// Context switches of the `postgres` processes that are running.
+    postgres_switches: u64,
+}
+
+/// Voluntary plus involuntary context switches of one process so far
+/// (`/proc/<pid>/status`); 0 when it cannot be read.
+fn process_switches(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// User plus system ticks of one process (`/proc/<pid>/stat`), and those
@@ -176,9 +194,11 @@ impl Cpu {
             cpu.busy = cpu.total.saturating_sub(idle);
         }
         for child in workers {
-            if let Some((_, ticks, _)) = process_ticks(&child.id().to_string()) {
+            let pid = child.id().to_string();
+            if let Some((_, ticks, _)) = process_ticks(&pid) {
                 cpu.workers += ticks;
             }
+            cpu.worker_switches += process_switches(&pid);
         }
         if let Some((_, ticks, _)) = process_ticks("self") {
             cpu.bench = ticks;
@@ -195,6 +215,7 @@ impl Cpu {
                 match process_ticks(pid) {
                     Some((comm, ticks, ended)) if comm == "postgres" => {
                         cpu.postgres += ticks + ended;
+                        cpu.postgres_switches += process_switches(pid);
                     }
                     Some((comm, ticks, _)) if comm == "redis-server" => cpu.redis += ticks,
                     _ => {}
@@ -202,6 +223,18 @@ impl Cpu {
             }
         }
         cpu
+    }
+
+    /// Context switches between `self` and `later`: the workers' and those
+    /// of the Postgres processes alive at both samples (a backend that
+    /// started in between counts from 0, one that ended is missing).
+    pub fn switches(&self, later: &Self) -> (u64, u64) {
+        (
+            later.worker_switches.saturating_sub(self.worker_switches),
+            later
+                .postgres_switches
+                .saturating_sub(self.postgres_switches),
+        )
     }
 
     /// The shares of the machine's CPU time between `self` and `later`, as
