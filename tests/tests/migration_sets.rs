@@ -15,10 +15,12 @@ use outbox_test_support::TestDatabase;
 /// The tables of the core set: what publishing, dispatching, requeue
 /// history, the Redis guard, worker registration, ordering keys and
 /// periodic events need.
-const CORE_TABLES: [&str; 7] = [
+const CORE_TABLES: [&str; 9] = [
+    "outbox_dispatch_key",
     "outbox_event",
     "outbox_event_requeue",
     "outbox_ordering_key",
+    "outbox_partitioning",
     "outbox_redis_epoch",
     "outbox_redis_safe_point",
     "outbox_schedule",
@@ -26,16 +28,19 @@ const CORE_TABLES: [&str; 7] = [
 ];
 
 /// Every table the single migrations tree (17 migrations, up to
-/// 2026-12-05-040000) made, and `outbox_ordering_key` and
-/// `outbox_schedule`, which the core set added since.
-const SINGLE_TREE_TABLES: [&str; 19] = [
+/// 2026-12-05-040000) made, and `outbox_ordering_key`, `outbox_schedule`,
+/// `outbox_dispatch_key` and `outbox_partitioning`, which the core set
+/// added since.
+const SINGLE_TREE_TABLES: [&str; 21] = [
     "application_event",
     "audit_log",
     "entity_row",
     "notification",
+    "outbox_dispatch_key",
     "outbox_event",
     "outbox_event_requeue",
     "outbox_ordering_key",
+    "outbox_partitioning",
     "outbox_redis_epoch",
     "outbox_redis_safe_point",
     "outbox_schedule",
@@ -148,13 +153,13 @@ async fn rows(conn: &mut AsyncPgConnection, sql: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn the_core_set_alone_makes_the_seven_core_tables_and_takes_events() {
+async fn the_core_set_alone_makes_the_nine_core_tables_and_takes_events() {
     let db = TestDatabase::new().await;
     let blank = Blank::new(&db).await;
     let applied = run_migration_sets(blank.conn().await, &[MigrationSet::Core])
         .await
         .unwrap();
-    assert_eq!(applied.len(), 17, "{applied:?}");
+    assert_eq!(applied.len(), 18, "{applied:?}");
     let mut conn = blank.conn().await;
     assert_eq!(tables(&mut conn).await, CORE_TABLES);
     // A plain-SQL producer's insert is a valid event on the core tables.
@@ -197,7 +202,7 @@ async fn the_sets_applied_one_after_another_make_the_single_tree_s_schema() {
     let status = migration_set_status(&mut one_by_one, &MigrationSet::ALL)
         .await
         .unwrap();
-    assert_eq!(status.len(), 27);
+    assert_eq!(status.len(), 28);
     assert!(status.iter().all(|m| m.applied), "{status:?}");
     drop(one_by_one);
     blank.drop().await;
