@@ -405,8 +405,12 @@ pub(crate) async fn measure(
     let after = Cpu::sample(&children);
     crate::bench::process::stop_all(children)?;
     finished?;
-    // The stopped workers' backends report their statistics as they exit.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The stopped workers' backends report their statistics as they exit:
+    // wait until they are gone (at most 5 s).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while others_connected(conn).await? > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let work = counted.per_row(&Counters::read(conn).await?, setup.rows, (&before, &after));
     Ok(Measured {
         rate: done_rate(conn, setup.rows).await?,
@@ -475,6 +479,23 @@ impl Counters {
             "postgres_switches_per_1000": per(postgres as i64, 1000.0),
         })
     }
+}
+
+/// Other sessions connected to this database (the stopped workers'
+/// backends until they have exited).
+async fn others_connected(conn: &mut AsyncPgConnection) -> Result<i64> {
+    #[derive(QueryableByName)]
+    struct Others {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let others: Others = diesel::sql_query(
+        "SELECT count(*) AS n FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(others.n)
 }
 
 /// Empties the table and preloads `rows` due rows on the queues of
