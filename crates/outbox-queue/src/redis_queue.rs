@@ -285,10 +285,18 @@ pub fn connect(settings: &RedisSettings) -> Result<RedisConnection, QueueError> 
     Ok(ConnectionManager::new_lazy_with_config(client, config)?.into())
 }
 
-/// The nodes of a cluster URL: `Some` with each node's URL when `url` lists
-/// two or more, separated by commas (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`),
-/// `None` for the URL of one server. Any nodes of the cluster will do: the
-/// client asks them for the others and for who holds which slots.
+/// The query parameter that marks the URL of one address as a Redis
+/// Cluster's: a managed cluster's configuration endpoint
+/// (`rediss://clustercfg.example.cache.amazonaws.com:6379?cluster=true`).
+pub const CLUSTER_MARKER: &str = "cluster=true";
+
+/// The nodes of a cluster URL, each as a URL of its own: `Some` when `url`
+/// lists two or more separated by commas
+/// (`redis://10.0.0.1:6379,redis://10.0.0.2:6379`), or one address marked
+/// with [`CLUSTER_MARKER`] (`redis://cfg.example:6379?cluster=true`, the
+/// marker left out of the node's URL); `None` for the URL of one server.
+/// Any nodes of the cluster will do: the client asks them for the others
+/// and for who holds which slots.
 ///
 /// ```
 /// use outbox_queue::cluster_nodes;
@@ -296,22 +304,49 @@ pub fn connect(settings: &RedisSettings) -> Result<RedisConnection, QueueError> 
 /// assert_eq!(cluster_nodes("redis://10.0.0.1:6379"), None);
 /// assert_eq!(
 ///     cluster_nodes("redis://10.0.0.1:6379, redis://10.0.0.2:6379"),
-///     Some(vec!["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+///     Some(vec!["redis://10.0.0.1:6379".to_owned(), "redis://10.0.0.2:6379".to_owned()])
+/// );
+/// assert_eq!(
+///     cluster_nodes("rediss://cfg.example:6379?cluster=true"),
+///     Some(vec!["rediss://cfg.example:6379".to_owned()])
 /// );
 /// ```
 #[must_use]
-pub fn cluster_nodes(url: &str) -> Option<Vec<&str>> {
-    let nodes: Vec<&str> = url
-        .split(',')
-        .map(str::trim)
-        .filter(|node| !node.is_empty())
+pub fn cluster_nodes(url: &str) -> Option<Vec<String>> {
+    let marked = |node: &str| without_cluster_marker(node);
+    if url.contains(',') {
+        return Some(
+            url.split(',')
+                .map(str::trim)
+                .filter(|node| !node.is_empty())
+                .map(|node| marked(node).unwrap_or_else(|| node.to_owned()))
+                .collect(),
+        );
+    }
+    marked(url.trim()).map(|node| vec![node])
+}
+
+/// `url` without its [`CLUSTER_MARKER`] parameter, when it has one.
+fn without_cluster_marker(url: &str) -> Option<String> {
+    let (base, query) = url.split_once('?')?;
+    let params: Vec<&str> = query.split('&').collect();
+    if !params.contains(&CLUSTER_MARKER) {
+        return None;
+    }
+    let rest: Vec<&str> = params
+        .into_iter()
+        .filter(|param| *param != CLUSTER_MARKER && !param.is_empty())
         .collect();
-    (url.contains(',')).then_some(nodes)
+    Some(if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    })
 }
 
 fn connect_cluster(
     settings: &RedisSettings,
-    nodes: &[&str],
+    nodes: &[String],
 ) -> Result<RedisConnection, QueueError> {
     let invalid = |source| QueueError::InvalidUrl {
         url: crate::redact_url(&settings.url),
@@ -321,7 +356,7 @@ fn connect_cluster(
         // As in redis_client: name the crypto provider the workspace uses.
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     }
-    let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().copied())
+    let mut builder = redis::cluster::ClusterClient::builder(nodes.iter().cloned())
         .connection_timeout(settings.connection_timeout)
         .response_timeout(settings.response_timeout)
         .retries(u32::try_from(settings.reconnect_retries.max(1)).unwrap_or(u32::MAX));
@@ -348,7 +383,7 @@ fn connect_cluster(
 pub const REDIS_URL: Text = Text {
     name: "REDIS_URL",
     default: "required",
-    form: "redis://host:port[/db], or rediss:// for TLS; for a Redis Cluster, node URLs separated by commas",
+    form: "redis://host:port[/db], or rediss:// for TLS; for a Redis Cluster, node URLs separated by commas, or one address with ?cluster=true (a configuration endpoint)",
     meaning: "Redis: one server, or a Redis Cluster's nodes (maxmemory-policy noeviction)",
 };
 

@@ -187,3 +187,39 @@ async fn a_clusters_run_is_its_primaries_runs_and_changes_when_a_replica_takes_o
         after.run_id
     );
 }
+
+#[tokio::test]
+async fn one_node_marked_cluster_true_is_enough_to_reach_every_queue_of_the_cluster() {
+    let cluster = RedisCluster::start(3, 0).await;
+    // A managed cluster's configuration endpoint: one address, marked.
+    let port = *cluster.primary_ports().await.first().unwrap();
+    let url = format!("redis://127.0.0.1:{port}?cluster=true");
+    let mut conn = outbox_queue::connect(&RedisSettings::new(&url)).unwrap();
+    assert!(
+        conn.is_cluster(),
+        "the marked URL makes a cluster connection"
+    );
+    let namespace = QueueNamespace::for_redis("endpoint-test:", &url);
+    assert!(namespace.hash_tags(), "the marked URL turns hash tags on");
+    let mut primaries = BTreeSet::new();
+    for queue in CONTRACT_QUEUES {
+        let config = apalis_config(&namespace, queue);
+        let slot = keyslot(&mut conn, &config.active_jobs_list()).await;
+        primaries.insert(primary_of(&mut conn, slot).await);
+        let jobs = vec![(format!("outbox:{queue}-0"), b"{}".to_vec())];
+        let pushed = push_raw(&mut conn, &namespace, queue, &jobs).await.unwrap();
+        assert_eq!(pushed.new, 1, "{queue}: pushed through the one node");
+        let mut store = WorkerStore::new(conn.clone(), config.clone());
+        let worker = started(&mut store, "endpoint-worker").await;
+        let fetched = store.fetch_next(&worker).await.unwrap();
+        assert_eq!(
+            ids(&fetched),
+            [jobs[0].0.as_str()],
+            "{queue}: a worker fetched it"
+        );
+    }
+    assert!(
+        primaries.len() >= 2,
+        "the queues reached through one node live on several primaries: {primaries:?}"
+    );
+}

@@ -8,7 +8,6 @@
 //! against such a server unless told otherwise.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use outbox_queue::Persistence;
@@ -35,6 +34,10 @@ pub enum EvictionPolicy {
     Evicts {
         /// The policy as Redis reported it.
         policy: String,
+        /// On a Redis Cluster, the primary (`host:port`) that reported it,
+        /// the first in address order of those that evict; empty on one
+        /// server.
+        node: String,
     },
     /// Redis answered, but not with the policy: `CONFIG` is refused (managed
     /// services often disable or rename it) or reports nothing.
@@ -53,69 +56,91 @@ pub enum EvictionPolicy {
 /// Redis may evict keys, and [`ALLOW_EVICTION_VARIABLE`] does not allow it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "Redis may evict keys: its maxmemory-policy is {policy:?}, not \"noeviction\". \
+    "Redis may evict keys: its maxmemory-policy is {policy:?}{}, not \"noeviction\". \
      Under memory pressure it would silently drop queued jobs and idempotency keys \
      (mails and webhooks never sent, or sent twice). Set `maxmemory-policy noeviction` \
      on the Redis server, or set {variable}=true to start anyway",
+    on_node(node),
     variable = ALLOW_EVICTION_VARIABLE
 )]
 pub struct RedisMayEvict {
     /// The policy Redis reported.
     pub policy: String,
+    /// The cluster primary that reported it (empty on one server).
+    pub node: String,
 }
 
-/// Asks the Redis at `redis_url` (trusting `ca_cert` for `rediss://`, as
-/// `REDIS_CA_CERT`) for its `maxmemory-policy`, on a connection of its own,
-/// within [`EVICTION_CHECK_TIMEOUT`]. Never fails: what it
-/// could not find out is in the answer.
-pub async fn read_eviction_policy(redis_url: &str, ca_cert: Option<&Path>) -> EvictionPolicy {
-    let ask = async {
-        let client = outbox_queue::redis_client(redis_url, ca_cert).map_err(|e| {
-            EvictionPolicy::Unreachable {
-                reason: e.to_string(),
-            }
-        })?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| EvictionPolicy::Unreachable {
-                reason: e.to_string(),
-            })?;
-        redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("maxmemory-policy")
-            .query_async::<HashMap<String, String>>(&mut conn)
-            .await
-            .map_err(|e| {
-                if matches!(
-                    e.kind(),
-                    redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
-                ) {
-                    EvictionPolicy::NotReported {
-                        reason: e.to_string(),
-                    }
-                } else {
-                    EvictionPolicy::Unreachable {
-                        reason: e.to_string(),
-                    }
-                }
-            })
-    };
-    match tokio::time::timeout(EVICTION_CHECK_TIMEOUT, ask).await {
+/// `" on the cluster primary <node>"`, or nothing for one server.
+fn on_node(node: &str) -> String {
+    if node.is_empty() {
+        String::new()
+    } else {
+        format!(" on the cluster primary {node}")
+    }
+}
+
+/// Asks Redis for its `maxmemory-policy` (`CONFIG GET`) within
+/// [`EVICTION_CHECK_TIMEOUT`]: the one server, or every primary of a Redis
+/// Cluster (a cluster evicts when any of its primaries does, since each
+/// holds some queues' keys). Never fails: what it could not find out is in
+/// the answer.
+pub async fn read_eviction_policy(redis: &RedisConnection) -> EvictionPolicy {
+    let mut conn = redis.clone();
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    match tokio::time::timeout(EVICTION_CHECK_TIMEOUT, conn.on_each_primary(&cmd)).await {
         Err(_) => EvictionPolicy::Unreachable {
             reason: format!("no answer within {EVICTION_CHECK_TIMEOUT:?}"),
         },
-        Ok(Err(unknown)) => unknown,
-        Ok(Ok(config)) => match config.get("maxmemory-policy") {
-            None => EvictionPolicy::NotReported {
-                reason: "CONFIG GET maxmemory-policy returned nothing".to_owned(),
-            },
-            Some(policy) if policy.eq_ignore_ascii_case(NO_EVICTION) => EvictionPolicy::NoEviction,
-            Some(policy) => EvictionPolicy::Evicts {
-                policy: policy.clone(),
-            },
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+            ) =>
+        {
+            EvictionPolicy::NotReported {
+                reason: e.to_string(),
+            }
+        }
+        Ok(Err(e)) => EvictionPolicy::Unreachable {
+            reason: e.to_string(),
         },
+        Ok(Ok(answers)) => policy_of(answers),
     }
+}
+
+/// What the primaries' answers to `CONFIG GET maxmemory-policy` say
+/// together: [`EvictionPolicy::Evicts`] when one primary evicts (the first
+/// in address order), else [`EvictionPolicy::NotReported`] when one did not
+/// report its policy, else [`EvictionPolicy::NoEviction`].
+fn policy_of(mut answers: Vec<(String, redis::Value)>) -> EvictionPolicy {
+    answers.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut not_reported = None;
+    for (node, answer) in answers {
+        let on = on_node(&node);
+        match redis::from_redis_value::<HashMap<String, String>>(answer) {
+            Ok(config) => match config.get("maxmemory-policy") {
+                Some(policy) if policy.eq_ignore_ascii_case(NO_EVICTION) => {}
+                Some(policy) => {
+                    return EvictionPolicy::Evicts {
+                        policy: policy.clone(),
+                        node,
+                    };
+                }
+                None => {
+                    not_reported.get_or_insert_with(|| {
+                        format!("CONFIG GET maxmemory-policy returned nothing{on}")
+                    });
+                }
+            },
+            Err(e) => {
+                not_reported.get_or_insert_with(|| format!("{e}{on}"));
+            }
+        }
+    }
+    not_reported.map_or(EvictionPolicy::NoEviction, |reason| {
+        EvictionPolicy::NotReported { reason }
+    })
 }
 
 /// Decides whether a worker may start with what [`read_eviction_policy`]
@@ -134,17 +159,19 @@ pub fn enforce_eviction_policy(
             tracing::info!(policy = NO_EVICTION, "Redis keeps what it is given");
             Ok(())
         }
-        EvictionPolicy::Evicts { policy } if allow_eviction => {
+        EvictionPolicy::Evicts { policy, node } if allow_eviction => {
             tracing::warn!(
                 policy = %policy,
+                node = %node,
                 "Redis may evict keys (maxmemory-policy {policy:?}); starting anyway because \
                  {ALLOW_EVICTION_VARIABLE}=true: under memory pressure queued jobs and \
                  idempotency keys can be silently lost"
             );
             Ok(())
         }
-        EvictionPolicy::Evicts { policy } => Err(RedisMayEvict {
+        EvictionPolicy::Evicts { policy, node } => Err(RedisMayEvict {
             policy: policy.clone(),
+            node: node.clone(),
         }),
         EvictionPolicy::NotReported { reason } => {
             tracing::warn!(
@@ -229,6 +256,7 @@ mod tests {
     fn only_an_evicting_redis_stops_start_up_and_the_override_lets_it_start() {
         let evicts = EvictionPolicy::Evicts {
             policy: "allkeys-lru".into(),
+            node: String::new(),
         };
         let err = enforce_eviction_policy(&evicts, false).unwrap_err();
         let message = err.to_string();
@@ -253,5 +281,59 @@ mod tests {
         ] {
             enforce_eviction_policy(&unchecked, false).unwrap();
         }
+    }
+
+    fn config(policy: &str) -> redis::Value {
+        redis::Value::Array(vec![
+            redis::Value::BulkString(b"maxmemory-policy".to_vec()),
+            redis::Value::BulkString(policy.as_bytes().to_vec()),
+        ])
+    }
+
+    #[test]
+    fn a_cluster_evicts_when_any_primary_does_and_the_answer_names_that_primary() {
+        let answers = vec![
+            ("10.0.0.3:7002".to_owned(), config("volatile-lru")),
+            ("10.0.0.1:7000".to_owned(), config("noeviction")),
+            ("10.0.0.2:7001".to_owned(), config("allkeys-lru")),
+        ];
+        assert_eq!(
+            policy_of(answers),
+            EvictionPolicy::Evicts {
+                policy: "allkeys-lru".into(),
+                node: "10.0.0.2:7001".into(),
+            }
+        );
+        let err = enforce_eviction_policy(
+            &policy_of(vec![("10.0.0.2:7001".to_owned(), config("allkeys-lru"))]),
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"allkeys-lru\" on the cluster primary 10.0.0.2:7001, not"),
+            "{err}"
+        );
+        assert_eq!(
+            policy_of(vec![
+                ("10.0.0.1:7000".to_owned(), config("noeviction")),
+                ("10.0.0.2:7001".to_owned(), config("NOEVICTION")),
+            ]),
+            EvictionPolicy::NoEviction
+        );
+        assert!(matches!(
+            policy_of(vec![
+                ("10.0.0.1:7000".to_owned(), config("noeviction")),
+                ("10.0.0.2:7001".to_owned(), redis::Value::Array(vec![])),
+            ]),
+            EvictionPolicy::NotReported { reason } if reason.contains("10.0.0.2:7001")
+        ));
+        assert_eq!(
+            policy_of(vec![(String::new(), config("allkeys-lru"))]),
+            EvictionPolicy::Evicts {
+                policy: "allkeys-lru".into(),
+                node: String::new(),
+            }
+        );
     }
 }

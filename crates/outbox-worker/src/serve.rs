@@ -205,7 +205,7 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
     })
     .context("invalid REDIS_URL or REDIS_CA_CERT")?;
     enforce_eviction_policy(
-        &read_eviction_policy(&config.redis_url, config.redis_ca_cert.as_deref()).await,
+        &read_eviction_policy(&redis).await,
         config.allow_redis_eviction,
     )?;
     report_persistence(&read_persistence(&redis).await);

@@ -112,6 +112,33 @@ async fn on_a_cluster_each_audit_mail_and_webhook_event_takes_effect_once() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_one_evicting_primary_stops_start_up_naming_that_primary() {
+    let cluster = RedisCluster::start(3, 0).await;
+    let url = cluster.url();
+    // The last primary in address order: the check must ask every primary,
+    // not only the first node of REDIS_URL.
+    let port = *cluster.primary_ports().await.iter().max().unwrap();
+    let node = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut conn = node.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let stack = Stack::new().await;
+    for binary in [GENERAL, MAIL] {
+        let mut worker = stack.spawn(binary, &[("REDIS_URL", &url)]);
+        let status = worker.wait_exit(WAIT).await;
+        assert_eq!(status.code(), Some(2), "{binary}: {status}");
+        let output = worker.wait_output("to start anyway").await;
+        let named = format!("\"allkeys-lru\" on the cluster primary 127.0.0.1:{port}");
+        assert!(output.contains(&named), "{binary}: {named:?} in {output}");
+    }
+}
+
 /// The port of the primary that holds `queue`'s keys now.
 async fn primary_of_queue(cluster: &RedisCluster, namespace: &QueueNamespace, queue: &str) -> u16 {
     let mut conn = outbox_queue::connect(&RedisSettings::new(cluster.url())).unwrap();

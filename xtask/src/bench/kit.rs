@@ -195,7 +195,7 @@ pub async fn clear_redis(redis_url: &str, prefix: &str) -> Result<()> {
         None => clear_node(redis_url, prefix, false).await,
         Some(nodes) => {
             for node in nodes {
-                clear_node(node, prefix, true).await?;
+                clear_node(&node, prefix, true).await?;
             }
             Ok(())
         }
