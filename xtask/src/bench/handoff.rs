@@ -44,7 +44,7 @@ use outbox_model::OutboxEvent;
 use outbox_queue::{OutboxJob, QueueNamespace, RedisSettings, push_jobs};
 use serde_json::json;
 
-use crate::bench::kit::{Run, Scratch, clear_redis, preload_pending};
+use crate::bench::kit::{Run, Scratch, clear_redis, preload_pending, preload_pending_due_in};
 use crate::bench::process::Cpu;
 
 /// Event types on five queues that `worker-general` does not consume
@@ -185,6 +185,7 @@ async fn measure_round(
                     processes,
                     rows: plan.rows,
                     stage: STAGE,
+                    start: Start::Together,
                 };
                 let measured = measure(run, url, conn, &setup).await.with_context(|| {
                     format!("{label} at batch {batch}, {processes} process(es)")
@@ -368,7 +369,36 @@ pub(crate) struct Setup<'a> {
     pub rows: usize,
     /// The stage measuring (its Redis key prefix).
     pub stage: &'a str,
+    /// When the backlog falls due for the processes.
+    pub start: Start,
 }
+
+/// When a hand-off's backlog falls due for the processes measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Start {
+    /// The rows are due as the processes start, so their start-up (pools,
+    /// the Redis checks, the guard's first check, one after another) runs
+    /// during the hand-off: a restart with a backlog waiting.
+    Together,
+    /// The rows fall due [`RUNNING_DUE_IN`] after they are written, by
+    /// when every process's dispatcher listens for wake-ups: the hand-off
+    /// of processes already running when a backlog arrives.
+    Running,
+}
+
+impl Start {
+    /// Its name in the bench's lines.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Together => "together",
+            Self::Running => "running",
+        }
+    }
+}
+
+/// With [`Start::Running`], how long after the preload's `INSERT` the rows
+/// fall due: the preload's own `VACUUM ANALYZE`, then every process's start.
+pub const RUNNING_DUE_IN: Duration = Duration::from_secs(10);
 
 /// What one hand-off measurement saw.
 pub(crate) struct Measured {
@@ -390,9 +420,10 @@ pub(crate) async fn measure(
 ) -> Result<Measured> {
     let prefix = run.stage_prefix(setup.stage);
     clear_redis(&run.found.redis_url, &prefix).await?;
-    reset_backlog(conn, setup.rows).await?;
+    let due_in = (setup.start == Start::Running).then_some(RUNNING_DUE_IN);
+    reset_backlog_due_in(conn, setup.rows, due_in).await?;
     let vars = [("OUTBOX_DISPATCH_BATCH_SIZE", setup.batch.to_string())];
-    let counted = Counters::read(conn).await?;
+    let mut counted = Counters::read(conn).await?;
     let mut children = crate::bench::process::spawn_many(
         run,
         (url, &prefix),
@@ -400,6 +431,13 @@ pub(crate) async fn measure(
         &vars,
         setup.processes,
     )?;
+    if due_in.is_some() {
+        if let Err(e) = wait_until_running(conn, &mut children, setup.processes).await {
+            crate::bench::process::stop_all(children)?;
+            return Err(e);
+        }
+        counted = Counters::read(conn).await?;
+    }
     let before = Cpu::sample(&children);
     let finished = wait_until_done(conn, &mut children).await;
     let after = Cpu::sample(&children);
@@ -504,9 +542,62 @@ async fn others_connected(conn: &mut AsyncPgConnection) -> Result<i64> {
 /// and a guard that remembered the marker of the measurement before would
 /// take it for a lost Redis and reconcile during the hand-off.
 pub async fn reset_backlog(conn: &mut AsyncPgConnection, rows: usize) -> Result<()> {
+    reset_backlog_due_in(conn, rows, None).await
+}
+
+/// As [`reset_backlog`], the rows falling due `due_in` from now when given.
+async fn reset_backlog_due_in(
+    conn: &mut AsyncPgConnection,
+    rows: usize,
+    due_in: Option<Duration>,
+) -> Result<()> {
     conn.batch_execute("TRUNCATE outbox_event, outbox_redis_epoch, outbox_redis_safe_point")
         .await?;
-    preload_pending(conn, rows, &HANDOFF_TYPES).await
+    preload_pending_due_in(conn, rows, &HANDOFF_TYPES, due_in).await
+}
+
+/// With [`Start::Running`]: waits until each of the `processes` has its
+/// dispatcher's listening connection open, then until the backlog is due.
+/// Fails when a process exits, or when the rows fell due before every
+/// process listened (a machine too busy to start them within
+/// [`RUNNING_DUE_IN`]): that hand-off would not be one of running processes.
+async fn wait_until_running(
+    conn: &mut AsyncPgConnection,
+    children: &mut [Child],
+    processes: usize,
+) -> Result<()> {
+    #[derive(QueryableByName)]
+    struct Ready {
+        #[diesel(sql_type = BigInt)]
+        listening: i64,
+        /// Milliseconds until the first row is due (negative once due).
+        #[diesel(sql_type = Double)]
+        due_in_ms: f64,
+    }
+    loop {
+        crate::bench::process::check_running(children)?;
+        let ready: Ready = diesel::sql_query(
+            "SELECT (SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND application_name = $1) AS listening,
+                    (SELECT extract(epoch FROM min(scheduled_at) - clock_timestamp()) * 1000
+                     FROM outbox_event)::float8 AS due_in_ms",
+        )
+        .bind::<diesel::sql_types::Text, _>(outbox_dispatch::LISTENER_APPLICATION_NAME)
+        .get_result(conn)
+        .await?;
+        let listening = usize::try_from(ready.listening).unwrap_or(0);
+        if ready.due_in_ms <= 0.0 {
+            bail!(
+                "the backlog fell due with {listening} of {processes} dispatchers listening: \
+                 the processes took longer than {RUNNING_DUE_IN:?} to start (a busy machine?)"
+            );
+        }
+        if listening >= processes {
+            tokio::time::sleep(Duration::from_secs_f64(ready.due_in_ms / 1000.0)).await;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Waits until no row is PENDING or PROCESSING, while every worker runs.

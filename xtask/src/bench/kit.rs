@@ -166,6 +166,22 @@ pub async fn preload_pending(
     rows: usize,
     event_types: &[&str],
 ) -> Result<()> {
+    preload_pending_due_in(conn, rows, event_types, None).await
+}
+
+/// As [`preload_pending`], with every row falling due `due_in` from now
+/// when given (the rows are due at once otherwise): a backlog that
+/// processes already running find, rather than one they start on.
+pub async fn preload_pending_due_in(
+    conn: &mut AsyncPgConnection,
+    rows: usize,
+    event_types: &[&str],
+    due_in: Option<Duration>,
+) -> Result<()> {
+    let scheduled = due_in.map_or_else(
+        || "ts".to_owned(),
+        |due_in| format!("now() + interval '{} milliseconds'", due_in.as_millis()),
+    );
     let types = event_types
         .iter()
         .map(|t| format!("'{t}'"))
@@ -177,7 +193,7 @@ pub async fn preload_pending(
                  || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
                 'tenant-' || (g % 17),
                 (ARRAY[{types}])[1 + g % {n}],
-                jsonb_build_object('n', g, 'note', 'benchmark'), ts, ts
+                jsonb_build_object('n', g, 'note', 'benchmark'), ts, {scheduled}
          FROM (SELECT g, now() - interval '1 hour' + g * interval '1 ms' AS ts,
                       md5(g::text) AS h
                FROM generate_series(1, {rows}) AS g) AS s",

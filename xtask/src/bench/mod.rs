@@ -186,6 +186,11 @@ pub struct BenchArgs {
     /// Process counts of the scaling stage's hand-off.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4, 8])]
     pub scaling_handoff_processes: Vec<usize>,
+    /// When the scaling stage's hand-off backlog falls due: `together` (as
+    /// the processes start, so their start-up runs during the hand-off) and
+    /// `running` (once every process's dispatcher listens).
+    #[arg(long, value_delimiter = ',', value_enum, default_values_t = [handoff::Start::Together, handoff::Start::Running])]
+    pub scaling_start: Vec<handoff::Start>,
     /// Process counts of the scaling stage's end-to-end drain.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 2, 4])]
     pub scaling_drain_processes: Vec<usize>,
@@ -243,6 +248,7 @@ impl BenchArgs {
             scaling_rows: 0,
             scaling_drain_events: 0,
             scaling_rounds: 0,
+            scaling_start: Vec::new(),
             smoke: true,
         }
     }
@@ -326,6 +332,7 @@ async fn more_stages(
         let plan = scaling::Plan {
             binary: binary.to_path_buf(),
             handoff_processes: run.size(args.scaling_handoff_processes.clone(), vec![1, 2]),
+            starts: run.size(args.scaling_start.clone(), vec![handoff::Start::Running]),
             rows: run.size(args.scaling_rows, 2_000),
             drain_processes: run.size(args.scaling_drain_processes.clone(), vec![1, 2]),
             events: run.size(args.scaling_drain_events, 1_500),

@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
 use crate::bench::drain_audit::drain_with;
-use crate::bench::handoff::{Setup, measure, median, ratio};
+use crate::bench::handoff::{Setup, Start, measure, median, ratio};
 use crate::bench::kit::{Run, Scratch, line, stage};
 
 /// This stage's name, and its Redis key prefix under the run's.
@@ -35,6 +35,9 @@ pub struct Plan {
     pub binary: PathBuf,
     /// Process counts of the hand-off.
     pub handoff_processes: Vec<usize>,
+    /// When the hand-off's backlog falls due: as the processes start
+    /// (`scaling_handoff`), or once they run (`scaling_handoff_running`).
+    pub starts: Vec<Start>,
     /// Preloaded rows per hand-off.
     pub rows: usize,
     /// Process counts of the drain.
@@ -66,32 +69,20 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
     let mut conn = outbox_pg::establish(&scratch.url).await?;
     let mut points = Vec::new();
     for round in 1..=plan.rounds {
-        for &processes in &plan.handoff_processes {
-            stage(&format!(
-                "scaling: hand-off of {} rows by {processes} process(es), round {round}",
-                plan.rows
-            ));
-            let setup = Setup {
-                binary: &plan.binary,
-                batch: 500,
-                processes,
-                rows: plan.rows,
-                stage: STAGE,
-            };
-            let measured = measure(run, &scratch.url, &mut conn, &setup)
-                .await
-                .with_context(|| format!("scaling: hand-off by {processes} process(es)"))?;
-            line(json!({
-                "bench": "scaling_handoff", "processes": processes, "round": round,
-                "events": plan.rows, "per_second": measured.rate.round(),
-                "cpu_share": measured.cpu, "work": measured.work,
-            }));
-            points.push(Point {
-                bench: "scaling_handoff",
-                processes,
-                rate: measured.rate,
-                cpu: measured.cpu,
-            });
+        for &start in &plan.starts {
+            for &processes in &plan.handoff_processes {
+                points.push(
+                    handoff(
+                        run,
+                        plan,
+                        (&scratch.url, &mut conn),
+                        start,
+                        processes,
+                        round,
+                    )
+                    .await?,
+                );
+            }
         }
         for &processes in &plan.drain_processes {
             stage(&format!(
@@ -121,6 +112,59 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
     }
     drop(conn);
     scratch.remove().await
+}
+
+/// The bench name of a hand-off that starts as `start` says.
+fn handoff_bench(start: Start) -> &'static str {
+    match start {
+        Start::Together => "scaling_handoff",
+        Start::Running => "scaling_handoff_running",
+    }
+}
+
+/// One hand-off measurement of `processes` processes, and its line.
+async fn handoff(
+    run: &Run,
+    plan: &Plan,
+    (url, conn): (&str, &mut diesel_async::AsyncPgConnection),
+    start: Start,
+    processes: usize,
+    round: usize,
+) -> Result<Point> {
+    let bench = handoff_bench(start);
+    stage(&format!(
+        "scaling: hand-off of {} rows by {processes} process(es) {}, round {round}",
+        plan.rows,
+        match start {
+            Start::Together => "starting with the backlog due",
+            Start::Running => "already running",
+        }
+    ));
+    let setup = Setup {
+        binary: &plan.binary,
+        batch: 500,
+        processes,
+        rows: plan.rows,
+        stage: STAGE,
+        start,
+    };
+    let measured = measure(run, url, conn, &setup).await.with_context(|| {
+        format!(
+            "scaling: hand-off by {processes} process(es), {}",
+            start.name()
+        )
+    })?;
+    line(json!({
+        "bench": bench, "processes": processes, "round": round, "start": start.name(),
+        "events": plan.rows, "per_second": measured.rate.round(),
+        "cpu_share": measured.cpu, "work": measured.work,
+    }));
+    Ok(Point {
+        bench,
+        processes,
+        rate: measured.rate,
+        cpu: measured.cpu,
+    })
 }
 
 /// One `<bench>_median` line per point of each bench, in the order the
