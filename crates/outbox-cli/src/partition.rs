@@ -61,15 +61,17 @@ async fn convert(cli: &Cli, args: &ConvertArgs) -> Outcome {
             "legacy_until": converted.legacy_until,
             "dispatch_keys": converted.keys,
             "created": converted.created,
+            "locked_ms": converted.locked_for.as_secs_f64() * 1000.0,
         }))?;
     } else {
         println!(
-            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) copied, partitions created: {}",
+            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) copied, partitions created: {}; the table was locked for {:.1} ms",
             args.unit,
             crate::render::utc(converted.legacy_until),
             outbox_store::LEGACY_PARTITION,
             converted.keys,
-            converted.created.join(", ")
+            converted.created.join(", "),
+            converted.locked_for.as_secs_f64() * 1000.0
         );
     }
     Ok(ExitStatus::Ok)

@@ -45,6 +45,13 @@ async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() 
 
     assert_eq!(convert.code, 0, "{}{}", convert.stdout, convert.stderr);
     assert_eq!(convert.json()["dispatch_keys"], 50, "{}", convert.stdout);
+    assert!(
+        convert.json()["locked_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
+        "the conversion says how long it held the table's lock: {}",
+        convert.stdout
+    );
     let status = env.outbox(&["partition", "status", "--json"]);
     assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
     let status = status.json();

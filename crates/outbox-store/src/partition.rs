@@ -208,6 +208,10 @@ pub struct Converted {
     pub keys: i64,
     /// The partitions created after the legacy one.
     pub created: Vec<String>,
+    /// How long the swap's transaction held `ACCESS EXCLUSIVE` on
+    /// `outbox_event` (from its first lock to its commit): what writers and
+    /// dispatchers waited at most.
+    pub locked_for: std::time::Duration,
 }
 
 #[derive(QueryableByName)]
@@ -361,8 +365,12 @@ async fn convert_below(
         }
         conn.batch_execute(def).await?;
     }
-    conn.transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound).await)
-        .await
+    let started = std::time::Instant::now();
+    let mut converted = conn
+        .transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound).await)
+        .await?;
+    converted.locked_for = started.elapsed();
+    Ok(converted)
 }
 
 /// Step 3 of [`convert_to_partitioned`], inside its transaction.
@@ -485,6 +493,7 @@ async fn swap(
         legacy_until: bound,
         keys: keys.n,
         created,
+        locked_for: std::time::Duration::ZERO,
     })
 }
 
