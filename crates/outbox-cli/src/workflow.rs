@@ -167,6 +167,7 @@ async fn executions(cli: &Cli, args: &ExecutionsArgs) -> Outcome {
         workflow_id: args.workflow,
         statuses: &args.statuses,
         limit: Some(i64::try_from(args.limit).unwrap_or(i64::MAX)),
+        after: None,
     };
     let executions = store::list_executions(&mut conn, &filter).await?;
     let shown = executions.len() as u64;

@@ -393,9 +393,14 @@ async fn answer_publishes_one_continue_request_for_a_waiting_run_and_refuses_a_q
         &waiting.to_string(),
         "--input",
         r#"{"approved": true}"#,
+        "--by",
+        "alice",
     ]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("\"ask\""), "{}", run.stdout);
+    let blocks = store::block_executions(&mut conn, waiting).await.unwrap();
+    let asked = blocks.iter().find(|b| b.block_id == "ask").unwrap();
+    assert_eq!(asked.answered_by().map(|(by, _)| by), Some("alice"));
     let continued = events(&mut conn, "workflow.execution.continue.requested", waiting).await;
     assert_eq!(continued.len(), 1, "{continued:?}");
     assert_eq!(continued[0]["waitingBlock"], "ask");

@@ -496,6 +496,50 @@ async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last
 }
 
 #[tokio::test]
+async fn a_filter_no_index_serves_searches_ten_thousand_events_a_page_then_offers_to_search_further()
+ {
+    let console = served().await;
+    // 10,050 events of acme, and one of initech with the smallest id: the
+    // last in the listing's order (newest first by id).
+    let initech = "00000000-0000-7000-8000-000000000001";
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO outbox_event (tenant_id, event_type, payload)
+             SELECT 'acme', 'audit.user.login', '{{}}' FROM generate_series(1, 10050);
+             INSERT INTO outbox_event (id, tenant_id, event_type, payload)
+             VALUES ('{initech}', 'initech', 'audit.user.login', '{{}}');"
+        ))
+        .await
+        .unwrap();
+
+    let (status, first) = console.get_as(READER, "/events?tenant=initech").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(first.contains("Newest first by id"), "{first}");
+    assert!(
+        first.contains("0 matching event(s) among the newest 10000"),
+        "{first}"
+    );
+    assert!(!first.contains(initech));
+    assert!(first.contains("No more matching events among the 10000 searched"));
+    let start = first
+        .find(r#"id="search-further" href=""#)
+        .expect("search further")
+        + 26;
+    let further = &first[start..start + first[start..].find('"').unwrap()];
+    assert!(further.contains("tenant=initech&amp;after="), "{further}");
+    let (status, second) = console.get_as(READER, &further.replace("&amp;", "&")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        second.contains(&format!(r#"href="/events/{initech}""#)),
+        "{second}"
+    );
+    assert!(!second.contains("search-further") && !second.contains("next-page"));
+}
+
+#[tokio::test]
 async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_only_those_and_never_more_than_it_counted()
  {
     let console = served().await;

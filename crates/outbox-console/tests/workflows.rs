@@ -297,7 +297,7 @@ async fn an_operators_answer_publishes_the_continuation_once_and_an_answer_that_
 
     // The first answer stands: the store refuses nothing, writes nothing.
     let mut conn = console.db.conn().await;
-    let again: AnsweredRun = admin::answer_run(&mut conn, "acme", id, &json!({}))
+    let again: AnsweredRun = admin::answer_run(&mut conn, "acme", id, &json!({}), "test")
         .await
         .unwrap();
     assert!(again.event.is_duplicate());
@@ -395,4 +395,82 @@ async fn under_a_mount_prefix_the_workflow_pages_links_forms_and_live_url_follow
     ] {
         assert!(page.contains(&target), "{target} in {page}");
     }
+}
+
+#[tokio::test]
+async fn the_executions_page_pages_newest_first_and_the_next_page_starts_after_the_last_run() {
+    let console = served().await;
+    let (workflow, _) = waiting_run(&console).await;
+    // 59 more runs, one a second into the past; 60 in all.
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(&format!(
+            "INSERT INTO workflow_execution (tenant_id, workflow_id, workflow_version,
+                                             trigger_kind, input, created_at)
+             SELECT 'acme', '{workflow}', 1, 'manual', '{{}}', now() - make_interval(secs => n)
+             FROM generate_series(1, 59) AS n"
+        ))
+        .await
+        .unwrap();
+    let ids = |page: &str| -> Vec<String> {
+        page.match_indices(r#"class="execution-link" href="/executions/"#)
+            .map(|(i, m)| page[i + m.len()..i + m.len() + 36].to_owned())
+            .collect()
+    };
+
+    let (_, first) = console.get_as(READER, "/executions?tenant=acme").await;
+    assert!(
+        first.contains("60 matching execution(s), newest first"),
+        "{first}"
+    );
+    assert_eq!(ids(&first).len(), 50);
+    let start = first.find(r#"id="next-page" href=""#).expect("a next page") + 21;
+    let next = &first[start..start + first[start..].find('"').unwrap()];
+    assert!(next.contains("tenant=acme&amp;after="), "{next}");
+    let (status, second) = console.get_as(READER, &next.replace("&amp;", "&")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ids(&second).len(), 10);
+    assert!(!second.contains("next-page"));
+
+    let mut conn = console.db.conn().await;
+    let all = store::list_executions(&mut conn, &store::ExecutionFilter::default())
+        .await
+        .unwrap();
+    let newest_first: Vec<String> = all.iter().map(|e| e.id.to_string()).collect();
+    assert_eq!([ids(&first), ids(&second)].concat(), newest_first);
+    let (status, _) = console.get_as(READER, "/executions?after=yesterday").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn who_answered_a_wait_is_kept_on_the_waiting_block_run_and_shown_on_the_run_page() {
+    let console = served().await;
+    let (_, id) = waiting_run(&console).await;
+    let path = format!("/executions/{id}/answer");
+
+    let first = console
+        .post_as(OPERATOR, &path, "answer=%7B%22approved%22%3Atrue%7D")
+        .await;
+    assert_eq!(first.status(), StatusCode::SEE_OTHER);
+    // A second answer (here from the CLI's operation) is a duplicate and
+    // leaves the first answerer in place.
+    let mut conn = console.db.conn().await;
+    let again = admin::answer_run(&mut conn, "acme", id, &json!({}), "alice")
+        .await
+        .unwrap();
+    assert!(again.event.is_duplicate());
+
+    let blocks = store::block_executions(&mut conn, id).await.unwrap();
+    let ask = blocks.iter().find(|b| b.block_id == "ask").unwrap();
+    let (by, at) = ask.answered_by().expect("who answered");
+    assert_eq!(by, "console:ana (operator)");
+    assert!(at.is_some());
+    let (_, page) = console.get_as(READER, &format!("/executions/{id}")).await;
+    assert!(
+        page.contains(r#"answered by <span class="who">console:ana (operator)</span>"#),
+        "{page}"
+    );
+    assert!(!page.contains("alice"));
 }

@@ -10,7 +10,8 @@
 //! operator's (and the application's) requeue, cancel and reschedule with
 //! history ([`requeue`], [`cancel`], [`cancel_event`], and
 //! [`reschedule_event`] of a pending row),
-//! listings and lookups ([`list_events`], [`list_events_page`], [`event`],
+//! listings and lookups ([`list_events`], the console's pages
+//! [`list_events_newest`], [`event`],
 //! [`history`], …),
 //! figures ([`pending_figures`], [`group_counts`]), the upkeep of the
 //! table ([`vacuum`]) and per-key ordering ([`advance`], [`hold`],
@@ -68,6 +69,7 @@ mod history;
 mod insert;
 mod maintenance;
 mod ordering;
+mod page;
 mod partition;
 mod redis_guard;
 mod retention;
@@ -98,6 +100,10 @@ pub use ordering::{
     HeldFigures, HeldKey, Skipped, advance, clear_hold, held_figures, held_keys, hold, is_finished,
     skip_held,
 };
+pub use page::{
+    BadPagePosition, EventPage, PageNext, PageOrder, PagePosition, Tally, count_events_newest,
+    list_events_newest,
+};
 pub use partition::{
     Converted, DEFAULT_PARTITION, DroppedPartition, LEGACY_PARTITION, LOCK_TIMEOUT, PartitionError,
     PartitionInfo, PartitionUnit, Partitioning, UnknownPartitionUnit, convert_to_partitioned,
@@ -111,9 +117,9 @@ pub use redis_guard::{
 pub use retention::{PurgedBatch, purge_done_batch, purge_done_batch_in};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
-    Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, PageAfter,
-    candidate, count_events, count_events_up_to, delivery_state, event, history, list_candidates,
-    list_events, list_events_page, statuses, summary,
+    Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, candidate,
+    count_events, count_events_up_to, delivery_state, event, history, list_candidates, list_events,
+    statuses, summary,
 };
 pub use stats::{
     GroupCount, MaybeEstimated, OVERDUE_AFTER_SECS, OverviewCounts, PENDING_ALERT_THRESHOLD,

@@ -42,27 +42,6 @@ pub struct EventFilter {
     pub ordering_key: Option<String>,
 }
 
-/// Where a page of [`list_events_page`] starts: after the row with this
-/// `created_at` and id (the last row of the page before).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageAfter {
-    /// The `created_at` of the last row shown.
-    pub created_at: DateTime<Utc>,
-    /// Its id.
-    pub id: Uuid,
-}
-
-impl PageAfter {
-    /// The position of `event`: the next page starts after it.
-    #[must_use]
-    pub fn of(event: &OutboxEvent) -> Self {
-        Self {
-            created_at: event.created_at,
-            id: event.id,
-        }
-    }
-}
-
 /// `text` with the `LIKE` wildcards and the escape character escaped.
 fn like_escape(text: &str) -> String {
     text.replace('\\', "\\\\")
@@ -91,7 +70,7 @@ impl EventFilter {
     }
 
     /// Every matching row, in no particular order.
-    fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
+    pub(crate) fn query(&self) -> outbox_event::BoxedQuery<'static, Pg> {
         let mut query = outbox_event::table.into_boxed::<Pg>();
         if !self.statuses.is_empty() {
             query = query.filter(outbox_event::status.eq_any(self.statuses.clone()));
@@ -211,35 +190,6 @@ pub async fn list_events(
         .select(OutboxEvent::as_select())
         .load(conn)
         .await?)
-}
-
-/// The first `limit` rows `filter` selects after `after` (none: from the
-/// start), oldest first (`created_at`, then id): one page of a listing that
-/// pages by keyset, so that a page deep into a large table costs what the
-/// first one does, and rows inserted meanwhile neither repeat nor shift a
-/// page. The next page starts after [`PageAfter::of`] the last row.
-///
-/// # Errors
-///
-/// When Postgres fails.
-#[instrument(level = "debug", skip(conn), err(level = "debug"))]
-pub async fn list_events_page(
-    conn: &mut AsyncPgConnection,
-    filter: &EventFilter,
-    after: Option<PageAfter>,
-    limit: i64,
-) -> Result<Vec<OutboxEvent>> {
-    let mut query = filter.oldest_first(limit);
-    if let Some(after) = after {
-        query = query.filter(
-            outbox_event::created_at
-                .gt(after.created_at)
-                .or(outbox_event::created_at
-                    .eq(after.created_at)
-                    .and(outbox_event::id.gt(after.id))),
-        );
-    }
-    Ok(query.select(OutboxEvent::as_select()).load(conn).await?)
 }
 
 /// The columns the requeue policy looks at: no payload, so that a batch of

@@ -5,12 +5,12 @@
 
 mod common;
 
-use common::{database, insert, insert_due, insert_row, insert_with, new_row, now, set, sorted};
+use common::{database, insert, insert_due, insert_row, insert_with, new_row, now, sorted};
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;
 use outbox_store::{
-    EventFilter, EventKey, PageAfter, candidate, count_events, count_events_up_to, delivery_state,
-    event, list_candidates, list_events, list_events_page, statuses, summary,
+    EventFilter, EventKey, candidate, count_events, count_events_up_to, delivery_state, event,
+    list_candidates, list_events, statuses, summary,
 };
 use uuid::Uuid;
 
@@ -258,32 +258,6 @@ async fn statuses_reports_the_status_of_each_row_that_exists() {
     let mut expected = vec![(pending, OutboxStatus::Pending), (done, OutboxStatus::Done)];
     expected.sort_by_key(|(id, _)| *id);
     assert_eq!(found, expected);
-}
-
-#[tokio::test]
-async fn pages_follow_each_other_without_repeating_or_skipping_a_row() {
-    let (_db, mut conn) = database().await;
-    // Two rows share a creation time: the id orders them within it.
-    let ids = insert_due(&mut conn, 3).await;
-    let same_time = format!(
-        "created_at = (SELECT created_at FROM outbox_event WHERE id = '{}')",
-        ids[0]
-    );
-    set(&mut conn, ids[1], &same_time).await;
-    let all = listed(&mut conn, &EventFilter::default(), 10).await;
-
-    let mut paged = Vec::new();
-    let mut after = None;
-    loop {
-        let page = list_events_page(&mut conn, &EventFilter::default(), after, 2)
-            .await
-            .unwrap();
-        let Some(last) = page.last() else { break };
-        after = Some(PageAfter::of(last));
-        paged.extend(page.iter().map(|e| e.id));
-    }
-    assert_eq!(paged, all);
-    assert_eq!(sorted(paged), sorted(ids));
 }
 
 #[tokio::test]

@@ -23,14 +23,18 @@ use std::path::PathBuf;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use outbox_model::schema::{workflow, workflow_execution};
+use outbox_model::schema::{workflow, workflow_block_execution, workflow_execution};
 use outbox_publish::{NotInTransaction, OutboxTx, PublishOutcome};
 use outbox_workflow_model::{DefinitionError, WorkflowDefinition};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::producers::{self, ProducerError, RunTrigger};
-use crate::{SavedWorkflow, StoreError, VersionSummary, Workflow, WorkflowRef, WorkflowStatus};
+use crate::row::ANSWERED_BY;
+use crate::{
+    BlockExecutionStatus, SavedWorkflow, StoreError, VersionSummary, Workflow, WorkflowRef,
+    WorkflowStatus,
+};
 
 /// Why an action refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +298,13 @@ pub struct AnsweredRun {
 /// ([`producers::request_continuation`], delivered at once). Runs nothing:
 /// a worker resumes the run when the event reaches it.
 ///
+/// Who answered (`answered_by`) and when are kept in the same transaction
+/// on the block run that waits, as its output `{"answeredBy": …,
+/// "answeredAt": …}` (a waiting block run has no output of its own; the
+/// runner reads only the outputs of finished ones), so that the run's
+/// timeline shows them: [`crate::WorkflowBlockExecution::answered_by`]. A
+/// duplicate answer changes nothing there either.
+///
 /// # Errors
 ///
 /// [`ProducerError::ExecutionNotFound`] or [`ProducerError::NotWaiting`]
@@ -306,6 +317,7 @@ pub async fn answer_run(
     tenant_id: &str,
     execution_id: Uuid,
     input: &Value,
+    answered_by: &str,
 ) -> Result<AnsweredRun, AdminError> {
     conn.transaction::<_, AdminError, _>(async |conn| {
         let mut tx = OutboxTx::new(conn)?;
@@ -318,10 +330,54 @@ pub async fn answer_run(
             .select(workflow_execution::waiting_block)
             .get_result(tx.conn())
             .await?;
+        let waiting_block = waiting_block.unwrap_or_default();
+        if !event.is_duplicate() {
+            record_answerer(tx.conn(), execution_id, &waiting_block, answered_by).await?;
+        }
         Ok(AnsweredRun {
             event,
-            waiting_block: waiting_block.unwrap_or_default(),
+            waiting_block,
         })
     })
     .await
+}
+
+/// Writes who answered on the latest run of `block`, when it waits and
+/// has no output yet.
+async fn record_answerer(
+    conn: &mut AsyncPgConnection,
+    execution_id: Uuid,
+    block: &str,
+    answered_by: &str,
+) -> Result<(), AdminError> {
+    let runs_of_block = || {
+        workflow_block_execution::table
+            .filter(workflow_block_execution::execution_id.eq(execution_id))
+            .filter(workflow_block_execution::block_id.eq(block))
+    };
+    let latest: Option<i32> = runs_of_block()
+        .select(diesel::dsl::max(workflow_block_execution::sequence))
+        .get_result(conn)
+        .await?;
+    let Some(latest) = latest else {
+        return Ok(());
+    };
+    // The database's clock, as every other time of the run.
+    let at: chrono::DateTime<chrono::Utc> =
+        diesel::select(diesel::dsl::sql::<diesel::sql_types::Timestamptz>("now()"))
+            .get_result(conn)
+            .await?;
+    diesel::update(
+        runs_of_block()
+            .filter(workflow_block_execution::sequence.eq(latest))
+            .filter(workflow_block_execution::status.eq(BlockExecutionStatus::Waiting.as_str()))
+            .filter(workflow_block_execution::output.is_null()),
+    )
+    .set(workflow_block_execution::output.eq(Some(serde_json::json!({
+        ANSWERED_BY: answered_by,
+        "answeredAt": at.to_rfc3339(),
+    }))))
+    .execute(conn)
+    .await?;
+    Ok(())
 }

@@ -1,5 +1,6 @@
 //! The SQL of the workflow store, in diesel's DSL.
 
+use chrono::{DateTime, Utc};
 use diesel::dsl::{exists, now};
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -408,6 +409,31 @@ pub struct ExecutionFilter<'a> {
     pub statuses: &'a [ExecutionStatus],
     /// At most this many (all when `None`); [`count_executions`] ignores it.
     pub limit: Option<i64>,
+    /// Only those after this one in the listing's order (newest first:
+    /// created earlier, or at the same time with a smaller id), so that a
+    /// listing pages by keyset; [`count_executions`] ignores it.
+    pub after: Option<ExecutionPosition>,
+}
+
+/// A position in the listing of executions (newest first by
+/// `created_at`, then id): the next page starts after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutionPosition {
+    /// The `created_at` of the last execution shown.
+    pub created_at: DateTime<Utc>,
+    /// Its id.
+    pub id: Uuid,
+}
+
+impl ExecutionPosition {
+    /// The position of `execution`: the next page starts after it.
+    #[must_use]
+    pub fn of(execution: &WorkflowExecution) -> Self {
+        Self {
+            created_at: execution.created_at,
+            id: execution.id,
+        }
+    }
 }
 
 /// The executions `filter` selects, in no particular order and without its
@@ -427,7 +453,11 @@ fn filtered<'a>(filter: &ExecutionFilter<'a>) -> workflow_execution::BoxedQuery<
     query
 }
 
-/// Executions matching `filter`, newest first.
+/// Executions matching `filter`, newest first (`created_at`, then id),
+/// after `filter.after` when it is set: a page of a listing that pages by
+/// keyset starts after [`ExecutionPosition::of`] the last row of the page
+/// before, and no execution repeats or is skipped from one page to the
+/// next.
 ///
 /// # Errors
 ///
@@ -436,12 +466,22 @@ pub async fn list_executions(
     conn: &mut AsyncPgConnection,
     filter: &ExecutionFilter<'_>,
 ) -> Result<Vec<WorkflowExecution>, StoreError> {
-    let mut query = filtered(filter)
-        .select(WorkflowExecution::as_select())
-        .order((
-            workflow_execution::created_at.desc(),
-            workflow_execution::id.desc(),
-        ));
+    let mut query = filtered(filter);
+    if let Some(after) = filter.after {
+        // `created_at <= t` is the range an index on created_at can read;
+        // the rest breaks the ties within one instant by id.
+        query = query.filter(
+            workflow_execution::created_at.le(after.created_at).and(
+                workflow_execution::created_at
+                    .lt(after.created_at)
+                    .or(workflow_execution::id.lt(after.id)),
+            ),
+        );
+    }
+    let mut query = query.select(WorkflowExecution::as_select()).order((
+        workflow_execution::created_at.desc(),
+        workflow_execution::id.desc(),
+    ));
     if let Some(limit) = filter.limit {
         query = query.limit(limit);
     }

@@ -48,9 +48,9 @@ pub use cancel::{
     CancelError, CancelledExecution, HOOK_EXECUTED, HOOK_FAILED, cancel_execution, cancelled_by,
 };
 pub use db::{
-    ExecutionFilter, LiveWorkflow, NewExecution, SavedWorkflow, count_executions, create_execution,
-    event_executions, get_execution, list_executions, live_event_workflows, load_version, publish,
-    save_workflow, set_status,
+    ExecutionFilter, ExecutionPosition, LiveWorkflow, NewExecution, SavedWorkflow,
+    count_executions, create_execution, event_executions, get_execution, list_executions,
+    live_event_workflows, load_version, publish, save_workflow, set_status,
 };
 pub use error::StoreError;
 pub use inspect::{

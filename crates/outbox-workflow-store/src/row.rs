@@ -266,6 +266,32 @@ pub struct WorkflowBlockExecution {
     pub attempt: i32,
 }
 
+/// The field of a waiting block run's output that names who answered it
+/// ([`crate::admin::answer_run`]).
+pub(crate) const ANSWERED_BY: &str = "answeredBy";
+
+impl WorkflowBlockExecution {
+    /// Who answered this wait (`outbox workflow answer --by`, or
+    /// `console:<name> (<role>)`), and when: kept on the waiting block run
+    /// by [`crate::admin::answer_run`]. `None` for any other block run,
+    /// a wait not answered yet, one that timed out, or one answered before
+    /// answers were recorded.
+    #[must_use]
+    pub fn answered_by(&self) -> Option<(&str, Option<DateTime<Utc>>)> {
+        if self.status != BlockExecutionStatus::Waiting {
+            return None;
+        }
+        let output = self.output.as_ref()?;
+        let by = output.get(ANSWERED_BY)?.as_str()?;
+        let at = output
+            .get("answeredAt")
+            .and_then(Value::as_str)
+            .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+            .map(|at| at.with_timezone(&Utc));
+        Some((by, at))
+    }
+}
+
 /// An `entity_row` row: a generic entity row the row blocks work on.
 #[derive(Debug, Clone, PartialEq, Queryable, Selectable, Identifiable)]
 #[diesel(table_name = entity_row)]

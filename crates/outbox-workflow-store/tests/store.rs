@@ -9,8 +9,8 @@ use outbox_model::schema::{workflow, workflow_execution, workflow_version};
 use outbox_test_support::TestDatabase;
 use outbox_workflow_model::{DefinitionError, WorkflowDefinition};
 use outbox_workflow_store::{
-    self as store, ExecutionFilter, ExecutionStatus, NewExecution, StoreError, TriggerKind,
-    WorkflowStatus,
+    self as store, ExecutionFilter, ExecutionPosition, ExecutionStatus, NewExecution, StoreError,
+    TriggerKind, WorkflowStatus,
 };
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -383,6 +383,7 @@ async fn a_redelivered_trigger_event_starts_each_workflow_once() {
             workflow_id: None,
             statuses: &[ExecutionStatus::Queued],
             limit: None,
+            after: None,
         },
     )
     .await
@@ -645,4 +646,59 @@ async fn workflows_are_listed_by_tenant_and_name_and_read_by_id_with_their_defin
             .unwrap(),
         None
     );
+}
+
+#[tokio::test]
+async fn executions_page_newest_first_by_keyset_without_repeating_or_skipping_one() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let saved = store::save_workflow(
+        &mut conn,
+        "t1",
+        "paged",
+        WorkflowStatus::Live,
+        &manual_workflow("paged"),
+    )
+    .await
+    .unwrap();
+    for _ in 0..23 {
+        run(&mut conn, "t1", saved.workflow.id, None).await.unwrap();
+    }
+    // Three runs at each instant: the id orders the runs of one instant.
+    diesel::sql_query(
+        "UPDATE workflow_execution SET created_at = timestamptz '2026-12-01 10:00:00+00'
+             + (SELECT count(*) FROM workflow_execution o WHERE o.id < workflow_execution.id) / 3
+               * interval '1 second'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let all = store::list_executions(&mut conn, &ExecutionFilter::default())
+        .await
+        .unwrap();
+    let mut expected: Vec<(chrono::DateTime<chrono::Utc>, Uuid)> =
+        all.iter().map(|e| (e.created_at, e.id)).collect();
+    expected.sort_by(|a, b| b.cmp(a));
+
+    let mut paged = Vec::new();
+    let mut after = None;
+    loop {
+        let page = store::list_executions(
+            &mut conn,
+            &ExecutionFilter {
+                workflow_id: Some(saved.workflow.id),
+                limit: Some(5),
+                after,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert!(page.len() <= 5);
+        let Some(last) = page.last() else { break };
+        after = Some(ExecutionPosition::of(last));
+        paged.extend(page.iter().map(|e| (e.created_at, e.id)));
+    }
+    assert_eq!(paged.len(), 23);
+    assert_eq!(paged, expected);
 }

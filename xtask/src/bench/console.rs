@@ -102,6 +102,8 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         ("live", "/live".to_owned()),
         ("events", "/events".to_owned()),
         ("events_failed", "/events?status=FAILED".to_owned()),
+        ("events_done", "/events?status=DONE".to_owned()),
+        ("events_pending", "/events?status=PENDING".to_owned()),
         ("events_tenant", "/events?tenant=tenant-3".to_owned()),
         ("events_type", "/events?type_prefix=mail.".to_owned()),
         ("event", format!("/events/{failed}")),

@@ -1,8 +1,9 @@
-//! `outbox workflow answer --tenant T EXECUTION [--input JSON|--input-file F]`:
+//! `outbox workflow answer --tenant T EXECUTION [--input JSON|--input-file F] [--by WHO]`:
 //! answers a run waiting in a `waitForInput` block (the answer becomes the
 //! block's output) by publishing `workflow.execution.continue.requested`;
-//! a worker resumes the run. A run that is not waiting is refused with its
-//! status; a second answer to the same wait writes nothing.
+//! a worker resumes the run. Who answered is kept on the waiting block run
+//! (`outbox workflow show` prints it). A run that is not waiting is refused
+//! with its status; a second answer to the same wait writes nothing.
 
 use clap::Args;
 use outbox_publish::PublishOutcome;
@@ -11,6 +12,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::{InputArgs, failure};
+use crate::workflow_admin::cancel::DEFAULT_BY;
 use crate::{Cli, ExitStatus, Outcome, connect, print_json};
 
 /// What `--help` shows after the flags: examples and the exit codes.
@@ -27,13 +29,20 @@ pub struct AnswerArgs {
     execution: Uuid,
     #[command(flatten)]
     input: InputArgs,
+    /// Who answers, kept on the waiting block run (default: $USER, else `operator`).
+    #[arg(long, value_name = "WHO")]
+    by: Option<String>,
 }
 
 /// Runs `outbox workflow answer`.
 pub async fn run(cli: &Cli, args: &AnswerArgs) -> Outcome {
     let input = args.input.value()?;
+    let by = match &args.by {
+        Some(by) => by.clone(),
+        None => std::env::var("USER").unwrap_or_else(|_| DEFAULT_BY.to_owned()),
+    };
     let mut conn = connect(cli).await?;
-    let answered = admin::answer_run(&mut conn, &args.tenant, args.execution, &input)
+    let answered = admin::answer_run(&mut conn, &args.tenant, args.execution, &input, &by)
         .await
         .map_err(failure)?;
     render(cli, args.execution, &answered)?;

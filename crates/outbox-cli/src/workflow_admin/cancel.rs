@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use crate::{Cli, ExitStatus, Failure, Outcome, connect, print_json};
 
-/// Who cancels when neither `--by` nor `USER` says.
-const DEFAULT_BY: &str = "operator";
+/// Who cancels or answers when neither `--by` nor `USER` says.
+pub(super) const DEFAULT_BY: &str = "operator";
 
 /// What `--help` shows after the flags: examples and the exit codes.
 pub const AFTER_HELP: &str = "Examples:\n  outbox workflow cancel --tenant acme <execution id> --by alice\n\nExit codes: 0 cancelled; 1 no such execution, or the run already finished (the message names its status); 2 a usage, configuration or connection error.";

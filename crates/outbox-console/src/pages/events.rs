@@ -1,5 +1,6 @@
 //! The events: the CLI's filters (status, type prefix, tenant, creation
-//! time, id, dispatch key, ordering key), a page at a time by keyset.
+//! time, id, dispatch key, ordering key), newest first along an index, a
+//! page at a time by keyset (`outbox_store::list_events_newest`).
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
@@ -7,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::{Markup, html};
 use outbox_model::{OutboxEvent, OutboxStatus};
-use outbox_store::{EventFilter, PageAfter};
+use outbox_store::{EventFilter, PageNext, PageOrder, PagePosition, Tally};
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -18,8 +19,13 @@ use crate::{Console, ConsoleError};
 pub const PAGE_SIZE: i64 = 50;
 
 /// The events page counts the matching rows up to this many, and says
-/// "more than" past it: its work stays bounded on a large table.
+/// "more than" past it; a filter no index serves is counted among this
+/// many of the newest rows: its work stays bounded on a large table.
 const COUNT_CAP: u64 = 10_000;
+
+/// A page whose filters no index serves reads at most this many rows
+/// along its index, then offers to search further.
+pub const SEARCH_BUDGET: i64 = 10_000;
 
 /// The filter form's fields, as the query string carries them (an empty
 /// field is no filter).
@@ -41,7 +47,8 @@ pub(crate) struct Filters {
     dispatch_key: String,
     #[serde(default)]
     ordering_key: String,
-    /// Where the page starts: `<created_at in µs>_<id>` of the row before.
+    /// Where the page starts: the position of the row before
+    /// (`outbox_store::PagePosition`: `<id>`, or `<µs>_<id>`).
     #[serde(default)]
     after: String,
     /// How many events a requeue of the matching ones just requeued.
@@ -95,17 +102,10 @@ impl Filters {
         })
     }
 
-    fn after(&self) -> Result<Option<PageAfter>, String> {
-        let Some(after) = given(&self.after) else {
-            return Ok(None);
-        };
-        let bad = || format!("after: {after:?} is not a page position");
-        let (micros, id) = after.split_once('_').ok_or_else(bad)?;
-        let micros: i64 = micros.parse().map_err(|_| bad())?;
-        Ok(Some(PageAfter {
-            created_at: DateTime::from_timestamp_micros(micros).ok_or_else(bad)?,
-            id: Uuid::parse_str(id).map_err(|_| bad())?,
-        }))
+    fn after(&self) -> Result<Option<PagePosition>, String> {
+        given(&self.after)
+            .map(|after| after.parse().map_err(|e| format!("after: {e}")))
+            .transpose()
     }
 
     /// The filter fields by name, as the form sends them.
@@ -141,18 +141,25 @@ impl Filters {
         }
     }
 
-    /// The query string of these filters with the page starting after `row`.
-    fn next_page(&self, row: &OutboxEvent) -> String {
+    /// The query string of these filters with the page starting at `position`.
+    fn next_page(&self, position: PagePosition) -> String {
         let mut query: Vec<String> = Some(self.query())
             .filter(|q| !q.is_empty())
             .into_iter()
             .collect();
-        query.push(format!(
-            "after={}_{}",
-            row.created_at.timestamp_micros(),
-            row.id
-        ));
+        query.push(format!("after={}", encode(&position.to_string())));
         query.join("&")
+    }
+}
+
+/// What the page says of its order.
+fn order_note(order: PageOrder) -> &'static str {
+    match order {
+        PageOrder::Id => {
+            "Newest first by id: the order of publication (the publisher's ids are time-ordered)."
+        }
+        PageOrder::Processed => "Newest first by hand-off time (processed_at).",
+        PageOrder::Created => "Newest first by creation time.",
     }
 }
 
@@ -181,28 +188,48 @@ pub(crate) async fn page(
         }
     };
     let mut conn = console.conn().await?;
-    let rows = outbox_store::list_events_page(&mut conn, &selection, after, PAGE_SIZE).await?;
-    let matching = outbox_store::count_events_up_to(&mut conn, &selection, COUNT_CAP).await?;
-    let next = (rows.len() as i64 == PAGE_SIZE)
-        .then(|| rows.last().map(|last| filters.next_page(last)))
-        .flatten();
+    let page =
+        outbox_store::list_events_newest(&mut conn, &selection, after, PAGE_SIZE, SEARCH_BUDGET)
+            .await?;
+    let matching = outbox_store::count_events_newest(&mut conn, &selection, COUNT_CAP).await?;
+    let next_link = |next: PageNext| {
+        format!(
+            "{}?{}",
+            viewer.base.to("/events"),
+            filters.next_page(next.position())
+        )
+    };
     let requeue_link = format!("{}?{}", viewer.base.to("/events/requeue"), filters.query());
     let body = html! {
         (form(&viewer, &filters))
         @if let Ok(n) = filters.requeued.parse::<u64>() { p.ok #done { "Requeued " (n) " event(s)." } }
-        @if matching != Some(0) {
+        @if matching != Tally::Exact(0) {
             p { a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" } }
         }
         p #matching {
             @match matching {
-                Some(n) => { (n) " matching event(s)" }
-                None => { "More than " (COUNT_CAP) " matching events" }
+                Tally::Exact(n) => { (n) " matching event(s)" }
+                Tally::MoreThan(cap) => { "More than " (cap) " matching events" }
+                Tally::Among { matching, searched } => {
+                    (matching) " matching event(s) among the newest " (searched)
+                    " (the filters are checked row by row; older events were not counted)"
+                }
             }
             @if after.is_some() { ", this page after the ones before" }
         }
-        (table(&viewer, &rows))
-        @if let Some(next) = next {
-            p { a #next-page href=(format!("{}?{next}", viewer.base.to("/events"))) { "Next page →" } }
+        p #order { (order_note(page.order)) }
+        (table(&viewer, page.order, &page.rows))
+        @match page.next {
+            Some(next @ PageNext::After(_)) => {
+                p { a #next-page href=(next_link(next)) { "Next page →" } }
+            }
+            Some(next @ PageNext::SearchFurther(_)) => {
+                p #searched {
+                    "No more matching events among the " (SEARCH_BUDGET) " searched for this page. "
+                    a #search-further href=(next_link(next)) { "Search further →" }
+                }
+            }
+            None => {}
         }
     };
     Ok(layout(&viewer, "Events", body).into_response())
@@ -231,17 +258,25 @@ fn form(viewer: &Viewer, filters: &Filters) -> Markup {
     }
 }
 
-fn table(viewer: &Viewer, rows: &[OutboxEvent]) -> Markup {
+fn table(viewer: &Viewer, order: PageOrder, rows: &[OutboxEvent]) -> Markup {
+    let handed_off = order == PageOrder::Processed;
+    let time = |at: Option<DateTime<Utc>>| {
+        at.map_or_else(
+            || "-".to_owned(),
+            |at| at.format("%Y-%m-%d %H:%M:%S").to_string(),
+        )
+    };
     html! {
         table #events {
             thead { tr {
-                th { "created (UTC)" } th { "id" } th { "status" } th { "tenant" }
+                th { "created (UTC)" } @if handed_off { th { "handed off (UTC)" } } th { "id" } th { "status" } th { "tenant" }
                 th { "event type" } th.num { "retries" } th { "queue / last error" }
             } }
             tbody {
                 @for row in rows {
                     tr {
-                        td { (row.created_at.format("%Y-%m-%d %H:%M:%S").to_string()) }
+                        td { (time(Some(row.created_at))) }
+                        @if handed_off { td { (time(row.processed_at)) } }
                         td { a.event-link href=(viewer.base.to(&format!("/events/{}", row.id))) { (row.id.to_string()) } }
                         td { span class=(format!("status {}", row.status)) { (row.status.as_str()) } }
                         td { (row.tenant_id) }

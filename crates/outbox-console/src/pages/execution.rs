@@ -267,7 +267,9 @@ fn timeline(loaded: &Loaded) -> Markup {
                             td.num { (block.attempt) }
                             td {
                                 @if let Some(error) = &block.error { p.error { (outbox_queue::redact_urls_in(error)) } }
-                                @if let Some(output) = &block.output { pre.output { (shown_json(output)) } }
+                                @if let Some((by, at)) = block.answered_by() {
+                                    p.answered-by { "answered by " span.who { (by) } @if let Some(at) = at { " at " (when(Some(at))) } }
+                                } @else if let Some(output) = &block.output { pre.output { (shown_json(output)) } }
                             }
                         }
                     }
@@ -436,7 +438,7 @@ pub(crate) async fn answer(
         Err(missing) => return Ok(missing),
     };
     let actor = viewer.identity.actor();
-    match answer_run(&mut conn, &tenant, id, &input).await {
+    match answer_run(&mut conn, &tenant, id, &input, &actor).await {
         Ok(answered) => {
             let duplicate = answered.event.is_duplicate();
             tracing::info!(execution_id = %id, actor = %actor, block = %answered.waiting_block, event_id = %answered.event.id(), duplicate, "console answer");

@@ -5,9 +5,10 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use chrono::DateTime;
 use maud::{Markup, html};
 use outbox_workflow_store::{
-    self as store, ExecutionFilter, ExecutionStatus, Workflow, WorkflowExecution,
+    self as store, ExecutionFilter, ExecutionPosition, ExecutionStatus, Workflow, WorkflowExecution,
 };
 use serde::Deserialize;
 use uuid::Uuid;
@@ -18,7 +19,7 @@ use crate::{Console, ConsoleError};
 /// Workflows listed at most.
 pub const WORKFLOWS_SHOWN: i64 = 200;
 
-/// Executions per listing, newest first (the CLI's default limit).
+/// Executions per page, newest first (the CLI's default limit).
 pub const EXECUTIONS_SHOWN: i64 = 50;
 
 /// The tenant filter of the workflows page.
@@ -164,6 +165,10 @@ pub(crate) struct Filters {
     tenant: String,
     #[serde(default)]
     workflow: String,
+    /// Where the page starts: `<created_at in µs>_<id>` of the execution
+    /// before.
+    #[serde(default)]
+    after: String,
 }
 
 /// The filters as the store takes them, or what is wrong with a field.
@@ -172,6 +177,26 @@ struct Selection {
     status: Option<ExecutionStatus>,
     tenant: Option<String>,
     workflow: Option<Uuid>,
+    after: Option<ExecutionPosition>,
+}
+
+/// `position` as the `after` field carries it.
+fn position_text(position: ExecutionPosition) -> String {
+    format!("{}_{}", position.created_at.timestamp_micros(), position.id)
+}
+
+/// The position an `after` field carries, or what is wrong with it.
+fn parse_position(raw: &str) -> Result<ExecutionPosition, String> {
+    let bad = || format!("after: {raw:?} is not a page position");
+    let (micros, id) = raw.split_once('_').ok_or_else(bad)?;
+    Ok(ExecutionPosition {
+        created_at: micros
+            .parse()
+            .ok()
+            .and_then(DateTime::from_timestamp_micros)
+            .ok_or_else(bad)?,
+        id: Uuid::parse_str(id).map_err(|_| bad())?,
+    })
 }
 
 impl Filters {
@@ -191,11 +216,34 @@ impl Filters {
             }
         };
         let tenant = Some(self.tenant.trim().to_owned()).filter(|t| !t.is_empty());
+        let after = match self.after.trim() {
+            "" => None,
+            raw => Some(parse_position(raw)?),
+        };
         Ok(Selection {
             status,
             tenant,
             workflow,
+            after,
         })
+    }
+
+    /// The query string of these filters with the page starting after `last`.
+    fn next_page(&self, last: &WorkflowExecution) -> String {
+        [
+            ("status", self.status.trim()),
+            ("tenant", self.tenant.trim()),
+            ("workflow", self.workflow.trim()),
+        ]
+        .iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(name, value)| format!("{name}={}", super::events::encode(value)))
+        .chain([format!(
+            "after={}",
+            position_text(ExecutionPosition::of(last))
+        )])
+        .collect::<Vec<_>>()
+        .join("&")
     }
 }
 
@@ -222,15 +270,25 @@ pub(crate) async fn executions(
         workflow_id: selection.workflow,
         statuses: &statuses,
         limit: Some(EXECUTIONS_SHOWN),
+        after: selection.after,
     };
     let mut conn = console.conn().await?;
     let rows = store::list_executions(&mut conn, &filter).await?;
-    // Only a full page can hide more executions: count them then, as the CLI does.
-    let matching = if rows.len() as i64 == EXECUTIONS_SHOWN {
+    let full = rows.len() as i64 == EXECUTIONS_SHOWN;
+    // Only a full page, or one after others, can leave executions out:
+    // count them then, as the CLI does.
+    let matching = if full || selection.after.is_some() {
         store::count_executions(&mut conn, &filter).await?
     } else {
         rows.len() as u64
     };
+    let next = rows.last().filter(|_| full).map(|last| {
+        format!(
+            "{}?{}",
+            viewer.base.to("/executions"),
+            filters.next_page(last)
+        )
+    });
     let mut ids: Vec<Uuid> = rows.iter().map(|e| e.workflow_id).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -238,10 +296,13 @@ pub(crate) async fn executions(
     let body = html! {
         (executions_form(&viewer, &filters))
         p #matching {
-            (matching) " matching execution(s)"
-            @if matching > rows.len() as u64 { ", the newest " (rows.len()) " shown" }
+            (matching) " matching execution(s), newest first"
+            @if selection.after.is_some() { ", this page after the ones before" }
         }
         (executions_table(&viewer, &rows, &names))
+        @if let Some(next) = next {
+            p { a #next-page href=(next) { "Next page →" } }
+        }
     };
     Ok(layout(&viewer, "Executions", body).into_response())
 }
@@ -325,6 +386,7 @@ mod tests {
             status: "Waiting".into(),
             tenant: " acme ".into(),
             workflow: String::new(),
+            after: String::new(),
         };
         let selection = filters.selection().unwrap();
         assert_eq!(selection.status, Some(ExecutionStatus::Waiting));
