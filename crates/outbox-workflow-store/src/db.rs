@@ -502,6 +502,30 @@ pub async fn count_executions(
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// How many executions match `filter` (whatever its `limit` and `after`),
+/// counting no further than `cap`: `None` when more than `cap` match. The
+/// work is bounded by `cap` however many executions the table holds, where
+/// [`count_executions`] reads every matching one (a page says "more than
+/// 10,000" rather than read a million rows).
+///
+/// # Errors
+///
+/// [`StoreError::Database`].
+pub async fn count_executions_up_to(
+    conn: &mut AsyncPgConnection,
+    filter: &ExecutionFilter<'_>,
+    cap: u64,
+) -> Result<Option<u64>, StoreError> {
+    let limit = i64::try_from(cap.saturating_add(1)).unwrap_or(i64::MAX);
+    let ids: Vec<Uuid> = filtered(filter)
+        .select(workflow_execution::id)
+        .limit(limit)
+        .load(conn)
+        .await?;
+    let n = ids.len() as u64;
+    Ok((n <= cap).then_some(n))
+}
+
 /// The executions that the trigger event `trigger_event_id` starts: for
 /// each live workflow of `payload`'s tenant whose `eventTrigger` matches its
 /// entity and event, the execution created now (`queued`, input the

@@ -49,8 +49,8 @@ pub use cancel::{
 };
 pub use db::{
     ExecutionFilter, ExecutionPosition, LiveWorkflow, NewExecution, SavedWorkflow,
-    count_executions, create_execution, event_executions, get_execution, list_executions,
-    live_event_workflows, load_version, publish, save_workflow, set_status,
+    count_executions, count_executions_up_to, create_execution, event_executions, get_execution,
+    list_executions, live_event_workflows, load_version, publish, save_workflow, set_status,
 };
 pub use error::StoreError;
 pub use inspect::{

@@ -564,6 +564,16 @@ async fn stuck_executions_are_old_queued_or_running_ones_never_waiting_ones() {
         store::count_executions(&mut conn, &queued).await.unwrap(),
         3
     );
+    // The bounded count: exact up to its cap, None past it.
+    for (cap, counted) in [(3, Some(3)), (5, Some(3)), (2, None), (0, None)] {
+        assert_eq!(
+            store::count_executions_up_to(&mut conn, &queued, cap)
+                .await
+                .unwrap(),
+            counted,
+            "cap {cap}"
+        );
+    }
     assert_eq!(
         store::list_executions(&mut conn, &queued)
             .await

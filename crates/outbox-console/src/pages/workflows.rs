@@ -22,6 +22,10 @@ pub const WORKFLOWS_SHOWN: i64 = 200;
 /// Executions per page, newest first (the CLI's default limit).
 pub const EXECUTIONS_SHOWN: i64 = 50;
 
+/// Matching executions the executions page counts at most (it says "more
+/// than" past it), so that a count never reads the whole table.
+pub const EXECUTIONS_COUNTED: u64 = 10_000;
+
 /// The tenant filter of the workflows page.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct TenantFilter {
@@ -276,11 +280,11 @@ pub(crate) async fn executions(
     let rows = store::list_executions(&mut conn, &filter).await?;
     let full = rows.len() as i64 == EXECUTIONS_SHOWN;
     // Only a full page, or one after others, can leave executions out:
-    // count them then, as the CLI does.
+    // count them then, reading no more than EXECUTIONS_COUNTED of them.
     let matching = if full || selection.after.is_some() {
-        store::count_executions(&mut conn, &filter).await?
+        store::count_executions_up_to(&mut conn, &filter, EXECUTIONS_COUNTED).await?
     } else {
-        rows.len() as u64
+        Some(rows.len() as u64)
     };
     let next = rows.last().filter(|_| full).map(|last| {
         format!(
@@ -296,7 +300,10 @@ pub(crate) async fn executions(
     let body = html! {
         (executions_form(&viewer, &filters))
         p #matching {
-            (matching) " matching execution(s), newest first"
+            @match matching {
+                Some(n) => { (n) " matching execution(s), newest first" }
+                None => { "More than " (EXECUTIONS_COUNTED) " matching executions, newest first" }
+            }
             @if selection.after.is_some() { ", this page after the ones before" }
         }
         (executions_table(&viewer, &rows, &names))
