@@ -398,7 +398,8 @@ pub async fn get_execution(
         .optional()?)
 }
 
-/// Which executions [`list_executions`] and [`count_executions`] select.
+/// Which executions [`list_executions`], [`count_executions`] and
+/// [`count_executions_up_to`] select.
 #[derive(Debug, Clone, Default)]
 pub struct ExecutionFilter<'a> {
     /// Only this tenant's.
@@ -507,6 +508,25 @@ pub async fn count_executions(
 /// work is bounded by `cap` however many executions the table holds, where
 /// [`count_executions`] reads every matching one (a page says "more than
 /// 10,000" rather than read a million rows).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn example(conn: &mut diesel_async::AsyncPgConnection) -> Result<(), outbox_workflow_store::StoreError> {
+/// use outbox_workflow_store::{ExecutionFilter, ExecutionStatus, count_executions_up_to};
+///
+/// let waiting = ExecutionFilter {
+///     tenant_id: Some("acme"),
+///     statuses: &[ExecutionStatus::Waiting],
+///     ..ExecutionFilter::default()
+/// };
+/// match count_executions_up_to(conn, &waiting, 10_000).await? {
+///     Some(n) => println!("{n} runs wait for input"),
+///     None => println!("more than 10,000 runs wait for input"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// # Errors
 ///
