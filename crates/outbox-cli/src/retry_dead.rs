@@ -1,7 +1,9 @@
 //! `outbox retry-dead <queue>`: put dead jobs back on their queue, due now,
 //! guarded like `outbox requeue`: `--dry-run` lists them, and more than
 //! `--confirm-above` jobs need `--yes` (without it nothing changes and the
-//! exit status is 2).
+//! exit status is 2). Each job put back is recorded in its event's history
+//! (`outbox show`: action `retry_dead`, with `--reason` and `$USER`), which
+//! is why the command needs the database as well as Redis.
 
 use anyhow::Context;
 use clap::Args;
@@ -9,7 +11,7 @@ use outbox_queue::QueueNamespace;
 use serde::Serialize;
 
 use crate::requeue::bulk::DEFAULT_CONFIRM_ABOVE;
-use crate::{Cli, ExitStatus, Failure, Outcome, dead, print_json, redis};
+use crate::{Cli, ExitStatus, Failure, Outcome, connect, dead, print_json, redis};
 
 /// Arguments of `outbox retry-dead`.
 #[derive(Debug, Args)]
@@ -28,7 +30,13 @@ pub struct RetryDeadArgs {
     /// Putting back more jobs than this needs --yes; without it, nothing changes and the exit status is 2.
     #[arg(long, default_value_t = DEFAULT_CONFIRM_ABOVE)]
     pub confirm_above: u64,
+    /// Why, kept in the history of each job's event.
+    #[arg(long, default_value = DEFAULT_REASON)]
+    pub reason: String,
 }
+
+/// Default of `--reason`.
+const DEFAULT_REASON: &str = "dead job put back by operator";
 
 /// What `retry-dead` did or would do.
 #[derive(Debug, Serialize)]
@@ -39,6 +47,11 @@ struct Report<'a> {
     task_ids: Vec<String>,
     /// How many went back (0 with --dry-run).
     put_back: usize,
+    /// History entries written (one per job put back that names an event).
+    recorded: usize,
+    /// Jobs put back whose task id names no outbox event (no history to
+    /// record them in).
+    without_event: Vec<String>,
 }
 
 /// The policy: how many jobs may go back without `--yes`.
@@ -95,18 +108,29 @@ pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
         args.task_ids.clone()
     };
     guard(selected.len(), args)?;
-    let put_back = if args.dry_run || selected.is_empty() {
-        0
+    let done = if args.dry_run || selected.is_empty() {
+        outbox_operator::dead::PutBack::default()
     } else {
-        outbox_queue::retry_dead(&mut redis, &namespace, &args.queue, &selected)
-            .await
-            .with_context(|| format!("cannot put the dead jobs of {} back", args.queue))?
+        let mut conn = connect(cli).await?;
+        let requested_by = std::env::var("USER").ok();
+        outbox_operator::dead::put_back(
+            &mut redis,
+            &namespace,
+            &args.queue,
+            &selected,
+            &mut conn,
+            &args.reason,
+            requested_by.as_deref(),
+        )
+        .await?
     };
     let report = Report {
         queue: &args.queue,
         dry_run: args.dry_run,
         task_ids: selected,
-        put_back,
+        put_back: done.task_ids.len(),
+        recorded: done.recorded,
+        without_event: done.without_event,
     };
     if cli.json {
         print_json(&report)?;
@@ -132,11 +156,18 @@ fn print(report: &Report<'_>) {
         );
     } else {
         println!(
-            "put {} of {} dead job(s) back on {}",
+            "put {} of {} dead job(s) back on {} ({} recorded in their events' history)",
             report.put_back,
             report.task_ids.len(),
-            report.queue
+            report.queue,
+            report.recorded
         );
+        if !report.without_event.is_empty() {
+            println!(
+                "not recorded, they name no outbox event: {}",
+                report.without_event.join(", ")
+            );
+        }
     }
 }
 
@@ -151,6 +182,7 @@ mod tests {
             dry_run,
             yes,
             confirm_above: 2,
+            reason: DEFAULT_REASON.into(),
         }
     }
 

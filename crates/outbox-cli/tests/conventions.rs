@@ -121,7 +121,7 @@ async fn health_without_the_workflow_set_answers_and_migrate_set_adds_it() {
         .filter(|m| m["set"] == "workflow")
         .map(|m| format!("'{}'", m["version"].as_str().unwrap()))
         .collect();
-    assert_eq!(workflow_versions.len(), 5);
+    assert_eq!(workflow_versions.len(), 6);
     env.sql(&format!(
         "DROP TABLE workflow_block_execution, workflow_execution, workflow_version, workflow,
                     entity_row, application_event, workflow_bridge_request CASCADE;
@@ -143,7 +143,7 @@ async fn health_without_the_workflow_set_answers_and_migrate_set_adds_it() {
 
     let migrate = env.outbox(&["migrate", "--set", "workflow", "--json"]);
     assert_eq!(migrate.code, 0, "{}", migrate.stderr);
-    assert_eq!(migrate.json()["applied"].as_array().unwrap().len(), 5);
+    assert_eq!(migrate.json()["applied"].as_array().unwrap().len(), 6);
     assert_eq!(migrate.json()["sets"], serde_json::json!(["workflow"]));
     let health = env.outbox(&["health", "--json"]);
     assert_eq!(health.code, 0, "{}", health.stderr);
@@ -301,6 +301,106 @@ async fn show_lists_a_reschedule_from_code_with_the_due_time_it_had() {
 }
 
 #[tokio::test]
+async fn cancel_by_filters_counts_first_needs_yes_above_the_threshold_and_cancels_only_what_matches()
+ {
+    let env = Env::new().await;
+    // Three PENDING and one FAILED webhook of acme, one DONE webhook of acme,
+    // one PENDING webhook of globex, one PENDING audit event of acme.
+    env.sql(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, status, failed_at, processed_at)
+         SELECT 'acme', 'webhook.order.paid', '{}', 'PENDING', NULL, NULL FROM generate_series(1, 3);
+         INSERT INTO outbox_event (tenant_id, event_type, payload, status, failed_at, processed_at)
+         VALUES ('acme', 'webhook.order.paid', '{}', 'FAILED', now(), NULL),
+                ('acme', 'webhook.order.paid', '{}', 'DONE', NULL, now()),
+                ('globex', 'webhook.order.paid', '{}', 'PENDING', NULL, NULL),
+                ('acme', 'audit.user.login', '{}', 'PENDING', NULL, NULL)",
+    )
+    .await;
+    let filters = ["--tenant", "acme", "--type-prefix", "webhook."];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        let mut args = vec!["cancel"];
+        args.extend(filters);
+        args.extend(extra);
+        args
+    };
+
+    let dry = env.outbox(&with(&["--dry-run", "--json"]));
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    let dry = dry.json();
+    assert_eq!(
+        (&dry["matching"], &dry["to_cancel"], &dry["refused_count"]),
+        (&Value::from(5), &Value::from(4), &Value::from(1)),
+        "{dry}"
+    );
+
+    let guarded = env.outbox(&with(&["--confirm-above", "3"]));
+    assert_eq!(guarded.code, 2, "{}", guarded.stderr);
+    assert!(guarded.stderr.contains("--yes"), "{}", guarded.stderr);
+    let still_pending = env
+        .outbox(&["list", "--status", "pending", "--json"])
+        .json();
+    assert_eq!(
+        still_pending.as_array().map(Vec::len),
+        Some(5),
+        "{still_pending}"
+    );
+
+    let none = env.outbox(&["cancel"]);
+    assert_eq!(none.code, 2);
+    assert!(none.stderr.contains("name the events"), "{}", none.stderr);
+
+    let run = env.outbox_as(
+        "ana",
+        &with(&[
+            "--confirm-above",
+            "3",
+            "--yes",
+            "--batch-size",
+            "3",
+            "--reason",
+            "partner retired",
+            "--json",
+        ]),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = run.json();
+    assert_eq!(run["cancelled"].as_array().unwrap().len(), 4, "{run}");
+    assert_eq!(run["batches"], 2, "four rows in batches of three");
+    for id in run["cancelled"].as_array().unwrap() {
+        let shown = env.outbox(&["show", id.as_str().unwrap(), "--json"]).json();
+        assert_eq!(shown["event"]["status"], "CANCELLED");
+        assert_eq!(shown["history"][0]["action"], "cancel");
+        assert_eq!(shown["history"][0]["requested_by"], "ana");
+        assert_eq!(shown["history"][0]["reason"], "partner retired");
+    }
+    let pending = env
+        .outbox(&["list", "--status", "pending", "--json"])
+        .json();
+    let left: Vec<(&str, &str)> = pending
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["tenant_id"].as_str().unwrap(),
+                e["event_type"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        left.len(),
+        2,
+        "globex's webhook and acme's audit event are outside the filters: {left:?}"
+    );
+    assert!(
+        left.contains(&("globex", "webhook.order.paid"))
+            && left.contains(&("acme", "audit.user.login"))
+    );
+    let again = env.outbox(&with(&[]));
+    assert_eq!(again.code, 1, "nothing left to cancel: {}", again.stdout);
+}
+
+#[tokio::test]
 async fn a_row_handed_off_while_cancel_waits_for_it_is_left_alone_and_reported_so() {
     use diesel_async::SimpleAsyncConnection;
 
@@ -368,12 +468,22 @@ impl JobHandler for Doomed {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn retry_dead_puts_dead_jobs_back_and_needs_yes_above_the_threshold() {
+async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and_needs_yes_above_the_threshold()
+ {
     let env = Env::new().await;
+    // job-2 is an event's own job: its event's history records the retry.
+    let event = uuid::Uuid::now_v7();
+    env.sql(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, status, processed_at)
+         VALUES ('{event}', 't', 'webhook.order.paid', '{{}}', 'DONE', now())"
+    ))
+    .await;
+    let job_2 = outbox_queue::task_id(event);
     let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
     let mut push = conn.clone();
-    let jobs: Vec<(String, Vec<u8>)> = (1..=3)
-        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+    let jobs: Vec<(String, Vec<u8>)> = ["job-1", job_2.as_str(), "job-3"]
+        .into_iter()
+        .map(|id| (id.to_owned(), b"{}".to_vec()))
         .collect();
     push_raw(&mut push, &env.namespace, queues::WEBHOOK, &jobs)
         .await
@@ -403,15 +513,50 @@ async fn retry_dead_puts_dead_jobs_back_and_needs_yes_above_the_threshold() {
     assert_eq!(dry.json()["put_back"], 0);
     assert_eq!(dry.json()["task_ids"].as_array().unwrap().len(), 3);
 
-    let one = env.outbox(&[
-        "retry-dead",
-        queues::WEBHOOK,
-        "--task-id",
-        "job-2",
-        "--json",
-    ]);
+    let one = env.outbox_as(
+        "ana",
+        &[
+            "retry-dead",
+            queues::WEBHOOK,
+            "--task-id",
+            &job_2,
+            "--reason",
+            "the receiver is back",
+            "--json",
+        ],
+    );
     assert_eq!(one.code, 0, "{}", one.stderr);
     assert_eq!(one.json()["put_back"], 1);
+    assert_eq!(one.json()["recorded"], 1);
+    let shown = env.outbox(&["show", &event.to_string(), "--json"]).json();
+    let history = shown["history"].as_array().unwrap();
+    assert_eq!(history.len(), 1, "{shown}");
+    assert_eq!(
+        (
+            &history[0]["action"],
+            &history[0]["queue"],
+            &history[0]["task_id"],
+            &history[0]["requested_by"],
+            &history[0]["reason"],
+            &history[0]["previous_status"],
+        ),
+        (
+            &Value::from("retry_dead"),
+            &Value::from(queues::WEBHOOK),
+            &Value::from(job_2.as_str()),
+            &Value::from("ana"),
+            &Value::from("the receiver is back"),
+            &Value::from("DONE"),
+        ),
+        "the event's history says who put its dead job back, why, and where"
+    );
+    let text = env.outbox(&["show", &event.to_string()]);
+    assert!(
+        text.stdout
+            .contains(&format!("dead job {job_2} put back on {}", queues::WEBHOOK)),
+        "{}",
+        text.stdout
+    );
     let rest = env.outbox(&[
         "retry-dead",
         queues::WEBHOOK,
@@ -421,6 +566,12 @@ async fn retry_dead_puts_dead_jobs_back_and_needs_yes_above_the_threshold() {
     ]);
     assert_eq!(rest.code, 0, "{}", rest.stderr);
     assert!(rest.stdout.contains("put 2 of 2"), "{}", rest.stdout);
+    assert!(
+        rest.stdout
+            .contains("not recorded, they name no outbox event: job-1, job-3"),
+        "jobs of no event are named as unrecorded: {}",
+        rest.stdout
+    );
 
     let health = env
         .outbox(&["health", "--json", "--max-backlog", "100000"])

@@ -23,6 +23,10 @@ pub enum ConsoleError {
     /// committed, and the message says how many rows they held.
     #[error(transparent)]
     Batch(#[from] outbox_operator::requeue::bulk::BatchFailed),
+    /// A batch of a cancel by filter failed; the batches before it stay
+    /// committed, and the message says how many rows they held.
+    #[error(transparent)]
+    CancelBatch(#[from] outbox_operator::cancel::bulk::BatchFailed),
     /// A read of the workflow tables failed.
     #[error(transparent)]
     Workflows(#[from] outbox_workflow_store::StoreError),
@@ -36,6 +40,10 @@ pub enum ConsoleError {
     /// Redis failed reading or putting back dead jobs.
     #[error("Redis: {0}")]
     Redis(String),
+    /// Dead jobs went back on their queue but their history entries were
+    /// not written; the message names them.
+    #[error(transparent)]
+    PutBack(outbox_operator::dead::PutBackError),
 }
 
 impl ConsoleError {
@@ -46,9 +54,11 @@ impl ConsoleError {
             Self::Pool(_) | Self::Queues(_) | Self::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Store(_)
             | Self::Batch(_)
+            | Self::CancelBatch(_)
             | Self::Workflows(_)
             | Self::Answer(_)
-            | Self::Cancel(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::Cancel(_)
+            | Self::PutBack(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }

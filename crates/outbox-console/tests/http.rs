@@ -8,6 +8,7 @@
 use diesel_async::SimpleAsyncConnection;
 use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, COOKIE, LOCATION, SET_COOKIE};
+use uuid::Uuid;
 
 mod support;
 
@@ -372,7 +373,8 @@ impl outbox_subscriber::JobHandler for Doomed {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_a_reader_none() {
+async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_recorded_in_the_events_history_a_reader_none()
+ {
     use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
     let redis = outbox_test_support::TestRedis::new().await;
     let namespace = QueueNamespace::prefixed(redis.prefix());
@@ -381,8 +383,14 @@ async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_
         console.with_queues(conn.clone(), namespace.clone(), vec![WEBHOOK.to_owned()])
     })
     .await;
-    let jobs: Vec<(String, Vec<u8>)> = (1..=3)
-        .map(|n| (format!("job-{n}"), b"{}".to_vec()))
+    // job-2 is an event's own job: its history records the put-back.
+    let event = console
+        .event(r#"{"a": 1}"#, ", status, processed_at", ", 'DONE', now()")
+        .await;
+    let job_2 = outbox_queue::task_id(event);
+    let jobs: Vec<(String, Vec<u8>)> = ["job-1", job_2.as_str(), "job-3"]
+        .into_iter()
+        .map(|id| (id.to_owned(), b"{}".to_vec()))
         .collect();
     outbox_queue::push_raw(&mut conn.clone(), &namespace, WEBHOOK, &jobs)
         .await
@@ -445,15 +453,53 @@ async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_
     assert_eq!(stale.status(), StatusCode::CONFLICT);
     assert_eq!(dead().await, 3);
 
+    assert!(console.history(event).await.is_empty());
+
     let put_back = console
-        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=3")
+        .post_as(
+            OPERATOR,
+            &format!("/queues/{WEBHOOK}/dead"),
+            "expected=3&reason=receiver+back",
+        )
         .await;
     assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        put_back.headers()[LOCATION],
+        format!("/queues/{WEBHOOK}/dead?put_back=3&recorded=1")
+    );
     assert_eq!(dead().await, 0);
+    let history = console.history(event).await;
+    assert_eq!(history.len(), 1, "{history:?}");
+    assert_eq!(
+        (
+            history[0].action.as_str(),
+            history[0].requested_by.as_deref(),
+            history[0].reason.as_str(),
+            history[0].queue.as_deref(),
+            history[0].task_id.as_deref(),
+        ),
+        (
+            "retry_dead",
+            Some("console:ana (operator)"),
+            "receiver back",
+            Some(WEBHOOK),
+            Some(job_2.as_str()),
+        ),
+        "the event's history says who put its dead job back, why, and where"
+    );
     let (_, page) = console
-        .get_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead?put_back=3"))
+        .get_as(
+            OPERATOR,
+            &format!("/queues/{WEBHOOK}/dead?put_back=3&recorded=1"),
+        )
         .await;
     assert!(page.contains("Put 3 dead job(s) back"));
+    assert!(page.contains("1 recorded in their events' history"));
+    let (_, event_page) = console.get_as(READER, &format!("/events/{event}")).await;
+    assert!(
+        event_page.contains(&format!("dead job {job_2} put back on {WEBHOOK}")),
+        "{event_page}"
+    );
 
     let (status, _) = console
         .get_as(OPERATOR, "/queues/outbox.nowhere/dead")
@@ -603,6 +649,172 @@ async fn the_events_a_filter_selects_are_requeued_after_a_dry_run_only_those_and
         .post_as(OPERATOR, "/events/requeue", "tenant=acme&expected=3")
         .await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn done_events_a_filter_selects_are_replayed_only_with_replay_after_a_dry_run_that_counts_them()
+ {
+    let console = served().await;
+    let failed = console.failed_event().await;
+    let done: Vec<Uuid> = {
+        let mut done = Vec::new();
+        for n in 0..2 {
+            done.push(
+                console
+                    .event(
+                        &format!(r#"{{"n": {n}}}"#),
+                        ", status, processed_at",
+                        ", 'DONE', now()",
+                    )
+                    .await,
+            );
+        }
+        done
+    };
+    let pending = console.event(r#"{"p": 1}"#, "", "").await;
+
+    // Without replay, DONE events are refused, as `outbox requeue` without
+    // --replay refuses them.
+    let (_, plain) = console.get_as(READER, "/events/requeue?status=DONE").await;
+    assert!(
+        plain.contains(r#"<span id="dry-run-count">0</span>"#),
+        "{plain}"
+    );
+    assert!(plain.contains(r#"id="with-replay""#), "{plain}");
+
+    let (status, dry_run) = console
+        .get_as(READER, "/events/requeue?status=DONE&replay=true")
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        dry_run.contains(r#"<span id="dry-run-count">2</span>"#),
+        "{dry_run}"
+    );
+    assert!(
+        dry_run.contains(r#"<span id="replay-count">2</span>"#),
+        "{dry_run}"
+    );
+    assert!(dry_run.contains(r#"<input type="hidden" name="replay" value="true">"#));
+    assert!(dry_run.contains(r#"<input type="hidden" name="expected" value="2">"#));
+    let refused = console
+        .post_as(
+            READER,
+            "/events/requeue",
+            "status=DONE&replay=true&expected=2",
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+
+    // Without replay=true the confirmation replays nothing.
+    let without = console
+        .post_as(OPERATOR, "/events/requeue", "status=DONE&expected=2")
+        .await;
+    assert_eq!(without.status(), StatusCode::CONFLICT);
+    let replayed = console
+        .post_as(
+            OPERATOR,
+            "/events/requeue",
+            "status=DONE&replay=true&expected=2",
+        )
+        .await;
+    assert_eq!(replayed.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        replayed.headers()[LOCATION],
+        "/events?status=DONE&requeued=2&replayed=2"
+    );
+    for id in &done {
+        assert_eq!(console.status(*id).await, "PENDING");
+        let history = console.history(*id).await;
+        assert_eq!(history.len(), 1);
+        assert!(history[0].replay, "{history:?}");
+        assert_eq!(history[0].generation, Some(1));
+        assert_eq!(history[0].reason, "replayed from the console (by filter)");
+        assert_eq!(
+            history[0].requested_by.as_deref(),
+            Some("console:ana (operator)")
+        );
+    }
+    assert_eq!(console.status(failed).await, "FAILED", "outside the filter");
+    assert!(
+        console.history(pending).await.is_empty(),
+        "outside the filter"
+    );
+}
+
+#[tokio::test]
+async fn the_events_a_filter_selects_are_cancelled_after_a_dry_run_only_pending_and_failed_ones_and_never_more_than_counted()
+ {
+    let console = served().await;
+    let failed = console.failed_event().await;
+    let pending = console.event(r#"{"p": 1}"#, "", "").await;
+    let done = console
+        .event(r#"{"d": 1}"#, ", status, processed_at", ", 'DONE', now()")
+        .await;
+    let other = console.event(r#"{"o": 1}"#, "", "").await;
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute(&format!(
+            "UPDATE outbox_event SET tenant_id = 'globex' WHERE id = '{other}'"
+        ))
+        .await
+        .unwrap();
+    let tenant = "acme";
+
+    let (status, _) = console.get_as(READER, "/events/cancel").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "no filter, no cancel");
+
+    let (status, dry_run) = console
+        .get_as(READER, &format!("/events/cancel?tenant={tenant}"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        dry_run.contains(r#"<span id="dry-run-count">2</span>"#),
+        "{dry_run}"
+    );
+    assert!(
+        dry_run.contains("DONE: it was handed off already"),
+        "{dry_run}"
+    );
+    assert!(dry_run.contains(r#"<input type="hidden" name="expected" value="2">"#));
+    let form = format!("tenant={tenant}&reason=order+withdrawn&expected=2");
+    let refused = console.post_as(READER, "/events/cancel", &form).await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    let stale = console
+        .post_as(
+            OPERATOR,
+            "/events/cancel",
+            &format!("tenant={tenant}&expected=1"),
+        )
+        .await;
+    assert_eq!(stale.status(), StatusCode::CONFLICT);
+    assert_eq!(console.status(pending).await, "PENDING");
+
+    let cancelled = console.post_as(OPERATOR, "/events/cancel", &form).await;
+    assert_eq!(cancelled.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        cancelled.headers()[LOCATION],
+        format!("/events?tenant={tenant}&cancelled=2")
+    );
+    for id in [failed, pending] {
+        assert_eq!(console.status(id).await, "CANCELLED");
+        let history = console.history(id).await;
+        assert_eq!(
+            (
+                history[0].action.as_str(),
+                history[0].reason.as_str(),
+                history[0].requested_by.as_deref()
+            ),
+            ("cancel", "order withdrawn", Some("console:ana (operator)"))
+        );
+    }
+    assert_eq!(console.status(done).await, "DONE");
+    assert_eq!(console.status(other).await, "PENDING", "outside the filter");
+    let (_, events) = console
+        .get_as(OPERATOR, &format!("/events?tenant={tenant}&cancelled=2"))
+        .await;
+    assert!(events.contains("Cancelled 2 event(s)."), "{events}");
 }
 
 #[tokio::test]

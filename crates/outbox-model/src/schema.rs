@@ -130,7 +130,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    /// History of the changes made to outbox_event rows by operators and from code (requeue, cancel, skip, reschedule): when, why, and what the row was before.
+    /// History of the changes made to outbox_event rows and their jobs by operators and from code (requeue, cancel, skip, reschedule, retry_dead): when, why, who, and what the row was before.
     outbox_event_requeue (id) {
         id -> Uuid,
         outbox_event_id -> Uuid,
@@ -143,10 +143,14 @@ diesel::table! {
         replay -> Bool,
         /// The generation a replay started; NULL for a requeue of a FAILED or CANCELLED row (same generation).
         generation -> Nullable<Int4>,
-        /// requeue (outbox requeue), cancel (outbox cancel or outbox_publish::cancel: a PENDING or FAILED row set to CANCELLED), skip (outbox ordering release --skip-event: the key moved past the event) or reschedule (outbox_publish::reschedule: a PENDING row's scheduled_at moved).
+        /// requeue (outbox requeue), cancel (outbox cancel or outbox_publish::cancel: a PENDING or FAILED row set to CANCELLED), skip (outbox ordering release --skip-event: the key moved past the event), reschedule (outbox_publish::reschedule: a PENDING row's scheduled_at moved) or retry_dead (outbox retry-dead or the console: a dead job of the event put back on its queue; the row is unchanged).
         action -> Text,
         /// The row's scheduled_at before the change (every action); NULL for entries written before the column existed.
         previous_scheduled_at -> Nullable<Timestamptz>,
+        /// retry_dead: the queue the dead job went back on; NULL for the other actions.
+        queue -> Nullable<Text>,
+        /// retry_dead: the task id of the job put back (the event's own job, a derived job or a retry copy of one); NULL for the other actions.
+        task_id -> Nullable<Text>,
     }
 }
 

@@ -2,7 +2,11 @@
 //! entry (action `cancel`), so that the history tells who cancelled what
 //! and why, and a requeue can bring the row back. PROCESSING (a dispatcher
 //! holds it) and DONE (already handed off) rows are refused. `outbox
-//! cancel` and the console's cancel page both decide and act with these.
+//! cancel` and the console's cancel pages both decide and act with these:
+//! one row or a list of ids ([`execute`]), or every row a filter selects, in
+//! batches ([`bulk`]).
+
+pub mod bulk;
 
 use diesel_async::AsyncPgConnection;
 use outbox_model::OutboxStatus;

@@ -1,8 +1,9 @@
 //! The operator's policy, shared by the CLI (`outbox`) and the console
 //! (`outbox-console`): which rows a requeue changes and which it refuses,
 //! and the transaction that requeues them ([`requeue`]), the same for a
-//! cancel ([`cancel`]), the guard of actions on many rows or jobs
-//! ([`confirm`]), and which queue figures raise an alert ([`health`]). Both front ends act and judge
+//! cancel ([`cancel`]), putting dead jobs back with their history entries
+//! ([`dead`]), the guard of actions on many rows or jobs ([`confirm`]), and
+//! which queue figures raise an alert ([`health`]). Both front ends act and judge
 //! through these functions, so `outbox requeue <id>` and the console's
 //! requeue button refuse and record the same things, and the console shows
 //! the alerts `outbox health` exits 1 on.
@@ -27,7 +28,9 @@
 //! # Ok(()) }
 //! ```
 
+mod batches;
 pub mod cancel;
 pub mod confirm;
+pub mod dead;
 pub mod health;
 pub mod requeue;

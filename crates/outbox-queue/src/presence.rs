@@ -276,14 +276,20 @@ pub async fn rerun_finished(
     task_ids: &[String],
 ) -> Result<usize, QueueError> {
     let config = apalis_config(namespace, queue);
-    put_back(conn, namespace, queue, &config.done_jobs_set(), task_ids).await
+    Ok(
+        put_back(conn, namespace, queue, &config.done_jobs_set(), task_ids)
+            .await?
+            .len(),
+    )
 }
 
 /// Puts dead jobs of `queue` back on it: each task id that is in the dead
 /// set goes back on the queue, due now, with its body unchanged and its
 /// attempts reset (a job in its last retry round, `~retry<n>`, gets one
 /// more round before it is dead again). Waiting, running, finished or
-/// missing ids are left alone. Returns how many went back.
+/// missing ids are left alone. Returns the task ids that went back, in the
+/// order given (what `outbox retry-dead` and the console record in the
+/// events' history, [`crate::event_of_task`] naming each one's event).
 ///
 /// # Errors
 ///
@@ -294,26 +300,26 @@ pub async fn retry_dead(
     namespace: &QueueNamespace,
     queue: &str,
     task_ids: &[String],
-) -> Result<usize, QueueError> {
+) -> Result<Vec<String>, QueueError> {
     let config = apalis_config(namespace, queue);
     put_back(conn, namespace, queue, &config.dead_jobs_set(), task_ids).await
 }
 
 /// Moves the jobs of `task_ids` that are in `from` (the done or the dead
-/// set of `queue`) back on the queue, due now.
+/// set of `queue`) back on the queue, due now; returns those that went.
 async fn put_back(
     conn: &mut RedisConnection,
     namespace: &QueueNamespace,
     queue: &str,
     from: &str,
     task_ids: &[String],
-) -> Result<usize, QueueError> {
+) -> Result<Vec<String>, QueueError> {
     let config = apalis_config(namespace, queue);
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or_default();
-    let mut total = 0;
+    let mut moved = Vec::new();
     for chunk in task_ids.chunks(IDS_PER_CALL) {
         let mut call = RERUN.prepare_invoke();
         call.key(config.job_data_hash())
@@ -324,17 +330,17 @@ async fn put_back(
         for id in chunk {
             call.arg(id);
         }
-        let n: usize = call.invoke_async(conn).await?;
-        total += n;
+        let went: Vec<String> = call.invoke_async(conn).await?;
+        moved.extend(went);
     }
-    if total > 0
+    if !moved.is_empty()
         && let Err(e) = redis::cmd("PUBLISH")
             .arg(wake_channel(namespace, queue))
-            .arg(total)
+            .arg(moved.len())
             .query_async::<i64>(conn)
             .await
     {
         tracing::warn!(queue, error = %e, "jobs put back, but the wake-up was not published");
     }
-    Ok(total)
+    Ok(moved)
 }

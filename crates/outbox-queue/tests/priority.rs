@@ -217,7 +217,7 @@ async fn a_dead_job_retried_goes_back_to_its_level_ahead_of_a_normal_backlog() {
         .await
         .unwrap();
 
-    assert_eq!(back, 1);
+    assert_eq!(back, ["urgent"]);
     assert_eq!(ids(&store.fetch_next(&a).await.unwrap()), ["urgent"]);
 }
 

@@ -343,3 +343,88 @@ pub async fn reschedule_event(
         .await?;
     Ok(found.pop())
 }
+
+/// Dead jobs put back on their queue (`outbox retry-dead`, the console's
+/// dead jobs page), for [`record_dead_jobs_put_back`].
+#[derive(Debug, Clone, Copy)]
+pub struct DeadJobsPutBack<'a> {
+    /// The queue they went back on.
+    pub queue: &'a str,
+    /// Each job put back: the event it belongs to and its task id.
+    pub jobs: &'a [(Uuid, &'a str)],
+    /// Why, kept in each history row.
+    pub reason: &'a str,
+    /// Who, when known.
+    pub requested_by: Option<&'a str>,
+}
+
+/// What the history keeps as the previous status of an event whose row
+/// was gone (removed by retention) when one of its dead jobs went back.
+pub const REMOVED_STATUS: &str = "REMOVED";
+
+/// Records, in the history of each job's event, that its dead job went
+/// back on the queue (action `retry_dead`, with the queue and the task id,
+/// and the status, retries, last error and due time the row had; the row
+/// itself does not change). An event whose row retention removed gets its
+/// entry too, with previous status [`REMOVED_STATUS`]: the history outlives
+/// the rows. One statement; returns the number of entries written.
+///
+/// Call it with the jobs Redis actually put back
+/// (`outbox_queue::retry_dead` returns them).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn example(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// use outbox_store::{DeadJobsPutBack, record_dead_jobs_put_back};
+///
+/// let event = uuid::Uuid::now_v7();
+/// let task = format!("outbox:{event}");
+/// let written = record_dead_jobs_put_back(
+///     conn,
+///     DeadJobsPutBack {
+///         queue: "outbox.webhook",
+///         jobs: &[(event, task.as_str())],
+///         reason: "the receiver is back",
+///         requested_by: Some("ana"),
+///     },
+/// )
+/// .await?;
+/// assert_eq!(written, 1);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+///
+/// When Postgres fails (nothing is recorded then).
+#[instrument(level = "debug", skip_all, fields(queue = put_back.queue, jobs = put_back.jobs.len()), err(level = "debug"))]
+pub async fn record_dead_jobs_put_back(
+    conn: &mut AsyncPgConnection,
+    put_back: DeadJobsPutBack<'_>,
+) -> Result<usize> {
+    if put_back.jobs.is_empty() {
+        return Ok(0);
+    }
+    let (events, tasks): (Vec<Uuid>, Vec<&str>) = put_back.jobs.iter().copied().unzip();
+    Ok(diesel::sql_query(RECORD_DEAD_JOBS_SQL)
+        .bind::<Array<SqlUuid>, _>(&events)
+        .bind::<Array<Text>, _>(&tasks)
+        .bind::<Text, _>(put_back.reason)
+        .bind::<Nullable<Text>, _>(put_back.requested_by)
+        .bind::<Text, _>(put_back.queue)
+        .bind::<Text, _>(REMOVED_STATUS)
+        .execute(conn)
+        .await?)
+}
+
+/// The statement of [`record_dead_jobs_put_back`]: one history row per
+/// (event id `$1[i]`, task id `$2[i]`), reason `$3`, who `$4`, queue `$5`,
+/// the previous status `$6` for a row that is gone.
+const RECORD_DEAD_JOBS_SQL: &str = "INSERT INTO outbox_event_requeue
+         (outbox_event_id, reason, requested_by, previous_status, previous_retries,
+          previous_last_error, previous_scheduled_at, action, queue, task_id)
+     SELECT j.event_id, $3, $4, COALESCE(e.status, $6), COALESCE(e.retries, 0),
+            e.last_error, e.scheduled_at, 'retry_dead', $5, j.task_id
+     FROM unnest($1::uuid[], $2::text[]) AS j(event_id, task_id)
+     LEFT JOIN outbox_event e ON e.id = j.event_id";

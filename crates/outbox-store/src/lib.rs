@@ -88,8 +88,9 @@ pub use claim::{
 pub use done::{done_rows_after, done_rows_between, first_handed_off};
 pub use error::{ErrorKind, Result, StoreError};
 pub use history::{
-    CANCEL_SQL, CancelEvent, Change, Found, RESCHEDULE_SQL, Requeued, RescheduleEvent, cancel,
-    cancel_event, requeue, reschedule_event,
+    CANCEL_SQL, CancelEvent, Change, DeadJobsPutBack, Found, REMOVED_STATUS, RESCHEDULE_SQL,
+    Requeued, RescheduleEvent, cancel, cancel_event, record_dead_jobs_put_back, requeue,
+    reschedule_event,
 };
 pub use insert::{
     DISPATCH_KEY_HOLDERS_SQL, INSERT_EVENT_SQL, INSERT_EVENTS_SQL, Inserted, REPLACE_EVENT_SQL,

@@ -278,7 +278,7 @@ pub async fn statuses(
 }
 
 /// One entry of a row's history (`outbox_event_requeue`): a requeue, a
-/// replay, a cancel, a skip or a reschedule.
+/// replay, a cancel, a skip, a reschedule or a dead job put back.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Queryable)]
 pub struct HistoryEntry {
     /// When.
@@ -301,17 +301,28 @@ pub struct HistoryEntry {
     /// The delivery generation a replay started.
     pub generation: Option<i32>,
     /// `requeue`, `cancel`, `skip` (`outbox ordering release
-    /// --skip-event`) or `reschedule`.
+    /// --skip-event`), `reschedule` or `retry_dead` (a dead job put back
+    /// on its queue by `outbox retry-dead` or the console).
     pub action: String,
+    /// `retry_dead`: the queue the job went back on.
+    pub queue: Option<String>,
+    /// `retry_dead`: the task id of the job put back.
+    pub task_id: Option<String>,
 }
 
 impl HistoryEntry {
     /// What the entry changed, in words: `cancelled from FAILED`,
     /// `skipped from PENDING`, `rescheduled from <the due time it had>`,
-    /// `requeued from FAILED` (what `outbox show` and the console print).
+    /// `requeued from FAILED`, `dead job outbox:<id> put back on
+    /// outbox.webhook` (what `outbox show` and the console print).
     #[must_use]
     pub fn change(&self) -> String {
         match self.action.as_str() {
+            "retry_dead" => format!(
+                "dead job {} put back on {}",
+                self.task_id.as_deref().unwrap_or("-"),
+                self.queue.as_deref().unwrap_or("-")
+            ),
             "cancel" => format!("cancelled from {}", self.previous_status),
             "skip" => format!("skipped from {}", self.previous_status),
             "reschedule" => format!(
@@ -345,6 +356,8 @@ pub async fn history(conn: &mut AsyncPgConnection, id: Uuid) -> Result<Vec<Histo
             outbox_event_requeue::replay,
             outbox_event_requeue::generation,
             outbox_event_requeue::action,
+            outbox_event_requeue::queue,
+            outbox_event_requeue::task_id,
         ))
         .load(conn)
         .await?)

@@ -221,3 +221,60 @@ async fn a_rows_history_lists_its_changes_oldest_first() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_dead_job_put_back_is_recorded_in_its_events_history_even_after_retention_removed_the_row()
+ {
+    let (_db, mut conn) = database().await;
+    let kept = insert_with(&mut conn, DONE).await;
+    let removed = Uuid::now_v7();
+    let (kept_task, removed_task) = (format!("outbox:{kept}"), format!("outbox:{removed}:g1"));
+    let written = outbox_store::record_dead_jobs_put_back(
+        &mut conn,
+        outbox_store::DeadJobsPutBack {
+            queue: "outbox.audit",
+            jobs: &[(kept, kept_task.as_str()), (removed, removed_task.as_str())],
+            reason: "audit store back",
+            requested_by: Some("ops@example.com"),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(written, 2);
+
+    let entries = history(&mut conn, kept).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    let entry = &entries[0];
+    assert_eq!(
+        (
+            entry.action.as_str(),
+            entry.previous_status.as_str(),
+            entry.queue.as_deref(),
+            entry.task_id.as_deref(),
+            entry.requested_by.as_deref(),
+            entry.reason.as_str(),
+            entry.replay,
+        ),
+        (
+            "retry_dead",
+            "DONE",
+            Some("outbox.audit"),
+            Some(kept_task.as_str()),
+            Some("ops@example.com"),
+            "audit store back",
+            false,
+        )
+    );
+    assert_eq!(
+        entry.change(),
+        format!("dead job {kept_task} put back on outbox.audit")
+    );
+    assert_eq!(
+        row(&mut conn, kept).await.status,
+        OutboxStatus::Done,
+        "the row itself does not change"
+    );
+    let gone = history(&mut conn, removed).await.unwrap();
+    assert_eq!(gone.len(), 1);
+    assert_eq!(gone[0].previous_status, outbox_store::REMOVED_STATUS);
+}

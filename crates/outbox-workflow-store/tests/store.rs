@@ -712,3 +712,115 @@ async fn executions_page_newest_first_by_keyset_without_repeating_or_skipping_on
     assert_eq!(paged.len(), 23);
     assert_eq!(paged, expected);
 }
+
+#[derive(QueryableByName, Debug)]
+struct ReadByThisTransaction {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    seq_tup_read: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    idx_tup_fetch: i64,
+}
+
+/// A page of executions, and the rows of `workflow_execution` it read: by
+/// sequential scans, and fetched along indexes.
+async fn page_and_rows_read(
+    conn: &mut AsyncPgConnection,
+    filter: &ExecutionFilter<'_>,
+) -> (usize, ReadByThisTransaction) {
+    use diesel_async::AsyncConnection;
+    // The backend's figures not yet sent to the statistics (those of its
+    // earlier statements too): read before and after, the difference is
+    // the listing's.
+    let figures = "SELECT seq_tup_read, COALESCE(idx_tup_fetch, 0) AS idx_tup_fetch
+                   FROM pg_stat_xact_user_tables WHERE relname = 'workflow_execution'";
+    conn.transaction::<_, StoreError, _>(async |conn| {
+        let before: ReadByThisTransaction = diesel::sql_query(figures).get_result(conn).await?;
+        let page = store::list_executions(conn, filter).await?;
+        let after: ReadByThisTransaction = diesel::sql_query(figures).get_result(conn).await?;
+        Ok((
+            page.len(),
+            ReadByThisTransaction {
+                seq_tup_read: after.seq_tup_read - before.seq_tup_read,
+                idx_tup_fetch: after.idx_tup_fetch - before.idx_tup_fetch,
+            },
+        ))
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_page_of_the_newest_runs_reads_about_a_page_of_rows_with_or_without_a_tenant_not_every_run()
+ {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let mut workflows = Vec::new();
+    for (tenant, name) in [("t1", "first"), ("t2", "second")] {
+        let saved = store::save_workflow(
+            &mut conn,
+            tenant,
+            name,
+            WorkflowStatus::Live,
+            &manual_workflow(name),
+        )
+        .await
+        .unwrap();
+        workflows.push(saved.workflow.id);
+        // 3,000 runs a second apart.
+        diesel::sql_query(format!(
+            "INSERT INTO workflow_execution (tenant_id, workflow_id, workflow_version, trigger_kind, input, created_at)
+             SELECT '{tenant}', '{id}', (SELECT max(version) FROM workflow_version WHERE workflow_id = '{id}'),
+                    'manual', '{{}}', now() - g * interval '1 second'
+             FROM generate_series(1, 3000) AS g",
+            id = saved.workflow.id
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    }
+    diesel::sql_query("ANALYZE workflow_execution")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    let second_page_of = |filter: ExecutionFilter<'static>, after| ExecutionFilter {
+        after: Some(after),
+        ..filter
+    };
+    for (what, filter) in [
+        ("every run", ExecutionFilter::default()),
+        (
+            "one workflow's",
+            ExecutionFilter {
+                workflow_id: Some(workflows[1]),
+                ..Default::default()
+            },
+        ),
+        (
+            "one tenant's",
+            ExecutionFilter {
+                tenant_id: Some("t2"),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let filter = ExecutionFilter {
+            limit: Some(50),
+            ..filter
+        };
+        let (shown, read) = page_and_rows_read(&mut conn, &filter).await;
+        assert_eq!(shown, 50, "{what}");
+        assert!(
+            read.seq_tup_read == 0 && read.idx_tup_fetch <= 100,
+            "{what}: a page of 50 of 6,000 runs read {read:?}"
+        );
+        let first = store::list_executions(&mut conn, &filter).await.unwrap();
+        let next = second_page_of(filter, ExecutionPosition::of(first.last().unwrap()));
+        let (shown, read) = page_and_rows_read(&mut conn, &next).await;
+        assert_eq!(shown, 50, "{what}, second page");
+        assert!(
+            read.seq_tup_read == 0 && read.idx_tup_fetch <= 100,
+            "{what}: the second page of 50 of 6,000 runs read {read:?}"
+        );
+    }
+}

@@ -36,6 +36,17 @@ impl Env {
         outbox(&self.db, &self.redis, &self.namespace, args)
     }
 
+    /// Runs `outbox args` as the user `user` (`$USER`, which the CLI
+    /// records as who asked).
+    pub fn outbox_as(&self, user: &str, args: &[&str]) -> Run {
+        Run::from(
+            command(&self.db, &self.redis, &self.namespace, args)
+                .env("USER", user)
+                .output()
+                .unwrap(),
+        )
+    }
+
     /// Starts `outbox args` on this database and these queues without
     /// waiting for it; [`Started::finish`] waits and collects its output.
     pub fn start(&self, args: &[&str]) -> Started {

@@ -1,6 +1,8 @@
 //! A queue's dead jobs and why each died, and putting them back on their
 //! queue (`outbox retry-dead`): the page is the dry run (how many would go
-//! back, the first ones listed), the confirmation POST puts them back; more
+//! back, the first ones listed), the confirmation POST puts them back
+//! through `outbox_operator::dead`, which records each one in its event's
+//! history with the operator as who asked and the form's reason; more
 //! than [`DEFAULT_CONFIRM_ABOVE`] need the box ticked, as the CLI needs
 //! `--yes`.
 
@@ -10,6 +12,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 use outbox_operator::confirm::{DEFAULT_CONFIRM_ABOVE, needs_confirmation};
+use outbox_operator::dead::{self, PutBackError};
 use serde::Deserialize;
 
 use super::{Viewer, layout, refusal};
@@ -18,11 +21,17 @@ use crate::{Console, ConsoleError, Queues};
 /// Dead jobs listed on the page (all are counted and put back).
 pub const SHOWN_JOBS: usize = 50;
 
+/// The reason kept in the events' history when the operator gives none.
+pub const DEFAULT_REASON: &str = "dead job put back from the console";
+
 #[derive(Deserialize)]
 pub(crate) struct Shown {
     /// How many jobs the last retry put back.
     #[serde(default)]
     put_back: Option<usize>,
+    /// How many of them were recorded in their events' history.
+    #[serde(default)]
+    recorded: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -36,6 +45,9 @@ pub(crate) struct Retry {
     /// more than that now and nothing is put back.
     #[serde(default)]
     expected: Option<u64>,
+    /// Why, kept in the history of each job's event.
+    #[serde(default)]
+    reason: String,
 }
 
 /// The console's queues, if `queue` is one of them.
@@ -75,7 +87,12 @@ pub(crate) async fn page(
     let guarded = needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE);
     let action = viewer.base.to(&format!("/queues/{queue}/dead"));
     let body = html! {
-        @if let Some(n) = shown.put_back { p.ok #done { "Put " (n) " dead job(s) back on " (queue) "." } }
+        @if let Some(n) = shown.put_back {
+            p.ok #done {
+                "Put " (n) " dead job(s) back on " (queue) "; "
+                (shown.recorded.unwrap_or(0)) " recorded in their events' history."
+            }
+        }
         p #dry-run {
             "Dry run: " span #dry-run-count { (ids.len()) } " dead job(s) would go back on " (queue)
             ", due now; nothing changed yet."
@@ -97,6 +114,7 @@ pub(crate) async fn page(
             form #confirm-form method="post" action=(action) {
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
                 input type="hidden" name="expected" value=(ids.len());
+                label { "reason " input #reason name="reason" value=(DEFAULT_REASON) size="40"; }
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
@@ -140,13 +158,39 @@ pub(crate) async fn retry(
             ),
         ));
     }
-    let put_back = outbox_queue::retry_dead(&mut redis, &queues.namespace, &queue, &ids)
-        .await
-        .map_err(|e| ConsoleError::Redis(e.to_string()))?;
-    tracing::info!(queue = %queue, actor = %viewer.identity.actor(), put_back, "console retry of dead jobs");
+    let actor = viewer.identity.actor();
+    let reason = match form.reason.trim() {
+        "" => DEFAULT_REASON,
+        reason => reason,
+    };
+    let mut conn = console.conn().await?;
+    let done = dead::put_back(
+        &mut redis,
+        &queues.namespace,
+        &queue,
+        &ids,
+        &mut conn,
+        reason,
+        Some(&actor),
+    )
+    .await
+    .map_err(|e| match e {
+        PutBackError::Redis { .. } => ConsoleError::Redis(e.to_string()),
+        PutBackError::NotRecorded { .. } => ConsoleError::PutBack(e),
+    })?;
+    tracing::info!(
+        queue = %queue,
+        actor = %actor,
+        put_back = done.task_ids.len(),
+        recorded = done.recorded,
+        without_event = ?done.without_event,
+        "console retry of dead jobs"
+    );
     let to = format!(
-        "{}?put_back={put_back}",
-        viewer.base.to(&format!("/queues/{queue}/dead"))
+        "{}?put_back={}&recorded={}",
+        viewer.base.to(&format!("/queues/{queue}/dead")),
+        done.task_ids.len(),
+        done.recorded
     );
     Ok(Redirect::to(&to).into_response())
 }

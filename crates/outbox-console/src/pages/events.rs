@@ -54,6 +54,12 @@ pub(crate) struct Filters {
     /// How many events a requeue of the matching ones just requeued.
     #[serde(default)]
     requeued: String,
+    /// Of those, how many DONE events it replayed.
+    #[serde(default)]
+    replayed: String,
+    /// How many events a cancel of the matching ones just cancelled.
+    #[serde(default)]
+    cancelled: String,
 }
 
 fn given(field: &str) -> Option<String> {
@@ -200,11 +206,24 @@ pub(crate) async fn page(
         )
     };
     let requeue_link = format!("{}?{}", viewer.base.to("/events/requeue"), filters.query());
+    let cancel_link = format!("{}?{}", viewer.base.to("/events/cancel"), filters.query());
     let body = html! {
         (form(&viewer, &filters))
-        @if let Ok(n) = filters.requeued.parse::<u64>() { p.ok #done { "Requeued " (n) " event(s)." } }
+        @if let Ok(n) = filters.requeued.parse::<u64>() {
+            p.ok #done {
+                "Requeued " (n) " event(s)"
+                @if let Ok(r) = filters.replayed.parse::<u64>() { @if r > 0 { ", replayed " (r) " of them" } }
+                "."
+            }
+        }
+        @if let Ok(n) = filters.cancelled.parse::<u64>() { p.ok #cancelled { "Cancelled " (n) " event(s)." } }
         @if matching != Tally::Exact(0) {
-            p { a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" } }
+            p {
+                a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" }
+                @if !filters.query().is_empty() {
+                    " " a.button #cancel-matching href=(cancel_link) { "Cancel the matching events…" }
+                }
+            }
         }
         p #matching {
             @match matching {

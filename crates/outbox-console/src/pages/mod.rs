@@ -3,6 +3,7 @@
 
 mod actions;
 mod bulk;
+mod bulk_cancel;
 mod dead;
 mod event;
 mod events;
@@ -28,6 +29,10 @@ pub(crate) fn routes(console: Console) -> Router {
         .route("/live", get(overview::live))
         .route("/events", get(events::page))
         .route("/events/requeue", get(bulk::dry_run).post(bulk::confirm))
+        .route(
+            "/events/cancel",
+            get(bulk_cancel::dry_run).post(bulk_cancel::confirm),
+        )
         .route("/events/{id}", get(event::page))
         .route(
             "/events/{id}/requeue",

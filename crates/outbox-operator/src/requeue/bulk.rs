@@ -13,7 +13,8 @@ use outbox_store::{EventFilter, StoreError};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::{Candidate, Plan, execute, plan, refusal, requeueable};
+use super::{Candidate, Plan, plan, refusal, requeueable};
+use crate::batches::Act;
 
 /// Default rows requeued per transaction.
 pub const DEFAULT_BATCH_SIZE: u64 = 1_000;
@@ -160,48 +161,24 @@ pub async fn run(
     filter: &EventFilter,
     request: &Request<'_>,
 ) -> Result<Requeued, BatchFailed> {
-    let mut done = Requeued::default();
     let Some(eligible) = filter.only(&requeueable(request.replay)) else {
-        return Ok(done);
+        return Ok(Requeued::default());
     };
-    let batch_size = request.batch_size.max(1);
-    loop {
-        let failed = |done: &Requeued, source| BatchFailed {
+    let act = Act::Requeue {
+        reason: request.reason,
+        requested_by: request.requested_by,
+        replay: request.replay,
+    };
+    match crate::batches::run(conn, &eligible, request.total, request.batch_size, act).await {
+        Ok(done) => Ok(Requeued {
+            ids: done.ids,
+            replayed: done.replayed,
+            batches: done.batches,
+        }),
+        Err((done, source)) => Err(BatchFailed {
             batch: done.batches + 1,
             requeued_before: done.ids.len(),
             source,
-        };
-        let so_far = u64::try_from(done.ids.len()).unwrap_or(u64::MAX);
-        let want = batch_size.min(request.total.saturating_sub(so_far));
-        if want == 0 {
-            break;
-        }
-        let rows = outbox_store::list_candidates(conn, &eligible, sql_limit(want))
-            .await
-            .map_err(|e| failed(&done, e))?;
-        if rows.is_empty() {
-            break;
-        }
-        let batch = plan(rows, request.replay);
-        let executed = execute(
-            conn,
-            &batch,
-            request.reason,
-            request.requested_by,
-            request.replay,
-        )
-        .await
-        .map_err(|e| failed(&done, e))?;
-        done.batches += 1;
-        done.replayed += batch
-            .requeue
-            .iter()
-            .filter(|row| row.replay && executed.requeued.contains(&row.id))
-            .count();
-        if executed.requeued.is_empty() {
-            break;
-        }
-        done.ids.extend(executed.requeued);
+        }),
     }
-    Ok(done)
 }

@@ -11,11 +11,11 @@
 -- ARGV[1] now (seconds)
 -- ARGV[2..] task ids
 --
--- Returns how many jobs were put back.
+-- Returns the ids of the jobs put back.
 local bodies, finished, scheduled, meta_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local now = ARGV[1]
 
-local n = 0
+local moved = {}
 for i = 2, #ARGV do
     local id = ARGV[i]
     if redis.call('HEXISTS', bodies, id) == 1 and redis.call('SREM', finished, id) == 1 then
@@ -23,7 +23,7 @@ for i = 2, #ARGV do
         redis.call('HDEL', meta, 'done_at', 'result', 'locked_by', 'locked_at')
         redis.call('HSET', meta, 'status', 'Pending', 'attempts', 0)
         redis.call('ZADD', at_level(scheduled, level_of(meta)), now, id)
-        n = n + 1
+        moved[#moved + 1] = id
     end
 end
-return n
+return moved

@@ -1,0 +1,152 @@
+//! Putting dead jobs back on their queue (`outbox retry-dead`, the
+//! console's dead jobs page), each one recorded in its event's history
+//! (action `retry_dead`, with who, why, the queue and the task id).
+//!
+//! Redis acts first and the history records what it did: the entries name
+//! exactly the jobs that went back, never one that stayed dead. If
+//! Postgres then fails, the jobs are back but unrecorded, and
+//! [`PutBackError::NotRecorded`] names them so the front end can say so
+//! (and log them); putting them back again is not needed.
+
+use diesel_async::AsyncPgConnection;
+use outbox_queue::{QueueError, QueueNamespace, RedisConnection};
+use outbox_store::{DeadJobsPutBack, StoreError};
+use uuid::Uuid;
+
+/// What [`put_back`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PutBack {
+    /// The task ids that went back on the queue (dead when asked, in the
+    /// order given).
+    pub task_ids: Vec<String>,
+    /// History entries written: one per job put back that names an event.
+    pub recorded: usize,
+    /// Jobs put back whose task id names no outbox event (pushed by other
+    /// code): they have no event history to be recorded in.
+    pub without_event: Vec<String>,
+}
+
+/// Why [`put_back`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PutBackError {
+    /// Redis failed: some of the jobs may have gone back, unrecorded;
+    /// calling again is safe and records those it puts back.
+    #[error("cannot put the dead jobs of {queue} back: {source}")]
+    Redis {
+        /// The queue.
+        queue: String,
+        /// What Redis said.
+        #[source]
+        source: QueueError,
+    },
+    /// The jobs went back, but their history entries were not written.
+    #[error(
+        "{} dead job(s) of {queue} went back on the queue, but their history entries were not written ({}): {source}",
+        put_back.len(),
+        put_back.join(", ")
+    )]
+    NotRecorded {
+        /// The queue.
+        queue: String,
+        /// The task ids that went back.
+        put_back: Vec<String>,
+        /// What Postgres said.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Puts the dead jobs `task_ids` of `queue` back on it
+/// (`outbox_queue::retry_dead`: due now, attempts reset; ids that are not
+/// dead are left alone), then records each job that went back in its
+/// event's history, with `reason` and `requested_by`
+/// (`outbox_store::record_dead_jobs_put_back`).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(
+/// #     redis: &mut outbox_queue::RedisConnection,
+/// #     namespace: &outbox_queue::QueueNamespace,
+/// #     conn: &mut diesel_async::AsyncPgConnection,
+/// # ) -> Result<(), outbox_operator::dead::PutBackError> {
+/// let dead = vec!["outbox:0193a5c4-0000-7000-8000-000000000001".to_owned()];
+/// let done = outbox_operator::dead::put_back(
+///     redis, namespace, "outbox.webhook", &dead, conn, "the receiver is back", Some("ana"),
+/// )
+/// .await?;
+/// println!("{} back, {} recorded", done.task_ids.len(), done.recorded);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`PutBackError::Redis`] when Redis fails; [`PutBackError::NotRecorded`]
+/// when the jobs went back but Postgres failed to record them.
+#[allow(clippy::too_many_arguments)]
+pub async fn put_back(
+    redis: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_ids: &[String],
+    conn: &mut AsyncPgConnection,
+    reason: &str,
+    requested_by: Option<&str>,
+) -> Result<PutBack, PutBackError> {
+    let went = outbox_queue::retry_dead(redis, namespace, queue, task_ids)
+        .await
+        .map_err(|source| PutBackError::Redis {
+            queue: queue.to_owned(),
+            source,
+        })?;
+    let (jobs, without_event) = of_events(&went);
+    let recorded = outbox_store::record_dead_jobs_put_back(
+        conn,
+        DeadJobsPutBack {
+            queue,
+            jobs: &jobs,
+            reason,
+            requested_by,
+        },
+    )
+    .await
+    .map_err(|source| PutBackError::NotRecorded {
+        queue: queue.to_owned(),
+        put_back: went.clone(),
+        source,
+    })?;
+    Ok(PutBack {
+        recorded,
+        without_event: without_event.into_iter().map(str::to_owned).collect(),
+        task_ids: went.clone(),
+    })
+}
+
+/// The jobs of `task_ids` that belong to an event, with it, and the others.
+fn of_events(task_ids: &[String]) -> (Vec<(Uuid, &str)>, Vec<&str>) {
+    let mut jobs = Vec::new();
+    let mut others = Vec::new();
+    for id in task_ids {
+        match outbox_queue::event_of_task(id) {
+            Some(event) => jobs.push((event, id.as_str())),
+            None => others.push(id.as_str()),
+        }
+    }
+    (jobs, others)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_of_events_are_told_from_jobs_that_name_none() {
+        let event = Uuid::now_v7();
+        let own = outbox_queue::task_id(event);
+        let replayed = outbox_queue::generation_task_id(event, 2);
+        let ids = vec![own.clone(), "job-1".to_owned(), replayed.clone()];
+        let (jobs, others) = of_events(&ids);
+        assert_eq!(jobs, [(event, own.as_str()), (event, replayed.as_str())]);
+        assert_eq!(others, ["job-1"]);
+    }
+}
