@@ -90,6 +90,11 @@ async fn a_reader_sees_every_page_but_its_requeue_is_refused_with_403() {
         let (status, _) = console.get_as(READER, &path).await;
         assert_eq!(status, StatusCode::OK, "{path}");
     }
+    let (_, event) = console.get_as(READER, &format!("/events/{id}")).await;
+    assert!(
+        event.contains("Not shown: the console was not given the Redis queues."),
+        "a console without Redis shows the event without its job: {event}"
+    );
     let refused = console
         .post_as(
             READER,
@@ -373,7 +378,7 @@ impl outbox_subscriber::JobHandler for Doomed {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_recorded_in_the_events_history_a_reader_none()
+async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_history_and_the_event_page_shows_the_jobs_state()
  {
     use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
     let redis = outbox_test_support::TestRedis::new().await;
@@ -383,11 +388,27 @@ async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_
         console.with_queues(conn.clone(), namespace.clone(), vec![WEBHOOK.to_owned()])
     })
     .await;
-    // job-2 is an event's own job: its history records the put-back.
+    // job-2 is an event's own job: its history records the put-back, and
+    // the event's page shows its state.
     let event = console
-        .event(r#"{"a": 1}"#, ", status, processed_at", ", 'DONE', now()")
+        .event(
+            r#"{"a": 1}"#,
+            ", status, processed_at, target_queue",
+            &format!(", 'DONE', now(), '{WEBHOOK}'"),
+        )
         .await;
     let job_2 = outbox_queue::task_id(event);
+    let job_state = async || {
+        let (status, page) = console.get_as(READER, &format!("/events/{event}")).await;
+        assert_eq!(status, StatusCode::OK);
+        page
+    };
+    assert!(
+        job_state()
+            .await
+            .contains(r#"<td id="job-state"><strong>not in Redis</strong>"#),
+        "before the push"
+    );
     let jobs: Vec<(String, Vec<u8>)> = ["job-1", job_2.as_str(), "job-3"]
         .into_iter()
         .map(|id| (id.to_owned(), b"{}".to_vec()))
@@ -422,6 +443,16 @@ async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_
     .await;
     stop.cancel();
     worker.await.unwrap().unwrap();
+    let dead_page = job_state().await;
+    assert!(
+        dead_page.contains(r#"<td id="job-state"><strong>dead</strong>"#),
+        "{dead_page}"
+    );
+    assert!(
+        dead_page.contains(r#"<td id="job-reason">{&quot;Err&quot;:&quot;AbortError: the receiver refuses this body&quot;}</td>"#),
+        "{dead_page}"
+    );
+    assert!(dead_page.contains(&format!(r#"<td id="job-task">{job_2}</td>"#)));
 
     let (status, overview) = console.get_as(OPERATOR, "/").await;
     assert_eq!(status, StatusCode::OK);
@@ -495,10 +526,14 @@ async fn dead_jobs_are_listed_and_an_operator_puts_back_no_more_than_were_shown_
         .await;
     assert!(page.contains("Put 3 dead job(s) back"));
     assert!(page.contains("1 recorded in their events' history"));
-    let (_, event_page) = console.get_as(READER, &format!("/events/{event}")).await;
+    let event_page = job_state().await;
     assert!(
         event_page.contains(&format!("dead job {job_2} put back on {WEBHOOK}")),
         "{event_page}"
+    );
+    assert!(
+        event_page.contains(r#"<td id="job-state"><strong>waiting</strong>"#),
+        "put back, the job waits on its queue again: {event_page}"
     );
 
     let (status, _) = console

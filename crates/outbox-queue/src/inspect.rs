@@ -126,20 +126,59 @@ pub async fn dead_jobs(
         .await?;
     let mut jobs = Vec::with_capacity(ids.len());
     for task_id in ids {
-        let (reason, attempts): (Option<String>, Option<String>) = redis::cmd("HMGET")
-            .arg(format!("{}:{task_id}", config.job_meta_hash()))
-            .arg("result")
-            .arg("attempts")
-            .query_async(conn)
-            .await?;
+        let JobRecord { result, attempts } = job_record(conn, namespace, queue, &task_id).await?;
         jobs.push(DeadJob {
             task_id,
-            reason,
+            reason: result,
             attempts,
         });
     }
     jobs.sort_by(|a, b| a.task_id.cmp(&b.task_id));
     Ok(jobs)
+}
+
+/// What a job's record in Redis says of its last run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct JobRecord {
+    /// The recorded result of its last run (a dead job's error), if any.
+    pub result: Option<String>,
+    /// Attempts made.
+    pub attempts: Option<String>,
+}
+
+/// The record of the job `task_id` of `queue` (both fields `None` when
+/// Redis holds none). With [`crate::job_states`], what the console's event
+/// page shows of an event's job.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut outbox_queue::RedisConnection) -> Result<(), outbox_queue::QueueError> {
+/// use outbox_queue::{QueueNamespace, job_record, task_id};
+///
+/// let job = task_id(uuid::Uuid::nil());
+/// let record = job_record(conn, &QueueNamespace::root(), "outbox.webhook", &job).await?;
+/// println!("{:?} after {:?} attempt(s)", record.result, record.attempts);
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn job_record(
+    conn: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_id: &str,
+) -> Result<JobRecord, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let (result, attempts): (Option<String>, Option<String>) = redis::cmd("HMGET")
+        .arg(format!("{}:{task_id}", config.job_meta_hash()))
+        .arg("result")
+        .arg("attempts")
+        .query_async(conn)
+        .await?;
+    Ok(JobRecord { result, attempts })
 }
 
 /// Every task id in `queue`'s dead set, sorted (read in steps of 500).

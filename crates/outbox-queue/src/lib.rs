@@ -43,8 +43,8 @@ pub use envelope::{
     task_id,
 };
 pub use inspect::{
-    DEFAULT_DONE_RETENTION_HOURS, DeadJob, QUEUE_DONE_RETENTION_HOURS, QueueStats, dead_jobs,
-    dead_task_ids, queue_stats, trim_finished,
+    DEFAULT_DONE_RETENTION_HOURS, DeadJob, JobRecord, QUEUE_DONE_RETENTION_HOURS, QueueStats,
+    dead_jobs, dead_task_ids, job_record, queue_stats, trim_finished,
 };
 pub use levels::{push_raw_at_priority, ready_list, scheduled_set};
 pub use presence::{

@@ -2,7 +2,7 @@
 //! WebDriver), served by `worker-general` with its dispatcher and queue
 //! workers: sign in, the live overview, the events filtered to a FAILED
 //! one, its page, its requeue (the dry run's count, then the confirmation)
-//! until the worker has handed it off again (DONE), and a reader's requeue
+//! until the worker has handed it off again (DONE, its job done in Redis), and a reader's requeue
 //! refused; and a workflow run waiting for input, answered in its page's
 //! form, followed until it has ended with every block in its timeline.
 //! Each page saves a screenshot (`CONSOLE_SCREENSHOTS_DIR=docs/console`
@@ -244,6 +244,14 @@ async fn an_operator_requeues_a_failed_event_in_the_browser_and_sees_it_done_and
             .await
             .contains("console:ana (operator)")
     );
+    // Its job in Redis: the audit worker finished it.
+    eventually("the event's job done in Redis", WAIT, async || {
+        client.goto(&event_page).await.unwrap();
+        maybe_text(&client, "#job-state")
+            .await
+            .is_some_and(|state| state.starts_with("done"))
+    })
+    .await;
     screenshot(&client, "event-done").await;
 
     // A reader sees the dry run but the confirmation is refused (403).

@@ -1,6 +1,7 @@
 //! One event: its columns, its payload pretty-printed with secrets masked,
-//! its trace id, its history (requeues, replays, cancels, reschedules) and
-//! what an operator may do with it.
+//! its trace id, its job's state in Redis (when the console was given the
+//! queues), its history (requeues, replays, cancels, reschedules, dead
+//! jobs put back) and what an operator may do with it.
 
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -8,6 +9,7 @@ use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use outbox_model::{OutboxEvent, OutboxStatus};
 use outbox_operator::requeue::refusal;
+use outbox_queue::JobStateKind;
 use outbox_store::HistoryEntry;
 use serde::Deserialize;
 use uuid::Uuid;
@@ -49,16 +51,109 @@ pub(crate) async fn page(
         return Ok(not_found(&viewer.base, id));
     };
     let history = outbox_store::history(&mut conn, id).await?;
+    drop(conn);
+    let job = job(&console, &viewer, &row).await;
     let body = html! {
         @if let Some(said) = shown.done.as_deref().and_then(said) { p.ok #done { (said) } }
         (actions(&viewer, &row))
         (details(&row))
+        h2 { "Its job in Redis" }
+        (job)
         h2 { "Payload" }
         pre #payload { (pretty_payload(&row)) }
         h2 { "History" }
         (history_table(&history))
     };
     Ok(layout(&viewer, &format!("Event {id}"), body).into_response())
+}
+
+/// How long the page waits for Redis before it says it could not read the
+/// job (the rest of the page does not need Redis).
+const JOB_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The state of the event's own job in its current delivery generation
+/// (`outbox_queue::job_states`, following its retry copies, and the
+/// record of its last run): waiting or running, done, dead (why, after how
+/// many attempts) or not in Redis. Jobs derived from it by its handler
+/// (one mail per recipient, say) are not shown.
+async fn job(console: &Console, viewer: &Viewer, row: &OutboxEvent) -> Markup {
+    let Some(queues) = console.inner.queues.as_ref() else {
+        return html! { p.muted #job { "Not shown: the console was not given the Redis queues." } };
+    };
+    let Some(queue) = row.target_queue.as_deref() else {
+        return html! { p.muted #job { "No job yet: the event has not been routed to a queue." } };
+    };
+    let task = outbox_queue::generation_task_id(row.id, u32::try_from(row.generation).unwrap_or(0));
+    let mut redis = queues.redis.clone();
+    let read = async {
+        let state = outbox_queue::job_states(
+            &mut redis,
+            &queues.namespace,
+            queue,
+            std::slice::from_ref(&task),
+        )
+        .await?
+        .pop()
+        .ok_or_else(|| outbox_queue::QueueError::Unexpected("no job state".to_owned()))?;
+        let record = if state.is_present() {
+            outbox_queue::job_record(&mut redis, &queues.namespace, queue, &state.latest).await?
+        } else {
+            outbox_queue::JobRecord::default()
+        };
+        Ok::<_, outbox_queue::QueueError>((state, record))
+    };
+    let (state, record) = match tokio::time::timeout(JOB_READ_TIMEOUT, read).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) => {
+            let problem = outbox_queue::redact_urls_in(&e.to_string());
+            return html! { p.warning #job { "Could not read the job " (task) " from Redis: " (problem) } };
+        }
+        Err(_) => {
+            return html! { p.warning #job { "Could not read the job " (task) " from Redis within " (JOB_READ_TIMEOUT.as_secs()) " s." } };
+        }
+    };
+    let finished = state
+        .finished_at
+        .and_then(|at| DateTime::<Utc>::from_timestamp_millis((at * 1000.0) as i64))
+        .map(|at| at.to_rfc3339());
+    let (word, meaning) = match state.kind {
+        JobStateKind::Waiting => ("waiting", "on its queue, due or running"),
+        JobStateKind::Done => ("done", "its handler finished it"),
+        JobStateKind::Dead => (
+            "dead",
+            "its retries ran out: put it back from the queue's dead jobs",
+        ),
+        JobStateKind::Missing => (
+            "not in Redis",
+            "never pushed yet, removed after the done retention, or lost with a Redis that forgot (reconciliation pushes it again)",
+        ),
+    };
+    let dead_jobs =
+        listed(console, queue).then(|| viewer.base.to(&format!("/queues/{queue}/dead")));
+    html! {
+        table.details #job {
+            tr { th { "queue" } td #job-queue { (queue) } }
+            tr { th { "task id" } td #job-task { (state.latest) } }
+            tr { th { "state" } td #job-state { strong { (word) } " (" (meaning) ")" } }
+            @if let Some(finished) = finished { tr { th { "finished" } td #job-finished { (finished) } } }
+            @if let Some(attempts) = &record.attempts { tr { th { "attempts" } td #job-attempts { (attempts) } } }
+            @if let Some(result) = record.result.as_deref().filter(|_| state.kind == JobStateKind::Dead) {
+                tr { th { "why it died" } td #job-reason { (outbox_queue::redact_urls_in(result)) } }
+            }
+            @if let Some(link) = dead_jobs.filter(|_| state.kind == JobStateKind::Dead) {
+                tr { th { "" } td { a #job-dead-jobs href=(link) { "The queue's dead jobs, to put it back" } } }
+            }
+        }
+    }
+}
+
+/// Whether the console lists `queue`'s dead jobs (it is one of its queues).
+fn listed(console: &Console, queue: &str) -> bool {
+    console
+        .inner
+        .queues
+        .as_ref()
+        .is_some_and(|queues| queues.names.iter().any(|name| name == queue))
 }
 
 /// The payload as indented JSON, with secret-looking fields masked (a
