@@ -53,10 +53,11 @@ pub use presence::{
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_json, redact_url, redact_urls_in};
 pub use redis_queue::{
-    CLUSTER_MARKER, InvalidQueuePrefix, MAX_RETRY_ROUNDS, OUTBOX_QUEUE_PREFIX, PushReport,
-    QUEUE_PREFIX_SEPARATOR, QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL, RedisSettings,
-    apalis_config, cluster_nodes, connect, idempotency_prefix, push_jobs, push_raw, push_raw_at,
-    redis_client, redis_from_lookup, retry_round, retry_task_id, storage, wake_channel,
+    CLUSTER_MARKER, InvalidQueuePrefix, MAX_RETRY_ROUNDS, OUTBOX_QUEUE_PREFIX, PubSubClients,
+    PushReport, QUEUE_PREFIX_SEPARATOR, QueueError, QueueNamespace, REDIS_CA_CERT, REDIS_URL,
+    RedisSettings, apalis_config, cluster_nodes, connect, idempotency_prefix, pubsub_clients,
+    push_jobs, push_raw, push_raw_at, redis_client, redis_from_lookup, retry_round, retry_task_id,
+    storage, wake_channel,
 };
 pub use server::{
     Fsync, Marker, Persistence, ServerInfo, confirm_marker_run, marker_key, parse_info,

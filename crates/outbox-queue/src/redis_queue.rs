@@ -428,9 +428,9 @@ pub fn redis_from_lookup(
 /// the workspace is opened through a client made here or by [`connect`].
 ///
 /// For a cluster's URL ([`cluster_nodes`]) every node's URL is checked and
-/// the client is one of the first node: what pub/sub needs (a cluster
-/// forwards each `PUBLISH` to every node), not a client for keys (use
-/// [`connect`]).
+/// the client is one of the first node, not a client for keys (use
+/// [`connect`]); a pub/sub listener takes [`pubsub_clients`], which goes
+/// on with the next node when one fails.
 ///
 /// # Errors
 ///
@@ -455,6 +455,58 @@ pub fn redis_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, 
         });
     }
     Ok(clients.swap_remove(0))
+}
+
+/// The clients a pub/sub listener subscribes through: the one server, or
+/// every node of a cluster. A cluster forwards each `PUBLISH` to every
+/// node, so one subscription on any live node hears them all; a listener
+/// that loses its node goes on with the next one
+/// (`outbox_subscriber::listen_for_wakeups`).
+#[derive(Debug, Clone)]
+pub struct PubSubClients(Vec<redis::Client>);
+
+impl PubSubClients {
+    /// The clients, in the order of the URL.
+    #[must_use]
+    pub fn nodes(&self) -> &[redis::Client] {
+        &self.0
+    }
+}
+
+impl From<redis::Client> for PubSubClients {
+    fn from(client: redis::Client) -> Self {
+        Self(vec![client])
+    }
+}
+
+/// The [`PubSubClients`] of `url`: one client for a server, one per node
+/// for a cluster's URL ([`cluster_nodes`]), each checked as
+/// [`redis_client`] checks its URL.
+///
+/// ```
+/// let one = outbox_queue::pubsub_clients("redis://127.0.0.1:6379", None).unwrap();
+/// assert_eq!(one.nodes().len(), 1);
+/// let cluster =
+///     outbox_queue::pubsub_clients("redis://10.0.0.1:7000,redis://10.0.0.2:7000", None).unwrap();
+/// assert_eq!(cluster.nodes().len(), 2);
+/// ```
+///
+/// # Errors
+///
+/// As [`redis_client`].
+pub fn pubsub_clients(url: &str, ca_cert: Option<&Path>) -> Result<PubSubClients, QueueError> {
+    match cluster_nodes(url) {
+        None => Ok(PubSubClients(vec![server_client(url, ca_cert)?])),
+        Some(nodes) => {
+            // Checks the URL (and refuses one that lists no nodes).
+            redis_client(url, ca_cert)?;
+            nodes
+                .iter()
+                .map(|node| server_client(node, ca_cert))
+                .collect::<Result<Vec<_>, _>>()
+                .map(PubSubClients)
+        }
+    }
 }
 
 fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {

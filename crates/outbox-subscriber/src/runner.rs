@@ -141,9 +141,10 @@ impl HandlerGroup {
             .await
     }
 
-    /// Like [`HandlerGroup::run`]; with `wake` (a client of the same Redis)
-    /// idle workers are woken by pub/sub as soon as jobs are pushed instead
-    /// of at their next poll.
+    /// Like [`HandlerGroup::run`]; with `wake` (the same Redis's clients,
+    /// `outbox_queue::pubsub_clients`, or one `redis::Client` with
+    /// `.into()`) idle workers are woken by pub/sub as soon as jobs are
+    /// pushed instead of at their next poll.
     ///
     /// # Errors
     ///
@@ -151,7 +152,7 @@ impl HandlerGroup {
     pub async fn run_with_wakeups(
         &self,
         conn: RedisConnection,
-        wake: Option<redis::Client>,
+        wake: Option<outbox_queue::PubSubClients>,
         namespace: &QueueNamespace,
         settings: &WorkerSettings,
         shutdown: CancellationToken,

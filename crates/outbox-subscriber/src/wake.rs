@@ -128,21 +128,32 @@ fn next_reconnect_delay(delay: Duration) -> Duration {
 }
 
 /// Listens on the `<queue>:wake` channels and signals each message to the
-/// matching queue's wake-ups until `shutdown`; reconnects with backoff when
-/// the subscription drops (the poll interval covers the gap).
+/// matching queue's wake-ups until `shutdown`; when the subscription cannot
+/// be made or drops, subscribes again with backoff (the poll interval
+/// covers the gap), through the next of `clients` (on a cluster, the next
+/// node: a node that died is not tried again before the others).
 pub async fn listen_for_wakeups(
-    client: redis::Client,
+    clients: impl Into<outbox_queue::PubSubClients>,
     senders: HashMap<String, QueueWakeups>,
     shutdown: CancellationToken,
 ) {
+    let clients = clients.into();
+    let nodes = clients.nodes();
+    if nodes.is_empty() {
+        return;
+    }
     let mut delay = FIRST_RECONNECT_DELAY;
-    while !shutdown.is_cancelled() {
+    for client in nodes.iter().cycle() {
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let node = client.get_connection_info().addr().to_string();
         match client.get_async_pubsub().await {
             Ok(mut pubsub) => {
                 let mut subscribed = true;
                 for channel in senders.keys() {
                     if let Err(e) = pubsub.subscribe(channel).await {
-                        tracing::warn!(channel, error = %e, "cannot subscribe to wake-ups");
+                        tracing::warn!(channel, node, error = %e, "cannot subscribe to wake-ups");
                         subscribed = false;
                         break;
                     }
@@ -163,10 +174,15 @@ pub async fn listen_for_wakeups(
                             }
                         }
                     }
-                    tracing::warn!("wake-up subscription closed; reconnecting (polling meanwhile)");
+                    tracing::warn!(
+                        node,
+                        "wake-up subscription closed; subscribing again (polling meanwhile)"
+                    );
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "cannot subscribe to wake-ups; polling only"),
+            Err(e) => {
+                tracing::warn!(node, error = %e, "cannot subscribe to wake-ups; polling only")
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

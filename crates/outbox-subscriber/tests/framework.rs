@@ -73,7 +73,7 @@ fn woken_only(
     let (conn, namespace, shutdown) = (conn.clone(), namespace.clone(), shutdown.clone());
     tokio::spawn(async move {
         group
-            .run_with_wakeups(conn, Some(client), &namespace, &settings, shutdown)
+            .run_with_wakeups(conn, Some(client.into()), &namespace, &settings, shutdown)
             .await
     })
 }

@@ -50,7 +50,7 @@ async fn jobs_pushed_over_rediss_reach_their_handler() {
         ..RedisSettings::new(server.url())
     };
     let conn = outbox_queue::connect(&settings).unwrap();
-    let wake = outbox_queue::redis_client(&server.url(), Some(&pki.ca_file)).unwrap();
+    let wake = outbox_queue::pubsub_clients(&server.url(), Some(&pki.ca_file)).unwrap();
     let namespace = QueueNamespace::prefixed(format!("tls{}:", uuid::Uuid::new_v4().simple()));
 
     let seen = Arc::new(Mutex::new(Vec::new()));

@@ -391,7 +391,7 @@ fn queue_workers(
 ) -> Result<impl FnMut(CancellationToken) -> Run<SubscriberError> + Send + 'static> {
     let wake = if config.wakeups {
         Some(
-            outbox_queue::redis_client(&config.redis_url, config.redis_ca_cert.as_deref())
+            outbox_queue::pubsub_clients(&config.redis_url, config.redis_ca_cert.as_deref())
                 .context("invalid REDIS_URL or REDIS_CA_CERT")?,
         )
     } else {

@@ -9,7 +9,10 @@
 //!
 //! The table holds a mix like a service's after some days: most events
 //! DONE, one in a hundred FAILED, one in a hundred PENDING, over 17
-//! tenants and three event types, created over the last day.
+//! tenants and three event types, created over the last day. The workflow
+//! pages read 200,000 runs by default (`--console-runs`) of 17 workflows,
+//! one per tenant: 90 % succeeded, 5 % failed, 3 % waiting, 2 % running,
+//! created over the last day.
 //!
 //! Lines: `console_page_ms` per page (median, min and max), then
 //! `console_pages` with every page's median.
@@ -33,6 +36,76 @@ pub struct Plan {
     pub rows: usize,
     /// Measured requests per page.
     pub requests: usize,
+    /// Workflow runs in the tables.
+    pub runs: usize,
+}
+
+/// The runs of one workflow: `{runs}` of them, a status mix (90 %
+/// success, 5 % error, 3 % waiting, 2 % running), created over the last
+/// day.
+const RUNS_SQL: &str = "
+INSERT INTO workflow_execution (tenant_id, workflow_id, workflow_version, trigger_kind, status,
+                                input, waiting_block, error, created_at, updated_at,
+                                started_at, finished_at)
+SELECT '{tenant}', '{workflow}', {version}, 'manual',
+       CASE WHEN g % 100 < 90 THEN 'success' WHEN g % 100 < 95 THEN 'error'
+            WHEN g % 100 < 98 THEN 'waiting' ELSE 'running' END,
+       jsonb_build_object('n', g),
+       CASE WHEN g % 100 BETWEEN 95 AND 97 THEN 'note' END,
+       CASE WHEN g % 100 BETWEEN 90 AND 94 THEN 'benchmark failure' END,
+       ts, ts, ts, CASE WHEN g % 100 < 95 THEN ts + interval '40 ms' END
+FROM (SELECT g, now() - interval '1 day' + g * (interval '1 day' / {runs}) AS ts
+      FROM generate_series(1, {runs}) AS g) AS s";
+
+/// Saves one live manual workflow per tenant (17) and fills each with
+/// its share of `runs`; returns one workflow's id and one of its runs.
+async fn fill_runs(
+    conn: &mut diesel_async::AsyncPgConnection,
+    runs: usize,
+) -> Result<(uuid::Uuid, uuid::Uuid)> {
+    use diesel_async::RunQueryDsl;
+    let definition = outbox_workflow_model::WorkflowDefinition::from_value(json!({
+        "blocks": [
+            { "id": "start", "type": "manualTrigger" },
+            { "id": "note", "type": "log", "params": { "message": "benchmark" } }
+        ],
+        "edges": [{ "from": "start", "to": "note" }]
+    }))?;
+    let mut first = None;
+    for n in 0..17 {
+        let tenant = format!("tenant-{n}");
+        let saved = outbox_workflow_store::save_workflow(
+            conn,
+            &tenant,
+            "benchmark",
+            outbox_workflow_store::WorkflowStatus::Live,
+            &definition,
+        )
+        .await?;
+        let sql = RUNS_SQL
+            .replace("{tenant}", &tenant)
+            .replace("{workflow}", &saved.workflow.id.to_string())
+            .replace("{version}", &saved.version.to_string())
+            .replace("{runs}", &(runs / 17).max(1).to_string());
+        diesel::sql_query(sql)
+            .execute(conn)
+            .await
+            .context("filling the workflow runs")?;
+        first.get_or_insert(saved.workflow.id);
+    }
+    let workflow = first.context("no workflow saved")?;
+    let filter = outbox_workflow_store::ExecutionFilter {
+        workflow_id: Some(workflow),
+        limit: Some(1),
+        ..Default::default()
+    };
+    let runs = outbox_workflow_store::list_executions(conn, &filter).await?;
+    let run = runs
+        .into_iter()
+        .next()
+        .map(|run| run.id)
+        .context("a workflow run")?;
+    Ok((workflow, run))
 }
 
 /// The reader's token the stage signs in with.
@@ -62,15 +135,18 @@ FROM (SELECT g, now() - interval '1 day' + g * (interval '1 day' / {rows}) AS ts
 /// Runs the stage.
 pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
     stage(&format!(
-        "console: each page with {} events in the table",
-        plan.rows
+        "console: each page with {} events and {} workflow runs in the tables",
+        plan.rows, plan.runs
     ));
     let scratch = Scratch::create(&run.found.database_url, run.database("bench_console")).await?;
     let mut conn = outbox_pg::establish(&scratch.url).await?;
     conn.batch_execute(&FILL_SQL.replace("{rows}", &plan.rows.to_string()))
         .await
         .context("filling the table")?;
+    let (workflow, workflow_run) = fill_runs(&mut conn, plan.runs).await?;
     conn.batch_execute("VACUUM ANALYZE outbox_event").await?;
+    conn.batch_execute("VACUUM ANALYZE workflow_execution")
+        .await?;
     let failed = outbox_store::EventFilter {
         statuses: vec![outbox_model::OutboxStatus::Failed],
         ..outbox_store::EventFilter::default()
@@ -111,6 +187,19 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
             "requeue_dry_run",
             "/events/requeue?status=FAILED".to_owned(),
         ),
+        ("workflows", "/workflows".to_owned()),
+        ("workflow", format!("/workflows/{workflow}")),
+        ("executions", "/executions".to_owned()),
+        ("executions_error", "/executions?status=error".to_owned()),
+        (
+            "executions_tenant",
+            "/executions?tenant=tenant-3".to_owned(),
+        ),
+        (
+            "executions_workflow",
+            format!("/executions?workflow={workflow}"),
+        ),
+        ("execution", format!("/executions/{workflow_run}")),
     ];
     let result = async {
         let mut medians = serde_json::Map::new();
@@ -135,12 +224,12 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
             let min = times.iter().copied().fold(f64::INFINITY, f64::min);
             let max = times.iter().copied().fold(0.0, f64::max);
             line(json!({
-                "bench": "console_page_ms", "page": page, "path": path, "rows": plan.rows,
+                "bench": "console_page_ms", "page": page, "path": path, "rows": plan.rows, "runs": plan.runs,
                 "requests": plan.requests, "p50": p50, "min": round2(min), "max": round2(max),
             }));
             medians.insert((*page).to_owned(), Value::from(p50));
         }
-        line(json!({ "bench": "console_pages", "rows": plan.rows, "p50_ms": medians }));
+        line(json!({ "bench": "console_pages", "rows": plan.rows, "runs": plan.runs, "p50_ms": medians }));
         Ok::<_, anyhow::Error>(())
     }
     .await;

@@ -162,6 +162,9 @@ pub struct BenchArgs {
     /// Measured requests per page of the console stage.
     #[arg(long, default_value_t = 5)]
     pub console_requests: usize,
+    /// Workflow runs in the tables of the console stage (its workflow pages).
+    #[arg(long, default_value_t = 200_000)]
+    pub console_runs: usize,
     /// Preloaded rows per hand-off of the cluster stage.
     #[arg(long, default_value_t = 50_000)]
     pub cluster_rows: usize,
@@ -235,6 +238,7 @@ impl BenchArgs {
             peer_without_river: false,
             console_rows: 0,
             console_requests: 0,
+            console_runs: 0,
             cluster_rows: 0,
             cluster_jobs: 0,
             cluster_rounds: 0,
@@ -413,6 +417,7 @@ async fn more_stages(
         let plan = console::Plan {
             rows: run.size(args.console_rows, 2_000),
             requests: run.size(args.console_requests.max(1), 1),
+            runs: run.size(args.console_runs, 1_700),
         };
         console::run(run, &plan).await?;
     }
