@@ -254,6 +254,40 @@ async fn an_operator_requeues_a_failed_event_in_the_browser_and_sees_it_done_and
     .await;
     screenshot(&client, "event-done").await;
 
+    // The actions by filter and a queue's dead jobs: their dry runs.
+    failed_event(&stack).await;
+    client
+        .goto(&format!("{console}/events/requeue?status=FAILED"))
+        .await
+        .unwrap();
+    wait_for(&client, "#dry-run-count", "1").await;
+    screenshot(&client, "requeue-by-filter").await;
+    client
+        .goto(&format!("{console}/events/cancel?status=FAILED"))
+        .await
+        .unwrap();
+    wait_for(&client, "#dry-run-count", "1").await;
+    screenshot(&client, "cancel-by-filter").await;
+    // A job whose body the audit worker cannot read dies at once.
+    let mut redis =
+        outbox_queue::connect(&outbox_queue::RedisSettings::new(stack.redis.url())).unwrap();
+    let unreadable = format!("outbox:{}", Uuid::now_v7());
+    outbox_queue::push_raw(
+        &mut redis,
+        &stack.namespace,
+        "outbox.audit",
+        &[(unreadable, b"not an audit job".to_vec())],
+    )
+    .await
+    .unwrap();
+    let dead_page = format!("{console}/queues/outbox.audit/dead");
+    eventually("a dead job of outbox.audit", WAIT, async || {
+        client.goto(&dead_page).await.unwrap();
+        maybe_text(&client, "#dry-run-count").await.as_deref() == Some("1")
+    })
+    .await;
+    screenshot(&client, "dead-jobs").await;
+
     // A reader sees the dry run but the confirmation is refused (403).
     let other = failed_event(&stack).await;
     click(&client, Locator::Css("header form button")).await;
