@@ -199,6 +199,44 @@ pub async fn partitioning(conn: &mut AsyncPgConnection) -> Result<Option<Partiti
     }))
 }
 
+#[derive(QueryableByName)]
+struct OtherMeans {
+    #[diesel(sql_type = diesel::sql_types::Bool)]
+    other: bool,
+}
+
+/// Whether `outbox_event` is a partitioned table that
+/// [`convert_to_partitioned`] did not make (no [`partitioning`] row):
+/// partitioned by hand or by an extension. Such a table has none of what
+/// the conversion installs: its dispatch keys are not kept unique across
+/// partitions (`outbox_dispatch_key`) and retention does not know its
+/// partitions, so the workers refuse to start on it.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn check(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// if outbox_store::partitioned_by_other_means(conn).await? {
+///     eprintln!("outbox_event was partitioned by hand: use `outbox partition convert`");
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// When Postgres fails (or the core migrations were not applied).
+#[instrument(level = "debug", skip_all, err(level = "debug"))]
+pub async fn partitioned_by_other_means(conn: &mut AsyncPgConnection) -> Result<bool> {
+    let row: OtherMeans = diesel::sql_query(
+        "SELECT COALESCE((SELECT relkind = 'p' FROM pg_class
+                          WHERE oid = to_regclass('outbox_event')), false)
+                AND NOT EXISTS (SELECT 1 FROM outbox_partitioning) AS other",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(row.other)
+}
+
 /// What [`convert_to_partitioned`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Converted {

@@ -114,8 +114,9 @@ struct ReadmeDoctests;
 /// variable (a [`ConfigError`], also from a handler added with
 /// [`WorkerBuilder::handler_with`]), a Redis that may evict keys (see
 /// [`RedisMayEvict`]), a declared event type no rule routes
-/// ([`UnroutedEventTypes`]), or two schedules of one name
-/// ([`ScheduleError`]).
+/// ([`UnroutedEventTypes`]), two schedules of one name
+/// ([`ScheduleError`]), or an `outbox_event` partitioned by other means
+/// than `outbox partition convert`.
 pub const EXIT_CONFIGURATION: u8 = 2;
 
 /// The entry point of both binaries: command line (`--help` lists every
@@ -190,6 +191,7 @@ pub(crate) fn process_main(builder: WorkerBuilder) -> ExitCode {
                 || e.downcast_ref::<ConfigError>().is_some()
                 || e.downcast_ref::<UnroutedEventTypes>().is_some()
                 || e.downcast_ref::<ScheduleError>().is_some()
+                || e.downcast_ref::<serve::UnknownPartitioning>().is_some()
             {
                 ExitCode::from(EXIT_CONFIGURATION)
             } else {

@@ -199,6 +199,9 @@ fn general_services(
 /// queues' namespace.
 async fn connect(config: &WorkerConfig) -> Result<Connections> {
     let pool = connect_postgres(&config.database_url, config.pool_size).await?;
+    if config.group == Group::General {
+        refuse_unknown_partitioning(&pool).await?;
+    }
     let redis = outbox_queue::connect(&RedisSettings {
         ca_cert: config.redis_ca_cert.clone(),
         ..RedisSettings::new(&config.redis_url)
@@ -214,6 +217,36 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
         redis,
         namespace: QueueNamespace::for_redis(config.queue_prefix.clone(), &config.redis_url),
     })
+}
+
+/// `outbox_event` partitioned by other means than `outbox partition
+/// convert` (by hand, by an extension): its dispatch keys are not kept
+/// unique across its partitions and retention does not know them, so
+/// `worker-general` (the dispatcher and retention) does not start on it
+/// (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "outbox_event is partitioned, but not by `outbox partition convert` (outbox_partitioning is empty): \
+     dispatch keys would not be unique across its partitions and retention could not clean it; \
+     keep it one table, or convert one table with `outbox partition convert` (docs/operations.md, \"A partitioned outbox table\")"
+)]
+pub struct UnknownPartitioning;
+
+/// Refuses to go on when `outbox_event` is [`UnknownPartitioning`]; a
+/// database that cannot answer the question (core migrations missing) is
+/// left to the checks that follow.
+async fn refuse_unknown_partitioning(pool: &PgPool) -> Result<()> {
+    let Ok(mut conn) = pool.get().await else {
+        return Ok(());
+    };
+    match outbox_store::partitioned_by_other_means(&mut conn).await {
+        Ok(true) => Err(UnknownPartitioning.into()),
+        Ok(false) => Ok(()),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot tell how outbox_event is partitioned");
+            Ok(())
+        }
+    }
 }
 
 /// The Postgres pool of `DATABASE_URL` (the workers' and the bridge's).

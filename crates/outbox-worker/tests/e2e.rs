@@ -792,6 +792,28 @@ async fn a_bad_batch_size_stops_start_up_with_a_clear_message() {
     }
 }
 
+#[tokio::test]
+async fn an_outbox_table_partitioned_by_hand_stops_the_general_worker_naming_the_convert_command() {
+    let stack = Stack::new().await;
+    stack
+        .sql(
+            "ALTER TABLE outbox_event RENAME TO outbox_event_before_by_hand;
+             CREATE TABLE outbox_event (LIKE outbox_event_before_by_hand)
+                 PARTITION BY RANGE (created_at)",
+        )
+        .await;
+    let output = std::process::Command::new(GENERAL)
+        .envs(stack.env())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("outbox_event is partitioned, but not by `outbox partition convert`"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_turns_readyz_red_and_the_worker_recovers_when_redis_is_back() {
     let stack = Stack::new().await;

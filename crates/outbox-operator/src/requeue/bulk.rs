@@ -4,7 +4,7 @@
 //! each with its own guard (`--yes`, a ticked box) from [`crate::confirm`].
 //!
 //! Nothing here holds one transaction for the whole selection: each batch is
-//! its own [`execute`], so row locks last one batch and a requeue of a
+//! its own [`super::execute`], so row locks last one batch and a requeue of a
 //! million rows commits as it goes.
 
 use diesel_async::AsyncPgConnection;
@@ -145,7 +145,7 @@ pub struct BatchFailed {
 
 /// Requeues up to `request.total` rows matching `filter`, oldest first, in
 /// transactions of at most `request.batch_size` rows, each with its history
-/// rows and its NOTIFY (see [`execute`]). Requeued rows are PENDING and drop
+/// rows and its NOTIFY (see [`super::execute`]). Requeued rows are PENDING and drop
 /// out of the selection, so each batch takes the next ones. The count bounds
 /// the run: it never changes more rows than were counted and confirmed, even
 /// when rows go FAILED meanwhile (some matching rows may then be left for
