@@ -69,22 +69,19 @@ struct Row {
 
 /// Runs `outbox cancel`.
 pub async fn run(cli: &Cli, args: &CancelArgs) -> Outcome {
-    match (
-        args.ids.is_empty(),
-        args.filters.is_empty() && args.limit.is_none(),
-    ) {
-        (false, false) => {
+    let by_ids = !args.ids.is_empty();
+    if by_ids && (!args.filters.is_empty() || args.limit.is_some()) {
+        return Err(Failure::from(anyhow!(
+            "give either ids or filters (and --limit), not both"
+        )));
+    }
+    if !by_ids {
+        if args.filters.is_empty() {
             return Err(Failure::from(anyhow!(
-                "give either ids or filters (and --limit), not both"
+                "name the events to cancel: their ids, or at least one filter (--status, --type-prefix, --tenant, --created-after, …); --limit alone selects every event"
             )));
         }
-        (true, true) => {
-            return Err(Failure::from(anyhow!(
-                "name the events to cancel: their ids, or filters (--status, --type-prefix, --tenant, --created-after, …)"
-            )));
-        }
-        (true, false) => return by_filters(cli, args).await,
-        (false, true) => {}
+        return by_filters(cli, args).await;
     }
     let mut conn = connect(cli).await?;
     let found: Vec<(Uuid, OutboxStatus)> = outbox_store::statuses(&mut conn, &args.ids)

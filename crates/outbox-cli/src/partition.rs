@@ -107,6 +107,9 @@ async fn status(cli: &Cli) -> Outcome {
     let parts = outbox_store::partitions(&mut conn)
         .await
         .context("cannot list the partitions of outbox_event")?;
+    let other_means = outbox_store::partitioned_by_other_means(&mut conn)
+        .await
+        .context("cannot tell how outbox_event is partitioned")?;
     // Rows in the default partition mean a partition was missing when they
     // were written: worth an operator's look.
     let in_default = parts
@@ -115,6 +118,7 @@ async fn status(cli: &Cli) -> Outcome {
     if cli.json {
         print_json(&serde_json::json!({
             "partitioned": partitioning.is_some(),
+            "partitioned_by_other_means": other_means,
             "unit": partitioning.as_ref().map(|p| p.unit.as_str()),
             "ahead": partitioning.as_ref().map(|p| p.ahead),
             "converted_at": partitioning.as_ref().map(|p| p.converted_at),
@@ -147,10 +151,15 @@ async fn status(cli: &Cli) -> Outcome {
                 outbox_store::DEFAULT_PARTITION
             );
         }
+    } else if other_means {
+        println!(
+            "outbox_event is partitioned, but not by `outbox partition convert`: dispatch keys are not \
+             unique across its partitions, retention cannot clean it, and worker-general refuses to start"
+        );
     } else {
         println!(
             "outbox_event is one table (not partitioned): `outbox partition convert` partitions it"
         );
     }
-    Ok(ExitStatus::alert_if(in_default))
+    Ok(ExitStatus::alert_if(in_default || other_means))
 }

@@ -345,9 +345,11 @@ async fn cancel_by_filters_counts_first_needs_yes_above_the_threshold_and_cancel
         "{still_pending}"
     );
 
-    let none = env.outbox(&["cancel"]);
-    assert_eq!(none.code, 2);
-    assert!(none.stderr.contains("name the events"), "{}", none.stderr);
+    for unfiltered in [&["cancel"][..], &["cancel", "--limit", "1", "--yes"]] {
+        let none = env.outbox(unfiltered);
+        assert_eq!(none.code, 2, "{unfiltered:?}");
+        assert!(none.stderr.contains("name the events"), "{}", none.stderr);
+    }
 
     let run = env.outbox_as(
         "ana",

@@ -87,3 +87,34 @@ async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() 
         again.stderr
     );
 }
+
+#[tokio::test]
+async fn status_names_a_table_partitioned_by_other_means_and_exits_1() {
+    let env = Env::new().await;
+    let mut conn = env.db.conn().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        return; // the run's databases are partitioned already
+    }
+    conn.batch_execute(
+        "ALTER TABLE outbox_event RENAME TO outbox_event_before_by_hand;
+         CREATE TABLE outbox_event (LIKE outbox_event_before_by_hand)
+             PARTITION BY RANGE (created_at)",
+    )
+    .await
+    .unwrap();
+
+    let status = env.outbox(&["partition", "status", "--json"]);
+    assert_eq!(status.code, 1, "{}{}", status.stdout, status.stderr);
+    assert_eq!(status.json()["partitioned_by_other_means"], true);
+    let text = env.outbox(&["partition", "status"]);
+    assert!(
+        text.stdout
+            .contains("outbox_event is partitioned, but not by `outbox partition convert`"),
+        "{}",
+        text.stdout
+    );
+}

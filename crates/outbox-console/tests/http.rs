@@ -716,6 +716,11 @@ async fn done_events_a_filter_selects_are_replayed_only_with_replay_after_a_dry_
         "{plain}"
     );
     assert!(plain.contains(r#"id="with-replay""#), "{plain}");
+    let (_, failed_only) = console.get_as(READER, "/events/requeue").await;
+    assert!(
+        !failed_only.contains("with-replay"),
+        "a selection of FAILED events offers no replay: {failed_only}"
+    );
 
     let (status, dry_run) = console
         .get_as(READER, "/events/requeue?status=DONE&replay=true")
@@ -777,7 +782,7 @@ async fn done_events_a_filter_selects_are_replayed_only_with_replay_after_a_dry_
 }
 
 #[tokio::test]
-async fn the_events_a_filter_selects_are_cancelled_after_a_dry_run_only_pending_and_failed_ones_and_never_more_than_counted()
+async fn the_events_a_filter_selects_are_cancelled_after_a_dry_run_only_pending_and_failed_ones_refused_when_more_match_than_counted()
  {
     let console = served().await;
     let failed = console.failed_event().await;

@@ -145,7 +145,7 @@ diesel::table! {
         generation -> Nullable<Int4>,
         /// requeue (outbox requeue), cancel (outbox cancel or outbox_publish::cancel: a PENDING or FAILED row set to CANCELLED), skip (outbox ordering release --skip-event: the key moved past the event), reschedule (outbox_publish::reschedule: a PENDING row's scheduled_at moved) or retry_dead (outbox retry-dead or the console: a dead job of the event put back on its queue; the row is unchanged).
         action -> Text,
-        /// The row's scheduled_at before the change (every action); NULL for entries written before the column existed.
+        /// The row's scheduled_at before the change; NULL for entries written before the column existed, and for retry_dead entries of a row that was gone (previous_status REMOVED).
         previous_scheduled_at -> Nullable<Timestamptz>,
         /// retry_dead: the queue the dead job went back on; NULL for the other actions.
         queue -> Nullable<Text>,

@@ -71,8 +71,8 @@ pub(crate) struct Progress {
     pub(crate) batches: usize,
 }
 
-/// Does `act` to at most `total` rows of `eligible`, oldest first,
-/// `batch_size` at a time. Stops early
+/// Does `act` to at most `total` rows of `eligible` created before the
+/// run started, oldest first, `batch_size` at a time. Stops early
 /// when a batch finds no row or changes none (another session changed them
 /// meanwhile). On an error, returns what the committed batches did with it.
 pub(crate) async fn run(
@@ -83,6 +83,21 @@ pub(crate) async fn run(
     act: Act<'_>,
 ) -> Result<Progress, (Progress, StoreError)> {
     let mut done = Progress::default();
+    // Events created after the run started are not among those counted
+    // and confirmed: an event published meanwhile never takes the place of
+    // one that was handed off meanwhile.
+    let started = match outbox_store::db_now(conn).await {
+        Ok(now) => now,
+        Err(e) => return Err((done, e)),
+    };
+    let eligible = &EventFilter {
+        created_before: Some(
+            eligible
+                .created_before
+                .map_or(started, |before| before.min(started)),
+        ),
+        ..eligible.clone()
+    };
     let batch_size = batch_size.max(1);
     loop {
         let so_far = u64::try_from(done.ids.len()).unwrap_or(u64::MAX);

@@ -2,16 +2,26 @@
 //! console's dead jobs page), each one recorded in its event's history
 //! (action `retry_dead`, with who, why, the queue and the task id).
 //!
-//! Redis acts first and the history records what it did: the entries name
-//! exactly the jobs that went back, never one that stayed dead. If
-//! Postgres then fails, the jobs are back but unrecorded, and
-//! [`PutBackError::NotRecorded`] names them so the front end can say so
-//! (and log them); putting them back again is not needed.
+//! Redis acts first and the history records what it did, a step of at
+//! most [`JOBS_PER_STEP`] jobs at a time: the entries name exactly the
+//! jobs that went back, never one that stayed dead, and when a step fails
+//! the steps before it are back and recorded. If Postgres fails after
+//! Redis acted, the jobs of that step are back but unrecorded, and
+//! [`PutBackError::NotRecorded`] says how many and names the first of them
+//! so the front end can say so (and log them); putting them back again is
+//! not needed.
 
 use diesel_async::AsyncPgConnection;
 use outbox_queue::{QueueError, QueueNamespace, RedisConnection};
 use outbox_store::{DeadJobsPutBack, StoreError};
 use uuid::Uuid;
+
+/// Jobs put back and recorded in one step (one Redis script call, then
+/// one statement).
+pub const JOBS_PER_STEP: usize = 500;
+
+/// Task ids an error names at most.
+const NAMED: usize = 10;
 
 /// What [`put_back`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -28,27 +38,36 @@ pub struct PutBack {
 
 /// Why [`put_back`] failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PutBackError {
-    /// Redis failed: some of the jobs may have gone back, unrecorded;
-    /// calling again is safe and records those it puts back.
-    #[error("cannot put the dead jobs of {queue} back: {source}")]
+    /// Redis failed. The steps before it put back and recorded
+    /// `put_back_before` jobs; the failed step's jobs stayed dead, unless
+    /// only Redis's answer was lost. Calling again is safe: it puts back
+    /// and records the jobs still dead.
+    #[error(
+        "cannot put the dead jobs of {queue} back ({put_back_before} put back and recorded before): {source}"
+    )]
     Redis {
         /// The queue.
         queue: String,
+        /// Jobs the steps before put back and recorded.
+        put_back_before: usize,
         /// What Redis said.
         #[source]
         source: QueueError,
     },
-    /// The jobs went back, but their history entries were not written.
+    /// A step's jobs went back, but their history entries were not
+    /// written (the steps before are back and recorded).
     #[error(
-        "{} dead job(s) of {queue} went back on the queue, but their history entries were not written ({}): {source}",
+        "{} dead job(s) of {queue} went back on the queue, but their history entries were not written ({}{}): {source}",
         put_back.len(),
-        put_back.join(", ")
+        put_back.iter().take(NAMED).cloned().collect::<Vec<_>>().join(", "),
+        if put_back.len() > NAMED { format!(" and {} more", put_back.len() - NAMED) } else { String::new() }
     )]
     NotRecorded {
         /// The queue.
         queue: String,
-        /// The task ids that went back.
+        /// The task ids that went back unrecorded.
         put_back: Vec<String>,
         /// What Postgres said.
         #[source]
@@ -60,7 +79,8 @@ pub enum PutBackError {
 /// (`outbox_queue::retry_dead`: due now, attempts reset; ids that are not
 /// dead are left alone), then records each job that went back in its
 /// event's history, with `reason` and `requested_by`
-/// (`outbox_store::record_dead_jobs_put_back`).
+/// (`outbox_store::record_dead_jobs_put_back`); [`JOBS_PER_STEP`] jobs at
+/// a time.
 ///
 /// # Example
 ///
@@ -82,7 +102,7 @@ pub enum PutBackError {
 /// # Errors
 ///
 /// [`PutBackError::Redis`] when Redis fails; [`PutBackError::NotRecorded`]
-/// when the jobs went back but Postgres failed to record them.
+/// when jobs went back but Postgres failed to record them.
 #[allow(clippy::too_many_arguments)]
 pub async fn put_back(
     redis: &mut RedisConnection,
@@ -93,33 +113,36 @@ pub async fn put_back(
     reason: &str,
     requested_by: Option<&str>,
 ) -> Result<PutBack, PutBackError> {
-    let went = outbox_queue::retry_dead(redis, namespace, queue, task_ids)
+    let mut done = PutBack::default();
+    for step in task_ids.chunks(JOBS_PER_STEP) {
+        let went = outbox_queue::retry_dead(redis, namespace, queue, step)
+            .await
+            .map_err(|source| PutBackError::Redis {
+                queue: queue.to_owned(),
+                put_back_before: done.task_ids.len(),
+                source,
+            })?;
+        let (jobs, without_event) = of_events(&went);
+        done.recorded += outbox_store::record_dead_jobs_put_back(
+            conn,
+            DeadJobsPutBack {
+                queue,
+                jobs: &jobs,
+                reason,
+                requested_by,
+            },
+        )
         .await
-        .map_err(|source| PutBackError::Redis {
+        .map_err(|source| PutBackError::NotRecorded {
             queue: queue.to_owned(),
+            put_back: went.clone(),
             source,
         })?;
-    let (jobs, without_event) = of_events(&went);
-    let recorded = outbox_store::record_dead_jobs_put_back(
-        conn,
-        DeadJobsPutBack {
-            queue,
-            jobs: &jobs,
-            reason,
-            requested_by,
-        },
-    )
-    .await
-    .map_err(|source| PutBackError::NotRecorded {
-        queue: queue.to_owned(),
-        put_back: went.clone(),
-        source,
-    })?;
-    Ok(PutBack {
-        recorded,
-        without_event: without_event.into_iter().map(str::to_owned).collect(),
-        task_ids: went.clone(),
-    })
+        done.without_event
+            .extend(without_event.into_iter().map(str::to_owned));
+        done.task_ids.extend(went);
+    }
+    Ok(done)
 }
 
 /// The jobs of `task_ids` that belong to an event, with it, and the others.

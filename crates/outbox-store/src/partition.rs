@@ -205,9 +205,10 @@ struct OtherMeans {
     other: bool,
 }
 
-/// Whether `outbox_event` is a partitioned table that
-/// [`convert_to_partitioned`] did not make (no [`partitioning`] row):
-/// partitioned by hand or by an extension. Such a table has none of what
+/// Whether `outbox_event` is a partitioned table (declarative
+/// partitioning) that [`convert_to_partitioned`] did not make (no
+/// [`partitioning`] row): partitioned by hand or by an extension such as
+/// pg_partman. Partitioning by inheritance is not recognised. Such a table has none of what
 /// the conversion installs: its dispatch keys are not kept unique across
 /// partitions (`outbox_dispatch_key`) and retention does not know its
 /// partitions, so the workers refuse to start on it.

@@ -294,7 +294,8 @@ pub struct HistoryEntry {
     /// The last error before.
     pub previous_last_error: Option<String>,
     /// The due time (`scheduled_at`) before; `None` for entries written
-    /// before this was recorded.
+    /// before this was recorded, and for a dead job put back whose row was
+    /// gone (previous status `REMOVED`).
     pub previous_scheduled_at: Option<DateTime<Utc>>,
     /// Whether a DONE row was replayed.
     pub replay: bool,

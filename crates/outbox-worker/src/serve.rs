@@ -243,7 +243,7 @@ async fn refuse_unknown_partitioning(pool: &PgPool) -> Result<()> {
         Ok(true) => Err(UnknownPartitioning.into()),
         Ok(false) => Ok(()),
         Err(e) => {
-            tracing::debug!(error = %e, "cannot tell how outbox_event is partitioned");
+            tracing::warn!(error = %e, "cannot tell how outbox_event is partitioned; starting anyway");
             Ok(())
         }
     }

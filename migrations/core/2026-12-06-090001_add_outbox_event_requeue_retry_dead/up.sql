@@ -8,6 +8,7 @@
 ALTER TABLE outbox_event_requeue ADD COLUMN queue text NULL;
 ALTER TABLE outbox_event_requeue ADD COLUMN task_id text NULL;
 COMMENT ON COLUMN outbox_event_requeue.queue IS 'retry_dead: the queue the dead job went back on; NULL for the other actions.';
+COMMENT ON COLUMN outbox_event_requeue.previous_scheduled_at IS 'The row''s scheduled_at before the change; NULL for entries written before the column existed, and for retry_dead entries of a row that was gone (previous_status REMOVED).';
 COMMENT ON COLUMN outbox_event_requeue.task_id IS 'retry_dead: the task id of the job put back (the event''s own job, a derived job or a retry copy of one); NULL for the other actions.';
 
 ALTER TABLE outbox_event_requeue DROP CONSTRAINT outbox_event_requeue_action_check;

@@ -4,9 +4,12 @@
 //! `outbox_operator::requeue::bulk` with the operator as who asked. More
 //! than [`DEFAULT_CONFIRM_ABOVE`] need the box ticked, as the CLI needs
 //! `--yes`. Without a status filter it selects FAILED events, as the CLI.
-//! With `replay=true` (`outbox requeue --replay`) the matching DONE events
-//! are replayed too: each starts a new delivery generation, so its side
-//! effects run again, and the dry run says how many would.
+//! With the status filter DONE and `replay=true` (`outbox requeue --status
+//! done --replay`) the matching DONE events are replayed: each starts a
+//! new delivery generation, so its side effects run again, and the dry run
+//! says how many would. The status filter takes one status, so a replay's
+//! selection holds DONE events only, and the confirmation's count bounds
+//! how many are replayed.
 
 use axum::Form;
 use axum::extract::{Query, State};
@@ -101,6 +104,9 @@ pub(crate) async fn dry_run(
             if filters.query().is_empty() { "" } else { "&" }
         )
     };
+    // Only a DONE status filter selects events a replay would run again
+    // (without one the selection is FAILED, as the CLI's).
+    let selects_done = filter.statuses.contains(&OutboxStatus::Done);
     let guarded = needs_confirmation(selection.to_requeue, DEFAULT_CONFIRM_ABOVE);
     let event = |id| viewer.base.to(&format!("/events/{id}"));
     let body = html! {
@@ -114,8 +120,8 @@ pub(crate) async fn dry_run(
                 "so its side effects (mails, webhooks, …) run again. "
                 a #without-replay href=(toggle) { "Leave DONE events alone" }
             }
-        } @else {
-            p { a #with-replay href=(toggle) { "Replay the matching DONE events too…" } }
+        } @else if selects_done {
+            p { a #with-replay href=(toggle) { "Replay the matching DONE events…" } }
         }
         @if !preview.requeue.is_empty() || !preview.refused.is_empty() {
             table #preview {

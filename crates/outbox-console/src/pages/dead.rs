@@ -175,8 +175,8 @@ pub(crate) async fn retry(
     )
     .await
     .map_err(|e| match e {
-        PutBackError::Redis { .. } => ConsoleError::Redis(e.to_string()),
         PutBackError::NotRecorded { .. } => ConsoleError::PutBack(e),
+        _ => ConsoleError::Redis(e.to_string()),
     })?;
     tracing::info!(
         queue = %queue,

@@ -153,7 +153,9 @@ pub struct BatchFailed {
 /// statements of at most `request.batch_size` rows, each with its history
 /// rows. Cancelled rows drop out of the selection, so each batch takes the
 /// next ones; the count bounds the run, so it never changes more rows than
-/// were counted and confirmed. It stops early when a batch finds nothing
+/// were counted and confirmed, and rows created after the run started are
+/// left alone (one published meanwhile never takes the place of one
+/// handed off meanwhile). It stops early when a batch finds nothing
 /// left to change (another session changed the rows meanwhile).
 ///
 /// # Example

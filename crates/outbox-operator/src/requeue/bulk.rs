@@ -146,7 +146,8 @@ pub struct BatchFailed {
 /// Requeues up to `request.total` rows matching `filter`, oldest first, in
 /// transactions of at most `request.batch_size` rows, each with its history
 /// rows and its NOTIFY (see [`super::execute`]). Requeued rows are PENDING and drop
-/// out of the selection, so each batch takes the next ones. The count bounds
+/// out of the selection, so each batch takes the next ones; rows created
+/// after the run started are left alone. The count bounds
 /// the run: it never changes more rows than were counted and confirmed, even
 /// when rows go FAILED meanwhile (some matching rows may then be left for
 /// the next requeue). It stops early when a batch finds nothing left to
