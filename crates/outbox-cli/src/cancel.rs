@@ -47,13 +47,13 @@ pub struct CancelArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Confirm a cancel by filters of more rows than --confirm-above.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "ids")]
     pub yes: bool,
     /// A cancel by filters that would change more rows than this needs --yes; without it, it changes nothing and exits 2.
-    #[arg(long, default_value_t = DEFAULT_CONFIRM_ABOVE)]
+    #[arg(long, default_value_t = DEFAULT_CONFIRM_ABOVE, conflicts_with = "ids")]
     pub confirm_above: u64,
-    /// Rows cancelled per statement, each with its history rows.
-    #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    /// Rows cancelled per statement (by filters), each with its history rows.
+    #[arg(long, default_value_t = DEFAULT_BATCH_SIZE, value_parser = clap::value_parser!(u64).range(1..=10_000), conflicts_with = "ids")]
     pub batch_size: u64,
 }
 

@@ -345,6 +345,9 @@ async fn cancel_by_filters_counts_first_needs_yes_above_the_threshold_and_cancel
         "{still_pending}"
     );
 
+    let with_ids = env.outbox(&["cancel", "00000000-0000-4000-8000-000000000001", "--yes"]);
+    assert_eq!(with_ids.code, 2, "--yes is for a cancel by filters");
+    assert!(with_ids.stderr.contains("--yes"), "{}", with_ids.stderr);
     for unfiltered in [&["cancel"][..], &["cancel", "--limit", "1", "--yes"]] {
         let none = env.outbox(unfiltered);
         assert_eq!(none.code, 2, "{unfiltered:?}");
