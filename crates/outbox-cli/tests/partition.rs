@@ -11,17 +11,23 @@ use diesel_async::SimpleAsyncConnection;
 
 use crate::common::Env;
 
-#[tokio::test]
-async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() {
+/// A test database and a connection to it, unless the run's databases are
+/// partitioned already (`OUTBOX_TEST_PARTITIONED`).
+async fn one_table() -> Option<(Env, diesel_async::AsyncPgConnection)> {
     let env = Env::new().await;
     let mut conn = env.db.conn().await;
-    if outbox_store::partitioning(&mut conn)
+    let partitioned = outbox_store::partitioning(&mut conn)
         .await
         .unwrap()
-        .is_some()
-    {
+        .is_some();
+    (!partitioned).then_some((env, conn))
+}
+
+#[tokio::test]
+async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() {
+    let Some((env, mut conn)) = one_table().await else {
         return; // the run's databases are partitioned already
-    }
+    };
     conn.batch_execute(
         "INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at, dispatch_key)
          SELECT 'acme', 'audit.user.login', '{}', 'DONE', now(), 'k-' || g
@@ -90,15 +96,9 @@ async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() 
 
 #[tokio::test]
 async fn status_names_a_table_partitioned_by_other_means_and_exits_1() {
-    let env = Env::new().await;
-    let mut conn = env.db.conn().await;
-    if outbox_store::partitioning(&mut conn)
-        .await
-        .unwrap()
-        .is_some()
-    {
+    let Some((env, mut conn)) = one_table().await else {
         return; // the run's databases are partitioned already
-    }
+    };
     conn.batch_execute(
         "ALTER TABLE outbox_event RENAME TO outbox_event_before_by_hand;
          CREATE TABLE outbox_event (LIKE outbox_event_before_by_hand)
