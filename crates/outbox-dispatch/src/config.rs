@@ -49,6 +49,16 @@ pub const DEFAULT_CONCURRENCY: usize = 10;
 pub const DEFAULT_LOOPS: usize = 4;
 /// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
 pub const MAX_LOOPS: usize = 64;
+/// Default of `OUTBOX_DISPATCH_LOOPS_TOTAL`: the loops all the dispatchers
+/// of one database run between them (each at least one, at most its own
+/// `OUTBOX_DISPATCH_LOOPS`; see [`crate::loops_to_run`]). Measured with the
+/// release `worker-general` on two cores (`cargo xtask bench --only
+/// scaling`, docs/scaling.md): one or two processes of four loops hand off
+/// as fast as any number, while eight of four loops (32 claims at once)
+/// handed off at 0.85 to 0.90 of one process's rate.
+pub const DEFAULT_LOOPS_TOTAL: usize = 8;
+/// The largest `OUTBOX_DISPATCH_LOOPS_TOTAL` accepted.
+pub const MAX_LOOPS_TOTAL: usize = 4096;
 /// Default of `OUTBOX_DISPATCH_VACUUM_EVERY`: claimed rows between two
 /// `VACUUM (SKIP_LOCKED) outbox_event` of a dispatcher. Until a vacuum, every
 /// claim walks over the dead index entries of the rows handed off before it
@@ -105,6 +115,14 @@ pub const OUTBOX_DISPATCH_LOOPS: Whole = Whole {
     max: MAX_LOOPS as u64,
     meaning: "claim-and-hand-off loops the dispatcher runs at once (each uses one Postgres connection while it ticks)",
 };
+/// `OUTBOX_DISPATCH_LOOPS_TOTAL`: [`DispatcherConfig::loops_total`].
+pub const OUTBOX_DISPATCH_LOOPS_TOTAL: Whole = Whole {
+    name: "OUTBOX_DISPATCH_LOOPS_TOTAL",
+    default: DEFAULT_LOOPS_TOTAL as u64,
+    min: 0,
+    max: MAX_LOOPS_TOTAL as u64,
+    meaning: "claim-and-hand-off loops all the dispatchers listening on this database run between them: each runs this divided by their number, rounded up, at least 1 and at most OUTBOX_DISPATCH_LOOPS; 0 lets each run OUTBOX_DISPATCH_LOOPS whatever the others do",
+};
 /// `OUTBOX_DISPATCH_VACUUM_EVERY`: [`DispatcherConfig::vacuum_every`].
 pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {
     name: "OUTBOX_DISPATCH_VACUUM_EVERY",
@@ -155,6 +173,12 @@ pub struct DispatcherConfig {
     /// that claims a whole batch wakes an idle one, so a backlog keeps them
     /// all busy while a trickle keeps at most those first ones busy.
     pub loops: usize,
+    /// Loops all the dispatchers listening on the database run between
+    /// them ([`DEFAULT_LOOPS_TOTAL`]): every second this dispatcher counts
+    /// them and runs [`crate::loops_to_run`] of its `loops`; the rest wait
+    /// holding no connection. 0 runs all of `loops` whatever the others
+    /// do; so does a dispatcher without `listen` (it is not counted).
+    pub loops_total: usize,
     /// Failed hand-offs retried before a row is dead-lettered (FAILED).
     pub max_retries: u32,
     /// Lease of a claimed row; past it, another dispatcher may re-claim it.
@@ -183,6 +207,7 @@ impl Default for DispatcherConfig {
             batch_size: DEFAULT_BATCH_SIZE,
             concurrency: DEFAULT_CONCURRENCY,
             loops: DEFAULT_LOOPS,
+            loops_total: DEFAULT_LOOPS_TOTAL,
             max_retries: DEFAULT_MAX_RETRIES,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
             backoff: DEFAULT_BACKOFF.to_vec(),
@@ -228,6 +253,7 @@ impl DispatcherConfig {
             batch_size: OUTBOX_DISPATCH_BATCH_SIZE.read_as(get)?,
             concurrency: OUTBOX_DISPATCH_CONCURRENCY.read_as(get)?,
             loops: OUTBOX_DISPATCH_LOOPS.read_as(get)?,
+            loops_total: OUTBOX_DISPATCH_LOOPS_TOTAL.read_as(get)?,
             vacuum_every: OUTBOX_DISPATCH_VACUUM_EVERY.read(get)?,
             max_retries: OUTBOX_MAX_RETRIES.read_as(get)?,
             lock_timeout: OUTBOX_LOCK_TIMEOUT_MS.read_millis(get)?,
@@ -260,6 +286,9 @@ impl DispatcherConfig {
         }
         if self.loops > MAX_LOOPS {
             return fail("OUTBOX_DISPATCH_LOOPS", "must be at most 64");
+        }
+        if self.loops_total > MAX_LOOPS_TOTAL {
+            return fail("OUTBOX_DISPATCH_LOOPS_TOTAL", "must be at most 4096");
         }
         if self.lock_timeout < MIN_LOCK_TIMEOUT {
             return fail("OUTBOX_LOCK_TIMEOUT_MS", "must be at least 1000");
@@ -448,6 +477,19 @@ mod tests {
             ..DispatcherConfig::default()
         };
         assert!(most.validate().is_ok());
+        let total = |loops_total| DispatcherConfig {
+            loops_total,
+            ..DispatcherConfig::default()
+        };
+        assert!(total(0).validate().is_ok(), "sharing off");
+        assert!(total(MAX_LOOPS_TOTAL).validate().is_ok());
+        let too_many = total(MAX_LOOPS_TOTAL + 1).validate().unwrap_err();
+        assert_eq!(too_many.field, "OUTBOX_DISPATCH_LOOPS_TOTAL");
+        assert_eq!(
+            too_many.problem,
+            format!("must be at most {MAX_LOOPS_TOTAL}"),
+            "the message names the bound"
+        );
     }
 
     #[test]

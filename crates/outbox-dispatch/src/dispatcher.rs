@@ -12,7 +12,7 @@ use outbox_pg::PgPool;
 use outbox_queue::RedisConnection;
 use outbox_queue::{OutboxJob, QueueNamespace, push_jobs};
 use outbox_trace::{TraceContext, continue_trace};
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::{Mutex, Notify, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, instrument};
 use uuid::Uuid;
@@ -108,6 +108,9 @@ pub struct Dispatcher {
     draining: Draining,
     /// Whether the ticks refresh `outbox_pending_due` themselves.
     pending_gauge: bool,
+    /// How many of the loops run: all of `config.loops` until the
+    /// dispatchers of the database are counted (see `crate::share`).
+    share: watch::Sender<usize>,
 }
 
 /// One batch of jobs for one queue.
@@ -138,6 +141,7 @@ impl Dispatcher {
         config: DispatcherConfig,
     ) -> Result<Self, DispatchError> {
         config.validate()?;
+        let share = watch::Sender::new(config.loops);
         Ok(Self {
             pool,
             database_url: database_url.into(),
@@ -152,6 +156,7 @@ impl Dispatcher {
             guard: None,
             draining: Draining::default(),
             pending_gauge: true,
+            share,
         })
     }
 
@@ -221,6 +226,17 @@ impl Dispatcher {
         &self.config
     }
 
+    /// How many of its [`DispatcherConfig::loops`] loops this dispatcher
+    /// runs now: its share of [`DispatcherConfig::loops_total`] among the
+    /// dispatchers listening on its database, counted every
+    /// [`crate::SHARE_RECOUNT`] while [`Dispatcher::run`] runs (see
+    /// [`crate::loops_to_run`]). The other loops wait, holding no
+    /// connection.
+    #[must_use]
+    pub fn loops_running(&self) -> usize {
+        *self.share.borrow()
+    }
+
     /// Wakes the run loop now (as an insert notification would).
     pub fn wake(&self) {
         self.wake.notify_one();
@@ -262,6 +278,16 @@ impl Dispatcher {
                 .clone()
                 .run(self.pool.clone(), shutdown.child_token()),
         );
+        let share = (self.config.listen && self.config.loops_total > 0 && self.config.loops > 1)
+            .then(|| {
+                tokio::spawn(crate::share::run(
+                    self.pool.clone(),
+                    self.config.loops,
+                    self.config.loops_total,
+                    self.share.clone(),
+                    shutdown.child_token(),
+                ))
+            });
         let unrouted_watch = tokio::spawn(unrouted::watch(
             self.pool.clone(),
             self.router.clone(),
@@ -272,12 +298,14 @@ impl Dispatcher {
             batch_size = self.config.batch_size,
             concurrency = self.config.concurrency,
             loops = self.config.loops,
+            loops_total = self.config.loops_total,
             vacuum_every = self.config.vacuum_every,
             interval_ms = self.config.interval.as_millis() as u64,
             namespace = self.namespace.prefix(),
             redis_guard = guard.is_some(),
             "dispatcher started"
         );
+        metrics::gauge!("outbox_dispatch_loops_running").set(self.loops_running() as f64);
         let loops: Vec<_> = (0..self.config.loops)
             .map(|n| {
                 let role = if n < WAKE_LOOPS {
@@ -285,7 +313,7 @@ impl Dispatcher {
                 } else {
                     LoopRole::Helping
                 };
-                tokio::spawn(self.clone().run_loop(shutdown.clone(), role))
+                tokio::spawn(self.clone().run_loop(shutdown.clone(), role, n))
             })
             .collect();
         for (n, handle) in loops.into_iter().enumerate() {
@@ -303,6 +331,9 @@ impl Dispatcher {
         // takes a while); the server finishes or abandons it on its own.
         upkeep.abort();
         unrouted_watch.abort();
+        if let Some(share) = share {
+            share.abort();
+        }
         if let Some(guard) = guard {
             let _ = guard.await;
         }
@@ -310,30 +341,51 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// One of the [`DispatcherConfig::loops`] loops of [`Dispatcher::run`]:
-    /// ticks back to back while its batches come back full (waking an idle
-    /// sibling each time, since more rows are probably due), otherwise
-    /// waits: an answering loop for a wake-up or the poll interval, a
-    /// helping one for a full claim of another loop (`tick_until` wakes it). With wake-ups on, what
-    /// an answering loop does after a tick that was not full follows the
-    /// wake gate ([`Next::after`]); a helping one leaves the gate alone.
-    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, role: LoopRole) {
+    /// One of the [`DispatcherConfig::loops`] loops of [`Dispatcher::run`],
+    /// the `n`th from 0: ticks back to back while its batches come back
+    /// full (waking an idle sibling each time, since more rows are probably
+    /// due), otherwise waits: an answering loop for a wake-up or the poll
+    /// interval, a helping one for a full claim of another loop
+    /// (`tick_until` wakes it). With wake-ups on, what an answering loop
+    /// does after a tick that was not full follows the wake gate
+    /// ([`Next::after`]); a helping one leaves the gate alone. While `n` is
+    /// not below [`Dispatcher::loops_running`] the loop is parked: it
+    /// claims nothing until the share grows.
+    async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, role: LoopRole, n: usize) {
         let helping = matches!(role, LoopRole::Helping);
         let gate = match role {
             LoopRole::Answering(gate) => gate,
             LoopRole::Helping => None,
         };
-        if helping {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = self.more.notified() => {}
-            }
-        }
+        let mut share = self.share.subscribe();
         // Whether the gate counts this loop as ticking back to back.
         let mut counted_busy = false;
         // Whether `draining` counts this loop's last tick as full.
         let mut counted_full = false;
+        // A helping loop waits for a full claim of another loop before it
+        // ticks.
+        let mut wait_for_more = helping;
         while !shutdown.is_cancelled() {
+            if n >= *share.borrow_and_update() {
+                // Parked: what it counted as busy or full no longer holds.
+                self.draining.record(&mut counted_full, false);
+                if let Some(gate) = &gate {
+                    gate.busy(&mut counted_busy, false);
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = share.changed() => {}
+                }
+                continue;
+            }
+            if wait_for_more {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = self.more.notified() => wait_for_more = false,
+                    // Parked meanwhile, or not: look again.
+                    _ = share.changed() => continue,
+                }
+            }
             let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
                     self.upkeep.count(report.claimed);
@@ -370,16 +422,15 @@ impl Dispatcher {
                 continue;
             }
             if helping {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = self.more.notified() => {}
-                }
+                wait_for_more = true;
                 continue;
             }
             tokio::select! {
                 () = shutdown.cancelled() => break,
                 () = self.wake.notified() => {}
                 () = tokio::time::sleep(self.config.interval) => {}
+                // Parked now, or not: look again (a tick too many at worst).
+                _ = share.changed() => {}
             }
         }
         self.draining.record(&mut counted_full, false);

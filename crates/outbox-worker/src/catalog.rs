@@ -105,6 +105,11 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
         "LISTEN connection re-established",
     ),
     (
+        "outbox_dispatch_loops_running",
+        Kind::Gauge,
+        "Dispatch loops this process runs: its share of OUTBOX_DISPATCH_LOOPS_TOTAL",
+    ),
+    (
         "outbox_dispatch_vacuums_total",
         Kind::Counter,
         "VACUUM rounds of outbox_event run by the dispatcher (OUTBOX_DISPATCH_VACUUM_EVERY)",

@@ -110,6 +110,7 @@ pub fn variables(group: Group) -> Vec<Variable> {
         dispatch::OUTBOX_DISPATCH_BATCH_SIZE.into(),
         dispatch::OUTBOX_DISPATCH_CONCURRENCY.into(),
         dispatch::OUTBOX_DISPATCH_LOOPS.into(),
+        dispatch::OUTBOX_DISPATCH_LOOPS_TOTAL.into(),
         dispatch::OUTBOX_DISPATCH_VACUUM_EVERY.into(),
         dispatch::OUTBOX_MAX_RETRIES.into(),
         dispatch::OUTBOX_LOCK_TIMEOUT_MS.into(),

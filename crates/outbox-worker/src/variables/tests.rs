@@ -6,7 +6,8 @@ use std::cell::RefCell;
 
 use outbox_dispatch::{
     OUTBOX_DISPATCH_BATCH_SIZE, OUTBOX_DISPATCH_CONCURRENCY, OUTBOX_DISPATCH_INTERVAL_MS,
-    OUTBOX_DISPATCH_LOOPS, OUTBOX_DISPATCH_VACUUM_EVERY, RedisGuardSettings, RetentionConfig,
+    OUTBOX_DISPATCH_LOOPS, OUTBOX_DISPATCH_LOOPS_TOTAL, OUTBOX_DISPATCH_VACUUM_EVERY,
+    RedisGuardSettings, RetentionConfig,
 };
 use outbox_subscriber::{WORKER_HEARTBEAT_MS, WorkerSettings};
 use outbox_subscriber_mail::SmtpSettings;
@@ -107,6 +108,7 @@ fn the_definitions_are_the_libraries_defaults_and_bounds() {
         OUTBOX_DISPATCH_BATCH_SIZE,
         OUTBOX_DISPATCH_CONCURRENCY,
         OUTBOX_DISPATCH_LOOPS,
+        OUTBOX_DISPATCH_LOOPS_TOTAL,
         OUTBOX_DISPATCH_VACUUM_EVERY,
     ] {
         for end in [spec.min, spec.max] {
