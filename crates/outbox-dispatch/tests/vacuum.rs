@@ -49,23 +49,7 @@ async fn manual_vacuums(h: &Harness) -> i64 {
 /// finds autovacuum at the table is skipped (`SKIP_LOCKED`), which would
 /// leave a test waiting for it.
 async fn without_autovacuum(h: &Harness) {
-    h.conn()
-        .await
-        // Each table that holds rows: the table, or each of its partitions.
-        .batch_execute(
-            "DO $$
-             DECLARE t regclass;
-             BEGIN
-                 FOR t IN SELECT c.oid FROM pg_class c
-                          WHERE c.relkind = 'r'
-                            AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
-                                          UNION ALL SELECT 'outbox_event'::regclass) LOOP
-                     EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', t);
-                 END LOOP;
-             END $$",
-        )
-        .await
-        .unwrap();
+    common::without_autovacuum(&mut h.conn().await).await;
 }
 
 // Break checked: a dispatcher that never starts its upkeep task leaves

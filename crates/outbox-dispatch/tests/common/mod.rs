@@ -281,3 +281,97 @@ pub async fn exec(conn: &mut AsyncPgConnection, sql: &str) {
         .await
         .unwrap();
 }
+
+/// Turns autovacuum off for `outbox_event`: the table, or each of its
+/// partitions when it is partitioned (a partitioned parent takes no
+/// storage parameter).
+pub async fn without_autovacuum(conn: &mut AsyncPgConnection) {
+    exec(
+        conn,
+        "DO $$
+         DECLARE t regclass;
+         BEGIN
+             FOR t IN SELECT c.oid FROM pg_class c
+                      WHERE c.relkind = 'r'
+                        AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
+                                      UNION ALL SELECT 'outbox_event'::regclass) LOOP
+                 EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', t);
+             END LOOP;
+         END $$",
+    )
+    .await;
+}
+
+/// Whether `outbox_event` is partitioned in this database
+/// (`OUTBOX_TEST_PARTITIONED=1` runs).
+pub async fn partitioned(conn: &mut AsyncPgConnection) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct Kind {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        partitioned: bool,
+    }
+    diesel::sql_query(
+        "SELECT relkind = 'p' AS partitioned FROM pg_class WHERE oid = 'outbox_event'::regclass",
+    )
+    .get_result::<Kind>(conn)
+    .await
+    .unwrap()
+    .partitioned
+}
+
+/// What a statement read of `outbox_event` (or its partitions), measured
+/// by running it under `EXPLAIN (ANALYZE, FORMAT JSON)` in a transaction
+/// that is rolled back.
+#[derive(Debug, Default)]
+pub struct Reads {
+    /// Rows its scans of the table read: returned plus filtered out.
+    pub rows: f64,
+    /// Of those, the rows sequential scans read.
+    pub sequential: f64,
+    /// The joins in its plan.
+    pub joins: Vec<String>,
+    /// The indexes its scans used.
+    pub indexes: Vec<String>,
+}
+
+/// [`Reads`] of `sql` (a statement with no parameters left).
+pub async fn reads(conn: &mut AsyncPgConnection, sql: &str) -> Reads {
+    #[derive(diesel::QueryableByName)]
+    struct Plan {
+        #[diesel(sql_type = diesel::sql_types::Text, column_name = "QUERY PLAN")]
+        json: String,
+    }
+    fn walk(node: &serde_json::Value, reads: &mut Reads) {
+        let kind = node["Node Type"].as_str().unwrap_or_default();
+        let relation = node["Relation Name"].as_str().unwrap_or_default();
+        if kind.ends_with("Join") || kind == "Nested Loop" {
+            reads.joins.push(kind.to_owned());
+        }
+        if relation.starts_with("outbox_event") && kind.contains("Scan") {
+            let loops = node["Actual Loops"].as_f64().unwrap_or(1.0);
+            let rows = (node["Actual Rows"].as_f64().unwrap_or(0.0)
+                + node["Rows Removed by Filter"].as_f64().unwrap_or(0.0))
+                * loops;
+            reads.rows += rows;
+            if kind == "Seq Scan" {
+                reads.sequential += rows;
+            }
+            if let Some(index) = node["Index Name"].as_str() {
+                reads.indexes.push(index.to_owned());
+            }
+        }
+        for child in node["Plans"].as_array().into_iter().flatten() {
+            walk(child, reads);
+        }
+    }
+    exec(conn, "BEGIN").await;
+    let plan: Plan = diesel::sql_query(format!("EXPLAIN (ANALYZE, FORMAT JSON) {sql}"))
+        .get_result(conn)
+        .await
+        .unwrap();
+    exec(conn, "ROLLBACK").await;
+    let plan: serde_json::Value = serde_json::from_str(&plan.json).unwrap();
+    let mut reads = Reads::default();
+    walk(&plan[0]["Plan"], &mut reads);
+    reads
+}
