@@ -5,8 +5,9 @@
 //! over the claim index entries of the rows the other claims hold locked,
 //! so the index entries read per row handed off grow with the claims
 //! running at once across the whole deployment, not per process: on two
-//! cores, eight processes of four loops handed off at 0.85 to 0.90 of one
-//! process's rate, eight of one loop at 0.96 (docs/scaling.md).
+//! cores, eight processes of four loops handed off at 0.76 to 0.90 of one
+//! process's rate, and at 1.03 of it once they shared eight loops
+//! (docs/scaling.md, "Loops shared across the deployment").
 //!
 //! So the dispatchers of one database share a budget of loops,
 //! [`DispatcherConfig::loops_total`]: each counts the dispatchers listening
