@@ -56,7 +56,7 @@ pub const MAX_LOOPS: usize = 64;
 /// scaling`, docs/scaling.md): one or two processes of four loops hand off
 /// as fast as any number, while eight of four loops (32 claims at once)
 /// handed off at 0.76 to 0.90 of one process's rate, and eight sharing
-/// eight loops at 1.03 of it once running.
+/// eight loops at 0.85 to 1.08 of it (the machine's spread).
 pub const DEFAULT_LOOPS_TOTAL: usize = 8;
 /// The largest `OUTBOX_DISPATCH_LOOPS_TOTAL` accepted.
 pub const MAX_LOOPS_TOTAL: usize = 4096;
@@ -122,7 +122,7 @@ pub const OUTBOX_DISPATCH_LOOPS_TOTAL: Whole = Whole {
     default: DEFAULT_LOOPS_TOTAL as u64,
     min: 0,
     max: MAX_LOOPS_TOTAL as u64,
-    meaning: "claim-and-hand-off loops all the dispatchers listening on this database run between them: each runs this divided by their number, rounded up, at least 1 and at most OUTBOX_DISPATCH_LOOPS; 0 lets each run OUTBOX_DISPATCH_LOOPS whatever the others do",
+    meaning: "claim-and-hand-off loops all the dispatchers listening on this database run between them: each runs its share (the total divided between them), at least 1 and at most OUTBOX_DISPATCH_LOOPS; 0 lets each run OUTBOX_DISPATCH_LOOPS whatever the others do",
 };
 /// `OUTBOX_DISPATCH_VACUUM_EVERY`: [`DispatcherConfig::vacuum_every`].
 pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {

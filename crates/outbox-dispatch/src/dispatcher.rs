@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::AtomicI32;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -242,7 +243,8 @@ impl Dispatcher {
         self.wake.notify_one();
     }
 
-    /// Runs until `shutdown` is cancelled, in `config.loops` loops at once:
+    /// Runs until `shutdown` is cancelled, in `config.loops` loops at once
+    /// (or its share of `config.loops_total`, [`Dispatcher::loops_running`]):
     /// a loop ticks on an insert notification (when `config.listen`), every
     /// `config.interval`, and back to back while full batches keep coming,
     /// waking an idle loop each time. On shutdown each loop claims nothing more,
@@ -253,10 +255,14 @@ impl Dispatcher {
     ///
     /// None so far: tick errors are logged and retried at the next tick.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) -> Result<(), DispatchError> {
+        // The listener's backend, by which the dispatchers of the database
+        // rank themselves when they share their loops.
+        let listener_pid = Arc::new(AtomicI32::new(0));
         let listener = self.config.listen.then(|| {
             tokio::spawn(crate::listener::listen(
                 self.database_url.clone(),
                 self.wake.clone(),
+                listener_pid.clone(),
                 shutdown.child_token(),
             ))
         });
@@ -284,6 +290,7 @@ impl Dispatcher {
                     self.pool.clone(),
                     self.config.loops,
                     self.config.loops_total,
+                    listener_pid.clone(),
                     self.share.clone(),
                     shutdown.child_token(),
                 ))
@@ -367,11 +374,19 @@ impl Dispatcher {
         let mut wait_for_more = helping;
         while !shutdown.is_cancelled() {
             if n >= *share.borrow_and_update() {
-                // Parked: what it counted as busy or full no longer holds.
+                // Parked: what it counted as busy or full no longer holds. A
+                // loop that found nothing while this one ticked back to back
+                // left the gate to it: the last busy loop to park asks for
+                // it, as it would after an empty claim.
                 self.draining.record(&mut counted_full, false);
-                if let Some(gate) = &gate {
-                    gate.busy(&mut counted_busy, false);
+                if let Some(gate) = &gate
+                    && counted_busy
+                    && !gate.idle_while_another_is_busy(&mut counted_busy)
+                {
+                    gate.want();
                 }
+                // Unparked, a helping loop waits for a full claim again.
+                wait_for_more = helping;
                 tokio::select! {
                     () = shutdown.cancelled() => break,
                     _ = share.changed() => {}
@@ -410,7 +425,7 @@ impl Dispatcher {
                 gate.release();
             }
             self.draining.record(&mut counted_full, full);
-            if full && self.config.loops > 1 {
+            if full && self.loops_running() > 1 {
                 self.wake.notify_one();
             }
             let next = Next::after(
@@ -479,7 +494,7 @@ impl Dispatcher {
             return Ok(report);
         }
         metrics::counter!("outbox_dispatch_claimed_total").increment(claimed.len() as u64);
-        if report.was_full(self.config.batch_size) && self.config.loops > WAKE_LOOPS {
+        if report.was_full(self.config.batch_size) && self.loops_running() > WAKE_LOOPS {
             // More rows are probably due: a helping loop claims them while
             // this tick pushes.
             self.more.notify_one();

@@ -2,6 +2,7 @@
 //! (opened like the pool's, with the URL's `sslmode`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
@@ -18,12 +19,20 @@ pub const LISTENER_APPLICATION_NAME: &str = "outbox-dispatcher-listener";
 /// connection drops it reconnects with backoff (100 ms doubling to 5 s), and
 /// after every (re)connect it wakes the dispatcher once to catch up on
 /// anything inserted while nobody listened. The poll interval stays the
-/// safety net throughout.
-pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: CancellationToken) {
+/// safety net throughout. `pid` holds the listening backend's process id
+/// while connected (0 when unknown), by which the dispatchers of a
+/// database rank themselves (`crate::share`).
+pub async fn listen(
+    database_url: String,
+    wake: Arc<Notify>,
+    pid: Arc<AtomicI32>,
+    shutdown: CancellationToken,
+) {
     let mut delay = Duration::from_millis(100);
     while !shutdown.is_cancelled() {
         match connect(&database_url).await {
-            Ok(mut conn) => {
+            Ok((mut conn, backend)) => {
+                pid.store(backend, Ordering::Release);
                 tracing::info!(channel = NOTIFY_CHANNEL, "dispatcher listening for inserts");
                 delay = Duration::from_millis(100);
                 wake.notify_one();
@@ -44,6 +53,7 @@ pub async fn listen(database_url: String, wake: Arc<Notify>, shutdown: Cancellat
                         }
                     }
                 }
+                pid.store(0, Ordering::Release);
                 metrics::counter!("outbox_dispatch_listener_reconnects_total").increment(1);
             }
             Err(e) => {
@@ -65,12 +75,34 @@ pub(crate) fn next_delay(delay: Duration) -> Duration {
     (delay * 2).min(Duration::from_secs(5))
 }
 
-async fn connect(database_url: &str) -> Result<AsyncPgConnection, String> {
-    dedicated(
-        database_url,
-        &format!("SET application_name = '{LISTENER_APPLICATION_NAME}'; LISTEN {NOTIFY_CHANNEL}"),
+/// The process id of `conn`'s backend; 0 when it cannot be read.
+async fn backend_pid(conn: &mut AsyncPgConnection) -> i32 {
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    diesel_async::RunQueryDsl::get_result::<Pid>(
+        diesel::sql_query("SELECT pg_backend_pid() AS pid"),
+        conn,
     )
     .await
+    .map_or(0, |row| row.pid)
+}
+
+/// The listening connection and its backend's process id. `LISTEN` comes
+/// last, so that `pg_stat_activity` shows it as the connection's query.
+async fn connect(database_url: &str) -> Result<(AsyncPgConnection, i32), String> {
+    let mut conn = dedicated(
+        database_url,
+        &format!("SET application_name = '{LISTENER_APPLICATION_NAME}'"),
+    )
+    .await?;
+    let backend = backend_pid(&mut conn).await;
+    conn.batch_execute(&format!("LISTEN {NOTIFY_CHANNEL}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((conn, backend))
 }
 
 /// A connection of its own outside the pool (opened like the pool's, with
