@@ -179,6 +179,18 @@ pub struct DispatcherConfig {
     /// them and runs [`crate::loops_to_run`] of its `loops`; the rest wait
     /// holding no connection. 0 runs all of `loops` whatever the others
     /// do; so does a dispatcher without `listen` (it is not counted).
+    ///
+    /// ```
+    /// use outbox_dispatch::{DispatcherConfig, loops_to_run};
+    ///
+    /// // A database server with more cores: sixteen loops between them.
+    /// let get = |name: &str| (name == "OUTBOX_DISPATCH_LOOPS_TOTAL").then(|| "16".to_owned());
+    /// let config = DispatcherConfig::from_lookup(&get)?;
+    /// assert_eq!(config.loops_total, 16);
+    /// // Each of four dispatchers then runs all of its four loops.
+    /// assert_eq!(loops_to_run(config.loops, config.loops_total, 4, 0), 4);
+    /// # Ok::<(), outbox_env::VariableError>(())
+    /// ```
     pub loops_total: usize,
     /// Failed hand-offs retried before a row is dead-lettered (FAILED).
     pub max_retries: u32,

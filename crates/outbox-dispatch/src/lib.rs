@@ -46,8 +46,9 @@
 //! `outbox_dispatch_listener_reconnects_total`, `outbox_dispatch_vacuums_total`,
 //! `outbox_retention_deleted_total`;
 //! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
-//! gauges `outbox_pending_due`, `outbox_unrouted_waiting` and
-//! `outbox_unrouted_failed`; from the Redis guard and reconciliation,
+//! gauges `outbox_pending_due`, `outbox_unrouted_waiting`,
+//! `outbox_unrouted_failed` and `outbox_dispatch_loops_running` (this
+//! dispatcher's share of `OUTBOX_DISPATCH_LOOPS_TOTAL`); from the Redis guard and reconciliation,
 //! `outbox_redis_loss_detected_total{reason}`,
 //! `outbox_reconcile_checked_total{queue}`, `outbox_reconcile_missing_total{queue}`
 //! and `outbox_reconcile_repushed_total{queue}`. They go to whatever `metrics` recorder the
@@ -103,5 +104,5 @@ pub use retention::{
 };
 pub use router::{RouteError, Router};
 pub use routes_file::{OUTBOX_ROUTES_FILE, RoutesFileError};
-pub use share::{LIVE_DISPATCHERS_SQL, RECOUNT as SHARE_RECOUNT, live_dispatchers, loops_to_run};
+pub use share::{RECOUNT as SHARE_RECOUNT, loops_to_run};
 pub use vacuum::FIRST_VACUUM_ROUND;

@@ -44,7 +44,7 @@ const FIRST_COUNT: Duration = Duration::from_millis(100);
 /// The dispatchers listening on the current database, and how many of
 /// them listen on a backend with a lower process id than `$2` (this
 /// dispatcher's rank among them).
-pub const LIVE_DISPATCHERS_SQL: &str = "SELECT count(*) AS dispatchers, \
+pub(crate) const LIVE_DISPATCHERS_SQL: &str = "SELECT count(*) AS dispatchers, \
      count(*) FILTER (WHERE pid < $2) AS before \
      FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1";
 
@@ -91,7 +91,10 @@ struct Live {
 /// # Errors
 ///
 /// When Postgres fails.
-pub async fn live_dispatchers(pool: &PgPool, pid: i32) -> Result<(usize, usize), DispatchError> {
+pub(crate) async fn live_dispatchers(
+    pool: &PgPool,
+    pid: i32,
+) -> Result<(usize, usize), DispatchError> {
     let mut conn = pool.get().await?;
     let live: Live = diesel::sql_query(LIVE_DISPATCHERS_SQL)
         .bind::<Text, _>(LISTENER_APPLICATION_NAME)
