@@ -60,16 +60,18 @@ async fn convert(cli: &Cli, args: &ConvertArgs) -> Outcome {
             "ahead": args.ahead,
             "legacy_until": converted.legacy_until,
             "dispatch_keys": converted.keys,
+            "dispatch_keys_rechecked": converted.keys_rechecked,
             "created": converted.created,
             "locked_ms": converted.locked_for.as_secs_f64() * 1000.0,
         }))?;
     } else {
         println!(
-            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) copied, partitions created: {}; the table was locked for {:.1} ms",
+            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) copied ({} written meanwhile, read again under the lock), partitions created: {}; the table was locked for {:.1} ms",
             args.unit,
             crate::render::utc(converted.legacy_until),
             outbox_store::LEGACY_PARTITION,
             converted.keys,
+            converted.keys_rechecked,
             converted.created.join(", "),
             converted.locked_for.as_secs_f64() * 1000.0
         );

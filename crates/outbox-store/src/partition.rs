@@ -27,10 +27,11 @@
 //!
 //! # Locks
 //!
-//! The conversion validates its bound and builds its two indexes without
-//! blocking writers, then swaps the tables in one transaction that holds
-//! `ACCESS EXCLUSIVE` on `outbox_event` for as long as copying the held
-//! dispatch keys takes (milliseconds without keys). Creating and dropping
+//! The conversion validates its bound, builds its two indexes and copies
+//! the held dispatch keys without blocking writers, then swaps the tables
+//! in one transaction that holds `ACCESS EXCLUSIVE` on `outbox_event` for
+//! as long as reading again the keys written during the copy takes
+//! (milliseconds, whatever the number of keys). Creating and dropping
 //! partitions take `ACCESS EXCLUSIVE` on the parent for a moment. Every
 //! such statement runs with a `lock_timeout` ([`LOCK_TIMEOUT`]), so it
 //! gives up instead of queueing producers behind a long transaction.
@@ -243,8 +244,13 @@ pub async fn partitioned_by_other_means(conn: &mut AsyncPgConnection) -> Result<
 pub struct Converted {
     /// Rows created before this are in [`LEGACY_PARTITION`].
     pub legacy_until: DateTime<Utc>,
-    /// Dispatch keys copied into `outbox_dispatch_key`.
+    /// Dispatch keys held in `outbox_dispatch_key` after the conversion:
+    /// one per row of the table that held a key.
     pub keys: i64,
+    /// Of those, the keys that writers took, changed or gave up while they
+    /// were copied before the lock, and that were therefore read again
+    /// under it.
+    pub keys_rechecked: i64,
     /// The partitions created after the legacy one.
     pub created: Vec<String>,
     /// How long the swap's transaction held `ACCESS EXCLUSIVE` on
@@ -302,16 +308,18 @@ async fn is_partitioned(conn: &mut AsyncPgConnection) -> Result<bool> {
 ///    validated (writers go on meanwhile);
 /// 2. the unique index `(id, created_at)` and an index on `dispatch_key`,
 ///    built `CONCURRENTLY`;
-/// 3. one transaction under `ACCESS EXCLUSIVE`: the table is renamed to
+/// 3. the dispatch keys the rows hold, copied into `outbox_dispatch_key`,
+///    with triggers noting every key written meanwhile;
+/// 4. one transaction under `ACCESS EXCLUSIVE`: the table is renamed to
 ///    the legacy partition, a partitioned `outbox_event` with the same
 ///    columns, defaults, checks, indexes, triggers, comments, owner and
 ///    grants is created,
-///    the legacy table is attached, the held dispatch keys are copied to
-///    `outbox_dispatch_key`, and the default and future partitions are
-///    created.
+///    the legacy table is attached, the keys noted during step 3 are read
+///    again from it, and the default and future partitions are created.
 ///
-/// When a step fails the constraint of step 1 is removed again, so the
-/// table takes rows created after the bound as before.
+/// When a step fails the constraint of step 1, the copy of step 3 and its
+/// triggers are removed again, so the table takes rows created after the
+/// bound as before.
 ///
 /// # Errors
 ///
@@ -345,6 +353,7 @@ pub async fn convert_to_partitioned(
                 "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound",
             )
             .await;
+        forget_keys_ahead(conn).await;
     }
     result
 }
@@ -404,20 +413,120 @@ async fn convert_below(
         }
         conn.batch_execute(def).await?;
     }
+    let copied = copy_keys_ahead(conn).await?;
     let started = std::time::Instant::now();
     let mut converted = conn
-        .transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound).await)
+        .transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound, copied).await)
         .await?;
     converted.locked_for = started.elapsed();
     Ok(converted)
 }
 
-/// Step 3 of [`convert_to_partitioned`], inside its transaction.
+/// The table noting the dispatch keys of rows written while
+/// [`copy_keys_ahead`] copies (dropped by the swap).
+const KEYS_CHANGED: &str = "outbox_dispatch_key_changed";
+
+/// The triggers that fill [`KEYS_CHANGED`], on the table being converted.
+const NOTE_TRIGGERS: [&str; 3] = [
+    "outbox_event_note_dispatch_key_insert",
+    "outbox_event_note_dispatch_key_update",
+    "outbox_event_note_dispatch_key_delete",
+];
+
+/// Step 3 of [`convert_to_partitioned`], before the lock: copies the
+/// dispatch keys the rows hold into `outbox_dispatch_key` while writers
+/// go on, and notes in [`KEYS_CHANGED`] every key a writer takes, changes
+/// or gives up from just before the copy's snapshot on, so that the swap
+/// checks only those again under its lock. Returns how many it copied.
+///
+/// The triggers are created in a transaction of their own before the
+/// copy starts. Creating them waits for the writers in flight, so a
+/// write the copy's snapshot does not see ran with them in place and was
+/// noted.
+async fn copy_keys_ahead(conn: &mut AsyncPgConnection) -> Result<i64> {
+    let ddl = format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {KEYS_CHANGED} (dispatch_key text NOT NULL);
+         COMMENT ON TABLE {KEYS_CHANGED} IS
+             'While outbox partition convert runs: the dispatch keys of rows written during its copy of the held keys (dropped when it ends).';
+         CREATE OR REPLACE FUNCTION outbox_dispatch_key_note() RETURNS trigger
+             LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+         BEGIN
+             IF TG_OP <> 'INSERT' AND OLD.dispatch_key IS NOT NULL THEN
+                 INSERT INTO {KEYS_CHANGED} (dispatch_key) VALUES (OLD.dispatch_key);
+             END IF;
+             IF TG_OP <> 'DELETE' AND NEW.dispatch_key IS NOT NULL THEN
+                 INSERT INTO {KEYS_CHANGED} (dispatch_key) VALUES (NEW.dispatch_key);
+             END IF;
+             RETURN NULL;
+         END;
+         $$;"
+    );
+    conn.batch_execute(&ddl).await?;
+    let mut ddl = format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+         TRUNCATE {KEYS_CHANGED};\n"
+    );
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!(
+            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
+        ));
+    }
+    let [insert, update, delete] = NOTE_TRIGGERS;
+    ddl.push_str(&format!(
+        "CREATE TRIGGER {insert} AFTER INSERT ON outbox_event
+             FOR EACH ROW WHEN (NEW.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_note();
+         CREATE TRIGGER {update} AFTER UPDATE OF dispatch_key ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS DISTINCT FROM NEW.dispatch_key)
+             EXECUTE FUNCTION outbox_dispatch_key_note();
+         CREATE TRIGGER {delete} AFTER DELETE ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_note();"
+    ));
+    conn.transaction::<_, StoreError, _>(async |conn| Ok(conn.batch_execute(&ddl).await?))
+        .await?;
+    // Unused while the table is one table: whatever an interrupted
+    // conversion left there goes.
+    conn.batch_execute("TRUNCATE outbox_dispatch_key").await?;
+    let copied: Count = diesel::sql_query(
+        "WITH copied AS (
+             INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+             SELECT dispatch_key, id, created_at FROM outbox_event
+             WHERE dispatch_key IS NOT NULL
+             ON CONFLICT (dispatch_key) DO NOTHING
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM copied",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(copied.n)
+}
+
+/// Undoes [`copy_keys_ahead`] after a conversion failed (best effort).
+async fn forget_keys_ahead(conn: &mut AsyncPgConnection) {
+    let mut ddl = format!("SET lock_timeout = '{LOCK_TIMEOUT}';\n");
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!(
+            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
+        ));
+    }
+    ddl.push_str(&format!(
+        "DROP TABLE IF EXISTS {KEYS_CHANGED};
+         DROP FUNCTION IF EXISTS outbox_dispatch_key_note();
+         TRUNCATE outbox_dispatch_key;
+         RESET lock_timeout;"
+    ));
+    let _ = conn.batch_execute(&ddl).await;
+}
+
+/// Step 4 of [`convert_to_partitioned`], inside its transaction.
 async fn swap(
     conn: &mut AsyncPgConnection,
     unit: PartitionUnit,
     ahead: u32,
     bound: DateTime<Utc>,
+    copied: i64,
 ) -> Result<Converted> {
     let bound_sql = sql_instant(bound);
     conn.batch_execute(&format!(
@@ -439,6 +548,7 @@ async fn swap(
     let triggers: Vec<Definition> = diesel::sql_query(
         "SELECT tgname::text AS name, pg_get_triggerdef(oid) AS def
          FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal
+           AND tgname NOT LIKE 'outbox_event_note_dispatch_key_%'
          ORDER BY tgname",
     )
     .load(conn)
@@ -515,22 +625,50 @@ async fn swap(
              VALUES ('{unit}', {ahead}, now(), {bound_sql});\n"
     ));
     conn.batch_execute(&ddl).await?;
-    let keys: Count = diesel::sql_query(
-        "WITH copied AS (
+    // The keys written since the copy's snapshot: read again from the
+    // table, which nobody writes now.
+    let mut ddl = String::new();
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!("DROP TRIGGER {trigger} ON outbox_event_legacy;\n"));
+    }
+    ddl.push_str(&format!("ANALYZE {KEYS_CHANGED};"));
+    conn.batch_execute(&ddl).await?;
+    let rechecked: Count = diesel::sql_query(format!(
+        "SELECT count(DISTINCT dispatch_key) AS n FROM {KEYS_CHANGED}"
+    ))
+    .get_result(conn)
+    .await?;
+    let forgotten: Count = diesel::sql_query(format!(
+        "WITH gone AS (
+             DELETE FROM outbox_dispatch_key
+             WHERE dispatch_key IN (SELECT dispatch_key FROM {KEYS_CHANGED})
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM gone"
+    ))
+    .get_result(conn)
+    .await?;
+    let taken: Count = diesel::sql_query(format!(
+        "WITH taken AS (
              INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
              SELECT dispatch_key, id, created_at FROM outbox_event_legacy
-             WHERE dispatch_key IS NOT NULL
+             WHERE dispatch_key IN (SELECT dispatch_key FROM {KEYS_CHANGED})
              ON CONFLICT (dispatch_key) DO NOTHING
              RETURNING 1
          )
-         SELECT count(*) AS n FROM copied",
-    )
+         SELECT count(*) AS n FROM taken"
+    ))
     .get_result(conn)
+    .await?;
+    conn.batch_execute(&format!(
+        "DROP TABLE {KEYS_CHANGED}; DROP FUNCTION outbox_dispatch_key_note();"
+    ))
     .await?;
     let created = create_ahead(conn, unit, ahead, Some(bound)).await?;
     Ok(Converted {
         legacy_until: bound,
-        keys: keys.n,
+        keys: copied - forgotten.n + taken.n,
+        keys_rechecked: rechecked.n,
         created,
         locked_for: std::time::Duration::ZERO,
     })

@@ -37,6 +37,13 @@ async fn by_status(conn: &mut AsyncPgConnection) -> Vec<StatusCount> {
     .unwrap()
 }
 
+/// Whether the run has converted the test's databases already (the
+/// partitioned run): the tests of the conversion itself then have nothing
+/// to convert.
+async fn converted_already(conn: &mut AsyncPgConnection) -> bool {
+    outbox_store::partitioning(conn).await.unwrap().is_some()
+}
+
 /// Converts the test's database, unless the run has converted it already.
 async fn partitioned(conn: &mut AsyncPgConnection) {
     if outbox_store::partitioning(conn).await.unwrap().is_none() {
@@ -107,12 +114,8 @@ async fn partition_of(conn: &mut AsyncPgConnection, id: Uuid) -> String {
 #[tokio::test]
 async fn converting_keeps_every_row_in_every_state_where_it_was_and_the_claim_finds_the_due_ones() {
     let (_db, mut conn) = database().await;
-    if outbox_store::partitioning(&mut conn)
-        .await
-        .unwrap()
-        .is_some()
-    {
-        return; // the run's databases are converted already
+    if converted_already(&mut conn).await {
+        return;
     }
     let due = insert_row(&mut conn, new_row("audit.user.login")).await;
     let later = insert_row(&mut conn, new_row("audit.user.login")).await;
@@ -492,4 +495,186 @@ async fn partitions_ahead_are_cut_on_utc_boundaries_whatever_the_session_time_zo
     assert_eq!((again.from, again.to), (newest.from, newest.to));
     let from = again.from.unwrap();
     assert_eq!(from.timestamp() % 86_400, 0, "a UTC midnight: {from}");
+}
+
+/// Rows holding a key that no entry of `outbox_dispatch_key` names, plus
+/// entries that name no row holding their key: both must be zero.
+async fn keys_out_of_step(conn: &mut AsyncPgConnection) -> (i64, i64) {
+    #[derive(QueryableByName)]
+    struct Gaps {
+        #[diesel(sql_type = BigInt)]
+        unheld: i64,
+        #[diesel(sql_type = BigInt)]
+        stale: i64,
+    }
+    let gaps: Gaps = diesel::sql_query(
+        "SELECT count(*) FILTER (WHERE k.dispatch_key IS NULL) AS unheld,
+                count(*) FILTER (WHERE e.dispatch_key IS NULL) AS stale
+         FROM (SELECT dispatch_key, id FROM outbox_event WHERE dispatch_key IS NOT NULL) e
+         FULL JOIN outbox_dispatch_key k
+           ON k.dispatch_key = e.dispatch_key AND k.event_id = e.id",
+    )
+    .get_result(conn)
+    .await
+    .unwrap();
+    (gaps.unheld, gaps.stale)
+}
+
+/// What the conversion leaves only while it runs: the triggers noting keys
+/// written during its copy, and their table.
+async fn note_leftovers(conn: &mut AsyncPgConnection) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(
+        "SELECT (SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'outbox_event_note_dispatch_key_%')
+              + (SELECT count(*) FROM pg_class WHERE relname = 'outbox_dispatch_key_changed')
+              + (SELECT count(*) FROM pg_proc WHERE proname = 'outbox_dispatch_key_note') AS n",
+    )
+    .get_result::<Count>(conn)
+    .await
+    .unwrap()
+    .n
+}
+
+// The held keys are copied before the table is locked, while producers and
+// retention go on; the keys they wrote meanwhile are read again under the
+// lock. Break checked: without that second read (the swap's DELETE and
+// INSERT of the noted keys left out), the writes during the copy leave
+// rows whose key nobody holds and entries of rows that gave theirs up.
+#[tokio::test]
+async fn keys_written_while_the_conversion_copies_them_are_held_by_exactly_the_rows_holding_them() {
+    let (db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    // Enough held keys that the copy takes a while.
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, status, processed_at)
+         SELECT 'acme', 'mail.cart.reminder', '{}', 'seed-' || i, 'DONE', now()
+         FROM generate_series(1, 200000) AS i",
+    )
+    .await
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let mut conn = db.conn().await;
+        tokio::spawn(async move {
+            let mut written = 0_u64;
+            let mut i = 0_u64;
+            while !std::sync::atomic::AtomicBool::load(&stop, std::sync::atomic::Ordering::Relaxed)
+            {
+                i += 1;
+                // A new holder, a key given up (a dedupe window passed), a
+                // holder deleted (retention) and a key changed, each
+                // transaction on other seed rows.
+                let statements = format!(
+                    "BEGIN;
+                     INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key)
+                         VALUES ('acme', 'mail.cart.reminder', '{{}}', 'new-{i}');
+                     UPDATE outbox_event SET dispatch_key = NULL WHERE dispatch_key = 'seed-{a}';
+                     DELETE FROM outbox_event WHERE dispatch_key = 'seed-{b}';
+                     UPDATE outbox_event SET dispatch_key = 'moved-{i}' WHERE dispatch_key = 'seed-{c}';
+                     COMMIT;",
+                    a = 4 * i,
+                    b = 4 * i + 1,
+                    c = 4 * i + 2,
+                );
+                if conn.batch_execute(&statements).await.is_ok() {
+                    written += 1;
+                } else {
+                    let _ = conn.batch_execute("ROLLBACK").await;
+                }
+            }
+            written
+        })
+    };
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(
+        converted.keys_rechecked > 0,
+        "the writer wrote while the keys were copied ({written} transactions in all): {converted:?}"
+    );
+    assert_eq!(
+        keys_out_of_step(&mut conn).await,
+        (0, 0),
+        "every row holding a key, and only those, is named in outbox_dispatch_key \
+         (rows unheld, stale entries) after {written} writing transactions: {converted:?}"
+    );
+    assert_eq!(
+        note_leftovers(&mut conn).await,
+        0,
+        "the noting triggers are gone"
+    );
+    // A key changed by the writer keeps a second row out.
+    #[derive(QueryableByName)]
+    struct Key {
+        #[diesel(sql_type = Text)]
+        key: String,
+    }
+    let moved: Key = diesel::sql_query(
+        "SELECT dispatch_key AS key FROM outbox_event WHERE dispatch_key LIKE 'moved-%' LIMIT 1",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    let again = insert_keyed(&mut conn, &moved.key).await;
+    assert!(
+        matches!(again, Inserted::Existing(_)),
+        "{} is still held: {again:?}",
+        moved.key
+    );
+}
+
+#[tokio::test]
+async fn a_failed_conversion_leaves_no_key_copy_and_no_noting_trigger_and_can_run_again() {
+    let (_db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    insert_keyed(&mut conn, "cart-1").await;
+    // A table of that name makes the swap's rename fail, after the copy.
+    conn.batch_execute("CREATE TABLE outbox_event_legacy (x int)")
+        .await
+        .unwrap();
+    let err = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("outbox_event_legacy"), "{err}");
+    assert_eq!(
+        note_leftovers(&mut conn).await,
+        0,
+        "nothing of the copy is left"
+    );
+    assert_eq!(
+        by_status(&mut conn).await,
+        vec![StatusCount {
+            status: "PENDING".to_owned(),
+            n: 1
+        }]
+    );
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    let copied: Count = diesel::sql_query("SELECT count(*) AS n FROM outbox_dispatch_key")
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(copied.n, 0, "the one table's keys are not copied anywhere");
+    conn.batch_execute("DROP TABLE outbox_event_legacy")
+        .await
+        .unwrap();
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap();
+    assert_eq!(converted.keys, 1, "{converted:?}");
+    assert_eq!(keys_out_of_step(&mut conn).await, (0, 0));
 }
