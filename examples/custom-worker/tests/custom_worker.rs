@@ -102,21 +102,21 @@ async fn publish(db: &TestDatabase, event_type: &str, payload: serde_json::Value
     .id()
 }
 
-/// The operator CLI `outbox`, built if this test run did not build it
-/// (it is another package's binary, next to this one's).
+/// The operator CLI `outbox` (another package's binary, next to this
+/// one's), as the workspace's test build makes it: under `cargo nextest
+/// run --workspace` that build is done and this finds it fresh at once.
+/// A `cargo build` of the CLI alone would resolve other features, build
+/// it again (more than a minute) and swap the binary the CLI's own tests
+/// are running.
 fn outbox_cli() -> PathBuf {
     let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--package",
-            "outbox-cli",
-            "--bin",
-            "outbox",
-        ])
+        .args(["test", "--no-run", "--workspace", "--quiet"])
         .status()
         .unwrap();
-    assert!(status.success(), "cargo build of the outbox CLI failed");
+    assert!(
+        status.success(),
+        "cargo's test build of the workspace failed"
+    );
     let exe = std::env::current_exe().unwrap();
     // target/<profile>/deps/<this test> → target/<profile>/outbox
     exe.parent().unwrap().parent().unwrap().join("outbox")
