@@ -1,0 +1,414 @@
+//! Converting one `outbox_event` into a partitioned one
+//! ([`convert_to_partitioned`]): the checks and indexes built while writers
+//! go on, the copy of the held dispatch keys before the lock, and the swap
+//! under it.
+
+use chrono::{DateTime, Utc};
+use diesel::OptionalExtension;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use tracing::instrument;
+
+use super::{
+    Count, DEFAULT_PARTITION, Definition, Flag, Instant, LOCK_TIMEOUT, PartitionError,
+    PartitionUnit, create_ahead, is_partitioned, quote_ident, sql_instant,
+};
+use crate::{Result, StoreError};
+
+/// What [`convert_to_partitioned`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Converted {
+    /// Rows created before this are in [`LEGACY_PARTITION`](super::LEGACY_PARTITION).
+    pub legacy_until: DateTime<Utc>,
+    /// Dispatch keys held in `outbox_dispatch_key` after the conversion:
+    /// one per row of the table that held a key.
+    pub keys: i64,
+    /// Of those, the keys that writers took, changed or gave up while they
+    /// were copied before the lock, and that were therefore read again
+    /// under it.
+    pub keys_rechecked: i64,
+    /// The partitions created after the legacy one.
+    pub created: Vec<String>,
+    /// How long the swap's transaction held `ACCESS EXCLUSIVE` on
+    /// `outbox_event` (from its first lock to its commit): what writers and
+    /// dispatchers waited at most.
+    pub locked_for: std::time::Duration,
+}
+
+/// Converts `outbox_event` into a table partitioned by range on
+/// `created_at`, one partition per `unit`, and creates `ahead` partitions
+/// past the current one. The rows stay where they are: the table becomes
+/// the partition [`LEGACY_PARTITION`](super::LEGACY_PARTITION) for everything created before the
+/// end of the next `unit` (at least ten minutes from now), validated
+/// beforehand without blocking writers, so attaching it reads nothing.
+///
+/// Steps, each safe to run again after a failure:
+///
+/// 1. a `CHECK (created_at < bound)` constraint, added `NOT VALID` and then
+///    validated (writers go on meanwhile);
+/// 2. the unique index `(id, created_at)` and an index on `dispatch_key`,
+///    built `CONCURRENTLY`;
+/// 3. the dispatch keys the rows hold, copied into `outbox_dispatch_key`,
+///    with triggers noting every key written meanwhile;
+/// 4. one transaction under `ACCESS EXCLUSIVE`: the table is renamed to
+///    the legacy partition, a partitioned `outbox_event` with the same
+///    columns, defaults, checks, indexes, triggers, comments, owner and
+///    grants is created,
+///    the legacy table is attached, the keys noted during step 3 are read
+///    again from it, and the default and future partitions are created.
+///
+/// When a step fails the constraint of step 1, the copy of step 3 and its
+/// triggers are removed again, so the table takes rows created after the
+/// bound as before.
+///
+/// # Errors
+///
+/// [`PartitionError`] (inside [`StoreError::Partition`]) when the table is
+/// partitioned already or holds rows past the bound; a database error
+/// otherwise (a lock not granted within [`LOCK_TIMEOUT`] among them).
+#[instrument(level = "info", skip(conn), err)]
+pub async fn convert_to_partitioned(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+) -> Result<Converted> {
+    if !(1..=1000).contains(&ahead) {
+        return Err(PartitionError::AheadOutOfRange(ahead).into());
+    }
+    if is_partitioned(conn).await? {
+        return Err(PartitionError::AlreadyPartitioned.into());
+    }
+    let bound: Instant = diesel::sql_query(format!(
+        "SELECT (date_trunc('{unit}', (now() + interval '10 minutes') AT TIME ZONE 'UTC')
+                 + interval '1 {unit}') AT TIME ZONE 'UTC' AS at"
+    ))
+    .get_result(conn)
+    .await?;
+    let bound = bound.at;
+    let result = convert_below(conn, unit, ahead, bound).await;
+    if result.is_err() && !is_partitioned(conn).await.unwrap_or(true) {
+        // Best effort: a failure must not leave a bound that refuses rows later.
+        let _ = conn
+            .batch_execute(
+                "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound",
+            )
+            .await;
+        forget_keys_ahead(conn).await;
+    }
+    result
+}
+
+async fn convert_below(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+    bound: DateTime<Utc>,
+) -> Result<Converted> {
+    let bound_sql = sql_instant(bound);
+    conn.batch_execute(&format!(
+        "SET lock_timeout = '{LOCK_TIMEOUT}';
+         ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound;
+         ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound
+             CHECK (created_at < {bound_sql}) NOT VALID;
+         RESET lock_timeout;"
+    ))
+    .await?;
+    let past: Count = diesel::sql_query(format!(
+        "SELECT count(*) AS n FROM outbox_event WHERE created_at >= {bound_sql}"
+    ))
+    .get_result(conn)
+    .await?;
+    if past.n > 0 {
+        return Err(PartitionError::RowsPastBound {
+            rows: past.n,
+            bound,
+        }
+        .into());
+    }
+    conn.batch_execute("ALTER TABLE outbox_event VALIDATE CONSTRAINT outbox_event_partition_bound")
+        .await?;
+    for (name, def) in [
+        (
+            "outbox_event_id_created_at_key",
+            "CREATE UNIQUE INDEX CONCURRENTLY outbox_event_id_created_at_key \
+             ON outbox_event (id, created_at)",
+        ),
+        (
+            "outbox_event_dispatch_key_idx",
+            "CREATE INDEX CONCURRENTLY outbox_event_dispatch_key_idx \
+             ON outbox_event (dispatch_key) WHERE dispatch_key IS NOT NULL",
+        ),
+    ] {
+        // An interrupted CONCURRENTLY build leaves an invalid index behind.
+        let valid: Option<Flag> = diesel::sql_query(format!(
+            "SELECT indisvalid AS yes FROM pg_index WHERE indexrelid = to_regclass('{name}')"
+        ))
+        .get_result(conn)
+        .await
+        .optional()?;
+        match valid {
+            Some(Flag { yes: true }) => continue,
+            Some(Flag { yes: false }) => conn.batch_execute(&format!("DROP INDEX {name}")).await?,
+            None => {}
+        }
+        conn.batch_execute(def).await?;
+    }
+    let copied = copy_keys_ahead(conn).await?;
+    let started = std::time::Instant::now();
+    let mut converted = conn
+        .transaction::<_, StoreError, _>(async |conn| swap(conn, unit, ahead, bound, copied).await)
+        .await?;
+    converted.locked_for = started.elapsed();
+    Ok(converted)
+}
+
+/// The table noting the dispatch keys of rows written while
+/// [`copy_keys_ahead`] copies (dropped by the swap).
+const KEYS_CHANGED: &str = "outbox_dispatch_key_changed";
+
+/// The triggers that fill [`KEYS_CHANGED`], on the table being converted.
+const NOTE_TRIGGERS: [&str; 3] = [
+    "outbox_event_note_dispatch_key_insert",
+    "outbox_event_note_dispatch_key_update",
+    "outbox_event_note_dispatch_key_delete",
+];
+
+/// Step 3 of [`convert_to_partitioned`], before the lock: copies the
+/// dispatch keys the rows hold into `outbox_dispatch_key` while writers
+/// go on, and notes in [`KEYS_CHANGED`] every key a writer takes, changes
+/// or gives up from just before the copy's snapshot on, so that the swap
+/// checks only those again under its lock. Returns how many it copied.
+///
+/// The triggers are created in a transaction of their own before the
+/// copy starts. Creating them waits for the writers in flight, so a
+/// write the copy's snapshot does not see ran with them in place and was
+/// noted.
+async fn copy_keys_ahead(conn: &mut AsyncPgConnection) -> Result<i64> {
+    let ddl = format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {KEYS_CHANGED} (dispatch_key text NOT NULL);
+         COMMENT ON TABLE {KEYS_CHANGED} IS
+             'While outbox partition convert runs: the dispatch keys of rows written during its copy of the held keys (dropped when it ends).';
+         CREATE OR REPLACE FUNCTION outbox_dispatch_key_note() RETURNS trigger
+             LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+         BEGIN
+             IF TG_OP <> 'INSERT' AND OLD.dispatch_key IS NOT NULL THEN
+                 INSERT INTO {KEYS_CHANGED} (dispatch_key) VALUES (OLD.dispatch_key);
+             END IF;
+             IF TG_OP <> 'DELETE' AND NEW.dispatch_key IS NOT NULL THEN
+                 INSERT INTO {KEYS_CHANGED} (dispatch_key) VALUES (NEW.dispatch_key);
+             END IF;
+             RETURN NULL;
+         END;
+         $$;"
+    );
+    conn.batch_execute(&ddl).await?;
+    let mut ddl = format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+         TRUNCATE {KEYS_CHANGED};\n"
+    );
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!(
+            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
+        ));
+    }
+    let [insert, update, delete] = NOTE_TRIGGERS;
+    ddl.push_str(&format!(
+        "CREATE TRIGGER {insert} AFTER INSERT ON outbox_event
+             FOR EACH ROW WHEN (NEW.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_note();
+         CREATE TRIGGER {update} AFTER UPDATE OF dispatch_key ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS DISTINCT FROM NEW.dispatch_key)
+             EXECUTE FUNCTION outbox_dispatch_key_note();
+         CREATE TRIGGER {delete} AFTER DELETE ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_note();"
+    ));
+    conn.transaction::<_, StoreError, _>(async |conn| Ok(conn.batch_execute(&ddl).await?))
+        .await?;
+    // Unused while the table is one table: whatever an interrupted
+    // conversion left there goes.
+    conn.batch_execute("TRUNCATE outbox_dispatch_key").await?;
+    let copied: Count = diesel::sql_query(
+        "WITH copied AS (
+             INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+             SELECT dispatch_key, id, created_at FROM outbox_event
+             WHERE dispatch_key IS NOT NULL
+             ON CONFLICT (dispatch_key) DO NOTHING
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM copied",
+    )
+    .get_result(conn)
+    .await?;
+    Ok(copied.n)
+}
+
+/// Undoes [`copy_keys_ahead`] after a conversion failed (best effort).
+async fn forget_keys_ahead(conn: &mut AsyncPgConnection) {
+    let mut ddl = format!("SET lock_timeout = '{LOCK_TIMEOUT}';\n");
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!(
+            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
+        ));
+    }
+    ddl.push_str(&format!(
+        "DROP TABLE IF EXISTS {KEYS_CHANGED};
+         DROP FUNCTION IF EXISTS outbox_dispatch_key_note();
+         TRUNCATE outbox_dispatch_key;
+         RESET lock_timeout;"
+    ));
+    let _ = conn.batch_execute(&ddl).await;
+}
+
+/// Step 4 of [`convert_to_partitioned`], inside its transaction.
+async fn swap(
+    conn: &mut AsyncPgConnection,
+    unit: PartitionUnit,
+    ahead: u32,
+    bound: DateTime<Utc>,
+    copied: i64,
+) -> Result<Converted> {
+    let bound_sql = sql_instant(bound);
+    conn.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
+         LOCK TABLE outbox_event IN ACCESS EXCLUSIVE MODE;"
+    ))
+    .await?;
+    // Everything the new parent must have, read before the rename: indexes
+    // (all but the primary key and the unique ones, which cannot exist on
+    // the parent), triggers and the table's comment.
+    let indexes: Vec<Definition> = diesel::sql_query(
+        "SELECT c.relname::text AS name, pg_get_indexdef(i.indexrelid) AS def
+         FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+         WHERE i.indrelid = 'outbox_event'::regclass AND NOT i.indisunique
+         ORDER BY c.relname",
+    )
+    .load(conn)
+    .await?;
+    let triggers: Vec<Definition> = diesel::sql_query(
+        "SELECT tgname::text AS name, pg_get_triggerdef(oid) AS def
+         FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal
+           AND tgname NOT LIKE 'outbox_event_note_dispatch_key_%'
+         ORDER BY tgname",
+    )
+    .load(conn)
+    .await?;
+    // Its owner and grants, which a new table does not inherit.
+    let rights: Vec<Definition> = diesel::sql_query(
+        "SELECT 'owner' AS name, format('ALTER TABLE outbox_event OWNER TO %s', c.relowner::regrole) AS def
+         FROM pg_class c WHERE c.oid = 'outbox_event'::regclass
+         UNION ALL
+         SELECT 'grant', format('GRANT %s ON outbox_event TO %s', a.privilege_type,
+                                CASE WHEN a.grantee = 0 THEN 'PUBLIC'
+                                     ELSE a.grantee::regrole::text END)
+         FROM pg_class c, aclexplode(c.relacl) a
+         WHERE c.oid = 'outbox_event'::regclass AND a.grantee <> c.relowner",
+    )
+    .load(conn)
+    .await?;
+    let mut ddl = String::from(
+        "ALTER TABLE outbox_event RENAME TO outbox_event_legacy;
+         ALTER INDEX outbox_event_pkey RENAME TO outbox_event_legacy_pkey;
+         ALTER TABLE outbox_event_legacy ADD CONSTRAINT outbox_event_legacy_id_created_at_key
+             UNIQUE USING INDEX outbox_event_id_created_at_key;\n",
+    );
+    for index in &indexes {
+        ddl.push_str(&format!(
+            "ALTER INDEX {} RENAME TO {};\n",
+            quote_ident(&index.name),
+            quote_ident(&format!("{}_legacy", index.name))
+        ));
+    }
+    for trigger in &triggers {
+        ddl.push_str(&format!(
+            "DROP TRIGGER {} ON outbox_event_legacy;\n",
+            quote_ident(&trigger.name)
+        ));
+    }
+    ddl.push_str(
+        "CREATE TABLE outbox_event (LIKE outbox_event_legacy
+             INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING COMMENTS
+             INCLUDING STORAGE INCLUDING GENERATED)
+         PARTITION BY RANGE (created_at);
+         ALTER TABLE outbox_event DROP CONSTRAINT outbox_event_partition_bound;
+         ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_pkey PRIMARY KEY (id, created_at);\n",
+    );
+    // The definitions name `outbox_event`, which is now the new parent.
+    for index in &indexes {
+        ddl.push_str(&index.def);
+        ddl.push_str(";\n");
+    }
+    for statement in triggers.iter().chain(&rights) {
+        ddl.push_str(&statement.def);
+        ddl.push_str(";\n");
+    }
+    ddl.push_str(&format!(
+        "CREATE TRIGGER outbox_event_take_dispatch_key
+             BEFORE INSERT ON outbox_event
+             FOR EACH ROW WHEN (NEW.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_take();
+         CREATE TRIGGER outbox_event_forget_dispatch_key_delete
+             AFTER DELETE ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS NOT NULL)
+             EXECUTE FUNCTION outbox_dispatch_key_forget();
+         CREATE TRIGGER outbox_event_forget_dispatch_key_update
+             AFTER UPDATE OF dispatch_key ON outbox_event
+             FOR EACH ROW WHEN (OLD.dispatch_key IS DISTINCT FROM NEW.dispatch_key)
+             EXECUTE FUNCTION outbox_dispatch_key_forget();
+         COMMENT ON TABLE outbox_event IS
+             'Side effects recorded in the same transaction as the business write that causes them (partitioned by created_at).';
+         ALTER TABLE outbox_event ATTACH PARTITION outbox_event_legacy
+             FOR VALUES FROM (MINVALUE) TO ({bound_sql});
+         ALTER TABLE outbox_event_legacy DROP CONSTRAINT outbox_event_partition_bound;
+         CREATE TABLE {DEFAULT_PARTITION} PARTITION OF outbox_event DEFAULT;
+         INSERT INTO outbox_partitioning (unit, ahead, converted_at, legacy_until)
+             VALUES ('{unit}', {ahead}, now(), {bound_sql});\n"
+    ));
+    conn.batch_execute(&ddl).await?;
+    // The keys written since the copy's snapshot: read again from the
+    // table, which nobody writes now.
+    let mut ddl = String::new();
+    for trigger in NOTE_TRIGGERS {
+        ddl.push_str(&format!("DROP TRIGGER {trigger} ON outbox_event_legacy;\n"));
+    }
+    ddl.push_str(&format!("ANALYZE {KEYS_CHANGED};"));
+    conn.batch_execute(&ddl).await?;
+    let rechecked: Count = diesel::sql_query(format!(
+        "SELECT count(DISTINCT dispatch_key) AS n FROM {KEYS_CHANGED}"
+    ))
+    .get_result(conn)
+    .await?;
+    let forgotten: Count = diesel::sql_query(format!(
+        "WITH gone AS (
+             DELETE FROM outbox_dispatch_key
+             WHERE dispatch_key IN (SELECT dispatch_key FROM {KEYS_CHANGED})
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM gone"
+    ))
+    .get_result(conn)
+    .await?;
+    let taken: Count = diesel::sql_query(format!(
+        "WITH taken AS (
+             INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+             SELECT dispatch_key, id, created_at FROM outbox_event_legacy
+             WHERE dispatch_key IN (SELECT dispatch_key FROM {KEYS_CHANGED})
+             ON CONFLICT (dispatch_key) DO NOTHING
+             RETURNING 1
+         )
+         SELECT count(*) AS n FROM taken"
+    ))
+    .get_result(conn)
+    .await?;
+    conn.batch_execute(&format!(
+        "DROP TABLE {KEYS_CHANGED}; DROP FUNCTION outbox_dispatch_key_note();"
+    ))
+    .await?;
+    let created = create_ahead(conn, unit, ahead, Some(bound)).await?;
+    Ok(Converted {
+        legacy_until: bound,
+        keys: copied - forgotten.n + taken.n,
+        keys_rechecked: rechecked.n,
+        created,
+        locked_for: std::time::Duration::ZERO,
+    })
+}
