@@ -66,7 +66,7 @@ async fn convert(cli: &Cli, args: &ConvertArgs) -> Outcome {
         }))?;
     } else {
         println!(
-            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) copied ({} written meanwhile, read again under the lock), partitions created: {}; the table was locked for {:.1} ms",
+            "outbox_event is partitioned by created_at, one partition a {}: rows created before {} stay in {}, {} dispatch key(s) held ({} written during the copy and read again under the lock), partitions created: {}; the table was locked for {:.1} ms",
             args.unit,
             crate::render::utc(converted.legacy_until),
             outbox_store::LEGACY_PARTITION,

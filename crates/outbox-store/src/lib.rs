@@ -106,10 +106,10 @@ pub use page::{
     list_events_newest,
 };
 pub use partition::{
-    Converted, DEFAULT_PARTITION, DroppedPartition, LEGACY_PARTITION, LOCK_TIMEOUT, PartitionError,
-    PartitionInfo, PartitionUnit, Partitioning, UnknownPartitionUnit, convert_to_partitioned,
-    create_partitions_ahead, drop_finished_partition, partitioned_by_other_means, partitioning,
-    partitions,
+    CONVERT_LOCK, Converted, DEFAULT_PARTITION, DroppedPartition, LEGACY_PARTITION, LOCK_TIMEOUT,
+    PartitionError, PartitionInfo, PartitionUnit, Partitioning, UnknownPartitionUnit,
+    convert_to_partitioned, create_partitions_ahead, drop_finished_partition,
+    partitioned_by_other_means, partitioning, partitions,
 };
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,

@@ -520,6 +520,33 @@ async fn keys_out_of_step(conn: &mut AsyncPgConnection) -> (i64, i64) {
     (gaps.unheld, gaps.stale)
 }
 
+/// `n` DONE rows holding the keys `seed-1` to `seed-<n>`.
+async fn seed_keyed_done(conn: &mut AsyncPgConnection, n: i32) {
+    diesel::sql_query(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, status, processed_at)
+         SELECT 'acme', 'mail.cart.reminder', '{}', 'seed-' || i, 'DONE', now()
+         FROM generate_series(1, $1) AS i",
+    )
+    .bind::<diesel::sql_types::Integer, _>(n)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// Rows of `outbox_event` holding a dispatch key.
+async fn keyed_rows(conn: &mut AsyncPgConnection) -> i64 {
+    #[derive(QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query("SELECT count(*) AS n FROM outbox_event WHERE dispatch_key IS NOT NULL")
+        .get_result::<Count>(conn)
+        .await
+        .unwrap()
+        .n
+}
+
 /// What the conversion leaves only while it runs: the triggers noting keys
 /// written during its copy, and their table.
 async fn note_leftovers(conn: &mut AsyncPgConnection) -> i64 {
@@ -551,13 +578,7 @@ async fn keys_written_while_the_conversion_copies_them_are_held_by_exactly_the_r
         return;
     }
     // Enough held keys that the copy takes a while.
-    conn.batch_execute(
-        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, status, processed_at)
-         SELECT 'acme', 'mail.cart.reminder', '{}', 'seed-' || i, 'DONE', now()
-         FROM generate_series(1, 200000) AS i",
-    )
-    .await
-    .unwrap();
+    seed_keyed_done(&mut conn, 200_000).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let stop = stop.clone();
@@ -568,13 +589,14 @@ async fn keys_written_while_the_conversion_copies_them_are_held_by_exactly_the_r
             while !std::sync::atomic::AtomicBool::load(&stop, std::sync::atomic::Ordering::Relaxed)
             {
                 i += 1;
-                // A new holder, a key given up (a dedupe window passed), a
-                // holder deleted (retention) and a key changed, each
+                // Two new holders, a key given up (a dedupe window passed),
+                // a holder deleted (retention) and a key changed, each
                 // transaction on other seed rows.
                 let statements = format!(
                     "BEGIN;
                      INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key)
-                         VALUES ('acme', 'mail.cart.reminder', '{{}}', 'new-{i}');
+                         VALUES ('acme', 'mail.cart.reminder', '{{}}', 'new-{i}'),
+                                ('acme', 'mail.cart.reminder', '{{}}', 'other-{i}');
                      UPDATE outbox_event SET dispatch_key = NULL WHERE dispatch_key = 'seed-{a}';
                      DELETE FROM outbox_event WHERE dispatch_key = 'seed-{b}';
                      UPDATE outbox_event SET dispatch_key = 'moved-{i}' WHERE dispatch_key = 'seed-{c}';
@@ -597,6 +619,10 @@ async fn keys_written_while_the_conversion_copies_them_are_held_by_exactly_the_r
         .unwrap();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let written = writer.await.unwrap();
+    // Each writing transaction leaves as many rows holding a key as
+    // before it: the conversion held exactly the seeds' number.
+    assert_eq!(keyed_rows(&mut conn).await, 200_000);
+    assert_eq!(converted.keys, 200_000, "{converted:?}");
     assert!(
         converted.keys_rechecked > 0,
         "the writer wrote while the keys were copied ({written} transactions in all): {converted:?}"
@@ -677,4 +703,125 @@ async fn a_failed_conversion_leaves_no_key_copy_and_no_noting_trigger_and_can_ru
         .unwrap();
     assert_eq!(converted.keys, 1, "{converted:?}");
     assert_eq!(keys_out_of_step(&mut conn).await, (0, 0));
+}
+
+#[tokio::test]
+async fn a_second_conversion_while_one_runs_is_refused_and_changes_nothing() {
+    let (db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    insert_keyed(&mut conn, "cart-1").await;
+    // What a running conversion holds.
+    let mut running = db.conn().await;
+    running
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock(hashtextextended('{}', 0))",
+            outbox_store::CONVERT_LOCK
+        ))
+        .await
+        .unwrap();
+    let err = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Partition(PartitionError::ConversionRunning)
+        ),
+        "{err}"
+    );
+    assert!(
+        outbox_store::partitioning(&mut conn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(note_leftovers(&mut conn).await, 0);
+    drop(running);
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap();
+    assert_eq!(converted.keys, 1, "{converted:?}");
+}
+
+// A conversion whose connection dies while it copies the keys leaves its
+// triggers noting keys on the one table; producers go on, and the next
+// conversion takes over from there.
+#[tokio::test]
+async fn a_conversion_killed_while_it_copies_the_keys_can_run_again_and_keys_stay_held() {
+    let (db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    seed_keyed_done(&mut conn, 300_000).await;
+    let mut doomed = db.conn().await;
+    let conversion = tokio::spawn(async move {
+        outbox_store::convert_to_partitioned(&mut doomed, PartitionUnit::Day, 3).await
+    });
+    #[derive(QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let mut copying = None;
+    outbox_test_support::eventually(
+        "the conversion to copy the keys",
+        std::time::Duration::from_secs(60),
+        async || {
+            copying = diesel::sql_query(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+                   AND query LIKE '%INSERT INTO outbox_dispatch_key%FROM outbox_event%'",
+            )
+            .get_result::<Pid>(&mut conn)
+            .await
+            .ok()
+            .map(|p| p.pid);
+            copying.is_some()
+        },
+    )
+    .await;
+    diesel::sql_query("SELECT pg_terminate_backend($1)")
+        .bind::<diesel::sql_types::Integer, _>(copying.unwrap())
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        conversion.await.unwrap().is_err(),
+        "the killed conversion failed"
+    );
+    assert!(
+        outbox_store::partitioning(&mut conn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        note_leftovers(&mut conn).await > 0,
+        "its triggers are still there"
+    );
+    // Producers go on meanwhile: a key is held, a second row of it skipped.
+    assert!(matches!(
+        insert_keyed(&mut conn, "cart-1").await,
+        Inserted::New(_)
+    ));
+    assert!(matches!(
+        insert_keyed(&mut conn, "cart-1").await,
+        Inserted::Existing(_)
+    ));
+    let converted = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
+        .await
+        .unwrap();
+    assert_eq!(converted.keys, 300_001, "{converted:?}");
+    assert_eq!(keys_out_of_step(&mut conn).await, (0, 0));
+    assert_eq!(
+        note_leftovers(&mut conn).await,
+        0,
+        "the second run removed them"
+    );
+    assert!(matches!(
+        insert_keyed(&mut conn, "seed-7").await,
+        Inserted::Existing(_)
+    ));
 }

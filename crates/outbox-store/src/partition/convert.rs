@@ -22,9 +22,9 @@ pub struct Converted {
     /// Dispatch keys held in `outbox_dispatch_key` after the conversion:
     /// one per row of the table that held a key.
     pub keys: i64,
-    /// Of those, the keys that writers took, changed or gave up while they
-    /// were copied before the lock, and that were therefore read again
-    /// under it.
+    /// The keys that writers took, changed or gave up while the keys were
+    /// copied before the lock, read again under it (a key given up is
+    /// counted here and not in `keys`).
     pub keys_rechecked: i64,
     /// The partitions created after the legacy one.
     pub created: Vec<String>,
@@ -63,7 +63,8 @@ pub struct Converted {
 /// # Errors
 ///
 /// [`PartitionError`] (inside [`StoreError::Partition`]) when the table is
-/// partitioned already or holds rows past the bound; a database error
+/// partitioned already, holds rows past the bound, or another conversion
+/// is running; a database error
 /// otherwise (a lock not granted within [`LOCK_TIMEOUT`] among them).
 #[instrument(level = "info", skip(conn), err)]
 pub async fn convert_to_partitioned(
@@ -84,18 +85,41 @@ pub async fn convert_to_partitioned(
     .get_result(conn)
     .await?;
     let bound = bound.at;
+    let taken: Flag = diesel::sql_query(format!(
+        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
+    ))
+    .get_result(conn)
+    .await?;
+    if !taken.yes {
+        return Err(PartitionError::ConversionRunning.into());
+    }
     let result = convert_below(conn, unit, ahead, bound).await;
     if result.is_err() && !is_partitioned(conn).await.unwrap_or(true) {
         // Best effort: a failure must not leave a bound that refuses rows later.
-        let _ = conn
+        if let Err(e) = conn
             .batch_execute(
                 "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound",
             )
-            .await;
+            .await
+        {
+            tracing::warn!(error = %e, "the conversion failed and its bound constraint is still there: run `outbox partition convert` again");
+        }
         forget_keys_ahead(conn).await;
     }
+    // Also released when the connection closes.
+    let _ = conn
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
+        ))
+        .await;
     result
 }
+
+/// The session advisory lock a conversion holds from start to end, so that
+/// a second one started meanwhile is refused
+/// ([`PartitionError::ConversionRunning`]) rather than undoing the first
+/// one's copy.
+pub const CONVERT_LOCK: &str = "outbox_partition_convert";
 
 async fn convert_below(
     conn: &mut AsyncPgConnection,
@@ -183,13 +207,23 @@ const NOTE_TRIGGERS: [&str; 3] = [
 /// write the copy's snapshot does not see ran with them in place and was
 /// noted.
 async fn copy_keys_ahead(conn: &mut AsyncPgConnection) -> Result<i64> {
+    let schema: Definition =
+        diesel::sql_query("SELECT 'schema' AS name, quote_ident(current_schema()) AS def")
+            .get_result(conn)
+            .await?;
+    let schema = schema.def;
     let ddl = format!(
         "CREATE UNLOGGED TABLE IF NOT EXISTS {KEYS_CHANGED} (dispatch_key text NOT NULL);
          COMMENT ON TABLE {KEYS_CHANGED} IS
              'While outbox partition convert runs: the dispatch keys of rows written during its copy of the held keys (dropped when it ends).';
          CREATE OR REPLACE FUNCTION outbox_dispatch_key_note() RETURNS trigger
-             LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+             LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
          BEGIN
+             -- Triggers a failed conversion could not drop note nothing
+             -- once their table is gone (the next conversion drops them).
+             IF to_regclass('{KEYS_CHANGED}') IS NULL THEN
+                 RETURN NULL;
+             END IF;
              IF TG_OP <> 'INSERT' AND OLD.dispatch_key IS NOT NULL THEN
                  INSERT INTO {KEYS_CHANGED} (dispatch_key) VALUES (OLD.dispatch_key);
              END IF;
@@ -201,15 +235,18 @@ async fn copy_keys_ahead(conn: &mut AsyncPgConnection) -> Result<i64> {
          $$;"
     );
     conn.batch_execute(&ddl).await?;
+    // outbox_event first, as writers take it before they note a key. The
+    // lock waits for the writers in flight and keeps new ones out until
+    // the triggers are there.
+    let leftovers = leftover_note_triggers(conn).await?;
     let mut ddl = format!(
         "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}';
-         TRUNCATE {KEYS_CHANGED};\n"
+         LOCK TABLE outbox_event IN SHARE ROW EXCLUSIVE MODE;\n"
     );
-    for trigger in NOTE_TRIGGERS {
-        ddl.push_str(&format!(
-            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
-        ));
+    for trigger in &leftovers {
+        ddl.push_str(&format!("DROP TRIGGER {trigger} ON outbox_event;\n"));
     }
+    ddl.push_str(&format!("TRUNCATE {KEYS_CHANGED};\n"));
     let [insert, update, delete] = NOTE_TRIGGERS;
     ddl.push_str(&format!(
         "CREATE TRIGGER {insert} AFTER INSERT ON outbox_event
@@ -242,21 +279,48 @@ async fn copy_keys_ahead(conn: &mut AsyncPgConnection) -> Result<i64> {
     Ok(copied.n)
 }
 
-/// Undoes [`copy_keys_ahead`] after a conversion failed (best effort).
+/// The note triggers an interrupted conversion left on `outbox_event`.
+async fn leftover_note_triggers(conn: &mut AsyncPgConnection) -> Result<Vec<&'static str>> {
+    let present: Vec<Definition> = diesel::sql_query(
+        "SELECT tgname::text AS name, '' AS def FROM pg_trigger
+         WHERE tgrelid = 'outbox_event'::regclass",
+    )
+    .load(conn)
+    .await?;
+    Ok(NOTE_TRIGGERS
+        .into_iter()
+        .filter(|t| present.iter().any(|p| p.name == *t))
+        .collect())
+}
+
+/// Undoes [`copy_keys_ahead`] after a conversion failed, step by step,
+/// each as far as it goes: the notes' table first (the triggers then note
+/// nothing, and dropping it does not lock `outbox_event`), the copied keys,
+/// then the triggers and their function, which need `ACCESS EXCLUSIVE` on
+/// `outbox_event`. What is left is logged; the next conversion removes it.
 async fn forget_keys_ahead(conn: &mut AsyncPgConnection) {
-    let mut ddl = format!("SET lock_timeout = '{LOCK_TIMEOUT}';\n");
-    for trigger in NOTE_TRIGGERS {
-        ddl.push_str(&format!(
-            "DROP TRIGGER IF EXISTS {trigger} ON outbox_event;\n"
-        ));
+    let steps = [
+        format!("DROP TABLE IF EXISTS {KEYS_CHANGED}"),
+        "TRUNCATE outbox_dispatch_key".to_owned(),
+        NOTE_TRIGGERS
+            .iter()
+            .map(|t| format!("DROP TRIGGER IF EXISTS {t} ON outbox_event;"))
+            .collect::<String>(),
+        "DROP FUNCTION IF EXISTS outbox_dispatch_key_note()".to_owned(),
+    ];
+    for step in steps {
+        let statement = format!("SET lock_timeout = '{LOCK_TIMEOUT}'; {step}; RESET lock_timeout;");
+        if let Err(e) = conn.batch_execute(&statement).await {
+            tracing::warn!(
+                error = %e,
+                step = %step,
+                "the conversion failed and this part of its key copy is still there: \
+                 it does nothing, and the next `outbox partition convert` removes it"
+            );
+            let _ = conn.batch_execute("RESET lock_timeout").await;
+            return;
+        }
     }
-    ddl.push_str(&format!(
-        "DROP TABLE IF EXISTS {KEYS_CHANGED};
-         DROP FUNCTION IF EXISTS outbox_dispatch_key_note();
-         TRUNCATE outbox_dispatch_key;
-         RESET lock_timeout;"
-    ));
-    let _ = conn.batch_execute(&ddl).await;
 }
 
 /// Step 4 of [`convert_to_partitioned`], inside its transaction.
@@ -284,12 +348,13 @@ async fn swap(
     )
     .load(conn)
     .await?;
-    let triggers: Vec<Definition> = diesel::sql_query(
+    let [insert, update, delete] = NOTE_TRIGGERS;
+    let triggers: Vec<Definition> = diesel::sql_query(format!(
         "SELECT tgname::text AS name, pg_get_triggerdef(oid) AS def
          FROM pg_trigger WHERE tgrelid = 'outbox_event'::regclass AND NOT tgisinternal
-           AND tgname NOT LIKE 'outbox_event_note_dispatch_key_%'
-         ORDER BY tgname",
-    )
+           AND tgname NOT IN ('{insert}', '{update}', '{delete}')
+         ORDER BY tgname"
+    ))
     .load(conn)
     .await?;
     // Its owner and grants, which a new table does not inherit.

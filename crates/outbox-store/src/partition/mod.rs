@@ -28,10 +28,12 @@
 //! # Locks
 //!
 //! The conversion validates its bound, builds its two indexes and copies
-//! the held dispatch keys without blocking writers, then swaps the tables
-//! in one transaction that holds `ACCESS EXCLUSIVE` on `outbox_event` for
-//! as long as reading again the keys written during the copy takes
-//! (milliseconds, whatever the number of keys). Creating and dropping
+//! the held dispatch keys without blocking writers (its triggers that note
+//! the keys written during the copy keep writers out only while they are
+//! created), then swaps the tables in one transaction that holds `ACCESS
+//! EXCLUSIVE` on `outbox_event` for as long as reading again the keys
+//! written during the copy takes: milliseconds, however many keys the
+//! table holds, and more when many were written meanwhile. Creating and dropping
 //! partitions take `ACCESS EXCLUSIVE` on the parent for a moment. Every
 //! such statement runs with a `lock_timeout` ([`LOCK_TIMEOUT`]), so it
 //! gives up instead of queueing producers behind a long transaction.
@@ -50,7 +52,7 @@ use crate::{Result, StoreError};
 mod convert;
 mod finished;
 
-pub use convert::{Converted, convert_to_partitioned};
+pub use convert::{CONVERT_LOCK, Converted, convert_to_partitioned};
 pub use finished::{DroppedPartition, drop_finished_partition};
 
 /// How long a statement that needs `ACCESS EXCLUSIVE` on `outbox_event`
@@ -158,6 +160,13 @@ pub enum PartitionError {
     /// `ahead` is outside 1 to 1,000.
     #[error("partitions ahead must be 1 to 1000, not {0}")]
     AheadOutOfRange(u32),
+    /// Another conversion of the same database is running (it holds the
+    /// advisory lock [`CONVERT_LOCK`]).
+    #[error(
+        "another `outbox partition convert` of this database is running; \
+         wait for it to end (`outbox partition status`)"
+    )]
+    ConversionRunning,
 }
 
 /// How `outbox_event` is partitioned (the row of `outbox_partitioning`).
