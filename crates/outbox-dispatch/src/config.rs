@@ -56,7 +56,7 @@ pub const MAX_LOOPS: usize = 64;
 /// scaling`, docs/scaling.md): one or two processes of four loops hand off
 /// as fast as any number, while eight of four loops (32 claims at once)
 /// handed off at 0.76 to 0.90 of one process's rate, and eight sharing
-/// eight loops at 0.85 to 1.08 of it (the machine's spread).
+/// eight loops at 0.94 to 0.96 of it.
 pub const DEFAULT_LOOPS_TOTAL: usize = 8;
 /// The largest `OUTBOX_DISPATCH_LOOPS_TOTAL` accepted.
 pub const MAX_LOOPS_TOTAL: usize = 4096;

@@ -6,9 +6,9 @@
 //! so the index entries read per row handed off grow with the claims
 //! running at once across the whole deployment, not per process: on two
 //! cores, eight processes of four loops handed off at 0.76 to 0.90 of one
-//! process's rate, and at 0.85 to 1.08 of it (the machine's spread) once
-//! they shared eight loops (docs/scaling.md, "Loops shared across the
-//! deployment").
+//! process's rate, and at 0.94 to 0.96 of it once they shared eight loops
+//! (two and four processes within 3 % of one; docs/scaling.md, "Loops
+//! shared across the deployment").
 //!
 //! So the dispatchers of one database share a budget of loops,
 //! [`DispatcherConfig::loops_total`]: each counts the dispatchers listening
