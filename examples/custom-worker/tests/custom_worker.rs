@@ -109,17 +109,27 @@ async fn publish(db: &TestDatabase, event_type: &str, payload: serde_json::Value
 /// it again (more than a minute) and swap the binary the CLI's own tests
 /// are running.
 fn outbox_cli() -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args(["test", "--no-run", "--workspace", "--quiet"])
-        .status()
-        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<this test> → target/<profile>/outbox, built
+    // with the profile this test was built with.
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let mut build = Command::new(env!("CARGO"));
+    build.args(["test", "--no-run", "--workspace", "--quiet"]);
+    match profile_dir.file_name().and_then(|name| name.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            build.arg("--release");
+        }
+        Some(other) => {
+            build.args(["--profile", other]);
+        }
+    }
+    let status = build.status().unwrap();
     assert!(
         status.success(),
         "cargo's test build of the workspace failed"
     );
-    let exe = std::env::current_exe().unwrap();
-    // target/<profile>/deps/<this test> → target/<profile>/outbox
-    exe.parent().unwrap().parent().unwrap().join("outbox")
+    profile_dir.join("outbox")
 }
 
 /// `outbox <args> --json` against the test's database and Redis, parsed.
