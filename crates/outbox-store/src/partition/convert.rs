@@ -118,7 +118,17 @@ pub async fn convert_to_partitioned(
 /// The session advisory lock a conversion holds from start to end, so that
 /// a second one started meanwhile is refused
 /// ([`PartitionError::ConversionRunning`]) rather than undoing the first
-/// one's copy.
+/// one's copy. The key is `hashtextextended(CONVERT_LOCK, 0)`, so an
+/// operator's script can ask whether a conversion runs:
+///
+/// ```
+/// let sql = format!(
+///     "SELECT NOT pg_try_advisory_lock(hashtextextended('{}', 0)) AS running",
+///     outbox_store::CONVERT_LOCK,
+/// );
+/// assert!(sql.contains("outbox_partition_convert"));
+/// // (a `false` answer took the lock: release it with pg_advisory_unlock)
+/// ```
 pub const CONVERT_LOCK: &str = "outbox_partition_convert";
 
 async fn convert_below(
