@@ -559,7 +559,7 @@ async fn publish(
         .transaction::<_, anyhow::Error, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
             let event = NewOutboxEvent::new(tenant, PROBE_EVENT_TYPE, payload);
-            let event_id = publish_outbox_event(&mut tx, event).await?.id();
+            let event_id = publish_outbox_event(&tx, event).await?.id();
             let execution_id = match workflow_id {
                 Some(id) => Some(
                     producers::request_execution(&mut tx, tenant, id, RunTrigger::Manual, &input)

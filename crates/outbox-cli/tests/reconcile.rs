@@ -45,8 +45,8 @@ async fn hand_off(env: &Env, events: Vec<NewOutboxEvent>) -> Vec<Uuid> {
     let mut conn = env.db.conn().await;
     let ids: Vec<Uuid> = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, events).await
         })
         .await
         .unwrap()

@@ -85,9 +85,9 @@ async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transac
     let mut conn = h.conn().await;
     let refused = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
+            let tx = OutboxTx::new(conn)?;
             let refused = publish_routed_event(
-                &mut tx,
+                &tx,
                 &outbox_catalog::standard_router().unwrap(),
                 NewOutboxEvent::new("acme", "orders.order.shipped", json!({ "orderId": 7 })),
             )
@@ -95,7 +95,7 @@ async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transac
             .unwrap_err();
             // The refusal ran no SQL: the same transaction still publishes.
             publish_routed_event(
-                &mut tx,
+                &tx,
                 &router,
                 NewOutboxEvent::new("acme", "orders.order.shipped", json!({ "orderId": 7 })),
             )

@@ -191,8 +191,8 @@ impl Rig {
         let mut conn = self.db.conn().await;
         let ids: Vec<Uuid> = conn
             .transaction::<_, PublishError, _>(async |conn| {
-                let mut tx = OutboxTx::new(conn)?;
-                publish_outbox_events(&mut tx, events).await
+                let tx = OutboxTx::new(conn)?;
+                publish_outbox_events(&tx, events).await
             })
             .await
             .unwrap()
@@ -847,8 +847,8 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
     let mut conn = db.conn().await;
     let ids: Vec<Uuid> = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, (0..3).map(mail)).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, (0..3).map(mail)).await
         })
         .await
         .unwrap()
@@ -894,8 +894,8 @@ async fn a_failed_push_wakes_the_guard_and_a_redis_back_empty_gets_its_jobs_agai
     // Redis goes away; the next push fails.
     server.stop();
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_events(&mut tx, vec![mail(3)]).await
+        let tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&tx, vec![mail(3)]).await
     })
     .await
     .unwrap();

@@ -65,6 +65,62 @@
 //! nested far too deep is refused rather than overflowing the stack. Only
 //! [`PublishError::Database`] means the transaction is aborted.
 //!
+//! # Publishing beside the business write, in one round trip
+//!
+//! The publishers take the [`OutboxTx`] shared (`&tx`), so the event's
+//! statement can be sent together with a business statement that does not
+//! need its answer: poll both futures at once (`try_join!`) and the
+//! connection sends them without waiting for the first answer (diesel-async
+//! pipelines statements on a shared connection). The transaction pays one
+//! round trip to the server for both instead of two; `cargo xtask bench
+//! --only publish_overhead` measures it (`with_event_pipelined`, see
+//! docs/performance.md). Both still commit or roll back together: when the
+//! business statement fails, the event's statement fails after it and the
+//! transaction is rolled back.
+//!
+//! ```no_run
+//! use diesel::prelude::*;
+//! use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+//! use outbox_publish::{publish_outbox_event, NewOutboxEvent, OutboxTx, PublishError};
+//!
+//! diesel::table! {
+//!     orders (id) {
+//!         id -> BigInt,
+//!         total_cents -> BigInt,
+//!     }
+//! }
+//!
+//! # async fn demo(conn: &mut AsyncPgConnection, order_id: i64) -> Result<(), PublishError> {
+//! conn.transaction::<_, PublishError, _>(async |conn| {
+//!     let tx = OutboxTx::new(conn)?;
+//!     let event = publish_outbox_event(
+//!         &tx,
+//!         NewOutboxEvent::new("tenant-1", "orders.order.placed", serde_json::json!({ "orderId": order_id })),
+//!     );
+//!     // `&mut &*tx`: the statement runs on the shared connection.
+//!     let order = diesel::insert_into(orders::table)
+//!         .values((orders::id.eq(order_id), orders::total_cents.eq(4200)))
+//!         .execute(&mut &*tx);
+//!     // The event first: `try_join!` polls in order, so a refused event
+//!     // returns before the business statement is sent.
+//!     let (_outcome, _rows) = futures::try_join!(event, async {
+//!         order.await.map_err(PublishError::from)
+//!     })?;
+//!     Ok(())
+//! })
+//! .await
+//! # }
+//! ```
+//!
+//! - Put the event first in `try_join!`, as above: its checks run when it
+//!   is first polled, so a refused event is returned before the business
+//!   statement is sent, and the transaction stays usable. The statements
+//!   run in the order the futures are polled.
+//! - Only statements the connection keeps prepared go out together:
+//!   those of diesel's query builder do, after their first run on the
+//!   connection. A `diesel::sql_query` is prepared again on each run, a
+//!   round trip of its own before it is sent.
+//!
 //! # Trace context
 //!
 //! Each event records the W3C trace context (`traceparent`, `tracestate`)

@@ -71,11 +71,11 @@ impl PublishOutcome {
     err
 )]
 pub async fn publish_outbox_event(
-    tx: &mut OutboxTx<'_>,
+    tx: &OutboxTx<'_>,
     event: NewOutboxEvent,
 ) -> Result<PublishOutcome, PublishError> {
     let row = prepare(event)?;
-    let inserted = outbox_store::insert_event(tx.conn(), &row).await?;
+    let inserted = outbox_store::insert_event(tx, &row).await?;
     Ok(recorded(inserted))
 }
 
@@ -102,20 +102,20 @@ pub async fn publish_outbox_event(
     err
 )]
 pub async fn publish_outbox_events(
-    tx: &mut OutboxTx<'_>,
+    tx: &OutboxTx<'_>,
     events: impl IntoIterator<Item = NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
     let rows = prepare_batch(events)?;
     if has_replace(&rows) {
         let mut outcomes = Vec::with_capacity(rows.len());
         for row in &rows {
-            outcomes.push(outcome(outbox_store::insert_event(tx.conn(), row).await?));
+            outcomes.push(outcome(outbox_store::insert_event(tx, row).await?));
         }
         return Ok(published(outcomes));
     }
-    let inserted = outbox_store::insert_events(tx.conn(), &rows).await?;
+    let inserted = outbox_store::insert_events(tx, &rows).await?;
     let keys = keys_not_inserted(&rows, &inserted);
-    let holders = outbox_store::dispatch_key_holders(tx.conn(), &keys).await?;
+    let holders = outbox_store::dispatch_key_holders(tx, &keys).await?;
     batch_outcomes(&rows, &inserted, &holders)
         // A row that was neither inserted nor blocked by its dispatch key
         // cannot happen: ON CONFLICT only skips on that key.

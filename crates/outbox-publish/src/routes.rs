@@ -38,7 +38,7 @@ impl NewOutboxEvent {
 ///
 /// [`PublishError::Unrouted`], or whatever [`publish_outbox_event`] returns.
 pub async fn publish_routed_event(
-    tx: &mut OutboxTx<'_>,
+    tx: &OutboxTx<'_>,
     routes: &impl EventRoutes,
     event: NewOutboxEvent,
 ) -> Result<PublishOutcome, PublishError> {

@@ -28,9 +28,9 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, TransactionManager};
 ///     diesel::sql_query("UPDATE subscription SET status = 'active' WHERE id = 42")
 ///         .execute(conn)
 ///         .await?;
-///     let mut tx = OutboxTx::new(conn)?;
+///     let tx = OutboxTx::new(conn)?;
 ///     publish_outbox_event(
-///         &mut tx,
+///         &tx,
 ///         NewOutboxEvent::new(
 ///             "tenant-1",
 ///             "billing.subscription.updated",

@@ -88,15 +88,15 @@ impl NewOutboxEvent {
 /// # async fn demo(conn: &mut AsyncPgConnection) -> Result<(), PublishError> {
 /// conn.transaction::<_, PublishError, _>(async |conn| {
 ///     // ... the business write, on `conn`.
-///     let mut tx = OutboxTx::new(conn)?;
-///     publish(&mut tx, "tenant-1", &OrderCreated { order_id: 7, total_cents: 1999 }).await?;
+///     let tx = OutboxTx::new(conn)?;
+///     publish(&tx, "tenant-1", &OrderCreated { order_id: 7, total_cents: 1999 }).await?;
 ///     Ok(())
 /// })
 /// .await
 /// # }
 /// ```
 pub async fn publish<E: TypedEvent + Serialize>(
-    tx: &mut OutboxTx<'_>,
+    tx: &OutboxTx<'_>,
     tenant_id: impl Into<String>,
     event: &E,
 ) -> Result<PublishOutcome, PublishError> {

@@ -68,8 +68,8 @@ async fn publish_commits_with_the_business_row() {
     let outcome = conn
         .transaction::<_, PublishError, _>(async |conn| {
             insert_subscription(conn, 42).await?;
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, activated(42).dispatch_key("stripe:evt_1")).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, activated(42).dispatch_key("stripe:evt_1")).await
         })
         .await
         .unwrap();
@@ -109,7 +109,7 @@ async fn rollback_leaves_neither_row_nor_event() {
         .transaction::<(), PublishError, _>(async |conn| {
             insert_subscription(conn, 7).await?;
             let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, activated(7)).await?;
+            publish_outbox_event(&tx, activated(7)).await?;
             // The business logic fails after publishing: everything goes.
             insert_subscription(tx.conn(), 7).await?; // duplicate primary key
             Ok(())
@@ -137,9 +137,9 @@ async fn concurrent_transactions_with_one_dispatch_key_write_one_event() {
     let run = async |conn: &mut AsyncPgConnection,
                      barrier: std::sync::Arc<tokio::sync::Barrier>| {
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
+            let tx = OutboxTx::new(conn)?;
             barrier.wait().await;
-            publish_outbox_event(&mut tx, activated(1).dispatch_key("race")).await
+            publish_outbox_event(&tx, activated(1).dispatch_key("race")).await
         })
         .await
         .unwrap()
@@ -224,10 +224,10 @@ async fn invalid_event_types_are_rejected_with_their_reason() {
     ];
 
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
+        let tx = OutboxTx::new(conn)?;
         for (raw, expected) in cases {
             let event = NewOutboxEvent::new("tenant-1", raw, json!({}));
-            match publish_outbox_event(&mut tx, event).await {
+            match publish_outbox_event(&tx, event).await {
                 Err(PublishError::InvalidEventType(got)) => {
                     assert_eq!(got, expected, "for {raw:?}")
                 }
@@ -235,7 +235,7 @@ async fn invalid_event_types_are_rejected_with_their_reason() {
             }
         }
         // Validation ran no SQL, so the transaction is still good.
-        publish_outbox_event(&mut tx, activated(1)).await?;
+        publish_outbox_event(&tx, activated(1)).await?;
         Ok(())
     })
     .await
@@ -260,7 +260,7 @@ async fn a_refused_event_leaves_the_callers_transaction_usable() {
                 "billing.subscription.updated",
                 json!({ "subscriptionId": 5, "note": "pasted\0text" }),
             );
-            let err = publish_outbox_event(&mut tx, pasted).await.unwrap_err();
+            let err = publish_outbox_event(&tx, pasted).await.unwrap_err();
             assert!(
                 matches!(&err, PublishError::PayloadStringContainsNul { path } if path == "/note"),
                 "{err:?}"
@@ -268,7 +268,7 @@ async fn a_refused_event_leaves_the_callers_transaction_usable() {
             assert!(err.to_string().contains("\"/note\""), "{err}");
             // The caller handles the refusal and goes on in the same transaction.
             insert_subscription(tx.conn(), 6).await?;
-            publish_outbox_event(&mut tx, activated(5)).await
+            publish_outbox_event(&tx, activated(5)).await
         })
         .await
         .unwrap();
@@ -367,14 +367,14 @@ async fn two_hundred_concurrent_publishers_all_land() {
             tokio::spawn(async move {
                 let mut conn = pool.get().await.unwrap();
                 conn.transaction::<_, PublishError, _>(async |conn| {
-                    let mut tx = OutboxTx::new(conn)?;
+                    let tx = OutboxTx::new(conn)?;
                     let event = NewOutboxEvent::new(
                         format!("tenant-{}", i % 7),
                         "notification.user.mentioned",
                         json!({ "n": i }),
                     )
                     .dispatch_key(format!("mention-{i}"));
-                    publish_outbox_event(&mut tx, event).await
+                    publish_outbox_event(&tx, event).await
                 })
                 .await
                 .unwrap()
@@ -439,16 +439,16 @@ async fn published_event_notifies_a_waiting_dispatcher_only_on_commit() {
     let mut conn = db.conn().await;
     let _ = conn
         .transaction::<(), PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, activated(1)).await?;
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, activated(1)).await?;
             Err(PublishError::Database(
                 diesel::result::Error::RollbackTransaction,
             ))
         })
         .await;
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_events(&mut tx, vec![activated(2), activated(3)]).await
+        let tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&tx, vec![activated(2), activated(3)]).await
     })
     .await
     .unwrap();
@@ -484,8 +484,8 @@ async fn without_a_waiting_dispatcher_a_publish_sends_no_notification_and_holds_
 
     type Manager = <AsyncPgConnection as AsyncConnection>::TransactionManager;
     Manager::begin_transaction(&mut publisher).await.unwrap();
-    let mut tx = OutboxTx::new(&mut publisher).unwrap();
-    publish_outbox_event(&mut tx, activated(1)).await.unwrap();
+    let tx = OutboxTx::new(&mut publisher).unwrap();
+    publish_outbox_event(&tx, activated(1)).await.unwrap();
     assert!(
         !take_wake_gate(&mut dispatcher).await,
         "a dispatcher took the gate while an event it cannot see yet was uncommitted"
@@ -543,9 +543,9 @@ async fn the_trigger_calls_its_function_only_while_a_dispatcher_waits() {
             .batch_execute("SET LOCAL track_functions = 'pl'")
             .await
             .unwrap();
-        let mut tx = OutboxTx::new(&mut publisher).unwrap();
-        publish_outbox_event(&mut tx, activated(1)).await.unwrap();
-        publish_outbox_events(&mut tx, vec![activated(2), activated(3)])
+        let tx = OutboxTx::new(&mut publisher).unwrap();
+        publish_outbox_event(&tx, activated(1)).await.unwrap();
+        publish_outbox_events(&tx, vec![activated(2), activated(3)])
             .await
             .unwrap();
         let calls = notify_calls_in_transaction(&mut publisher).await;
@@ -583,11 +583,11 @@ async fn each_form_of_the_insert_stays_prepared_on_the_connection() {
         .with_timezone(&chrono::Utc);
     for i in 0..4_i64 {
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, activated(i)).await?;
-            publish_outbox_event(&mut tx, activated(i).scheduled_at(later)).await?;
-            publish_outbox_event(&mut tx, activated(i).dispatch_key(format!("key-{i}"))).await?;
-            publish_outbox_event(&mut tx, activated(i).dispatch_key("key-0")).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, activated(i)).await?;
+            publish_outbox_event(&tx, activated(i).scheduled_at(later)).await?;
+            publish_outbox_event(&tx, activated(i).dispatch_key(format!("key-{i}"))).await?;
+            publish_outbox_event(&tx, activated(i).dispatch_key("key-0")).await
         })
         .await
         .unwrap();
@@ -646,4 +646,114 @@ async fn a_transaction_handle_debug_prints_its_name_and_nothing_of_the_connectio
         .await
         .unwrap();
     assert_eq!(printed, "OutboxTx { .. }");
+}
+
+/// The business insert of [`insert_subscription`] on the shared connection,
+/// as a future that does not hold the connection, and kept prepared (as a
+/// statement of diesel's query builder is): joined with a publish, it is
+/// sent without waiting for the event's answer.
+fn subscription_joined<'a>(
+    tx: &'a OutboxTx<'_>,
+    id: i64,
+) -> impl std::future::Future<Output = Result<usize, PublishError>> + 'a {
+    let sent = outbox_model::prepared(
+        "INSERT INTO subscription (id, tenant_id, status) VALUES ($1, 'tenant-1', 'active')",
+    )
+    .bind::<BigInt, _>(id)
+    .execute(&mut &**tx);
+    async { sent.await.map_err(PublishError::from) }
+}
+
+#[tokio::test]
+async fn an_event_joined_with_the_business_insert_commits_with_it() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    let (outcome, inserted) = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let tx = OutboxTx::new(conn)?;
+            futures::try_join!(
+                publish_outbox_event(&tx, activated(7).dispatch_key("sub-7")),
+                subscription_joined(&tx, 7),
+            )
+        })
+        .await
+        .unwrap();
+
+    assert_eq!(inserted, 1);
+    let events = all_events(&mut conn).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(PublishOutcome::Published(events[0].id), outcome);
+    assert_eq!(events[0].dispatch_key.as_deref(), Some("sub-7"));
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription WHERE id = 7").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_business_insert_failing_beside_the_event_rolls_the_event_back() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+    insert_subscription(&mut conn, 7).await.unwrap();
+
+    let result = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let tx = OutboxTx::new(conn)?;
+            // Subscription 7 exists: the business insert fails.
+            futures::try_join!(
+                publish_outbox_event(&tx, activated(7)),
+                subscription_joined(&tx, 7),
+            )
+        })
+        .await;
+
+    let Err(PublishError::Database(error)) = result else {
+        panic!("expected the duplicate subscription's error, got {result:?}");
+    };
+    assert!(error.to_string().contains("subscription_pkey"), "{error}");
+    assert!(all_events(&mut conn).await.is_empty());
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) FROM subscription").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_refused_event_joined_first_sends_no_business_insert_and_the_transaction_goes_on() {
+    let db = TestDatabase::new().await;
+    let mut conn = with_business_table(&db).await;
+
+    conn.transaction::<_, PublishError, _>(async |conn| {
+        let tx = OutboxTx::new(conn)?;
+        // Prepared on the connection now: from here on its first poll sends
+        // the insert itself, not a request to prepare it.
+        subscription_joined(&tx, 1).await?;
+        let refused = futures::try_join!(
+            publish_outbox_event(
+                &tx,
+                NewOutboxEvent::new("", "billing.subscription.updated", json!({}))
+            ),
+            subscription_joined(&tx, 7),
+        );
+        assert!(
+            matches!(refused, Err(PublishError::EmptyTenantId)),
+            "{refused:?}"
+        );
+        // The transaction is usable: the same pair again, with a valid event.
+        futures::try_join!(
+            publish_outbox_event(&tx, activated(8)),
+            subscription_joined(&tx, 8),
+        )?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    assert_eq!(all_events(&mut conn).await.len(), 1);
+    let ids: Vec<i64> = diesel::dsl::sql::<BigInt>("SELECT id FROM subscription ORDER BY id")
+        .load(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![1, 8], "subscription 7's insert was never sent");
 }

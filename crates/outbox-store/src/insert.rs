@@ -125,19 +125,22 @@ pub enum Inserted {
 /// same tenant and event type takes the row's payload (and schedule, when
 /// given) instead.
 ///
+/// It takes the connection shared: a caller may poll it together with
+/// other statements on the same connection (joined futures), and the
+/// connection then sends them without waiting for each answer
+/// (pipelined), in the order the futures are first polled.
+///
 /// # Errors
 ///
 /// When Postgres fails (the caller's transaction is aborted then).
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
-pub async fn insert_event(
-    conn: &mut AsyncPgConnection,
-    row: &NewOutboxEventRow,
-) -> Result<Inserted> {
+pub async fn insert_event(conn: &AsyncPgConnection, row: &NewOutboxEventRow) -> Result<Inserted> {
+    let mut conn = conn;
     let Some(key) = row.dispatch_key.as_deref() else {
         let id = diesel::insert_into(outbox_event::table)
             .values(one_row(row))
             .returning(outbox_event::id)
-            .get_result::<Uuid>(conn)
+            .get_result::<Uuid>(&mut conn)
             .await?;
         return Ok(Inserted::New(id));
     };
@@ -154,7 +157,7 @@ pub async fn insert_event(
             .values(one_row(row))
             .on_conflict_do_nothing()
             .returning(outbox_event::id)
-            .get_result::<Uuid>(conn)
+            .get_result::<Uuid>(&mut conn)
             .await
             .optional()?
     };
@@ -164,7 +167,7 @@ pub async fn insert_event(
             outbox_event::table
                 .filter(outbox_event::dispatch_key.eq(key))
                 .select(outbox_event::id)
-                .get_result::<Uuid>(conn)
+                .get_result::<Uuid>(&mut conn)
                 .await?,
         ),
     })
@@ -172,7 +175,7 @@ pub async fn insert_event(
 
 /// One run of [`REPLACE_EVENT_SQL`].
 async fn replace_pending(
-    conn: &mut AsyncPgConnection,
+    mut conn: &AsyncPgConnection,
     row: &NewOutboxEventRow,
 ) -> Result<Option<Uuid>> {
     use diesel::sql_types::{
@@ -196,7 +199,7 @@ async fn replace_pending(
         .bind::<Bool, _>(row.dedupe_while_pending)
         .bind::<SmallInt, _>(row.priority.get())
         .bind::<Nullable<Text>, _>(row.ordering_key.as_deref())
-        .get_result(conn)
+        .get_result(&mut conn)
         .await
         .optional()?;
     Ok(found.map(|found| found.id))
@@ -222,7 +225,7 @@ pub(crate) fn written(row: &NewOutboxEventRow, id: Uuid) -> Inserted {
 /// When Postgres fails (the caller's transaction is aborted then).
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn insert_events(
-    conn: &mut AsyncPgConnection,
+    mut conn: &AsyncPgConnection,
     rows: &[NewOutboxEventRow],
 ) -> Result<HashSet<Uuid>> {
     let mut inserted: HashSet<Uuid> = HashSet::with_capacity(rows.len());
@@ -231,7 +234,7 @@ pub async fn insert_events(
             .values(chunk)
             .on_conflict_do_nothing()
             .returning(outbox_event::id)
-            .get_results(conn)
+            .get_results(&mut conn)
             .await?;
         inserted.extend(ids);
     }
@@ -245,7 +248,7 @@ pub async fn insert_events(
 /// When Postgres fails.
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn dispatch_key_holders(
-    conn: &mut AsyncPgConnection,
+    mut conn: &AsyncPgConnection,
     keys: &[&str],
 ) -> Result<HashMap<String, Uuid>> {
     if keys.is_empty() {
@@ -254,7 +257,7 @@ pub async fn dispatch_key_holders(
     let found: Vec<(Option<String>, Uuid)> = outbox_event::table
         .filter(outbox_event::dispatch_key.eq_any(keys))
         .select((outbox_event::dispatch_key, outbox_event::id))
-        .load(conn)
+        .load(&mut conn)
         .await?;
     Ok(found
         .into_iter()

@@ -253,10 +253,9 @@ async fn a_replace_meeting_a_processing_holder_leaves_it_alone_and_its_hand_off_
     AnsiTransactionManager::begin_transaction(&mut publisher)
         .await
         .unwrap();
-    let replaced =
-        outbox_store::insert_event(&mut publisher, &keyed(serde_json::json!({ "v": 2 })))
-            .await
-            .unwrap();
+    let replaced = outbox_store::insert_event(&publisher, &keyed(serde_json::json!({ "v": 2 })))
+        .await
+        .unwrap();
     assert_eq!(replaced, outbox_store::Inserted::Existing(holder));
 
     let done = outbox_store::mark_done(&mut conn, &[(lease, "search".to_owned())])

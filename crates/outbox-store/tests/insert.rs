@@ -44,7 +44,7 @@ async fn an_insert_with_a_taken_dispatch_key_writes_nothing_and_returns_the_hold
     let (_db, mut conn) = database().await;
     let holder = insert_row(&mut conn, keyed("welcome-7")).await;
 
-    let second = insert_event(&mut conn, &keyed("welcome-7")).await.unwrap();
+    let second = insert_event(&conn, &keyed("welcome-7")).await.unwrap();
 
     assert_eq!(second, Inserted::Existing(holder));
     let rows = list_events(&mut conn, &Default::default(), 10)
@@ -59,11 +59,11 @@ async fn a_batch_insert_writes_the_rows_whose_dispatch_key_is_free() {
     let holder = insert_row(&mut conn, keyed("taken")).await;
     let batch = [keyed("taken"), keyed("free"), new_row("audit.user.login")];
 
-    let written = insert_events(&mut conn, &batch).await.unwrap();
+    let written = insert_events(&conn, &batch).await.unwrap();
 
     assert_eq!(written.len(), 2);
     assert!(written.contains(&batch[1].id) && written.contains(&batch[2].id));
-    let holders = dispatch_key_holders(&mut conn, &["taken", "free", "unknown"])
+    let holders = dispatch_key_holders(&conn, &["taken", "free", "unknown"])
         .await
         .unwrap();
     assert_eq!(holders.len(), 2);
@@ -73,9 +73,9 @@ async fn a_batch_insert_writes_the_rows_whose_dispatch_key_is_free() {
 
 #[tokio::test]
 async fn a_row_the_table_refuses_fails_as_a_constraint_violation() {
-    let (_db, mut conn) = database().await;
+    let (_db, conn) = database().await;
 
-    let error = insert_event(&mut conn, &new_row("Not A Type"))
+    let error = insert_event(&conn, &new_row("Not A Type"))
         .await
         .unwrap_err();
 

@@ -128,9 +128,7 @@ async fn in_a_batch_both_drivers_write_the_same_rows() {
     let sqlx_db = TestDatabase::new().await;
     let mut sqlx = sqlx_conn(&sqlx_db).await;
 
-    let by_diesel = outbox_store::insert_events(&mut diesel, &rows)
-        .await
-        .unwrap();
+    let by_diesel = outbox_store::insert_events(&diesel, &rows).await.unwrap();
     let by_sqlx = outbox_store::sqlx::insert_events(&mut sqlx, &rows)
         .await
         .unwrap();
@@ -145,7 +143,7 @@ async fn in_a_batch_both_drivers_write_the_same_rows() {
         outbox_store::sqlx::dispatch_key_holders(&mut sqlx, &keys)
             .await
             .unwrap(),
-        outbox_store::dispatch_key_holders(&mut diesel, &keys)
+        outbox_store::dispatch_key_holders(&diesel, &keys)
             .await
             .unwrap()
     );

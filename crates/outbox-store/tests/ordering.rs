@@ -203,12 +203,12 @@ async fn only_the_head_of_a_key_is_claimable_and_advance_unblocks_the_next_past_
 
 #[tokio::test]
 async fn the_table_refuses_an_empty_or_overlong_ordering_key() {
-    let (_db, mut conn) = database().await;
+    let (_db, conn) = database().await;
     for key in [
         String::new(),
         "k".repeat(outbox_model::MAX_ORDERING_KEY_CHARS + 1),
     ] {
-        let refused = outbox_store::insert_event(&mut conn, &ordered(&key)).await;
+        let refused = outbox_store::insert_event(&conn, &ordered(&key)).await;
         let error = refused.expect_err("the CHECK constraint refuses it");
         assert_eq!(
             error.kind(),
@@ -217,7 +217,7 @@ async fn the_table_refuses_an_empty_or_overlong_ordering_key() {
         );
     }
     let longest = "k".repeat(outbox_model::MAX_ORDERING_KEY_CHARS);
-    outbox_store::insert_event(&mut conn, &ordered(&longest))
+    outbox_store::insert_event(&conn, &ordered(&longest))
         .await
         .unwrap();
 }

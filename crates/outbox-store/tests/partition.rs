@@ -299,7 +299,7 @@ async fn a_dispatch_key_held_in_one_partition_keeps_a_row_of_another_partition_o
         outbox_store::LEGACY_PARTITION,
         "the holder is in a partition ahead"
     );
-    let batch = outbox_store::insert_events(&mut conn, &[keyed("cart-1"), keyed("cart-2")])
+    let batch = outbox_store::insert_events(&conn, &[keyed("cart-1"), keyed("cart-2")])
         .await
         .unwrap();
     assert_eq!(
@@ -345,7 +345,7 @@ async fn replace_mode_replaces_a_pending_holder_of_a_partitioned_table() {
     };
     let holder = insert_row(&mut conn, replacing(1)).await;
 
-    let replaced = outbox_store::insert_event(&mut conn, &replacing(2))
+    let replaced = outbox_store::insert_event(&conn, &replacing(2))
         .await
         .unwrap();
 

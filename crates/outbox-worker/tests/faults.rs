@@ -440,10 +440,10 @@ async fn publish_all(
     events: Vec<NewOutboxEvent>,
 ) -> Result<Vec<PublishOutcome>, PublishError> {
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
+        let tx = OutboxTx::new(conn)?;
         let mut outcomes = Vec::new();
         for event in events {
-            outcomes.push(publish_outbox_event(&mut tx, event).await?);
+            outcomes.push(publish_outbox_event(&tx, event).await?);
         }
         Ok(outcomes)
     })

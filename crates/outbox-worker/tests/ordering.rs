@@ -93,8 +93,8 @@ fn event(key: &str, n: i64, fail: bool) -> NewOutboxEvent {
 async fn publish(stack: &Stack, events: Vec<NewOutboxEvent>) {
     let mut conn = stack.db.conn().await;
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_events(&mut tx, events).await
+        let tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&tx, events).await
     })
     .await
     .unwrap();

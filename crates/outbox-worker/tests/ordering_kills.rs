@@ -88,8 +88,8 @@ async fn killed_workers_and_dispatchers_handle_every_event_of_every_key_in_posit
                 })
                 .collect();
             conn.transaction::<_, PublishError, _>(async |conn| {
-                let mut tx = OutboxTx::new(conn)?;
-                publish_outbox_events(&mut tx, events).await
+                let tx = OutboxTx::new(conn)?;
+                publish_outbox_events(&tx, events).await
             })
             .await
             .unwrap();

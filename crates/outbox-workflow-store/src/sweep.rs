@@ -221,7 +221,7 @@ pub async fn resume_orphans(
     for run in runs {
         let outcome = conn
             .transaction::<_, ProducerError, _>(async |conn| {
-                let mut tx = OutboxTx::new(conn)?;
+                let tx = OutboxTx::new(conn)?;
                 let payload = ExecutionRequestedPayload {
                     execution_id: run.id,
                     tenant_id: run.tenant_id.clone(),
@@ -233,7 +233,7 @@ pub async fn resume_orphans(
                     serde_json::to_value(&payload)?,
                 )
                 .dispatch_key(resume_key(&run));
-                Ok(publish_outbox_event(&mut tx, event).await?)
+                Ok(publish_outbox_event(&tx, event).await?)
             })
             .await?;
         if !outcome.is_duplicate() {

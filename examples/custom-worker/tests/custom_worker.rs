@@ -94,8 +94,8 @@ fn start(
 async fn publish(db: &TestDatabase, event_type: &str, payload: serde_json::Value) -> Uuid {
     let mut conn = db.conn().await;
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_event(&mut tx, NewOutboxEvent::new("acme", event_type, payload)).await
+        let tx = OutboxTx::new(conn)?;
+        publish_outbox_event(&tx, NewOutboxEvent::new("acme", event_type, payload)).await
     })
     .await
     .unwrap()

@@ -221,7 +221,7 @@ pub(crate) async fn publish_one(
     let (outcome, clock) = conn
         .transaction::<_, PublishError, _>(async |conn| {
             let mut tx = OutboxTx::new(conn)?;
-            let outcome = publish_outbox_event(&mut tx, event).await?;
+            let outcome = publish_outbox_event(&tx, event).await?;
             // Kept prepared: the instrument's own statement should cost the
             // shared cores as little as it can (one round trip, no parse).
             let clock: Clock = outbox_model::prepared(

@@ -549,8 +549,8 @@ async fn publish_one_per_transaction(run: &Run, conn: &mut AsyncPgConnection) ->
     let started = Instant::now();
     for i in 0..n {
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, event(i)).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, event(i)).await
         })
         .await?;
     }
@@ -566,8 +566,8 @@ async fn publish_batches(run: &Run, conn: &mut AsyncPgConnection) -> Result<usiz
     for b in 0..batches {
         let events: Vec<_> = (0..batch).map(|i| event(b * batch + i)).collect();
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, events).await
         })
         .await?;
     }
@@ -621,8 +621,8 @@ async fn tick_over_done_rows(
     stage("tick_500_over_42000_done_rows");
     let events: Vec<_> = (0..run.size(500, 50)).map(event).collect();
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
-        publish_outbox_events(&mut tx, events).await
+        let tx = OutboxTx::new(conn)?;
+        publish_outbox_events(&tx, events).await
     })
     .await?;
     let single = make(DispatcherConfig {
@@ -659,8 +659,8 @@ async fn wake_up_latency(
     for i in 0..run.size(50, 3) {
         let started = Instant::now();
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, event(i)).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, event(i)).await
         })
         .await?;
         while count_open(conn).await? > 0 {

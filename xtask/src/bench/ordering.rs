@@ -78,8 +78,8 @@ async fn publish(conn: &mut AsyncPgConnection, case: &Case) -> Result<()> {
             })
             .collect();
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, events).await
         })
         .await?;
     }

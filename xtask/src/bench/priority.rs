@@ -189,9 +189,9 @@ fn round2(x: f64) -> f64 {
 async fn publish_probe(conn: &mut AsyncPgConnection, priority: Priority) -> Result<String> {
     let outcome = conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
+            let tx = OutboxTx::new(conn)?;
             publish_outbox_event(
-                &mut tx,
+                &tx,
                 NewOutboxEvent::new(
                     "tenant-0",
                     "audit.user.login",

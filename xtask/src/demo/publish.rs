@@ -359,8 +359,8 @@ async fn publish_one(
 ) -> Result<PublishOutcome> {
     Ok(conn
         .transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, event).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, event).await
         })
         .await?)
 }
@@ -377,9 +377,9 @@ async fn rolled_back(conn: &mut AsyncPgConnection) -> Result<()> {
             .bind::<Text, _>(ROLLED_BACK_EMAIL)
             .execute(conn)
             .await?;
-            let mut tx = OutboxTx::new(conn)?;
+            let tx = OutboxTx::new(conn)?;
             publish_outbox_event(
-                &mut tx,
+                &tx,
                 NewOutboxEvent::new(
                     "acme",
                     "mail.order.confirmation",
@@ -389,11 +389,8 @@ async fn rolled_back(conn: &mut AsyncPgConnection) -> Result<()> {
             .await?;
             // The application then refuses its own event type: the whole
             // transaction rolls back, the event above with it.
-            publish_outbox_event(
-                &mut tx,
-                NewOutboxEvent::new("acme", "Order.Created", json!({})),
-            )
-            .await?;
+            publish_outbox_event(&tx, NewOutboxEvent::new("acme", "Order.Created", json!({})))
+                .await?;
             Ok(())
         })
         .await;
@@ -467,8 +464,8 @@ async fn transaction(conn: &mut AsyncPgConnection, n: usize, ledger: &mut Ledger
                 None
             };
             let events = mix_events(n, tenant, &email, order);
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, events).await
         })
         .await?;
     for outcome in &outcomes {

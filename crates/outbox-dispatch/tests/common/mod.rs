@@ -89,8 +89,8 @@ impl Harness {
     pub async fn publish(&self, events: Vec<NewOutboxEvent>) -> Vec<Uuid> {
         let mut conn = self.conn().await;
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_events(&mut tx, events).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, events).await
         })
         .await
         .unwrap()

@@ -29,9 +29,9 @@ pub fn event<E: outbox_model::TypedEvent + Serialize>(tenant: &str, event: &E) -
 /// Publishes `events` in one transaction and commits it.
 pub async fn commit(conn: &mut AsyncPgConnection, events: Vec<NewOutboxEvent>) {
     conn.transaction::<_, PublishError, _>(async |conn| {
-        let mut tx = OutboxTx::new(conn)?;
+        let tx = OutboxTx::new(conn)?;
         for event in events {
-            publish_outbox_event(&mut tx, event).await?;
+            publish_outbox_event(&tx, event).await?;
         }
         Ok(())
     })

@@ -187,9 +187,9 @@ pub(crate) async fn publish_tick(
             if !outbox_store::advance_schedule(conn, schedule.name(), tick).await? {
                 return Ok(None);
             }
-            let mut tx = OutboxTx::new(conn)?;
+            let tx = OutboxTx::new(conn)?;
             Ok(Some(
-                publish_outbox_event(&mut tx, schedule.event_at(tick)).await?,
+                publish_outbox_event(&tx, schedule.event_at(tick)).await?,
             ))
         })
         .instrument(span.clone())

@@ -295,8 +295,8 @@ impl Stack {
     pub async fn publish(&self, event: NewOutboxEvent) -> Uuid {
         let mut conn = self.db.conn().await;
         conn.transaction::<_, PublishError, _>(async |conn| {
-            let mut tx = OutboxTx::new(conn)?;
-            publish_outbox_event(&mut tx, event).await
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_event(&tx, event).await
         })
         .await
         .unwrap()
