@@ -825,3 +825,64 @@ async fn a_conversion_killed_while_it_copies_the_keys_can_run_again_and_keys_sta
         Inserted::Existing(_)
     ));
 }
+
+// Break checked: with the functions' search path as migration
+// 2026-12-06-000001 set it (no pg_temp), the key goes into the temporary
+// table and the row of the next day's partition is written too (two
+// holders of one key).
+#[tokio::test]
+async fn a_temporary_table_named_like_the_key_table_does_not_take_a_sessions_keys() {
+    let (db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    let mut producer = db.conn().await;
+    producer
+        .batch_execute(
+            "CREATE TEMPORARY TABLE outbox_dispatch_key
+                 (dispatch_key text PRIMARY KEY, event_id uuid NOT NULL, created_at timestamptz NOT NULL)",
+        )
+        .await
+        .unwrap();
+
+    created_in(&mut producer, 0, Some("temp-1")).await;
+    // The same key in tomorrow's partition, from another session: the
+    // partitions' own indexes do not see today's row.
+    conn.batch_execute(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, created_at)
+         VALUES ('acme', 'mail.cart.reminder', '{}', 'temp-1', now() + interval '1 day')",
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(
+        count(
+            &mut conn,
+            "SELECT count(*) AS n FROM outbox_event WHERE dispatch_key = 'temp-1'"
+        )
+        .await,
+        1,
+        "one holder of the key"
+    );
+    assert_eq!(
+        count(
+            &mut producer,
+            "SELECT count(*) AS n FROM pg_temp.outbox_dispatch_key"
+        )
+        .await,
+        0,
+        "the temporary table took no key"
+    );
+}
+
+/// The `n` of a query `SELECT count(*) AS n …`.
+async fn count(conn: &mut AsyncPgConnection, sql: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query(sql)
+        .get_result::<N>(conn)
+        .await
+        .unwrap()
+        .n
+}
