@@ -18,7 +18,12 @@ fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
 }
 
 fn main() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    // Read when the script runs, not when it is compiled: cargo reuses one
+    // compiled build script for every checkout of this package that shares
+    // a target directory, and a path fixed at compile time would fingerprint
+    // the checkout that compiled it.
+    let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default())
+        .join("migrations");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut files = Vec::new();
     collect(&dir, &mut files);

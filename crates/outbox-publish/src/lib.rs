@@ -74,9 +74,12 @@
 //! pipelines statements on a shared connection). The transaction pays one
 //! round trip to the server for both instead of two; `cargo xtask bench
 //! --only publish_overhead` measures it (`with_event_pipelined`, see
-//! docs/performance.md). Both still commit or roll back together: when the
-//! business statement fails, the event's statement fails after it and the
-//! transaction is rolled back.
+//! docs/performance.md). Both still commit or roll back together, as long
+//! as an error from the joined futures is returned from the transaction's
+//! closure (which rolls back): `try_join!` drops the other future on the
+//! first error, and a statement it had sent has run all the same, so a
+//! transaction that went on to commit after such an error could commit the
+//! event without its outcome ever being seen.
 //!
 //! ```no_run
 //! use diesel::prelude::*;
@@ -116,10 +119,16 @@
 //!   is first polled, so a refused event is returned before the business
 //!   statement is sent, and the transaction stays usable. The statements
 //!   run in the order the futures are polled.
-//! - Only statements the connection keeps prepared go out together:
-//!   those of diesel's query builder do, after their first run on the
-//!   connection. A `diesel::sql_query` is prepared again on each run, a
-//!   round trip of its own before it is sent.
+//! - Only statements the connection keeps prepared go out together, after
+//!   their first run on the connection: diesel's one-row inserts, selects
+//!   and deletes are kept. diesel prepares some statements again on every
+//!   run, a round trip of its own before each is sent: `diesel::sql_query`
+//!   and `diesel::dsl::sql`, updates, inserts of many rows at once and
+//!   `ON CONFLICT … DO UPDATE`.
+//! - One event without replace mode is one statement. A dispatch key that
+//!   another row holds adds a second one, after the joined statements, to
+//!   read the holder's id; replace mode and [`publish_outbox_events`] are
+//!   statements that are prepared again on every run.
 //!
 //! # Trace context
 //!

@@ -8,7 +8,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, TransactionManager};
 /// A Postgres connection inside an open transaction: the only handle the
 /// publisher accepts.
 ///
-/// The publisher's functions take `&mut OutboxTx`, never a connection or a
+/// The publisher's functions take an `&OutboxTx`, never a connection or a
 /// pool, so an event cannot be written outside the caller's transaction: that
 /// is a compile error. An `OutboxTx` can only be made by
 /// [`OutboxTx::new`], which checks that the connection's transaction is open,

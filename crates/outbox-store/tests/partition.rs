@@ -834,31 +834,15 @@ async fn a_conversion_killed_while_it_copies_the_keys_can_run_again_and_keys_sta
 async fn a_temporary_table_named_like_the_key_table_does_not_take_a_sessions_keys() {
     let (db, mut conn) = database().await;
     partitioned(&mut conn).await;
-    let mut producer = db.conn().await;
-    producer
-        .batch_execute(
-            "CREATE TEMPORARY TABLE outbox_dispatch_key
-                 (dispatch_key text PRIMARY KEY, event_id uuid NOT NULL, created_at timestamptz NOT NULL)",
-        )
-        .await
-        .unwrap();
+    let mut producer = with_temporary_key_table(&db).await;
 
     created_in(&mut producer, 0, Some("temp-1")).await;
     // The same key in tomorrow's partition, from another session: the
     // partitions' own indexes do not see today's row.
-    conn.batch_execute(
-        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, created_at)
-         VALUES ('acme', 'mail.cart.reminder', '{}', 'temp-1', now() + interval '1 day')",
-    )
-    .await
-    .unwrap();
+    tomorrow_keyed(&mut conn, "temp-1").await;
 
     assert_eq!(
-        count(
-            &mut conn,
-            "SELECT count(*) AS n FROM outbox_event WHERE dispatch_key = 'temp-1'"
-        )
-        .await,
+        holders(&mut conn, "temp-1").await,
         1,
         "one holder of the key"
     );
@@ -871,6 +855,71 @@ async fn a_temporary_table_named_like_the_key_table_does_not_take_a_sessions_key
         0,
         "the temporary table took no key"
     );
+}
+
+// Break checked: with the functions' search path as migration
+// 2026-12-06-000001 set it, the delete forgets the key in the temporary
+// table, the key table keeps it, and tomorrow's row is skipped.
+#[tokio::test]
+async fn a_temporary_table_named_like_the_key_table_does_not_keep_a_deleted_holders_key() {
+    let (db, mut conn) = database().await;
+    partitioned(&mut conn).await;
+    created_in(&mut conn, 0, Some("temp-2")).await;
+    let mut producer = with_temporary_key_table(&db).await;
+
+    producer
+        .batch_execute("DELETE FROM outbox_event WHERE dispatch_key = 'temp-2'")
+        .await
+        .unwrap();
+    tomorrow_keyed(&mut conn, "temp-2").await;
+
+    assert_eq!(
+        holders(&mut conn, "temp-2").await,
+        1,
+        "the key was given up with its holder and taken by the new row"
+    );
+}
+
+/// Inserts a row holding `key` into tomorrow's partition with plain SQL
+/// (skipped, without an error, when the key is held).
+async fn tomorrow_keyed(conn: &mut AsyncPgConnection, key: &str) {
+    diesel::sql_query(
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, dispatch_key, created_at)
+         VALUES ('acme', 'mail.cart.reminder', '{}', $1, now() + interval '1 day')",
+    )
+    .bind::<Text, _>(key)
+    .execute(conn)
+    .await
+    .unwrap();
+}
+
+/// The rows holding `key`.
+async fn holders(conn: &mut AsyncPgConnection, key: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct N {
+        #[diesel(sql_type = BigInt)]
+        n: i64,
+    }
+    diesel::sql_query("SELECT count(*) AS n FROM outbox_event WHERE dispatch_key = $1")
+        .bind::<Text, _>(key)
+        .get_result::<N>(conn)
+        .await
+        .unwrap()
+        .n
+}
+
+/// A connection of its own with a temporary table named like the key
+/// table, as a producer could make.
+async fn with_temporary_key_table(db: &outbox_test_support::TestDatabase) -> AsyncPgConnection {
+    let mut producer = db.conn().await;
+    producer
+        .batch_execute(
+            "CREATE TEMPORARY TABLE outbox_dispatch_key
+                 (dispatch_key text PRIMARY KEY, event_id uuid NOT NULL, created_at timestamptz NOT NULL)",
+        )
+        .await
+        .unwrap();
+    producer
 }
 
 /// The `n` of a query `SELECT count(*) AS n …`.

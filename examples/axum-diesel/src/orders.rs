@@ -136,8 +136,8 @@ pub async fn place(conn: &mut AsyncPgConnection, order: NewOrder) -> Result<Orde
             customer: order.customer.clone(),
             total_cents: order.total_cents,
         };
-        let mut tx = OutboxTx::new(conn).map_err(PublishError::from)?;
-        publish(&mut tx, order.tenant_id.as_str(), &placed).await?;
+        let tx = OutboxTx::new(conn).map_err(PublishError::from)?;
+        publish(&tx, order.tenant_id.as_str(), &placed).await?;
         Ok(Order {
             id,
             tenant_id: order.tenant_id,

@@ -3,15 +3,19 @@
 -- path did not name pg_temp, and Postgres then searches a session's
 -- temporary schema first: a producer's temporary table named
 -- outbox_dispatch_key would have taken the keys in place of the real one,
--- so that another session could publish a key already held. The schema
--- they were created in first, pg_temp last.
+-- so that another session could publish a key already held. Now: the
+-- schema each function lives in (where migration 2026-12-06-000001 made
+-- outbox_dispatch_key beside it), then pg_temp.
 DO $$
+DECLARE
+    f regprocedure;
 BEGIN
-    EXECUTE format(
-        'ALTER FUNCTION outbox_dispatch_key_take() SET search_path = %I, pg_temp',
-        current_schema());
-    EXECUTE format(
-        'ALTER FUNCTION outbox_dispatch_key_forget() SET search_path = %I, pg_temp',
-        current_schema());
+    FOREACH f IN ARRAY ARRAY['outbox_dispatch_key_take()'::regprocedure,
+                             'outbox_dispatch_key_forget()'::regprocedure] LOOP
+        EXECUTE format('ALTER FUNCTION %s SET search_path = %I, pg_temp', f,
+                       (SELECT n.nspname FROM pg_proc p
+                        JOIN pg_namespace n ON n.oid = p.pronamespace
+                        WHERE p.oid = f));
+    END LOOP;
 END;
 $$;
