@@ -100,6 +100,7 @@ async fn purge(
             .map(|p| p.name)
             .collect()
     } else {
+        remove_conversion_leftovers(&mut conn).await;
         vec!["outbox_event".to_owned()]
     };
     for table in &tables {
@@ -173,10 +174,12 @@ pub async fn run_retention(
             if Instant::now() >= next_run {
                 break;
             }
-            if let Ok(mut conn) = pool.get().await
-                && matches!(outbox_store::partitioning(&mut conn).await, Ok(Some(_)))
-            {
-                upkeep_partitions(&mut conn).await;
+            if let Ok(mut conn) = pool.get().await {
+                match outbox_store::partitioning(&mut conn).await {
+                    Ok(Some(_)) => upkeep_partitions(&mut conn).await,
+                    Ok(None) => remove_conversion_leftovers(&mut conn).await,
+                    Err(_) => {}
+                }
             }
         }
     }
@@ -185,6 +188,32 @@ pub async fn run_retention(
 /// How often the retention job makes sure the partitions ahead of a
 /// partitioned `outbox_event` exist, between its runs.
 pub const PARTITION_UPKEEP_EVERY: Duration = Duration::from_secs(600);
+
+/// Removes what an `outbox partition convert` that failed or was killed
+/// left on the one table (its bound constraint would refuse rows created
+/// past it); what a lock kept is logged and tried again at the next upkeep.
+async fn remove_conversion_leftovers(conn: &mut diesel_async::AsyncPgConnection) {
+    match outbox_store::remove_conversion_leftovers(conn).await {
+        Ok(cleanup) => {
+            for part in &cleanup.removed {
+                tracing::info!(job = RETENTION_JOB_NAME, %part, "removed what a failed partition conversion left");
+            }
+            for (part, error) in &cleanup.left {
+                tracing::warn!(
+                    job = RETENTION_JOB_NAME,
+                    %part,
+                    %error,
+                    "could not remove what a failed partition conversion left; the next upkeep tries again"
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            job = RETENTION_JOB_NAME,
+            error = %e,
+            "could not look for what a failed partition conversion left; the next upkeep tries again"
+        ),
+    }
+}
 
 /// Creates the missing partitions ahead; a failure is logged (the default
 /// partition takes rows meanwhile) and tried again at the next upkeep.

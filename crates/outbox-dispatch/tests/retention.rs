@@ -387,3 +387,50 @@ async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and
         before
     );
 }
+
+/// A conversion to partitions that failed while a long transaction held
+/// `outbox_event` leaves its bound constraint (which refuses rows created
+/// past it) and its copy of the held keys; the next retention run removes
+/// them. Break checked: without the retention run's call of
+/// `outbox_store::remove_conversion_leftovers`, the constraint stays and the
+/// row created past it is refused.
+#[tokio::test]
+async fn a_retention_run_removes_what_a_failed_partition_conversion_left_so_later_rows_go_in() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_some()
+    {
+        // The partitioned run: nothing of a conversion is left on one table.
+        return;
+    }
+    exec(
+        &mut conn,
+        "ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound
+             CHECK (created_at < now() + interval '1 day') NOT VALID;
+         INSERT INTO outbox_dispatch_key (dispatch_key, event_id, created_at)
+             VALUES ('cart-1', gen_random_uuid(), now())",
+    )
+    .await;
+
+    purge_done(h.db.pool(), RetentionConfig::default())
+        .await
+        .unwrap();
+
+    // A producer's row created two days ahead.
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, created_at)
+         VALUES ('acme', 'mail.cart.reminder', '{}', now() + interval '2 days')",
+    )
+    .await;
+    assert_eq!(
+        outbox_store::remove_conversion_leftovers(&mut conn)
+            .await
+            .unwrap(),
+        outbox_store::ConversionLeftovers::default(),
+        "the retention run left nothing to remove"
+    );
+}

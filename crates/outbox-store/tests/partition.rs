@@ -826,6 +826,125 @@ async fn a_conversion_killed_while_it_copies_the_keys_can_run_again_and_keys_sta
     ));
 }
 
+/// Whether the one table still has the conversion's bound constraint.
+async fn has_bound(conn: &mut AsyncPgConnection) -> bool {
+    count(
+        conn,
+        "SELECT count(*) AS n FROM pg_constraint
+         WHERE conrelid = 'outbox_event'::regclass AND conname = 'outbox_event_partition_bound'",
+    )
+    .await
+        > 0
+}
+
+// A long transaction reading outbox_event keeps the swap from its lock.
+// The conversion gives up after its lock timeout rather than queueing
+// producers behind it, and so does the removal of its bound and triggers,
+// which need the same lock: they stay, noting nothing, until
+// `remove_conversion_leftovers` (the retention job's upkeep) runs after the
+// transaction ended. Then a row created past the bound goes in again.
+// Break checked: with the failure path's constraint drop waiting for its
+// lock without a timeout (as before), the conversion waits for the reading
+// transaction and the first assertion fails.
+#[tokio::test]
+async fn a_conversion_refused_its_lock_gives_up_and_what_it_left_is_removed_once_the_lock_is_free()
+{
+    let (db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    // Enough held keys that the copy takes a while: the reader starts
+    // during the copy, after the steps that need the lock for a moment.
+    seed_keyed_done(&mut conn, 300_000).await;
+    let mut converting = db.conn().await;
+    let conversion = tokio::spawn(async move {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(120),
+            outbox_store::convert_to_partitioned(&mut converting, PartitionUnit::Day, 3),
+        )
+        .await
+    });
+    outbox_test_support::eventually(
+        "the conversion to copy the keys",
+        std::time::Duration::from_secs(60),
+        async || {
+            count(
+                &mut conn,
+                "SELECT count(*) AS n FROM pg_stat_activity
+                 WHERE datname = current_database() AND state = 'active'
+                   AND pid <> pg_backend_pid()
+                   AND query LIKE '%INSERT INTO outbox_dispatch_key%FROM outbox_event%'",
+            )
+            .await
+                > 0
+        },
+    )
+    .await;
+    let mut reader = db.conn().await;
+    reader
+        .batch_execute("BEGIN; SELECT count(*) FROM outbox_event;")
+        .await
+        .unwrap();
+    let refused = conversion
+        .await
+        .unwrap()
+        .expect("the conversion gave up instead of waiting for the reading transaction")
+        .unwrap_err();
+    assert!(refused.to_string().contains("lock timeout"), "{refused}");
+    // Nothing waits for the lock now: producers write while the reader
+    // still runs.
+    assert!(matches!(
+        insert_keyed(&mut conn, "cart-2").await,
+        Inserted::New(_)
+    ));
+    assert!(
+        outbox_store::partitioning(&mut conn)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(has_bound(&mut conn).await, "the bound needed the lock");
+    assert!(
+        note_leftovers(&mut conn).await > 0,
+        "the triggers needed the lock"
+    );
+    let early = outbox_store::remove_conversion_leftovers(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        early
+            .left
+            .iter()
+            .any(|(part, _)| *part == "outbox_event_partition_bound"),
+        "{early:?}"
+    );
+    reader.batch_execute("COMMIT").await.unwrap();
+    let cleanup = outbox_store::remove_conversion_leftovers(&mut conn)
+        .await
+        .unwrap();
+    assert!(cleanup.left.is_empty(), "{cleanup:?}");
+    assert!(
+        cleanup.removed.contains(&"outbox_event_partition_bound"),
+        "{cleanup:?}"
+    );
+    assert!(!has_bound(&mut conn).await);
+    assert_eq!(note_leftovers(&mut conn).await, 0, "{cleanup:?}");
+    assert_eq!(
+        count(&mut conn, "SELECT count(*) AS n FROM outbox_dispatch_key").await,
+        0,
+        "the copied keys went too"
+    );
+    // Past the bound (at most two days ahead): refused while it stood.
+    created_in(&mut conn, 3, None).await;
+    assert_eq!(
+        outbox_store::remove_conversion_leftovers(&mut conn)
+            .await
+            .unwrap(),
+        outbox_store::ConversionLeftovers::default(),
+        "nothing is left to remove"
+    );
+}
+
 // Break checked: with the functions' search path as migration
 // 2026-12-06-000001 set it (no pg_temp), the key goes into the temporary
 // table and the row of the next day's partition is written too (two

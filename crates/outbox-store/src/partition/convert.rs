@@ -4,7 +4,8 @@
 //! under it.
 
 use chrono::{DateTime, Utc};
-use diesel::OptionalExtension;
+use diesel::sql_types::Bool;
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use tracing::instrument;
 
@@ -58,7 +59,9 @@ pub struct Converted {
 ///
 /// When a step fails the constraint of step 1, the copy of step 3 and its
 /// triggers are removed again, so the table takes rows created after the
-/// bound as before.
+/// bound as before. Each of those removals waits at most
+/// [`LOCK_TIMEOUT`] for its lock; what a long transaction on `outbox_event`
+/// kept is logged and removed later by [`remove_conversion_leftovers`].
 ///
 /// # Errors
 ///
@@ -95,16 +98,21 @@ pub async fn convert_to_partitioned(
     }
     let result = convert_below(conn, unit, ahead, bound).await;
     if result.is_err() && !is_partitioned(conn).await.unwrap_or(true) {
-        // Best effort: a failure must not leave a bound that refuses rows later.
-        if let Err(e) = conn
-            .batch_execute(
-                "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound",
-            )
-            .await
-        {
-            tracing::warn!(error = %e, "the conversion failed and its bound constraint is still there: run `outbox partition convert` again");
+        // A failure must not leave a bound that refuses rows later, nor
+        // triggers that note keys: each part goes as far as its lock is
+        // granted within LOCK_TIMEOUT, and what stays is logged and removed
+        // by the retention job later (`remove_conversion_leftovers`).
+        match find_leftovers(conn).await {
+            Ok(found) => {
+                let cleanup = remove_found(conn, found).await;
+                log_left(&cleanup, "the conversion failed and left this");
+            }
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the conversion failed and could not look for what it left; \
+                 worker-general's retention job removes it"
+            ),
         }
-        forget_keys_ahead(conn).await;
     }
     // Also released when the connection closes.
     let _ = conn
@@ -303,33 +311,207 @@ async fn leftover_note_triggers(conn: &mut AsyncPgConnection) -> Result<Vec<&'st
         .collect())
 }
 
-/// Undoes [`copy_keys_ahead`] after a conversion failed, step by step,
-/// each as far as it goes: the notes' table first (the triggers then note
-/// nothing, and dropping it does not lock `outbox_event`), the copied keys,
-/// then the triggers and their function, which need `ACCESS EXCLUSIVE` on
-/// `outbox_event`. What is left is logged; the next conversion removes it.
-async fn forget_keys_ahead(conn: &mut AsyncPgConnection) {
+/// What a conversion that failed or was killed left on the one table,
+/// removed by [`remove_conversion_leftovers`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ConversionLeftovers {
+    /// The parts removed (see [`LEFTOVER_PARTS`]).
+    pub removed: Vec<&'static str>,
+    /// The parts still there, each with the error that kept it (a lock
+    /// not granted within [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT), say); the
+    /// next call tries again.
+    pub left: Vec<(&'static str, String)>,
+}
+
+/// The parts of an unfinished conversion, as [`ConversionLeftovers`] names
+/// them, in the order they are removed:
+///
+/// - `outbox_dispatch_key_changed`: the table of the keys written during the
+///   copy (without it the triggers note nothing);
+/// - `outbox_dispatch_key rows`: the copied keys (unused while the table is
+///   one table);
+/// - `outbox_event_partition_bound`: the `CHECK (created_at < bound)`
+///   constraint, which refuses rows created after the bound (at most two
+///   partition units after the conversion started);
+/// - `outbox_event_note_dispatch_key triggers`: the triggers that note keys
+///   (a function call per keyed row written);
+/// - `outbox_dispatch_key_note()`: their function.
+///
+/// The constraint and the triggers need `ACCESS EXCLUSIVE` on
+/// `outbox_event` for a moment. The two indexes built `CONCURRENTLY`
+/// (`outbox_event_id_created_at_key`, `outbox_event_dispatch_key_idx`) are
+/// kept for the next conversion.
+pub const LEFTOVER_PARTS: [&str; 5] = [
+    "outbox_dispatch_key_changed",
+    "outbox_dispatch_key rows",
+    "outbox_event_partition_bound",
+    "outbox_event_note_dispatch_key triggers",
+    "outbox_dispatch_key_note()",
+];
+
+/// Which of [`LEFTOVER_PARTS`] are there.
+#[derive(QueryableByName, Debug, Clone, Copy, Default)]
+struct Found {
+    #[diesel(sql_type = Bool)]
+    notes: bool,
+    #[diesel(sql_type = Bool)]
+    keys: bool,
+    #[diesel(sql_type = Bool)]
+    bound: bool,
+    #[diesel(sql_type = Bool)]
+    triggers: bool,
+    #[diesel(sql_type = Bool)]
+    function: bool,
+}
+
+impl Found {
+    fn any(self) -> bool {
+        self.notes || self.keys || self.bound || self.triggers || self.function
+    }
+}
+
+async fn find_leftovers(conn: &mut AsyncPgConnection) -> Result<Found> {
+    Ok(diesel::sql_query(format!(
+        "SELECT to_regclass('{KEYS_CHANGED}') IS NOT NULL AS notes,
+                EXISTS (SELECT 1 FROM outbox_dispatch_key) AS keys,
+                EXISTS (SELECT 1 FROM pg_constraint
+                        WHERE conrelid = 'outbox_event'::regclass
+                          AND conname = 'outbox_event_partition_bound') AS bound,
+                EXISTS (SELECT 1 FROM pg_trigger
+                        WHERE tgrelid = 'outbox_event'::regclass
+                          AND tgname IN ('{}', '{}', '{}')) AS triggers,
+                to_regprocedure('outbox_dispatch_key_note()') IS NOT NULL AS function",
+        NOTE_TRIGGERS[0], NOTE_TRIGGERS[1], NOTE_TRIGGERS[2]
+    ))
+    .get_result(conn)
+    .await?)
+}
+
+/// Removes what a conversion that failed or was killed left on the one
+/// table ([`LEFTOVER_PARTS`]), each part in a transaction of its own that
+/// waits at most [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT) for its lock, so
+/// that a long transaction on `outbox_event` never queues producers behind
+/// it. Parts whose lock was not granted are returned in
+/// [`ConversionLeftovers::left`]; call again later.
+///
+/// Does nothing on a partitioned table, and while a conversion runs (it
+/// holds [`CONVERT_LOCK`]): its parts are not leftovers then.
+/// `worker-general`'s retention job calls it on a table that is not
+/// partitioned, at every run and every ten minutes between runs
+/// (`outbox_dispatch::PARTITION_UPKEEP_EVERY`).
+///
+/// ```no_run
+/// # async fn f(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// let cleanup = outbox_store::remove_conversion_leftovers(conn).await?;
+/// for (part, why) in &cleanup.left {
+///     eprintln!("{part} is still there: {why}");
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// A database error when the catalog cannot be read; a part that cannot
+/// be removed is not an error.
+#[instrument(level = "debug", skip(conn), err)]
+pub async fn remove_conversion_leftovers(
+    conn: &mut AsyncPgConnection,
+) -> Result<ConversionLeftovers> {
+    if is_partitioned(conn).await? || !find_leftovers(conn).await?.any() {
+        return Ok(ConversionLeftovers::default());
+    }
+    let taken: Flag = diesel::sql_query(format!(
+        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
+    ))
+    .get_result(conn)
+    .await?;
+    if !taken.yes {
+        return Ok(ConversionLeftovers::default());
+    }
+    // A conversion may have ended between the first look and the lock.
+    let found = if is_partitioned(conn).await.unwrap_or(true) {
+        Ok(Found::default())
+    } else {
+        find_leftovers(conn).await
+    };
+    let cleanup = match found {
+        Ok(found) => Ok(remove_found(conn, found).await),
+        Err(e) => Err(e),
+    };
+    let _ = conn
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
+        ))
+        .await;
+    cleanup
+}
+
+/// Removes the parts `found`, each as far as it goes (see
+/// [`remove_conversion_leftovers`]).
+async fn remove_found(conn: &mut AsyncPgConnection, found: Found) -> ConversionLeftovers {
+    let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
     let steps = [
-        format!("DROP TABLE IF EXISTS {KEYS_CHANGED}"),
-        "TRUNCATE outbox_dispatch_key".to_owned(),
-        NOTE_TRIGGERS
-            .iter()
-            .map(|t| format!("DROP TRIGGER IF EXISTS {t} ON outbox_event;"))
-            .collect::<String>(),
-        "DROP FUNCTION IF EXISTS outbox_dispatch_key_note()".to_owned(),
+        (
+            found.notes,
+            notes,
+            format!("DROP TABLE IF EXISTS {KEYS_CHANGED}"),
+        ),
+        (found.keys, keys, "TRUNCATE outbox_dispatch_key".to_owned()),
+        (
+            found.bound,
+            bound,
+            "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound"
+                .to_owned(),
+        ),
+        (
+            found.triggers,
+            triggers,
+            NOTE_TRIGGERS
+                .iter()
+                .map(|t| format!("DROP TRIGGER IF EXISTS {t} ON outbox_event;"))
+                .collect::<String>(),
+        ),
+        (
+            found.function,
+            function,
+            "DROP FUNCTION IF EXISTS outbox_dispatch_key_note()".to_owned(),
+        ),
     ];
-    for step in steps {
-        let statement = format!("SET lock_timeout = '{LOCK_TIMEOUT}'; {step}; RESET lock_timeout;");
-        if let Err(e) = conn.batch_execute(&statement).await {
-            tracing::warn!(
-                error = %e,
-                step = %step,
-                "the conversion failed and this part of its key copy is still there: \
-                 it does nothing, and the next `outbox partition convert` removes it"
-            );
-            let _ = conn.batch_execute("RESET lock_timeout").await;
-            return;
+    let mut cleanup = ConversionLeftovers::default();
+    for (present, part, sql) in steps {
+        if !present {
+            continue;
         }
+        // The function goes only once its triggers have.
+        if part == function && cleanup.left.iter().any(|(p, _)| *p == triggers) {
+            cleanup
+                .left
+                .push((part, "its triggers are still there".to_owned()));
+            continue;
+        }
+        let statement = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; {sql};");
+        match conn
+            .transaction::<_, StoreError, _>(async |conn| {
+                Ok(conn.batch_execute(&statement).await?)
+            })
+            .await
+        {
+            Ok(()) => cleanup.removed.push(part),
+            Err(e) => cleanup.left.push((part, e.to_string())),
+        }
+    }
+    cleanup
+}
+
+/// Logs each part still there.
+fn log_left(cleanup: &ConversionLeftovers, message: &'static str) {
+    for (part, error) in &cleanup.left {
+        tracing::warn!(
+            part = %part,
+            error = %error,
+            "{message}: worker-general's retention job removes it at its next run \
+             (or run `outbox partition convert` again)"
+        );
     }
 }
 

@@ -52,7 +52,10 @@ use crate::{Result, StoreError};
 mod convert;
 mod finished;
 
-pub use convert::{CONVERT_LOCK, Converted, convert_to_partitioned};
+pub use convert::{
+    CONVERT_LOCK, ConversionLeftovers, Converted, LEFTOVER_PARTS, convert_to_partitioned,
+    remove_conversion_leftovers,
+};
 pub use finished::{DroppedPartition, drop_finished_partition};
 
 /// How long a statement that needs `ACCESS EXCLUSIVE` on `outbox_event`
