@@ -25,7 +25,7 @@ pub struct PartitionArgs {
 enum PartitionCommand {
     /// Partition outbox_event by created_at; the existing rows stay where they are, in its first partition.
     Convert(ConvertArgs),
-    /// Whether outbox_event is partitioned, and its partitions: range, rows (estimated) and size.
+    /// Whether outbox_event is partitioned, and its partitions: range, rows (estimated) and size; exits 1 when rows are in the default partition or a failed conversion left parts behind.
     Status,
 }
 
@@ -112,6 +112,9 @@ async fn status(cli: &Cli) -> Outcome {
     let other_means = outbox_store::partitioned_by_other_means(&mut conn)
         .await
         .context("cannot tell how outbox_event is partitioned")?;
+    let leftovers = outbox_store::conversion_leftovers(&mut conn)
+        .await
+        .context("cannot look for what a failed conversion left")?;
     // Rows in the default partition mean a partition was missing when they
     // were written: worth an operator's look.
     let in_default = parts
@@ -125,6 +128,7 @@ async fn status(cli: &Cli) -> Outcome {
             "ahead": partitioning.as_ref().map(|p| p.ahead),
             "converted_at": partitioning.as_ref().map(|p| p.converted_at),
             "partitions": parts.iter().map(Partition::from).collect::<Vec<_>>(),
+            "conversion_leftovers": leftovers,
         }))?;
     } else if let Some(p) = &partitioning {
         println!(
@@ -162,6 +166,15 @@ async fn status(cli: &Cli) -> Outcome {
         println!(
             "outbox_event is one table (not partitioned): `outbox partition convert` partitions it"
         );
+        if !leftovers.is_empty() {
+            println!(
+                "a conversion that failed left: {}; worker-general's retention job removes them \
+                 (within 10 minutes while it runs), or run `outbox partition convert` again",
+                leftovers.join(", ")
+            );
+        }
     }
-    Ok(ExitStatus::alert_if(in_default || other_means))
+    Ok(ExitStatus::alert_if(
+        in_default || other_means || !leftovers.is_empty(),
+    ))
 }

@@ -118,3 +118,42 @@ async fn status_names_a_table_partitioned_by_other_means_and_exits_1() {
         text.stdout
     );
 }
+
+// What a failed conversion left on the one table (here its bound
+// constraint, which would refuse rows created past it) is named, with
+// exit code 1, until the retention job or another conversion removes it.
+// Break checked: with `conversion_leftovers` answering nothing, status
+// exits 0 and names nothing.
+#[tokio::test]
+async fn status_names_what_a_failed_conversion_left_and_exits_1_until_it_is_removed() {
+    let Some((env, mut conn)) = one_table().await else {
+        return; // the run's databases are partitioned already
+    };
+    conn.batch_execute(
+        "ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound
+             CHECK (created_at < now() + interval '1 day') NOT VALID",
+    )
+    .await
+    .unwrap();
+
+    let status = env.outbox(&["partition", "status", "--json"]);
+    assert_eq!(status.code, 1, "{}{}", status.stdout, status.stderr);
+    assert_eq!(
+        status.json()["conversion_leftovers"],
+        serde_json::json!(["outbox_event_partition_bound"])
+    );
+    let text = env.outbox(&["partition", "status"]);
+    assert!(
+        text.stdout
+            .contains("a conversion that failed left: outbox_event_partition_bound"),
+        "{}",
+        text.stdout
+    );
+
+    outbox_store::remove_conversion_leftovers(&mut conn)
+        .await
+        .unwrap();
+    let after = env.outbox(&["partition", "status", "--json"]);
+    assert_eq!(after.code, 0, "{}{}", after.stdout, after.stderr);
+    assert_eq!(after.json()["conversion_leftovers"], serde_json::json!([]));
+}

@@ -108,9 +108,9 @@ pub use page::{
 pub use partition::{
     CONVERT_LOCK, ConversionLeftovers, Converted, DEFAULT_PARTITION, DroppedPartition,
     LEFTOVER_PARTS, LEGACY_PARTITION, LOCK_TIMEOUT, PartitionError, PartitionInfo, PartitionUnit,
-    Partitioning, UnknownPartitionUnit, convert_to_partitioned, create_partitions_ahead,
-    drop_finished_partition, partitioned_by_other_means, partitioning, partitions,
-    remove_conversion_leftovers,
+    Partitioning, UnknownPartitionUnit, conversion_leftovers, convert_to_partitioned,
+    create_partitions_ahead, drop_finished_partition, partitioned_by_other_means, partitioning,
+    partitions, remove_conversion_leftovers,
 };
 pub use redis_guard::{
     EpochRow, SafePointRow, advance_drained, advance_pending, db_now, ensure_safe_points,

@@ -446,6 +446,47 @@ pub async fn remove_conversion_leftovers(
     cleanup
 }
 
+/// Which of [`LEFTOVER_PARTS`] a conversion that failed or was killed left
+/// on the one table, without removing them (what `outbox partition status`
+/// shows). Empty on a partitioned table, and while a conversion runs: its
+/// parts are not leftovers then.
+///
+/// # Errors
+///
+/// A database error when the catalog cannot be read.
+pub async fn conversion_leftovers(conn: &mut AsyncPgConnection) -> Result<Vec<&'static str>> {
+    if is_partitioned(conn).await? {
+        return Ok(Vec::new());
+    }
+    let found = find_leftovers(conn).await?;
+    if !found.any() {
+        return Ok(Vec::new());
+    }
+    let idle: Flag = diesel::sql_query(format!(
+        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
+    ))
+    .get_result(conn)
+    .await?;
+    if !idle.yes {
+        return Ok(Vec::new());
+    }
+    conn.batch_execute(&format!(
+        "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
+    ))
+    .await?;
+    let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
+    Ok([
+        (found.notes, notes),
+        (found.keys, keys),
+        (found.bound, bound),
+        (found.triggers, triggers),
+        (found.function, function),
+    ]
+    .into_iter()
+    .filter_map(|(present, part)| present.then_some(part))
+    .collect())
+}
+
 /// Removes the parts `found`, each as far as it goes (see
 /// [`remove_conversion_leftovers`]).
 async fn remove_found(conn: &mut AsyncPgConnection, found: Found) -> ConversionLeftovers {

@@ -53,8 +53,8 @@ mod convert;
 mod finished;
 
 pub use convert::{
-    CONVERT_LOCK, ConversionLeftovers, Converted, LEFTOVER_PARTS, convert_to_partitioned,
-    remove_conversion_leftovers,
+    CONVERT_LOCK, ConversionLeftovers, Converted, LEFTOVER_PARTS, conversion_leftovers,
+    convert_to_partitioned, remove_conversion_leftovers,
 };
 pub use finished::{DroppedPartition, drop_finished_partition};
 
