@@ -88,12 +88,7 @@ pub async fn convert_to_partitioned(
     .get_result(conn)
     .await?;
     let bound = bound.at;
-    let taken: Flag = diesel::sql_query(format!(
-        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
-    ))
-    .get_result(conn)
-    .await?;
-    if !taken.yes {
+    if !take_convert_lock(conn).await? {
         return Err(PartitionError::ConversionRunning.into());
     }
     let result = convert_below(conn, unit, ahead, bound).await;
@@ -114,12 +109,7 @@ pub async fn convert_to_partitioned(
             ),
         }
     }
-    // Also released when the connection closes.
-    let _ = conn
-        .batch_execute(&format!(
-            "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
-        ))
-        .await;
+    release_convert_lock(conn).await;
     result
 }
 
@@ -138,6 +128,27 @@ pub async fn convert_to_partitioned(
 /// // (a `false` answer took the lock: release it with pg_advisory_unlock)
 /// ```
 pub const CONVERT_LOCK: &str = "outbox_partition_convert";
+
+/// Tries to take [`CONVERT_LOCK`] for this session; false when another
+/// session holds it.
+async fn take_convert_lock(conn: &mut AsyncPgConnection) -> Result<bool> {
+    let taken: Flag = diesel::sql_query(format!(
+        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
+    ))
+    .get_result(conn)
+    .await?;
+    Ok(taken.yes)
+}
+
+/// Releases [`CONVERT_LOCK`]; the lock also goes when the connection
+/// closes, so a failure here is not one.
+async fn release_convert_lock(conn: &mut AsyncPgConnection) {
+    let _ = conn
+        .batch_execute(&format!(
+            "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
+        ))
+        .await;
+}
 
 async fn convert_below(
     conn: &mut AsyncPgConnection,
@@ -420,12 +431,7 @@ pub async fn remove_conversion_leftovers(
     if is_partitioned(conn).await? || !find_leftovers(conn).await?.any() {
         return Ok(ConversionLeftovers::default());
     }
-    let taken: Flag = diesel::sql_query(format!(
-        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
-    ))
-    .get_result(conn)
-    .await?;
-    if !taken.yes {
+    if !take_convert_lock(conn).await? {
         return Ok(ConversionLeftovers::default());
     }
     // A conversion may have ended between the first look and the lock.
@@ -438,11 +444,7 @@ pub async fn remove_conversion_leftovers(
         Ok(found) => Ok(remove_found(conn, found).await),
         Err(e) => Err(e),
     };
-    let _ = conn
-        .batch_execute(&format!(
-            "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
-        ))
-        .await;
+    release_convert_lock(conn).await;
     cleanup
 }
 
@@ -462,18 +464,10 @@ pub async fn conversion_leftovers(conn: &mut AsyncPgConnection) -> Result<Vec<&'
     if !found.any() {
         return Ok(Vec::new());
     }
-    let idle: Flag = diesel::sql_query(format!(
-        "SELECT pg_try_advisory_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
-    ))
-    .get_result(conn)
-    .await?;
-    if !idle.yes {
+    if !take_convert_lock(conn).await? {
         return Ok(Vec::new());
     }
-    conn.batch_execute(&format!(
-        "SELECT pg_advisory_unlock(hashtextextended('{CONVERT_LOCK}', 0))"
-    ))
-    .await?;
+    release_convert_lock(conn).await;
     let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
     Ok([
         (found.notes, notes),
