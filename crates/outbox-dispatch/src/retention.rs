@@ -55,6 +55,9 @@ struct Run {
     deleted: u64,
     /// Time spent waiting for the dispatcher.
     paused: Duration,
+    /// A failed conversion's bound constraint is still there (see
+    /// [`LEFTOVER_RETRY_EVERY`]).
+    bound_left: bool,
 }
 
 /// [`purge_done_until`] that, while `yield_to` drains a backlog, pauses
@@ -70,6 +73,7 @@ async fn purge(
     let mut paused = Duration::ZERO;
     let older_than = config.retention.as_secs_f64();
     let mut deleted = 0u64;
+    let mut bound_left = false;
     // A partitioned table loses whole partitions first; the rows of the
     // partitions that must stay are deleted one batch at a time, partition by
     // partition (a row's position is unique within one table only).
@@ -100,7 +104,7 @@ async fn purge(
             .map(|p| p.name)
             .collect()
     } else {
-        remove_conversion_leftovers(&mut conn).await;
+        bound_left = remove_conversion_leftovers(&mut conn).await;
         vec!["outbox_event".to_owned()]
     };
     for table in &tables {
@@ -140,7 +144,11 @@ async fn purge(
         paused_for_dispatch_ms = paused.as_millis() as u64,
         "retention run finished"
     );
-    Ok(Run { deleted, paused })
+    Ok(Run {
+        deleted,
+        paused,
+        bound_left,
+    })
 }
 
 /// Runs [`purge_done`] now and then every `every` (daily in the workers)
@@ -157,16 +165,25 @@ pub async fn run_retention(
     shutdown: CancellationToken,
 ) {
     loop {
-        if let Err(e) = purge(&pool, config, &shutdown, yield_to.as_ref()).await {
-            tracing::error!(job = RETENTION_JOB_NAME, error = %e, "retention run failed");
-        }
+        let mut bound_left = match purge(&pool, config, &shutdown, yield_to.as_ref()).await {
+            Ok(run) => run.bound_left,
+            Err(e) => {
+                tracing::error!(job = RETENTION_JOB_NAME, error = %e, "retention run failed");
+                false
+            }
+        };
         // Between runs, partitions ahead are kept created every
         // PARTITION_UPKEEP_EVERY (a run a day would not do for hourly ones).
         let next_run = Instant::now() + every;
         loop {
+            let upkeep = if bound_left {
+                LEFTOVER_RETRY_EVERY
+            } else {
+                PARTITION_UPKEEP_EVERY
+            };
             let wait = next_run
                 .saturating_duration_since(Instant::now())
-                .min(PARTITION_UPKEEP_EVERY);
+                .min(upkeep);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}
@@ -177,7 +194,7 @@ pub async fn run_retention(
             if let Ok(mut conn) = pool.get().await {
                 match outbox_store::partitioning(&mut conn).await {
                     Ok(Some(_)) => upkeep_partitions(&mut conn).await,
-                    Ok(None) => remove_conversion_leftovers(&mut conn).await,
+                    Ok(None) => bound_left = remove_conversion_leftovers(&mut conn).await,
                     Err(_) => {}
                 }
             }
@@ -189,10 +206,16 @@ pub async fn run_retention(
 /// partitioned `outbox_event` exist, between its runs.
 pub const PARTITION_UPKEEP_EVERY: Duration = Duration::from_secs(600);
 
+/// How soon the retention job tries again to remove a failed conversion's
+/// bound constraint that a lock kept: the bound refuses rows created past
+/// it, which may be minutes away.
+pub const LEFTOVER_RETRY_EVERY: Duration = Duration::from_secs(30);
+
 /// Removes what an `outbox partition convert` that failed or was killed
 /// left on the one table (its bound constraint would refuse rows created
 /// past it); what a lock kept is logged and tried again at the next upkeep.
-async fn remove_conversion_leftovers(conn: &mut diesel_async::AsyncPgConnection) {
+/// Returns whether the bound is still there.
+async fn remove_conversion_leftovers(conn: &mut diesel_async::AsyncPgConnection) -> bool {
     match outbox_store::remove_conversion_leftovers(conn).await {
         Ok(cleanup) => {
             for part in &cleanup.removed {
@@ -206,12 +229,16 @@ async fn remove_conversion_leftovers(conn: &mut diesel_async::AsyncPgConnection)
                     "could not remove what a failed partition conversion left; the next upkeep tries again"
                 );
             }
+            cleanup.bound_left()
         }
-        Err(e) => tracing::warn!(
-            job = RETENTION_JOB_NAME,
-            error = %e,
-            "could not look for what a failed partition conversion left; the next upkeep tries again"
-        ),
+        Err(e) => {
+            tracing::warn!(
+                job = RETENTION_JOB_NAME,
+                error = %e,
+                "could not look for what a failed partition conversion left; the next upkeep tries again"
+            );
+            false
+        }
     }
 }
 
@@ -268,7 +295,8 @@ mod tests {
             idle,
             Run {
                 deleted: 6,
-                paused: Duration::ZERO
+                paused: Duration::ZERO,
+                bound_left: false,
             }
         );
         assert_eq!(

@@ -388,10 +388,9 @@ async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and
     );
 }
 
-/// A conversion to partitions that failed while a long transaction held
-/// `outbox_event` leaves its bound constraint (which refuses rows created
-/// past it) and its copy of the held keys; the next retention run removes
-/// them. Break checked: without the retention run's call of
+/// A conversion to partitions whose connection died leaves its bound
+/// constraint (which refuses rows created past it) and its copy of the
+/// held keys; the next retention run removes them. Break checked: without the retention run's call of
 /// `outbox_store::remove_conversion_leftovers`, the constraint stays and the
 /// row created past it is refused.
 #[tokio::test]

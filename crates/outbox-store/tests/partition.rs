@@ -713,14 +713,7 @@ async fn a_second_conversion_while_one_runs_is_refused_and_changes_nothing() {
     }
     insert_keyed(&mut conn, "cart-1").await;
     // What a running conversion holds.
-    let mut running = db.conn().await;
-    running
-        .batch_execute(&format!(
-            "SELECT pg_advisory_lock(hashtextextended('{}', 0))",
-            outbox_store::CONVERT_LOCK
-        ))
-        .await
-        .unwrap();
+    let running = running_conversion(&db).await;
     let err = outbox_store::convert_to_partitioned(&mut conn, PartitionUnit::Day, 3)
         .await
         .unwrap_err();
@@ -826,6 +819,19 @@ async fn a_conversion_killed_while_it_copies_the_keys_can_run_again_and_keys_sta
     ));
 }
 
+/// A connection holding what a running conversion holds: its advisory lock.
+async fn running_conversion(db: &outbox_test_support::TestDatabase) -> AsyncPgConnection {
+    let mut running = db.conn().await;
+    running
+        .batch_execute(&format!(
+            "SELECT pg_advisory_lock(hashtextextended('{}', 0))",
+            outbox_store::CONVERT_LOCK
+        ))
+        .await
+        .unwrap();
+    running
+}
+
 /// Whether the one table still has the conversion's bound constraint.
 async fn has_bound(conn: &mut AsyncPgConnection) -> bool {
     count(
@@ -856,6 +862,9 @@ async fn a_conversion_refused_its_lock_gives_up_and_what_it_left_is_removed_once
     // Enough held keys that the copy takes a while: the reader starts
     // during the copy, after the steps that need the lock for a moment.
     seed_keyed_done(&mut conn, 300_000).await;
+    // Connected now, so that it starts its transaction as soon as the copy
+    // is seen, well before the copy ends.
+    let mut reader = db.conn().await;
     let mut converting = db.conn().await;
     let conversion = tokio::spawn(async move {
         tokio::time::timeout(
@@ -880,7 +889,6 @@ async fn a_conversion_refused_its_lock_gives_up_and_what_it_left_is_removed_once
         },
     )
     .await;
-    let mut reader = db.conn().await;
     reader
         .batch_execute("BEGIN; SELECT count(*) FROM outbox_event;")
         .await
@@ -932,7 +940,7 @@ async fn a_conversion_refused_its_lock_gives_up_and_what_it_left_is_removed_once
     assert_eq!(
         count(&mut conn, "SELECT count(*) AS n FROM outbox_dispatch_key").await,
         0,
-        "the copied keys went too"
+        "no copied key is left"
     );
     // Past the bound (at most two days ahead): refused while it stood.
     created_in(&mut conn, 3, None).await;
@@ -943,6 +951,52 @@ async fn a_conversion_refused_its_lock_gives_up_and_what_it_left_is_removed_once
         outbox_store::ConversionLeftovers::default(),
         "nothing is left to remove"
     );
+}
+
+// While a conversion holds its lock, what looks like leftovers is its own
+// work in progress: nothing is removed or reported. Break checked: with the
+// steps' lock check left out, the bound of the running conversion is
+// dropped.
+#[tokio::test]
+async fn the_parts_of_a_running_conversion_are_neither_removed_nor_reported_as_leftovers() {
+    let (db, mut conn) = database().await;
+    if converted_already(&mut conn).await {
+        return;
+    }
+    conn.batch_execute(
+        "ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_partition_bound
+             CHECK (created_at < now() + interval '1 day') NOT VALID",
+    )
+    .await
+    .unwrap();
+    let running = running_conversion(&db).await;
+
+    assert!(
+        outbox_store::conversion_leftovers(&mut conn)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let cleanup = outbox_store::remove_conversion_leftovers(&mut conn)
+        .await
+        .unwrap();
+    assert!(cleanup.conversion_running, "{cleanup:?}");
+    assert!(cleanup.removed.is_empty(), "{cleanup:?}");
+    assert!(
+        has_bound(&mut conn).await,
+        "the running conversion's bound stays"
+    );
+
+    drop(running);
+    assert_eq!(
+        outbox_store::conversion_leftovers(&mut conn).await.unwrap(),
+        vec!["outbox_event_partition_bound"]
+    );
+    let cleanup = outbox_store::remove_conversion_leftovers(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(cleanup.removed, vec!["outbox_event_partition_bound"]);
+    assert!(!has_bound(&mut conn).await);
 }
 
 // Break checked: with the functions' search path as migration

@@ -323,15 +323,28 @@ async fn leftover_note_triggers(conn: &mut AsyncPgConnection) -> Result<Vec<&'st
 }
 
 /// What a conversion that failed or was killed left on the one table,
-/// removed by [`remove_conversion_leftovers`].
+/// and what [`remove_conversion_leftovers`] did with it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConversionLeftovers {
     /// The parts removed (see [`LEFTOVER_PARTS`]).
     pub removed: Vec<&'static str>,
     /// The parts still there, each with the error that kept it (a lock
-    /// not granted within [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT), say); the
-    /// next call tries again.
+    /// not granted within [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT), or a role
+    /// that does not own `outbox_event`); the next call tries again.
     pub left: Vec<(&'static str, String)>,
+    /// A conversion held [`CONVERT_LOCK`], so nothing was looked at: its
+    /// parts are not leftovers while it runs.
+    pub conversion_running: bool,
+}
+
+impl ConversionLeftovers {
+    /// Whether the bound constraint is still there: it refuses rows created
+    /// past it (as early as ten minutes after the conversion started), so
+    /// a caller should try again soon rather than at its usual pace.
+    #[must_use]
+    pub fn bound_left(&self) -> bool {
+        self.left.iter().any(|(part, _)| *part == LEFTOVER_PARTS[2])
+    }
 }
 
 /// The parts of an unfinished conversion, as [`ConversionLeftovers`] names
@@ -342,16 +355,17 @@ pub struct ConversionLeftovers {
 /// - `outbox_dispatch_key rows`: the copied keys (unused while the table is
 ///   one table);
 /// - `outbox_event_partition_bound`: the `CHECK (created_at < bound)`
-///   constraint, which refuses rows created after the bound (at most two
-///   partition units after the conversion started);
+///   constraint, which refuses rows created at or after the bound (the end
+///   of the unit after the one ten minutes past the conversion's start);
 /// - `outbox_event_note_dispatch_key triggers`: the triggers that note keys
 ///   (a function call per keyed row written);
 /// - `outbox_dispatch_key_note()`: their function.
 ///
-/// The constraint and the triggers need `ACCESS EXCLUSIVE` on
-/// `outbox_event` for a moment. The two indexes built `CONCURRENTLY`
-/// (`outbox_event_id_created_at_key`, `outbox_event_dispatch_key_idx`) are
-/// kept for the next conversion.
+/// The constraint and the triggers go together, in one transaction that
+/// needs `ACCESS EXCLUSIVE` on `outbox_event` for a moment; like the
+/// function, they need the role that owns `outbox_event`. The two indexes
+/// built `CONCURRENTLY` (`outbox_event_id_created_at_key`,
+/// `outbox_event_dispatch_key_idx`) are kept for the next conversion.
 pub const LEFTOVER_PARTS: [&str; 5] = [
     "outbox_dispatch_key_changed",
     "outbox_dispatch_key rows",
@@ -379,9 +393,28 @@ impl Found {
     fn any(self) -> bool {
         self.notes || self.keys || self.bound || self.triggers || self.function
     }
+
+    fn parts(self) -> Vec<&'static str> {
+        let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
+        [
+            (self.notes, notes),
+            (self.keys, keys),
+            (self.bound, bound),
+            (self.triggers, triggers),
+            (self.function, function),
+        ]
+        .into_iter()
+        .filter_map(|(present, part)| present.then_some(part))
+        .collect()
+    }
 }
 
+/// The parts there on a table that is not partitioned (none on a
+/// partitioned one).
 async fn find_leftovers(conn: &mut AsyncPgConnection) -> Result<Found> {
+    if is_partitioned(conn).await? {
+        return Ok(Found::default());
+    }
     Ok(diesel::sql_query(format!(
         "SELECT to_regclass('{KEYS_CHANGED}') IS NOT NULL AS notes,
                 EXISTS (SELECT 1 FROM outbox_dispatch_key) AS keys,
@@ -398,18 +431,40 @@ async fn find_leftovers(conn: &mut AsyncPgConnection) -> Result<Found> {
     .await?)
 }
 
+/// Whether a session holds [`CONVERT_LOCK`], read from `pg_locks` without
+/// taking it (a conversion started meanwhile is not refused).
+async fn conversion_running(conn: &mut AsyncPgConnection) -> Result<bool> {
+    let running: Flag = diesel::sql_query(format!(
+        "SELECT EXISTS (
+             SELECT 1 FROM pg_locks l,
+                  (SELECT hashtextextended('{CONVERT_LOCK}', 0) AS k) key
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+               AND l.classid = ((key.k >> 32) & 4294967295)::oid
+               AND l.objid = (key.k & 4294967295)::oid
+         ) AS yes"
+    ))
+    .get_result(conn)
+    .await?;
+    Ok(running.yes)
+}
+
 /// Removes what a conversion that failed or was killed left on the one
-/// table ([`LEFTOVER_PARTS`]), each part in a transaction of its own that
-/// waits at most [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT) for its lock, so
-/// that a long transaction on `outbox_event` never queues producers behind
-/// it. Parts whose lock was not granted are returned in
-/// [`ConversionLeftovers::left`]; call again later.
+/// table ([`LEFTOVER_PARTS`]). Each step is a transaction of its own that
+/// first takes [`CONVERT_LOCK`] for the transaction only (so it never
+/// runs beside a conversion, and nothing stays locked if the caller is
+/// cancelled or its connection goes back to a pool), then waits at most
+/// [`LOCK_TIMEOUT`](super::LOCK_TIMEOUT) for the table's lock, so that a
+/// long transaction on `outbox_event` never queues producers behind it.
+/// Parts whose lock was not granted are returned in
+/// [`ConversionLeftovers::left`]; call again later, soon while
+/// [`ConversionLeftovers::bound_left`].
 ///
-/// Does nothing on a partitioned table, and while a conversion runs (it
-/// holds [`CONVERT_LOCK`]): its parts are not leftovers then.
-/// `worker-general`'s retention job calls it on a table that is not
-/// partitioned, at every run and every ten minutes between runs
-/// (`outbox_dispatch::PARTITION_UPKEEP_EVERY`).
+/// Does nothing on a partitioned table, and while a conversion runs
+/// ([`ConversionLeftovers::conversion_running`]). The role needs to own
+/// `outbox_event`. `worker-general`'s retention job calls it on a table
+/// that is not partitioned, at every run and every ten minutes between
+/// runs (every 30 seconds while the bound is left).
 ///
 /// ```no_run
 /// # async fn f(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
@@ -428,114 +483,122 @@ async fn find_leftovers(conn: &mut AsyncPgConnection) -> Result<Found> {
 pub async fn remove_conversion_leftovers(
     conn: &mut AsyncPgConnection,
 ) -> Result<ConversionLeftovers> {
-    if is_partitioned(conn).await? || !find_leftovers(conn).await?.any() {
+    let found = find_leftovers(conn).await?;
+    if !found.any() {
         return Ok(ConversionLeftovers::default());
     }
-    if !take_convert_lock(conn).await? {
-        return Ok(ConversionLeftovers::default());
-    }
-    // A conversion may have ended between the first look and the lock.
-    let found = if is_partitioned(conn).await.unwrap_or(true) {
-        Ok(Found::default())
-    } else {
-        find_leftovers(conn).await
-    };
-    let cleanup = match found {
-        Ok(found) => Ok(remove_found(conn, found).await),
-        Err(e) => Err(e),
-    };
-    release_convert_lock(conn).await;
-    cleanup
+    Ok(remove_found(conn, found).await)
 }
 
 /// Which of [`LEFTOVER_PARTS`] a conversion that failed or was killed left
 /// on the one table, without removing them (what `outbox partition status`
 /// shows). Empty on a partitioned table, and while a conversion runs: its
-/// parts are not leftovers then.
+/// parts are not leftovers then. Takes no lock.
 ///
 /// # Errors
 ///
 /// A database error when the catalog cannot be read.
 pub async fn conversion_leftovers(conn: &mut AsyncPgConnection) -> Result<Vec<&'static str>> {
-    if is_partitioned(conn).await? {
-        return Ok(Vec::new());
-    }
     let found = find_leftovers(conn).await?;
-    if !found.any() {
+    if !found.any() || conversion_running(conn).await? {
         return Ok(Vec::new());
     }
-    if !take_convert_lock(conn).await? {
-        return Ok(Vec::new());
-    }
-    release_convert_lock(conn).await;
-    let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
-    Ok([
-        (found.notes, notes),
-        (found.keys, keys),
-        (found.bound, bound),
-        (found.triggers, triggers),
-        (found.function, function),
-    ]
-    .into_iter()
-    .filter_map(|(present, part)| present.then_some(part))
-    .collect())
+    Ok(found.parts())
 }
 
-/// Removes the parts `found`, each as far as it goes (see
-/// [`remove_conversion_leftovers`]).
+/// Removes the parts `found`, each step as far as it goes (see
+/// [`remove_conversion_leftovers`]). A conversion's own failure path calls
+/// it while holding [`CONVERT_LOCK`] for its session, which the steps'
+/// transaction locks then take as well.
 async fn remove_found(conn: &mut AsyncPgConnection, found: Found) -> ConversionLeftovers {
     let [notes, keys, bound, triggers, function] = LEFTOVER_PARTS;
+    let drop_triggers: String = NOTE_TRIGGERS
+        .iter()
+        .map(|t| format!("DROP TRIGGER IF EXISTS {t} ON outbox_event;"))
+        .collect();
+    let drop_bound =
+        "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound;";
+    // The bound and the triggers need the same lock: one wait for both.
+    let table_parts: (Vec<&'static str>, String) = match (found.bound, found.triggers) {
+        (true, true) => (
+            vec![bound, triggers],
+            format!("{drop_bound}{drop_triggers}"),
+        ),
+        (true, false) => (vec![bound], drop_bound.to_owned()),
+        (false, true) => (vec![triggers], drop_triggers),
+        (false, false) => (Vec::new(), String::new()),
+    };
     let steps = [
         (
-            found.notes,
-            notes,
-            format!("DROP TABLE IF EXISTS {KEYS_CHANGED}"),
-        ),
-        (found.keys, keys, "TRUNCATE outbox_dispatch_key".to_owned()),
-        (
-            found.bound,
-            bound,
-            "ALTER TABLE outbox_event DROP CONSTRAINT IF EXISTS outbox_event_partition_bound"
-                .to_owned(),
+            if found.notes { vec![notes] } else { Vec::new() },
+            format!("DROP TABLE IF EXISTS {KEYS_CHANGED};"),
         ),
         (
-            found.triggers,
-            triggers,
-            NOTE_TRIGGERS
-                .iter()
-                .map(|t| format!("DROP TRIGGER IF EXISTS {t} ON outbox_event;"))
-                .collect::<String>(),
+            if found.keys { vec![keys] } else { Vec::new() },
+            "TRUNCATE outbox_dispatch_key;".to_owned(),
         ),
+        table_parts,
         (
-            found.function,
-            function,
-            "DROP FUNCTION IF EXISTS outbox_dispatch_key_note()".to_owned(),
+            if found.function {
+                vec![function]
+            } else {
+                Vec::new()
+            },
+            "DROP FUNCTION IF EXISTS outbox_dispatch_key_note();".to_owned(),
         ),
     ];
     let mut cleanup = ConversionLeftovers::default();
-    for (present, part, sql) in steps {
-        if !present {
+    for (parts, sql) in steps {
+        if parts.is_empty() {
             continue;
         }
         // The function goes only once its triggers have.
-        if part == function && cleanup.left.iter().any(|(p, _)| *p == triggers) {
+        if parts == [function] && cleanup.left.iter().any(|(p, _)| *p == triggers) {
             cleanup
                 .left
-                .push((part, "its triggers are still there".to_owned()));
+                .push((function, "its triggers are still there".to_owned()));
             continue;
         }
-        let statement = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; {sql};");
-        match conn
+        let step = conn
             .transaction::<_, StoreError, _>(async |conn| {
-                Ok(conn.batch_execute(&statement).await?)
+                let mine: Flag = diesel::sql_query(format!(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended('{CONVERT_LOCK}', 0)) AS yes"
+                ))
+                .get_result(conn)
+                .await?;
+                if !mine.yes {
+                    return Ok(Step::ConversionRunning);
+                }
+                // Checked under the lock: a conversion may have ended since
+                // the parts were found, and its table is partitioned now.
+                if is_partitioned(conn).await? {
+                    return Ok(Step::Partitioned);
+                }
+                conn.batch_execute(&format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; {sql}"))
+                    .await?;
+                Ok(Step::Done)
             })
-            .await
-        {
-            Ok(()) => cleanup.removed.push(part),
-            Err(e) => cleanup.left.push((part, e.to_string())),
+            .await;
+        match step {
+            Ok(Step::Done) => cleanup.removed.extend(parts),
+            Ok(Step::ConversionRunning) => {
+                cleanup.conversion_running = true;
+                break;
+            }
+            Ok(Step::Partitioned) => break,
+            Err(e) => cleanup
+                .left
+                .extend(parts.into_iter().map(|p| (p, e.to_string()))),
         }
     }
     cleanup
+}
+
+/// How one step of [`remove_found`] ended without an error.
+enum Step {
+    Done,
+    ConversionRunning,
+    Partitioned,
 }
 
 /// Logs each part still there.
@@ -544,7 +607,7 @@ fn log_left(cleanup: &ConversionLeftovers, message: &'static str) {
         tracing::warn!(
             part = %part,
             error = %error,
-            "{message}: worker-general's retention job removes it at its next run \
+            "{message}: worker-general's retention job removes it \
              (or run `outbox partition convert` again)"
         );
     }

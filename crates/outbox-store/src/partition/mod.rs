@@ -164,9 +164,11 @@ pub enum PartitionError {
     #[error("partitions ahead must be 1 to 1000, not {0}")]
     AheadOutOfRange(u32),
     /// Another conversion of the same database is running (it holds the
-    /// advisory lock [`CONVERT_LOCK`]).
+    /// advisory lock [`CONVERT_LOCK`]), or the retention job holds that
+    /// lock for one step of [`remove_conversion_leftovers`].
     #[error(
-        "another `outbox partition convert` of this database is running; \
+        "another `outbox partition convert` of this database is running \
+         (or, for a moment, worker-general's retention job is removing what a failed one left); \
          wait for it to end (`outbox partition status`)"
     )]
     ConversionRunning,
