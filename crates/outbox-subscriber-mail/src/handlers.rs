@@ -461,6 +461,70 @@ mod tests {
     use outbox_test_support::TestRedis;
     use uuid::Uuid;
 
+    /// A lookup that answers `vars` and nothing else.
+    fn lookup(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn smtp_url_is_none_when_unset_and_kept_as_given_when_smtp_or_smtps_with_a_host() {
+        assert_eq!(SmtpSettings::url_from_lookup(&lookup(&[])).unwrap(), None);
+        for url in ["smtp://mail.acme.test:25", "smtps://u:p@mail.acme.test"] {
+            assert_eq!(
+                SmtpSettings::url_from_lookup(&lookup(&[("SMTP_URL", url)])).unwrap(),
+                Some(url.to_owned())
+            );
+        }
+    }
+
+    #[test]
+    fn smtp_url_of_another_scheme_without_a_host_or_unparsable_is_refused_naming_why() {
+        for (url, problem) in [
+            (
+                "http://mail.acme.test",
+                "scheme \"http\" is not smtp or smtps",
+            ),
+            ("smtp://", "has no host"),
+            ("smtp:mail.acme.test", "has no host"),
+            ("//mail.acme.test:25", "is not a URL"),
+        ] {
+            let err = SmtpSettings::url_from_lookup(&lookup(&[("SMTP_URL", url)])).unwrap_err();
+            assert_eq!(err.variable, "SMTP_URL", "{url}");
+            assert!(err.problem.starts_with(problem), "{url}: {}", err.problem);
+        }
+        let err = SmtpSettings::url_from_lookup(&lookup(&[(
+            "SMTP_URL",
+            "http://user:secret@mail.acme.test",
+        )]))
+        .unwrap_err();
+        assert!(!err.value.contains("secret"), "{}", err.value);
+    }
+
+    #[test]
+    fn mail_from_is_the_default_sender_when_unset_and_refused_when_not_an_address() {
+        assert_eq!(
+            SmtpSettings::default_from_lookup(&lookup(&[])).unwrap(),
+            SmtpSettings::DEFAULT_FROM
+        );
+        assert_eq!(
+            SmtpSettings::default_from_lookup(&lookup(&[("MAIL_FROM", "Shop <shop@acme.test>")]))
+                .unwrap(),
+            "Shop <shop@acme.test>"
+        );
+        let err = SmtpSettings::default_from_lookup(&lookup(&[("MAIL_FROM", "not an address")]))
+            .unwrap_err();
+        assert_eq!(err.variable, "MAIL_FROM");
+        assert!(
+            err.problem.starts_with("is not a mail address"),
+            "{}",
+            err.problem
+        );
+    }
+
     fn message_id_line(message: &Message) -> Option<String> {
         String::from_utf8(message.formatted())
             .unwrap()

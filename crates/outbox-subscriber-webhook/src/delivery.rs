@@ -216,6 +216,32 @@ impl std::fmt::Debug for Deliverer {
 mod tests {
     use super::*;
 
+    // The reason operators read says why a redirect failed for good.
+    #[test]
+    fn a_redirect_fails_for_good_saying_redirects_are_not_followed() {
+        for status in [301, 302, 307, 308] {
+            assert_eq!(
+                classify(status),
+                Delivery::Permanent(format!(
+                    "peer answered {status}; redirects are not followed"
+                ))
+            );
+        }
+        assert_eq!(
+            classify(404),
+            Delivery::Permanent("peer answered 404".to_owned())
+        );
+    }
+
+    // The settings show (the secret hidden); the client does not.
+    #[test]
+    fn a_deliverer_debugs_as_its_settings() {
+        let deliverer = Deliverer::new(DeliverySettings::default()).unwrap();
+        let shown = format!("{deliverer:?}");
+        assert!(shown.starts_with("Deliverer { settings: "), "{shown}");
+        assert!(shown.ends_with(", .. }"), "{shown}");
+    }
+
     #[test]
     fn statuses_are_classified() {
         assert_eq!(classify(204), Delivery::Delivered { status: 204 });

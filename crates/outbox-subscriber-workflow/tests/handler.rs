@@ -390,3 +390,75 @@ async fn the_handler_consumes_the_queue_the_description_names() {
     );
     assert_eq!(handler(&db).queue(), outbox_queue::queues::WORKFLOW);
 }
+
+// The sweep task finds a run left `running` by a holder whose lease
+// expired, requests its resume once, and counts it. Break checked: with
+// `sweep` emptied no resume is requested; with the counter's `>` made
+// `==`, the resume is requested and not counted.
+#[test]
+fn the_sweep_task_requests_one_resume_for_a_run_whose_lease_expired_and_counts_it() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    outbox_test_support::with_metrics_recorder(&recorder, async || {
+        let db = TestDatabase::new().await;
+        let mut conn = db.conn().await;
+        let workflow = save(
+            &mut conn,
+            json!({
+                "blocks": [
+                    { "id": "start", "type": "manualTrigger" },
+                    { "id": "note", "type": "log", "params": { "message": "ok" } }
+                ],
+                "edges": [{ "from": "start", "to": "note" }]
+            }),
+        )
+        .await;
+        let id = in_tx!(conn, |tx| {
+            producers::request_execution(tx, "t1", workflow, RunTrigger::Api, &json!({})).await
+        });
+        let requested = count(&mut conn, "workflow.execution.requested").await;
+        diesel::sql_query(format!(
+            "UPDATE workflow_execution SET status = 'running', started_at = now(),
+                    lease_owner = '{}', lease_until = now() - interval '1 second'
+             WHERE id = '{id}'",
+            Uuid::new_v4()
+        ))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let sweeping = tokio::spawn(outbox_subscriber_workflow::sweep(
+            db.pool().clone(),
+            std::time::Duration::from_secs(30),
+            std::time::Duration::from_millis(50),
+            shutdown.clone(),
+        ));
+        outbox_test_support::eventually(
+            "the sweep to request a resume",
+            std::time::Duration::from_secs(30),
+            async || count(&mut conn, "workflow.execution.requested").await == requested + 1,
+        )
+        .await;
+        // Later passes find the same holder and request nothing more.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        shutdown.cancel();
+        sweeping.await.unwrap();
+        assert_eq!(
+            count(&mut conn, "workflow.execution.requested").await,
+            requested + 1
+        );
+    });
+    let resumed: Vec<u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "outbox_workflow_runs_resumed_total")
+        .filter_map(|(.., value)| match value {
+            DebugValue::Counter(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resumed, vec![1]);
+}
