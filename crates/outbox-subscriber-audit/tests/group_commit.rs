@@ -16,7 +16,9 @@ use outbox_pg::PgPool;
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_audit::{AuditHandler, GROUP_COMMIT_CONCURRENCY, NotificationHandler};
-use outbox_test_support::{TestDatabase, database_server_url, eventually, with_database};
+use outbox_test_support::{
+    LogCapture, TestDatabase, database_server_url, eventually, with_database,
+};
 use uuid::Uuid;
 
 #[derive(diesel::QueryableByName)]
@@ -483,4 +485,49 @@ async fn batches_of_any_size_run_one_insert_the_connection_keeps_prepared() {
     assert_eq!(audit_inserts.len(), 1, "{audit_inserts:?}");
     let notification_inserts = kept_on(&mut pooled, "INSERT INTO notification").await;
     assert_eq!(notification_inserts.len(), 1, "{notification_inserts:?}");
+}
+
+// The log tells a redelivery from a first write: only the redelivery says
+// its entry was already recorded, for audit entries and notifications
+// alike. Break checked: with the handlers' `==` made `!=`, the first
+// delivery logs it and the redelivery does not.
+#[tokio::test]
+async fn only_a_redelivery_logs_that_its_entry_was_already_recorded() {
+    let db = TestDatabase::new().await;
+    let audit = AuditHandler::new(db.pool().clone());
+    let notifications = NotificationHandler::new(db.pool().clone());
+    let logs = LogCapture::start();
+    for (handler, event, line) in [
+        (
+            &audit as &dyn Deliver,
+            job("audit.user.login", r#"{"actor":"ada"}"#),
+            "audit entry already recorded",
+        ),
+        (
+            &notifications as &dyn Deliver,
+            job("notification.sent", r#"{"userId":"u1","title":"Hi"}"#),
+            "notification already written",
+        ),
+    ] {
+        handler.deliver(event.clone()).await;
+        assert_eq!(
+            logs.count(line),
+            0,
+            "after the first delivery: {}",
+            logs.text()
+        );
+        handler.deliver(event).await;
+        assert_eq!(logs.count(line), 1, "after the redelivery: {}", logs.text());
+    }
+}
+
+/// Delivers one job through either handler, expecting success.
+trait Deliver {
+    fn deliver(&self, job: OutboxJob) -> futures::future::LocalBoxFuture<'_, ()>;
+}
+
+impl<H: JobHandler<Job = OutboxJob>> Deliver for H {
+    fn deliver(&self, job: OutboxJob) -> futures::future::LocalBoxFuture<'_, ()> {
+        Box::pin(async move { deliver(self, job).await.expect("the job succeeds") })
+    }
 }

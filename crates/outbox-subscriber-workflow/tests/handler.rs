@@ -392,42 +392,22 @@ async fn the_handler_consumes_the_queue_the_description_names() {
 }
 
 // The sweep task finds a run left `running` by a holder whose lease
-// expired, requests its resume once, and counts it. Break checked: with
-// `sweep` emptied no resume is requested; with the counter's `>` made
-// `==`, the resume is requested and not counted.
+// expired, requests its resume once, counts it and logs it; passes that
+// find nothing count and log nothing. Break checked: with `sweep` emptied
+// no resume is requested; with the counter's `>` made `==`, the resume is
+// requested and not counted; with it made `>=`, an empty pass registers
+// the counter.
 #[test]
 fn the_sweep_task_requests_one_resume_for_a_run_whose_lease_expired_and_counts_it() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     outbox_test_support::with_metrics_recorder(&recorder, async || {
         let db = TestDatabase::new().await;
         let mut conn = db.conn().await;
-        let workflow = save(
-            &mut conn,
-            json!({
-                "blocks": [
-                    { "id": "start", "type": "manualTrigger" },
-                    { "id": "note", "type": "log", "params": { "message": "ok" } }
-                ],
-                "edges": [{ "from": "start", "to": "note" }]
-            }),
-        )
-        .await;
-        let id = in_tx!(conn, |tx| {
-            producers::request_execution(tx, "t1", workflow, RunTrigger::Api, &json!({})).await
-        });
+        let id = log_run(&mut conn).await;
         let requested = count(&mut conn, "workflow.execution.requested").await;
-        diesel::sql_query(format!(
-            "UPDATE workflow_execution SET status = 'running', started_at = now(),
-                    lease_owner = '{}', lease_until = now() - interval '1 second'
-             WHERE id = '{id}'",
-            Uuid::new_v4()
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-
+        let logs = LogCapture::start();
         let shutdown = tokio_util::sync::CancellationToken::new();
         let sweeping = tokio::spawn(outbox_subscriber_workflow::sweep(
             db.pool().clone(),
@@ -435,6 +415,15 @@ fn the_sweep_task_requests_one_resume_for_a_run_whose_lease_expired_and_counts_i
             std::time::Duration::from_millis(50),
             shutdown.clone(),
         ));
+        // Passes that find nothing say and count nothing.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(logs.count("nobody holding them"), 0, "{}", logs.text());
+        assert!(
+            resumed_counter(&snapshotter).is_empty(),
+            "nothing resumed, nothing counted"
+        );
+        hold(&mut conn, id, "now() - interval '1 second'").await;
+
         outbox_test_support::eventually(
             "the sweep to request a resume",
             std::time::Duration::from_secs(30),
@@ -449,16 +438,87 @@ fn the_sweep_task_requests_one_resume_for_a_run_whose_lease_expired_and_counts_i
             count(&mut conn, "workflow.execution.requested").await,
             requested + 1
         );
+        assert!(
+            logs.count("orphaned=1 published=1") == 1,
+            "the pass that resumed the run says so: {}",
+            logs.text()
+        );
     });
-    let resumed: Vec<u64> = snapshotter
+    assert_eq!(resumed_counter(&snapshotter), vec![1]);
+}
+
+/// The values of `outbox_workflow_runs_resumed_total` recorded so far.
+fn resumed_counter(snapshotter: &metrics_util::debugging::Snapshotter) -> Vec<u64> {
+    snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
         .filter(|(key, ..)| key.key().name() == "outbox_workflow_runs_resumed_total")
         .filter_map(|(.., value)| match value {
-            DebugValue::Counter(n) => Some(n),
+            metrics_util::debugging::DebugValue::Counter(n) => Some(n),
             _ => None,
         })
-        .collect();
-    assert_eq!(resumed, vec![1]);
+        .collect()
+}
+
+// A run another job holds (its lease is live) is left alone, and the log
+// says so rather than that it advanced. Break checked: without that arm of
+// `log_outcome`, the log says "advanced".
+#[tokio::test]
+async fn a_run_held_by_another_job_is_left_alone_and_the_log_says_so() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let id = log_run(&mut conn).await;
+    hold(&mut conn, id, "now() + interval '1 hour'").await;
+    let logs = LogCapture::start();
+    let requested = job(&mut conn, "workflow.execution.requested").await;
+    handler(&db).handle(requested, &meta()).await.unwrap();
+    assert_eq!(
+        logs.count("workflow execution held by another job: left alone"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("workflow execution advanced"),
+        0,
+        "{}",
+        logs.text()
+    );
+    let run = store::get_execution(&mut conn, id).await.unwrap().unwrap();
+    assert_eq!(
+        run.status,
+        ExecutionStatus::Running,
+        "still the other job's"
+    );
+}
+
+/// A queued run of a one-block workflow (manualTrigger → log).
+async fn log_run(conn: &mut AsyncPgConnection) -> Uuid {
+    let workflow = save(
+        conn,
+        json!({
+            "blocks": [
+                { "id": "start", "type": "manualTrigger" },
+                { "id": "note", "type": "log", "params": { "message": "ok" } }
+            ],
+            "edges": [{ "from": "start", "to": "note" }]
+        }),
+    )
+    .await;
+    in_tx!(conn, |tx| {
+        producers::request_execution(tx, "t1", workflow, RunTrigger::Api, &json!({})).await
+    })
+}
+
+/// Marks run `id` running, held by a job of its own until `until` (SQL).
+async fn hold(conn: &mut AsyncPgConnection, id: Uuid, until: &str) {
+    diesel::sql_query(format!(
+        "UPDATE workflow_execution SET status = 'running', started_at = now(),
+                lease_owner = '{}', lease_until = {until} WHERE id = '{id}'",
+        Uuid::new_v4()
+    ))
+    .execute(conn)
+    .await
+    .unwrap();
 }
