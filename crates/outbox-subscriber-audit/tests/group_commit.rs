@@ -493,6 +493,10 @@ async fn batches_of_any_size_run_one_insert_the_connection_keeps_prepared() {
 // delivery logs it and the redelivery does not.
 #[tokio::test]
 async fn only_a_redelivery_logs_that_its_entry_was_already_recorded() {
+    // A process-wide subscriber, so that tests logging the same line on
+    // other threads (`cargo test` runs them in one process) do not make
+    // tracing decide that nobody listens to it.
+    outbox_test_support::init_tracing();
     let db = TestDatabase::new().await;
     let audit = AuditHandler::new(db.pool().clone());
     let notifications = NotificationHandler::new(db.pool().clone());

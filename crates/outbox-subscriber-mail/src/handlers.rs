@@ -501,6 +501,10 @@ mod tests {
             "http://user:secret@mail.acme.test",
         )]))
         .unwrap_err();
+        assert_eq!(
+            err.value,
+            outbox_queue::redact_url("http://user:secret@mail.acme.test")
+        );
         assert!(!err.value.contains("secret"), "{}", err.value);
     }
 

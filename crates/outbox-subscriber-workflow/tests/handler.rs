@@ -398,7 +398,8 @@ async fn the_handler_consumes_the_queue_the_description_names() {
 // requested and not counted; with it made `>=`, an empty pass registers
 // the counter.
 #[test]
-fn the_sweep_task_requests_one_resume_for_a_run_whose_lease_expired_and_counts_it() {
+fn the_sweep_task_resumes_a_run_whose_lease_expired_once_counting_and_logging_it_and_an_empty_pass_does_neither()
+ {
     use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
