@@ -362,6 +362,32 @@ mod tests {
 
     // Break checked: `trace_context` returning `None` fails here (the job's
     // span would start a new trace instead of continuing the producer's).
+    // The ordering step of the workers reads this for every job: an
+    // ordered envelope gives its key, position and generation; a body
+    // without both fields, or not an object, gives none.
+    #[test]
+    fn an_ordered_envelope_gives_its_place_and_other_bodies_none() {
+        let ordered = JobBody::from_bytes(
+            br#"{"ordering_key":"order-7","ordering_position":3,"generation":2}"#.to_vec(),
+        );
+        assert_eq!(
+            ordered.ordering(),
+            Some(JobOrdering {
+                key: "order-7".into(),
+                position: 3,
+                generation: 2
+            })
+        );
+        for other in [
+            &br#"{"ordering_key":"order-7"}"#[..],
+            br#"{"ordering_position":3}"#,
+            br#"[{"ordering_key":"order-7","ordering_position":3}]"#,
+            b"not json",
+        ] {
+            assert_eq!(JobBody::from_bytes(other.to_vec()).ordering(), None);
+        }
+    }
+
     #[test]
     fn a_body_gives_its_trace_context_when_it_carries_a_valid_one() {
         let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
