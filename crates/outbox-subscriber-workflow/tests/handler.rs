@@ -416,13 +416,15 @@ fn the_sweep_task_resumes_a_run_whose_lease_expired_once_counting_and_logging_it
             std::time::Duration::from_millis(50),
             shutdown.clone(),
         ));
-        // Passes that find nothing say and count nothing.
-        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-        assert_eq!(logs.count("nobody holding them"), 0, "{}", logs.text());
-        assert!(
-            resumed_counter(&snapshotter).is_empty(),
-            "nothing resumed, nothing counted"
-        );
+        // Passes that find nothing say and count nothing (six passes' time).
+        outbox_test_support::consistently(
+            "no sweep log line and no resume counted while nothing is orphaned",
+            std::time::Duration::from_millis(300),
+            async || {
+                logs.count("nobody holding them") == 0 && resumed_counter(&snapshotter).is_empty()
+            },
+        )
+        .await;
         hold(&mut conn, id, "now() - interval '1 second'").await;
 
         outbox_test_support::eventually(
@@ -432,7 +434,12 @@ fn the_sweep_task_resumes_a_run_whose_lease_expired_once_counting_and_logging_it
         )
         .await;
         // Later passes find the same holder and request nothing more.
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        outbox_test_support::consistently(
+            "one resume, however many passes",
+            std::time::Duration::from_millis(200),
+            async || count(&mut conn, "workflow.execution.requested").await == requested + 1,
+        )
+        .await;
         shutdown.cancel();
         sweeping.await.unwrap();
         assert_eq!(

@@ -495,6 +495,15 @@ pub async fn remove_conversion_leftovers(
 /// shows). Empty on a partitioned table, and while a conversion runs: its
 /// parts are not leftovers then. Takes no lock.
 ///
+/// ```no_run
+/// # async fn f(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// let left = outbox_store::conversion_leftovers(conn).await?;
+/// if !left.is_empty() {
+///     eprintln!("a failed conversion left: {}", left.join(", "));
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Errors
 ///
 /// A database error when the catalog cannot be read.
