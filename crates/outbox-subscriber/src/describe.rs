@@ -179,4 +179,40 @@ mod tests {
         };
         assert!(empty.queues().is_empty());
     }
+
+    /// The worker's routing table is built from `routes()`: every prefix of
+    /// every consumed queue, to that queue, in the order written.
+    #[test]
+    fn a_description_routes_each_prefix_to_its_queue_in_order() {
+        const TWO_QUEUES: SubscriberDescription = SubscriberDescription {
+            name: "app-billing",
+            consumes: &[
+                ConsumedQueue {
+                    queue: "app.orders",
+                    routes: &["order.", "cart."],
+                    payload: "`order_id`",
+                },
+                ConsumedQueue {
+                    queue: "app.refunds",
+                    routes: &["refund."],
+                    payload: "`refund_id`",
+                },
+            ],
+            feeds: &[],
+            dedup: &[],
+        };
+        assert_eq!(
+            TWO_QUEUES.routes(),
+            [
+                ("order.", "app.orders"),
+                ("cart.", "app.orders"),
+                ("refund.", "app.refunds")
+            ]
+        );
+        let silent = SubscriberDescription {
+            consumes: &[],
+            ..TWO_QUEUES
+        };
+        assert!(silent.routes().is_empty());
+    }
 }

@@ -256,6 +256,36 @@ mod tests {
         }
     }
 
+    struct Patient;
+
+    impl JobHandler for Patient {
+        type Job = ();
+
+        fn queue(&self) -> &str {
+            "test.patient"
+        }
+
+        fn retry_policy(&self) -> RetryPolicy {
+            RetryPolicy::fixed(std::time::Duration::from_secs(60)).with_max_attempts(2)
+        }
+
+        async fn handle(&self, (): (), _meta: &JobMeta) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    /// The worker reads a handler's retry policy through the type-erased
+    /// handler: one that sets none retries on the ladder, one that sets its
+    /// own gets it.
+    #[test]
+    fn a_handler_retries_by_its_own_policy_or_else_the_ladder() {
+        assert_eq!(DynHandler::retry_policy(&Unit), RetryPolicy::ladder());
+        assert_eq!(
+            DynHandler::retry_policy(&Patient),
+            RetryPolicy::fixed(std::time::Duration::from_secs(60)).with_max_attempts(2)
+        );
+    }
+
     /// The worker asks the type-erased handler how many jobs to run at
     /// once: a group-committing handler's wish must reach it, and a plain
     /// handler runs the configured figure.

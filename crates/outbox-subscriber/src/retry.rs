@@ -455,4 +455,24 @@ mod tests {
         );
         assert_eq!(RetryPolicy::ladder().with_max_attempts(500).check(), Ok(()));
     }
+
+    /// The first delivery and the 16 copies a job can have on the queue
+    /// (`~retry1` to `~retry16`).
+    #[test]
+    fn a_policy_that_requeues_every_retry_makes_at_most_17_attempts() {
+        assert_eq!(outbox_queue::MAX_RETRY_ROUNDS, 16);
+        assert_eq!(RetryPolicy::MAX_QUEUED_ATTEMPTS, 17);
+    }
+
+    #[test]
+    fn a_policy_reports_the_attempts_it_was_given_and_none_without() {
+        assert_eq!(RetryPolicy::ladder().max_attempts(), None);
+        assert_eq!(RetryPolicy::fixed(secs(1)).max_attempts(), None);
+        assert_eq!(
+            RetryPolicy::fixed(secs(1))
+                .with_max_attempts(3)
+                .max_attempts(),
+            Some(3)
+        );
+    }
 }

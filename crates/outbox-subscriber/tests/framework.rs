@@ -685,3 +685,41 @@ async fn jobs_pushed_while_the_worker_fetches_are_all_run_without_waiting_for_a_
     shutdown.cancel();
     runner.await.unwrap().unwrap();
 }
+
+// Break checked: `LenientRedis::poll_close` ending without retiring the
+// worker leaves it in the workers set, and this fails.
+/// A worker stopped by its shutdown token leaves the queue's workers set, so
+/// `outbox queues` and the reconciler do not count it as alive.
+#[tokio::test]
+async fn a_stopped_worker_leaves_the_queues_workers_set() {
+    async fn workers(conn: &mut outbox_queue::RedisConnection, set: &str) -> Vec<String> {
+        redis::cmd("ZRANGE")
+            .arg(set)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .unwrap()
+    }
+    let redis = TestRedis::new().await;
+    let settings = WorkerSettings {
+        poll_interval: Duration::from_millis(50),
+        ..WorkerSettings::default()
+    };
+    let running = start(&redis, Recorder::default(), settings);
+    let workers_set = outbox_queue::apalis_config(&running.namespace, "test.jobs").workers_set();
+    let mut conn = running.conn.clone();
+    eventually("the worker to register on its queue", WAIT, async || {
+        workers(&mut conn, &workers_set).await.len() == 1
+    })
+    .await;
+
+    running.shutdown.cancel();
+    running.runner.await.unwrap().unwrap();
+
+    assert_eq!(
+        workers(&mut conn, &workers_set).await,
+        Vec::<String>::new(),
+        "the stopped worker is gone"
+    );
+}
