@@ -668,4 +668,68 @@ mod tests {
         );
         assert_eq!(settings.retries, 3);
     }
+
+    /// A handler on a queue of the test's choosing.
+    struct On(&'static str);
+
+    impl crate::JobHandler for On {
+        type Job = ();
+
+        fn queue(&self) -> &str {
+            self.0
+        }
+
+        async fn handle(&self, (): (), _meta: &JobMeta) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+
+    /// A layer that moves its handler to `<queue>.moved`.
+    struct Moved {
+        inner: Arc<dyn DynHandler>,
+        queue: String,
+    }
+
+    impl DynHandler for Moved {
+        fn queue(&self) -> &str {
+            &self.queue
+        }
+
+        fn concurrency(&self, configured: usize) -> usize {
+            self.inner.concurrency(configured)
+        }
+
+        fn retry_policy(&self) -> RetryPolicy {
+            self.inner.retry_policy()
+        }
+
+        fn call<'a>(
+            &'a self,
+            body: JobBody,
+            meta: &'a JobMeta,
+        ) -> futures::future::BoxFuture<'a, Result<(), JobError>> {
+            self.inner.call(body, meta)
+        }
+    }
+
+    /// The worker's ordering step wraps every handler of the group through
+    /// `layer`: each handler is replaced by what the layer makes of it, in
+    /// the group's order, and none is lost.
+    #[test]
+    fn a_layer_wraps_every_handler_of_the_group_in_order() {
+        let group = HandlerGroup::new()
+            .with(On("app.first"))
+            .unwrap()
+            .with(On("app.second"))
+            .unwrap();
+        assert_eq!(
+            format!("{group:?}"),
+            r#"HandlerGroup { queues: ["app.first", "app.second"] }"#
+        );
+        let moved = group.layer(|inner| {
+            let queue = format!("{}.moved", inner.queue());
+            Arc::new(Moved { inner, queue })
+        });
+        assert_eq!(moved.queues(), ["app.first.moved", "app.second.moved"]);
+    }
 }
