@@ -456,12 +456,40 @@ mod tests {
         assert_eq!(RetryPolicy::ladder().with_max_attempts(500).check(), Ok(()));
     }
 
-    /// The first delivery and the 16 copies a job can have on the queue
-    /// (`~retry1` to `~retry16`).
+    /// A policy that puts every retry back on the queue makes the first
+    /// delivery and 16 copies (`~retry1` to `~retry16`), then gives up
+    /// after 17 attempts; a policy asking for exactly that many passes its
+    /// check, one more is refused.
     #[test]
     fn a_policy_that_requeues_every_retry_makes_at_most_17_attempts() {
-        assert_eq!(outbox_queue::MAX_RETRY_ROUNDS, 16);
+        let settings = WorkerSettings::default();
+        let policy = RetryPolicy::fixed(secs(1));
+        let decision = Decision {
+            policy: &policy,
+            settings: &settings,
+            base_id: "outbox:e",
+        };
+        let mut copies = Vec::new();
+        let mut round = 0;
+        let given_up = loop {
+            let failure = Failure {
+                round,
+                try_no: 0,
+                reason: "503",
+                after: None,
+            };
+            match decision.after_failure(&failure) {
+                Next::Settle(Settled::Requeue { next, .. }) => copies.push(next),
+                other => break other,
+            }
+            round += 1;
+        };
+        let expected: Vec<String> = (1..=16).map(|n| format!("outbox:e~retry{n}")).collect();
+        assert_eq!(copies, expected);
+        assert_eq!(given_up, give_up(17));
         assert_eq!(RetryPolicy::MAX_QUEUED_ATTEMPTS, 17);
+        assert_eq!(policy.with_max_attempts(17).check(), Ok(()));
+        assert!(policy.with_max_attempts(18).check().is_err());
     }
 
     #[test]

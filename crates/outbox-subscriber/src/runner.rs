@@ -712,24 +712,33 @@ mod tests {
         }
     }
 
-    /// The worker's ordering step wraps every handler of the group through
-    /// `layer`: each handler is replaced by what the layer makes of it, in
-    /// the group's order, and none is lost.
-    #[test]
-    fn a_layer_wraps_every_handler_of_the_group_in_order() {
-        let group = HandlerGroup::new()
+    fn two_queues() -> HandlerGroup {
+        HandlerGroup::new()
             .with(On("app.first"))
             .unwrap()
             .with(On("app.second"))
-            .unwrap();
-        assert_eq!(
-            format!("{group:?}"),
-            r#"HandlerGroup { queues: ["app.first", "app.second"] }"#
-        );
+            .unwrap()
+    }
+
+    /// The worker's ordering step wraps every handler of the group through
+    /// `layer`: each handler is replaced by what the layer makes of it, in
+    /// the group's order, and none is lost.
+    // Break checked: `layer` leaving the handlers as they were fails here.
+    #[test]
+    fn a_layer_wraps_every_handler_of_the_group_in_order() {
+        let group = two_queues();
         let moved = group.layer(|inner| {
             let queue = format!("{}.moved", inner.queue());
             Arc::new(Moved { inner, queue })
         });
         assert_eq!(moved.queues(), ["app.first.moved", "app.second.moved"]);
+    }
+
+    #[test]
+    fn a_group_in_a_log_line_lists_its_queues() {
+        assert_eq!(
+            format!("{:?}", two_queues()),
+            r#"HandlerGroup { queues: ["app.first", "app.second"] }"#
+        );
     }
 }

@@ -686,8 +686,8 @@ async fn jobs_pushed_while_the_worker_fetches_are_all_run_without_waiting_for_a_
     runner.await.unwrap().unwrap();
 }
 
-// Break checked: `LenientRedis::poll_close` ending without retiring the
-// worker leaves it in the workers set, and this fails.
+// Break checked: `LenientRedis::poll_close` returning at once, without
+// retiring the worker, leaves it in the workers set, and this fails.
 /// A worker stopped by its shutdown token leaves the queue's workers set, so
 /// `outbox queues` and the reconciler do not count it as alive.
 #[tokio::test]
