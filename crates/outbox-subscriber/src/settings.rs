@@ -132,3 +132,43 @@ impl Default for WorkerSettings {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each of the four variables sets its field; the rest keep their
+    /// defaults; a value out of range is refused naming its variable.
+    #[test]
+    fn each_worker_variable_sets_its_field_and_a_bad_one_is_named() {
+        let vars = [
+            ("WORKER_CONCURRENCY", "32"),
+            ("WORKER_RETRIES", "0"),
+            ("WORKER_HEARTBEAT_MS", "5000"),
+            ("WORKER_POLL_INTERVAL_MS", "250"),
+        ];
+        let get = |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        assert_eq!(
+            WorkerSettings::from_lookup(&get),
+            Ok(WorkerSettings {
+                concurrency: 32,
+                retries: 0,
+                heartbeat: Duration::from_secs(5),
+                poll_interval: Duration::from_millis(250),
+                ..WorkerSettings::default()
+            })
+        );
+        assert_eq!(
+            WorkerSettings::from_lookup(&|_: &str| None),
+            Ok(WorkerSettings::default())
+        );
+        let slow_heartbeat = |name: &str| (name == "WORKER_HEARTBEAT_MS").then(|| "500".to_owned());
+        let refused = WorkerSettings::from_lookup(&slow_heartbeat).unwrap_err();
+        assert_eq!(refused.variable, "WORKER_HEARTBEAT_MS");
+        assert_eq!(refused.value, "500");
+    }
+}
