@@ -289,4 +289,18 @@ mod tests {
         let refused = crate::HandlerGroup::new().with(none).unwrap_err();
         assert!(refused.to_string().contains("app.orders"), "{refused}");
     }
+
+    /// The worker logs its handlers with `{:?}`: a typed handler names its
+    /// queue, the event types it takes and its retry policy.
+    #[test]
+    fn typed_handlers_in_a_log_line_name_their_queue_event_types_and_policy() {
+        let handlers = TypedHandlers::new("app.orders").on(accept).unwrap();
+        assert_eq!(
+            format!("{handlers:?}"),
+            format!(
+                r#"TypedHandlers {{ queue: "app.orders", event_types: ["orders.order.created"], retry: {:?} }}"#,
+                RetryPolicy::ladder()
+            )
+        );
+    }
 }
