@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 
-use crate::cmd::{probe, target_dir, workspace_root};
+use crate::cmd::{cargo, probe, target_dir, workspace_root};
 use crate::services;
 
 /// The crates mutation runs cover by default.
@@ -128,6 +128,9 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
             ("OUTBOX_TEST_DATABASE_URL", found.database_url.clone()),
             ("OUTBOX_TEST_REDIS_URL", found.redis_url.clone()),
         ]);
+        if runs_tests_of(&crates, &args.test_packages, WORKER_GENERAL_USERS) {
+            command.env("OUTBOX_TEST_WORKER_GENERAL", build_worker_general()?);
+        }
         eprintln!(
             "==> cargo mutants on {} (budget {} min{})",
             crates.join(", "),
@@ -142,6 +145,32 @@ pub async fn run(args: MutantsArgs) -> Result<()> {
     let summary = summarise(&out.join("mutants.out"))?;
     print!("{}", render(&summary));
     Ok(())
+}
+
+/// Crates whose tests start the `worker-general` binary, which a test run
+/// of those crates alone does not build.
+const WORKER_GENERAL_USERS: &[&str] = &["outbox-cli"];
+
+/// Whether the run tests one of `users`: mutated, or named with
+/// `--test-package`.
+fn runs_tests_of(crates: &[String], test_packages: &[String], users: &[&str]) -> bool {
+    crates
+        .iter()
+        .chain(test_packages)
+        .any(|name| users.contains(&name.as_str()))
+}
+
+/// Builds the unmutated `worker-general` (debug) and returns its path, for
+/// `OUTBOX_TEST_WORKER_GENERAL`: `cargo test -p outbox-cli` builds only
+/// the CLI's binaries, and its probe tests start a worker.
+fn build_worker_general() -> Result<std::path::PathBuf> {
+    crate::cmd::run(
+        "cargo build -p outbox-worker --bin worker-general (the CLI's probe tests start it)",
+        cargo().args(["build", "-p", "outbox-worker", "--bin", "worker-general"]),
+    )?;
+    Ok(target_dir()
+        .join("debug")
+        .join(format!("worker-general{}", std::env::consts::EXE_SUFFIX)))
 }
 
 /// The arguments of `cargo`: `mutants` and its options for `args`, the
@@ -460,5 +489,27 @@ mod tests {
         let summary = summarise(Path::new("/nonexistent/mutants.out")).unwrap();
         assert!(summary.is_empty());
         assert!(render(&summary).contains("total"));
+    }
+
+    /// A run mutating the CLI, or testing with its tests, builds the
+    /// worker its probe tests start; other runs do not.
+    #[test]
+    fn only_runs_with_the_clis_tests_need_the_worker_binary() {
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        assert!(runs_tests_of(
+            &names(&["outbox-cli"]),
+            &[],
+            WORKER_GENERAL_USERS
+        ));
+        assert!(runs_tests_of(
+            &names(&["outbox-operator"]),
+            &names(&["outbox-cli"]),
+            WORKER_GENERAL_USERS
+        ));
+        assert!(!runs_tests_of(
+            &names(&["outbox-dispatch"]),
+            &names(&["outbox-subscriber"]),
+            WORKER_GENERAL_USERS
+        ));
     }
 }
