@@ -348,6 +348,21 @@ async fn cancel_by_filters_counts_first_needs_yes_above_the_threshold_and_cancel
     let with_ids = env.outbox(&["cancel", "00000000-0000-4000-8000-000000000001", "--yes"]);
     assert_eq!(with_ids.code, 2, "--yes is for a cancel by filters");
     assert!(with_ids.stderr.contains("--yes"), "{}", with_ids.stderr);
+    // Break checked: ids with a filter but no --limit, or with --limit but
+    // no filter, let through when the rule is an `&&`, fail here.
+    let id = "00000000-0000-4000-8000-000000000001";
+    for mixed in [
+        &["cancel", id, "--tenant", "acme"][..],
+        &["cancel", id, "--limit", "1"],
+    ] {
+        let refused = env.outbox(mixed);
+        assert_eq!(refused.code, 2, "{mixed:?}: {}", refused.stderr);
+        assert!(
+            refused.stderr.contains("give either ids or filters"),
+            "{mixed:?}: {}",
+            refused.stderr
+        );
+    }
     for unfiltered in [&["cancel"][..], &["cancel", "--limit", "1", "--yes"]] {
         let none = env.outbox(unfiltered);
         assert_eq!(none.code, 2, "{unfiltered:?}");
