@@ -50,13 +50,15 @@ pub const DEFAULT_LOOPS: usize = 4;
 /// The most loops a dispatcher runs (`OUTBOX_DISPATCH_LOOPS`).
 pub const MAX_LOOPS: usize = 64;
 /// Default of `OUTBOX_DISPATCH_LOOPS_TOTAL`: the loops all the dispatchers
-/// of one database run between them (each at least one, at most its own
-/// `OUTBOX_DISPATCH_LOOPS`; see [`crate::loops_to_run`]). Measured with the
-/// release `worker-general` on two cores (`cargo xtask bench --only
-/// scaling`, docs/scaling.md): one or two processes of four loops hand off
-/// as fast as any number, while eight of four loops (32 claims at once)
-/// handed off at 0.76 to 0.90 of one process's rate, and eight sharing
-/// eight loops at 0.94 to 0.96 of it.
+/// of one database run between them, packed into the first ones (each at
+/// most its own `OUTBOX_DISPATCH_LOOPS`; see [`crate::loops_to_run`]), so
+/// with the defaults two processes run the loops and the others stand by
+/// (one claim per poll interval each).
+/// Measured with the release `worker-general` on two cores (`cargo xtask
+/// bench --only scaling`, docs/scaling.md): one or two processes of four
+/// loops hand off as fast as any number, while eight of four loops (32
+/// claims at once) handed off at 0.76 to 0.90 of one process's rate, and
+/// eight of one loop each at 0.94 to 0.96 of it.
 pub const DEFAULT_LOOPS_TOTAL: usize = 8;
 /// The largest `OUTBOX_DISPATCH_LOOPS_TOTAL` accepted.
 pub const MAX_LOOPS_TOTAL: usize = 4096;
@@ -122,7 +124,7 @@ pub const OUTBOX_DISPATCH_LOOPS_TOTAL: Whole = Whole {
     default: DEFAULT_LOOPS_TOTAL as u64,
     min: 0,
     max: MAX_LOOPS_TOTAL as u64,
-    meaning: "claim-and-hand-off loops all the dispatchers listening on this database run between them: each runs its share (the total divided between them), at least 1 and at most OUTBOX_DISPATCH_LOOPS; 0 lets each run OUTBOX_DISPATCH_LOOPS whatever the others do",
+    meaning: "claim-and-hand-off loops all the dispatchers listening on this database run between them, packed into the first ones: each runs what those before it left, at most OUTBOX_DISPATCH_LOOPS, and one left with none stands by (one claim per poll interval); 0 lets each run OUTBOX_DISPATCH_LOOPS whatever the others do",
 };
 /// `OUTBOX_DISPATCH_VACUUM_EVERY`: [`DispatcherConfig::vacuum_every`].
 pub const OUTBOX_DISPATCH_VACUUM_EVERY: Whole = Whole {
@@ -176,9 +178,12 @@ pub struct DispatcherConfig {
     pub loops: usize,
     /// Loops all the dispatchers listening on the database run between
     /// them ([`DEFAULT_LOOPS_TOTAL`]): every second this dispatcher counts
-    /// them and runs [`crate::loops_to_run`] of its `loops`; the rest wait
-    /// holding no connection. 0 runs all of `loops` whatever the others
-    /// do; so does a dispatcher without `listen` (it is not counted).
+    /// those before it and runs [`crate::loops_to_run`] of its `loops`,
+    /// what they left of the total; the rest wait holding no connection,
+    /// and one left with none stands by (its first loop claims once per
+    /// poll interval, leaving wake-ups to the others). 0 runs all of `loops`
+    /// whatever the others do; so does a dispatcher without `listen` (it is
+    /// not counted).
     ///
     /// ```
     /// use outbox_dispatch::{DispatcherConfig, loops_to_run};
@@ -188,7 +193,7 @@ pub struct DispatcherConfig {
     /// let config = DispatcherConfig::from_lookup(&get)?;
     /// assert_eq!(config.loops_total, 16);
     /// // Each of four dispatchers then runs all of its four loops.
-    /// assert_eq!(loops_to_run(config.loops, config.loops_total, 4, 0), 4);
+    /// assert_eq!(loops_to_run(config.loops, config.loops_total, 3), 4);
     /// # Ok::<(), outbox_env::VariableError>(())
     /// ```
     pub loops_total: usize,
@@ -503,6 +508,93 @@ mod tests {
             format!("must be at most {MAX_LOOPS_TOTAL}"),
             "the message names the bound"
         );
+    }
+
+    // Break checked: the grace's `>` as `==` (a mutation run's shard 0)
+    // let a grace of a week and a second through.
+    #[test]
+    fn each_rule_refuses_just_past_its_bound_and_accepts_the_bound() {
+        let with = |change: &dyn Fn(&mut DispatcherConfig)| {
+            let mut config = DispatcherConfig::default();
+            change(&mut config);
+            config.validate().map_err(|e| e.field)
+        };
+        let week = MAX_UNROUTED_GRACE;
+        assert_eq!(with(&|c| c.unrouted_grace = week), Ok(()));
+        assert_eq!(with(&|c| c.unrouted_grace = Duration::ZERO), Ok(()));
+        for past in [week + Duration::from_secs(1), week * 2] {
+            assert_eq!(
+                with(&|c| c.unrouted_grace = past),
+                Err("OUTBOX_UNROUTED_GRACE_SECONDS"),
+                "{past:?}"
+            );
+        }
+        assert_eq!(with(&|c| c.lock_timeout = MIN_LOCK_TIMEOUT), Ok(()));
+        assert_eq!(
+            with(&|c| c.lock_timeout = Duration::from_millis(999)),
+            Err("OUTBOX_LOCK_TIMEOUT_MS")
+        );
+        assert_eq!(
+            with(&|c| c.interval = Duration::ZERO),
+            Err("OUTBOX_DISPATCH_INTERVAL_MS")
+        );
+        assert_eq!(
+            with(&|c| c.concurrency = 0),
+            Err("OUTBOX_DISPATCH_CONCURRENCY")
+        );
+        assert_eq!(with(&|c| c.backoff.clear()), Err("backoff"));
+        assert_eq!(
+            with(&|c| c.unrouted_recheck = Duration::ZERO),
+            Err("unrouted_recheck")
+        );
+    }
+
+    // Break checked: `from_lookup` without its `batch_size` line (the
+    // default then, 500; a mutation run's shard 0) fails here.
+    #[test]
+    fn each_dispatcher_variable_sets_its_field_and_a_bad_one_is_named() {
+        let set = [
+            ("OUTBOX_DISPATCH_INTERVAL_MS", "250"),
+            ("OUTBOX_DISPATCH_BATCH_SIZE", "100"),
+            ("OUTBOX_DISPATCH_CONCURRENCY", "3"),
+            ("OUTBOX_DISPATCH_LOOPS", "2"),
+            ("OUTBOX_DISPATCH_LOOPS_TOTAL", "5"),
+            ("OUTBOX_DISPATCH_VACUUM_EVERY", "7000"),
+            ("OUTBOX_MAX_RETRIES", "9"),
+            ("OUTBOX_LOCK_TIMEOUT_MS", "2000"),
+            ("OUTBOX_UNROUTED_GRACE_SECONDS", "45"),
+        ];
+        let get = |name: &str| {
+            set.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        };
+        let config = DispatcherConfig::from_lookup(&get).unwrap();
+        assert_eq!(
+            config,
+            DispatcherConfig {
+                interval: Duration::from_millis(250),
+                batch_size: 100,
+                concurrency: 3,
+                loops: 2,
+                loops_total: 5,
+                vacuum_every: 7000,
+                max_retries: 9,
+                lock_timeout: Duration::from_secs(2),
+                unrouted_grace: Duration::from_secs(45),
+                ..DispatcherConfig::default()
+            }
+        );
+        assert_eq!(
+            DispatcherConfig::from_lookup(&|_| None).unwrap(),
+            DispatcherConfig::default(),
+            "nothing set: the defaults"
+        );
+        for (name, _) in set {
+            let bad = |key: &str| (key == name).then(|| "many".to_owned());
+            let error = DispatcherConfig::from_lookup(&bad).unwrap_err();
+            assert!(error.to_string().contains(name), "{name}: {error}");
+        }
     }
 
     #[test]

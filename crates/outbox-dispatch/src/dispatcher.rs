@@ -142,7 +142,14 @@ impl Dispatcher {
         config: DispatcherConfig,
     ) -> Result<Self, DispatchError> {
         config.validate()?;
-        let share = watch::Sender::new(config.loops);
+        // A dispatcher that shares its loops stands by until its first
+        // count ranks it (see `crate::share`); one that does not runs them
+        // all.
+        let share = watch::Sender::new(if config.listen && config.loops_total > 0 {
+            0
+        } else {
+            config.loops
+        });
         Ok(Self {
             pool,
             database_url: database_url.into(),
@@ -232,7 +239,10 @@ impl Dispatcher {
     /// dispatchers listening on its database, counted every
     /// [`crate::SHARE_RECOUNT`] while [`Dispatcher::run`] runs (see
     /// [`crate::loops_to_run`]). The other loops wait, holding no
-    /// connection.
+    /// connection. 0: it stands by (the dispatchers before it have the
+    /// whole total, or it has not been counted yet): its first loop claims
+    /// once per poll interval, without answering wake-ups or taking part
+    /// in the wake gate.
     #[must_use]
     pub fn loops_running(&self) -> usize {
         *self.share.borrow()
@@ -284,17 +294,16 @@ impl Dispatcher {
                 .clone()
                 .run(self.pool.clone(), shutdown.child_token()),
         );
-        let share = (self.config.listen && self.config.loops_total > 0 && self.config.loops > 1)
-            .then(|| {
-                tokio::spawn(crate::share::run(
-                    self.pool.clone(),
-                    self.config.loops,
-                    self.config.loops_total,
-                    listener_pid.clone(),
-                    self.share.clone(),
-                    shutdown.child_token(),
-                ))
-            });
+        let share = (self.config.listen && self.config.loops_total > 0).then(|| {
+            tokio::spawn(crate::share::run(
+                self.pool.clone(),
+                self.config.loops,
+                self.config.loops_total,
+                listener_pid.clone(),
+                self.share.clone(),
+                shutdown.child_token(),
+            ))
+        });
         let unrouted_watch = tokio::spawn(unrouted::watch(
             self.pool.clone(),
             self.router.clone(),
@@ -357,7 +366,12 @@ impl Dispatcher {
     /// does after a tick that was not full follows the wake gate
     /// ([`Next::after`]); a helping one leaves the gate alone. While `n` is
     /// not below [`Dispatcher::loops_running`] the loop is parked: it
-    /// claims nothing until the share grows.
+    /// claims nothing until the share grows. With a share of 0 the
+    /// dispatcher stands by: its first loop claims once per poll interval
+    /// and leaves wake-ups and the wake gate to the dispatchers that run
+    /// loops, so that a dead dispatcher still counted (its host gone
+    /// without closing its connections) does not stop the hand-off, while
+    /// the claims stay with the dispatchers the total was packed into.
     async fn run_loop(self: Arc<Self>, shutdown: CancellationToken, role: LoopRole, n: usize) {
         let helping = matches!(role, LoopRole::Helping);
         let gate = match role {
@@ -373,15 +387,18 @@ impl Dispatcher {
         // ticks.
         let mut wait_for_more = helping;
         while !shutdown.is_cancelled() {
-            if n >= *share.borrow_and_update() {
+            let running = *share.borrow_and_update();
+            if n >= running.max(1) {
                 // Parked: what it counted as busy or full no longer holds. A
                 // loop that found nothing while this one ticked back to back
                 // left the gate to it: the last busy loop to park asks for
-                // it, as it would after an empty claim.
+                // it, as it would after an empty claim (unless the process
+                // now stands by and leaves the gate to the others).
                 self.draining.record(&mut counted_full, false);
                 if let Some(gate) = &gate
                     && counted_busy
                     && !gate.idle_while_another_is_busy(&mut counted_busy)
+                    && running > 0
                 {
                     gate.want();
                 }
@@ -400,6 +417,15 @@ impl Dispatcher {
                     // Parked meanwhile, or not: look again.
                     _ = share.changed() => continue,
                 }
+            }
+            let standby = running == 0;
+            if standby && let Some(gate) = &gate {
+                // A standby leaves the gate to the dispatchers that run
+                // loops: it neither asks for it nor counts as busy.
+                if counted_busy {
+                    gate.idle_while_another_is_busy(&mut counted_busy);
+                }
+                gate.release();
             }
             let (claimed, full) = match self.tick_until(&shutdown).await {
                 Ok(report) => {
@@ -428,11 +454,21 @@ impl Dispatcher {
             if full && self.loops_running() > 1 {
                 self.wake.notify_one();
             }
+            let gate_of_loop = if standby { None } else { gate.as_deref() };
             let next = Next::after(
                 claimed,
                 full,
-                gate.as_deref().map(|gate| (gate, &mut counted_busy)),
+                gate_of_loop.map(|gate| (gate, &mut counted_busy)),
             );
+            if standby {
+                // Once per poll interval, whatever the claim found.
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(self.config.interval) => {}
+                    _ = share.changed() => {}
+                }
+                continue;
+            }
             if next == Next::TickAtOnce {
                 continue;
             }

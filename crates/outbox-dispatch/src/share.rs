@@ -6,17 +6,28 @@
 //! so the index entries read per row handed off grow with the claims
 //! running at once across the whole deployment, not per process: on two
 //! cores, eight processes of four loops handed off at 0.76 to 0.90 of one
-//! process's rate, and at 0.94 to 0.96 of it once they shared eight loops
-//! (two and four processes within 3 % of one; docs/scaling.md, "Loops
-//! shared across the deployment").
+//! process's rate. The same claims spread over more processes cost more
+//! too: eight processes of one loop each handed off at 0.94 to 0.96 of
+//! one process's rate, two of four loops each as fast as one
+//! (docs/scaling.md).
 //!
 //! So the dispatchers of one database share a budget of loops,
-//! [`DispatcherConfig::loops_total`]: each counts the dispatchers listening
-//! on the database (their listener connections, by
-//! [`crate::LISTENER_APPLICATION_NAME`] in `pg_stat_activity`) every
-//! [`RECOUNT`] and runs its share of `loops_total` (see [`loops_to_run`]),
-//! at least one and at most its own `loops`. The loops beyond that park:
-//! they claim nothing and hold no connection until the share grows again.
+//! [`DispatcherConfig::loops_total`], packed into the fewest of them: each
+//! counts the dispatchers listening on the database before it (their
+//! listener connections, by [`crate::LISTENER_APPLICATION_NAME`] in
+//! `pg_stat_activity`, ranked by backend process id) every [`RECOUNT`]
+//! and runs what the ones before it left of `loops_total`, at most its
+//! own `loops` (see [`loops_to_run`]). The loops beyond that park: they
+//! claim nothing and hold no connection until the share grows again. A
+//! dispatcher left with none stands by: it keeps its listener (so it is
+//! counted and ranked), its first loop claims once per poll interval (so
+//! that the hand-off goes on while a dispatcher whose host died is still
+//! counted), and it leaves wake-ups and the wake gate to the dispatchers
+//! that run loops; when a dispatcher before it goes (its listener's
+//! connection closes), the next count gives it loops. A dispatcher stands
+//! by from its start until its first count, and ranks last while its
+//! listener is not connected. The packing assumes every dispatcher has
+//! the same `loops`: each reckons what those before it took with its own.
 //!
 //! [`DispatcherConfig::loops`]: crate::DispatcherConfig::loops
 //! [`DispatcherConfig::loops_total`]: crate::DispatcherConfig::loops_total
@@ -48,33 +59,39 @@ pub(crate) const LIVE_DISPATCHERS_SQL: &str = "SELECT count(*) AS dispatchers, \
      count(*) FILTER (WHERE pid < $2) AS before \
      FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1";
 
-/// The loops a dispatcher with `own` loops runs when `dispatchers`
-/// dispatchers (itself included) share `total` loops and `rank` of them
-/// come before it (by their listener's backend process id): `total`
-/// divided between them, the remainder one loop each to the first ones,
-/// so that their shares add up to `total`; at least 1 and at most `own`.
-/// A `total` of 0 shares nothing: every dispatcher runs its `own`. Zero
-/// dispatchers counted (the listener has not connected yet) counts as one.
+/// The loops a dispatcher with `own` loops runs when the dispatchers of
+/// its database share `total` loops and `rank` of them come before it (by
+/// their listener's backend process id): the total is
+/// packed into the first dispatchers, each running all of its `own` loops
+/// until the total is spent, so that the shares add up to `total` (when
+/// every dispatcher has the same `own`) and the fewest processes claim;
+/// the dispatchers past the total run none and stand by, taking loops
+/// back at the next count when one before them goes. A `total` of 0
+/// shares nothing: every dispatcher runs its `own`. The dispatchers before
+/// it are reckoned to run `own` loops each, as it does.
+///
+/// Why packed rather than spread evenly: on two cores, eight processes of
+/// one loop each handed off at 0.94 to 0.96 of one process's rate (below
+/// it in each of 7 rounds), two of four loops each as fast as one
+/// (docs/scaling.md).
 ///
 /// ```
 /// use outbox_dispatch::loops_to_run;
 ///
-/// assert_eq!(loops_to_run(4, 8, 1, 0), 4);
-/// assert_eq!(loops_to_run(4, 8, 4, 3), 2);
-/// // Three dispatchers share 8 loops as 3, 3 and 2.
-/// let shares: Vec<_> = (0..3).map(|rank| loops_to_run(4, 8, 3, rank)).collect();
-/// assert_eq!(shares, [3, 3, 2]);
-/// assert_eq!(loops_to_run(4, 8, 16, 15), 1);
-/// assert_eq!(loops_to_run(4, 0, 16, 0), 4);
+/// // Three dispatchers of four loops share 8 loops as 4, 4 and 0.
+/// let shares: Vec<_> = (0..3).map(|rank| loops_to_run(4, 8, rank)).collect();
+/// assert_eq!(shares, [4, 4, 0]);
+/// // A total of 10: 4, 4 and 2.
+/// assert_eq!(loops_to_run(4, 10, 2), 2);
+/// // No total: each runs its own.
+/// assert_eq!(loops_to_run(4, 0, 15), 4);
 /// ```
 #[must_use]
-pub fn loops_to_run(own: usize, total: usize, dispatchers: usize, rank: usize) -> usize {
+pub fn loops_to_run(own: usize, total: usize, rank: usize) -> usize {
     if total == 0 {
         return own;
     }
-    let dispatchers = dispatchers.max(1);
-    let extra = usize::from(rank < total % dispatchers);
-    (total / dispatchers + extra).clamp(1, own.max(1))
+    total.saturating_sub(rank.saturating_mul(own)).min(own)
 }
 
 #[derive(QueryableByName)]
@@ -127,10 +144,15 @@ pub(crate) async fn run(
             () = tokio::time::sleep(wait) => {}
         }
         wait = RECOUNT;
-        match live_dispatchers(&pool, AtomicI32::load(&pid, Ordering::Acquire)).await {
-            Ok((dispatchers, rank)) => {
+        let listener = AtomicI32::load(&pid, Ordering::Acquire);
+        match live_dispatchers(&pool, listener).await {
+            Ok((dispatchers, before)) => {
                 failing = false;
-                let loops = loops_to_run(own, total, dispatchers, rank);
+                // Without a listener (connecting, or LISTEN failing) this
+                // dispatcher is not counted: it ranks after every one that
+                // is, and runs what they leave.
+                let rank = if listener == 0 { dispatchers } else { before };
+                let loops = loops_to_run(own, total, rank);
                 metrics::gauge!("outbox_dispatch_loops_running").set(loops as f64);
                 let changed = share.send_if_modified(|running| {
                     let changed = *running != loops;
@@ -164,50 +186,50 @@ mod tests {
     /// The shares of `dispatchers` dispatchers of `own` loops each.
     fn shares(own: usize, total: usize, dispatchers: usize) -> Vec<usize> {
         (0..dispatchers)
-            .map(|rank| loops_to_run(own, total, dispatchers, rank))
+            .map(|rank| loops_to_run(own, total, rank))
             .collect()
     }
 
     #[test]
-    fn eight_loops_shared_by_one_two_four_and_eight_dispatchers_of_four_loops() {
+    fn eight_loops_are_packed_into_the_first_two_dispatchers_of_four_loops() {
         assert_eq!(shares(4, 8, 1), [4]);
         assert_eq!(shares(4, 8, 2), [4, 4]);
-        assert_eq!(shares(4, 8, 4), [2, 2, 2, 2]);
-        assert_eq!(shares(4, 8, 8), [1; 8]);
+        assert_eq!(shares(4, 8, 4), [4, 4, 0, 0]);
+        assert_eq!(shares(4, 8, 8), [4, 4, 0, 0, 0, 0, 0, 0]);
     }
 
     #[test]
-    fn shares_add_up_to_the_total_whatever_the_number_of_dispatchers() {
-        for dispatchers in 1..=8 {
-            let shares = shares(8, 8, dispatchers);
-            assert_eq!(shares.iter().sum::<usize>(), 8, "{dispatchers}: {shares:?}");
-            assert!(
-                shares.iter().max().unwrap() - shares.iter().min().unwrap() <= 1,
-                "{dispatchers}: {shares:?}"
-            );
+    fn shares_add_up_to_the_total_when_the_dispatchers_can_run_it() {
+        for own in 1..=8 {
+            for dispatchers in 1..=8 {
+                let shares = shares(own, 8, dispatchers);
+                let sum: usize = shares.iter().sum();
+                assert_eq!(
+                    sum,
+                    8.min(own * dispatchers),
+                    "{own}, {dispatchers}: {shares:?}"
+                );
+                // Packed: only the last dispatcher with loops may run fewer
+                // than its own.
+                let partial = shares.iter().filter(|&&n| n > 0 && n < own).count();
+                assert!(partial <= 1, "{own}, {dispatchers}: {shares:?}");
+                assert!(shares.windows(2).all(|w| w[0] >= w[1]), "{shares:?}");
+            }
         }
-        assert_eq!(
-            shares(4, 8, 3),
-            [3, 3, 2],
-            "the first ones get the remainder"
-        );
-        assert_eq!(shares(4, 8, 7), [2, 1, 1, 1, 1, 1, 1]);
+        assert_eq!(shares(4, 10, 3), [4, 4, 2], "the last one gets the rest");
+        assert_eq!(shares(3, 8, 4), [3, 3, 2, 0]);
     }
 
     #[test]
-    fn a_share_never_falls_below_one_loop_or_rises_above_its_own() {
-        assert_eq!(shares(4, 8, 10), [1; 10], "at least one loop each");
+    fn a_share_never_rises_above_its_own() {
         assert_eq!(shares(2, 64, 1), [2], "never more than its own");
-        assert_eq!(shares(4, 1, 1), [1], "a total of one");
+        assert_eq!(shares(4, 1, 3), [1, 0, 0], "a total of one");
+        assert_eq!(loops_to_run(4, 8, usize::MAX), 0, "no overflow");
     }
 
     #[test]
-    fn no_total_or_no_dispatcher_counted_runs_every_own_loop() {
-        assert_eq!(loops_to_run(4, 0, 8, 3), 4, "sharing off");
-        assert_eq!(
-            loops_to_run(4, 8, 0, 0),
-            4,
-            "the listener not yet counted: itself"
-        );
+    fn no_total_runs_every_own_loop() {
+        assert_eq!(loops_to_run(4, 0, 3), 4, "sharing off");
+        assert_eq!(loops_to_run(4, 0, 0), 4);
     }
 }

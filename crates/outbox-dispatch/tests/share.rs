@@ -1,6 +1,8 @@
-//! The dispatchers of one database share `OUTBOX_DISPATCH_LOOPS_TOTAL`:
-//! each counts the dispatchers listening on the database and runs its share
-//! of the loops; the rest claim nothing. Every push here waits on a paused
+//! The dispatchers of one database share `OUTBOX_DISPATCH_LOOPS_TOTAL`,
+//! packed into the first of them: each counts the dispatchers listening on
+//! the database before it and runs what they left of the total; the rest
+//! of its loops claim nothing, and one left with none stands by (one claim
+//! per poll interval). Every push here waits on a paused
 //! Redis (up to the connection's 5 s response timeout), so a loop that
 //! claimed holds its rows meanwhile, and the rows of one claim share their
 //! `locked_until`: the distinct values among the rows in flight are the
@@ -66,12 +68,16 @@ impl Pair {
             .collect()
     }
 
-    /// Waits until both dispatchers run `loops` loops.
-    async fn wait_for_share(&self, h: &Harness, loops: usize) {
+    /// Waits until the dispatchers' shares, largest first, are `wanted`.
+    async fn wait_for_shares(&self, h: &Harness, wanted: &[usize]) {
         h.wait_for(
-            &format!("each dispatcher to run {loops} loops"),
+            &format!("the dispatchers to run {wanted:?} loops"),
             Duration::from_secs(30),
-            async || self.loops_running() == [loops, loops],
+            async || {
+                let mut shares = self.loops_running();
+                shares.sort_unstable_by(|a, b| b.cmp(a));
+                shares == wanted
+            },
         )
         .await;
     }
@@ -111,23 +117,23 @@ async fn publish_backlog(h: &Harness) {
 }
 
 // Break checked: with `run_loop` ignoring its share (no parking) this
-// fails with "no longer true: no more than two claims in flight".
+// fails with "no longer true: no more than three claims in flight".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_dispatchers_sharing_two_loops_hold_no_more_than_two_claims_under_a_backlog() {
+async fn two_dispatchers_sharing_two_loops_run_both_in_one_and_hold_at_most_three_claims() {
     let h = Harness::with_pool_size(8).await;
     let pair = Pair::start(&h, 2).await;
-    pair.wait_for_share(&h, 1).await;
+    pair.wait_for_shares(&h, &[2, 0]).await;
     publish_backlog(&h).await;
     h.wait_for(
-        "two claims in flight",
+        "three claims in flight",
         Duration::from_secs(30),
-        async || claims_in_flight(&h).await >= 2,
+        async || claims_in_flight(&h).await >= 3,
     )
     .await;
     outbox_test_support::consistently(
-        "no more than two claims in flight",
+        "no more than three claims in flight",
         Duration::from_secs(2),
-        async || claims_in_flight(&h).await <= 2,
+        async || claims_in_flight(&h).await <= 3,
     )
     .await;
     pair.finish(&h).await;
@@ -153,11 +159,16 @@ async fn without_a_total_two_dispatchers_of_four_loops_hold_eight_claims_under_a
 // Break checked: a share counted once at start and never again fails with
 // "the dispatcher left alone to run all four loops".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dispatcher_left_alone_takes_back_the_loops_the_stopped_one_ran() {
+async fn the_standby_left_alone_takes_the_loops_the_stopped_dispatcher_ran() {
     let h = Harness::with_pool_size(8).await;
     let mut pair = Pair::start(&h, 4).await;
-    pair.wait_for_share(&h, 2).await;
-    let (_, shutdown, run) = pair.dispatchers.pop().unwrap();
+    pair.wait_for_shares(&h, &[4, 0]).await;
+    let running = pair
+        .dispatchers
+        .iter()
+        .position(|(dispatcher, _, _)| dispatcher.loops_running() == 4)
+        .unwrap();
+    let (_, shutdown, run) = pair.dispatchers.remove(running);
     shutdown.cancel();
     run.await.unwrap().unwrap();
     h.wait_for(
@@ -174,4 +185,101 @@ async fn a_dispatcher_left_alone_takes_back_the_loops_the_stopped_one_ran() {
     )
     .await;
     pair.finish(&h).await;
+}
+
+/// Two connections named as dispatcher listeners, opened before any
+/// dispatcher of the test so that they rank first: dispatchers whose host
+/// died without closing their connections, still counted until Postgres
+/// drops them.
+async fn silent_listeners(h: &Harness) -> Vec<diesel_async::AsyncPgConnection> {
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        let mut conn = h.conn().await;
+        diesel_async::SimpleAsyncConnection::batch_execute(
+            &mut conn,
+            &format!(
+                "SET application_name = '{}'",
+                outbox_dispatch::LISTENER_APPLICATION_NAME
+            ),
+        )
+        .await
+        .unwrap();
+        silent.push(conn);
+    }
+    silent
+}
+
+/// A dispatcher of four loops (batches of 10, wake-ups on, polling every
+/// `interval`) behind the two silent listeners, which take the whole total
+/// of eight: it stands by.
+async fn standby(h: &Harness, interval: Duration) -> Running {
+    let config = DispatcherConfig {
+        batch_size: 10,
+        loops: 4,
+        loops_total: 8,
+        listen: true,
+        interval,
+        ..quick_config()
+    };
+    let dispatcher = h.dispatcher(config);
+    let shutdown = CancellationToken::new();
+    let run = dispatcher.clone().spawn(shutdown.clone());
+    h.wait_for(
+        "the dispatcher to stand by behind the two silent ones",
+        Duration::from_secs(30),
+        async || dispatcher.loops_running() == 0,
+    )
+    .await;
+    (dispatcher, shutdown, run)
+}
+
+async fn done(h: &Harness) -> usize {
+    h.rows()
+        .await
+        .iter()
+        .filter(|row| row.status == OutboxStatus::Done)
+        .count()
+}
+
+// Break checked: with a standby's first loop parked like the others it
+// fails with "timed out ... every row to be handed off".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_hands_off_a_backlog_while_the_dispatchers_before_it_claim_nothing() {
+    let h = Harness::with_pool_size(8).await;
+    let silent = silent_listeners(&h).await;
+    let (dispatcher, shutdown, run) = standby(&h, Duration::from_millis(100)).await;
+    publish_backlog(&h).await;
+    h.wait_all_done("every row to be handed off", Duration::from_secs(60))
+        .await;
+    assert_eq!(dispatcher.loops_running(), 0, "still standing by");
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    drop(silent);
+}
+
+// Break checked: with the standby ticking again at once after a full claim
+// it fails with "no longer true: only the first batch handed off".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_claims_one_batch_per_poll_interval_and_leaves_wake_ups_to_the_others() {
+    let h = Harness::with_pool_size(8).await;
+    let silent = silent_listeners(&h).await;
+    let (_, shutdown, run) = standby(&h, Duration::from_secs(5)).await;
+    // No wake-up: the next poll, up to 5 s away, claims one batch of 10,
+    // and the next one is 5 s after it.
+    publish_backlog(&h).await;
+    h.wait_for(
+        "the first batch handed off",
+        Duration::from_secs(30),
+        async || done(&h).await >= 10,
+    )
+    .await;
+    outbox_test_support::consistently(
+        "only the first batch handed off",
+        Duration::from_secs(2),
+        async || done(&h).await == 10,
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    drop(silent);
 }

@@ -107,7 +107,7 @@ pub const METRICS: &[(&str, Kind, &str)] = &[
     (
         "outbox_dispatch_loops_running",
         Kind::Gauge,
-        "Dispatch loops this process runs: its share of OUTBOX_DISPATCH_LOOPS_TOTAL",
+        "Dispatch loops this process runs: its share of OUTBOX_DISPATCH_LOOPS_TOTAL (0: standing by)",
     ),
     (
         "outbox_dispatch_vacuums_total",

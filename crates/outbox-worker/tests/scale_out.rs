@@ -1,7 +1,8 @@
 //! Several `worker-general` processes on one database, as an operator
-//! scales out: their dispatchers share `OUTBOX_DISPATCH_LOOPS_TOTAL`, each
-//! showing its share on /metrics, and when one is killed the others take
-//! its share back and hand off what comes.
+//! scales out: their dispatchers share `OUTBOX_DISPATCH_LOOPS_TOTAL`,
+//! packed into the first ones, each showing its share on /metrics (0 for
+//! one standing by), and when one that runs loops is killed the others
+//! take its share and hand off what comes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -46,26 +47,36 @@ async fn wait_for_shares(workers: &[&Worker], wanted: &[usize]) {
     .await;
 }
 
-// Break checked: shares rounded up instead of split (3 each) fail with
-// "timed out after 60s waiting for the shares of the loops to be [3, 2,
-// 2]"; so did `worker-general` counting once only and never again (the
-// first one, started alone, kept 4), on this test's earlier form with a
-// total of 6.
+// Break checked: shares split evenly instead of packed fail with "timed
+// out after 60s waiting for the shares of the loops to be [4, 3, 0]"; so
+// did `worker-general` counting once only and never again (after the kill,
+// the standby kept 0), on the test's form before the packing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_workers_split_seven_dispatch_loops_and_the_two_left_after_a_kill_take_them_all() {
+async fn three_workers_pack_seven_dispatch_loops_and_the_standby_takes_over_after_a_kill() {
     let stack = Stack::new().await;
     let shared = [("OUTBOX_DISPATCH_LOOPS_TOTAL", "7")];
-    let first = stack.start(GENERAL, &shared).await;
-    let second = stack.start(GENERAL, &shared).await;
-    let mut third = stack.start(GENERAL, &shared).await;
-    // Seven between three: the remainder goes to the first by their
-    // listener's backend process id.
-    wait_for_shares(&[&first, &second, &third], &[3, 2, 2]).await;
+    let mut workers = vec![
+        stack.start(GENERAL, &shared).await,
+        stack.start(GENERAL, &shared).await,
+        stack.start(GENERAL, &shared).await,
+    ];
+    // Seven packed into the first two by their listener's backend process
+    // id: four and three; the third stands by.
+    wait_for_shares(&workers.iter().collect::<Vec<_>>(), &[4, 3, 0]).await;
 
-    third.signal("KILL");
-    third.wait_exit(Duration::from_secs(30)).await;
-    // Seven between two, each at most its own four loops.
-    wait_for_shares(&[&first, &second], &[4, 3]).await;
+    // Kill the one running four loops.
+    let mut four = Vec::new();
+    for (n, worker) in workers.iter().enumerate() {
+        if loops_running(worker).await == Some(4) {
+            four.push(n);
+        }
+    }
+    assert_eq!(four.len(), 1, "one worker runs four loops: {four:?}");
+    let mut killed = workers.remove(four[0]);
+    killed.signal("KILL");
+    killed.wait_exit(Duration::from_secs(30)).await;
+    // Seven between the two left, each at most its own four loops.
+    wait_for_shares(&workers.iter().collect::<Vec<_>>(), &[4, 3]).await;
 
     stack
         .sql(&format!(
