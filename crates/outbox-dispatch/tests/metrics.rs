@@ -341,3 +341,36 @@ fn a_killed_listener_connection_is_counted_as_a_reconnect() {
         1.0
     );
 }
+
+/// After requeueing the `FAILED (unrouted)` events a new route matches,
+/// `outbox_unrouted_failed` shows the ones still without a route.
+// Break checked: the gauge set to the failed plus the revived (a mutation
+// run's shard 0 of `outbox-dispatch`) fails with 7 against 3.
+#[test]
+fn after_a_revive_the_unrouted_gauge_counts_only_the_events_still_without_a_route() {
+    let recorder = DebuggingRecorder::new();
+    let revived = with_metrics_recorder(&recorder, async || {
+        let h = Harness::new().await;
+        let mut conn = h.conn().await;
+        exec(
+            &mut conn,
+            "INSERT INTO outbox_event (tenant_id, event_type, payload)
+             SELECT 't', 'legacy.report.generated', '{}' FROM generate_series(1, 2);
+             INSERT INTO outbox_event (tenant_id, event_type, payload)
+             SELECT 't', 'legacy.other.happened', '{}' FROM generate_series(1, 3)",
+        )
+        .await;
+        // No route for either type and no grace: all five are dead-lettered.
+        h.dispatcher(no_route_grace()).tick().await.unwrap();
+        let router = outbox_dispatch::Router::empty()
+            .with_rule("legacy.report.", "app.reports")
+            .unwrap();
+        outbox_dispatch::revive_routable(&mut conn, &router)
+            .await
+            .unwrap()
+    });
+    assert_eq!(revived, 2);
+    let m = snapshot(&recorder);
+    assert_eq!(m["outbox_unrouted_failed"], 3.0, "{m:?}");
+    assert_eq!(m["outbox_dispatch_unrouted_revived_total"], 2.0);
+}
