@@ -643,6 +643,15 @@ async fn a_flushall_is_detected_counted_and_every_lost_job_pushed_again() {
         "{}",
         logs.text()
     );
+    // A queue whose window held nothing gets no line. (Break checked:
+    // `checked > 0` as `>= 0` in `reconcile_due` logs "nothing was missing"
+    // with `checked=0` for each of the other queues.)
+    let empty_windows = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("reconciliation finished") && l.contains("checked=0 "))
+        .count();
+    assert_eq!(empty_windows, 0, "{}", logs.text());
     // The marker was written again: the next check finds Redis intact.
     assert_eq!(rig.check().await, Assessment::Intact);
     rig.repair().await;
