@@ -1808,3 +1808,35 @@ async fn a_reconciler_in_a_log_line_names_its_namespace_and_batch_size() {
     assert!(shown.contains(rig.namespace.prefix()), "{shown}");
     assert!(shown.contains("batch_size: 7"), "{shown}");
 }
+
+/// A guard whose checks keep failing (its Redis refuses connections) says
+/// so once, at the first failure, not at every retry.
+// Break checked: the warning logged only while already failing (`!failing`
+// as `failing` in `RedisGuard::run`, a miss of a mutation run) fails with
+// "no longer true: one warning".
+#[tokio::test]
+async fn a_guard_whose_checks_keep_failing_warns_once_at_the_first_failure() {
+    let logs = LogCapture::start();
+    outbox_test_support::init_tracing();
+    let db = TestDatabase::new().await;
+    let refused = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("redis://{}", listener.local_addr().unwrap())
+    };
+    let dispatcher =
+        std::sync::Arc::new(guarded_dispatcher(&db, &refused, &QueueNamespace::root()));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(dispatcher.run(shutdown.clone()));
+    let warnings = || logs.count("Redis guard: check failed");
+    outbox_test_support::eventually("the first warning", Duration::from_secs(30), async || {
+        warnings() >= 1
+    })
+    .await;
+    // The guard retries every second; three more failures say nothing.
+    outbox_test_support::consistently("one warning", Duration::from_secs(3), async || {
+        warnings() == 1
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
