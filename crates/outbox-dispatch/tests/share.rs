@@ -260,7 +260,7 @@ async fn a_standby_hands_off_a_backlog_while_the_dispatchers_before_it_claim_not
 // Break checked: with the standby ticking again at once after a full claim
 // it fails with "no longer true: only the first batch handed off".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_standby_claims_one_batch_per_poll_interval_and_leaves_wake_ups_to_the_others() {
+async fn a_standby_claims_one_batch_per_poll_interval() {
     let h = Harness::with_pool_size(8).await;
     let silent = silent_listeners(&h).await;
     let (_, shutdown, run) = standby(&h, Duration::from_secs(5)).await;
