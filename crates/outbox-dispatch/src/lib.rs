@@ -97,7 +97,7 @@ pub use reconcile::{
 pub use redis_guard::{
     Assessment, CheckReport, DEFAULT_UNFINISHED_LIMIT, GuardStatus, LossReason,
     OUTBOX_REDIS_CHECK_INTERVAL_MS, RedisGuard, RedisGuardSettings, SAFE_POINT_LAG, SafePointPass,
-    assess, guard_status, next_safe_point, window_start,
+    assess, guard_status, guard_turn_key, next_safe_point, window_start,
 };
 pub use retention::{
     PAUSE_WHILE_DRAINING, RETENTION_JOB_NAME, purge_done, purge_done_until, run_retention,

@@ -6,7 +6,9 @@
 //! written once, and the server `run_id` it was seen in) and remembers it in
 //! Postgres (`outbox_redis_epoch`). It checks it when it starts, whenever a
 //! hand-off failed (Redis went away: the check runs again as soon as Redis
-//! answers) and every `check_every`. [`assess`] decides from what it finds:
+//! answers) and every `check_every` (that one taken in turn by the
+//! dispatchers sharing the namespace: one check per interval among them,
+//! [`RedisGuard::run`]). [`assess`] decides from what it finds:
 //!
 //! | found | verdict |
 //! |---|---|
@@ -360,6 +362,21 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// The Redis key whose holder runs this interval's scheduled check of
+/// `namespace` (`<prefix>outbox:redis-guard:turn`; see
+/// [`RedisGuard::run`]).
+///
+/// ```
+/// use outbox_queue::QueueNamespace;
+///
+/// let key = outbox_dispatch::guard_turn_key(&QueueNamespace::prefixed("adopt-app:"));
+/// assert_eq!(key, "adopt-app:outbox:redis-guard:turn");
+/// ```
+#[must_use]
+pub fn guard_turn_key(namespace: &QueueNamespace) -> String {
+    format!("{}outbox:redis-guard:turn", namespace.prefix())
+}
+
 impl RedisGuard {
     /// A guard of the queues `queues` (the router's targets) of `namespace`,
     /// whose handlers leave behind what `receivers` says.
@@ -395,6 +412,12 @@ impl RedisGuard {
     /// fail, so a Redis that comes back is checked at once) and whenever
     /// [`RedisGuard::poke`]d, until `shutdown`; runs any reconciliation that
     /// is due and moves the safe points. Failures are logged, never fatal.
+    ///
+    /// The rounds every `check_every` are taken in turn by the dispatchers
+    /// sharing the namespace (see [`RedisGuard::take_turn`]): one of them
+    /// checks and moves the safe points per interval, and the others only
+    /// go on with a reconciliation that is due. The first round, a poked
+    /// one and the retries of a failing one always check.
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         tracing::info!(
             namespace = %self.namespace.prefix(),
@@ -403,8 +426,14 @@ impl RedisGuard {
             "Redis guard started"
         );
         let mut failing = false;
+        let mut scheduled = false;
         while !shutdown.is_cancelled() {
-            match self.check_and_repair(&shutdown).await {
+            let round = if !scheduled || self.take_turn().await {
+                self.check_and_repair(&shutdown).await
+            } else {
+                self.reconcile_pending(&shutdown).await.map(|_| ())
+            };
+            match round {
                 Ok(()) => {
                     if failing {
                         tracing::info!("Redis guard: checks succeed again");
@@ -423,12 +452,45 @@ impl RedisGuard {
             } else {
                 self.settings.check_every
             };
-            tokio::select! {
+            scheduled = tokio::select! {
                 () = shutdown.cancelled() => break,
-                () = self.poke.notified() => {}
-                () = tokio::time::sleep(wait) => {}
-            }
+                () = self.poke.notified() => false,
+                () = tokio::time::sleep(wait) => !failing,
+            };
         }
+    }
+
+    /// Takes this interval's turn at the scheduled check among the
+    /// dispatchers sharing the namespace: sets [`guard_turn_key`] in Redis
+    /// unless another holds it, expiring after `check_every`. Checking is
+    /// namespace-wide (the marker, the epoch Postgres remembers, the safe
+    /// points), so one check per interval among N dispatchers does what N
+    /// did, at a tenth of the statements each (N dispatchers each wrote
+    /// every queue's safe point every interval). A Redis that lost the
+    /// key lost the marker too, and the next dispatcher to wake checks. A
+    /// Redis that cannot be asked: the turn is taken (the check then says
+    /// what fails).
+    async fn take_turn(&self) -> bool {
+        let millis = u64::try_from(self.settings.check_every.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut redis = self.redis.clone();
+        let taken: Result<Option<String>, _> = redis::cmd("SET")
+            .arg(guard_turn_key(&self.namespace))
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(millis)
+            .query_async(&mut redis)
+            .await;
+        let taken = taken.map_or(true, |set| set.is_some());
+        if !taken {
+            tracing::debug!(
+                namespace = %self.namespace.prefix(),
+                "Redis guard: another dispatcher checks this interval"
+            );
+        }
+        taken
     }
 
     /// One round: [`RedisGuard::check`], then a pass of any reconciliation

@@ -1726,6 +1726,149 @@ async fn two_dispatchers_notice_one_loss_once_and_push_each_lost_job_once() {
     );
 }
 
+/// Counts the guard's checks in `rig`'s database from now on: each check
+/// writes the namespace's `checked_at` (the check's transaction time), and
+/// a trigger adds a row to `guard_checks` for each new one.
+async fn count_checks(rig: &Rig) {
+    rig.sql(
+        "CREATE TABLE guard_checks (n bigserial);
+         CREATE FUNCTION count_check() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF TG_OP = 'INSERT' OR OLD.checked_at IS DISTINCT FROM NEW.checked_at THEN
+                 INSERT INTO guard_checks DEFAULT VALUES;
+             END IF;
+             RETURN NULL;
+         END $$;
+         CREATE TRIGGER count_check AFTER INSERT OR UPDATE ON outbox_redis_epoch
+             FOR EACH ROW EXECUTE FUNCTION count_check();",
+    )
+    .await;
+}
+
+/// The checks counted since [`count_checks`].
+async fn checks(rig: &Rig) -> u64 {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let mut conn = rig.db.conn().await;
+    let count: Count = diesel::sql_query("SELECT count(*) AS n FROM guard_checks")
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    u64::try_from(count.n).unwrap()
+}
+
+/// Four dispatchers sharing a namespace check Redis once per interval
+/// between them, not once each: the scheduled check is taken in turn
+/// (a key in Redis that expires after the interval).
+// Break checked: `take_turn` answering always `true` (every dispatcher
+// checks every interval) makes about 4 checks per interval, and fails here
+// with "no longer true".
+#[tokio::test]
+async fn four_dispatchers_sharing_a_namespace_check_redis_once_per_interval_between_them() {
+    let rig = Rig::shared().await;
+    count_checks(&rig).await;
+    let every = Duration::from_millis(300);
+    let settings = RedisGuardSettings {
+        check_every: every,
+        ..RedisGuardSettings::default()
+    };
+    let shutdown = CancellationToken::new();
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let dispatcher = std::sync::Arc::new(guarded_dispatcher_with(
+                &rig.db,
+                &rig.redis_url,
+                &rig.namespace,
+                settings.clone(),
+            ));
+            tokio::spawn(dispatcher.run(shutdown.clone()))
+        })
+        .collect();
+    outbox_test_support::eventually(
+        "each dispatcher's first check",
+        Duration::from_secs(30),
+        async || checks(&rig).await >= 4,
+    )
+    .await;
+    let since = std::time::Instant::now();
+    let first = checks(&rig).await;
+    // One turn per interval, so at most one check per interval passed,
+    // one for the interval under way, and one first check that may have
+    // come after the count above.
+    outbox_test_support::consistently(
+        "at most one check per interval among the four",
+        Duration::from_secs(3),
+        async || {
+            let allowed = since.elapsed().as_millis() / every.as_millis() + 2;
+            u128::from(checks(&rig).await - first) <= allowed
+        },
+    )
+    .await;
+    outbox_test_support::eventually(
+        "the scheduled checks go on",
+        Duration::from_secs(30),
+        async || checks(&rig).await >= first + 3,
+    )
+    .await;
+    shutdown.cancel();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+}
+
+/// A dispatcher whose scheduled round finds the turn taken checks
+/// nothing, but goes on with a reconciliation that is due: after a loss,
+/// each dispatcher still takes its passes (under the namespace's lease),
+/// not only the one with the turn.
+// Break checked: a round without the turn doing nothing leaves the
+// reconciliation after its first pass, and "every lost job pushed again"
+// times out.
+#[tokio::test]
+async fn a_dispatcher_without_the_turn_checks_nothing_but_goes_on_with_a_due_reconciliation() {
+    let server = RedisProcess::start().await;
+    // 200 lost jobs in batches of 1: five passes of at most 40 batches.
+    let (rig, hooks) = rig_with_a_lost_backlog(&server, 200, 1).await;
+    count_checks(&rig).await;
+    // Another dispatcher holds the turn for the whole test.
+    let mut redis = rig.redis();
+    let () = redis::cmd("SET")
+        .arg(outbox_dispatch::guard_turn_key(&rig.namespace))
+        .arg(1)
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let dispatcher = std::sync::Arc::new(guarded_dispatcher_with(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
+        RedisGuardSettings {
+            check_every: Duration::from_millis(100),
+            batch_size: 1,
+            ..RedisGuardSettings::default()
+        },
+    ));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(dispatcher.run(shutdown.clone()));
+    outbox_test_support::eventually(
+        "every lost job pushed again",
+        Duration::from_secs(60),
+        async || waiting_count(&rig, queues::WEBHOOK, &hooks).await == hooks.len(),
+    )
+    .await;
+    assert_eq!(
+        checks(&rig).await,
+        1,
+        "the first round checks; the scheduled ones, without the turn, do not"
+    );
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 #[derive(diesel::QueryableByName, Debug, PartialEq)]
 struct PendingCursor {
     #[diesel(sql_type = Nullable<Timestamptz>)]
