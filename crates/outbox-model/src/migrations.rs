@@ -40,8 +40,10 @@ const WORKFLOW: EmbeddedMigrations = embed_migrations!("migrations/workflow");
 pub enum MigrationSet {
     /// `outbox_event`, `outbox_event_requeue`, `outbox_redis_epoch`,
     /// `outbox_redis_safe_point`, `outbox_worker_registration`,
-    /// `outbox_schedule`: publishing, dispatching, requeue history, the
-    /// Redis guard, worker registration and periodic events. Always built.
+    /// `outbox_ordering_key`, `outbox_schedule`, `outbox_partitioning`,
+    /// `outbox_dispatch_key`: publishing, dispatching, requeue history, the
+    /// Redis guard, worker registration, per-key ordering, periodic events
+    /// and a partitioned `outbox_event`. Always built.
     Core,
     /// `audit_log` (feature `audit`).
     Audit,
