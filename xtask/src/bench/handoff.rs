@@ -72,6 +72,8 @@ pub struct Handoff {
     pub processes: Vec<usize>,
     /// Rounds over every (batch size, binary).
     pub rounds: usize,
+    /// When the backlog falls due for the processes.
+    pub start: Start,
 }
 
 #[derive(QueryableByName)]
@@ -185,14 +187,14 @@ async fn measure_round(
                     processes,
                     rows: plan.rows,
                     stage: STAGE,
-                    start: Start::Together,
+                    start: plan.start,
                 };
                 let measured = measure(run, url, conn, &setup).await.with_context(|| {
                     format!("{label} at batch {batch}, {processes} process(es)")
                 })?;
                 crate::bench::kit::line(json!({
                     "bench": "handoff", "binary": label, "batch_size": batch,
-                    "processes": processes, "round": round, "events": plan.rows,
+                    "processes": processes, "start": plan.start.name(), "round": round, "events": plan.rows,
                     "per_second": measured.rate.round(), "cpu_share": measured.cpu,
                     "work": measured.work,
                 }));
@@ -635,6 +637,7 @@ mod tests {
             batch_sizes: vec![500],
             processes: vec![1],
             rounds: 3,
+            start: Start::Together,
         };
         let rates = Rates {
             configurations: vec![

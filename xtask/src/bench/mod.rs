@@ -121,6 +121,11 @@ pub struct BenchArgs {
     /// Rounds of the hand-off stage (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub handoff_rounds: usize,
+    /// When the hand-off stage's backlog falls due: `together` (as the
+    /// processes start) or `running` (once every process's dispatcher
+    /// listens), as in the scaling stage.
+    #[arg(long, value_enum, default_value_t = handoff::Start::Together)]
+    pub handoff_start: handoff::Start,
     /// Offered loads of the latency stage, events per second.
     #[arg(long, value_delimiter = ',', default_values_t = [500, 1_000, 2_000])]
     pub latency_loads: Vec<u32>,
@@ -227,6 +232,7 @@ impl BenchArgs {
             handoff_processes: Vec::new(),
             chart: None,
             handoff_rounds: 0,
+            handoff_start: handoff::Start::Together,
             latency_loads: Vec::new(),
             latency_wakeups_only: false,
             soak_rate: 0,
@@ -301,6 +307,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             batch_sizes: run.size(args.handoff_batch_sizes.clone(), vec![100, 500]),
             processes: run.size(args.handoff_processes.clone(), vec![2]),
             rounds: run.size(args.handoff_rounds.max(1), 1),
+            start: args.handoff_start,
         };
         handoff::run(&run, &plan).await?;
     }
