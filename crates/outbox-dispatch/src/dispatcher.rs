@@ -208,8 +208,8 @@ impl Dispatcher {
     /// on the side that saturates first. The workers' gauge task counts
     /// once per interval for all the processes of a namespace
     /// ([`crate::stats::shared_pending_figures`]) and sets the same gauge:
-    /// `worker-general` calls this (docs/scaling.md, "Why more processes
-    /// were slower").
+    /// `worker-general` calls this (docs/scaling.md, "More processes
+    /// against one").
     #[must_use]
     pub fn without_pending_gauge(mut self) -> Self {
         self.pending_gauge = false;

@@ -39,8 +39,8 @@ fn shared_figures_keys(namespace: &QueueNamespace) -> (String, String) {
 /// The count reads every due row through the claim index, so a backlog
 /// makes it expensive; when each process counted for itself, N processes
 /// counted the backlog N times per interval, and 8 processes handed off a
-/// 100,000-row backlog at 0.8 of the rate of one (docs/scaling.md, "Why
-/// more processes were slower"). Now the process that takes the turn (a
+/// 100,000-row backlog at 0.8 of the rate of one (docs/scaling.md, "More
+/// processes against one"). Now the process that takes the turn (a
 /// Redis key set only if absent, expiring after `every`) counts and stores
 /// the figures in Redis for three intervals; the others read them there.
 /// `None` when another process has the turn and has stored no figures yet:

@@ -91,7 +91,8 @@ struct Taken {
 /// entries of every row handed off meanwhile cannot be marked dead, and
 /// each claim walks over them. When N processes start together their
 /// checks queue one behind the other, so this cost grew with N
-/// (docs/scaling.md, "Why more processes were slower"). Waiting outside
+/// (docs/history/scaling-2026-12-07.md, the old "Why more processes
+/// were slower"). Waiting outside
 /// the transaction, between tries, holds no snapshot.
 ///
 /// # Errors
