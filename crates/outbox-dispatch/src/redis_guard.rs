@@ -88,8 +88,8 @@ const RETRY_FAILED_CHECK: Duration = Duration::from_secs(1);
 /// check (clocks, the check's own duration).
 const UPTIME_SLACK: Duration = Duration::from_secs(30);
 
-/// Most batches of a pending reconciliation per pass; the guard checks the
-/// marker again between passes.
+/// Most batches of a pending reconciliation per pass; the guard with the
+/// turn checks the marker again between passes (see [`RedisGuard::run`]).
 const BATCHES_PER_PASS: usize = 40;
 
 /// The reconciliation lease; renewed after every batch.
@@ -363,18 +363,31 @@ fn millis(duration: Duration) -> i64 {
 }
 
 /// The Redis key whose holder runs this interval's scheduled check of
-/// `namespace` (`<prefix>outbox:redis-guard:turn`; see
-/// [`RedisGuard::run`]).
+/// `namespace` among the dispatchers guarding `queues`
+/// (`<prefix>outbox:redis-guard:turn:<16 hex digits>`, a hash of the
+/// queues in the order given; see [`RedisGuard::run`]).
 ///
 /// ```
 /// use outbox_queue::QueueNamespace;
 ///
-/// let key = outbox_dispatch::guard_turn_key(&QueueNamespace::prefixed("adopt-app:"));
-/// assert_eq!(key, "adopt-app:outbox:redis-guard:turn");
+/// let ns = QueueNamespace::prefixed("adopt-app:");
+/// let key = outbox_dispatch::guard_turn_key(&ns, &["outbox.audit", "outbox.mail"]);
+/// assert!(key.starts_with("adopt-app:outbox:redis-guard:turn:"));
+/// // Another set of queues takes turns of its own.
+/// assert_ne!(key, outbox_dispatch::guard_turn_key(&ns, &["outbox.audit"]));
 /// ```
 #[must_use]
-pub fn guard_turn_key(namespace: &QueueNamespace) -> String {
-    format!("{}outbox:redis-guard:turn", namespace.prefix())
+pub fn guard_turn_key(namespace: &QueueNamespace, queues: &[&str]) -> String {
+    // FNV-1a (64 bits): stable across builds and versions, unlike std's
+    // hasher, so every process of one queue set names the same key.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for queue in queues {
+        for byte in queue.bytes().chain(std::iter::once(b'\n')) {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{}outbox:redis-guard:turn:{hash:016x}", namespace.prefix())
 }
 
 impl RedisGuard {
@@ -460,30 +473,50 @@ impl RedisGuard {
         }
     }
 
+    /// The key of this guard's turn ([`guard_turn_key`] of its namespace
+    /// and the queues it guards).
+    #[must_use]
+    pub fn turn_key(&self) -> String {
+        guard_turn_key(&self.namespace, &self.marker_queues())
+    }
+
     /// Takes this interval's turn at the scheduled check among the
-    /// dispatchers sharing the namespace: sets [`guard_turn_key`] in Redis
-    /// unless another holds it, expiring after `check_every`. Checking is
-    /// namespace-wide (the marker, the epoch Postgres remembers, the safe
-    /// points), so one check per interval among N dispatchers does what N
-    /// did, at a tenth of the statements each (N dispatchers each wrote
-    /// every queue's safe point every interval). A Redis that lost the
-    /// key lost the marker too, and the next dispatcher to wake checks. A
-    /// Redis that cannot be asked: the turn is taken (the check then says
-    /// what fails).
+    /// dispatchers sharing the namespace and guarding the same queues: sets
+    /// [`guard_turn_key`] in Redis unless another holds it, expiring after
+    /// `check_every`. Checking is namespace-wide (the marker, the epoch
+    /// Postgres remembers, the safe points), so one check per interval
+    /// among N dispatchers does what N did (each of which wrote every
+    /// queue's safe point every interval). Dispatchers guarding other
+    /// queues (another routing table, during a rolling deploy) take turns
+    /// of their own, so each queue's marker copy and safe point is still
+    /// looked at every interval. A Redis flushed or restarted empty lost
+    /// the key too, and the next dispatcher to wake checks; after a
+    /// failover the key may have survived, and the loss is noticed within
+    /// the interval. A Redis that cannot be asked: the turn is taken (the
+    /// check then says what fails).
     async fn take_turn(&self) -> bool {
         let millis = u64::try_from(self.settings.check_every.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         let mut redis = self.redis.clone();
         let taken: Result<Option<String>, _> = redis::cmd("SET")
-            .arg(guard_turn_key(&self.namespace))
+            .arg(self.turn_key())
             .arg(1)
             .arg("NX")
             .arg("PX")
             .arg(millis)
             .query_async(&mut redis)
             .await;
-        let taken = taken.map_or(true, |set| set.is_some());
+        let taken = match taken {
+            Ok(set) => set.is_some(),
+            Err(e) => {
+                tracing::debug!(
+                    namespace = %self.namespace.prefix(), error = %e,
+                    "Redis guard: cannot take the turn; checking"
+                );
+                true
+            }
+        };
         if !taken {
             tracing::debug!(
                 namespace = %self.namespace.prefix(),
@@ -581,13 +614,19 @@ impl RedisGuard {
             since_last_check,
         );
         let mut windows = Vec::new();
+        // Every check makes sure each of this guard's queues has a safe
+        // point (after the epoch row it belongs to): a queue added since (a
+        // new route) is then marked for reconciliation by the next loss,
+        // whichever dispatcher notices it.
         match &assessment {
             Assessment::Intact => {
                 store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+                store::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
             }
             Assessment::RestartedSafely => {
                 confirm_marker_run(redis, namespace, &marked, &server.run_id).await?;
                 store::save_epoch(conn, prefix, epoch_of(&remembered), &server.run_id).await?;
+                store::ensure_safe_points(conn, prefix, &self.queues, floor).await?;
                 tracing::info!(
                     namespace = %prefix, run_id = %server.run_id,
                     persistence = server.persistence.mode(),

@@ -1760,6 +1760,38 @@ async fn checks(rig: &Rig) -> u64 {
     u64::try_from(count.n).unwrap()
 }
 
+/// A dispatcher guarding a queue the others do not (a route added in a
+/// rolling deploy) gives it a safe point at its first check, though the
+/// queue's safe point is not moved by theirs: a loss that one of the
+/// others notices then marks that queue for reconciliation too.
+// Break checked: without `ensure_safe_points` on an intact check, the
+// queue has no safe point and the query for it finds no row.
+#[tokio::test]
+async fn a_loss_noticed_by_another_dispatcher_marks_the_queue_only_a_newer_one_guards() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+    let newer = outbox_dispatch::RedisGuard::new(
+        rig.db.pool().clone(),
+        rig.redis(),
+        rig.namespace.clone(),
+        vec![queues::MAIL.to_owned(), "outbox.added".to_owned()],
+        Catalog::built_in().receivers(),
+        RedisGuardSettings::default(),
+    );
+    assert_eq!(newer.check().await.unwrap().assessment, Assessment::Intact);
+    rig.flush_all().await;
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    assert!(
+        rig.safe_point("outbox.added").await.1.is_some(),
+        "the added queue's reconciliation is due"
+    );
+}
+
 /// Four dispatchers sharing a namespace check Redis once per interval
 /// between them, not once each: the scheduled check is taken in turn
 /// (a key in Redis that expires after the interval).
@@ -1793,11 +1825,13 @@ async fn four_dispatchers_sharing_a_namespace_check_redis_once_per_interval_betw
         async || checks(&rig).await >= 4,
     )
     .await;
+    // A first check still under way (a slow start) comes within this.
+    tokio::time::sleep(every * 2).await;
     let since = std::time::Instant::now();
     let first = checks(&rig).await;
     // One turn per interval, so at most one check per interval passed,
-    // one for the interval under way, and one first check that may have
-    // come after the count above.
+    // one for the interval under way, and one first check that came late
+    // after all.
     outbox_test_support::consistently(
         "at most one check per interval among the four",
         Duration::from_secs(3),
@@ -1822,26 +1856,18 @@ async fn four_dispatchers_sharing_a_namespace_check_redis_once_per_interval_betw
 /// A dispatcher whose scheduled round finds the turn taken checks
 /// nothing, but goes on with a reconciliation that is due: after a loss,
 /// each dispatcher still takes its passes (under the namespace's lease),
-/// not only the one with the turn.
+/// not only the one with the turn. Poked (a failed hand-off), it checks
+/// whoever holds the turn.
 // Break checked: a round without the turn doing nothing leaves the
 // reconciliation after its first pass, and "every lost job pushed again"
 // times out.
 #[tokio::test]
-async fn a_dispatcher_without_the_turn_checks_nothing_but_goes_on_with_a_due_reconciliation() {
+async fn a_dispatcher_without_the_turn_checks_only_when_poked_but_goes_on_with_a_due_reconciliation()
+ {
     let server = RedisProcess::start().await;
     // 200 lost jobs in batches of 1: five passes of at most 40 batches.
     let (rig, hooks) = rig_with_a_lost_backlog(&server, 200, 1).await;
     count_checks(&rig).await;
-    // Another dispatcher holds the turn for the whole test.
-    let mut redis = rig.redis();
-    let () = redis::cmd("SET")
-        .arg(outbox_dispatch::guard_turn_key(&rig.namespace))
-        .arg(1)
-        .arg("PX")
-        .arg(600_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
     let dispatcher = std::sync::Arc::new(guarded_dispatcher_with(
         &rig.db,
         &rig.redis_url,
@@ -1852,6 +1878,17 @@ async fn a_dispatcher_without_the_turn_checks_nothing_but_goes_on_with_a_due_rec
             ..RedisGuardSettings::default()
         },
     ));
+    // Another dispatcher holds the turn for the whole test.
+    let guard = dispatcher.redis_guard().unwrap().clone();
+    let mut redis = rig.redis();
+    let () = redis::cmd("SET")
+        .arg(guard.turn_key())
+        .arg(1)
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(dispatcher.run(shutdown.clone()));
     outbox_test_support::eventually(
@@ -1865,6 +1902,13 @@ async fn a_dispatcher_without_the_turn_checks_nothing_but_goes_on_with_a_due_rec
         1,
         "the first round checks; the scheduled ones, without the turn, do not"
     );
+    guard.poke();
+    outbox_test_support::eventually(
+        "the poked round checks",
+        Duration::from_secs(30),
+        async || checks(&rig).await == 2,
+    )
+    .await;
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
