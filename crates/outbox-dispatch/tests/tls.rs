@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use diesel::OptionalExtension;
 use diesel::sql_types::{Bool, Integer, Text};
 use diesel_async::{AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_dispatch::{Dispatcher, DispatcherConfig, LISTENER_APPLICATION_NAME};
@@ -84,12 +85,17 @@ async fn the_dispatcher_hands_off_over_verify_full_on_its_pool_and_its_listener(
     let handle = Arc::clone(&dispatcher).spawn(shutdown.clone());
 
     let mut conn = db.conn().await;
+    // The value seen when the listener first shows is the one asserted: a
+    // second read could miss a backend that `pg_stat_activity` showed a
+    // moment before (CI once read `None` right after `Some`).
+    let mut listener = None;
     eventually("the listener to connect", DEADLINE, async || {
-        listener_ssl(&mut conn).await.is_some()
+        listener = listener_ssl(&mut conn).await;
+        listener.is_some()
     })
     .await;
     assert_eq!(
-        listener_ssl(&mut conn).await,
+        listener,
         Some(true),
         "the LISTEN connection is not encrypted"
     );
@@ -152,7 +158,8 @@ async fn listener_ssl(conn: &mut AsyncPgConnection) -> Option<bool> {
     .bind::<Text, _>(LISTENER_APPLICATION_NAME)
     .get_result::<Ssl>(conn)
     .await
-    .ok()
+    .optional()
+    .expect("reading pg_stat_ssl")
     .map(|row| row.ssl)
 }
 
