@@ -221,14 +221,24 @@ async fn standby(h: &Harness, interval: Duration) -> Running {
         interval,
         ..quick_config()
     };
+    started(
+        h,
+        config,
+        0,
+        "the dispatcher to stand by behind the two silent ones",
+    )
+    .await
+}
+
+/// A dispatcher with `config`, once it runs `loops` loops (`what` names
+/// that wait).
+async fn started(h: &Harness, config: DispatcherConfig, loops: usize, what: &str) -> Running {
     let dispatcher = h.dispatcher(config);
     let shutdown = CancellationToken::new();
     let run = dispatcher.clone().spawn(shutdown.clone());
-    h.wait_for(
-        "the dispatcher to stand by behind the two silent ones",
-        Duration::from_secs(30),
-        async || dispatcher.loops_running() == 0,
-    )
+    h.wait_for(what, Duration::from_secs(30), async || {
+        dispatcher.loops_running() == loops
+    })
     .await;
     (dispatcher, shutdown, run)
 }
@@ -282,4 +292,50 @@ async fn a_standby_claims_one_batch_per_poll_interval() {
     shutdown.cancel();
     run.await.unwrap().unwrap();
     drop(silent);
+}
+
+// Break checked: with the warning written at every failed count it fails
+// with "no longer true: one warning"; with none written, with "timed out
+// ... the first warning".
+#[tokio::test]
+async fn a_dispatcher_that_cannot_count_the_dispatchers_warns_once_and_keeps_its_loops() {
+    let logs = outbox_test_support::LogCapture::start();
+    let h = Harness::with_pool_size(8).await;
+    let config = DispatcherConfig {
+        loops: 4,
+        loops_total: 8,
+        listen: true,
+        ..quick_config()
+    };
+    let (dispatcher, shutdown, run) =
+        started(&h, config, 4, "the dispatcher to run its four loops").await;
+    // Every new connection to the database now finds a table named
+    // `pg_stat_activity` without the count's columns before the catalog's
+    // view, so every count fails at once; the connections open so far
+    // are closed, so that the pool opens new ones.
+    let mut conn = h.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "CREATE SCHEMA count_trap; \
+         CREATE TABLE count_trap.pg_stat_activity (nothing int); \
+         DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = count_trap, pg_catalog, public', \
+             current_database()); END $$; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid();",
+    )
+    .await
+    .unwrap();
+    let warnings = || logs.count("cannot count the dispatchers of this database");
+    h.wait_for("the first warning", Duration::from_secs(30), async || {
+        warnings() >= 1
+    })
+    .await;
+    // A count every second; three more failures say nothing, and the
+    // loops stay as they were.
+    outbox_test_support::consistently("one warning", Duration::from_secs(3), async || {
+        warnings() == 1 && dispatcher.loops_running() == 4
+    })
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
 }
