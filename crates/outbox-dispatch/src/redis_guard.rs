@@ -427,7 +427,7 @@ impl RedisGuard {
     /// is due and moves the safe points. Failures are logged, never fatal.
     ///
     /// The rounds every `check_every` are taken in turn by the dispatchers
-    /// sharing the namespace (see [`RedisGuard::take_turn`]): one of them
+    /// sharing the namespace (see [`RedisGuard::turn_key`]): one of them
     /// checks and moves the safe points per interval, and the others only
     /// go on with a reconciliation that is due. The first round, a poked
     /// one and the retries of a failing one always check.
