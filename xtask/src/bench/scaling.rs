@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::bench::drain_audit::drain_with;
 use crate::bench::handoff::{Setup, Start, measure, median, ratio};
-use crate::bench::kit::{Run, Scratch, line, stage};
+use crate::bench::kit::{Run, Scratch, clear_redis, line, stage};
 
 /// This stage's name, and its Redis key prefix under the run's.
 const STAGE: &str = "scaling";
@@ -111,6 +111,9 @@ pub async fn run(run: &Run, plan: &Plan) -> Result<()> {
         line(summary);
     }
     drop(conn);
+    // The last hand-off's jobs stay on their queues (nobody consumes
+    // them): the stage leaves no keys behind.
+    clear_redis(&run.found.redis_url, &run.stage_prefix(STAGE)).await?;
     scratch.remove().await
 }
 
