@@ -1337,18 +1337,17 @@ async fn the_safe_point_scan_reads_no_row_handed_off_within_the_lag() {
     assert!(drained >= rig.handed_off_at(queues::MAIL, delivered[4]).await);
 }
 
-/// With consumers keeping up, the safe point moves to the first job still
-/// waiting by the list of the queue's unfinished jobs that Redis keeps:
-/// none of the finished jobs before it is read or asked about.
-// Break checked: the listed ids not looked up (`events` empty in
-// `advance_safe_points`) moves the safe point past the waiting jobs and
-// fails the last assertion; the guard never listing (`unfinished_limit`
-// read as 0) scans the rows and fails the second.
-#[tokio::test]
-async fn the_safe_point_moves_past_finished_jobs_without_reading_them() {
-    let rig = Rig::shared().await;
-    let delivered = rig.hand_off((0..200).map(mail).collect()).await;
-    let waiting = rig.hand_off((200..203).map(mail).collect()).await;
+/// `finished` mails handed off and delivered, then `waiting` mails handed
+/// off and left waiting: after a check and its reconciliation, one move
+/// of the safe points goes by the unfinished jobs (no row read) and stops
+/// at the first waiting mail.
+async fn assert_safe_point_stops_at_first_waiting_mail_unread(
+    rig: &Rig,
+    finished: std::ops::Range<usize>,
+    waiting: std::ops::Range<usize>,
+) {
+    let delivered = rig.hand_off(finished.map(mail).collect()).await;
+    let waiting = rig.hand_off(waiting.map(mail).collect()).await;
     rig.deliver_mails(&delivered).await;
     assert_eq!(rig.check().await, Assessment::FirstSight);
     let stop = CancellationToken::new();
@@ -1363,6 +1362,36 @@ async fn the_safe_point_moves_past_finished_jobs_without_reading_them() {
         (rig.handed_off_at(queues::MAIL, waiting[0]).await, None),
         "the safe point stops at the first job still waiting"
     );
+}
+
+/// With consumers keeping up, the safe point moves to the first job still
+/// waiting by the list of the queue's unfinished jobs that Redis keeps:
+/// none of the finished jobs before it is read or asked about.
+// Break checked: the listed ids not looked up (`events` empty in
+// `advance_safe_points`) moves the safe point past the waiting jobs and
+// fails the last assertion; the guard never listing (`unfinished_limit`
+// read as 0) scans the rows and fails the second.
+#[tokio::test]
+async fn the_safe_point_moves_past_finished_jobs_without_reading_them() {
+    let rig = Rig::shared().await;
+    assert_safe_point_stops_at_first_waiting_mail_unread(&rig, 0..200, 200..203).await;
+}
+
+/// On a Redis Cluster the guard reads each queue's unfinished jobs beside
+/// the copy of its marker that the check left in the queue's hash slot:
+/// the safe point moves past finished mails to the first waiting one
+/// without reading a row, as on one server.
+// Break checked: the condition in `read_unfinished` negated (queues with a
+// copy of the marker scanned, those without read) scans `outbox.mail` and
+// fails the first assertion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_safe_point_moves_by_the_unfinished_jobs_without_a_scan() {
+    let cluster = outbox_test_support::RedisCluster::start(3, 0).await;
+    let url = cluster.url();
+    let namespace = QueueNamespace::for_redis("", &url);
+    assert!(namespace.hash_tags(), "a cluster's namespace has hash tags");
+    let rig = Rig::on(url, namespace, None).await;
+    assert_safe_point_stops_at_first_waiting_mail_unread(&rig, 0..20, 20..22).await;
 }
 
 /// A mail whose job finished but whose send job has not run yet is not
