@@ -312,15 +312,22 @@ async fn a_dispatcher_that_cannot_count_the_dispatchers_warns_once_and_keeps_its
     // Every new connection to the database now finds a table named
     // `pg_stat_activity` without the count's columns before the catalog's
     // view, so every count fails at once; the connections open so far
-    // are closed, so that the pool opens new ones.
+    // are closed, so that the pool opens new ones. The setting is
+    // committed before they are closed: a connection the pool opened
+    // again while it was not would count without failing.
     let mut conn = h.conn().await;
     diesel_async::SimpleAsyncConnection::batch_execute(
         &mut conn,
         "CREATE SCHEMA count_trap; \
          CREATE TABLE count_trap.pg_stat_activity (nothing int); \
          DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET search_path = count_trap, pg_catalog, public', \
-             current_database()); END $$; \
-         SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             current_database()); END $$;",
+    )
+    .await
+    .unwrap();
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut conn,
+        "SELECT pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity \
          WHERE datname = current_database() AND pid <> pg_backend_pid();",
     )
     .await
