@@ -85,18 +85,25 @@ fn quoted(text: &str, key: &str) -> Option<String> {
 }
 
 /// The outbox crates' dependency lines in `doc`: `outbox-… = { … }` with a
-/// `git` or `path` key, and `cargo install --git … --tag … outbox-…`.
+/// `git`, `path` or `version` key, `outbox-… = "<version>"`, and `cargo
+/// install --git … --tag … outbox-…`.
 fn coordinates(doc: &str) -> Vec<Coordinate> {
     let mut found = Vec::new();
     for line in doc.lines().map(str::trim) {
         // A line of a TOML block, or one quoted in a sentence.
-        let name_and_table = line.split_once(" = {").map(|(before, table)| {
-            let name = before.rsplit([' ', '`']).next().unwrap_or(before);
-            (name, table)
-        });
+        let name_and_table = line
+            .split_once(" = {")
+            .or_else(|| line.split_once(" = \""))
+            .map(|(before, table)| {
+                let name = before.rsplit([' ', '`']).next().unwrap_or(before);
+                (name, table)
+            });
         if let Some((name, table)) = name_and_table
             && name.starts_with("outbox-")
-            && (table.contains("git = ") || table.contains("path = "))
+            && (table.contains("git = ")
+                || table.contains("path = ")
+                || table.contains("version = ")
+                || table.starts_with(|c: char| c.is_ascii_digit()))
         {
             found.push(Coordinate {
                 crate_name: name.to_owned(),
@@ -129,6 +136,12 @@ fn check(c: &Coordinate, workspace: &Workspace) -> Option<String> {
     if let Some(path) = &c.path {
         return (!path.ends_with(&format!("crates/{name}")))
             .then(|| format!("{name}: the path {path} does not end in crates/{name}"));
+    }
+    if c.git.is_none() {
+        return Some(format!(
+            "{name}: a version from crates.io, where the crates are not published: \
+             give the git address and tag, or a path"
+        ));
     }
     let tag = format!("v{}", workspace.version);
     if c.git.as_deref() != Some(workspace.repository.as_str()) {
@@ -213,7 +226,7 @@ fn every_dependency_line_in_the_docs_names_a_publishable_crate_at_the_workspaces
 }
 
 #[test]
-fn a_line_for_another_address_tag_or_crate_is_refused() {
+fn a_line_for_another_address_tag_or_crate_or_a_crates_io_version_is_refused() {
     let workspace = Workspace {
         packages: [("outbox-publish", true), ("outbox-tests", false)]
             .into_iter()
@@ -232,19 +245,22 @@ outbox-publish = { path = "../outbox/crates/outbox-publish" }
 outbox-tests = { path = "../outbox/crates/outbox-tests" }
 outbox-nothing = { git = "https://example.invalid/outbox", tag = "v0.1.0" }
 outbox-publish = "0.1"
+`outbox-publish = { version = "0.1", features = ["sqlx"] }` in a sentence
 cargo install --git https://example.invalid/outbox --tag v0.1.0 outbox-publish
 "#;
     let verdicts: Vec<Option<String>> = coordinates(doc)
         .iter()
         .map(|c| check(c, &workspace))
         .collect();
-    assert_eq!(verdicts.len(), 7, "the crates.io form is not a coordinate");
-    assert!(verdicts[0].is_none() && verdicts[3].is_none() && verdicts[6].is_none());
+    assert_eq!(verdicts.len(), 9, "{verdicts:?}");
+    assert!(verdicts[0].is_none() && verdicts[3].is_none() && verdicts[8].is_none());
     for (i, wanted) in [
         (1, "the workspace's repository"),
         (2, "tagged v0.1.0"),
         (4, "not publishable"),
         (5, "not a crate of the workspace"),
+        (6, "not published"),
+        (7, "not published"),
     ] {
         let verdict = verdicts[i].as_deref().unwrap_or_default();
         assert!(verdict.contains(wanted), "line {i}: {verdict}");
