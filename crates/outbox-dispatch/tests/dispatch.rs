@@ -1058,16 +1058,23 @@ async fn loops_beyond_the_answering_two_stay_out_of_a_trickle() {
 }
 
 // Break checked: the dispatcher's `Debug` replaced by an empty result
-// (a mutation run's shard 6) fails here.
+// (a mutation run's shard 6) fails here; `Dispatcher::config` giving the
+// defaults instead of its configuration fails the last assertion.
 #[tokio::test]
-async fn a_dispatcher_in_a_log_line_names_its_namespace_and_settings() {
+async fn a_dispatcher_gives_back_its_settings_and_names_them_and_its_namespace_in_a_log_line() {
     let h = Harness::new().await;
     let config = DispatcherConfig {
         batch_size: 37,
         ..quick_config()
     };
-    let shown = format!("{:?}", h.dispatcher(config));
+    let dispatcher = h.dispatcher(config.clone());
+    let shown = format!("{dispatcher:?}");
     assert!(shown.starts_with("Dispatcher"), "{shown}");
     assert!(shown.contains(h.namespace.prefix()), "{shown}");
     assert!(shown.contains("batch_size: 37"), "{shown}");
+    assert_eq!(
+        dispatcher.config(),
+        &config,
+        "the configuration it runs with"
+    );
 }
