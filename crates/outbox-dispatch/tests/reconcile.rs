@@ -2025,6 +2025,27 @@ async fn a_reconciler_in_a_log_line_names_its_namespace_and_batch_size() {
     assert!(shown.contains("batch_size: 7"), "{shown}");
 }
 
+// Break checked: the guard's `Debug` replaced by an empty result (a miss
+// of the pinned dispatch shard 1) fails here.
+#[tokio::test]
+async fn a_redis_guard_in_a_log_line_names_its_namespace_queues_and_settings() {
+    let rig = Rig::shared().await;
+    let guarded = guarded_dispatcher_with(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
+        RedisGuardSettings {
+            unfinished_limit: 77,
+            ..RedisGuardSettings::default()
+        },
+    );
+    let shown = format!("{:?}", guarded.redis_guard().unwrap());
+    assert!(shown.starts_with("RedisGuard"), "{shown}");
+    assert!(shown.contains(rig.namespace.prefix()), "{shown}");
+    assert!(shown.contains(queues::MAIL), "{shown}");
+    assert!(shown.contains("unfinished_limit: 77"), "{shown}");
+}
+
 /// A guard whose checks keep failing (its Redis refuses connections) says
 /// so once, at the first failure, not at every retry.
 // Break checked: the warning logged only while already failing (`!failing`
