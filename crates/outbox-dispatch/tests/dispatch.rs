@@ -115,6 +115,49 @@ async fn a_route_checked_publish_refuses_an_unrouted_event_and_keeps_the_transac
     assert_eq!(rows[0].event_type, "orders.order.shipped");
 }
 
+/// An unroutable row fails by itself: the routed rows claimed with it
+/// are handed off in the same tick.
+// Break checked: routing that stops at the first unroutable row of a claim
+// (a `break` after it in `Dispatcher::route`) leaves a routed row
+// unhandled and fails the first assertion.
+#[tokio::test]
+async fn an_unrouted_event_fails_alone_and_the_rows_claimed_with_it_are_handed_off() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_event (tenant_id, event_type, payload, scheduled_at) VALUES
+           ('globex', 'legacy.report.generated', '{}', now() - interval '3 seconds'),
+           ('globex', 'audit.user.login', '{}', now() - interval '2 seconds'),
+           ('globex', 'mail.user.welcome', '{}', now() - interval '1 second')",
+    )
+    .await;
+    let dispatcher = h.dispatcher(no_route_grace());
+
+    let report = dispatcher.tick().await.unwrap();
+
+    assert_eq!(
+        (report.claimed, report.unrouted, report.dispatched),
+        (3, 1, 2),
+        "{report:?}"
+    );
+    let mut statuses: Vec<(String, OutboxStatus)> = h
+        .rows()
+        .await
+        .into_iter()
+        .map(|row| (row.event_type, row.status))
+        .collect();
+    statuses.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        statuses,
+        [
+            ("audit.user.login".to_owned(), OutboxStatus::Done),
+            ("legacy.report.generated".to_owned(), OutboxStatus::Failed),
+            ("mail.user.welcome".to_owned(), OutboxStatus::Done),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn without_a_grace_period_unrouted_events_fail_at_once_with_the_reason() {
     let h = Harness::new().await;
