@@ -832,6 +832,11 @@ struct TextId {
     id: String,
 }
 
+/// What the Redis guard logs when it finds Redis restarted with
+/// `appendfsync always`.
+const SAFE_RESTART: &str =
+    "Redis restarted; its persistence (appendfsync always) keeps every write";
+
 /// A private Redis that keeps what it acknowledged across a restart: an
 /// append-only file fsync'd on every write, in `dir`.
 async fn persistent_redis(dir: &TempDir) -> RedisProcess {
@@ -1160,6 +1165,18 @@ async fn kills_restarts_and_broken_connections_lose_nothing_and_repeat_only_insi
     let expected = Expected::from_rows(&rows);
     settle(&stack, &mut conn, &mut redis_conn, &expected).await;
     let settled_at = started.elapsed();
+    if plan.iter().any(|p| p.fault == Fault::RestartRedis) {
+        // The guard's verdict on the restarted Redis, from its next check
+        // (at most one check interval, 10 s, after it came back).
+        eventually(
+            "the Redis guard to give its verdict on the restarted Redis",
+            Duration::from_secs(30),
+            async || {
+                workers.lines_with(&[SAFE_RESTART]) + workers.lines_with(&["Redis lost data"]) > 0
+            },
+        )
+        .await;
+    }
 
     // The figures, first, so that a failing run shows them too.
     let final_rows = self::rows(&mut conn).await;
@@ -1212,6 +1229,11 @@ async fn kills_restarts_and_broken_connections_lose_nothing_and_repeat_only_insi
         expected.webhooks.len(),
         expected.plugins.len(),
     );
+    let losses_reported = workers.lines_with(&["Redis lost data"]);
+    eprintln!(
+        "faults: the Redis guard's verdicts after {redis_restarts} restart(s) of a Redis with appendfsync always: {} safe, {losses_reported} loss(es)",
+        workers.lines_with(&[SAFE_RESTART])
+    );
     eprintln!(
         "faults: wall time: production {:.1}s, settled {:.1}s later, total {:.1}s",
         produced_at.as_secs_f64(),
@@ -1240,6 +1262,14 @@ async fn kills_restarts_and_broken_connections_lose_nothing_and_repeat_only_insi
         assert_one_job_per_event(&mut conn, &mut redis_conn, &stack.namespace, &final_rows).await;
     eprintln!("faults: receiver retry copies (~retry<n>): {retry_copies}");
     assert_owned_rows_once(&mut conn, &expected).await;
+    // A SIGKILL of a Redis that syncs every write loses nothing, and the
+    // guard says so: no reconciliation, no "Redis lost data".
+    // Break checked: with the verdict `RestartedSafely` never given
+    // (`assess`), the guard reports a loss and this fails.
+    assert_eq!(
+        losses_reported, 0,
+        "the guard took a restart of a Redis with appendfsync always for a loss"
+    );
     assert_delivered("mail", &expected.mails, &mails);
     assert_delivered("webhook", &expected.webhooks, &webhooks);
     assert_delivered("plugin call", &expected.plugins, &plugins);
