@@ -281,6 +281,9 @@ async fn a_peer_answering_500_then_200_is_retried_and_a_410_is_not() {
     );
 }
 
+// Break checked: a notification insert without its conflict target, on a
+// table without the unique key, writes a second row for the redelivered
+// notification job and fails with "timed out ... notification = 2".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn audit_and_notification_rows_appear_once_and_a_corrupt_job_is_dead_lettered() {
     let stack = Stack::new().await;
@@ -344,33 +347,43 @@ async fn audit_and_notification_rows_appear_once_and_a_corrupt_job_is_dead_lette
         "{dead:?}"
     );
 
-    // Redelivering the audit job writes nothing more.
-    let audit_job = {
-        use diesel::prelude::*;
-        use diesel_async::RunQueryDsl;
-        use outbox_model::{OutboxEvent, schema::outbox_event};
-        let mut conn = stack.db.conn().await;
-        let event: OutboxEvent = outbox_event::table
-            .filter(outbox_event::event_type.eq("audit.user.login"))
-            .select(OutboxEvent::as_select())
-            .first(&mut conn)
-            .await
-            .unwrap();
-        OutboxJob::from_event(&event)
-    };
-    push_raw(
-        &mut redis,
-        &stack.namespace,
-        queues::AUDIT,
-        &[(
-            "redelivered".into(),
-            serde_json::to_vec(&audit_job).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    stack.wait_done(queues::AUDIT, 2).await;
+    // Redelivering the audit job and a notification job writes nothing
+    // more.
+    stack.wait_done(queues::NOTIFICATION, 2).await;
+    for (event_type, queue, done) in [
+        ("audit.user.login", queues::AUDIT, 2),
+        ("notification.user.mentioned", queues::NOTIFICATION, 3),
+    ] {
+        let job = {
+            use diesel::prelude::*;
+            use diesel_async::RunQueryDsl;
+            use outbox_model::{OutboxEvent, schema::outbox_event};
+            let mut conn = stack.db.conn().await;
+            let event: OutboxEvent = outbox_event::table
+                .filter(outbox_event::event_type.eq(event_type))
+                .select(OutboxEvent::as_select())
+                .first(&mut conn)
+                .await
+                .unwrap();
+            OutboxJob::from_event(&event)
+        };
+        push_raw(
+            &mut redis,
+            &stack.namespace,
+            queue,
+            &[(
+                format!("redelivered-{event_type}"),
+                serde_json::to_vec(&job).unwrap(),
+            )],
+        )
+        .await
+        .unwrap();
+        stack.wait_done(queue, done).await;
+    }
     stack.wait_count("SELECT count(*) FROM audit_log", 1).await;
+    stack
+        .wait_count("SELECT count(*) FROM notification", 2)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
