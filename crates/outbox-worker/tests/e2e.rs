@@ -348,11 +348,14 @@ async fn audit_and_notification_rows_appear_once_and_a_corrupt_job_is_dead_lette
     );
 
     // Redelivering the audit job and a notification job writes nothing
-    // more.
+    // more, and neither does the job of a replay (generation 1), which
+    // runs the handler again under a new task id.
     stack.wait_done(queues::NOTIFICATION, 2).await;
-    for (event_type, queue, done) in [
-        ("audit.user.login", queues::AUDIT, 2),
-        ("notification.user.mentioned", queues::NOTIFICATION, 3),
+    for (event_type, queue, generation, done) in [
+        ("audit.user.login", queues::AUDIT, 0, 2),
+        ("notification.user.mentioned", queues::NOTIFICATION, 0, 3),
+        ("audit.user.login", queues::AUDIT, 1, 3),
+        ("notification.user.mentioned", queues::NOTIFICATION, 1, 4),
     ] {
         let job = {
             use diesel::prelude::*;
@@ -365,14 +368,17 @@ async fn audit_and_notification_rows_appear_once_and_a_corrupt_job_is_dead_lette
                 .first(&mut conn)
                 .await
                 .unwrap();
-            OutboxJob::from_event(&event)
+            OutboxJob {
+                generation,
+                ..OutboxJob::from_event(&event)
+            }
         };
         push_raw(
             &mut redis,
             &stack.namespace,
             queue,
             &[(
-                format!("redelivered-{event_type}"),
+                format!("redelivered-{event_type}-g{generation}"),
                 serde_json::to_vec(&job).unwrap(),
             )],
         )
