@@ -519,7 +519,11 @@ mod tests {
             change(&mut config);
             config.validate().map_err(|e| e.field)
         };
-        let week = MAX_UNROUTED_GRACE;
+        // A week, as the variable's documentation says (not the constant
+        // read back: `7 * 24 * 3600` as `7 + 24 * 3600`, a miss of a
+        // mutation run, would pass then).
+        let week = Duration::from_secs(604_800);
+        assert_eq!(MAX_UNROUTED_GRACE, week);
         assert_eq!(with(&|c| c.unrouted_grace = week), Ok(()));
         assert_eq!(with(&|c| c.unrouted_grace = Duration::ZERO), Ok(()));
         for past in [week + Duration::from_secs(1), week * 2] {
