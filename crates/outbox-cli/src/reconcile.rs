@@ -159,7 +159,7 @@ fn print_report(
 ) {
     println!(
         "DONE rows handed off since {}{}",
-        since.format("%Y-%m-%d %H:%M:%S UTC"),
+        crate::render::utc(since),
         if dry_run { " (dry run)" } else { "" }
     );
     println!(

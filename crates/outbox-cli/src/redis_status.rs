@@ -107,7 +107,7 @@ pub fn print(status: &RedisStatus) {
     match (&status.marker_epoch, status.last_checked_at) {
         (Some(epoch), Some(at)) => println!(
             "redis loss marker: epoch {epoch}, last found intact {}",
-            at.format("%Y-%m-%d %H:%M:%S UTC")
+            crate::render::utc(at)
         ),
         (Some(epoch), None) => println!("redis loss marker: epoch {epoch}, not checked yet"),
         (None, _) => println!("redis loss marker: none"),
@@ -116,7 +116,7 @@ pub fn print(status: &RedisStatus) {
         println!(
             "reconciliation due: {} from {}",
             due.queue,
-            due.since.format("%Y-%m-%d %H:%M:%S UTC")
+            crate::render::utc(due.since)
         );
     }
     for alert in &status.alerts {

@@ -318,6 +318,18 @@ async fn health_shows_the_persistence_and_alerts_on_a_lost_marker() {
             .any(|a| a.as_str().unwrap().contains("marker")),
         "the marker holds the epoch the dispatchers remember: no marker alert: {status}"
     );
+    // Its time is written as every time in the CLI's text: UTC, `…Z`.
+    // Break checked: the former `%H:%M:%S UTC` fails here.
+    let text = env.outbox(&["health"]);
+    let marker = text
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("redis loss marker: epoch"))
+        .unwrap_or_else(|| panic!("no marker line in {}", text.stdout));
+    assert!(
+        marker.contains(", last found intact 20") && marker.ends_with('Z'),
+        "{marker}"
+    );
     let mut redis = env.redis.conn().await;
     let () = redis::cmd("DEL")
         .arg(outbox_queue::marker_key(&env.namespace))
