@@ -209,6 +209,61 @@ async fn silent_listeners(h: &Harness) -> Vec<diesel_async::AsyncPgConnection> {
     silent
 }
 
+/// The backend process ids of the connections named as dispatcher
+/// listeners on the test's database.
+async fn listener_pids(h: &Harness) -> BTreeSet<i32> {
+    #[derive(diesel::QueryableByName)]
+    struct Pid {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        pid: i32,
+    }
+    let mut conn = h.conn().await;
+    let pids: Vec<Pid> = diesel_async::RunQueryDsl::load(
+        diesel::sql_query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = $1",
+        )
+        .bind::<diesel::sql_types::Text, _>(outbox_dispatch::LISTENER_APPLICATION_NAME),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    pids.into_iter().map(|p| p.pid).collect()
+}
+
+/// The two silent listeners, then [`standby`] behind them. Dispatchers
+/// rank by their listener's backend pid; a pid wrap between the silent
+/// connections and the standby's listener (Linux's `pid_max` is often
+/// 32768) would rank the standby first, so the setup is made again then.
+async fn standby_behind_silent_listeners(
+    h: &Harness,
+    interval: Duration,
+) -> (Vec<diesel_async::AsyncPgConnection>, Running) {
+    for _ in 0..3 {
+        let silent = silent_listeners(h).await;
+        let before = listener_pids(h).await;
+        let running = standby(h, interval).await;
+        let mut after = BTreeSet::new();
+        h.wait_for(
+            "the standby's listener",
+            Duration::from_secs(30),
+            async || {
+                after = listener_pids(h).await;
+                after.len() > before.len()
+            },
+        )
+        .await;
+        let own = after.difference(&before).max().copied().unwrap();
+        if before.iter().all(|pid| *pid < own) {
+            return (silent, running);
+        }
+        let (_, shutdown, run) = running;
+        shutdown.cancel();
+        run.await.unwrap().unwrap();
+    }
+    panic!("the standby's listener never got a backend pid above the silent listeners'");
+}
+
 /// A dispatcher of four loops (batches of 10, wake-ups on, polling every
 /// `interval`) behind the two silent listeners, which take the whole total
 /// of eight: it stands by.
@@ -256,8 +311,8 @@ async fn done(h: &Harness) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_hands_off_a_backlog_while_the_dispatchers_before_it_claim_nothing() {
     let h = Harness::with_pool_size(8).await;
-    let silent = silent_listeners(&h).await;
-    let (dispatcher, shutdown, run) = standby(&h, Duration::from_millis(100)).await;
+    let (silent, (dispatcher, shutdown, run)) =
+        standby_behind_silent_listeners(&h, Duration::from_millis(100)).await;
     publish_backlog(&h).await;
     h.wait_all_done("every row to be handed off", Duration::from_secs(60))
         .await;
@@ -272,8 +327,8 @@ async fn a_standby_hands_off_a_backlog_while_the_dispatchers_before_it_claim_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_claims_one_batch_per_poll_interval() {
     let h = Harness::with_pool_size(8).await;
-    let silent = silent_listeners(&h).await;
-    let (_, shutdown, run) = standby(&h, Duration::from_secs(5)).await;
+    let (silent, (_, shutdown, run)) =
+        standby_behind_silent_listeners(&h, Duration::from_secs(5)).await;
     // No wake-up: the next poll, up to 5 s away, claims one batch of 10,
     // and the next one is 5 s after it.
     publish_backlog(&h).await;
