@@ -128,6 +128,45 @@ async fn execution(conn: &mut AsyncPgConnection, id: Uuid) -> store::WorkflowExe
     store::get_execution(conn, id).await.unwrap().unwrap()
 }
 
+/// A valid definition the native runner refuses gets a note that says
+/// what would run it: the bridge for a bridge-only block; nothing yet for
+/// a credential, as there is no credential store.
+// Break checked: the former note (the bridge's executors named for every
+// refusal) fails the credential's case.
+#[test]
+fn validate_notes_what_a_refused_definition_needs_the_bridge_or_a_credential_store() {
+    let bridge_only = r#"{ "blocks": [
+        { "id": "start", "type": "manualTrigger" },
+        { "id": "script", "type": "code", "params": { "language": "javascript", "source": "return 1;" } } ],
+      "edges": [ { "from": "start", "to": "script" } ] }"#;
+    let with_credential = r#"{ "blocks": [
+        { "id": "start", "type": "manualTrigger" },
+        { "id": "call", "type": "httpRequest",
+          "params": { "method": "GET", "url": "https://crm.example.test/x", "credentialId": "crm-token" } } ],
+      "edges": [ { "from": "start", "to": "call" } ] }"#;
+    for (definition, refusal, hint) in [
+        (
+            bridge_only,
+            "cannot run natively",
+            "it needs WORKFLOW_EXECUTOR hybrid or http",
+        ),
+        (
+            with_credential,
+            "needs credential \"crm-token\"",
+            "no executor has a credential store yet: a run of it ends rejected",
+        ),
+    ] {
+        let run = outbox_without_database(&["workflow", "validate", "-"], Some(definition));
+        assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+        let note = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with("note: the native runner refuses it"))
+            .unwrap_or_else(|| panic!("no note in {}", run.stdout));
+        assert!(note.contains(refusal) && note.ends_with(hint), "{note}");
+    }
+}
+
 #[test]
 fn validate_accepts_a_good_definition_and_names_the_block_or_edge_of_a_bad_one_without_a_database()
 {

@@ -4,7 +4,7 @@
 //! file cannot be read.
 
 use clap::Args;
-use outbox_workflow_model::ValidatedWorkflow;
+use outbox_workflow_model::{PreflightError, ValidatedWorkflow};
 use outbox_workflow_store::admin::DocumentSource;
 use serde::Serialize;
 
@@ -34,22 +34,32 @@ struct Report {
     /// Why the native runner would refuse it (a bridge-only block or a
     /// credential); `None` when it runs natively. Not a validation error.
     native_refusal: Option<String>,
+    /// What the refusal leaves: the bridge runs a bridge-only block, but
+    /// no executor has credentials yet.
+    #[serde(skip)]
+    refusal_hint: &'static str,
 }
 
 impl Report {
     fn of(result: &Result<ValidatedWorkflow, outbox_workflow_model::DefinitionError>) -> Self {
         match result {
-            Ok(workflow) => Self {
-                valid: true,
-                error: None,
-                blocks: Some(workflow.blocks().len()),
-                edges: Some(workflow.edges().len()),
-                trigger: Some(workflow.trigger_block().id.clone()),
-                native_refusal: workflow
-                    .preflight(true, &|_| false)
-                    .err()
-                    .map(|e| e.to_string()),
-            },
+            Ok(workflow) => {
+                let refusal = workflow.preflight(true, &|_| false).err();
+                Self {
+                    valid: true,
+                    error: None,
+                    blocks: Some(workflow.blocks().len()),
+                    edges: Some(workflow.edges().len()),
+                    trigger: Some(workflow.trigger_block().id.clone()),
+                    native_refusal: refusal.as_ref().map(ToString::to_string),
+                    refusal_hint: match refusal {
+                        Some(PreflightError::NotNative { .. }) => {
+                            "it needs WORKFLOW_EXECUTOR hybrid or http"
+                        }
+                        _ => "no executor has a credential store yet: a run of it ends rejected",
+                    },
+                }
+            }
             Err(error) => Self {
                 valid: false,
                 error: Some(format!("invalid workflow definition: {error}")),
@@ -57,6 +67,7 @@ impl Report {
                 edges: None,
                 trigger: None,
                 native_refusal: None,
+                refusal_hint: "",
             },
         }
     }
@@ -85,7 +96,8 @@ pub async fn run(cli: &Cli, args: &ValidateArgs) -> Outcome {
     );
     if let Some(refusal) = report.native_refusal {
         println!(
-            "note: the native runner refuses it ({refusal}); it needs WORKFLOW_EXECUTOR hybrid or http"
+            "note: the native runner refuses it ({refusal}); {}",
+            report.refusal_hint
         );
     }
     Ok(ExitStatus::Ok)
