@@ -553,6 +553,41 @@ mod tests {
         );
     }
 
+    // Break checked: `RetentionConfig::from_lookup` answering the defaults
+    // (a miss of the pinned dispatch shard 3) fails the first assertion.
+    #[test]
+    fn the_retention_variables_set_the_window_and_a_clamped_batch() {
+        let with = |hours: &'static str, batch: &'static str| {
+            RetentionConfig::from_lookup(&move |name: &str| match name {
+                "OUTBOX_DONE_RETENTION_HOURS" => Some(hours.to_owned()),
+                "OUTBOX_DONE_RETENTION_BATCH_SIZE" => Some(batch.to_owned()),
+                _ => None,
+            })
+        };
+        assert_eq!(
+            with("48", "250").unwrap(),
+            RetentionConfig {
+                retention: Duration::from_secs(48 * 3600),
+                batch_size: 250,
+            }
+        );
+        assert_eq!(with("1", "0").unwrap().batch_size, 1, "clamped up");
+        assert_eq!(
+            with("1", "99999").unwrap().batch_size,
+            RetentionConfig::MAX_BATCH,
+            "clamped down"
+        );
+        assert_eq!(
+            RetentionConfig::from_lookup(&|_| None).unwrap(),
+            RetentionConfig::default()
+        );
+        let error = with("soon", "250").unwrap_err();
+        assert!(
+            error.to_string().contains("OUTBOX_DONE_RETENTION_HOURS"),
+            "{error}"
+        );
+    }
+
     // Break checked: `from_lookup` without its `batch_size` line (the
     // default then, 500; a mutation run's shard 0) fails here.
     #[test]
