@@ -943,6 +943,32 @@ mod tests {
             Assessment::Lost(LossReason::ServerReplaced),
             "a server up for longer than since the last check is another server"
         );
+        // The bound: up exactly as long as since the last check plus the
+        // slack is still the restarted server, a second more another one.
+        // Break checked: `>` as `>=` in `assess` (a miss of the pinned
+        // dispatch shard 3) fails the first of these.
+        let always = || Persistence::Aof {
+            fsync: Fsync::Always,
+        };
+        let at_bound = (minute + UPTIME_SLACK).as_secs();
+        assert_eq!(
+            assess(
+                Some(&marker),
+                Some(&memory),
+                &server("run-4", at_bound, always()),
+                minute
+            ),
+            Assessment::RestartedSafely
+        );
+        assert_eq!(
+            assess(
+                Some(&marker),
+                Some(&memory),
+                &server("run-4", at_bound + 1, always()),
+                minute
+            ),
+            Assessment::Lost(LossReason::ServerReplaced)
+        );
         let other = Marker {
             epoch: Uuid::now_v7(),
             run_id: "run-1".into(),
