@@ -840,6 +840,17 @@ mod tests {
         }
     }
 
+    // The reconciliation's lease is taken and renewed for this many
+    // milliseconds. Break checked: `millis` answering 1 (a lease of a
+    // millisecond, a miss of the pinned dispatch shard 3) fails here.
+    #[test]
+    fn the_reconcile_lease_is_given_to_postgres_in_whole_milliseconds() {
+        assert_eq!(millis(RECONCILE_LEASE), RECONCILE_LEASE.as_millis() as i64);
+        assert!(millis(RECONCILE_LEASE) >= 1000, "{RECONCILE_LEASE:?}");
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), i64::MAX, "saturates");
+    }
+
     #[test]
     fn the_verdicts() {
         let epoch = Uuid::now_v7();
