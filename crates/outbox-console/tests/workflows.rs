@@ -187,9 +187,10 @@ async fn no_workflow_page_shows_a_secret_of_the_definition_the_input_the_variabl
 #[tokio::test]
 async fn without_a_token_the_workflow_pages_and_actions_get_401() {
     let console = served().await;
-    let (_, id) = waiting_run(&console).await;
+    let (workflow, id) = waiting_run(&console).await;
     for path in [
         "/workflows".to_owned(),
+        format!("/workflows/{workflow}"),
         "/executions".to_owned(),
         format!("/executions/{id}"),
         format!("/executions/{id}/live"),

@@ -139,7 +139,7 @@ impl NewOutboxEvent {
     /// holder the event is written as usual.
     ///
     /// A replaced holder stays locked until the transaction ends (a
-    /// dispatcher claiming it waits for the transaction, so keep it
+    /// dispatcher's claim skips it until then, so keep the transaction
     /// short); a holder left alone is not locked.
     ///
     /// ```

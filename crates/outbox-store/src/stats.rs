@@ -179,8 +179,8 @@ pub struct OverviewCounts {
 /// its `DONE` rows are counted, and said exact.
 ///
 /// The estimate lags what autovacuum has not seen yet: inserts and purges
-/// since its last pass (by default it passes after a fifth of the table
-/// changed).
+/// since its last pass (by default it analyzes the table once a tenth of
+/// its rows changed, and vacuums it once a fifth are dead).
 ///
 /// # Errors
 ///

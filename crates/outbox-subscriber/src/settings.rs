@@ -24,7 +24,7 @@ pub struct WorkerSettings {
     /// still fails is pushed again (as `<task id>~retry<n>`) due after the
     /// next delay; past the last one (at most
     /// [`outbox_queue::MAX_RETRY_ROUNDS`]) it goes to the dead set. The
-    /// default, 30 s to 4 h, spans about 8.5 hours of outage.
+    /// default, 30 s to 4 h, spans about 8 hours of outage (8 h 8 min of delays).
     pub requeue_delays: Vec<Duration>,
     /// Worker heartbeat; a worker silent for `heartbeat * missed_heartbeats`
     /// is presumed dead and its in-flight jobs are redelivered.

@@ -18,7 +18,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use chrono::{DateTime, FixedOffset, Offset, SecondsFormat, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
 use outbox_publish::{NewOutboxEvent, PublishError};
 
@@ -31,6 +31,16 @@ pub const MAX_SCHEDULE_NAME_LEN: usize = 100;
 /// Missed ticks counted at most, for the log and the `skipped` counter,
 /// when a schedule starts after a long time without any worker.
 pub(crate) const MISSED_COUNT_LIMIT: u64 = 10_000;
+
+/// The step in which a tick search looks for a change of the zone's UTC
+/// offset: shorter than any zone keeps one offset (changes are months
+/// apart), so a step holds at most one change.
+const OFFSET_STEP: TimeDelta = TimeDelta::hours(12);
+
+/// Stretches of one UTC offset a tick search passes at most before it
+/// gives up (a cron expression whose ticks all fall in skipped local
+/// times).
+const STRETCH_LIMIT: usize = 1_000;
 
 /// What a schedule does with the ticks that passed while no worker ran it
 /// (every worker down, or none deployed with it), found at a worker's
@@ -206,8 +216,9 @@ impl Schedule {
     /// `scheduled_at` are set at each tick; any given here are replaced.
     ///
     /// In a zone with daylight saving time, a local time that occurs twice
-    /// (the autumn hour) ticks twice, and one that does not occur (the
-    /// spring hour) does not tick.
+    /// (the autumn hour) ticks twice, an hour apart, and one that does not
+    /// occur (the spring hour) does not tick: a tick is an instant whose
+    /// local time the expression matches.
     ///
     /// # Errors
     ///
@@ -298,12 +309,37 @@ impl Schedule {
     }
 
     /// The first tick strictly after `t`.
+    ///
+    /// Ticks are instants: where the zone's clock goes back, a local time
+    /// matched in both passes is two ticks, an hour apart, and the ticks
+    /// come in the order of time, not of the local clock.
     #[must_use]
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron
-            .after(&t.with_timezone(&self.zone))
-            .next()
-            .map(|tick| tick.with_timezone(&Utc))
+        // Within one stretch of a single UTC offset the local clock runs
+        // with time, so the cron search is done in that offset; a tick it
+        // finds past the stretch's end is not one, and the search goes on
+        // from the end in the next stretch's offset.
+        let mut after = t;
+        let mut since = t;
+        let mut offset = self.offset_at(t);
+        for _ in 0..STRETCH_LIMIT {
+            let tick = self
+                .cron
+                .after(&after.with_timezone(&offset))
+                .next()?
+                .with_timezone(&Utc);
+            match self.offset_change(since, tick, offset) {
+                None => return Some(tick),
+                Some(change) => {
+                    // Strictly after the second before the change: from
+                    // the change itself.
+                    after = change - TimeDelta::seconds(1);
+                    since = change;
+                    offset = self.offset_at(change);
+                }
+            }
+        }
+        None
     }
 
     /// The latest tick at or before `t`.
@@ -312,11 +348,90 @@ impl Schedule {
         // The cron crate looks strictly before a whole second: start from
         // the second after `t`'s own.
         let whole = t - TimeDelta::nanoseconds(i64::from(t.timestamp_subsec_nanos()));
-        let from = (whole + TimeDelta::seconds(1)).with_timezone(&self.zone);
-        self.cron
-            .after(&from)
-            .next_back()
-            .map(|tick| tick.with_timezone(&Utc))
+        let mut before = whole + TimeDelta::seconds(1);
+        let mut until = t;
+        let mut offset = self.offset_at(t);
+        for _ in 0..STRETCH_LIMIT {
+            let tick = self
+                .cron
+                .after(&before.with_timezone(&offset))
+                .next_back()?
+                .with_timezone(&Utc);
+            match self.stretch_start(tick, until, offset) {
+                None => return Some(tick),
+                Some(start) => {
+                    // Strictly before the stretch that `offset` covers.
+                    before = start;
+                    until = start - TimeDelta::seconds(1);
+                    offset = self.offset_at(until);
+                }
+            }
+        }
+        None
+    }
+
+    /// The zone's UTC offset at `t`.
+    fn offset_at(&self, t: DateTime<Utc>) -> FixedOffset {
+        self.zone.offset_from_utc_datetime(&t.naive_utc()).fix()
+    }
+
+    /// The first whole second in (`from`, `to`] at which the zone's offset
+    /// is not `offset` (the offset at `from`); `None` when it keeps
+    /// `offset` throughout.
+    fn offset_change(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        offset: FixedOffset,
+    ) -> Option<DateTime<Utc>> {
+        let mut low = from;
+        while low < to {
+            let high = (low + OFFSET_STEP).min(to);
+            if self.offset_at(high) != offset {
+                return Some(self.first_second_off(low, high));
+            }
+            low = high;
+        }
+        None
+    }
+
+    /// The first whole second of the stretch of `offset` (the offset at
+    /// `to`) that holds `to`, when that stretch starts after `from`;
+    /// `None` when the zone keeps `offset` throughout [`from`, `to`].
+    fn stretch_start(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        offset: FixedOffset,
+    ) -> Option<DateTime<Utc>> {
+        let mut high = to;
+        while high > from {
+            let low = (high - OFFSET_STEP).max(from);
+            if self.offset_at(low) != offset {
+                return Some(self.first_second_off(low, high));
+            }
+            high = low;
+        }
+        None
+    }
+
+    /// The first whole second after `low`, at or before `high`, whose
+    /// offset is not `low`'s, found by halving (one change between them:
+    /// [`OFFSET_STEP`] is shorter than any zone keeps an offset).
+    fn first_second_off(&self, low: DateTime<Utc>, high: DateTime<Utc>) -> DateTime<Utc> {
+        let offset = self.offset_at(low);
+        let mut low = low.timestamp();
+        let mut high = high.timestamp() + i64::from(high.timestamp_subsec_nanos() > 0);
+        while high - low > 1 {
+            let middle = low + (high - low) / 2;
+            let at = DateTime::from_timestamp(middle, 0).unwrap_or_default();
+            if self.offset_at(at) == offset {
+                low = middle;
+            } else {
+                high = middle;
+            }
+        }
+        DateTime::from_timestamp(high, 0).unwrap_or_default()
     }
 
     /// The event of `tick`: the schedule's event with the tick's dispatch
@@ -352,13 +467,15 @@ impl Schedule {
                 skipped: 0,
             };
         };
-        let missed = self
-            .cron
-            .after(&last.with_timezone(&self.zone))
-            .map(|tick| tick.with_timezone(&Utc))
-            .take_while(|tick| *tick <= now)
-            .take(MISSED_COUNT_LIMIT as usize)
-            .count() as u64;
+        let mut missed = 0;
+        let mut cursor = last;
+        while missed < MISSED_COUNT_LIMIT
+            && let Some(tick) = self.next_after(cursor)
+            && tick <= now
+        {
+            missed += 1;
+            cursor = tick;
+        }
         let publish = match self.missed {
             Missed::PublishLast if missed > 0 => self.latest_at_or_before(now),
             _ => None,

@@ -19,7 +19,7 @@ pub const OUTBOX_CONSOLE_TOKENS: Text = Text {
     name: "OUTBOX_CONSOLE_TOKENS",
     default: "unset (no console)",
     form: "[name=]reader|operator:token, comma-separated; tokens of 16 characters or more",
-    meaning: "worker-general: serve the operator console, to these tokens (readers look, operators also requeue); never printed",
+    meaning: "worker-general: serve the operator console, to these tokens (readers look, operators also act: requeue, replay, cancel, put dead jobs back, answer and cancel workflow runs); never printed",
 };
 
 /// `OUTBOX_CONSOLE_ADDR`: [`ConsoleConfig::addr`].

@@ -59,6 +59,102 @@ fn a_nightly_schedule_ticks_at_three_local_time_across_daylight_saving() {
     );
 }
 
+/// The ticks after `from`, one `next_after` at a time, up to `to`.
+fn ticks_between(schedule: &Schedule, from: &str, to: &str) -> Vec<DateTime<Utc>> {
+    let (mut cursor, to) = (utc(from), utc(to));
+    let mut ticks = Vec::new();
+    while let Some(tick) = schedule.next_after(cursor).filter(|tick| *tick <= to) {
+        ticks.push(tick);
+        cursor = tick;
+    }
+    ticks
+}
+
+// Europe/Berlin leaves summer time on 2026-10-25 at 01:00 UTC (03:00
+// local becomes 02:00 again) and enters it on 2026-03-29 at 01:00 UTC
+// (02:00 local becomes 03:00).
+
+#[test]
+fn a_local_time_of_the_autumn_hour_ticks_in_both_passes_an_hour_apart() {
+    let half_past_two = Schedule::new("n", "0 30 2 * * *", "Europe/Berlin", event()).unwrap();
+    assert_eq!(
+        ticks_between(
+            &half_past_two,
+            "2026-10-24T12:00:00Z",
+            "2026-10-26T12:00:00Z"
+        ),
+        [
+            utc("2026-10-25T00:30:00Z"),
+            utc("2026-10-25T01:30:00Z"),
+            utc("2026-10-26T01:30:00Z")
+        ]
+    );
+    // A worker starting between the two passes waits for the second one,
+    // not for the next day, and is not handed the first one again.
+    assert_eq!(
+        half_past_two.next_after(utc("2026-10-25T01:00:00Z")),
+        Some(utc("2026-10-25T01:30:00Z"))
+    );
+    assert_eq!(
+        half_past_two.latest_at_or_before(utc("2026-10-25T01:29:59Z")),
+        Some(utc("2026-10-25T00:30:00Z"))
+    );
+    assert_eq!(
+        half_past_two.latest_at_or_before(utc("2026-10-25T01:30:00Z")),
+        Some(utc("2026-10-25T01:30:00Z"))
+    );
+    assert_eq!(
+        half_past_two.latest_at_or_before(utc("2026-10-26T01:29:59Z")),
+        Some(utc("2026-10-25T01:30:00Z"))
+    );
+    // Both passes count as missed for a worker that starts after them.
+    let plan = half_past_two.plan_start(
+        Some(utc("2026-10-24T00:30:00Z")),
+        utc("2026-10-26T00:00:00Z"),
+    );
+    assert_eq!(plan.skipped, 2);
+}
+
+#[test]
+fn a_schedule_every_fifteen_minutes_keeps_its_pace_through_the_autumn_hour() {
+    let quarter = Schedule::new("q", "0 */15 * * * *", "Europe/Berlin", event()).unwrap();
+    let ticks = ticks_between(&quarter, "2026-10-24T23:50:00Z", "2026-10-25T02:10:00Z");
+    let expected: Vec<_> = (0..9)
+        .map(|n| utc("2026-10-25T00:00:00Z") + TimeDelta::minutes(15 * n))
+        .collect();
+    assert_eq!(ticks, expected);
+    assert_eq!(
+        quarter.latest_at_or_before(utc("2026-10-25T01:10:00Z")),
+        Some(utc("2026-10-25T01:00:00Z"))
+    );
+}
+
+#[test]
+fn a_local_time_of_the_spring_hour_does_not_tick() {
+    let half_past_two = Schedule::new("n", "0 30 2 * * *", "Europe/Berlin", event()).unwrap();
+    assert_eq!(
+        ticks_between(
+            &half_past_two,
+            "2026-03-27T12:00:00Z",
+            "2026-03-30T12:00:00Z"
+        ),
+        [utc("2026-03-28T01:30:00Z"), utc("2026-03-30T00:30:00Z")]
+    );
+    assert_eq!(
+        half_past_two.latest_at_or_before(utc("2026-03-29T12:00:00Z")),
+        Some(utc("2026-03-28T01:30:00Z"))
+    );
+    let quarter = Schedule::new("q", "0 */15 * * * *", "Europe/Berlin", event()).unwrap();
+    assert_eq!(
+        ticks_between(&quarter, "2026-03-29T00:40:00Z", "2026-03-29T01:20:00Z"),
+        [
+            utc("2026-03-29T00:45:00Z"),
+            utc("2026-03-29T01:00:00Z"),
+            utc("2026-03-29T01:15:00Z")
+        ]
+    );
+}
+
 #[test]
 fn next_after_is_strictly_later_and_latest_at_or_before_includes_the_instant() {
     let every_second = Schedule::new("s", "* * * * * *", "UTC", event()).unwrap();
