@@ -33,7 +33,7 @@
 //!
 //! Each round's line also gives the CPU time a transaction took in the
 //! clients' own server backends (`server_us`) and in the bench process
-//! (`client_us`); with `all`, the summary line `publish_overhead_arms`
+//! (`client_us`); the summary line `publish_overhead_arms` (with either arm set)
 //! gives per arm the ratio of the rates, `cpu_ratio` (the bare
 //! transaction's CPU time over the arm's) and `server_us`. Before the rates,
 //! `all` measures the server's CPU time per event row of every plain-SQL
