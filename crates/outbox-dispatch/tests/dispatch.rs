@@ -1050,6 +1050,75 @@ async fn loops_beyond_the_answering_two_join_in_while_batches_come_back_full() {
     each_loop_holds_a_batch(4).await;
 }
 
+/// With two loops, a claim that comes back full wakes the other loop,
+/// which claims the next batch beside it instead of waiting for its poll:
+/// a backlog that appears while both wait is worked by both.
+// Break checked: with the wake-up after a full claim left out (the
+// condition `loops_running() > 1` as `== 1`, a miss of the mutation runs)
+// this fails with "both loops to hold a batch of 10".
+#[tokio::test]
+async fn a_full_claim_wakes_the_other_loop_which_claims_beside_it() {
+    let h = Harness::with_pool_size(8).await;
+    let mut redis = PausableRedis::start().await;
+    redis.pause_writes().await;
+    // Neither loop polls again within the test: only a wake-up makes one
+    // claim.
+    let dispatcher = h.dispatcher_on(
+        &redis.process.url(),
+        DispatcherConfig {
+            batch_size: 10,
+            loops: 2,
+            interval: Duration::from_secs(3600),
+            backoff: vec![Duration::from_millis(100)],
+            ..quick_config()
+        },
+    );
+    // Due only after both loops' first claims found nothing.
+    let due = chrono::Utc::now() + chrono::TimeDelta::seconds(3);
+    h.publish(
+        (0..30)
+            .map(|n| {
+                NewOutboxEvent::new("acme", "audit.user.login", json!({ "n": n })).scheduled_at(due)
+            })
+            .collect(),
+    )
+    .await;
+    let shutdown = CancellationToken::new();
+    let run = dispatcher.clone().spawn(shutdown.clone());
+    h.wait_for(
+        "the rows to fall due",
+        Duration::from_secs(30),
+        async || chrono::Utc::now() > due + chrono::TimeDelta::milliseconds(100),
+    )
+    .await;
+    assert_eq!(processing(&h).await, 0, "a loop claimed before the wake-up");
+    // One wake-up, as one insert notification would give: one loop.
+    dispatcher.wake();
+    h.wait_for(
+        "both loops to hold a batch of 10",
+        Duration::from_secs(30),
+        async || processing(&h).await == 20,
+    )
+    .await;
+    redis.unpause().await;
+    // Rows whose push timed out meanwhile are due again shortly; the loops
+    // do not poll, so each look wakes one.
+    h.wait_for(
+        "every row to be handed off",
+        Duration::from_secs(60),
+        async || {
+            dispatcher.wake();
+            h.rows()
+                .await
+                .iter()
+                .all(|row| row.status == OutboxStatus::Done)
+        },
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 /// Under a trickle (no claim comes back full) only the first
 /// `WAKE_LOOPS` loops claim: the others neither poll nor answer wake-ups,
 /// so that a steady load is not split into more, smaller ticks.
