@@ -27,7 +27,8 @@
 //! `publish_outbox_event`, `publish_outbox_events`, `publish_routed_event`),
 //! which take the open `sqlx::Transaction<'_, Postgres>` instead of an
 //! [`OutboxTx`]: the same refusals, columns, trace context and dispatch-key
-//! behaviour, with the same statements.
+//! behaviour, with statements equal to the diesel path's (the texts
+//! `outbox_store` exports).
 //!
 //! # What the publisher refuses, before any SQL
 //!
@@ -36,7 +37,8 @@
 //! and go on, or roll back, as the business logic decides. Postgres would
 //! refuse most of these itself, but a refusal by Postgres aborts the whole
 //! transaction. [`NewOutboxEvent::validate`] is that check, callable on its
-//! own. In the order checked:
+//! own. In the order checked ([`publish_routed_event`] checks the route
+//! first, then these):
 //!
 //! | refusal | rule |
 //! |---|---|
@@ -61,9 +63,10 @@
 //!
 //! The NUL errors name the place with a JSON Pointer (RFC 6901), e.g.
 //! `/items/2/name`. The payload is walked without recursion, and a refused
-//! payload is dropped without recursion, so a payload built in code and
-//! nested far too deep is refused rather than overflowing the stack. Only
-//! [`PublishError::Database`] means the transaction is aborted.
+//! payload (an unrouted one included) is dropped without recursion, so a
+//! payload built in code and nested far too deep is refused rather than
+//! overflowing the stack. Only [`PublishError::Database`] (and, with the
+//! `sqlx` feature, `PublishError::Sqlx`) means the transaction is aborted.
 //!
 //! # Publishing beside the business write, in one round trip
 //!
@@ -133,7 +136,8 @@
 //! # Trace context
 //!
 //! Each event records the W3C trace context (`traceparent`, `tracestate`)
-//! of the `outbox.publish` span it is written in, when the process traces
+//! of the `outbox.publish` span it is written in (`outbox.publish_batch`
+//! for [`publish_outbox_events`]), when the process traces
 //! with OpenTelemetry (a `tracing-opentelemetry` layer, or a current
 //! OpenTelemetry context): the dispatcher, the job and every side effect
 //! continue that trace. Otherwise both columns stay NULL and the dispatcher
@@ -141,10 +145,11 @@
 //!
 //! # Transactions and locks
 //!
-//! Publishing is one `INSERT … ON CONFLICT (dispatch_key) DO NOTHING` (`DO
-//! UPDATE … WHERE status = 'PENDING'` in replace mode), so a duplicate
-//! dispatch key never raises an error that would abort the caller's
-//! transaction. Before a keyed row is inserted, the table's trigger frees
+//! Publishing is one `INSERT … ON CONFLICT DO NOTHING` (in replace mode an
+//! `UPDATE` of a PENDING holder of the key with the same tenant and event
+//! type, else that insert, run a second time when another transaction
+//! wrote the key's first row meanwhile), so a duplicate dispatch key never
+//! raises an error that would abort the caller's transaction. Before a keyed row is inserted, the table's trigger frees
 //! the key of a holder whose dedupe window has passed (locking that row
 //! until the transaction ends). Two concurrent transactions that publish the same dispatch
 //! key serialize on the unique index: the second waits for the first to

@@ -21,9 +21,11 @@
 //! context of the `outbox.publish` span, `scheduled_at` or the
 //! transaction's `now()`), and the same dispatch-key behaviour
 //! ([`PublishOutcome::Duplicate`] with the holder's id, never an error that
-//! aborts the transaction). The statements are `outbox-store`'s, the same
-//! texts for every driver, kept prepared on the connection: a publish is
-//! one round trip. A database error is [`PublishError::Sqlx`].
+//! aborts the transaction). The statements are `outbox-store`'s texts, kept
+//! prepared on the connection: a publish is one round trip, a second one
+//! to read the holder's id when the dispatch key is taken (and replace
+//! mode runs again when another transaction wrote the key's first row
+//! meanwhile). A database error is [`PublishError::Sqlx`].
 //!
 //! Needs sqlx 0.9 (and so Rust 1.94) with its `postgres` and
 //! `runtime-tokio` features; the application's own TLS feature of sqlx
@@ -163,8 +165,7 @@ pub async fn publish_routed_event(
     routes: &impl EventRoutes,
     event: NewOutboxEvent,
 ) -> Result<PublishOutcome, PublishError> {
-    event.check_route(routes)?;
-    publish_outbox_event(tx, event).await
+    publish_outbox_event(tx, crate::routes::routed(event, routes)?).await
 }
 
 /// Records the typed `event` of `tenant_id` in the caller's sqlx

@@ -48,8 +48,10 @@ pub struct OutboxTx<'c> {
     conn: &'c mut AsyncPgConnection,
 }
 
-/// The connection given to [`OutboxTx::new`] has no open transaction (or its
-/// transaction is broken and must be rolled back first).
+/// The connection given to [`OutboxTx::new`] has no open transaction, or its
+/// transaction manager is in an error state (a commit or rollback failed).
+/// A transaction that a failed statement aborted still passes; publishing
+/// in it then fails with [`crate::PublishError::Database`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error(
     "outbox events must be published inside a transaction: call OutboxTx::new within conn.transaction(..)"

@@ -74,7 +74,9 @@ fn unix_now() -> u64 {
 /// A fresh, migrated database for one test, dropped with the value.
 ///
 /// Creating one clones a template database (`outbox_tpl_<fingerprint>`) that
-/// holds the migrated schema (every migration set, whatever the features);
+/// holds the migrated schema (every migration set, whatever the features;
+/// with `OUTBOX_TEST_PARTITIONED=1`, `outbox_tpl_<fingerprint>_partitioned`,
+/// whose `outbox_event` is partitioned by day);
 /// the template is built once per migrations fingerprint, by whichever test
 /// process gets there first, under an advisory lock. Cloning costs milliseconds; no test runs migrations.
 /// The pool is small (4 by default) so that a parallel suite stays well

@@ -78,7 +78,9 @@ where
 }
 
 impl PublishedEvent {
-    /// The job a dispatch makes of this event (its first delivery).
+    /// The job a dispatch makes of this event (its first delivery), with
+    /// the same task and delivery ids; it carries no priority, ordering
+    /// key or trace context, which a real dispatch copies from the row.
     #[must_use]
     pub fn dispatched(&self) -> OutboxJob {
         job(
@@ -93,7 +95,9 @@ impl PublishedEvent {
 }
 
 impl<E: TypedEvent> Published<E> {
-    /// The job a dispatch makes of this event (its first delivery).
+    /// The job a dispatch makes of this event (its first delivery), with
+    /// the same task and delivery ids; it carries no priority, ordering
+    /// key or trace context, which a real dispatch copies from the row.
     #[must_use]
     pub fn dispatched(&self) -> OutboxJob {
         job(

@@ -17,7 +17,10 @@
 //!
 //! The server comes from `OUTBOX_TEST_DATABASE_URL`, else `DATABASE_URL`,
 //! else `postgres://postgres@127.0.0.1:5432/postgres` (only its server part
-//! matters: [`database_server_url`]). The role needs `CREATEDB`.
+//! matters: [`database_server_url`]). The role needs `CREATEDB`. With
+//! `OUTBOX_TEST_PARTITIONED=1` the databases are cloned from a template
+//! whose `outbox_event` is partitioned by day, to run the same tests on
+//! that layout.
 //! [`sweep_abandoned_databases`] drops what killed test processes left.
 //!
 //! ```no_run

@@ -4,8 +4,8 @@
 //! mail templates and subscriber descriptions; [`WorkerBuilder::main`] then
 //! runs the process exactly as `worker-general` and `worker-mail` do (they
 //! are this builder with nothing added): `--help`, configuration from the
-//! environment, health, metrics, the dispatcher and retention in the
-//! general group, supervision of every queue's worker, and a clean stop on
+//! environment, health, metrics, retention in the general group (and the
+//! dispatcher with `OUTBOX_DISPATCHER_ENABLED=true`), supervision of every queue's worker, and a clean stop on
 //! SIGTERM.
 
 use std::future::Future;
@@ -192,7 +192,7 @@ impl WorkerBuilder {
     }
 
     /// Runs the built-in handlers of `group` instead (and, for `general`,
-    /// the dispatcher and retention); a [`WorkerBuilder::bare`] worker
+    /// retention, and the dispatcher when `OUTBOX_DISPATCHER_ENABLED=true`); a [`WorkerBuilder::bare`] worker
     /// stays without built-in handlers. `WORKER_QUEUE_GROUP`, when set, must
     /// name the same group.
     #[must_use]
@@ -202,7 +202,8 @@ impl WorkerBuilder {
     }
 
     /// The process's name in `--help`, messages and the `binary` label of
-    /// `outbox_build_info`; `worker-general` or `worker-mail` by default.
+    /// `outbox_build_info`; `worker-general` or `worker-mail` by default,
+    /// `outbox-worker` for a [`WorkerBuilder::bare`] worker.
     #[must_use]
     pub fn name(mut self, name: &'static str) -> Self {
         self.name = Some(name);
@@ -349,8 +350,8 @@ impl WorkerBuilder {
     /// Adds a typed handler ([`TypedHandlers`]) and routes each event type
     /// it declares to its queue: one rule per event type, for that type
     /// only (it wins over any prefix rule, and takes no other event of the
-    /// prefix). Checked at start like [`WorkerBuilder::route`]: an event
-    /// type another rule already sends elsewhere stops start-up.
+    /// prefix). Checked at start like [`WorkerBuilder::route`]: a rule for
+    /// the same whole event type to another queue stops start-up.
     ///
     /// ```no_run
     /// use outbox_publish::OutboxEvent;
@@ -386,7 +387,7 @@ impl WorkerBuilder {
     /// Declares that the application publishes events of type `E`
     /// (consumed elsewhere, by a handler routed by a rule, a routes file or
     /// another worker): start-up stops with [`crate::UnroutedEventTypes`],
-    /// naming every declared type, when no routing rule matches it, instead
+    /// naming each declared type that no routing rule matches, instead
     /// of each such event being marked FAILED by the dispatcher later.
     ///
     /// ```no_run

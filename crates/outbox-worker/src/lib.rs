@@ -7,12 +7,14 @@
 //! [`variables`]). A worker reads its environment once into a
 //! [`WorkerConfig`], the bridge into a [`BridgeConfig`] (a bad value stops
 //! start-up with a message naming the variable); a worker then wires
-//! the handler group of its `WORKER_QUEUE_GROUP`, starts the dispatcher and
-//! the daily retention job when it is the general group, serves `/healthz`,
+//! the handler group of its `WORKER_QUEUE_GROUP`, starts the daily retention
+//! job when it is the general group (and the dispatcher too when
+//! `OUTBOX_DISPATCHER_ENABLED=true`; off by default), serves `/healthz`,
 //! `/readyz` and `/metrics` on `WORKER_HTTP_ADDR`, and on SIGTERM or Ctrl-C
 //! stops taking work, finishes what is in hand and exits 0. Each of these
 //! is a named service of a supervisor (restarted with backoff when it
-//! fails, stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
+//! fails, except the queue workers, whose failure stops the worker with an
+//! error; stopped within `WORKER_SHUTDOWN_GRACE_MS`); an application that
 //! owns the process's signals runs the worker with
 //! [`WorkerBuilder::run_until`] and its own shutdown future instead, and
 //! may serve the endpoints on its own router
@@ -23,8 +25,10 @@
 //! evicting Redis silently drops queued jobs and idempotency keys), or
 //! `OUTBOX_ALLOW_REDIS_EVICTION=true` says to start anyway. When Redis does
 //! not allow `CONFIG GET` or does not answer at start, it warns and starts.
-//! It also reports Redis' persistence (`appendonly`, `appendfsync`, or
-//! `unknown`) in its log and as the gauge `outbox_redis_persistence{mode}`;
+//! It also reports Redis' persistence, read from `appendonly`, `appendfsync`
+//! and `save` (`mode` one of `aof-always`, `aof-everysec`, `aof-no`, `rdb`,
+//! `none`, `unknown`), in its log and as the gauge
+//! `outbox_redis_persistence{mode}`;
 //! in the general group the dispatcher runs with its Redis guard, which
 //! notices a Redis that lost handed-off jobs and pushes them again
 //! (`docs/reliability.md`). Every variable is listed in `docs/operations.md`.
