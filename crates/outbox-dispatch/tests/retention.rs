@@ -388,6 +388,75 @@ async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and
     );
 }
 
+/// On a partitioned table a retention run drops a partition that holds
+/// only DONE rows older than the window, instead of deleting its rows, and
+/// keeps the partitions that are not over.
+// Break checked: with the run's loop over `drop_finished_partition` not
+// entered (its `!` deleted, a miss of the pinned mutation shard 4) the old
+// partition stays and this fails.
+#[tokio::test]
+async fn a_retention_run_drops_a_partition_that_holds_only_old_done_rows() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    if outbox_store::partitioning(&mut conn)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        outbox_store::convert_to_partitioned(&mut conn, outbox_store::PartitionUnit::Day, 3)
+            .await
+            .unwrap();
+    }
+    // A day 60 days ago gets a partition of its own: the legacy partition,
+    // which holds every instant before the conversion, makes way for it.
+    let from = chrono::Utc::now() - chrono::TimeDelta::days(61);
+    let to = from + chrono::TimeDelta::days(1);
+    exec(
+        &mut conn,
+        &format!(
+            "ALTER TABLE outbox_event DETACH PARTITION {legacy};
+             CREATE TABLE outbox_event_old_day PARTITION OF outbox_event
+                 FOR VALUES FROM ('{from}') TO ('{to}');
+             INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at, created_at)
+             SELECT 'old-day', 'audit.user.login', '{{}}', 'DONE', '{at}', '{at}'
+             FROM generate_series(1, 3)",
+            legacy = outbox_store::LEGACY_PARTITION,
+            from = from.to_rfc3339(),
+            to = to.to_rfc3339(),
+            at = (from + chrono::TimeDelta::hours(12)).to_rfc3339(),
+        ),
+    )
+    .await;
+    let names = async |conn: &mut diesel_async::AsyncPgConnection| {
+        outbox_store::partitions(conn)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+    };
+    let before = names(&mut conn).await;
+    assert!(
+        before.contains(&"outbox_event_old_day".to_owned()),
+        "{before:?}"
+    );
+
+    purge_done(h.db.pool(), RetentionConfig::default())
+        .await
+        .unwrap();
+
+    let after = names(&mut conn).await;
+    let expected: Vec<String> = before
+        .into_iter()
+        .filter(|name| name != "outbox_event_old_day")
+        .collect();
+    assert_eq!(after, expected, "only the old day's partition is dropped");
+    assert!(
+        h.rows().await.iter().all(|row| row.tenant_id != "old-day"),
+        "its rows went with it"
+    );
+}
+
 /// A conversion to partitions whose connection died leaves its bound
 /// constraint (which refuses rows created past it) and its copy of the
 /// held keys; the next retention run removes them. Break checked: without the retention run's call of
