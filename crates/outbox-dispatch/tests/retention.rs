@@ -346,6 +346,16 @@ async fn a_retention_run_reads_each_index_entry_once_and_never_the_primary_key()
     );
 }
 
+/// Converts `outbox_event` to daily partitions unless it is partitioned
+/// already (the partitioned run).
+async fn partitioned(conn: &mut diesel_async::AsyncPgConnection) {
+    if outbox_store::partitioning(conn).await.unwrap().is_none() {
+        outbox_store::convert_to_partitioned(conn, outbox_store::PartitionUnit::Day, 3)
+            .await
+            .unwrap();
+    }
+}
+
 /// On a partitioned table a retention run creates the partitions ahead that
 /// are missing, and deletes the old DONE rows of the partitions it keeps.
 #[tokio::test]
@@ -353,15 +363,7 @@ async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and
 {
     let h = Harness::new().await;
     let mut conn = h.conn().await;
-    if outbox_store::partitioning(&mut conn)
-        .await
-        .unwrap()
-        .is_none()
-    {
-        outbox_store::convert_to_partitioned(&mut conn, outbox_store::PartitionUnit::Day, 3)
-            .await
-            .unwrap();
-    }
+    partitioned(&mut conn).await;
     let ahead = |parts: Vec<outbox_store::PartitionInfo>| {
         parts
             .into_iter()
@@ -398,15 +400,7 @@ async fn a_retention_run_on_a_partitioned_table_creates_the_partitions_ahead_and
 async fn a_retention_run_drops_a_partition_that_holds_only_old_done_rows() {
     let h = Harness::new().await;
     let mut conn = h.conn().await;
-    if outbox_store::partitioning(&mut conn)
-        .await
-        .unwrap()
-        .is_none()
-    {
-        outbox_store::convert_to_partitioned(&mut conn, outbox_store::PartitionUnit::Day, 3)
-            .await
-            .unwrap();
-    }
+    partitioned(&mut conn).await;
     // A day 60 days ago gets a partition of its own: the legacy partition,
     // which holds every instant before the conversion, makes way for it.
     let from = chrono::Utc::now() - chrono::TimeDelta::days(61);
