@@ -349,6 +349,38 @@ async fn a_standby_claims_one_batch_per_poll_interval() {
     drop(silent);
 }
 
+/// The share is logged when it changes (from standing by to its loops at
+/// the first count), not again at each count that finds it the same.
+// Break checked: with the change test inverted (`==` for `!=` in
+// `share::run`, a miss of the pinned mutation shard 4) the line is
+// written at every count but the first and this fails with "no longer
+// true: one line".
+#[tokio::test]
+async fn a_dispatcher_logs_its_share_of_the_loops_when_it_changes_not_at_each_count() {
+    let logs = outbox_test_support::LogCapture::start();
+    let h = Harness::with_pool_size(8).await;
+    let config = DispatcherConfig {
+        loops: 4,
+        loops_total: 8,
+        listen: true,
+        ..quick_config()
+    };
+    let (_dispatcher, shutdown, run) =
+        started(&h, config, 4, "the dispatcher to run its four loops").await;
+    let lines = || logs.count("dispatch loops shared with the other dispatchers of this database");
+    h.wait_for(
+        "the line of the first count",
+        Duration::from_secs(30),
+        async || lines() >= 1,
+    )
+    .await;
+    // A count every second: three more find the same share.
+    outbox_test_support::consistently("one line", Duration::from_secs(3), async || lines() == 1)
+        .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+}
+
 // Break checked: with the warning written at every failed count it fails
 // with "no longer true: one warning"; with none written, with "timed out
 // ... the first warning".
