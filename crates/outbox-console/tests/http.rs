@@ -129,6 +129,80 @@ async fn a_reader_sees_every_page_but_its_requeue_is_refused_with_403() {
     assert_eq!(console.status(id).await, "FAILED");
 }
 
+/// The embedding application's hook (`Console::with_authorizer`) names
+/// who asks: that identity is let in without a token and shown, with no
+/// "Sign out" (the application signs its users out), its actions need the
+/// CSRF token of its own forms and are recorded under its name, and a
+/// request the hook does not name falls back to the tokens.
+// Break checked: with the hook not asked (its identity ignored) the first
+// page answers 401; with "Sign out" shown whenever a form token exists
+// (the header before) the page's assertion fails.
+#[tokio::test]
+async fn an_identity_the_applications_hook_names_is_let_in_and_its_actions_need_its_forms_csrf_token()
+ {
+    let console = served_with("", |console| {
+        console.with_authorizer(|parts: &axum::http::request::Parts| {
+            let user = parts.headers.get("x-user")?.to_str().ok()?;
+            Some(outbox_console::Identity::new(
+                user,
+                outbox_console::Role::Operator,
+            ))
+        })
+    })
+    .await;
+    let id = console.failed_event().await;
+    let alice = || [("x-user", "alice".to_owned())];
+    let page = console
+        .http
+        .get(format!("{}/events/{id}/requeue", console.url))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    let page = page.text().await.unwrap();
+    assert!(page.contains("alice (operator)"), "{page}");
+    assert!(!page.contains("Sign out"), "{page}");
+    let csrf = csrf_of(&page);
+
+    let path = format!("/events/{id}/requeue");
+    let refused = console.post(&path, &alice(), "replay=false").await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    // Bob's forms carry another token.
+    let refused = console
+        .post(
+            &path,
+            &[("x-user", "bob".to_owned())],
+            &format!("csrf={csrf}&replay=false"),
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+    assert_eq!(console.status(id).await, "FAILED");
+
+    let done = console
+        .post(
+            &path,
+            &alice(),
+            &format!("csrf={csrf}&replay=false&reason=queue+is+back"),
+        )
+        .await;
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    assert_eq!(console.status(id).await, "PENDING");
+    assert_eq!(
+        console.history(id).await[0].requested_by.as_deref(),
+        Some("console:alice (operator)")
+    );
+
+    // Not named by the hook: the tokens decide.
+    assert_eq!(
+        console.get_anonymous("/").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, page) = console.get_as(READER, "/").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(page.contains("(reader)"), "{page}");
+}
+
 #[tokio::test]
 async fn an_action_without_the_sessions_csrf_token_is_refused_and_with_it_is_recorded_with_its_actor()
  {

@@ -292,7 +292,9 @@ pub(crate) fn layout(viewer: &Viewer, title: &str, body: Markup) -> Markup {
                     }
                     div.who {
                         span #who { (viewer.identity.name) " (" (viewer.identity.role.as_str()) ")" }
-                        @if viewer.csrf.is_some() {
+                        // Only a console session signs out here; the
+                        // application's hook signs its users out itself.
+                        @if viewer.session.is_some() {
                             form method="post" action=(base.to("/logout")) {
                                 input type="hidden" name="csrf" value=(viewer.csrf_field());
                                 button type="submit" { "Sign out" }
