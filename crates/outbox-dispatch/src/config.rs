@@ -160,7 +160,8 @@ pub const OUTBOX_UNROUTED_GRACE_SECONDS: Whole = Whole {
 };
 
 /// How the dispatcher runs. Binaries fill it from the environment
-/// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`);
+/// (`OUTBOX_DISPATCH_*`, `OUTBOX_MAX_RETRIES`, `OUTBOX_LOCK_TIMEOUT_MS`,
+/// `OUTBOX_UNROUTED_GRACE_SECONDS`);
 /// [`Default`] is the contract's defaults, except [`DEFAULT_BATCH_SIZE`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DispatcherConfig {

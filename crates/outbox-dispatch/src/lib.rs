@@ -4,10 +4,14 @@
 //!
 //! A tick claims due rows in one statement (`FOR UPDATE SKIP LOCKED`, lease
 //! in `locked_until`), routes each by the longest matching prefix of its
-//! event type, pushes each queue's jobs in one Redis round trip with the
-//! deterministic task id `outbox:<event id>`, and records the outcome with
-//! one fenced UPDATE per outcome kind: DONE, retry with backoff, FAILED
-//! (retries exhausted, or no route), or released (graceful stop).
+//! event type, pushes each queue's jobs in units of at most 500 (one script
+//! call per priority level, and a wake-up `PUBLISH` when a job was new)
+//! with the deterministic task id `outbox:<delivery id>` (`outbox:<event
+//! id>`, `…:g<n>` after the n-th replay), and records the outcomes with
+//! fenced UPDATEs grouped by lease and values: DONE, retry with backoff,
+//! back to PENDING while no route matches, FAILED (retries exhausted, no
+//! route past the grace, or an oversized payload), or released (graceful
+//! stop).
 //!
 //! Crash safety follows from three facts: a row is only DONE after its job is
 //! in Redis; a row whose dispatcher died is re-claimed when its lease ends;
@@ -33,8 +37,11 @@
 //! The claim and each outcome update are single autocommit statements; no
 //! transaction spans the Redis push. Row locks are held only for the
 //! duration of a statement; the lease is what keeps other dispatchers away
-//! in between. Retention deletes in batches with `SKIP LOCKED`, so it never
-//! waits for a dispatcher.
+//! in between. Retention deletes rows in batches with `SKIP LOCKED`, so on
+//! one table it never waits for a dispatcher; on a partitioned table,
+//! dropping a finished partition or creating the ones ahead takes an
+//! `ACCESS EXCLUSIVE` lock on `outbox_event` for a moment (waiting at most
+//! a second for it), and writers wait behind it meanwhile.
 //!
 //! # Metrics
 //!
@@ -44,8 +51,9 @@
 //! `outbox_dispatch_waiting_for_route_total`, `outbox_dispatch_unrouted_revived_total`,
 //! `outbox_dispatch_released_total`, `outbox_dispatch_lost_leases_total`,
 //! `outbox_dispatch_listener_reconnects_total`, `outbox_dispatch_vacuums_total`,
-//! `outbox_retention_deleted_total`;
-//! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from `created_at`);
+//! `outbox_retention_deleted_total`, `outbox_retention_partitions_dropped_total`;
+//! histogram `outbox_dispatch_handoff_latency_seconds{queue}` (from when
+//! the row became due: the later of `created_at` and `scheduled_at`);
 //! gauges `outbox_pending_due`, `outbox_unrouted_waiting`,
 //! `outbox_unrouted_failed` and `outbox_dispatch_loops_running` (this
 //! dispatcher's share of `OUTBOX_DISPATCH_LOOPS_TOTAL`); from the Redis guard and reconciliation,

@@ -544,7 +544,9 @@ impl RedisGuard {
     ///
     /// # Errors
     ///
-    /// When Redis or Postgres fails; nothing is recorded then.
+    /// When Redis or Postgres fails; nothing is recorded in Postgres then,
+    /// though the marker in Redis may already have been written again (the
+    /// next check then finds it intact or lost, and acts on that).
     pub async fn check(&self) -> Result<CheckReport, DispatchError> {
         let mut redis = self.redis.clone();
         let server = read_server_info(&mut redis).await?;

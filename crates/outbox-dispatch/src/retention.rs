@@ -22,7 +22,9 @@ pub const PAUSE_WHILE_DRAINING: u32 = 1;
 
 /// Deletes DONE rows whose `processed_at` is older than the retention
 /// window, oldest first, one batch per statement (`FOR UPDATE SKIP LOCKED`,
-/// so it never waits on or blocks the dispatcher), each batch starting
+/// so the deletes never wait on or block the dispatcher; on a partitioned
+/// table a partition that holds only such rows is dropped first, under a
+/// brief `ACCESS EXCLUSIVE` lock), each batch starting
 /// where the one before ended, until a batch comes back short. A row
 /// skipped because another transaction held it goes at the next run.
 /// FAILED, CANCELLED, PENDING and PROCESSING rows are never touched.

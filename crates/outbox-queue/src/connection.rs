@@ -12,7 +12,8 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 /// failover). Cheap to clone: clones share the underlying connections.
 ///
 /// Made by [`crate::connect`] from a [`crate::RedisSettings`]: a `url` with
-/// one address is a server, a comma-separated list of addresses a cluster
+/// one address is a server, a comma-separated list of addresses (or one
+/// address marked `?cluster=true`, [`crate::CLUSTER_MARKER`]) a cluster
 /// ([`crate::REDIS_URL`]). Both connect lazily, on the first command.
 ///
 /// On a cluster every key of one queue shares a hash slot, because the

@@ -232,8 +232,9 @@ pub const QUEUE_DONE_RETENTION_HOURS: outbox_env::Whole = outbox_env::Whole {
 /// Removes finished jobs from `queue`: jobs in the done set that finished
 /// more than `done_after` ago and jobs in the dead set that died more than
 /// `dead_after` ago (their body, their meta record and their set entry). One
-/// call walks each set completely (500 members per round trip), removing at
-/// most `limit` jobs per set. Nothing waiting or running is touched: apalis
+/// call walks each set until it ends or `limit` jobs of it are removed
+/// (`SSCAN` 500 members at a time, then one pipeline that reads their
+/// finish times and one that deletes the old ones). Nothing waiting or running is touched: apalis
 /// moves a job into the done or dead set only once it has finished. Without
 /// this, every job body would stay in Redis forever.
 ///

@@ -78,7 +78,8 @@ fn at_level(key: String, priority: Priority) -> String {
 /// [`crate::push_raw_at`]); any other level through this crate's own, onto
 /// the level's ready list ([`ready_list`]) when due now, into its
 /// scheduled set ([`scheduled_set`]) when `run_at` is given (the workers'
-/// fetch moves it to the level's list once due). One round trip either way, and a task id already on the
+/// fetch moves it to the level's list once due). One round trip either way
+/// (and a wake-up `PUBLISH` when a job was new), and a task id already on the
 /// queue is skipped and counted as a duplicate.
 ///
 /// # Errors

@@ -236,7 +236,8 @@ pub enum QueueError {
         /// The parser's reason.
         source: redis::RedisError,
     },
-    /// The CA file for a `rediss://` URL cannot be read.
+    /// The CA file for a `rediss://` URL cannot be read, or holds no
+    /// certificate the TLS settings take.
     #[error("cannot read the Redis CA certificate {}: {source}", .path.display())]
     CaCert {
         /// The path as given.
@@ -270,7 +271,8 @@ pub enum QueueError {
 /// # Errors
 ///
 /// [`QueueError::InvalidUrl`] when the URL (or one of a cluster's) does not
-/// parse, [`QueueError::CaCert`] when `ca_cert` cannot be read.
+/// parse, [`QueueError::CaCert`] when `ca_cert` cannot be read (or, for a
+/// single server, holds no certificate the TLS settings take).
 pub fn connect(settings: &RedisSettings) -> Result<RedisConnection, QueueError> {
     if let Some(nodes) = cluster_nodes(&settings.url) {
         return connect_cluster(settings, &nodes);
@@ -436,7 +438,7 @@ pub fn redis_from_lookup(
 ///
 /// [`QueueError::InvalidUrl`] when the URL does not parse (or `ca_cert` is
 /// given with a URL that is not `rediss://`), [`QueueError::CaCert`] when
-/// `ca_cert` cannot be read.
+/// `ca_cert` cannot be read or holds no certificate the TLS settings take.
 pub fn redis_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {
     let Some(nodes) = cluster_nodes(url) else {
         return server_client(url, ca_cert);
@@ -528,6 +530,9 @@ fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, Que
         path: path.to_owned(),
         source,
     })?;
+    // The URL on its own first, so that what the TLS settings refuse below
+    // is the certificate, and the error names the file, not the URL.
+    redis::Client::open(url).map_err(invalid)?;
     redis::Client::build_with_tls(
         url,
         redis::TlsCertificates {
@@ -535,7 +540,20 @@ fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, Que
             root_cert: Some(pem),
         },
     )
-    .map_err(invalid)
+    .map_err(|e| {
+        if url.starts_with("rediss://") {
+            QueueError::CaCert {
+                path: path.to_owned(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("not a PEM certificate: {e}"),
+                ),
+            }
+        } else {
+            // A CA file given for a plain-text URL.
+            invalid(e)
+        }
+    })
 }
 
 /// The apalis-redis configuration of `queue` in `namespace`. The queue name
@@ -566,11 +584,12 @@ pub struct PushReport {
 }
 
 /// Pushes `jobs` onto `queue`, each with its deterministic task id
-/// `outbox:<event id>`: the normal ones with one Redis round trip
-/// (apalis-redis' batch push script), and those of another priority with one
-/// more round trip per level ([`push_raw_at_priority`]), onto their level's
-/// list. A job whose id is already on the queue is skipped and counted as a
-/// duplicate.
+/// `outbox:<delivery id>` (`outbox:<event id>`, `…:g<n>` after the n-th
+/// replay): the normal ones with one Redis round trip (apalis-redis' batch
+/// push script), and those of another priority with one more round trip per
+/// level ([`push_raw_at_priority`]), onto their level's list; then a
+/// wake-up `PUBLISH` for the queue's workers when a job was new. A job
+/// whose id is already on the queue is skipped and counted as a duplicate.
 ///
 /// # Errors
 ///
@@ -602,8 +621,9 @@ pub async fn push_jobs(
     Ok(report)
 }
 
-/// Pushes pre-encoded job bodies with the given task ids in one round trip;
-/// an id already on the queue is skipped (counted as a duplicate). Used for
+/// Pushes pre-encoded job bodies with the given task ids in one round trip
+/// (and a wake-up `PUBLISH` when a job was new); an id already on the queue
+/// is skipped (counted as a duplicate). Used for
 /// downstream jobs (`toolctrl.*`) whose ids derive from the event id too.
 ///
 /// # Errors
@@ -723,6 +743,39 @@ mod tests {
                 .to_string()
                 .contains("must end with ':'")
         );
+    }
+
+    // Break checked: with the certificate's refusal mapped to `InvalidUrl`
+    // (as before) the error names REDIS_URL and this fails.
+    #[test]
+    fn a_ca_file_that_holds_no_certificate_is_named_as_such_not_as_the_url() {
+        let dir = std::env::temp_dir().join(format!("outbox-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("broken.pem");
+        std::fs::write(
+            &path,
+            "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let path_text = path.display().to_string();
+        let get = |name: &str| match name {
+            "REDIS_URL" => Some("rediss://cache.internal:6380".to_owned()),
+            "REDIS_CA_CERT" => Some(path_text.clone()),
+            _ => None,
+        };
+        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        assert!(error.contains("REDIS_CA_CERT"), "{error}");
+        assert!(!error.contains("REDIS_URL"), "{error}");
+        assert!(error.contains("not a PEM certificate"), "{error}");
+        // A CA file for a plain-text URL is the URL's fault.
+        let get = |name: &str| match name {
+            "REDIS_URL" => Some("redis://cache.internal:6379".to_owned()),
+            "REDIS_CA_CERT" => Some(path_text.clone()),
+            _ => None,
+        };
+        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(error.contains("REDIS_URL"), "{error}");
     }
 
     #[test]

@@ -18,8 +18,8 @@ use uuid::Uuid;
 
 use crate::{QueueError, QueueNamespace};
 
-/// How a Redis server keeps its data across a restart, as `CONFIG GET
-/// appendonly appendfsync save` tells.
+/// How a Redis server keeps its data across a restart, as `CONFIG GET` of
+/// `appendonly`, `appendfsync` and `save` tells.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Persistence {
     /// `appendonly yes`: every write goes to the append-only file, flushed
@@ -203,8 +203,9 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
-/// Asks the server for [`ServerInfo`]: `INFO server`, then `CONFIG GET
-/// appendonly appendfsync save`, whose refusal only makes the persistence
+/// Asks the server for [`ServerInfo`]: `INFO server`, then `CONFIG GET` of
+/// `appendonly`, `appendfsync` and `save` (one command each, on every
+/// primary of a cluster), whose refusal only makes the persistence
 /// [`Persistence::Unknown`].
 ///
 /// # Errors

@@ -1,7 +1,10 @@
 //! [`StoreError`] and the [`ErrorKind`] callers match on.
 
-/// Why a store operation failed. Every operation is one statement or one
-/// transaction: when it fails, nothing it would have changed is changed.
+/// Why a store operation failed. Most operations are one statement or one
+/// transaction: when one fails, nothing it would have changed is changed.
+/// Those that send several statements (the dispatcher's outcome updates,
+/// inserts of more than [`crate::ROWS_PER_STATEMENT`] rows, retention on a
+/// partitioned table) may have applied some of them when one fails.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

@@ -29,8 +29,8 @@
 //!
 //! Every operation takes the caller's `AsyncPgConnection` (a pooled one or
 //! one inside the caller's transaction), returns a [`StoreError`] whose
-//! [`kind`](StoreError::kind) callers can match, and runs in a `debug`
-//! tracing span named after it.
+//! [`kind`](StoreError::kind) callers can match, and runs in a tracing span
+//! named after it (`debug`, the partition conversion's `info`).
 //!
 //! The publisher's statements also exist for sqlx (feature `sqlx`, module
 //! `sqlx`: the same inserts, cancel and reschedule on an

@@ -216,7 +216,9 @@ pub struct Skipped {
 /// row (action `skip`, with `reason` and `requested_by`) for the event; a
 /// `FAILED` or `PENDING` event becomes `CANCELLED` (it will not be
 /// delivered); the key's `done_position` moves past it, the hold is lifted
-/// and the next event becomes claimable. `None` when the key is not held.
+/// and the next event becomes claimable. `None` when the key is not held,
+/// or is held on an event whose row no longer exists (nothing changes
+/// then).
 ///
 /// # Errors
 ///

@@ -1,7 +1,7 @@
 //! Events no routing rule matched: those waiting for a route (`PENDING`
 //! with `unrouted_since`) and those dead-lettered for the lack of one
-//! (`FAILED` with `unrouted_since`). Both read the small partial index
-//! `outbox_event_unrouted_idx`, never the table.
+//! (`FAILED` with `unrouted_since`). Both find their rows through the small
+//! partial index `outbox_event_unrouted_idx` and read only those rows.
 
 use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Text, Uuid as SqlUuid};
