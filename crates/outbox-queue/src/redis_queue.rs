@@ -511,6 +511,9 @@ pub fn pubsub_clients(url: &str, ca_cert: Option<&Path>) -> Result<PubSubClients
     }
 }
 
+/// The line that opens a certificate in a PEM file.
+const CERTIFICATE_BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+
 fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, QueueError> {
     let invalid = |source| QueueError::InvalidUrl {
         url: crate::redact_url(url),
@@ -533,6 +536,21 @@ fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, Que
     // The URL on its own first, so that what the TLS settings refuse below
     // is the certificate, and the error names the file, not the URL.
     redis::Client::open(url).map_err(invalid)?;
+    let not_pem = |problem: String| QueueError::CaCert {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, problem),
+    };
+    if url.starts_with("rediss://")
+        && !pem
+            .windows(CERTIFICATE_BEGIN.len())
+            .any(|w| w == CERTIFICATE_BEGIN)
+    {
+        // Taken as an empty set of roots, it would fail only at the first
+        // connection, as a server certificate no root vouches for.
+        return Err(not_pem(
+            "holds no PEM certificate (no -----BEGIN CERTIFICATE----- line)".to_owned(),
+        ));
+    }
     redis::Client::build_with_tls(
         url,
         redis::TlsCertificates {
@@ -542,13 +560,7 @@ fn server_client(url: &str, ca_cert: Option<&Path>) -> Result<redis::Client, Que
     )
     .map_err(|e| {
         if url.starts_with("rediss://") {
-            QueueError::CaCert {
-                path: path.to_owned(),
-                source: std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("not a PEM certificate: {e}"),
-                ),
-            }
+            not_pem(format!("not a PEM certificate: {e}"))
         } else {
             // A CA file given for a plain-text URL.
             invalid(e)
@@ -767,6 +779,16 @@ mod tests {
         assert!(error.contains("REDIS_CA_CERT"), "{error}");
         assert!(!error.contains("REDIS_URL"), "{error}");
         assert!(error.contains("not a PEM certificate"), "{error}");
+        // A file without any certificate in it.
+        std::fs::write(&path, "hello\n").unwrap();
+        let get = |name: &str| match name {
+            "REDIS_URL" => Some("rediss://cache.internal:6380".to_owned()),
+            "REDIS_CA_CERT" => Some(path_text.clone()),
+            _ => None,
+        };
+        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        assert!(error.contains("REDIS_CA_CERT"), "{error}");
+        assert!(error.contains("holds no PEM certificate"), "{error}");
         // A CA file for a plain-text URL is the URL's fault.
         let get = |name: &str| match name {
             "REDIS_URL" => Some("redis://cache.internal:6379".to_owned()),
