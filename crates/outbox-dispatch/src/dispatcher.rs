@@ -962,8 +962,12 @@ mod tests {
         let gate = WakeGate::default();
         assert_eq!(after(None, false, &gate), (Wait, false));
         assert!(gate.covered(), "a failed tick did not ask for the gate");
-        // A full batch.
+        // A full batch, also one smaller than a busy claim (a small
+        // `OUTBOX_DISPATCH_BATCH_SIZE`) while this process holds the gate.
+        // Break checked: the `full` guard left out (a miss of the pinned
+        // mutation shard 5) waits after the batch of one.
         assert_eq!(after(Some(100), true, &covered()), (TickAtOnce, true));
+        assert_eq!(after(Some(1), true, &covered()), (TickAtOnce, true));
         // One row while this process holds or queues for the gate: wait.
         assert_eq!(after(Some(1), false, &covered()), (Wait, false));
         // One row without it: publishers may not notify, tick again.
