@@ -75,7 +75,7 @@ fn ticks_between(schedule: &Schedule, from: &str, to: &str) -> Vec<DateTime<Utc>
 // (02:00 local becomes 03:00).
 
 #[test]
-fn a_local_time_of_the_autumn_hour_ticks_in_both_passes_an_hour_apart() {
+fn a_local_time_the_clock_repeats_in_autumn_ticks_in_both_passes() {
     let half_past_two = Schedule::new("n", "0 30 2 * * *", "Europe/Berlin", event()).unwrap();
     assert_eq!(
         ticks_between(
@@ -106,6 +106,17 @@ fn a_local_time_of_the_autumn_hour_ticks_in_both_passes_an_hour_apart() {
     assert_eq!(
         half_past_two.latest_at_or_before(utc("2026-10-26T01:29:59Z")),
         Some(utc("2026-10-25T01:30:00Z"))
+    );
+    // A zone whose clock goes back half an hour (Lord Howe Island, from
+    // UTC+11 to UTC+10:30 on 2026-04-05 at 02:00 local).
+    let lord_howe = Schedule::new("n", "0 45 1 * * *", "Australia/Lord_Howe", event()).unwrap();
+    assert_eq!(
+        ticks_between(&lord_howe, "2026-04-04T00:00:00Z", "2026-04-06T00:00:00Z"),
+        [
+            utc("2026-04-04T14:45:00Z"),
+            utc("2026-04-04T15:15:00Z"),
+            utc("2026-04-05T15:15:00Z")
+        ]
     );
     // Both passes count as missed for a worker that starts after them.
     let plan = half_past_two.plan_start(
