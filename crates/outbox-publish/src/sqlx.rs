@@ -4,7 +4,7 @@
 //!
 //! ```toml
 //! [dependencies]
-//! outbox-publish = { version = "0.1", features = ["sqlx"] }
+//! outbox-publish = { git = "https://example.invalid/outbox", tag = "v0.1.0", features = ["sqlx"] }
 //! ```
 //!
 //! Every function takes `&mut sqlx::Transaction<'_, sqlx::Postgres>`, so

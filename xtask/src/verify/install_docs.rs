@@ -158,8 +158,9 @@ fn check(c: &Coordinate, workspace: &Workspace) -> Option<String> {
     })
 }
 
-/// The documents an adopter reads: the README, CONTRIBUTING.md, docs/*.md
-/// and every crate's and example's README.
+/// The documents an adopter reads: the README, CONTRIBUTING.md, docs/*.md,
+/// every crate's and example's README, and the crates' sources, whose doc
+/// comments are the API docs (see [`adopter_text`]).
 fn documents() -> Vec<PathBuf> {
     let root = workspace_root();
     let mut docs = vec![root.join("README.md"), root.join("CONTRIBUTING.md")];
@@ -169,6 +170,9 @@ fn documents() -> Vec<PathBuf> {
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            if dir == "crates" {
+                docs.extend(rust_sources(&path.join("src")));
+            }
             if path.extension().is_some_and(|e| e == "md") {
                 docs.push(path);
             } else if path.join("README.md").is_file() {
@@ -178,6 +182,38 @@ fn documents() -> Vec<PathBuf> {
     }
     docs.sort();
     docs
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_sources(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut files = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.is_dir() {
+            files.extend(rust_sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// What of `path` an adopter reads: a Rust file's doc comments (`//!`,
+/// `///`), any other file whole.
+fn adopter_text(path: &Path) -> String {
+    let text = read(path);
+    if path.extension().is_none_or(|e| e != "rs") {
+        return text;
+    }
+    text.lines()
+        .filter(|line| {
+            let line = line.trim_start();
+            line.starts_with("//!") || line.starts_with("///")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn read(path: &Path) -> String {
@@ -211,7 +247,7 @@ fn every_dependency_line_in_the_docs_names_a_publishable_crate_at_the_workspaces
     let mut problems = Vec::new();
     let mut seen = BTreeSet::new();
     for doc in documents() {
-        for c in coordinates(&read(&doc)) {
+        for c in coordinates(&adopter_text(&doc)) {
             seen.insert(c.crate_name.clone());
             if let Some(problem) = check(&c, &workspace) {
                 problems.push(format!("{}: {problem}", doc.display()));
