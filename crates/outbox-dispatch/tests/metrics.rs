@@ -103,6 +103,48 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
     assert_eq!(m["outbox_pending_due"], 4.0, "gauge read before the claim");
 }
 
+/// The pending gauge is read at most once in five seconds (a count of the
+/// claim index per tick would cost more than the gauge is worth), and read
+/// again at the first tick after that: it follows the table.
+// Break checked: with the refresh condition inverted (`>` for `<`, a miss
+// of the pinned mutation shard 6) the later tick leaves the gauge at the
+// first count and this fails.
+#[test]
+fn the_pending_gauge_is_read_again_at_the_first_tick_after_five_seconds() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let h = runtime.block_on(Harness::new());
+    let publish = |n: usize| {
+        runtime.block_on(
+            h.publish(
+                (0..n)
+                    .map(|i| NewOutboxEvent::new("acme", "audit.user.login", json!({ "i": i })))
+                    .collect(),
+            ),
+        )
+    };
+    let dispatcher = {
+        let _runtime = runtime.enter();
+        h.dispatcher(quick_config())
+    };
+    let tick =
+        || metrics::with_local_recorder(&recorder, || runtime.block_on(dispatcher.tick())).unwrap();
+    publish(2);
+    tick();
+    assert_eq!(snapshot(&recorder)["outbox_pending_due"], 2.0);
+    publish(3);
+    runtime.block_on(async { tokio::time::sleep(Duration::from_millis(5_100)).await });
+    tick();
+    assert_eq!(
+        snapshot(&recorder)["outbox_pending_due"],
+        3.0,
+        "the gauge read again before the later tick's claim"
+    );
+}
+
 /// The hand-off latency is counted in seconds from when the row became due
 /// (`scheduled_at`), not from when it was written: a row written a day ago
 /// and due 90 seconds ago records about 90.
