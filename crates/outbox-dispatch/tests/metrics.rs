@@ -49,14 +49,20 @@ fn snapshot(recorder: &DebuggingRecorder) -> HashMap<String, f64> {
         .collect()
 }
 
-#[test]
-fn a_tick_counts_claims_hand_offs_and_dead_letters() {
+/// A current-thread runtime (the recorder is thread-local: ticks run on
+/// the test's thread), a recorder and a harness made on that runtime.
+fn recorded() -> (tokio::runtime::Runtime, DebuggingRecorder, Harness) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let recorder = DebuggingRecorder::new();
     let h = runtime.block_on(Harness::new());
+    (runtime, DebuggingRecorder::new(), h)
+}
+
+#[test]
+fn a_tick_counts_claims_hand_offs_and_dead_letters() {
+    let (runtime, recorder, h) = recorded();
     runtime.block_on(async {
         h.publish(vec![
             NewOutboxEvent::new("acme", "mail.user.welcome", json!({})),
@@ -111,12 +117,7 @@ fn a_tick_counts_claims_hand_offs_and_dead_letters() {
 // first count and this fails.
 #[test]
 fn the_pending_gauge_is_read_again_at_the_first_tick_after_five_seconds() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let recorder = DebuggingRecorder::new();
-    let h = runtime.block_on(Harness::new());
+    let (runtime, recorder, h) = recorded();
     let publish = |n: usize| {
         runtime.block_on(
             h.publish(
