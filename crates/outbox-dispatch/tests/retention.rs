@@ -157,20 +157,20 @@ async fn old_done_rows(conn: &mut diesel_async::AsyncPgConnection, tenant: &str,
     .await;
 }
 
-/// The workers' retention task purges old DONE rows, again every period,
-/// until the worker stops.
-// Break checked: a task that does nothing (`run_retention` emptied) leaves
-// the old rows in place and fails here.
-#[tokio::test]
-async fn the_retention_task_purges_every_period_until_shutdown() {
-    let h = Harness::new().await;
-    let mut conn = h.conn().await;
-    old_done_rows(&mut conn, "first", 4).await;
+/// The workers' retention task on `h`'s database, run every `every`, once
+/// its first run purged the old rows there are.
+async fn retention_task(
+    h: &Harness,
+    every: Duration,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(outbox_dispatch::run_retention(
         h.db.pool().clone(),
         RetentionConfig::default(),
-        Duration::from_millis(100),
+        every,
         None,
         shutdown.clone(),
     ));
@@ -180,6 +180,31 @@ async fn the_retention_task_purges_every_period_until_shutdown() {
         async || h.rows().await.is_empty(),
     )
     .await;
+    (shutdown, task)
+}
+
+/// Stops the retention task and waits for it to end.
+async fn stop_retention(
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the task ends once the worker stops")
+        .unwrap();
+}
+
+/// The workers' retention task purges old DONE rows, again every period,
+/// until the worker stops.
+// Break checked: a task that does nothing (`run_retention` emptied) leaves
+// the old rows in place and fails here.
+#[tokio::test]
+async fn the_retention_task_purges_every_period_until_shutdown() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    old_done_rows(&mut conn, "first", 4).await;
+    let (shutdown, task) = retention_task(&h, Duration::from_millis(100)).await;
     // Rows that grow old later go at a later run.
     old_done_rows(&mut conn, "later", 3).await;
     outbox_test_support::eventually(
@@ -188,11 +213,29 @@ async fn the_retention_task_purges_every_period_until_shutdown() {
         async || h.rows().await.is_empty(),
     )
     .await;
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .expect("the task ends once the worker stops")
-        .unwrap();
+    stop_retention(shutdown, task).await;
+}
+
+/// Between two runs the task waits its period: rows that grow old after a
+/// run stay until the next one.
+// Break checked: with the next run due a period before now instead of
+// after (`-` for `+` in `run_retention`, a miss of the pinned mutation
+// shard 6) the runs follow each other at once and this fails with "no
+// longer true: the rows wait for the next run".
+#[tokio::test]
+async fn the_retention_task_waits_its_period_between_runs() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    old_done_rows(&mut conn, "first", 2).await;
+    let (shutdown, task) = retention_task(&h, Duration::from_secs(3600)).await;
+    old_done_rows(&mut conn, "later", 3).await;
+    outbox_test_support::consistently(
+        "the rows wait for the next run",
+        Duration::from_secs(2),
+        async || h.rows().await.len() == 3,
+    )
+    .await;
+    stop_retention(shutdown, task).await;
 }
 
 /// A row another transaction holds (a replay updating it, say) is skipped,
