@@ -13,17 +13,6 @@ use serde::Serialize;
 
 use crate::Router;
 
-/// Reads [`PendingFigures`] through the claim index.
-///
-/// # Errors
-///
-/// When Postgres fails.
-pub async fn pending_figures(
-    conn: &mut AsyncPgConnection,
-) -> Result<PendingFigures, outbox_store::StoreError> {
-    outbox_store::pending_figures(conn).await
-}
-
 /// The Redis key under which the processes sharing `namespace` keep the
 /// latest [`PendingFigures`] (JSON), and the key whose holder counts them
 /// next.
