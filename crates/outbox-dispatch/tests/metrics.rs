@@ -135,9 +135,15 @@ fn the_pending_gauge_is_read_again_at_the_first_tick_after_five_seconds() {
         || metrics::with_local_recorder(&recorder, || runtime.block_on(dispatcher.tick())).unwrap();
     publish(2);
     tick();
+    let counted = std::time::Instant::now();
     assert_eq!(snapshot(&recorder)["outbox_pending_due"], 2.0);
     publish(3);
-    runtime.block_on(async { tokio::time::sleep(Duration::from_millis(5_100)).await });
+    // The gauge's own interval has to pass: the condition is the clock.
+    runtime.block_on(outbox_test_support::eventually(
+        "five seconds since the first count",
+        Duration::from_secs(30),
+        async || counted.elapsed() > Duration::from_millis(5_100),
+    ));
     tick();
     assert_eq!(
         snapshot(&recorder)["outbox_pending_due"],

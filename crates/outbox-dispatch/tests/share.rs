@@ -298,6 +298,18 @@ async fn started(h: &Harness, config: DispatcherConfig, loops: usize, what: &str
     (dispatcher, shutdown, run)
 }
 
+/// A dispatcher of four loops sharing a total of eight, alone on `h`'s
+/// database, once it runs its four.
+async fn four_of_eight(h: &Harness) -> Running {
+    let config = DispatcherConfig {
+        loops: 4,
+        loops_total: 8,
+        listen: true,
+        ..quick_config()
+    };
+    started(h, config, 4, "the dispatcher to run its four loops").await
+}
+
 async fn done(h: &Harness) -> usize {
     h.rows()
         .await
@@ -359,14 +371,7 @@ async fn a_standby_claims_one_batch_per_poll_interval() {
 async fn a_dispatcher_logs_its_share_of_the_loops_when_it_changes_not_at_each_count() {
     let logs = outbox_test_support::LogCapture::start();
     let h = Harness::with_pool_size(8).await;
-    let config = DispatcherConfig {
-        loops: 4,
-        loops_total: 8,
-        listen: true,
-        ..quick_config()
-    };
-    let (_dispatcher, shutdown, run) =
-        started(&h, config, 4, "the dispatcher to run its four loops").await;
+    let (_dispatcher, shutdown, run) = four_of_eight(&h).await;
     let lines = || logs.count("dispatch loops shared with the other dispatchers of this database");
     h.wait_for(
         "the line of the first count",
@@ -388,14 +393,7 @@ async fn a_dispatcher_logs_its_share_of_the_loops_when_it_changes_not_at_each_co
 async fn a_dispatcher_that_cannot_count_the_dispatchers_warns_once_and_keeps_its_loops() {
     let logs = outbox_test_support::LogCapture::start();
     let h = Harness::with_pool_size(8).await;
-    let config = DispatcherConfig {
-        loops: 4,
-        loops_total: 8,
-        listen: true,
-        ..quick_config()
-    };
-    let (dispatcher, shutdown, run) =
-        started(&h, config, 4, "the dispatcher to run its four loops").await;
+    let (dispatcher, shutdown, run) = four_of_eight(&h).await;
     // Every new connection to the database now finds a table named
     // `pg_stat_activity` without the count's columns before the catalog's
     // view, so every count fails at once; the connections open so far

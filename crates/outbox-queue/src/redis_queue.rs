@@ -770,32 +770,26 @@ mod tests {
         )
         .unwrap();
         let path_text = path.display().to_string();
-        let get = |name: &str| match name {
-            "REDIS_URL" => Some("rediss://cache.internal:6380".to_owned()),
-            "REDIS_CA_CERT" => Some(path_text.clone()),
-            _ => None,
+        // The refusal of REDIS_URL = `url` with REDIS_CA_CERT = the file.
+        let refusal = |url: &str| {
+            let get = |name: &str| match name {
+                "REDIS_URL" => Some(url.to_owned()),
+                "REDIS_CA_CERT" => Some(path_text.clone()),
+                _ => None,
+            };
+            redis_from_lookup(&get).unwrap_err().to_string()
         };
-        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        let error = refusal("rediss://cache.internal:6380");
         assert!(error.contains("REDIS_CA_CERT"), "{error}");
         assert!(!error.contains("REDIS_URL"), "{error}");
         assert!(error.contains("not a PEM certificate"), "{error}");
         // A file without any certificate in it.
         std::fs::write(&path, "hello\n").unwrap();
-        let get = |name: &str| match name {
-            "REDIS_URL" => Some("rediss://cache.internal:6380".to_owned()),
-            "REDIS_CA_CERT" => Some(path_text.clone()),
-            _ => None,
-        };
-        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        let error = refusal("rediss://cache.internal:6380");
         assert!(error.contains("REDIS_CA_CERT"), "{error}");
         assert!(error.contains("holds no PEM certificate"), "{error}");
         // A CA file for a plain-text URL is the URL's fault.
-        let get = |name: &str| match name {
-            "REDIS_URL" => Some("redis://cache.internal:6379".to_owned()),
-            "REDIS_CA_CERT" => Some(path_text.clone()),
-            _ => None,
-        };
-        let error = redis_from_lookup(&get).unwrap_err().to_string();
+        let error = refusal("redis://cache.internal:6379");
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(error.contains("REDIS_URL"), "{error}");
     }
