@@ -7,13 +7,17 @@
 //! module import cycles (`module_cycles`), one owner of `outbox_event`
 //! (`table_owner`), the docs' dependency lines and version table against
 //! the Cargo files (`install_docs`), and the container image's toolchain
-//! against the workspace's `rust-version` (`dockerfile`).
+//! against the workspace's `rust-version` (`dockerfile`), and every
+//! relative link of the Markdown docs against the files and headings it
+//! names (`doc_links`).
 //!
 //! Not the CI run itself (that is `crate::test`), and nothing here starts a
 //! service except the gate, which runs focused tests through nextest.
 
 #[cfg(test)]
 mod crate_table;
+#[cfg(test)]
+mod doc_links;
 #[cfg(test)]
 mod dockerfile;
 #[cfg(test)]
