@@ -305,7 +305,7 @@ fn build_order(images: &[String]) -> Result<Vec<Base>> {
 pub fn run(args: ImageArgs) -> Result<()> {
     build(args).context(
         "building the image; where podman cannot start containers at all \
-         (setrlimit ... Operation not permitted, cgroups in hybrid mode), docs/operations.md \
+         (setrlimit ... Operation not permitted, cgroups in hybrid mode), docs/operations/deployment.md \
          (\"Building the image with podman, without a registry\") gives the containers.conf",
     )
 }

@@ -22,7 +22,8 @@
 //! refused (nothing written); 2 a usage, configuration or
 //! connection error, a value no flag accepts, or a bulk requeue above
 //! `--confirm-above` without `--yes` (nothing changed). The runbook in
-//! `docs/operations.md` says when to run what.
+//! `docs/operations.md` says when to run what, `docs/operations/cli.md`
+//! lists every command.
 
 // Shadow std's `print!` and `println!` in every module below: a closed pipe ends
 // the process quietly instead of panicking (see `outbox_cli::stdout`).

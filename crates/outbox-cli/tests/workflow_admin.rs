@@ -597,8 +597,8 @@ async fn cancel_ends_queued_and_waiting_runs_cancelled_with_one_failed_hook_each
     assert_eq!(cancelled, 2);
 }
 
-/// The reference of the CLI in `docs/operations.md`.
-const OPERATIONS: &str = include_str!("../../../docs/operations.md");
+/// The reference of the CLI, `docs/operations/cli.md`.
+const OPERATIONS: &str = include_str!("../../../docs/operations/cli.md");
 
 #[test]
 fn each_workflow_command_s_help_and_the_operations_reference_give_its_exit_codes() {
@@ -618,7 +618,7 @@ fn each_workflow_command_s_help_and_the_operations_reference_give_its_exit_codes
         let row = OPERATIONS
             .lines()
             .find(|line| line.starts_with(&format!("| `workflow {command} ")))
-            .unwrap_or_else(|| panic!("{command}: no row in docs/operations.md"));
+            .unwrap_or_else(|| panic!("{command}: no row in docs/operations/cli.md"));
         // what it does | exit 0 | exit 1 | exit 2
         assert_eq!(row.matches(" | ").count(), 4, "{command}: {row}");
     }

@@ -1,5 +1,5 @@
 //! The `outbox-done-retention` job deletes exactly the old DONE rows, and
-//! never the requeue history (an audit trail, docs/operations.md "Retention").
+//! never the requeue history (an audit trail, docs/operations/retention.md "Retention").
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -647,7 +647,7 @@ mod tests {
 
     #[test]
     fn a_failing_job_comes_back_after_the_documented_rounds() {
-        // docs/operations.md, WORKER_RETRIES: after 30 s, 1, 2, 5, 10, 20,
+        // docs/operations/configuration.md, WORKER_RETRIES: after 30 s, 1, 2, 5, 10, 20,
         // 30 min, 1, 2, 4 h, then the dead set.
         let minutes = |m: u64| Duration::from_secs(60 * m);
         let settings = WorkerSettings::default();

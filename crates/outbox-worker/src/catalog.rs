@@ -1,5 +1,5 @@
 //! Every metric the processes export, with its kind and help text: the one
-//! list `/metrics` describes (`# HELP`, `# TYPE`) and `docs/operations.md`
+//! list `/metrics` describes (`# HELP`, `# TYPE`) and `docs/operations/observability.md`
 //! ("Metrics reference") documents; a test keeps the three in step.
 
 use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder};
@@ -330,7 +330,7 @@ mod tests {
 
     /// The (name, kind) rows of the docs' metrics table.
     fn documented() -> Vec<(String, String)> {
-        let docs = include_str!("../../../docs/operations.md");
+        let docs = include_str!("../../../docs/operations/observability.md");
         let table = docs
             .split("## Metrics reference")
             .nth(1)

@@ -31,7 +31,7 @@
 //! `outbox_redis_persistence{mode}`;
 //! in the general group the dispatcher runs with its Redis guard, which
 //! notices a Redis that lost handed-off jobs and pushes them again
-//! (`docs/reliability.md`). Every variable is listed in `docs/operations.md`.
+//! (`docs/reliability.md`). Every variable is listed in `docs/operations/configuration.md`.
 
 #[cfg(feature = "workflow")]
 mod bridge;

@@ -228,7 +228,7 @@ async fn connect(config: &WorkerConfig) -> Result<Connections> {
 #[error(
     "outbox_event is partitioned, but not by `outbox partition convert` (outbox_partitioning is empty): \
      dispatch keys would not be unique across its partitions and retention could not clean it; \
-     keep it one table, or convert one table with `outbox partition convert` (docs/operations.md, \"A partitioned outbox table\")"
+     keep it one table, or convert one table with `outbox partition convert` (docs/operations/retention.md, \"A partitioned outbox table\")"
 )]
 pub struct UnknownPartitioning;
 

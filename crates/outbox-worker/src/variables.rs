@@ -17,7 +17,7 @@
 //! A new variable of an existing settings type is one definition beside
 //! the type (read in its `from_lookup`) and one entry in the lists here.
 //! The tests walk the lists: each listed variable is read, each read one
-//! is listed, each is documented in `docs/operations.md`, none is listed
+//! is listed, each is documented in `docs/operations/configuration.md`, none is listed
 //! twice, every default lies in its range, and the configuration of an
 //! empty environment is the libraries' own defaults.
 

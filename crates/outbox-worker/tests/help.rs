@@ -13,7 +13,7 @@ use outbox_worker::variables::{bridge_variables, variables};
 const GENERAL: &str = env!("CARGO_BIN_EXE_worker-general");
 const MAIL: &str = env!("CARGO_BIN_EXE_worker-mail");
 const BRIDGE: &str = env!("CARGO_BIN_EXE_workflow-bridge");
-const OPERATIONS: &str = include_str!("../../../docs/operations.md");
+const OPERATIONS: &str = include_str!("../../../docs/operations/configuration.md");
 
 /// Runs `binary args` with an empty environment: (exit code, stdout, stderr).
 fn run(binary: &str, args: &[&str]) -> (Option<i32>, String, String) {
@@ -238,7 +238,7 @@ fn a_bad_bridge_variable_or_flag_exits_2_naming_the_variable() {
 }
 
 /// The (variable, read by) rows of the configuration table of
-/// `docs/operations.md`.
+/// `docs/operations/configuration.md`.
 fn documented_variables() -> Vec<(String, String)> {
     let table = OPERATIONS
         .split("| variable | read by | default | meaning |")

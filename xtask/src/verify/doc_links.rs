@@ -20,7 +20,7 @@ fn markdown_files() -> Vec<PathBuf> {
         .map(|name| root.join(name))
         .filter(|path| path.is_file())
         .collect();
-    collect_markdown(&root.join("docs"), &mut files);
+    files.extend(markdown_under(&root.join("docs")));
     for dir in ["crates", "examples"] {
         for entry in std::fs::read_dir(root.join(dir))
             .into_iter()
@@ -37,7 +37,9 @@ fn markdown_files() -> Vec<PathBuf> {
     files
 }
 
-fn collect_markdown(dir: &Path, files: &mut Vec<PathBuf>) {
+/// Every Markdown file under `dir`, its folders included.
+pub(super) fn markdown_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
     for path in std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -45,11 +47,12 @@ fn collect_markdown(dir: &Path, files: &mut Vec<PathBuf>) {
         .map(|e| e.path())
     {
         if path.is_dir() {
-            collect_markdown(&path, files);
+            files.extend(markdown_under(&path));
         } else if path.extension().is_some_and(|e| e == "md") {
             files.push(path);
         }
     }
+    files
 }
 
 /// The lines of `text` outside fenced code blocks, with their numbers.

@@ -158,13 +158,19 @@ fn check(c: &Coordinate, workspace: &Workspace) -> Option<String> {
     })
 }
 
-/// The documents an adopter reads: the README, CONTRIBUTING.md, docs/*.md,
-/// every crate's and example's README, and the crates' sources, whose doc
-/// comments are the API docs (see [`adopter_text`]).
+/// The documents an adopter reads: the README, CONTRIBUTING.md, every
+/// Markdown file under docs/ (its folders included), every crate's and
+/// example's README, and the crates' sources, whose doc comments are the
+/// API docs (see [`adopter_text`]).
 fn documents() -> Vec<PathBuf> {
     let root = workspace_root();
     let mut docs = vec![root.join("README.md"), root.join("CONTRIBUTING.md")];
-    for dir in ["docs", "crates", "examples"] {
+    docs.extend(
+        super::doc_links::markdown_under(&root.join("docs"))
+            .into_iter()
+            .filter(|path| !path.starts_with(root.join("docs/history"))),
+    );
+    for dir in ["crates", "examples"] {
         let Ok(entries) = std::fs::read_dir(root.join(dir)) else {
             continue;
         };

@@ -37,11 +37,11 @@ fn read_by(group: Group) -> Vec<String> {
 }
 
 /// Every definition, walked once: each is read by the configuration of
-/// a binary that lists it, documented in `docs/operations.md`, listed
+/// a binary that lists it, documented in `docs/operations/configuration.md`, listed
 /// once, and a whole number's default lies within its range.
 #[test]
 fn every_definition_is_read_documented_once_and_its_default_in_range() {
-    let docs = include_str!("../../../../docs/operations.md");
+    let docs = include_str!("../../../../docs/operations/configuration.md");
     for group in [Group::General, Group::Mail] {
         let read = read_by(group);
         for variable in variables(group) {
@@ -61,7 +61,7 @@ fn every_definition_is_read_documented_once_and_its_default_in_range() {
         let name = variable.name();
         assert!(
             docs.contains(&format!("`{name}`")),
-            "{name} is not in docs/operations.md"
+            "{name} is not in docs/operations/configuration.md"
         );
         assert!(variable.default_in_range(), "{variable:?}");
     }
