@@ -22,7 +22,7 @@
 //! that continues it, so a run on the bridge stays in its event's trace.
 //!
 //! The `workflow-bridge` binary serves the router with health, metrics and
-//! graceful shutdown; `docs/workflows.md` ("Executors and the bridge")
+//! graceful shutdown; `docs/workflows/running.md` ("Executors and the bridge")
 //! describes deployment and key rotation.
 //!
 //! This crate does not embed the code sandbox: the bridge's binary gives

@@ -26,7 +26,8 @@
 //! (`outbox-workflow-store`), run (`outbox-workflow-runner`), sandboxed
 //! (`outbox-workflow-sandbox`) or sent to the bridge
 //! (`outbox-workflow-bridge`). The user documentation of blocks,
-//! conditions, rules, producers and the runner is `docs/workflows.md`.
+//! conditions and rules is `docs/workflows.md`; producers and the runner
+//! are in `docs/workflows/running.md`.
 //!
 //! ```
 //! use outbox_workflow_model::{ValidatedWorkflow, labels};

@@ -44,7 +44,7 @@
 //! the workflow before its first block: a `code` or `aiAgent` block, or a
 //! credential the native runner does not have). The terminal write
 //! publishes `plugin.hook.workflow.executed` or `plugin.hook.workflow.failed`
-//! in the same transaction. See `docs/workflows.md`, "Runner and
+//! in the same transaction. See `docs/workflows/running.md`, "Runner and
 //! subscriber".
 //!
 //! A runner made [`with_bridge_blocks`](Runner::with_bridge_blocks) (the

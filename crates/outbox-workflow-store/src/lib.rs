@@ -32,7 +32,7 @@
 //! that stays a draft overwrites its current version in place while no
 //! execution uses it (a draft being edited does not pile up versions). An
 //! execution records the version it started on, so no save ever changes a
-//! run in flight. See `docs/workflows.md`, "Data model".
+//! run in flight. See `docs/workflows/running.md`, "Data model".
 
 pub mod admin;
 mod cancel;

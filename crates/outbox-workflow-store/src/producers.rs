@@ -11,7 +11,7 @@
 //! - [`request_continuation`] asks a `waiting` run to resume, now or at a
 //!   deadline, with [`CONTINUE_REQUESTED`].
 //!
-//! See `docs/workflows.md`, "Producers".
+//! See `docs/workflows/running.md`, "Producers".
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
