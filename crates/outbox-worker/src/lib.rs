@@ -99,13 +99,19 @@ pub use traces::{
 };
 
 /// The adoption guide's examples (a rollback with the application's own
-/// error type, a worker with a handler of its own, a worker inside the
-/// application's service), compiled as doctests
+/// error type, a worker inside the application's service), compiled as
+/// doctests
 /// so that they cannot rot; here because this crate sees every crate they
 /// use.
 #[cfg(doctest)]
 #[doc = include_str!("../../../docs/adopting.md")]
 struct AdoptingDoctests;
+
+/// The examples of the adoption guide's pages on handlers and on testing.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/adopting/handlers.md")]
+#[doc = include_str!("../../../docs/adopting/testing.md")]
+struct AdoptingPagesDoctests;
 
 /// The README's examples (the quick start's migrations, publishing and
 /// handler, publishing without a struct), compiled as doctests so that
