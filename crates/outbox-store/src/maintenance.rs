@@ -42,7 +42,10 @@ struct TableRows {
 }
 
 /// The rows of `outbox_event` as the catalog counts them (set by the
-/// last vacuum; -1 when never counted).
+/// last vacuum or analyze; -1 when never counted). A partitioned table's
+/// count is its partitions' summed; a partition never counted yet (a new
+/// day's, before autovacuum first analyzes it) adds the live rows the
+/// statistics system tracks for it, so that its rows are not left out.
 ///
 /// # Errors
 ///
@@ -50,10 +53,14 @@ struct TableRows {
 #[instrument(level = "debug", skip_all, err(level = "debug"))]
 pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
     let row: TableRows = diesel::sql_query(
-        // Its partitions' counts summed when it is partitioned (a
-        // partitioned table has no count of its own); -1 when none was counted.
-        "SELECT COALESCE(sum(c.reltuples) FILTER (WHERE c.reltuples >= 0), -1)::float8 AS n
+        // A partitioned table has no count of its own: its partitions'
+        // are summed; -1 when none was counted.
+        "SELECT CASE WHEN bool_or(c.reltuples >= 0)
+                     THEN sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples
+                                   ELSE COALESCE(s.n_live_tup, 0) END)
+                     ELSE -1 END::float8 AS n
          FROM pg_class c
+         LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
          WHERE c.relkind = 'r'
            AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
                          UNION ALL SELECT 'outbox_event'::regclass)",
