@@ -3,7 +3,10 @@
 //! (GitHub's anchors: lower case, punctuation dropped, spaces as `-`, a
 //! repeated heading numbered) or an `id`/`name` it declares. Links to
 //! other sites are not followed. A section moved to another page shows up
-//! here as the links that still point at its old place.
+//! here as the links that still point at its old place. Sections named in
+//! prose the way docs and code comments name them, a page from the root
+//! and a quoted name (`docs/operations/retention.md, "Retention"`), are
+//! held to that page's headings and bold paragraph leads the same way.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
@@ -218,6 +221,176 @@ fn broken_links(files: &[PathBuf]) -> Vec<String> {
         }
     }
     broken
+}
+
+/// The names of `text`'s sections: each heading's text and each bold
+/// paragraph lead (`**The wake gate.**`), inline code marks dropped.
+fn section_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (_, line) in prose_lines(text) {
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
+            names.insert(line[hashes..].trim().replace('`', ""));
+        }
+        let lead = line.trim_start().trim_start_matches("- ");
+        if let Some(bold) = lead.strip_prefix("**")
+            && let Some(end) = bold.find("**")
+        {
+            names.insert(bold[..end].trim_end_matches('.').replace('`', ""));
+        }
+    }
+    names
+}
+
+/// The characters that may stand between a page and the quoted name of
+/// one of its sections: closing marks, commas, spaces, line breaks and
+/// the comment markers of Rust and YAML (`//!`, `///`, `#`), and the
+/// backslash of a quote inside a Rust string.
+fn between_page_and_name(c: char) -> bool {
+    c.is_whitespace() || "`),(/!#\\".contains(c)
+}
+
+/// Every section named as `docs/<page>.md, "Name"` in `text`: (line,
+/// page, name), the name's line breaks and comment markers made spaces.
+fn named_sections(text: &str) -> Vec<(usize, String, String)> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find("docs/") {
+        let start = from + at;
+        from = start + 5;
+        let page_len = text[start..]
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "_/.-".contains(c)))
+            .unwrap_or(text.len() - start);
+        let page = &text[start..start + page_len];
+        if !page.ends_with(".md") {
+            continue;
+        }
+        let rest = &text[start + page_len..];
+        let gap = rest
+            .find(|c: char| !between_page_and_name(c))
+            .unwrap_or(rest.len());
+        if gap > 40 || !rest[gap..].starts_with('"') {
+            continue;
+        }
+        let quoted = &rest[gap + 1..];
+        let Some(end) = quoted.find(['"', '\\']) else {
+            continue;
+        };
+        let name = quoted[..end]
+            .split_whitespace()
+            .filter(|word| !["//!", "///", "//", "#"].contains(word))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('`', "");
+        if name.starts_with(|c: char| c.is_uppercase()) {
+            let line = text[..start].matches('\n').count() + 1;
+            found.push((line, page.to_owned(), name));
+        }
+    }
+    found
+}
+
+/// The files whose prose and comments name sections of the docs: every
+/// Markdown, Rust, YAML and TOML file of the workspace but the history
+/// of runs, the changelog, build output and this file (whose tests name
+/// pages that do not exist).
+fn files_naming_sections(dir: &Path, files: &mut Vec<PathBuf>) {
+    for path in std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+    {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if path.is_dir() {
+            if !(name.starts_with('.') || ["target", "history", "node_modules"].contains(&name)) {
+                files_naming_sections(&path, files);
+            }
+        } else if name != "CHANGELOG.md"
+            && !path.ends_with("verify/doc_links.rs")
+            && path
+                .extension()
+                .is_some_and(|e| ["md", "rs", "yml", "toml"].contains(&e.to_str().unwrap_or("")))
+        {
+            files.push(path);
+        }
+    }
+}
+
+/// Every section named as `docs/<page>.md, "Name"` in `files` that
+/// `root`'s page does not have, as `file:line: page, "Name": why`.
+fn missing_sections(root: &Path, files: &[PathBuf]) -> Vec<String> {
+    let mut names_of: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+    let mut missing = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
+        for (line, page, name) in named_sections(&text) {
+            let names = names_of.entry(page.clone()).or_insert_with(|| {
+                std::fs::read_to_string(root.join(&page))
+                    .ok()
+                    .map(|text| section_names(&text))
+            });
+            match names {
+                None => missing.push(format!("{shown}:{line}: {page}, \"{name}\": no such file")),
+                Some(names) if !names.iter().any(|s| s.starts_with(&name)) => {
+                    missing.push(format!(
+                        "{shown}:{line}: {page}, \"{name}\": no such section"
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    missing
+}
+
+#[test]
+fn every_section_the_docs_and_comments_name_by_page_and_quoted_name_is_on_that_page() {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    files_naming_sections(&root, &mut files);
+    assert!(files.len() > 100, "the workspace's files were not found");
+    let missing = missing_sections(&root, &files);
+    assert!(
+        missing.is_empty(),
+        "sections named where they are not:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_section_named_in_a_comment_across_lines_is_found_and_checked() {
+    let dir = std::env::temp_dir().join(format!("doc-sections-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("docs")).unwrap();
+    std::fs::write(
+        dir.join("docs/page.md"),
+        "# Page\n## The claim index\n**The wake gate.** Text.\n",
+    )
+    .unwrap();
+    let code = dir.join("lib.rs");
+    std::fs::write(
+        &code,
+        "//! See docs/page.md, \"The claim\n//! index\" and (docs/page.md, \"The wake gate\").\n\
+         /// docs/page.md (\"Moved away\"); docs/gone.md, \"Page\"; docs/page.md says \"Other\"\n\
+         const M: &str = \"docs/page.md, \\\"Page\\\"\";\n",
+    )
+    .unwrap();
+    let missing = missing_sections(&dir, std::slice::from_ref(&code));
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        missing,
+        [
+            "lib.rs:3: docs/page.md, \"Moved away\": no such section",
+            "lib.rs:3: docs/gone.md, \"Page\": no such file",
+        ]
+    );
 }
 
 #[test]
