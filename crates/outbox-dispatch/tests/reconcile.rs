@@ -1904,6 +1904,60 @@ async fn four_dispatchers_sharing_a_namespace_check_redis_once_per_interval_betw
     }
 }
 
+/// The turn belongs to a namespace (and its set of queues): another
+/// namespace's dispatcher holding its own turn on the same Redis, for the
+/// whole test, leaves this namespace's scheduled checks going.
+// Break checked: `guard_turn_key` naming one key for every namespace
+// (a mutation run's "xyzzy") stops this namespace's checks after the
+// first, and "scheduled checks after the first" times out.
+#[tokio::test]
+async fn a_turn_held_in_another_namespace_leaves_this_ones_scheduled_checks_going() {
+    let rig = Rig::shared().await;
+    count_checks(&rig).await;
+    let settings = RedisGuardSettings {
+        check_every: Duration::from_millis(100),
+        ..RedisGuardSettings::default()
+    };
+    let other = QueueNamespace::prefixed(format!("{}other:", rig.namespace.prefix()));
+    let elsewhere = guarded_dispatcher_with(&rig.db, &rig.redis_url, &other, settings.clone());
+    let held = elsewhere.redis_guard().unwrap().turn_key();
+    hold_turn(&rig, &held).await;
+    let dispatcher = std::sync::Arc::new(guarded_dispatcher_with(
+        &rig.db,
+        &rig.redis_url,
+        &rig.namespace,
+        settings,
+    ));
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(dispatcher.run(shutdown.clone()));
+    outbox_test_support::eventually(
+        "scheduled checks after the first",
+        Duration::from_secs(30),
+        async || checks(&rig).await >= 3,
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(&held)
+        .query_async(&mut rig.redis())
+        .await
+        .unwrap();
+}
+
+/// Holds the guard's turn `key` for ten minutes, as a dispatcher that
+/// took it would.
+async fn hold_turn(rig: &Rig, key: &str) {
+    let () = redis::cmd("SET")
+        .arg(key)
+        .arg(1)
+        .arg("PX")
+        .arg(600_000)
+        .query_async(&mut rig.redis())
+        .await
+        .unwrap();
+}
+
 /// A dispatcher whose scheduled round finds the turn taken checks
 /// nothing, but goes on with a reconciliation that is due: after a loss,
 /// each dispatcher still takes its passes (under the namespace's lease),
@@ -1931,15 +1985,7 @@ async fn a_dispatcher_without_the_turn_checks_only_when_poked_but_goes_on_with_a
     ));
     // Another dispatcher holds the turn for the whole test.
     let guard = dispatcher.redis_guard().unwrap().clone();
-    let mut redis = rig.redis();
-    let () = redis::cmd("SET")
-        .arg(guard.turn_key())
-        .arg(1)
-        .arg("PX")
-        .arg(600_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    hold_turn(&rig, &guard.turn_key()).await;
     let shutdown = CancellationToken::new();
     let run = tokio::spawn(dispatcher.run(shutdown.clone()));
     outbox_test_support::eventually(
