@@ -85,8 +85,10 @@ impl Figures {
             .map(|queues| queues.iter().map(|q| q.stats.workers).sum())
     }
 
-    /// The alerts `outbox health` would raise for these figures: the
-    /// pending alert, each queue's, and the events no route matches.
+    /// The alerts the CLI raises for these figures: the pending alert of
+    /// `outbox stats`, and each queue's and the events no route matches of
+    /// `outbox health` (whose alerts on Redis' persistence and loss marker
+    /// and on stuck workflow runs the console does not read).
     pub(crate) fn alerts(&self) -> Vec<String> {
         let mut alerts = Vec::new();
         if self.pending.alert() {

@@ -931,6 +931,43 @@ async fn the_events_a_filter_selects_are_cancelled_after_a_dry_run_only_pending_
     assert!(events.contains("Cancelled 2 event(s)."), "{events}");
 }
 
+/// Sign-out is an action like the others: a POST without the session's
+/// CSRF token (a form on another site) is refused with 403 and the
+/// session goes on; with the token, the session ends.
+// Break checked: the sign-out without its CSRF check ends the session at
+// the first refused form (403 expected, 303 seen).
+#[tokio::test]
+async fn a_sign_out_without_the_sessions_csrf_token_is_refused_and_the_session_goes_on() {
+    let console = served().await;
+    let cookie = console.sign_in(OPERATOR).await;
+    let csrf = csrf_of(&console.get_with_cookie(&cookie, "/").await);
+    let logout = async |form: &str| {
+        console
+            .post("/logout", &[("cookie", cookie.clone())], form)
+            .await
+            .status()
+    };
+    for form in [
+        String::new(),
+        "csrf=".to_owned(),
+        format!("csrf={}", "0".repeat(64)),
+    ] {
+        assert_eq!(logout(&form).await, StatusCode::FORBIDDEN, "{form:?}");
+    }
+    // Still signed in: the page answers with the same session's form.
+    assert_eq!(csrf_of(&console.get_with_cookie(&cookie, "/").await), csrf);
+
+    assert_eq!(logout(&format!("csrf={csrf}")).await, StatusCode::SEE_OTHER);
+    let after = console
+        .http
+        .get(format!("{}/", console.url))
+        .header(COOKIE, &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), StatusCode::UNAUTHORIZED);
+}
+
 #[tokio::test]
 async fn the_live_overview_of_a_session_ends_when_it_signs_out() {
     let console = served().await;

@@ -57,7 +57,7 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
         section #alerts {
             h2 { "Alerts (" span data-live="alerts" { (alerts.len()) } ")" }
             @if alerts.is_empty() {
-                p.ok { "None: outbox health would exit 0 for these figures." }
+                p.ok { "None for these figures (the pending alert of outbox stats; the queues' and unrouted events' alerts of outbox health)." }
             } @else {
                 ul.alerts { @for alert in &alerts { li { (alert) } } }
             }
