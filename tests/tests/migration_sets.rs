@@ -159,7 +159,7 @@ async fn the_core_set_alone_makes_the_nine_core_tables_and_takes_events() {
     let applied = run_migration_sets(blank.conn().await, &[MigrationSet::Core])
         .await
         .unwrap();
-    assert_eq!(applied.len(), 20, "{applied:?}");
+    assert_eq!(applied.len(), 21, "{applied:?}");
     let mut conn = blank.conn().await;
     assert_eq!(tables(&mut conn).await, CORE_TABLES);
     // A plain-SQL producer's insert is a valid event on the core tables.
@@ -202,7 +202,7 @@ async fn the_sets_applied_one_after_another_make_the_single_tree_s_schema() {
     let status = migration_set_status(&mut one_by_one, &MigrationSet::ALL)
         .await
         .unwrap();
-    assert_eq!(status.len(), 31);
+    assert_eq!(status.len(), 32);
     assert!(status.iter().all(|m| m.applied), "{status:?}");
     drop(one_by_one);
     blank.drop().await;

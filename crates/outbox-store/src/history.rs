@@ -68,7 +68,10 @@ pub struct Requeued {
 /// requeued row; and a NOTIFY that wakes the dispatchers.
 ///
 /// A replayed (DONE) row starts a new delivery generation (`generation + 1`,
-/// recorded in its history row).
+/// recorded in its history row). A CANCELLED row with an ordering key
+/// its key has moved past takes the key's next position (the table's
+/// trigger does it), so that it runs after the key's events published
+/// before the requeue; one the key has not reached keeps its place.
 ///
 /// # Errors
 ///
@@ -77,6 +80,19 @@ pub struct Requeued {
 pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result<Requeued> {
     let allowed = change.allowed();
     conn.transaction::<_, StoreError, _>(async |conn| {
+        // The ordering keys of the rows first, in a fixed order: a
+        // requeued CANCELLED event's trigger takes its key's row after the
+        // event's, while a worker's advance takes the key's row and then
+        // the next event's; locked up front, they cannot deadlock.
+        diesel::sql_query(
+            "SELECT 1 FROM outbox_ordering_key
+             WHERE ordering_key IN (SELECT ordering_key FROM outbox_event
+                                    WHERE id = ANY($1) AND status = 'CANCELLED')
+             ORDER BY ordering_key FOR UPDATE",
+        )
+        .bind::<Array<SqlUuid>, _>(change.ids)
+        .execute(conn)
+        .await?;
         let locked: Vec<Locked> = diesel::sql_query(
             "SELECT id, status = 'DONE' AS done FROM outbox_event
              WHERE id = ANY($1) AND status = ANY($2) FOR UPDATE",

@@ -201,6 +201,80 @@ async fn only_the_head_of_a_key_is_claimable_and_advance_unblocks_the_next_past_
     assert_eq!(claimed, [ids[2]]);
 }
 
+/// Sets the row `id` to CANCELLED, as `outbox cancel` does.
+async fn cancel(conn: &mut AsyncPgConnection, id: Uuid) {
+    conn.batch_execute(&format!(
+        "UPDATE outbox_event SET status = 'CANCELLED' WHERE id = '{id}'"
+    ))
+    .await
+    .unwrap();
+}
+
+/// Requeues the CANCELLED row `id`, as `outbox requeue` does.
+async fn requeue_cancelled(conn: &mut AsyncPgConnection, id: Uuid) {
+    let requeued = outbox_store::requeue(
+        conn,
+        outbox_store::Change {
+            ids: &[id],
+            allowed: &[outbox_model::OutboxStatus::Cancelled],
+            reason: "brought back",
+            requested_by: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(requeued.ids, [id]);
+}
+
+/// A cancelled head brought back by a requeue takes its key's next
+/// position: it waits for the key's events published before the requeue,
+/// and the key is not past it, so a worker runs its handler (it
+/// acknowledges without running one an event whose key is past it).
+// Break checked: without the requeue trigger of migration
+// 2026-12-07-190001 the requeued event keeps position 1, which the key is
+// past, and is claimed at once beside the second.
+#[tokio::test]
+async fn a_cancelled_head_requeued_runs_after_the_keys_later_events_and_the_key_is_not_past_it() {
+    let (_db, mut conn) = database().await;
+    let first = common::insert_row(&mut conn, ordered("acct-1")).await;
+    let second = common::insert_row(&mut conn, ordered("acct-1")).await;
+    cancel(&mut conn, first).await;
+    requeue_cancelled(&mut conn, first).await;
+
+    assert_eq!(positions(&mut conn, "acct-1").await[&first], 3);
+    assert!(
+        !outbox_store::is_finished(&mut conn, "acct-1", 3)
+            .await
+            .unwrap()
+    );
+    assert_eq!(claim_ids(&mut conn).await, [second]);
+    assert!(outbox_store::advance(&mut conn, "acct-1", 2).await.unwrap());
+    assert_eq!(claim_ids(&mut conn).await, [first]);
+}
+
+/// A cancelled event brought back before its key reached it keeps its
+/// place: it runs after the events before it and before those after it.
+#[tokio::test]
+async fn a_cancelled_event_requeued_before_its_key_reached_it_keeps_its_place() {
+    let (_db, mut conn) = database().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(common::insert_row(&mut conn, ordered("acct-1")).await);
+    }
+    cancel(&mut conn, ids[1]).await;
+    requeue_cancelled(&mut conn, ids[1]).await;
+
+    assert_eq!(positions(&mut conn, "acct-1").await[&ids[1]], 2);
+    for (position, id) in (1..).zip(&ids) {
+        assert_eq!(claim_ids(&mut conn).await, [*id], "position {position}");
+        assert!(
+            outbox_store::advance(&mut conn, "acct-1", position)
+                .await
+                .unwrap()
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_table_refuses_an_empty_or_overlong_ordering_key() {
     let (_db, conn) = database().await;
