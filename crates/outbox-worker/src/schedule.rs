@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use chrono::{DateTime, FixedOffset, Offset, SecondsFormat, TimeDelta, TimeZone, Utc};
 use chrono_tz::Tz;
-use outbox_publish::{NewOutboxEvent, PublishError};
+use outbox_publish::{Dedupe, NewOutboxEvent, PublishError};
 
 pub use file::schedules_from_file;
 
@@ -120,6 +120,16 @@ pub enum ScheduleError {
         name: String,
         /// The zone given.
         zone: String,
+    },
+    /// The event sets a dedupe window or replace mode: a schedule gives
+    /// each tick its own dispatch key, kept until its row is deleted, so
+    /// that a tick is published once however many workers run.
+    #[error(
+        "schedule {name}: the event sets a dedupe window or replace mode, but a schedule gives each tick a dispatch key of its own, kept until the row is deleted, so that each tick is published once: leave both unset"
+    )]
+    KeySettings {
+        /// The schedule.
+        name: String,
     },
     /// The event breaks a rule of the publisher.
     #[error("schedule {name}: the event is refused: {source}")]
@@ -223,8 +233,8 @@ impl Schedule {
     /// # Errors
     ///
     /// A [`ScheduleError`] naming the schedule: a bad name, cron expression
-    /// or zone, a cron expression without a tick after now, or an event the
-    /// publisher refuses.
+    /// or zone, a cron expression without a tick after now, an event with a
+    /// dedupe window or replace mode, or an event the publisher refuses.
     pub fn new(
         name: impl Into<String>,
         cron: &str,
@@ -242,6 +252,9 @@ impl Schedule {
             name: name.clone(),
             zone: zone.to_owned(),
         })?;
+        if event.dedupe != Dedupe::default() || event.replace_pending {
+            return Err(ScheduleError::KeySettings { name });
+        }
         let event = NewOutboxEvent {
             dispatch_key: None,
             scheduled_at: None,

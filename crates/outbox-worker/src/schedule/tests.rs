@@ -278,6 +278,21 @@ fn bad_schedules_are_refused_naming_the_schedule_and_what_was_wrong() {
         matches!(&bad_type, ScheduleError::Event { source, .. } if matches!(**source, PublishError::InvalidEventType(_))),
         "{bad_type}"
     );
+
+    // A tick's dispatch key is the schedule's to set and keep: a dedupe
+    // window or replace mode on the event is refused as such, not as a
+    // key the caller forgot.
+    for event in [
+        event().dedupe(outbox_publish::Dedupe::WhilePending),
+        event().replace_pending(),
+    ] {
+        let keyed = new("nightly", "* * * * * *", "UTC", event);
+        assert!(
+            matches!(&keyed, ScheduleError::KeySettings { name } if name == "nightly"),
+            "{keyed}"
+        );
+        assert!(keyed.to_string().ends_with("leave both unset"), "{keyed}");
+    }
 }
 
 #[test]
