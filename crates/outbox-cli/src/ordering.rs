@@ -123,7 +123,8 @@ impl<'a> From<&'a HeldKey> for Held<'a> {
 struct Released {
     key: String,
     event_id: Option<Uuid>,
-    /// `skipped`, `requeued`, `replayed` or `not held`.
+    /// `skipped`, `requeued`, `replayed`, `stepped past (its row was
+    /// deleted)` or `not held`.
     action: &'static str,
 }
 
@@ -141,6 +142,22 @@ async fn release(cli: &Cli, args: &ReleaseArgs) -> Outcome {
             event_id: None,
             action: "not held",
         },
+        // The held event's row is gone (retention deleted it): there is
+        // nothing to deliver again or to skip; the key steps over it.
+        Some(held) if held.status.is_none() => {
+            let released = outbox_store::release_deleted_hold(&mut conn, &args.key)
+                .await
+                .context("cannot step the key past its deleted event")?;
+            Released {
+                key: args.key.clone(),
+                event_id: Some(held.event_id),
+                action: if released.is_some() {
+                    "stepped past (its row was deleted)"
+                } else {
+                    "not held"
+                },
+            }
+        }
         Some(_) if args.skip_event => {
             let skipped = outbox_store::skip_held(
                 &mut conn,

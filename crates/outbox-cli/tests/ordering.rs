@@ -205,3 +205,47 @@ async fn releasing_a_held_key_without_skip_delivers_its_held_event_again_before_
     assert_eq!(not_held.code, 1);
     assert!(not_held.stdout.contains("not held"), "{}", not_held.stdout);
 }
+
+/// A key held on an event whose row is gone (retention deletes a `DONE`
+/// head whose job lay dead longer than `OUTBOX_DONE_RETENTION_HOURS`;
+/// here the row is deleted by hand): `release` steps the key over the
+/// missing event, and its next event is claimed.
+// Break checked: with the release of the CLI before, it answers "not
+// held" with exit code 1 after lifting the hold, and the key's next event
+// stays blocked.
+#[tokio::test]
+async fn releasing_a_key_held_on_a_deleted_event_steps_over_it_to_the_next() {
+    let env = Env::new().await;
+    let ids = env.write_ordered("acct-3", 2).await;
+    let claimed = env.claim().await;
+    env.fail(claimed[0].1).await;
+    let mut conn = env.db.conn().await;
+    diesel::sql_query("DELETE FROM outbox_event WHERE id = $1")
+        .bind::<diesel::sql_types::Uuid, _>(ids[0])
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert!(env.claim().await.is_empty(), "the key is held");
+
+    let release = env.outbox(&["ordering", "release", "acct-3", "--json"]);
+    assert_eq!(release.code, 0, "{}{}", release.stdout, release.stderr);
+    assert_eq!(
+        release.json()["action"],
+        "stepped past (its row was deleted)"
+    );
+    assert_eq!(
+        env.claim()
+            .await
+            .iter()
+            .map(|(id, _)| *id)
+            .collect::<Vec<_>>(),
+        [ids[1]]
+    );
+    assert_eq!(
+        env.outbox(&["ordering", "list", "--json"]).json()["held"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+}

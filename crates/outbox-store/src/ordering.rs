@@ -119,6 +119,36 @@ pub async fn clear_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<bool>
     Ok(cleared == 1)
 }
 
+/// Lets `key` go on past a held event whose row is gone (retention deleted
+/// it, `DONE` for longer than `OUTBOX_DONE_RETENTION_HOURS` while its job
+/// lay dead): the hold is lifted and the key's first unfinished event
+/// after it unblocked, the missing position stepped over as the table's
+/// readers step over any gap. Returns the event the hold named, or `None`
+/// when the key is not held on a missing row (nothing changes then).
+///
+/// # Errors
+///
+/// When Postgres fails (nothing changes then).
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn release_deleted_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<Option<Uuid>> {
+    conn.transaction::<_, StoreError, _>(async |conn| {
+        let Some(HeldRow {
+            event_id,
+            position: None,
+        }) = locked_hold(conn, key).await?
+        else {
+            return Ok(None);
+        };
+        clear_hold(conn, key).await?;
+        diesel::sql_query("SELECT outbox_ordering_unblock_head($1)")
+            .bind::<Text, _>(key)
+            .execute(conn)
+            .await?;
+        Ok(Some(event_id))
+    })
+    .await
+}
+
 /// A key whose head event failed for good, as `outbox ordering list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
 pub struct HeldKey {
@@ -235,18 +265,7 @@ pub async fn skip_held(
     requested_by: Option<&str>,
 ) -> Result<Option<Skipped>> {
     conn.transaction::<_, StoreError, _>(async |conn| {
-        let held: Option<HeldRow> = diesel::sql_query(
-            "SELECT k.held_event_id AS event_id, e.ordering_position AS position
-             FROM outbox_ordering_key k
-             LEFT JOIN outbox_event e ON e.id = k.held_event_id
-             WHERE k.ordering_key = $1 AND k.held_event_id IS NOT NULL
-             FOR UPDATE OF k",
-        )
-        .bind::<Text, _>(key)
-        .get_result(conn)
-        .await
-        .map(Some)
-        .or_else(not_found_is_none)?;
+        let held = locked_hold(conn, key).await?;
         let Some(HeldRow {
             event_id,
             position: Some(position),
@@ -278,6 +297,24 @@ pub async fn skip_held(
         Ok(Some(Skipped { event_id, position }))
     })
     .await
+}
+
+/// The event `key` is held on, with its position (`None` when its row is
+/// gone), the key's row locked until the transaction ends; `None` when
+/// the key is not held.
+async fn locked_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<Option<HeldRow>> {
+    diesel::sql_query(
+        "SELECT k.held_event_id AS event_id, e.ordering_position AS position
+         FROM outbox_ordering_key k
+         LEFT JOIN outbox_event e ON e.id = k.held_event_id
+         WHERE k.ordering_key = $1 AND k.held_event_id IS NOT NULL
+         FOR UPDATE OF k",
+    )
+    .bind::<Text, _>(key)
+    .get_result(conn)
+    .await
+    .map(Some)
+    .or_else(not_found_is_none)
 }
 
 fn not_found_is_none<T>(error: diesel::result::Error) -> Result<Option<T>> {
