@@ -144,15 +144,17 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
 /// requested-by parameters named, and the status, retries, last error and
 /// `scheduled_at` the row had), applies `set` to them, and returns every
 /// row found as `(id, status, changed)`: its status when locked (before the
-/// change) and whether it changed. A row whose status changed to one not
-/// allowed since the statement's snapshot is left alone, with its new
-/// status, and gets no history row.
+/// change) and whether it changed. Every row found is locked, so that a
+/// row whose status changed to one not allowed since the statement's
+/// snapshot (a dispatcher claimed it meanwhile) is returned with that new
+/// status; it is left alone and gets no history row.
 macro_rules! change_with_history_sql {
     (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal) => {
         concat!(
             "WITH found AS (
          SELECT id, status FROM outbox_event
          WHERE id = ANY($1) OR dispatch_key = ANY($2)
+         FOR UPDATE
      ), target AS (
          SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
          WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
@@ -228,7 +230,8 @@ pub struct Found {
     /// The row.
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
-    /// Its status when the statement ran (before a cancel changed it).
+    /// Its status when the statement locked it (before a cancel changed
+    /// it): the status a concurrent change left, when one came first.
     #[diesel(sql_type = Text)]
     pub status: OutboxStatus,
     /// Whether the statement changed it (its status was allowed).

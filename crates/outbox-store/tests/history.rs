@@ -197,6 +197,49 @@ async fn cancel_leaves_rows_whose_status_it_may_not_touch_without_history() {
     assert!(history(&mut conn, done).await.unwrap().is_empty());
 }
 
+/// A cancel that waits for a dispatcher's claim of its row answers with
+/// the status the claim left (PROCESSING), not the PENDING it read first:
+/// "is PENDING and cannot be cancelled: only PENDING and FAILED events
+/// can" never comes back.
+// Break checked: with the found rows read without a lock (as before),
+// the cancel answers PENDING.
+#[tokio::test]
+async fn a_cancel_that_loses_its_row_to_a_claim_answers_with_the_claimed_status() {
+    let (db, mut conn) = database().await;
+    let id = insert_with(&mut conn, "scheduled_at = now() - interval '1 second'").await;
+    let mut claimer = db.conn().await;
+    claimer.batch_execute("BEGIN").await.unwrap();
+    assert_eq!(claim(&mut claimer, 10, 60_000).await.unwrap().len(), 1);
+    let mut canceller = db.conn().await;
+    let cancelling = tokio::spawn(async move {
+        outbox_store::cancel_event(
+            &mut canceller,
+            outbox_store::CancelEvent {
+                key: outbox_store::EventKey::Id(id),
+                allowed: &[OutboxStatus::Pending, OutboxStatus::Failed],
+                reason: "order paid",
+                requested_by: None,
+            },
+        )
+        .await
+        .unwrap()
+    });
+    outbox_test_support::eventually(
+        "the cancel to wait for the claim's lock",
+        Duration::from_secs(30),
+        async || common::someone_waits_for_a_lock(&mut conn).await,
+    )
+    .await;
+    claimer.batch_execute("COMMIT").await.unwrap();
+
+    let found = cancelling.await.unwrap().expect("the row is found");
+    assert_eq!(
+        (found.status, found.changed),
+        (OutboxStatus::Processing, false)
+    );
+    assert!(history(&mut conn, id).await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn a_rows_history_lists_its_changes_oldest_first() {
     let (_db, mut conn) = database().await;

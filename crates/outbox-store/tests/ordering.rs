@@ -44,23 +44,6 @@ async fn positions(conn: &mut AsyncPgConnection, key: &str) -> BTreeMap<Uuid, i6
     rows.into_iter().map(|r| (r.id, r.position)).collect()
 }
 
-/// Whether a session of this test's database waits for a lock.
-async fn someone_waits_for_a_lock(conn: &mut AsyncPgConnection) -> bool {
-    #[derive(diesel::QueryableByName)]
-    struct Count {
-        #[diesel(sql_type = BigInt)]
-        n: i64,
-    }
-    let row: Count = diesel::sql_query(
-        "SELECT count(*) AS n FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .get_result(conn)
-    .await
-    .unwrap();
-    row.n > 0
-}
-
 /// Two writers of `acct-1`: the first inserted in a transaction still
 /// open (its connection and event id), the second inserting in a task that
 /// waits for the first one's row lock (this returns once it waits).
@@ -77,7 +60,7 @@ async fn two_writers(
     eventually(
         "the second writer to wait",
         Duration::from_secs(30),
-        async || someone_waits_for_a_lock(conn).await,
+        async || common::someone_waits_for_a_lock(conn).await,
     )
     .await;
     (first, first_id, second)

@@ -126,3 +126,20 @@ pub async fn holding(db: &TestDatabase, ids: &[Uuid]) -> AsyncPgConnection {
         .unwrap();
     holder
 }
+
+/// Whether a session of this test's database waits for a lock.
+pub async fn someone_waits_for_a_lock(conn: &mut AsyncPgConnection) -> bool {
+    #[derive(diesel::QueryableByName)]
+    struct Count {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        n: i64,
+    }
+    let row: Count = diesel::sql_query(
+        "SELECT count(*) AS n FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .get_result(conn)
+    .await
+    .unwrap();
+    row.n > 0
+}
