@@ -144,16 +144,19 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
 /// requested-by parameters named, and the status, retries, last error and
 /// `scheduled_at` the row had), applies `set` to them, and returns every
 /// row found as `(id, status, changed)`: its status when locked (before the
-/// change) and whether it changed. Every row found is locked, so that a
+/// change) and whether it changed (`found_also`: a further condition on
+/// the rows found). Every row found is locked, so that a
 /// row whose status changed to one not allowed since the statement's
 /// snapshot (a dispatcher claimed it meanwhile) is returned with that new
 /// status; it is left alone and gets no history row.
 macro_rules! change_with_history_sql {
-    (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal) => {
+    (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal, found_also: $also:literal) => {
         concat!(
             "WITH found AS (
          SELECT id, status FROM outbox_event
-         WHERE id = ANY($1) OR dispatch_key = ANY($2)
+         WHERE (id = ANY($1) OR dispatch_key = ANY($2))",
+            $also,
+            "
          FOR UPDATE
      ), target AS (
          SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
@@ -193,6 +196,8 @@ macro_rules! change_with_history_sql {
 /// without a lease, and returns every row found with its status and
 /// whether it was cancelled. A row whose status changed to one not allowed
 /// since the statement's snapshot is left alone, with its new status.
+/// The ordering keys of the rows are locked before the rows, in the order
+/// a worker's advance takes them.
 ///
 /// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
 /// `$3` text[] (the allowed statuses), `$4` text (reason), `$5` text or
@@ -201,7 +206,18 @@ pub const CANCEL_SQL: &str = change_with_history_sql!(
     reason: "$4",
     requested_by: "$5",
     action: "cancel",
-    set: "status = 'CANCELLED', locked_until = NULL"
+    set: "status = 'CANCELLED', locked_until = NULL",
+    // The ordering keys of the rows first (the condition on their count
+    // runs that lock before the rows' own): a cancelled event's status
+    // trigger locks its key, and a worker's advance takes a key and then
+    // its next event, so the key before the event keeps the two from
+    // deadlocking.
+    found_also: "
+           AND (SELECT count(*) FROM (
+                    SELECT 1 FROM outbox_ordering_key
+                    WHERE ordering_key IN (SELECT ordering_key FROM outbox_event
+                                           WHERE id = ANY($1) OR dispatch_key = ANY($2))
+                    ORDER BY ordering_key FOR UPDATE) AS keys) >= 0"
 );
 
 /// The reschedule of one row as SQL text, one statement, built as
@@ -221,7 +237,8 @@ pub const RESCHEDULE_SQL: &str = change_with_history_sql!(
     reason: "$5",
     requested_by: "$6",
     action: "reschedule",
-    set: "scheduled_at = $4"
+    set: "scheduled_at = $4",
+    found_also: ""
 );
 
 /// A row a cancel or a reschedule found, and what it did to it.

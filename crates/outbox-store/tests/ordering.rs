@@ -278,3 +278,54 @@ async fn the_table_refuses_an_empty_or_overlong_ordering_key() {
         .await
         .unwrap();
 }
+
+/// A cancel of an ordered event takes its key's row before the event's,
+/// the order a worker's advance takes them in (the key, then the next
+/// event): while another transaction holds the key, the waiting cancel
+/// holds no lock on the event, so an advance that holds the key and
+/// updates the event cannot deadlock with it.
+// Break checked: with the statement's key lock left out (the event row
+// locked first, the key by the status trigger after), the event row is
+// locked while the cancel waits and the NOWAIT lock fails.
+#[tokio::test]
+async fn a_cancel_takes_the_ordering_keys_lock_before_the_events() {
+    let (db, mut conn) = database().await;
+    let first = common::insert_row(&mut conn, ordered("acct-1")).await;
+    let second = common::insert_row(&mut conn, ordered("acct-1")).await;
+    let mut advancing = db.conn().await;
+    advancing
+        .batch_execute(
+            "BEGIN; SELECT 1 FROM outbox_ordering_key WHERE ordering_key = 'acct-1' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let mut canceller = db.conn().await;
+    let cancelling = tokio::spawn(async move {
+        outbox_store::cancel(
+            &mut canceller,
+            outbox_store::Change {
+                ids: &[second],
+                allowed: &[outbox_model::OutboxStatus::Pending],
+                reason: "not needed",
+                requested_by: None,
+            },
+        )
+        .await
+        .unwrap()
+    });
+    eventually(
+        "the cancel to wait for the key",
+        Duration::from_secs(30),
+        async || common::someone_waits_for_a_lock(&mut conn).await,
+    )
+    .await;
+    // What the advance would do next: lock the event the cancel is after.
+    advancing
+        .batch_execute(&format!(
+            "SELECT 1 FROM outbox_event WHERE id = '{second}' FOR UPDATE NOWAIT; COMMIT"
+        ))
+        .await
+        .expect("the waiting cancel holds no lock on the event");
+    assert_eq!(cancelling.await.unwrap(), [second]);
+    assert_eq!(claim_ids(&mut conn).await, [first]);
+}
