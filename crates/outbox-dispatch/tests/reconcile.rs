@@ -1904,6 +1904,21 @@ async fn four_dispatchers_sharing_a_namespace_check_redis_once_per_interval_betw
     }
 }
 
+/// The turn's key is the same in every build and version (a rolling
+/// deploy runs two side by side, which must share one turn), so its
+/// hash is pinned here: FNV-1a over the queue names, each ended by a
+/// newline.
+// Break checked: the hash's `^=` as `|=` (a miss of the mutation run on
+// fbea9ef) changes the key and fails here.
+#[test]
+fn the_turn_key_of_a_namespace_and_its_queues_is_the_same_in_every_version() {
+    let ns = QueueNamespace::prefixed("adopt-app:");
+    assert_eq!(
+        outbox_dispatch::guard_turn_key(&ns, &["outbox.audit", "outbox.mail"]),
+        "adopt-app:outbox:redis-guard:turn:e9c09095655ed2a1"
+    );
+}
+
 /// The turn belongs to a namespace (and its set of queues): another
 /// namespace's dispatcher holding its own turn on the same Redis, for the
 /// whole test, leaves this namespace's scheduled checks going.
