@@ -145,7 +145,9 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
 /// `scheduled_at` the row had), applies `set` to them, and returns every
 /// row found as `(id, status, changed)`: its status when locked (before the
 /// change) and whether it changed (`found_also`: a further condition on
-/// the rows found). Every row found is locked, so that a
+/// the rows found). Every row found is locked, before any is changed
+/// (the rows to change are taken from those found: a row this statement
+/// updated could no longer be locked by it, and would drop out), so that a
 /// row whose status changed to one not allowed since the statement's
 /// snapshot (a dispatcher claimed it meanwhile) is returned with that new
 /// status; it is left alone and gets no history row.
@@ -160,7 +162,7 @@ macro_rules! change_with_history_sql {
          FOR UPDATE
      ), target AS (
          SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
-         WHERE (id = ANY($1) OR dispatch_key = ANY($2)) AND status = ANY($3)
+         WHERE id IN (SELECT id FROM found) AND status = ANY($3)
          FOR UPDATE
      ), entry AS (
          INSERT INTO outbox_event_requeue
