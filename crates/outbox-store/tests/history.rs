@@ -240,6 +240,32 @@ async fn a_cancel_that_loses_its_row_to_a_claim_answers_with_the_claimed_status(
     assert!(history(&mut conn, id).await.unwrap().is_empty());
 }
 
+/// One cancel of several rows changes and answers every allowed one.
+// Break checked: with the rows to change read from the table on their own
+// (not from the rows found), a row the update changed dropped out of the
+// rows found, and this answered one id of the two.
+#[tokio::test]
+async fn a_cancel_of_several_rows_cancels_and_answers_every_allowed_one() {
+    let (_db, mut conn) = database().await;
+    let failed = insert_with(&mut conn, FAILED).await;
+    let pending = insert_with(&mut conn, "scheduled_at = now()").await;
+    let done = insert_with(&mut conn, DONE).await;
+    let mut cancelled = cancel(
+        &mut conn,
+        change(
+            &[failed, pending, done],
+            &[OutboxStatus::Pending, OutboxStatus::Failed],
+        ),
+    )
+    .await
+    .unwrap();
+    cancelled.sort();
+    let mut expected = vec![failed, pending];
+    expected.sort();
+    assert_eq!(cancelled, expected);
+    assert_eq!(row(&mut conn, done).await.status, OutboxStatus::Done);
+}
+
 #[tokio::test]
 async fn a_rows_history_lists_its_changes_oldest_first() {
     let (_db, mut conn) = database().await;
