@@ -145,12 +145,13 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
 /// `scheduled_at` the row had), applies `set` to them, and returns every
 /// row found as `(id, status, changed)`: its status when locked (before the
 /// change) and whether it changed (`found_also`: a further condition on
-/// the rows found). Every row found is locked, before any is changed
-/// (the rows to change are taken from those found: a row this statement
-/// updated could no longer be locked by it, and would drop out), so that a
-/// row whose status changed to one not allowed since the statement's
-/// snapshot (a dispatcher claimed it meanwhile) is returned with that new
-/// status; it is left alone and gets no history row.
+/// the rows found). Only the rows with an allowed status are locked (a
+/// dispatcher's hand-off of another row found never waits for the
+/// caller's transaction). A row whose status changed to one not allowed
+/// since the statement's snapshot (a dispatcher claimed it meanwhile) is
+/// left alone, gets no history row, and comes back with the status of the
+/// snapshot: [`cancel_event`] and [`reschedule_event`] read its status
+/// again ([`settled`]).
 macro_rules! change_with_history_sql {
     (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal, found_also: $also:literal) => {
         concat!(
@@ -159,7 +160,6 @@ macro_rules! change_with_history_sql {
          WHERE (id = ANY($1) OR dispatch_key = ANY($2))",
             $also,
             "
-         FOR UPDATE
      ), target AS (
          SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
          WHERE id IN (SELECT id FROM found) AND status = ANY($3)
@@ -249,8 +249,9 @@ pub struct Found {
     /// The row.
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
-    /// Its status when the statement locked it (before a cancel changed
-    /// it): the status a concurrent change left, when one came first.
+    /// Its status before the statement changed it; for a row a
+    /// concurrent change took first (a dispatcher's claim), the status
+    /// that change left.
     #[diesel(sql_type = Text)]
     pub status: OutboxStatus,
     /// Whether the statement changed it (its status was allowed).
@@ -317,7 +318,43 @@ pub async fn cancel_event(
         reason: cancel.reason,
         requested_by: cancel.requested_by,
     };
-    Ok(run_cancel(conn, &ids, &keys, change).await?.pop())
+    let found = run_cancel(conn, &ids, &keys, change).await?.pop();
+    settled(conn, found, cancel.allowed).await
+}
+
+/// `found` with its status read again when the statement left it alone
+/// although the status it read was allowed: a concurrent change (a
+/// dispatcher's claim) came first, and the caller is told the status that
+/// change left, not the one the statement's snapshot held. A new
+/// statement sees what committed since (read committed).
+pub(crate) async fn settled(
+    conn: &mut AsyncPgConnection,
+    found: Option<Found>,
+    allowed: &[OutboxStatus],
+) -> Result<Option<Found>> {
+    #[derive(QueryableByName)]
+    struct Now {
+        #[diesel(sql_type = Text)]
+        status: OutboxStatus,
+    }
+    let Some(found) = found else {
+        return Ok(None);
+    };
+    if found.changed || !allowed.contains(&found.status) {
+        return Ok(Some(found));
+    }
+    let now: Vec<Now> =
+        diesel::sql_query("SELECT status::text AS status FROM outbox_event WHERE id = $1")
+            .bind::<SqlUuid, _>(found.id)
+            .load(conn)
+            .await?;
+    Ok(Some(Found {
+        status: now
+            .as_slice()
+            .first()
+            .map_or(found.status, |row| row.status),
+        ..found
+    }))
 }
 
 /// [`CANCEL_SQL`] for the rows with `ids` or `keys`.
@@ -379,7 +416,7 @@ pub async fn reschedule_event(
         .bind::<Nullable<Text>, _>(reschedule.requested_by)
         .load(conn)
         .await?;
-    Ok(found.pop())
+    settled(conn, found.pop(), reschedule.allowed).await
 }
 
 /// Dead jobs put back on their queue (`outbox retry-dead`, the console's

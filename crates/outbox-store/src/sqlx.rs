@@ -191,9 +191,9 @@ pub async fn cancel_event(
         .bind(statuses(cancel.allowed))
         .bind(cancel.reason)
         .bind(cancel.requested_by)
-        .fetch_all(conn)
+        .fetch_all(&mut *conn)
         .await?;
-    last_found(rows)
+    settled(conn, last_found(rows)?, cancel.allowed).await
 }
 
 /// Moves the one row `reschedule.key` finds, as
@@ -221,9 +221,38 @@ pub async fn reschedule_event(
         .bind(reschedule.at)
         .bind(reschedule.reason)
         .bind(reschedule.requested_by)
-        .fetch_all(conn)
+        .fetch_all(&mut *conn)
         .await?;
-    last_found(rows)
+    settled(conn, last_found(rows)?, reschedule.allowed).await
+}
+
+/// `found` with its status read again, as [`crate::cancel_event`] does
+/// it: when the statement left the row alone although the status it read
+/// was allowed, a concurrent change came first, and the caller is told
+/// the status that change left.
+async fn settled(
+    conn: &mut PgConnection,
+    found: Option<Found>,
+    allowed: &[OutboxStatus],
+) -> Result<Option<Found>> {
+    let Some(found) = found else {
+        return Ok(None);
+    };
+    if found.changed || !allowed.contains(&found.status) {
+        return Ok(Some(found));
+    }
+    let now: Option<(String,)> =
+        ::sqlx::query_as("SELECT status::text FROM outbox_event WHERE id = $1")
+            .bind(found.id)
+            .fetch_optional(conn)
+            .await?;
+    let status = match now {
+        Some((text,)) => text
+            .parse()
+            .map_err(|e| ::sqlx::Error::Decode(Box::new(e)))?,
+        None => found.status,
+    };
+    Ok(Some(Found { status, ..found }))
 }
 
 fn statuses(allowed: &[OutboxStatus]) -> Vec<&'static str> {

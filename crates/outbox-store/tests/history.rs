@@ -201,8 +201,8 @@ async fn cancel_leaves_rows_whose_status_it_may_not_touch_without_history() {
 /// the status the claim left (PROCESSING), not the PENDING it read first:
 /// "is PENDING and cannot be cancelled: only PENDING and FAILED events
 /// can" never comes back.
-// Break checked: with the found rows read without a lock (as before),
-// the cancel answers PENDING.
+// Break checked: without the status read again after the statement
+// (`settled`), the cancel answers PENDING.
 #[tokio::test]
 async fn a_cancel_that_loses_its_row_to_a_claim_answers_with_the_claimed_status() {
     let (db, mut conn) = database().await;
