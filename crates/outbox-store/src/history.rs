@@ -115,17 +115,38 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
         .bind::<Nullable<Text>, _>(change.requested_by)
         .execute(conn)
         .await?;
-        diesel::sql_query(
-            "UPDATE outbox_event
-             SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
-                 processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL,
-                 unrouted_since = NULL,
-                 generation = generation + CASE WHEN status = 'DONE' THEN 1 ELSE 0 END
-             WHERE id = ANY($1)",
+        // CANCELLED events with an ordering key one at a time, in their
+        // key's order: one its key has moved past takes the key's next
+        // position as it goes back to PENDING (the table's trigger), so
+        // several of one key come back in the order they had.
+        #[derive(QueryableByName)]
+        struct Id {
+            #[diesel(sql_type = SqlUuid)]
+            id: Uuid,
+        }
+        let ordered: Vec<Id> = diesel::sql_query(
+            "SELECT id FROM outbox_event
+             WHERE id = ANY($1) AND status = 'CANCELLED' AND ordering_key IS NOT NULL
+             ORDER BY ordering_key, ordering_position",
         )
         .bind::<Array<SqlUuid>, _>(&locked_ids)
-        .execute(conn)
+        .load(conn)
         .await?;
+        for row in &ordered {
+            diesel::sql_query(REQUEUE_ROWS_SQL)
+                .bind::<Array<SqlUuid>, _>(vec![row.id])
+                .execute(conn)
+                .await?;
+        }
+        let rest: Vec<Uuid> = locked_ids
+            .iter()
+            .copied()
+            .filter(|id| !ordered.iter().any(|row| row.id == *id))
+            .collect();
+        diesel::sql_query(REQUEUE_ROWS_SQL)
+            .bind::<Array<SqlUuid>, _>(&rest)
+            .execute(conn)
+            .await?;
         diesel::sql_query("SELECT pg_notify($1, 'requeue')")
             .bind::<Text, _>(NOTIFY_CHANNEL)
             .execute(conn)
@@ -138,28 +159,35 @@ pub async fn requeue(conn: &mut AsyncPgConnection, change: Change<'_>) -> Result
     .await
 }
 
+/// What a requeue sets on the rows `$1`.
+const REQUEUE_ROWS_SQL: &str = "UPDATE outbox_event
+     SET status = 'PENDING', retries = 0, scheduled_at = now(), locked_until = NULL,
+         processed_at = NULL, failed_at = NULL, last_error = NULL, target_queue = NULL,
+         unrouted_since = NULL,
+         generation = generation + CASE WHEN status = 'DONE' THEN 1 ELSE 0 END
+     WHERE id = ANY($1)";
+
 /// A change of state with its history row, as one statement: it locks the
 /// rows found (`$1` ids or `$2` dispatch keys) whose status is one of `$3`
 /// (`FOR UPDATE`), writes one history row each (`action`, the reason and
 /// requested-by parameters named, and the status, retries, last error and
 /// `scheduled_at` the row had), applies `set` to them, and returns every
 /// row found as `(id, status, changed)`: its status when locked (before the
-/// change) and whether it changed (`found_also`: a further condition on
-/// the rows found). Only the rows with an allowed status are locked (a
+/// change) and whether it changed. Only the rows with an allowed status
+/// are locked (a
 /// dispatcher's hand-off of another row found never waits for the
 /// caller's transaction). A row whose status changed to one not allowed
 /// since the statement's snapshot (a dispatcher claimed it meanwhile) is
 /// left alone, gets no history row, and comes back with the status of the
 /// snapshot: [`cancel_event`] and [`reschedule_event`] read its status
-/// again ([`settled`]).
+/// again, and run the statement again when it has become one they may
+/// change (a dispatcher's retry put it back to PENDING).
 macro_rules! change_with_history_sql {
-    (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal, found_also: $also:literal) => {
+    (reason: $reason:literal, requested_by: $by:literal, action: $action:literal, set: $set:literal) => {
         concat!(
             "WITH found AS (
          SELECT id, status FROM outbox_event
-         WHERE (id = ANY($1) OR dispatch_key = ANY($2))",
-            $also,
-            "
+         WHERE id = ANY($1) OR dispatch_key = ANY($2)
      ), target AS (
          SELECT id, status, retries, last_error, scheduled_at FROM outbox_event
          WHERE id IN (SELECT id FROM found) AND status = ANY($3)
@@ -198,8 +226,6 @@ macro_rules! change_with_history_sql {
 /// without a lease, and returns every row found with its status and
 /// whether it was cancelled. A row whose status changed to one not allowed
 /// since the statement's snapshot is left alone, with its new status.
-/// The ordering keys of the rows are locked before the rows, in the order
-/// a worker's advance takes them.
 ///
 /// Parameters, in order: `$1` uuid[] (ids), `$2` text[] (dispatch keys),
 /// `$3` text[] (the allowed statuses), `$4` text (reason), `$5` text or
@@ -208,18 +234,7 @@ pub const CANCEL_SQL: &str = change_with_history_sql!(
     reason: "$4",
     requested_by: "$5",
     action: "cancel",
-    set: "status = 'CANCELLED', locked_until = NULL",
-    // The ordering keys of the rows first (the condition on their count
-    // runs that lock before the rows' own): a cancelled event's status
-    // trigger locks its key, and a worker's advance takes a key and then
-    // its next event, so the key before the event keeps the two from
-    // deadlocking.
-    found_also: "
-           AND (SELECT count(*) FROM (
-                    SELECT 1 FROM outbox_ordering_key
-                    WHERE ordering_key IN (SELECT ordering_key FROM outbox_event
-                                           WHERE id = ANY($1) OR dispatch_key = ANY($2))
-                    ORDER BY ordering_key FOR UPDATE) AS keys) >= 0"
+    set: "status = 'CANCELLED', locked_until = NULL"
 );
 
 /// The reschedule of one row as SQL text, one statement, built as
@@ -239,8 +254,7 @@ pub const RESCHEDULE_SQL: &str = change_with_history_sql!(
     reason: "$5",
     requested_by: "$6",
     action: "reschedule",
-    set: "scheduled_at = $4",
-    found_also: ""
+    set: "scheduled_at = $4"
 );
 
 /// A row a cancel or a reschedule found, and what it did to it.
@@ -318,20 +332,35 @@ pub async fn cancel_event(
         reason: cancel.reason,
         requested_by: cancel.requested_by,
     };
-    let found = run_cancel(conn, &ids, &keys, change).await?.pop();
-    settled(conn, found, cancel.allowed).await
+    let mut found = None;
+    for _ in 0..CHANGE_ATTEMPTS {
+        let answer = run_cancel(conn, &ids, &keys, change).await?.pop();
+        found = settled(conn, answer).await?;
+        if !changed_under_it(found.as_ref(), cancel.allowed) {
+            break;
+        }
+    }
+    Ok(found)
 }
 
-/// `found` with its status read again when the statement left it alone
-/// although the status it read was allowed: a concurrent change (a
-/// dispatcher's claim) came first, and the caller is told the status that
-/// change left, not the one the statement's snapshot held. A new
-/// statement sees what committed since (read committed).
-pub(crate) async fn settled(
-    conn: &mut AsyncPgConnection,
-    found: Option<Found>,
-    allowed: &[OutboxStatus],
-) -> Result<Option<Found>> {
+/// How many times [`cancel_event`] and [`reschedule_event`] run their
+/// statement while the row keeps changing under it to a status they may
+/// change.
+pub(crate) const CHANGE_ATTEMPTS: usize = 3;
+
+/// Whether the statement left `found` alone although its status, read
+/// again, is one it may change: a concurrent change put it there while
+/// the statement ran, and running it again changes the row.
+pub(crate) fn changed_under_it(found: Option<&Found>, allowed: &[OutboxStatus]) -> bool {
+    found.is_some_and(|found| !found.changed && allowed.contains(&found.status))
+}
+
+/// `found` with its status read again when the statement left it alone:
+/// a concurrent change (a dispatcher's claim) may have come first, and the
+/// caller is told the status that change left, not the one the
+/// statement's snapshot held. A new statement sees what committed since
+/// (read committed).
+async fn settled(conn: &mut AsyncPgConnection, found: Option<Found>) -> Result<Option<Found>> {
     #[derive(QueryableByName)]
     struct Now {
         #[diesel(sql_type = Text)]
@@ -340,7 +369,7 @@ pub(crate) async fn settled(
     let Some(found) = found else {
         return Ok(None);
     };
-    if found.changed || !allowed.contains(&found.status) {
+    if found.changed {
         return Ok(Some(found));
     }
     let now: Vec<Now> =
@@ -407,16 +436,23 @@ pub async fn reschedule_event(
 ) -> Result<Option<Found>> {
     let (ids, keys) = targets(reschedule.key);
     let allowed: Vec<&str> = reschedule.allowed.iter().map(|s| s.as_str()).collect();
-    let mut found: Vec<Found> = diesel::sql_query(RESCHEDULE_SQL)
-        .bind::<Array<SqlUuid>, _>(&ids)
-        .bind::<Array<Text>, _>(&keys)
-        .bind::<Array<Text>, _>(&allowed)
-        .bind::<Timestamptz, _>(reschedule.at)
-        .bind::<Text, _>(reschedule.reason)
-        .bind::<Nullable<Text>, _>(reschedule.requested_by)
-        .load(conn)
-        .await?;
-    settled(conn, found.pop(), reschedule.allowed).await
+    let mut found = None;
+    for _ in 0..CHANGE_ATTEMPTS {
+        let mut answer: Vec<Found> = diesel::sql_query(RESCHEDULE_SQL)
+            .bind::<Array<SqlUuid>, _>(&ids)
+            .bind::<Array<Text>, _>(&keys)
+            .bind::<Array<Text>, _>(&allowed)
+            .bind::<Timestamptz, _>(reschedule.at)
+            .bind::<Text, _>(reschedule.reason)
+            .bind::<Nullable<Text>, _>(reschedule.requested_by)
+            .load(conn)
+            .await?;
+        found = settled(conn, answer.pop()).await?;
+        if !changed_under_it(found.as_ref(), reschedule.allowed) {
+            break;
+        }
+    }
+    Ok(found)
 }
 
 /// Dead jobs put back on their queue (`outbox retry-dead`, the console's

@@ -43,9 +43,12 @@ struct TableRows {
 
 /// The rows of `outbox_event` as the catalog counts them (set by the
 /// last vacuum or analyze; -1 when never counted). A partitioned table's
-/// count is its partitions' summed; a partition never counted yet (a new
-/// day's, before autovacuum first analyzes it) adds the live rows the
-/// statistics system tracks for it, so that its rows are not left out.
+/// count is its partitions' summed; a partition the catalog counts as
+/// empty or never counted (a new day's, vacuumed while still empty or not
+/// yet analyzed; Postgres 13 says 0 for never counted) adds the live rows
+/// the statistics system tracks for it instead, so that its rows are not
+/// left out. The catalog's count is kept where it has one: the tracked
+/// count drifts (it can count rows twice around an analyze).
 ///
 /// # Errors
 ///
@@ -56,7 +59,7 @@ pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
         // A partitioned table has no count of its own: its partitions'
         // are summed; -1 when none was counted.
         "SELECT CASE WHEN bool_or(c.reltuples >= 0)
-                     THEN sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples
+                     THEN sum(CASE WHEN c.reltuples > 0 THEN c.reltuples
                                    ELSE COALESCE(s.n_live_tup, 0) END)
                      ELSE -1 END::float8 AS n
          FROM pg_class c

@@ -19,7 +19,7 @@ use outbox_model::{NewOutboxEventRow, OutboxStatus};
 use tracing::instrument;
 use uuid::Uuid;
 
-use crate::history::targets;
+use crate::history::{CHANGE_ATTEMPTS, changed_under_it, targets};
 use crate::insert::written;
 use crate::{
     CANCEL_SQL, CancelEvent, DISPATCH_KEY_HOLDERS_SQL, Found, INSERT_EVENT_SQL, INSERT_EVENTS_SQL,
@@ -185,15 +185,22 @@ pub async fn cancel_event(
     cancel: CancelEvent<'_>,
 ) -> Result<Option<Found>> {
     let (ids, keys) = targets(cancel.key);
-    let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(CANCEL_SQL)
-        .bind(ids)
-        .bind(keys)
-        .bind(statuses(cancel.allowed))
-        .bind(cancel.reason)
-        .bind(cancel.requested_by)
-        .fetch_all(&mut *conn)
-        .await?;
-    settled(conn, last_found(rows)?, cancel.allowed).await
+    let mut found = None;
+    for _ in 0..CHANGE_ATTEMPTS {
+        let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(CANCEL_SQL)
+            .bind(&ids)
+            .bind(&keys)
+            .bind(statuses(cancel.allowed))
+            .bind(cancel.reason)
+            .bind(cancel.requested_by)
+            .fetch_all(&mut *conn)
+            .await?;
+        found = settled(conn, last_found(rows)?).await?;
+        if !changed_under_it(found.as_ref(), cancel.allowed) {
+            break;
+        }
+    }
+    Ok(found)
 }
 
 /// Moves the one row `reschedule.key` finds, as
@@ -214,31 +221,33 @@ pub async fn reschedule_event(
     reschedule: RescheduleEvent<'_>,
 ) -> Result<Option<Found>> {
     let (ids, keys) = targets(reschedule.key);
-    let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(RESCHEDULE_SQL)
-        .bind(ids)
-        .bind(keys)
-        .bind(statuses(reschedule.allowed))
-        .bind(reschedule.at)
-        .bind(reschedule.reason)
-        .bind(reschedule.requested_by)
-        .fetch_all(&mut *conn)
-        .await?;
-    settled(conn, last_found(rows)?, reschedule.allowed).await
+    let mut found = None;
+    for _ in 0..CHANGE_ATTEMPTS {
+        let rows: Vec<(Uuid, String, bool)> = ::sqlx::query_as(RESCHEDULE_SQL)
+            .bind(&ids)
+            .bind(&keys)
+            .bind(statuses(reschedule.allowed))
+            .bind(reschedule.at)
+            .bind(reschedule.reason)
+            .bind(reschedule.requested_by)
+            .fetch_all(&mut *conn)
+            .await?;
+        found = settled(conn, last_found(rows)?).await?;
+        if !changed_under_it(found.as_ref(), reschedule.allowed) {
+            break;
+        }
+    }
+    Ok(found)
 }
 
-/// `found` with its status read again, as [`crate::cancel_event`] does
-/// it: when the statement left the row alone although the status it read
-/// was allowed, a concurrent change came first, and the caller is told
-/// the status that change left.
-async fn settled(
-    conn: &mut PgConnection,
-    found: Option<Found>,
-    allowed: &[OutboxStatus],
-) -> Result<Option<Found>> {
+/// `found` with its status read again when the statement left it alone,
+/// as [`crate::cancel_event`] does it: a concurrent change may have come
+/// first, and the caller is told the status that change left.
+async fn settled(conn: &mut PgConnection, found: Option<Found>) -> Result<Option<Found>> {
     let Some(found) = found else {
         return Ok(None);
     };
-    if found.changed || !allowed.contains(&found.status) {
+    if found.changed {
         return Ok(Some(found));
     }
     let now: Option<(String,)> =

@@ -235,6 +235,46 @@ async fn a_cancelled_head_requeued_runs_after_the_keys_later_events_and_the_key_
     assert_eq!(claim_ids(&mut conn).await, [first]);
 }
 
+/// Several cancelled events of one key brought back by one requeue come
+/// back in the order they had, after the key's other events.
+// Break checked: with the rows requeued by one statement (as before),
+// the two took the key's next positions in the order the update met
+// them, the second before the first here.
+#[tokio::test]
+async fn cancelled_events_of_one_key_requeued_together_keep_their_order() {
+    let (_db, mut conn) = database().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(common::insert_row(&mut conn, ordered("acct-1")).await);
+    }
+    // The second, then the head: the key moves past both.
+    cancel(&mut conn, ids[1]).await;
+    cancel(&mut conn, ids[0]).await;
+    let requeued = outbox_store::requeue(
+        &mut conn,
+        outbox_store::Change {
+            ids: &[ids[1], ids[0]],
+            allowed: &[outbox_model::OutboxStatus::Cancelled],
+            reason: "brought back",
+            requested_by: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(requeued.ids.len(), 2);
+
+    let placed = positions(&mut conn, "acct-1").await;
+    assert_eq!((placed[&ids[0]], placed[&ids[1]]), (4, 5));
+    for (position, id) in [(3, ids[2]), (4, ids[0]), (5, ids[1])] {
+        assert_eq!(claim_ids(&mut conn).await, [id], "position {position}");
+        assert!(
+            outbox_store::advance(&mut conn, "acct-1", position)
+                .await
+                .unwrap()
+        );
+    }
+}
+
 /// A cancelled event brought back before its key reached it keeps its
 /// place: it runs after the events before it and before those after it.
 #[tokio::test]
@@ -277,55 +317,4 @@ async fn the_table_refuses_an_empty_or_overlong_ordering_key() {
     outbox_store::insert_event(&conn, &ordered(&longest))
         .await
         .unwrap();
-}
-
-/// A cancel of an ordered event takes its key's row before the event's,
-/// the order a worker's advance takes them in (the key, then the next
-/// event): while another transaction holds the key, the waiting cancel
-/// holds no lock on the event, so an advance that holds the key and
-/// updates the event cannot deadlock with it.
-// Break checked: with the statement's key lock left out (the event row
-// locked first, the key by the status trigger after), the event row is
-// locked while the cancel waits and the NOWAIT lock fails.
-#[tokio::test]
-async fn a_cancel_takes_the_ordering_keys_lock_before_the_events() {
-    let (db, mut conn) = database().await;
-    let first = common::insert_row(&mut conn, ordered("acct-1")).await;
-    let second = common::insert_row(&mut conn, ordered("acct-1")).await;
-    let mut advancing = db.conn().await;
-    advancing
-        .batch_execute(
-            "BEGIN; SELECT 1 FROM outbox_ordering_key WHERE ordering_key = 'acct-1' FOR UPDATE",
-        )
-        .await
-        .unwrap();
-    let mut canceller = db.conn().await;
-    let cancelling = tokio::spawn(async move {
-        outbox_store::cancel(
-            &mut canceller,
-            outbox_store::Change {
-                ids: &[second],
-                allowed: &[outbox_model::OutboxStatus::Pending],
-                reason: "not needed",
-                requested_by: None,
-            },
-        )
-        .await
-        .unwrap()
-    });
-    eventually(
-        "the cancel to wait for the key",
-        Duration::from_secs(30),
-        async || common::someone_waits_for_a_lock(&mut conn).await,
-    )
-    .await;
-    // What the advance would do next: lock the event the cancel is after.
-    advancing
-        .batch_execute(&format!(
-            "SELECT 1 FROM outbox_event WHERE id = '{second}' FOR UPDATE NOWAIT; COMMIT"
-        ))
-        .await
-        .expect("the waiting cancel holds no lock on the event");
-    assert_eq!(cancelling.await.unwrap(), [second]);
-    assert_eq!(claim_ids(&mut conn).await, [first]);
 }
