@@ -60,10 +60,9 @@ pub async fn table_rows(conn: &mut AsyncPgConnection) -> Result<f64> {
         // are summed; -1 when none was counted.
         "SELECT CASE WHEN bool_or(c.reltuples >= 0)
                      THEN sum(CASE WHEN c.reltuples > 0 THEN c.reltuples
-                                   ELSE COALESCE(s.n_live_tup, 0) END)
+                                   ELSE pg_stat_get_live_tuples(c.oid) END)
                      ELSE -1 END::float8 AS n
          FROM pg_class c
-         LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
          WHERE c.relkind = 'r'
            AND c.oid IN (SELECT relid FROM pg_partition_tree('outbox_event')
                          UNION ALL SELECT 'outbox_event'::regclass)",

@@ -129,6 +129,17 @@ pub async fn clear_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<bool>
 /// # Errors
 ///
 /// When Postgres fails (nothing changes then).
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// match outbox_store::release_deleted_hold(conn, "order-7").await? {
+///     Some(event) => println!("order-7 steps over its deleted event {event}"),
+///     None => println!("order-7 is not held on a deleted event"),
+/// }
+/// # Ok(()) }
+/// ```
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn release_deleted_hold(conn: &mut AsyncPgConnection, key: &str) -> Result<Option<Uuid>> {
     conn.transaction::<_, StoreError, _>(async |conn| {
