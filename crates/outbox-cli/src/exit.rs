@@ -9,7 +9,8 @@ pub enum ExitStatus {
     /// 0: done, nothing to report.
     Ok,
     /// 1: an alert fired, nothing matched, the probe did not get through,
-    /// or reconcile found handed-off jobs missing.
+    /// reconcile found handed-off jobs missing, or retry-dead left a job
+    /// dead because its ordering key moved past its event.
     Alert,
     /// 2: a usage, configuration or connection error, a value no flag
     /// accepts, or a bulk change above `--confirm-above` without `--yes`

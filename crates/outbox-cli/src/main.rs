@@ -92,7 +92,8 @@ use crate::requeue::command::RequeueArgs;
 macro_rules! exit_codes {
     () => {
         "Exit codes: 0 fine; 1 an alert fired, nothing matched, the probe did not get through, \
-    reconcile found handed-off jobs missing (also with --dry-run) or a workflow command was refused \
+    reconcile found handed-off jobs missing (also with --dry-run), retry-dead left a job dead \
+    because its ordering key moved past its event, or a workflow command was refused \
     (an invalid definition, no such workflow or execution, a run not waiting or already finished; \
     nothing written); 2 a usage, \
     configuration or connection error, a value no flag accepts (the message names the flag), or a \

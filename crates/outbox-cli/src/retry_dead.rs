@@ -3,7 +3,10 @@
 //! `--confirm-above` jobs need `--yes` (without it nothing changes and the
 //! exit status is 2). Each job put back is recorded in its event's history
 //! (`outbox show`: action `retry_dead`, with `--reason` and `$USER`), which
-//! is why the command needs the database as well as Redis.
+//! is why the command needs the database as well as Redis. The first
+//! delivery of an ordered event whose key has moved past the event stays
+//! dead (its worker would acknowledge it without running the handler): the
+//! command names it and the replay that runs it, and exits 1.
 
 use anyhow::Context;
 use clap::Args;
@@ -52,6 +55,9 @@ struct Report<'a> {
     /// Jobs put back whose task id names no outbox event (no history to
     /// record them in).
     without_event: Vec<String>,
+    /// Jobs left dead (or that a run would leave dead): first deliveries of
+    /// ordered events whose key has moved past them.
+    passed_over: Vec<outbox_operator::dead::PassedOver>,
 }
 
 /// The policy: how many jobs may go back without `--yes`.
@@ -108,8 +114,22 @@ pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
         args.task_ids.clone()
     };
     guard(selected.len(), args)?;
-    let done = if args.dry_run || selected.is_empty() {
+    let done = if selected.is_empty() {
         outbox_operator::dead::PutBack::default()
+    } else if args.dry_run {
+        let mut conn = connect(cli).await?;
+        let passed_over = outbox_operator::dead::past_their_keys(&mut conn, &selected)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot check the ordering keys of {}'s dead jobs",
+                    args.queue
+                )
+            })?;
+        outbox_operator::dead::PutBack {
+            passed_over,
+            ..Default::default()
+        }
     } else {
         let mut conn = connect(cli).await?;
         let requested_by = std::env::var("USER").ok();
@@ -131,13 +151,16 @@ pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
         put_back: done.task_ids.len(),
         recorded: done.recorded,
         without_event: done.without_event,
+        passed_over: done.passed_over,
     };
     if cli.json {
         print_json(&report)?;
     } else {
         print(&report);
     }
-    Ok(ExitStatus::alert_if(report.task_ids.is_empty()))
+    Ok(ExitStatus::alert_if(
+        report.task_ids.is_empty() || !report.passed_over.is_empty(),
+    ))
 }
 
 fn print(report: &Report<'_>) {
@@ -148,10 +171,25 @@ fn print(report: &Report<'_>) {
     for id in &report.task_ids {
         println!("{id}");
     }
+    for passed in &report.passed_over {
+        println!(
+            "{} {} dead: its ordering key {} has moved past event {}, so its worker would acknowledge it \
+             without running the handler; run the event again with `outbox requeue --replay {}`",
+            passed.task_id,
+            if report.dry_run {
+                "would stay"
+            } else {
+                "stays"
+            },
+            passed.ordering_key,
+            passed.event_id,
+            passed.event_id
+        );
+    }
     if report.dry_run {
         println!(
             "would put {} dead job(s) back on {} (dry run: nothing changed)",
-            report.task_ids.len(),
+            report.task_ids.len() - report.passed_over.len(),
             report.queue
         );
     } else {

@@ -487,6 +487,37 @@ impl JobHandler for Doomed {
     }
 }
 
+impl Env {
+    /// Pushes jobs of `task_ids` (body `{}`) on the webhook queue and runs
+    /// a handler that refuses each until all of them are dead.
+    async fn dead_webhook_jobs(&self, task_ids: &[&str]) {
+        let conn = outbox_queue::connect(&RedisSettings::new(self.redis.url())).unwrap();
+        let jobs: Vec<(String, Vec<u8>)> = task_ids
+            .iter()
+            .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+            .collect();
+        push_raw(&mut conn.clone(), &self.namespace, queues::WEBHOOK, &jobs)
+            .await
+            .unwrap();
+        let group = HandlerGroup::new().with(Doomed).unwrap();
+        let (namespace, shutdown) = (self.namespace.clone(), CancellationToken::new());
+        let stop = shutdown.clone();
+        let worker = tokio::spawn(async move {
+            group
+                .run(conn, &namespace, &WorkerSettings::default(), shutdown)
+                .await
+        });
+        eventually("every job dead", Duration::from_secs(30), async || {
+            self.outbox(&["dead", queues::WEBHOOK, "--json"]).json()["dead"]
+                .as_array()
+                .is_some_and(|d| d.len() == task_ids.len())
+        })
+        .await;
+        stop.cancel();
+        worker.await.unwrap().unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and_needs_yes_above_the_threshold()
  {
@@ -499,31 +530,7 @@ async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and
     ))
     .await;
     let job_2 = outbox_queue::task_id(event);
-    let conn = outbox_queue::connect(&RedisSettings::new(env.redis.url())).unwrap();
-    let mut push = conn.clone();
-    let jobs: Vec<(String, Vec<u8>)> = ["job-1", job_2.as_str(), "job-3"]
-        .into_iter()
-        .map(|id| (id.to_owned(), b"{}".to_vec()))
-        .collect();
-    push_raw(&mut push, &env.namespace, queues::WEBHOOK, &jobs)
-        .await
-        .unwrap();
-    let group = HandlerGroup::new().with(Doomed).unwrap();
-    let (namespace, shutdown) = (env.namespace.clone(), CancellationToken::new());
-    let stop = shutdown.clone();
-    let worker = tokio::spawn(async move {
-        group
-            .run(conn, &namespace, &WorkerSettings::default(), shutdown)
-            .await
-    });
-    eventually("three dead jobs", Duration::from_secs(30), async || {
-        env.outbox(&["dead", queues::WEBHOOK, "--json"]).json()["dead"]
-            .as_array()
-            .is_some_and(|d| d.len() == 3)
-    })
-    .await;
-    stop.cancel();
-    worker.await.unwrap().unwrap();
+    env.dead_webhook_jobs(&["job-1", &job_2, "job-3"]).await;
 
     let guarded = env.outbox(&["retry-dead", queues::WEBHOOK, "--confirm-above", "2"]);
     assert_eq!(guarded.code, 2);
@@ -610,6 +617,90 @@ async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and
     let unknown = env.outbox(&["retry-dead", queues::WEBHOOK, "--task-id", "job-9"]);
     assert_eq!(unknown.code, 2);
     assert!(unknown.stderr.contains("not dead"), "{}", unknown.stderr);
+}
+
+// Break checked: with `past_their_keys` answering no job, the dry run
+// exits 0 and names no job that stays dead (a run would put the ordered
+// job back, where its worker acknowledges it without running the handler).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_names_the_replay() {
+    let env = Env::new().await;
+    let (ordered, plain) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    env.sql(&format!(
+        "INSERT INTO outbox_event (id, tenant_id, event_type, payload, ordering_key)
+         VALUES ('{ordered}', 't', 'webhook.order.paid', '{{}}', 'acct-7');
+         INSERT INTO outbox_event (id, tenant_id, event_type, payload, ordering_key)
+         VALUES (gen_random_uuid(), 't', 'webhook.order.paid', '{{}}', 'acct-7');
+         INSERT INTO outbox_event (id, tenant_id, event_type, payload)
+         VALUES ('{plain}', 't', 'webhook.order.paid', '{{}}');
+         UPDATE outbox_event SET status = 'DONE', processed_at = now()
+         WHERE id IN ('{ordered}', '{plain}');
+         UPDATE outbox_ordering_key
+         SET held_event_id = '{ordered}', held_since = now(), held_reason = 'receiver refused'
+         WHERE ordering_key = 'acct-7'"
+    ))
+    .await;
+    let (ordered_job, plain_job) = (outbox_queue::task_id(ordered), outbox_queue::task_id(plain));
+    env.dead_webhook_jobs(&[&ordered_job, &plain_job]).await;
+    let release = env.outbox(&["ordering", "release", "acct-7", "--skip-event"]);
+    assert_eq!(release.code, 0, "{}{}", release.stdout, release.stderr);
+
+    let passed = serde_json::json!([{
+        "task_id": ordered_job,
+        "event_id": ordered,
+        "ordering_key": "acct-7",
+    }]);
+    let dry = env.outbox(&["retry-dead", queues::WEBHOOK, "--dry-run", "--json"]);
+    assert_eq!(
+        dry.code, 1,
+        "a job that would stay dead is an alert: {}",
+        dry.stderr
+    );
+    assert_eq!(dry.json()["passed_over"], passed, "{}", dry.stdout);
+    let text = env.outbox(&["retry-dead", queues::WEBHOOK, "--dry-run"]);
+    assert!(
+        text.stdout.contains(&format!(
+            "{ordered_job} would stay dead: its ordering key acct-7 has moved past event {ordered}"
+        )) && text
+            .stdout
+            .contains(&format!("`outbox requeue --replay {ordered}`"))
+            && text.stdout.contains("would put 1 dead job(s) back"),
+        "{}",
+        text.stdout
+    );
+
+    let run = env.outbox(&["retry-dead", queues::WEBHOOK, "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let report = run.json();
+    assert_eq!(
+        (
+            &report["put_back"],
+            &report["recorded"],
+            &report["passed_over"]
+        ),
+        (&Value::from(1), &Value::from(1), &passed),
+        "{report}"
+    );
+    let dead = env.outbox(&["dead", queues::WEBHOOK, "--json"]).json();
+    let still: Vec<&Value> = dead["dead"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|job| &job["task_id"])
+        .collect();
+    assert_eq!(still, [&Value::from(ordered_job.as_str())], "{dead}");
+    let shown = env.outbox(&["show", &ordered.to_string(), "--json"]).json();
+    let actions: Vec<&Value> = shown["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| &entry["action"])
+        .collect();
+    assert_eq!(
+        actions,
+        [&Value::from("skip")],
+        "no retry_dead entry: {shown}"
+    );
 }
 
 #[tokio::test]

@@ -118,37 +118,57 @@ impl Figures {
     /// The numbers of the page by their `data-live` key, as shown.
     pub(crate) fn live(&self) -> BTreeMap<String, String> {
         let mut live = BTreeMap::new();
-        live.insert("due".into(), self.pending.due.to_string());
-        live.insert("overdue".into(), self.pending.overdue.to_string());
+        live.insert("due".into(), grouped(self.pending.due));
+        live.insert("overdue".into(), grouped(self.pending.overdue));
         live.insert("oldest".into(), age(self.pending.oldest_due_age_secs));
-        live.insert("processing".into(), self.pending.processing.to_string());
+        live.insert("processing".into(), grouped(self.pending.processing));
         for status in OutboxStatus::ALL {
             live.insert(format!("total:{status}"), shown(self.total(status)));
         }
         for count in &self.counts {
             live.insert(
                 format!("count:{}:{}", count.status, count.queue),
-                count.n.to_string(),
+                grouped(count.n),
             );
         }
         if let Some(dead) = self.dead() {
-            live.insert("dead".into(), dead.to_string());
+            live.insert("dead".into(), grouped(dead));
         }
         if let Some(workers) = self.workers() {
-            live.insert("workers".into(), workers.to_string());
+            live.insert("workers".into(), grouped(workers));
         }
         live.insert("alerts".into(), self.alerts().len().to_string());
         live
     }
 }
 
-/// A count as the page shows it: `about 980,000` when estimated.
+/// A count as the page shows it: `980,000`, or `about 980,000` when
+/// estimated.
 pub(crate) fn shown(count: MaybeEstimated) -> String {
     if count.estimated {
-        format!("about {}", count.n)
+        format!("about {}", grouped(count.n))
     } else {
-        count.n.to_string()
+        grouped(count.n)
     }
+}
+
+/// A whole number with its digits grouped in threes, as the docs write
+/// them: `10,000`, `-1,234`.
+pub(crate) fn grouped(n: impl std::fmt::Display) -> String {
+    let written = n.to_string();
+    let (sign, digits) = match written.strip_prefix('-') {
+        Some(digits) => ("-", digits),
+        None => ("", written.as_str()),
+    };
+    let mut out = String::with_capacity(written.len() + digits.len() / 3);
+    out.push_str(sign);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }
 
 /// An age in seconds as people read it: `-`, `42 s`, `3 min`, `5 h`, `2 d`.
@@ -167,7 +187,20 @@ pub(crate) fn age(secs: Option<f64>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::age;
+    use super::{age, grouped};
+
+    #[test]
+    fn counts_are_written_with_their_digits_grouped_in_threes() {
+        assert_eq!(grouped(0u64), "0");
+        assert_eq!(grouped(999u64), "999");
+        assert_eq!(grouped(1_000u64), "1,000");
+        assert_eq!(grouped(10_000u64), "10,000");
+        assert_eq!(grouped(980_000i64), "980,000");
+        assert_eq!(grouped(1_234_567i64), "1,234,567");
+        assert_eq!(grouped(-1_234i64), "-1,234");
+        assert_eq!(grouped(u64::MAX), "18,446,744,073,709,551,615");
+        assert_eq!(grouped(i64::MIN), "-9,223,372,036,854,775,808");
+    }
 
     #[test]
     fn ages_read_in_the_largest_whole_unit() {

@@ -451,6 +451,50 @@ impl outbox_subscriber::JobHandler for Doomed {
     }
 }
 
+/// Pushes jobs of `task_ids` (body `{}`) on the webhook queue and runs a
+/// handler that refuses each until all of them are dead.
+async fn dead_webhook_jobs(
+    conn: &outbox_queue::RedisConnection,
+    namespace: &outbox_queue::QueueNamespace,
+    task_ids: &[&str],
+) {
+    use outbox_queue::queues::WEBHOOK;
+    let jobs: Vec<(String, Vec<u8>)> = task_ids
+        .iter()
+        .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+        .collect();
+    outbox_queue::push_raw(&mut conn.clone(), namespace, WEBHOOK, &jobs)
+        .await
+        .unwrap();
+    let group = outbox_subscriber::HandlerGroup::new().with(Doomed).unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (worker_conn, worker_ns, worker_stop) = (conn.clone(), namespace.clone(), stop.clone());
+    let worker = tokio::spawn(async move {
+        group
+            .run(
+                worker_conn,
+                &worker_ns,
+                &outbox_subscriber::WorkerSettings::default(),
+                worker_stop,
+            )
+            .await
+    });
+    outbox_test_support::eventually(
+        "every job dead",
+        std::time::Duration::from_secs(30),
+        async || {
+            outbox_queue::dead_task_ids(&mut conn.clone(), namespace, WEBHOOK)
+                .await
+                .unwrap()
+                .len()
+                == task_ids.len()
+        },
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_history_and_the_event_page_shows_the_jobs_state()
  {
@@ -483,40 +527,13 @@ async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_hi
             .contains(r#"<td id="job-state"><strong>not in Redis</strong>"#),
         "before the push"
     );
-    let jobs: Vec<(String, Vec<u8>)> = ["job-1", job_2.as_str(), "job-3"]
-        .into_iter()
-        .map(|id| (id.to_owned(), b"{}".to_vec()))
-        .collect();
-    outbox_queue::push_raw(&mut conn.clone(), &namespace, WEBHOOK, &jobs)
-        .await
-        .unwrap();
-    let group = outbox_subscriber::HandlerGroup::new().with(Doomed).unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let (worker_conn, worker_ns, worker_stop) = (conn.clone(), namespace.clone(), stop.clone());
-    let worker = tokio::spawn(async move {
-        group
-            .run(
-                worker_conn,
-                &worker_ns,
-                &outbox_subscriber::WorkerSettings::default(),
-                worker_stop,
-            )
-            .await
-    });
+    dead_webhook_jobs(&conn, &namespace, &["job-1", &job_2, "job-3"]).await;
     let dead = async || {
         outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
             .await
             .unwrap()
             .len()
     };
-    outbox_test_support::eventually(
-        "three dead jobs",
-        std::time::Duration::from_secs(30),
-        async || dead().await == 3,
-    )
-    .await;
-    stop.cancel();
-    worker.await.unwrap().unwrap();
     let dead_page = job_state().await;
     assert!(
         dead_page.contains(r#"<td id="job-state"><strong>dead</strong>"#),
@@ -616,6 +633,83 @@ async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_hi
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
+// Break checked: with `past_their_keys` answering no job, the page counts
+// both jobs as going back and the POST puts the ordered one back too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_ordered_job_whose_key_moved_past_it_stays_dead_and_the_page_says_to_replay_it() {
+    use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
+    let redis = outbox_test_support::TestRedis::new().await;
+    let namespace = QueueNamespace::prefixed(redis.prefix());
+    let conn = outbox_queue::connect(&RedisSettings::new(redis.url())).unwrap();
+    let console = served_with("", |console| {
+        console.with_queues(conn.clone(), namespace.clone(), vec![WEBHOOK.to_owned()])
+    })
+    .await;
+    let ordered = console
+        .event(
+            "{}",
+            ", status, processed_at, target_queue, ordering_key",
+            &format!(", 'DONE', now(), '{WEBHOOK}', 'acct-7'"),
+        )
+        .await;
+    let plain = console
+        .event(
+            "{}",
+            ", status, processed_at, target_queue",
+            &format!(", 'DONE', now(), '{WEBHOOK}'"),
+        )
+        .await;
+    // The worker's ordering policy skipped the dead event: its key moved on.
+    console
+        .db
+        .conn()
+        .await
+        .batch_execute("SELECT outbox_ordering_advance('acct-7', 1)")
+        .await
+        .unwrap();
+    let (ordered_job, plain_job) = (outbox_queue::task_id(ordered), outbox_queue::task_id(plain));
+    dead_webhook_jobs(&conn, &namespace, &[&ordered_job, &plain_job]).await;
+    let dead = async || {
+        outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
+            .await
+            .unwrap()
+    };
+
+    let (status, page) = console
+        .get_as(READER, &format!("/queues/{WEBHOOK}/dead"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        page.contains(r#"<span id="dry-run-count">1</span>"#)
+            && page.contains("1 would stay dead")
+            && page.contains("outbox requeue --replay")
+            && page.contains(&format!(
+                r#"{ordered_job}: key acct-7, event <a href="/events/{ordered}">"#
+            )),
+        "{page}"
+    );
+    let put_back = console
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=2")
+        .await;
+    assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        put_back.headers()[LOCATION],
+        format!("/queues/{WEBHOOK}/dead?put_back=1&recorded=1&left=1")
+    );
+    assert_eq!(dead().await, [ordered_job], "the ordered job stays dead");
+    assert!(console.history(ordered).await.is_empty());
+    let (_, page) = console
+        .get_as(
+            OPERATOR,
+            &format!("/queues/{WEBHOOK}/dead?put_back=1&recorded=1&left=1"),
+        )
+        .await;
+    assert!(
+        page.contains("1 left dead: their ordering key has moved past their event."),
+        "{page}"
+    );
+}
+
 #[tokio::test]
 async fn the_events_page_pages_by_keyset_and_the_next_page_starts_after_the_last_row() {
     let console = served().await;
@@ -674,11 +768,11 @@ async fn a_filter_no_index_serves_searches_ten_thousand_events_a_page_then_offer
     assert_eq!(status, StatusCode::OK);
     assert!(first.contains("Newest first by id"), "{first}");
     assert!(
-        first.contains("0 matching event(s) among the newest 10000"),
+        first.contains("0 matching event(s) among the newest 10,000"),
         "{first}"
     );
     assert!(!first.contains(initech));
-    assert!(first.contains("No more matching events among the 10000 searched"));
+    assert!(first.contains("No more matching events among the 10,000 searched"));
     let start = first
         .find(r#"id="search-further" href=""#)
         .expect("search further")

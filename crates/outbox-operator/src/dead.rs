@@ -23,6 +23,18 @@ pub const JOBS_PER_STEP: usize = 500;
 /// Task ids an error names at most.
 const NAMED: usize = 10;
 
+/// A dead job left dead because its event's ordering key has moved past
+/// the event (see [`past_their_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PassedOver {
+    /// The dead job.
+    pub task_id: String,
+    /// Its event.
+    pub event_id: Uuid,
+    /// The event's ordering key.
+    pub ordering_key: String,
+}
+
 /// What [`put_back`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PutBack {
@@ -34,6 +46,11 @@ pub struct PutBack {
     /// Jobs put back whose task id names no outbox event (pushed by other
     /// code): they have no event history to be recorded in.
     pub without_event: Vec<String>,
+    /// Jobs left dead: first deliveries of ordered events whose key has
+    /// moved past them, which the worker would acknowledge without running
+    /// their handler. Replaying the event (`outbox requeue --replay`) runs
+    /// it.
+    pub passed_over: Vec<PassedOver>,
 }
 
 /// Why [`put_back`] failed.
@@ -55,6 +72,21 @@ pub enum PutBackError {
         /// What Redis said.
         #[source]
         source: QueueError,
+    },
+    /// Postgres failed while checking whether a step's jobs are ordered
+    /// events their key has moved past; that step's jobs stayed dead (the
+    /// steps before are back and recorded). Calling again is safe.
+    #[error(
+        "cannot check the ordering keys of the dead jobs of {queue} ({put_back_before} put back and recorded before): {source}"
+    )]
+    Check {
+        /// The queue.
+        queue: String,
+        /// Jobs the steps before put back and recorded.
+        put_back_before: usize,
+        /// What Postgres said.
+        #[source]
+        source: StoreError,
     },
     /// A step's jobs went back, but their history entries were not
     /// written (the steps before are back and recorded).
@@ -82,6 +114,12 @@ pub enum PutBackError {
 /// (`outbox_store::record_dead_jobs_put_back`); [`JOBS_PER_STEP`] jobs at
 /// a time.
 ///
+/// A first delivery of an ordered event whose key has moved past the event
+/// (the key was released with `--skip-event`, or its worker's ordering
+/// policy skips dead events) stays dead and is listed in
+/// [`PutBack::passed_over`]: its worker would acknowledge it as a
+/// duplicate without running the handler. A replay of the event runs it.
+///
 /// # Example
 ///
 /// ```no_run
@@ -101,8 +139,10 @@ pub enum PutBackError {
 ///
 /// # Errors
 ///
-/// [`PutBackError::Redis`] when Redis fails; [`PutBackError::NotRecorded`]
-/// when jobs went back but Postgres failed to record them.
+/// [`PutBackError::Redis`] when Redis fails; [`PutBackError::Check`] when
+/// Postgres fails before a step's jobs go back;
+/// [`PutBackError::NotRecorded`] when jobs went back but Postgres failed
+/// to record them.
 #[allow(clippy::too_many_arguments)]
 pub async fn put_back(
     redis: &mut RedisConnection,
@@ -115,7 +155,24 @@ pub async fn put_back(
 ) -> Result<PutBack, PutBackError> {
     let mut done = PutBack::default();
     for step in task_ids.chunks(JOBS_PER_STEP) {
-        let went = outbox_queue::retry_dead(redis, namespace, queue, step)
+        let passed_over =
+            past_their_keys(conn, step)
+                .await
+                .map_err(|source| PutBackError::Check {
+                    queue: queue.to_owned(),
+                    put_back_before: done.task_ids.len(),
+                    source,
+                })?;
+        let step: Vec<String> = step
+            .iter()
+            .filter(|id| !passed_over.iter().any(|p| &p.task_id == *id))
+            .cloned()
+            .collect();
+        done.passed_over.extend(passed_over);
+        if step.is_empty() {
+            continue;
+        }
+        let went = outbox_queue::retry_dead(redis, namespace, queue, &step)
             .await
             .map_err(|source| PutBackError::Redis {
                 queue: queue.to_owned(),
@@ -143,6 +200,41 @@ pub async fn put_back(
         done.task_ids.extend(went);
     }
     Ok(done)
+}
+
+/// The jobs of `task_ids` that [`put_back`] leaves dead: first deliveries
+/// (`outbox:<event id>` or a retry copy of it) of ordered events whose key
+/// has moved past them (`outbox_store::keys_past`), in the order given.
+/// What a dry run shows.
+///
+/// # Errors
+///
+/// When Postgres fails.
+pub async fn past_their_keys(
+    conn: &mut AsyncPgConnection,
+    task_ids: &[String],
+) -> Result<Vec<PassedOver>, StoreError> {
+    let firsts: Vec<(Uuid, &String)> = task_ids
+        .iter()
+        .filter_map(|id| outbox_queue::first_delivery_of_task(id).map(|event| (event, id)))
+        .collect();
+    if firsts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let events: Vec<Uuid> = firsts.iter().map(|(event, _)| *event).collect();
+    let past = outbox_store::keys_past(conn, &events).await?;
+    Ok(firsts
+        .into_iter()
+        .filter_map(|(event, id)| {
+            past.iter()
+                .find(|p| p.event_id == event)
+                .map(|p| PassedOver {
+                    task_id: id.clone(),
+                    event_id: event,
+                    ordering_key: p.ordering_key.clone(),
+                })
+        })
+        .collect())
 }
 
 /// The jobs of `task_ids` that belong to an event, with it, and the others.

@@ -48,8 +48,8 @@ pub use inspect::{
 };
 pub use levels::{push_raw_at_priority, ready_list, scheduled_set};
 pub use presence::{
-    JobState, JobStateKind, Unfinished, event_of_task, job_states, rerun_finished, retry_dead,
-    unfinished_jobs,
+    JobState, JobStateKind, Unfinished, event_of_task, first_delivery_of_task, job_states,
+    rerun_finished, retry_dead, unfinished_jobs,
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_json, redact_url, redact_urls_in};
 pub use redis_queue::{

@@ -24,6 +24,7 @@ use serde::Deserialize;
 
 use super::events::Filters;
 use super::{Viewer, layout, refusal};
+use crate::figures::grouped;
 use crate::{Console, ConsoleError};
 
 /// Rows the dry run lists (to requeue, and refused).
@@ -111,8 +112,8 @@ pub(crate) async fn dry_run(
     let event = |id| viewer.base.to(&format!("/events/{id}"));
     let body = html! {
         p #dry-run {
-            "Dry run: " span #dry-run-count { (selection.to_requeue) } " event(s) would be requeued, "
-            (selection.refused()) " of the " (selection.matching) " matching refused; nothing changed yet."
+            "Dry run: " span #dry-run-count { (grouped(selection.to_requeue)) } " event(s) would be requeued, "
+            (grouped(selection.refused())) " of the " (grouped(selection.matching)) " matching refused; nothing changed yet."
         }
         @if replay {
             p.warning #replay-warning {
@@ -148,11 +149,11 @@ pub(crate) async fn dry_run(
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
-                        " Yes, requeue all " (selection.to_requeue) " (more than " (DEFAULT_CONFIRM_ABOVE) ")"
+                        " Yes, requeue all " (grouped(selection.to_requeue)) " (more than " (grouped(DEFAULT_CONFIRM_ABOVE)) ")"
                     }
                 }
                 button #confirm type="submit" {
-                    "Confirm: requeue " (selection.to_requeue) " event(s)"
+                    "Confirm: requeue " (grouped(selection.to_requeue)) " event(s)"
                     @if replayed > 0 { ", replaying " (replayed) }
                 }
             }

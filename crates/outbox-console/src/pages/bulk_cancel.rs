@@ -18,6 +18,7 @@ use outbox_store::EventFilter;
 use super::bulk::Confirm;
 use super::events::Filters;
 use super::{Viewer, layout, refusal};
+use crate::figures::grouped;
 use crate::{Console, ConsoleError};
 
 /// Rows the dry run lists (to cancel, and refused).
@@ -54,8 +55,8 @@ pub(crate) async fn dry_run(
     let event = |id| viewer.base.to(&format!("/events/{id}"));
     let body = html! {
         p #dry-run {
-            "Dry run: " span #dry-run-count { (selection.to_cancel) } " event(s) would be cancelled, "
-            (selection.refused()) " of the " (selection.matching) " matching refused; nothing changed yet."
+            "Dry run: " span #dry-run-count { (grouped(selection.to_cancel)) } " event(s) would be cancelled, "
+            (grouped(selection.refused())) " of the " (grouped(selection.matching)) " matching refused; nothing changed yet."
         }
         @if !preview.is_empty() {
             table #preview {
@@ -81,10 +82,10 @@ pub(crate) async fn dry_run(
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
-                        " Yes, cancel all " (selection.to_cancel) " (more than " (DEFAULT_CONFIRM_ABOVE) ")"
+                        " Yes, cancel all " (grouped(selection.to_cancel)) " (more than " (grouped(DEFAULT_CONFIRM_ABOVE)) ")"
                     }
                 }
-                button #confirm type="submit" { "Confirm: cancel " (selection.to_cancel) " event(s)" }
+                button #confirm type="submit" { "Confirm: cancel " (grouped(selection.to_cancel)) " event(s)" }
             }
         }
         p { a href=(format!("{}?{}", viewer.base.to("/events"), filters.query())) { "Back to the events" } }

@@ -16,6 +16,7 @@ use outbox_operator::dead::{self, PutBackError};
 use serde::Deserialize;
 
 use super::{Viewer, layout, refusal};
+use crate::figures::grouped;
 use crate::{Console, ConsoleError, Queues};
 
 /// Dead jobs listed on the page (all are counted and put back).
@@ -32,6 +33,9 @@ pub(crate) struct Shown {
     /// How many of them were recorded in their events' history.
     #[serde(default)]
     recorded: Option<usize>,
+    /// How many it left dead: ordered events their key has moved past.
+    #[serde(default)]
+    left: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -84,18 +88,44 @@ pub(crate) async fn page(
         Ok::<_, outbox_queue::QueueError>((ids, jobs))
     };
     let (ids, jobs) = read.await.map_err(|e| ConsoleError::Redis(e.to_string()))?;
+    let passed_over = if ids.is_empty() {
+        Vec::new()
+    } else {
+        dead::past_their_keys(&mut *console.conn().await?, &ids).await?
+    };
+    let going_back = ids.len() - passed_over.len();
     let guarded = needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE);
     let action = viewer.base.to(&format!("/queues/{queue}/dead"));
     let body = html! {
         @if let Some(n) = shown.put_back {
             p.ok #done {
-                "Put " (n) " dead job(s) back on " (queue) "; "
-                (shown.recorded.unwrap_or(0)) " recorded in their events' history."
+                "Put " (grouped(n)) " dead job(s) back on " (queue) "; "
+                (grouped(shown.recorded.unwrap_or(0))) " recorded in their events' history."
+                @if let Some(left) = shown.left.filter(|left| *left > 0) {
+                    " " (grouped(left)) " left dead: their ordering key has moved past their event."
+                }
             }
         }
         p #dry-run {
-            "Dry run: " span #dry-run-count { (ids.len()) } " dead job(s) would go back on " (queue)
+            "Dry run: " span #dry-run-count { (grouped(going_back)) } " dead job(s) would go back on " (queue)
             ", due now; nothing changed yet."
+        }
+        @if !passed_over.is_empty() {
+            div.warning #passed-over {
+                p {
+                    (grouped(passed_over.len())) " would stay dead: first deliveries of ordered events whose key has moved past them "
+                    "(released with --skip-event, or skipped by their worker's ordering policy). Their worker would acknowledge them "
+                    "without running the handler; replay the event to run it (outbox requeue --replay <event id>)."
+                }
+                ul {
+                    @for passed in passed_over.iter().take(SHOWN_JOBS) {
+                        li {
+                            (passed.task_id) ": key " (passed.ordering_key) ", event "
+                            a href=(viewer.base.to(&format!("/events/{}", passed.event_id))) { (passed.event_id) }
+                        }
+                    }
+                }
+            }
         }
         @if !jobs.is_empty() {
             table #dead-jobs {
@@ -110,7 +140,7 @@ pub(crate) async fn page(
                     }
                 }
             }
-            @if ids.len() > jobs.len() { p.muted { (jobs.len()) " of the " (ids.len()) " shown, taken at random." } }
+            @if ids.len() > jobs.len() { p.muted { (grouped(jobs.len())) " of the " (grouped(ids.len())) " shown, taken at random." } }
             form #confirm-form method="post" action=(action) {
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
                 input type="hidden" name="expected" value=(ids.len());
@@ -118,10 +148,10 @@ pub(crate) async fn page(
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
-                        " Yes, put all " (ids.len()) " back (more than " (DEFAULT_CONFIRM_ABOVE) ")"
+                        " Yes, put all " (grouped(ids.len())) " back (more than " (grouped(DEFAULT_CONFIRM_ABOVE)) ")"
                     }
                 }
-                button #confirm type="submit" { "Confirm: put " (ids.len()) " dead job(s) back" }
+                button #confirm type="submit" { "Confirm: put " (grouped(going_back)) " dead job(s) back" }
             }
         }
     };
@@ -176,8 +206,17 @@ pub(crate) async fn retry(
     .await
     .map_err(|e| match e {
         PutBackError::NotRecorded { .. } => ConsoleError::PutBack(e),
+        PutBackError::Check { source, .. } => ConsoleError::Store(source),
         _ => ConsoleError::Redis(e.to_string()),
     })?;
+    if !done.passed_over.is_empty() {
+        tracing::warn!(
+            queue = %queue,
+            actor = %actor,
+            passed_over = ?done.passed_over,
+            "dead jobs left dead: their ordering key has moved past their event; replay the events to run them"
+        );
+    }
     tracing::info!(
         queue = %queue,
         actor = %actor,
@@ -186,12 +225,15 @@ pub(crate) async fn retry(
         without_event = ?done.without_event,
         "console retry of dead jobs"
     );
-    let to = format!(
+    let mut to = format!(
         "{}?put_back={}&recorded={}",
         viewer.base.to(&format!("/queues/{queue}/dead")),
         done.task_ids.len(),
         done.recorded
     );
+    if !done.passed_over.is_empty() {
+        to.push_str(&format!("&left={}", done.passed_over.len()));
+    }
     Ok(Redirect::to(&to).into_response())
 }
 

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{Viewer, layout};
+use crate::figures::grouped;
 use crate::{Console, ConsoleError};
 
 /// Rows per page.
@@ -211,12 +212,12 @@ pub(crate) async fn page(
         (form(&viewer, &filters))
         @if let Ok(n) = filters.requeued.parse::<u64>() {
             p.ok #done {
-                "Requeued " (n) " event(s)"
-                @if let Ok(r) = filters.replayed.parse::<u64>() { @if r > 0 { ", replayed " (r) " of them" } }
+                "Requeued " (grouped(n)) " event(s)"
+                @if let Ok(r) = filters.replayed.parse::<u64>() { @if r > 0 { ", replayed " (grouped(r)) " of them" } }
                 "."
             }
         }
-        @if let Ok(n) = filters.cancelled.parse::<u64>() { p.ok #cancelled { "Cancelled " (n) " event(s)." } }
+        @if let Ok(n) = filters.cancelled.parse::<u64>() { p.ok #cancelled { "Cancelled " (grouped(n)) " event(s)." } }
         @if matching != Tally::Exact(0) {
             p {
                 a.button #requeue-matching href=(requeue_link) { "Requeue the matching events…" }
@@ -227,10 +228,10 @@ pub(crate) async fn page(
         }
         p #matching {
             @match matching {
-                Tally::Exact(n) => { (n) " matching event(s)" }
-                Tally::MoreThan(cap) => { "More than " (cap) " matching events" }
+                Tally::Exact(n) => { (grouped(n)) " matching event(s)" }
+                Tally::MoreThan(cap) => { "More than " (grouped(cap)) " matching events" }
                 Tally::Among { matching, searched } => {
-                    (matching) " matching event(s) among the newest " (searched)
+                    (grouped(matching)) " matching event(s) among the newest " (grouped(searched))
                     " (the filters are checked row by row; older events were not counted)"
                 }
             }
@@ -244,7 +245,7 @@ pub(crate) async fn page(
             }
             Some(next @ PageNext::SearchFurther(_)) => {
                 p #searched {
-                    "No more matching events among the " (SEARCH_BUDGET) " searched for this page. "
+                    "No more matching events among the " (grouped(SEARCH_BUDGET)) " searched for this page. "
                     a #search-further href=(next_link(next)) { "Search further →" }
                 }
             }

@@ -15,7 +15,7 @@ use outbox_model::OutboxStatus;
 use tokio::sync::Mutex;
 
 use super::{Viewer, layout};
-use crate::figures::{Figures, age, shown};
+use crate::figures::{Figures, age, grouped, shown};
 use crate::{Console, ConsoleError};
 
 /// How often the live overview sends new figures.
@@ -48,11 +48,11 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
                     (tile(status.as_str(), &format!("total:{status}"), shown(figures.total(status))))
                 }
             }
-            (tile("due now", "due", figures.pending.due.to_string()))
-            (tile("overdue (> 60 s)", "overdue", figures.pending.overdue.to_string()))
+            (tile("due now", "due", grouped(figures.pending.due)))
+            (tile("overdue (> 60 s)", "overdue", grouped(figures.pending.overdue)))
             (tile("oldest due", "oldest", age(figures.pending.oldest_due_age_secs)))
-            @if let Some(dead) = figures.dead() { (tile("dead jobs", "dead", dead.to_string())) }
-            @if let Some(workers) = figures.workers() { (tile("workers", "workers", workers.to_string())) }
+            @if let Some(dead) = figures.dead() { (tile("dead jobs", "dead", grouped(dead))) }
+            @if let Some(workers) = figures.workers() { (tile("workers", "workers", grouped(workers))) }
         }
         section #alerts {
             h2 { "Alerts (" span data-live="alerts" { (alerts.len()) } ")" }
@@ -74,7 +74,7 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
                         tr {
                             td { a href=(format!("{}?status={}", base.to("/events"), count.status)) { (count.status) } }
                             td { (count.queue) }
-                            td.num data-live=(format!("count:{}:{}", count.status, count.queue)) { (count.n) }
+                            td.num data-live=(format!("count:{}:{}", count.status, count.queue)) { (grouped(count.n)) }
                         }
                     }
                     tr {
@@ -97,16 +97,16 @@ fn body(viewer: &Viewer, figures: &Figures) -> Markup {
                         @for queue in queues {
                             tr {
                                 td { (queue.queue) }
-                                td.num { (queue.stats.backlog) }
-                                td.num { (queue.stats.due) }
-                                td.num { (queue.stats.running) }
+                                td.num { (grouped(queue.stats.backlog)) }
+                                td.num { (grouped(queue.stats.due)) }
+                                td.num { (grouped(queue.stats.running)) }
                                 td.num {
                                     @if queue.stats.dead > 0 {
-                                        a.dead-link href=(base.to(&format!("/queues/{}/dead", queue.queue))) { (queue.stats.dead) }
-                                    } @else { (queue.stats.dead) }
+                                        a.dead-link href=(base.to(&format!("/queues/{}/dead", queue.queue))) { (grouped(queue.stats.dead)) }
+                                    } @else { (grouped(queue.stats.dead)) }
                                 }
-                                td.num { (queue.stats.workers) }
-                                td.num { (queue.stats.stalled_workers) }
+                                td.num { (grouped(queue.stats.workers)) }
+                                td.num { (grouped(queue.stats.stalled_workers)) }
                                 td { (queue.alerts.join("; ")) }
                             }
                         }

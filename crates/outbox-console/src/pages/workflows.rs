@@ -14,6 +14,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::{Viewer, layout, refusal, shown_json, when};
+use crate::figures::grouped;
 use crate::{Console, ConsoleError};
 
 /// Workflows listed at most.
@@ -301,8 +302,8 @@ pub(crate) async fn executions(
         (executions_form(&viewer, &filters))
         p #matching {
             @match matching {
-                Some(n) => { (n) " matching execution(s), newest first" }
-                None => { "More than " (EXECUTIONS_COUNTED) " matching executions, newest first" }
+                Some(n) => { (grouped(n)) " matching execution(s), newest first" }
+                None => { "More than " (grouped(EXECUTIONS_COUNTED)) " matching executions, newest first" }
             }
             @if selection.after.is_some() { ", this page after the ones before" }
         }
