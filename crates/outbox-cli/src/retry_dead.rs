@@ -113,36 +113,38 @@ pub async fn run(cli: &Cli, args: &RetryDeadArgs) -> Outcome {
         }
         args.task_ids.clone()
     };
-    guard(selected.len(), args)?;
     let done = if selected.is_empty() {
         outbox_operator::dead::PutBack::default()
-    } else if args.dry_run {
-        let mut conn = connect(cli).await?;
-        let passed_over = outbox_operator::dead::past_their_keys(&mut conn, &selected)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot check the ordering keys of {}'s dead jobs",
-                    args.queue
-                )
-            })?;
-        outbox_operator::dead::PutBack {
-            passed_over,
-            ..Default::default()
-        }
     } else {
         let mut conn = connect(cli).await?;
-        let requested_by = std::env::var("USER").ok();
-        outbox_operator::dead::put_back(
+        let passed_over = outbox_operator::dead::past_their_keys(
             &mut redis,
             &namespace,
             &args.queue,
-            &selected,
             &mut conn,
-            &args.reason,
-            requested_by.as_deref(),
+            &selected,
         )
-        .await?
+        .await
+        .with_context(|| format!("cannot check the dead jobs of {}", args.queue))?;
+        guard(selected.len() - passed_over.len(), args)?;
+        if args.dry_run {
+            outbox_operator::dead::PutBack {
+                passed_over,
+                ..Default::default()
+            }
+        } else {
+            let requested_by = std::env::var("USER").ok();
+            outbox_operator::dead::put_back(
+                &mut redis,
+                &namespace,
+                &args.queue,
+                &selected,
+                &mut conn,
+                &args.reason,
+                requested_by.as_deref(),
+            )
+            .await?
+        }
     };
     let report = Report {
         queue: &args.queue,
@@ -172,18 +174,20 @@ fn print(report: &Report<'_>) {
         println!("{id}");
     }
     for passed in &report.passed_over {
+        let event = passed
+            .event_id
+            .map_or_else(|| "<event id>".to_owned(), |id| id.to_string());
+        let stays = if report.dry_run {
+            "would stay"
+        } else {
+            "stays"
+        };
         println!(
-            "{} {} dead: its ordering key {} has moved past event {}, so its worker would acknowledge it \
-             without running the handler; run the event again with `outbox requeue --replay {}`",
-            passed.task_id,
-            if report.dry_run {
-                "would stay"
-            } else {
-                "stays"
-            },
-            passed.ordering_key,
-            passed.event_id,
-            passed.event_id
+            "{} {stays} dead: its ordering key {} has moved past its position {} (the event was \
+             skipped, or delivered by a replay since: `outbox show {event}` tells which), so its \
+             worker would acknowledge it without running the handler; to run the handler once \
+             more: `outbox requeue --replay {event}`",
+            passed.task_id, passed.ordering_key, passed.position,
         );
     }
     if report.dry_run {

@@ -488,13 +488,13 @@ impl JobHandler for Doomed {
 }
 
 impl Env {
-    /// Pushes jobs of `task_ids` (body `{}`) on the webhook queue and runs
-    /// a handler that refuses each until all of them are dead.
-    async fn dead_webhook_jobs(&self, task_ids: &[&str]) {
+    /// Pushes the jobs (task id, body) on the webhook queue and runs a
+    /// handler that refuses each until all of them are dead.
+    async fn dead_webhook_jobs(&self, jobs: &[(&str, &str)]) {
         let conn = outbox_queue::connect(&RedisSettings::new(self.redis.url())).unwrap();
-        let jobs: Vec<(String, Vec<u8>)> = task_ids
+        let jobs: Vec<(String, Vec<u8>)> = jobs
             .iter()
-            .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+            .map(|(id, body)| ((*id).to_owned(), body.as_bytes().to_vec()))
             .collect();
         push_raw(&mut conn.clone(), &self.namespace, queues::WEBHOOK, &jobs)
             .await
@@ -510,7 +510,7 @@ impl Env {
         eventually("every job dead", Duration::from_secs(30), async || {
             self.outbox(&["dead", queues::WEBHOOK, "--json"]).json()["dead"]
                 .as_array()
-                .is_some_and(|d| d.len() == task_ids.len())
+                .is_some_and(|d| d.len() == jobs.len())
         })
         .await;
         stop.cancel();
@@ -530,7 +530,8 @@ async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and
     ))
     .await;
     let job_2 = outbox_queue::task_id(event);
-    env.dead_webhook_jobs(&["job-1", &job_2, "job-3"]).await;
+    env.dead_webhook_jobs(&[("job-1", "{}"), (&job_2, "{}"), ("job-3", "{}")])
+        .await;
 
     let guarded = env.outbox(&["retry-dead", queues::WEBHOOK, "--confirm-above", "2"]);
     assert_eq!(guarded.code, 2);
@@ -621,7 +622,9 @@ async fn retry_dead_puts_dead_jobs_back_records_them_in_their_events_history_and
 
 // Break checked: with `past_their_keys` answering no job, the dry run
 // exits 0 and names no job that stays dead (a run would put the ordered
-// job back, where its worker acknowledges it without running the handler).
+// job back, where its worker acknowledges it without running the handler);
+// taking replays (generation 1) for first deliveries leaves the replay's
+// job dead too, and the test fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_names_the_replay() {
     let env = Env::new().await;
@@ -640,8 +643,24 @@ async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_na
          WHERE ordering_key = 'acct-7'"
     ))
     .await;
-    let (ordered_job, plain_job) = (outbox_queue::task_id(ordered), outbox_queue::task_id(plain));
-    env.dead_webhook_jobs(&[&ordered_job, &plain_job]).await;
+    // The event's first delivery, a replay of it and an unordered event's
+    // job, with the bodies the dispatcher writes (the ordering fields).
+    let ordered_job = outbox_queue::task_id(ordered);
+    let replay_job = outbox_queue::generation_task_id(ordered, 1);
+    let plain_job = outbox_queue::task_id(plain);
+    let first_body = format!(
+        r#"{{"outbox_event_id":"{ordered}","ordering_key":"acct-7","ordering_position":1}}"#
+    );
+    let replay_body = format!(
+        r#"{{"outbox_event_id":"{ordered}","generation":1,"ordering_key":"acct-7","ordering_position":1}}"#
+    );
+    let plain_body = format!(r#"{{"outbox_event_id":"{plain}"}}"#);
+    env.dead_webhook_jobs(&[
+        (&ordered_job, &first_body),
+        (&replay_job, &replay_body),
+        (&plain_job, &plain_body),
+    ])
+    .await;
     let release = env.outbox(&["ordering", "release", "acct-7", "--skip-event"]);
     assert_eq!(release.code, 0, "{}{}", release.stdout, release.stderr);
 
@@ -649,6 +668,7 @@ async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_na
         "task_id": ordered_job,
         "event_id": ordered,
         "ordering_key": "acct-7",
+        "position": 1,
     }]);
     let dry = env.outbox(&["retry-dead", queues::WEBHOOK, "--dry-run", "--json"]);
     assert_eq!(
@@ -660,16 +680,23 @@ async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_na
     let text = env.outbox(&["retry-dead", queues::WEBHOOK, "--dry-run"]);
     assert!(
         text.stdout.contains(&format!(
-            "{ordered_job} would stay dead: its ordering key acct-7 has moved past event {ordered}"
+            "{ordered_job} would stay dead: its ordering key acct-7 has moved past its position 1"
         )) && text
             .stdout
             .contains(&format!("`outbox requeue --replay {ordered}`"))
-            && text.stdout.contains("would put 1 dead job(s) back"),
+            && text.stdout.contains("would put 2 dead job(s) back"),
         "{}",
         text.stdout
     );
-
-    let run = env.outbox(&["retry-dead", queues::WEBHOOK, "--json"]);
+    // Two going back are within --confirm-above 2: the one staying dead
+    // is not counted.
+    let run = env.outbox(&[
+        "retry-dead",
+        queues::WEBHOOK,
+        "--confirm-above",
+        "2",
+        "--json",
+    ]);
     assert_eq!(run.code, 1, "{}", run.stderr);
     let report = run.json();
     assert_eq!(
@@ -678,7 +705,7 @@ async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_na
             &report["recorded"],
             &report["passed_over"]
         ),
-        (&Value::from(1), &Value::from(1), &passed),
+        (&Value::from(2), &Value::from(2), &passed),
         "{report}"
     );
     let dead = env.outbox(&["dead", queues::WEBHOOK, "--json"]).json();
@@ -690,16 +717,22 @@ async fn retry_dead_leaves_an_ordered_job_dead_once_its_key_moved_past_it_and_na
         .collect();
     assert_eq!(still, [&Value::from(ordered_job.as_str())], "{dead}");
     let shown = env.outbox(&["show", &ordered.to_string(), "--json"]).json();
-    let actions: Vec<&Value> = shown["history"]
+    let entries: Vec<(&Value, &Value)> = shown["history"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|entry| &entry["action"])
+        .map(|entry| (&entry["action"], &entry["task_id"]))
         .collect();
     assert_eq!(
-        actions,
-        [&Value::from("skip")],
-        "no retry_dead entry: {shown}"
+        entries,
+        [
+            (&Value::from("skip"), &Value::Null),
+            (
+                &Value::from("retry_dead"),
+                &Value::from(replay_job.as_str())
+            )
+        ],
+        "the replay's job went back, the first delivery's did not: {shown}"
     );
 }
 

@@ -451,17 +451,17 @@ impl outbox_subscriber::JobHandler for Doomed {
     }
 }
 
-/// Pushes jobs of `task_ids` (body `{}`) on the webhook queue and runs a
+/// Pushes the jobs (task id, body) on the webhook queue and runs a
 /// handler that refuses each until all of them are dead.
 async fn dead_webhook_jobs(
     conn: &outbox_queue::RedisConnection,
     namespace: &outbox_queue::QueueNamespace,
-    task_ids: &[&str],
+    jobs: &[(&str, &str)],
 ) {
     use outbox_queue::queues::WEBHOOK;
-    let jobs: Vec<(String, Vec<u8>)> = task_ids
+    let jobs: Vec<(String, Vec<u8>)> = jobs
         .iter()
-        .map(|id| ((*id).to_owned(), b"{}".to_vec()))
+        .map(|(id, body)| ((*id).to_owned(), body.as_bytes().to_vec()))
         .collect();
     outbox_queue::push_raw(&mut conn.clone(), namespace, WEBHOOK, &jobs)
         .await
@@ -487,7 +487,7 @@ async fn dead_webhook_jobs(
                 .await
                 .unwrap()
                 .len()
-                == task_ids.len()
+                == jobs.len()
         },
     )
     .await;
@@ -527,7 +527,12 @@ async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_hi
             .contains(r#"<td id="job-state"><strong>not in Redis</strong>"#),
         "before the push"
     );
-    dead_webhook_jobs(&conn, &namespace, &["job-1", &job_2, "job-3"]).await;
+    dead_webhook_jobs(
+        &conn,
+        &namespace,
+        &[("job-1", "{}"), (&job_2, "{}"), ("job-3", "{}")],
+    )
+    .await;
     let dead = async || {
         outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
             .await
@@ -634,7 +639,8 @@ async fn dead_jobs_are_listed_and_put_back_no_more_than_shown_recorded_in_the_hi
 }
 
 // Break checked: with `past_their_keys` answering no job, the page counts
-// both jobs as going back and the POST puts the ordered one back too.
+// both jobs as going back and the POST puts the ordered one back too; with
+// the event page's `key_past` answering false, it offers the put-back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_ordered_job_whose_key_moved_past_it_stays_dead_and_the_page_says_to_replay_it() {
     use outbox_queue::{QueueNamespace, RedisSettings, queues::WEBHOOK};
@@ -659,16 +665,32 @@ async fn a_dead_ordered_job_whose_key_moved_past_it_stays_dead_and_the_page_says
             &format!(", 'DONE', now(), '{WEBHOOK}'"),
         )
         .await;
-    // The worker's ordering policy skipped the dead event: its key moved on.
-    console
-        .db
-        .conn()
-        .await
-        .batch_execute("SELECT outbox_ordering_advance('acct-7', 1)")
+    let (ordered_job, plain_job) = (outbox_queue::task_id(ordered), outbox_queue::task_id(plain));
+    let first_body = format!(
+        r#"{{"outbox_event_id":"{ordered}","ordering_key":"acct-7","ordering_position":1}}"#
+    );
+    let plain_body = format!(r#"{{"outbox_event_id":"{plain}"}}"#);
+    dead_webhook_jobs(
+        &conn,
+        &namespace,
+        &[(&ordered_job, &first_body), (&plain_job, &plain_body)],
+    )
+    .await;
+    // A worker whose ordering policy skips dead events moved the key on.
+    let mut db = console.db.conn().await;
+    db.batch_execute("SELECT outbox_ordering_advance('acct-7', 1)")
         .await
         .unwrap();
-    let (ordered_job, plain_job) = (outbox_queue::task_id(ordered), outbox_queue::task_id(plain));
-    dead_webhook_jobs(&conn, &namespace, &[&ordered_job, &plain_job]).await;
+    let (_, event_page) = console.get_as(READER, &format!("/events/{ordered}")).await;
+    assert!(
+        event_page.contains("its ordering key has moved past it since")
+            && !event_page.contains("job-dead-jobs"),
+        "the event's page says replay, not put back: {event_page}"
+    );
+    // Retention deleted the row since: the job's body still decides.
+    db.batch_execute(&format!("DELETE FROM outbox_event WHERE id = '{ordered}'"))
+        .await
+        .unwrap();
     let dead = async || {
         outbox_queue::dead_task_ids(&mut conn.clone(), &namespace, WEBHOOK)
             .await
@@ -682,14 +704,15 @@ async fn a_dead_ordered_job_whose_key_moved_past_it_stays_dead_and_the_page_says
     assert!(
         page.contains(r#"<span id="dry-run-count">1</span>"#)
             && page.contains("1 would stay dead")
-            && page.contains("outbox requeue --replay")
+            && page.contains("replay the event from its page")
+            && page.contains(r#"name="expected" value="1""#)
             && page.contains(&format!(
-                r#"{ordered_job}: key acct-7, event <a href="/events/{ordered}">"#
+                r#"{ordered_job}: key acct-7, position 1, event <a href="/events/{ordered}">"#
             )),
         "{page}"
     );
     let put_back = console
-        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=2")
+        .post_as(OPERATOR, &format!("/queues/{WEBHOOK}/dead"), "expected=1")
         .await;
     assert_eq!(put_back.status(), StatusCode::SEE_OTHER);
     assert_eq!(

@@ -29,10 +29,24 @@ const NAMED: usize = 10;
 pub struct PassedOver {
     /// The dead job.
     pub task_id: String,
-    /// Its event.
-    pub event_id: Uuid,
-    /// The event's ordering key.
+    /// Its event (`None` for a job whose task id names none).
+    pub event_id: Option<Uuid>,
+    /// The ordering key its body names.
     pub ordering_key: String,
+    /// The position its body names.
+    pub position: i64,
+}
+
+/// Why [`past_their_keys`] could not tell which jobs stay dead.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// Redis failed reading the jobs' bodies.
+    #[error("cannot read the dead jobs' bodies: {0}")]
+    Redis(#[from] QueueError),
+    /// Postgres failed reading their ordering keys.
+    #[error("cannot read their ordering keys: {0}")]
+    Postgres(#[from] StoreError),
 }
 
 /// What [`put_back`] did.
@@ -73,20 +87,20 @@ pub enum PutBackError {
         #[source]
         source: QueueError,
     },
-    /// Postgres failed while checking whether a step's jobs are ordered
-    /// events their key has moved past; that step's jobs stayed dead (the
-    /// steps before are back and recorded). Calling again is safe.
+    /// Checking whether a step's jobs are ordered events their key has
+    /// moved past failed; that step's jobs stayed dead (the steps before
+    /// are back and recorded). Calling again is safe.
     #[error(
-        "cannot check the ordering keys of the dead jobs of {queue} ({put_back_before} put back and recorded before): {source}"
+        "cannot check the ordering of the dead jobs of {queue} ({put_back_before} put back and recorded before): {source}"
     )]
     Check {
         /// The queue.
         queue: String,
         /// Jobs the steps before put back and recorded.
         put_back_before: usize,
-        /// What Postgres said.
+        /// What failed.
         #[source]
-        source: StoreError,
+        source: CheckError,
     },
     /// A step's jobs went back, but their history entries were not
     /// written (the steps before are back and recorded).
@@ -115,10 +129,9 @@ pub enum PutBackError {
 /// a time.
 ///
 /// A first delivery of an ordered event whose key has moved past the event
-/// (the key was released with `--skip-event`, or its worker's ordering
-/// policy skips dead events) stays dead and is listed in
-/// [`PutBack::passed_over`]: its worker would acknowledge it as a
-/// duplicate without running the handler. A replay of the event runs it.
+/// stays dead and is listed in [`PutBack::passed_over`]: its worker would
+/// acknowledge it as a duplicate without running the handler (see
+/// [`past_their_keys`]).
 ///
 /// # Example
 ///
@@ -155,17 +168,18 @@ pub async fn put_back(
 ) -> Result<PutBack, PutBackError> {
     let mut done = PutBack::default();
     for step in task_ids.chunks(JOBS_PER_STEP) {
-        let passed_over =
-            past_their_keys(conn, step)
-                .await
-                .map_err(|source| PutBackError::Check {
-                    queue: queue.to_owned(),
-                    put_back_before: done.task_ids.len(),
-                    source,
-                })?;
+        let passed_over = past_their_keys(redis, namespace, queue, conn, step)
+            .await
+            .map_err(|source| PutBackError::Check {
+                queue: queue.to_owned(),
+                put_back_before: done.task_ids.len(),
+                source,
+            })?;
+        let left: std::collections::HashSet<&str> =
+            passed_over.iter().map(|p| p.task_id.as_str()).collect();
         let step: Vec<String> = step
             .iter()
-            .filter(|id| !passed_over.iter().any(|p| &p.task_id == *id))
+            .filter(|id| !left.contains(id.as_str()))
             .cloned()
             .collect();
         done.passed_over.extend(passed_over);
@@ -202,37 +216,49 @@ pub async fn put_back(
     Ok(done)
 }
 
-/// The jobs of `task_ids` that [`put_back`] leaves dead: first deliveries
-/// (`outbox:<event id>` or a retry copy of it) of ordered events whose key
-/// has moved past them (`outbox_store::keys_past`), in the order given.
-/// What a dry run shows.
+/// The jobs of `task_ids` of `queue` that [`put_back`] leaves dead, in the
+/// order given: first deliveries of ordered events (a body with an
+/// ordering key and position, generation 0) whose key has moved past
+/// them, which their worker acknowledges as duplicates without running the
+/// handler. The key moves past an event when its handler succeeded (the
+/// dead job of an event delivered since by a replay), or when it was
+/// skipped (`outbox ordering release --skip-event`, a worker whose
+/// ordering policy skips dead events). The job's body decides, as in the
+/// worker, not the event's row (which may be gone, or renumbered by a
+/// requeue). A replay of the event (`outbox requeue --replay`) runs its
+/// handler whatever the key's position. What a dry run shows.
 ///
 /// # Errors
 ///
-/// When Postgres fails.
+/// [`CheckError`] when Redis or Postgres fails.
 pub async fn past_their_keys(
+    redis: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    queue: &str,
     conn: &mut AsyncPgConnection,
     task_ids: &[String],
-) -> Result<Vec<PassedOver>, StoreError> {
-    let firsts: Vec<(Uuid, &String)> = task_ids
+) -> Result<Vec<PassedOver>, CheckError> {
+    let orderings = outbox_queue::job_orderings(redis, namespace, queue, task_ids).await?;
+    let firsts: Vec<(&String, outbox_queue::JobOrdering)> = task_ids
         .iter()
-        .filter_map(|id| outbox_queue::first_delivery_of_task(id).map(|event| (event, id)))
+        .zip(orderings)
+        .filter_map(|(id, ordering)| Some((id, ordering?)))
+        .filter(|(_, ordering)| ordering.generation == 0)
         .collect();
-    if firsts.is_empty() {
-        return Ok(Vec::new());
-    }
-    let events: Vec<Uuid> = firsts.iter().map(|(event, _)| *event).collect();
-    let past = outbox_store::keys_past(conn, &events).await?;
+    let positions: Vec<(&str, i64)> = firsts
+        .iter()
+        .map(|(_, ordering)| (ordering.key.as_str(), ordering.position))
+        .collect();
+    let finished = outbox_store::are_finished(conn, &positions).await?;
     Ok(firsts
         .into_iter()
-        .filter_map(|(event, id)| {
-            past.iter()
-                .find(|p| p.event_id == event)
-                .map(|p| PassedOver {
-                    task_id: id.clone(),
-                    event_id: event,
-                    ordering_key: p.ordering_key.clone(),
-                })
+        .zip(finished)
+        .filter(|(_, finished)| *finished)
+        .map(|((id, ordering), _)| PassedOver {
+            task_id: id.clone(),
+            event_id: outbox_queue::event_of_task(id),
+            ordering_key: ordering.key,
+            position: ordering.position,
         })
         .collect())
 }

@@ -119,6 +119,67 @@ impl OutboxJob {
     }
 }
 
+/// Where an ordered event's job stands in its ordering key: the
+/// envelope's `ordering_key`, `ordering_position` and `generation`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobOrdering {
+    /// The ordering key.
+    pub key: String,
+    /// The event's position within the key, from 1.
+    pub position: i64,
+    /// The delivery generation (above 0 for an operator's replay).
+    pub generation: u32,
+}
+
+/// The ordering fields of an envelope; read apart so that nothing else of
+/// the body can hide them.
+#[derive(Deserialize)]
+struct OrderingFields {
+    #[serde(default)]
+    ordering_key: Option<String>,
+    #[serde(default)]
+    ordering_position: Option<i64>,
+    #[serde(default)]
+    generation: u32,
+}
+
+impl JobOrdering {
+    /// The ordering of a job body, when it is an ordered event's envelope
+    /// (a JSON object with both `ordering_key` and `ordering_position`);
+    /// `None` for any other body. What the worker's ordering step and
+    /// the operator's put-back of dead jobs read.
+    ///
+    /// ```
+    /// use outbox_queue::JobOrdering;
+    ///
+    /// let body = br#"{"ordering_key":"order-7","ordering_position":3,"generation":1}"#;
+    /// assert_eq!(
+    ///     JobOrdering::of_body(body),
+    ///     Some(JobOrdering { key: "order-7".into(), position: 3, generation: 1 })
+    /// );
+    /// assert_eq!(JobOrdering::of_body(b"{}"), None);
+    /// assert_eq!(JobOrdering::of_body(br#"["order-7", 3]"#), None);
+    /// ```
+    #[must_use]
+    pub fn of_body(raw: &[u8]) -> Option<Self> {
+        // Serde also reads a struct from a JSON array, by position: only
+        // an object has named fields.
+        if raw
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+            != Some(&b'{')
+        {
+            return None;
+        }
+        let fields = serde_json::from_slice::<OrderingFields>(raw).ok()?;
+        Some(Self {
+            key: fields.ordering_key?,
+            position: fields.ordering_position?,
+            generation: fields.generation,
+        })
+    }
+}
+
 /// The trace context stored with an event (by the publisher, or by a
 /// plain-SQL producer), if it is a valid one.
 #[must_use]

@@ -181,6 +181,56 @@ pub async fn job_record(
     Ok(JobRecord { result, attempts })
 }
 
+/// Job bodies read per call of [`job_orderings`].
+const BODIES_PER_CALL: usize = 500;
+
+/// The ordering of each job of `task_ids` of `queue`, in the order given:
+/// its body's [`JobOrdering`], `None` for a job that is not an ordered
+/// event's envelope or whose body Redis no longer holds. Bodies are read
+/// [`BODIES_PER_CALL`] at a time.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut outbox_queue::RedisConnection) -> Result<(), outbox_queue::QueueError> {
+/// use outbox_queue::{QueueNamespace, dead_task_ids, job_orderings};
+///
+/// let root = QueueNamespace::root();
+/// let dead = dead_task_ids(conn, &root, "outbox.webhook").await?;
+/// for (id, ordering) in dead.iter().zip(job_orderings(conn, &root, "outbox.webhook", &dead).await?) {
+///     if let Some(ordering) = ordering {
+///         println!("{id}: key {} at {}", ordering.key, ordering.position);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`QueueError::Redis`] when Redis fails.
+pub async fn job_orderings(
+    conn: &mut RedisConnection,
+    namespace: &QueueNamespace,
+    queue: &str,
+    task_ids: &[String],
+) -> Result<Vec<Option<crate::JobOrdering>>, QueueError> {
+    let config = apalis_config(namespace, queue);
+    let mut orderings = Vec::with_capacity(task_ids.len());
+    for chunk in task_ids.chunks(BODIES_PER_CALL) {
+        let bodies: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            .arg(config.job_data_hash())
+            .arg(chunk)
+            .query_async(conn)
+            .await?;
+        orderings.extend(
+            bodies
+                .iter()
+                .map(|body| body.as_deref().and_then(crate::JobOrdering::of_body)),
+        );
+    }
+    Ok(orderings)
+}
+
 /// Every task id in `queue`'s dead set, sorted (read in steps of 500).
 ///
 /// # Errors

@@ -39,17 +39,17 @@ pub use derived::{
     DerivedTaskIds, EMAIL_TASK_IDS, PLUGIN_INVOKE_TASK_IDS, email_task_id, plugin_invoke_task_id,
 };
 pub use envelope::{
-    OutboxJob, delivery_id, deserialize_priority_lenient, generation_task_id, stored_trace_context,
-    task_id,
+    JobOrdering, OutboxJob, delivery_id, deserialize_priority_lenient, generation_task_id,
+    stored_trace_context, task_id,
 };
 pub use inspect::{
     DEFAULT_DONE_RETENTION_HOURS, DeadJob, JobRecord, QUEUE_DONE_RETENTION_HOURS, QueueStats,
-    dead_jobs, dead_task_ids, job_record, queue_stats, trim_finished,
+    dead_jobs, dead_task_ids, job_orderings, job_record, queue_stats, trim_finished,
 };
 pub use levels::{push_raw_at_priority, ready_list, scheduled_set};
 pub use presence::{
-    JobState, JobStateKind, Unfinished, event_of_task, first_delivery_of_task, job_states,
-    rerun_finished, retry_dead, unfinished_jobs,
+    JobState, JobStateKind, Unfinished, event_of_task, job_states, rerun_finished, retry_dead,
+    unfinished_jobs,
 };
 pub use redact::{INVALID_URL, REDACTED, endpoint_origin, redact_json, redact_url, redact_urls_in};
 pub use redis_queue::{

@@ -259,34 +259,6 @@ pub fn event_of_task(task_id: &str) -> Option<Uuid> {
     }
 }
 
-/// The event whose first delivery (generation 0) the task id is: its own
-/// job `outbox:<event id>` or a retry copy of it. `None` for a replay's
-/// job (`outbox:<event id>:g<n>`), a derived job and any other id. An
-/// ordered event's first delivery is the job whose handler waits for its
-/// key's turn and is acknowledged without running once the key is past
-/// it; a replay runs whatever the key's position.
-///
-/// ```
-/// let event = uuid::Uuid::now_v7();
-/// let own = outbox_queue::task_id(event);
-/// assert_eq!(outbox_queue::first_delivery_of_task(&own), Some(event));
-/// let copy = outbox_queue::retry_task_id(&own, 2);
-/// assert_eq!(outbox_queue::first_delivery_of_task(&copy), Some(event));
-/// let replay = outbox_queue::generation_task_id(event, 1);
-/// assert_eq!(outbox_queue::first_delivery_of_task(&replay), None);
-/// let mail = outbox_queue::email_task_id(&outbox_queue::delivery_id(event, 0));
-/// assert_eq!(outbox_queue::first_delivery_of_task(&mail), None);
-/// ```
-#[must_use]
-pub fn first_delivery_of_task(task_id: &str) -> Option<Uuid> {
-    let (base, _) = crate::retry_round(task_id);
-    let event = base.strip_prefix(crate::envelope::OUTBOX_TASK_PREFIX)?;
-    if event.len() != 36 {
-        return None;
-    }
-    event.parse().ok()
-}
-
 /// Runs finished jobs of `queue` again: each task id that is in the done
 /// set goes back on the queue, due now, with its body unchanged (its meta
 /// record reset to a pending job); waiting, running, dead or missing ids

@@ -98,8 +98,8 @@ pub use insert::{
 };
 pub use maintenance::{VACUUM_SQL, may_vacuum, table_rows, vacuum, vacuum_analyze};
 pub use ordering::{
-    HeldFigures, HeldKey, KeyPast, Skipped, advance, clear_hold, held_figures, held_keys, hold,
-    is_finished, keys_past, release_deleted_hold, skip_held,
+    HeldFigures, HeldKey, Skipped, advance, are_finished, clear_hold, held_figures, held_keys,
+    hold, is_finished, release_deleted_hold, skip_held,
 };
 pub use page::{
     BadPagePosition, EventPage, PageNext, PageOrder, PagePosition, Tally, count_events_newest,

@@ -70,6 +70,45 @@ pub async fn is_finished(conn: &mut AsyncPgConnection, key: &str, position: i64)
     Ok(row.flag)
 }
 
+/// [`is_finished`] for many (key, position) pairs at once, in the order
+/// given: whether each key's `done_position` reached the position (the
+/// handler succeeded, or the key was moved past the event). A first
+/// delivery of such an event is acknowledged without running its handler.
+///
+/// # Errors
+///
+/// When Postgres fails.
+///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// let finished = outbox_store::are_finished(conn, &[("order-7", 3), ("order-8", 1)]).await?;
+/// println!("order-7 at 3: {}, order-8 at 1: {}", finished[0], finished[1]);
+/// # Ok(()) }
+/// ```
+#[instrument(level = "debug", skip_all, fields(positions = positions.len()), err(level = "debug"))]
+pub async fn are_finished(
+    conn: &mut AsyncPgConnection,
+    positions: &[(&str, i64)],
+) -> Result<Vec<bool>> {
+    if positions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (keys, at): (Vec<&str>, Vec<i64>) = positions.iter().copied().unzip();
+    let rows: Vec<Flag> = diesel::sql_query(
+        "SELECT coalesce(k.done_position >= p.position, false) AS flag
+         FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS p(ordering_key, position, n)
+         LEFT JOIN outbox_ordering_key k ON k.ordering_key = p.ordering_key
+         ORDER BY p.n",
+    )
+    .bind::<diesel::sql_types::Array<Text>, _>(&keys)
+    .bind::<diesel::sql_types::Array<BigInt>, _>(&at)
+    .load(conn)
+    .await?;
+    Ok(rows.into_iter().map(|row| row.flag).collect())
+}
+
 /// Holds `key` on the event `event_id` at `position`, whose job failed for
 /// good: the key's later events wait until the event is retried
 /// successfully, skipped or released. Returns false when the key is
@@ -158,59 +197,6 @@ pub async fn release_deleted_hold(conn: &mut AsyncPgConnection, key: &str) -> Re
         Ok(Some(event_id))
     })
     .await
-}
-
-/// An ordered event whose key has moved past it (see [`keys_past`]).
-#[derive(Debug, Clone, PartialEq, Eq, QueryableByName)]
-pub struct KeyPast {
-    /// The event.
-    #[diesel(sql_type = SqlUuid)]
-    pub event_id: Uuid,
-    /// Its ordering key.
-    #[diesel(sql_type = Text)]
-    pub ordering_key: String,
-    /// Its position in the key.
-    #[diesel(sql_type = BigInt)]
-    pub position: i64,
-}
-
-/// The events of `events` whose ordering key has moved past them: the
-/// key's `done_position` reached their position (the handler succeeded,
-/// or the key was moved past the event: `outbox ordering release
-/// --skip-event`, or a dead job of a worker whose ordering policy is to
-/// skip). A
-/// first delivery of such an event is acknowledged without running its
-/// handler, as a duplicate; a replay still runs. Events without an
-/// ordering key, and ids of no row, are left out.
-///
-/// # Errors
-///
-/// When Postgres fails.
-///
-/// # Example
-///
-/// ```no_run
-/// # async fn run(conn: &mut diesel_async::AsyncPgConnection, event: uuid::Uuid) -> outbox_store::Result<()> {
-/// for past in outbox_store::keys_past(conn, &[event]).await? {
-///     println!("{} moved past {} (position {})", past.ordering_key, past.event_id, past.position);
-/// }
-/// # Ok(()) }
-/// ```
-#[instrument(level = "debug", skip_all, fields(events = events.len()), err(level = "debug"))]
-pub async fn keys_past(conn: &mut AsyncPgConnection, events: &[Uuid]) -> Result<Vec<KeyPast>> {
-    if events.is_empty() {
-        return Ok(Vec::new());
-    }
-    Ok(diesel::sql_query(
-        "SELECT e.id AS event_id, e.ordering_key, e.ordering_position AS position
-         FROM outbox_event e
-         JOIN outbox_ordering_key k ON k.ordering_key = e.ordering_key
-         WHERE e.id = ANY($1) AND k.done_position >= e.ordering_position
-         ORDER BY e.ordering_key, e.ordering_position",
-    )
-    .bind::<diesel::sql_types::Array<SqlUuid>, _>(events)
-    .load(conn)
-    .await?)
 }
 
 /// A key whose head event failed for good, as `outbox ordering list` shows it.

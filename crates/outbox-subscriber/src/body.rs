@@ -69,30 +69,7 @@ struct Dating {
     generation: u32,
 }
 
-/// The ordering fields of an outbox envelope; read apart so that nothing
-/// else of the body can hide them.
-#[derive(serde::Deserialize)]
-struct Ordered {
-    #[serde(default)]
-    ordering_key: Option<String>,
-    #[serde(default)]
-    ordering_position: Option<i64>,
-    #[serde(default)]
-    generation: u32,
-}
-
-/// Where an ordered job stands in its ordering key (the envelope's
-/// `ordering_key` and `ordering_position`, see
-/// [`outbox_queue::OutboxJob::ordering_key`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobOrdering {
-    /// The ordering key.
-    pub key: String,
-    /// The event's position within the key, from 1.
-    pub position: i64,
-    /// The delivery generation (above 0 for an operator's replay).
-    pub generation: u32,
-}
+pub use outbox_queue::JobOrdering;
 
 /// A top-level field's value as text: strings without their quotes.
 fn field_text(raw: Option<&serde_json::value::RawValue>) -> Option<String> {
@@ -173,15 +150,7 @@ impl JobBody {
     /// ```
     #[must_use]
     pub fn ordering(&self) -> Option<JobOrdering> {
-        if !self.is_object() {
-            return None;
-        }
-        let ordered = serde_json::from_slice::<Ordered>(&self.raw).ok()?;
-        Some(JobOrdering {
-            key: ordered.ordering_key?,
-            position: ordered.ordering_position?,
-            generation: ordered.generation,
-        })
+        JobOrdering::of_body(&self.raw)
     }
 
     /// Whether the body starts like a JSON object. Serde also reads a

@@ -54,6 +54,32 @@ pub(crate) struct Retry {
     reason: String,
 }
 
+/// The dead jobs of `ids` a put-back leaves dead (see
+/// `outbox_operator::dead::past_their_keys`).
+async fn staying(
+    console: &Console,
+    queues: &Queues,
+    queue: &str,
+    ids: &[String],
+) -> Result<Vec<dead::PassedOver>, ConsoleError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut redis = queues.redis.clone();
+    dead::past_their_keys(
+        &mut redis,
+        &queues.namespace,
+        queue,
+        &mut *console.conn().await?,
+        ids,
+    )
+    .await
+    .map_err(|e| match e {
+        dead::CheckError::Postgres(e) => ConsoleError::Store(e),
+        e => ConsoleError::Redis(e.to_string()),
+    })
+}
+
 /// The console's queues, if `queue` is one of them.
 fn known<'a>(console: &'a Console, queue: &str) -> Option<&'a Queues> {
     console
@@ -88,13 +114,9 @@ pub(crate) async fn page(
         Ok::<_, outbox_queue::QueueError>((ids, jobs))
     };
     let (ids, jobs) = read.await.map_err(|e| ConsoleError::Redis(e.to_string()))?;
-    let passed_over = if ids.is_empty() {
-        Vec::new()
-    } else {
-        dead::past_their_keys(&mut *console.conn().await?, &ids).await?
-    };
+    let passed_over = staying(&console, queues, &queue, &ids).await?;
     let going_back = ids.len() - passed_over.len();
-    let guarded = needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE);
+    let guarded = needs_confirmation(going_back as u64, DEFAULT_CONFIRM_ABOVE);
     let action = viewer.base.to(&format!("/queues/{queue}/dead"));
     let body = html! {
         @if let Some(n) = shown.put_back {
@@ -114,14 +136,16 @@ pub(crate) async fn page(
             div.warning #passed-over {
                 p {
                     (grouped(passed_over.len())) " would stay dead: first deliveries of ordered events whose key has moved past them "
-                    "(released with --skip-event, or skipped by their worker's ordering policy). Their worker would acknowledge them "
-                    "without running the handler; replay the event to run it (outbox requeue --replay <event id>)."
+                    "(the event was skipped, or delivered by a replay since: its history tells which). Their worker would acknowledge them "
+                    "without running the handler; to run the handler once more, replay the event from its page."
                 }
                 ul {
                     @for passed in passed_over.iter().take(SHOWN_JOBS) {
                         li {
-                            (passed.task_id) ": key " (passed.ordering_key) ", event "
-                            a href=(viewer.base.to(&format!("/events/{}", passed.event_id))) { (passed.event_id) }
+                            (passed.task_id) ": key " (passed.ordering_key) ", position " (passed.position)
+                            @if let Some(event) = passed.event_id {
+                                ", event " a href=(viewer.base.to(&format!("/events/{event}"))) { (event) }
+                            }
                         }
                     }
                 }
@@ -141,14 +165,16 @@ pub(crate) async fn page(
                 }
             }
             @if ids.len() > jobs.len() { p.muted { (grouped(jobs.len())) " of the " (grouped(ids.len())) " shown, taken at random." } }
+        }
+        @if going_back > 0 {
             form #confirm-form method="post" action=(action) {
                 input type="hidden" name="csrf" value=(viewer.csrf_field());
-                input type="hidden" name="expected" value=(ids.len());
+                input type="hidden" name="expected" value=(going_back);
                 label { "reason " input #reason name="reason" value=(DEFAULT_REASON) size="40"; }
                 @if guarded {
                     label.warning {
                         input #yes type="checkbox" name="yes" value="true";
-                        " Yes, put all " (grouped(ids.len())) " back (more than " (grouped(DEFAULT_CONFIRM_ABOVE)) ")"
+                        " Yes, put all " (grouped(going_back)) " back (more than " (grouped(DEFAULT_CONFIRM_ABOVE)) ")"
                     }
                 }
                 button #confirm type="submit" { "Confirm: put " (grouped(going_back)) " dead job(s) back" }
@@ -175,16 +201,17 @@ pub(crate) async fn retry(
     let ids = outbox_queue::dead_task_ids(&mut redis, &queues.namespace, &queue)
         .await
         .map_err(|e| ConsoleError::Redis(e.to_string()))?;
-    if let Some(refused) = more_than_confirmed(&viewer, ids.len() as u64, form.expected, &queue) {
+    let going_back = (ids.len() - staying(&console, queues, &queue, &ids).await?.len()) as u64;
+    if let Some(refused) = more_than_confirmed(&viewer, going_back, form.expected, &queue) {
         return Ok(refused);
     }
-    if needs_confirmation(ids.len() as u64, DEFAULT_CONFIRM_ABOVE) && !form.yes {
+    if needs_confirmation(going_back, DEFAULT_CONFIRM_ABOVE) && !form.yes {
         return Ok(refusal(
             &viewer.base,
             StatusCode::CONFLICT,
             &format!(
                 "{} dead jobs of {queue} would go back, more than {DEFAULT_CONFIRM_ABOVE}: tick the confirmation box (nothing changed).",
-                ids.len()
+                grouped(going_back)
             ),
         ));
     }
@@ -206,7 +233,6 @@ pub(crate) async fn retry(
     .await
     .map_err(|e| match e {
         PutBackError::NotRecorded { .. } => ConsoleError::PutBack(e),
-        PutBackError::Check { source, .. } => ConsoleError::Store(source),
         _ => ConsoleError::Redis(e.to_string()),
     })?;
     if !done.passed_over.is_empty() {
@@ -242,14 +268,16 @@ pub(crate) async fn retry(
 /// page): the confirmation never acts on more than it showed.
 fn more_than_confirmed(
     viewer: &Viewer,
-    dead_now: u64,
+    going_back: u64,
     expected: Option<u64>,
     queue: &str,
 ) -> Option<Response> {
     let message = match expected {
         None => "The confirmation did not say how many jobs it was for: confirm from the dead jobs page (nothing changed).".to_owned(),
-        Some(expected) if dead_now > expected => format!(
-            "{queue} now holds {dead_now} dead jobs, {expected} were confirmed: look again (nothing changed)."
+        Some(expected) if going_back > expected => format!(
+            "{} dead jobs of {queue} would now go back, {} were confirmed: look again (nothing changed).",
+            grouped(going_back),
+            grouped(expected)
         ),
         Some(_) => return None,
     };

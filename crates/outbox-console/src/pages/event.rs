@@ -112,6 +112,10 @@ async fn job(console: &Console, viewer: &Viewer, row: &OutboxEvent) -> Markup {
             return html! { p.warning #job { "Could not read the job " (task) " from Redis within " (JOB_READ_TIMEOUT.as_secs()) " s." } };
         }
     };
+    // A first delivery its ordering key has moved past is acknowledged
+    // without running the handler: putting it back would do nothing.
+    let passed_over =
+        state.kind == JobStateKind::Dead && row.generation == 0 && key_past(console, row).await;
     let finished = state
         .finished_at
         .and_then(|at| DateTime::<Utc>::from_timestamp_millis((at * 1000.0) as i64))
@@ -119,6 +123,10 @@ async fn job(console: &Console, viewer: &Viewer, row: &OutboxEvent) -> Markup {
     let (word, meaning) = match state.kind {
         JobStateKind::Waiting => ("waiting", "on its queue, due or running"),
         JobStateKind::Done => ("done", "its handler finished it"),
+        JobStateKind::Dead if passed_over => (
+            "dead",
+            "its retries ran out, and its ordering key has moved past it since: put back, it would be acknowledged without running the handler; replay the event to run it",
+        ),
         JobStateKind::Dead => (
             "dead",
             "its retries ran out: put it back from the queue's dead jobs",
@@ -140,10 +148,25 @@ async fn job(console: &Console, viewer: &Viewer, row: &OutboxEvent) -> Markup {
             @if let Some(result) = record.result.as_deref().filter(|_| state.kind == JobStateKind::Dead) {
                 tr { th { "why it died" } td #job-reason { (outbox_queue::redact_urls_in(result)) } }
             }
-            @if let Some(link) = dead_jobs.filter(|_| state.kind == JobStateKind::Dead) {
+            @if let Some(link) = dead_jobs.filter(|_| state.kind == JobStateKind::Dead && !passed_over) {
                 tr { th { "" } td { a #job-dead-jobs href=(link) { "The queue's dead jobs, to put it back" } } }
             }
         }
+    }
+}
+
+/// Whether the event is ordered and its key has moved past its position
+/// (false when Postgres cannot tell: the page then offers the put-back,
+/// whose dry run checks again).
+async fn key_past(console: &Console, row: &OutboxEvent) -> bool {
+    let (Some(key), Some(position)) = (row.ordering_key.as_deref(), row.ordering_position) else {
+        return false;
+    };
+    match console.conn().await {
+        Ok(mut conn) => outbox_store::is_finished(&mut conn, key, position)
+            .await
+            .unwrap_or(false),
+        Err(_) => false,
     }
 }
 
