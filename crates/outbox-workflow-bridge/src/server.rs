@@ -391,12 +391,14 @@ pub enum TriggerError {
     Run(#[from] RunError),
 }
 
-/// Creates a `running` stream execution of the tenant's workflow and runs
-/// it in this process, sending [`StreamEvent`]s to `events` as it goes;
-/// the outcome.
+/// Creates a `queued` stream execution of the tenant's workflow and runs
+/// it in this process (taking its lease first), sending [`StreamEvent`]s
+/// to `events` as it goes; the outcome.
 ///
 /// Nothing is queued for it: a bridge that stops mid-run leaves the
-/// execution `running`, and once its lease expires the workers' sweep
+/// execution `running` (or `queued`, stopped before taking it), and once
+/// its lease expires (never taken: once unchanged for the lease) the
+/// workers' sweep
 /// ([`outbox_workflow_store::sweep`]) resumes it through the outbox (its
 /// stream is gone). Everything after a `waitForInput` goes through
 /// `workflow.execution.continue.requested` like any run. Only the bridge

@@ -1,4 +1,5 @@
-//! The sweep: finds runs left `running` (or taken and never started) with
+//! The sweep: finds runs left `running` (or taken and never started, or
+//! created by a trigger's handler that died before taking them) with
 //! nobody holding them and asks for them to be resumed.
 //!
 //! A run is `running` while a job advances it under its lease (see
@@ -9,7 +10,10 @@
 //! comes back while the lease is still live, it leaves the run alone). The
 //! sweep closes that gap: every run `running` whose lease has expired (or,
 //! for a run never leased, whose last change is older than the lease) is
-//! orphaned, and [`resume_orphans`] publishes a
+//! orphaned, as is a `queued` run taken by a holder whose lease expired,
+//! and a `queued` `event` or `stream` run never taken and unchanged for
+//! longer than the lease ([`NEVER_TAKEN_KINDS`]); [`resume_orphans`]
+//! publishes a
 //! `workflow.execution.requested` event for it, which the `outbox.workflow`
 //! subscriber runs like any other: the run resumes at its first unfinished
 //! block.
@@ -63,6 +67,17 @@ pub const WORKFLOW_SWEEP_INTERVAL_MS: outbox_env::Whole = outbox_env::Whole {
     max: outbox_env::MAX_MILLIS,
     meaning: "how often worker-general looks for workflow runs left running with an expired lease and requests their resume, in ms",
 };
+
+/// The trigger kinds whose runs the sweep also resumes when they are still
+/// `queued` and were never taken, once unchanged for longer than the
+/// lease. An `event` run is created by the handler of its trigger event,
+/// which then runs it; a `stream` run by the bridge, which then runs it.
+/// If that process dies in between, or the trigger's redelivery no longer
+/// finds the workflow live (saved as a draft meanwhile), nothing else asks
+/// for the run. A `manual` or `api` run is created with its request event
+/// in one transaction: that event asks for it, however long it waits in a
+/// backlog.
+pub const NEVER_TAKEN_KINDS: [&str; 2] = ["event", "stream"];
 
 /// The most orphaned runs one sweep resumes (the rest wait for the next).
 pub const SWEEP_BATCH: i64 = 500;
@@ -138,15 +153,17 @@ type OrphanFilter = diesel::expression::SqlLiteral<
 
 /// The filter of runs orphaned for longer than `expired_for`: `running`
 /// with the lease expired (a run never leased: unchanged for longer than
-/// `lease`), or `queued` with the lease expired (taken, never started), by
-/// the database's clock.
+/// `lease`), or `queued` with the lease expired (taken, never started), or
+/// `queued`, never taken and unchanged for longer than `lease` when nothing
+/// else will ask for it (see [`NEVER_TAKEN_KINDS`]), by the database's
+/// clock.
 fn orphaned(lease: Duration, expired_for: Duration) -> OrphanFilter {
-    // A queued run is orphaned only once taken: a holder died between
-    // taking it and starting it. One never taken waits for its event.
-    diesel::dsl::sql::<diesel::sql_types::Bool>(
+    let kinds = NEVER_TAKEN_KINDS.map(|kind| format!("'{kind}'")).join(", ");
+    diesel::dsl::sql::<diesel::sql_types::Bool>(&format!(
         "status IN ('queued', 'running') AND coalesce(lease_until, \
-         CASE WHEN status = 'running' THEN updated_at + make_interval(secs => ",
-    )
+         CASE WHEN status = 'running' OR trigger_kind IN ({kinds}) \
+         THEN updated_at + make_interval(secs => "
+    ))
     .bind::<Double, _>(lease.as_secs_f64())
     .sql(") END) < now() - make_interval(secs => ")
     .bind::<Double, _>(expired_for.as_secs_f64())
