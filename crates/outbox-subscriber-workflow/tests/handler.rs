@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use diesel::prelude::*;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use outbox_model::OutboxEvent;
 use outbox_model::schema::{outbox_event, workflow_execution};
 use outbox_publish::OutboxTx;
@@ -136,6 +136,61 @@ async fn a_trigger_event_starts_each_matching_workflow_once() {
     assert_eq!(executions(&mut conn).await.len(), 1);
     assert_eq!(count(&mut conn, EMAIL_EVENT).await, 1);
     assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
+}
+
+// Break checked: with `triggered_workflows` failing on a definition that
+// does not validate (as `live_event_workflows` does), the job fails for
+// good and neither workflow runs.
+#[tokio::test]
+async fn a_live_workflow_whose_stored_definition_no_longer_validates_ends_in_error_and_the_others_run()
+ {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let definition = json!({
+        "blocks": [
+            { "id": "created", "type": "eventTrigger",
+              "params": { "entity": "order", "event": "row.created" } },
+            { "id": "log", "type": "log", "params": { "message": "order" } }
+        ],
+        "edges": [{ "from": "created", "to": "log" }]
+    });
+    let good = save_as(&mut conn, "a-good", definition.clone()).await;
+    let broken = save_as(&mut conn, "b-broken", definition).await;
+    // Saved under an older, looser validator: an edge to no block.
+    conn.batch_execute(&format!(
+        r#"UPDATE workflow_version
+           SET definition = jsonb_set(definition, '{{edges}}', '[{{"from": "created", "to": "nowhere"}}]')
+           WHERE workflow_id = '{broken}'"#
+    ))
+    .await
+    .unwrap();
+    let data = json!({ "total": 1 });
+    in_tx!(conn, |tx| {
+        producers::create_row(
+            tx,
+            "t1",
+            "order",
+            &data,
+            &EventContext::Request { actor: None },
+        )
+        .await
+    });
+    let trigger = job(&mut conn, "workflow.trigger.event").await;
+
+    handler(&db).handle(trigger, &meta()).await.unwrap();
+    let runs = executions(&mut conn).await;
+    let status_of = |workflow: Uuid| {
+        runs.iter()
+            .find(|run| run.workflow_id == workflow)
+            .map(|run| (run.status, run.error.clone()))
+    };
+    assert_eq!(status_of(good), Some((ExecutionStatus::Success, None)));
+    let (status, error) = status_of(broken).expect("the broken workflow's run exists");
+    assert_eq!(status, ExecutionStatus::Error);
+    assert!(
+        error.as_deref().unwrap_or_default().contains("nowhere"),
+        "{error:?}"
+    );
 }
 
 #[tokio::test]

@@ -278,14 +278,47 @@ pub async fn live_event_workflows(
     entity: &str,
     event: &str,
 ) -> Result<Vec<LiveWorkflow>, StoreError> {
+    let candidates = event_candidates(conn, tenant_id, entity, event).await?;
+    let mut matched = Vec::with_capacity(candidates.len());
+    for (workflow, definition) in candidates {
+        let version = workflow.current_version;
+        let definition = validate_stored(workflow.id, version, definition)?;
+        if fires_on(&definition, entity, event) {
+            matched.push(LiveWorkflow {
+                workflow,
+                version,
+                definition,
+            });
+        }
+    }
+    Ok(matched)
+}
+
+/// Whether the definition's trigger is an `eventTrigger` of `event` on
+/// `entity`.
+fn fires_on(definition: &ValidatedWorkflow, entity: &str, event: &str) -> bool {
+    matches!(
+        &definition.trigger_block().params,
+        BlockParams::EventTrigger(trigger) if trigger.matches(entity, event)
+    )
+}
+
+/// The tenant's live workflows whose current version's definition holds
+/// an `eventTrigger` with that `entity` and `event` (by containment, in
+/// SQL), by name, with that definition as stored.
+async fn event_candidates(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    entity: &str,
+    event: &str,
+) -> Result<Vec<(Workflow, Value)>, StoreError> {
     use diesel::PgJsonbExpressionMethods as _;
 
-    // Narrow in SQL by containment; the trigger's own rule decides below.
     let pattern = json!({ "blocks": [{
         "type": "eventTrigger",
         "params": { "entity": entity, "event": event },
     }] });
-    let candidates: Vec<(Workflow, Value)> = workflow::table
+    Ok(workflow::table
         .inner_join(
             workflow_version::table.on(workflow_version::workflow_id
                 .eq(workflow::id)
@@ -297,24 +330,38 @@ pub async fn live_event_workflows(
         .order(workflow::name)
         .select((Workflow::as_select(), workflow_version::definition))
         .load(conn)
-        .await?;
-    let mut matched = Vec::with_capacity(candidates.len());
+        .await?)
+}
+
+/// The workflows a trigger event starts: those of
+/// [`live_event_workflows`], and those whose stored definition no longer
+/// validates but names the entity and event in an `eventTrigger` (their
+/// run is created and the runner ends it in `error` with the reason, so
+/// that one unreadable workflow is seen without keeping the others from
+/// starting).
+async fn triggered_workflows(
+    conn: &mut AsyncPgConnection,
+    tenant_id: &str,
+    entity: &str,
+    event: &str,
+) -> Result<Vec<Uuid>, StoreError> {
+    let candidates = event_candidates(conn, tenant_id, entity, event).await?;
+    let mut ids = Vec::with_capacity(candidates.len());
     for (workflow, definition) in candidates {
-        let version = workflow.current_version;
-        let definition = validate_stored(workflow.id, version, definition)?;
-        let fires = matches!(
-            &definition.trigger_block().params,
-            BlockParams::EventTrigger(trigger) if trigger.matches(entity, event)
-        );
-        if fires {
-            matched.push(LiveWorkflow {
-                workflow,
-                version,
-                definition,
-            });
+        match validate_stored(workflow.id, workflow.current_version, definition) {
+            Ok(definition) => {
+                if fires_on(&definition, entity, event) {
+                    ids.push(workflow.id);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(workflow_id = %workflow.id, version = workflow.current_version,
+                    %error, "a live workflow's stored definition does not validate; its run ends in error");
+                ids.push(workflow.id);
+            }
         }
     }
-    Ok(matched)
+    Ok(ids)
 }
 
 /// A run to create with [`create_execution`].
@@ -552,19 +599,22 @@ pub async fn count_executions_up_to(
 /// application event's data, `allow_external_callouts` the payload's) or,
 /// when the event was delivered before, the one it created then. A workflow
 /// never starts on an event its own row blocks caused (`payload.origin`), so
-/// it cannot trigger itself in a loop.
+/// it cannot trigger itself in a loop. A live workflow whose stored
+/// definition no longer validates but names the entity and event in an
+/// `eventTrigger` gets its execution too, which the runner ends in `error`
+/// with the reason: one unreadable workflow does not keep the others from
+/// starting.
 ///
 /// # Errors
 ///
-/// [`StoreError::StoredDefinition`] when a candidate's definition no longer
-/// validates; [`StoreError::Database`].
+/// [`StoreError::Database`].
 pub async fn event_executions(
     conn: &mut AsyncPgConnection,
     payload: &TriggerEventPayload,
     trigger_event_id: Uuid,
 ) -> Result<Vec<WorkflowExecution>, StoreError> {
     let tenant = payload.tenant_id.as_str();
-    let workflows = live_event_workflows(conn, tenant, &payload.entity, &payload.event).await?;
+    let workflows = triggered_workflows(conn, tenant, &payload.entity, &payload.event).await?;
     if workflows.is_empty() {
         return Ok(Vec::new());
     }
@@ -582,13 +632,13 @@ pub async fn event_executions(
         .optional()?
         .unwrap_or_else(|| json!({ payload.entity.clone(): payload.row }));
     let mut executions = Vec::with_capacity(workflows.len());
-    for live in workflows {
-        if origin_workflow == Some(live.workflow.id) {
+    for workflow_id in workflows {
+        if origin_workflow == Some(workflow_id) {
             continue;
         }
         let new = NewExecution {
             tenant_id: tenant,
-            workflow_id: live.workflow.id,
+            workflow_id,
             trigger_kind: TriggerKind::Event,
             input: &input,
             trigger_event_id: Some(trigger_event_id),
@@ -598,7 +648,7 @@ pub async fn event_executions(
             Some(created) => created,
             None => {
                 workflow_execution::table
-                    .filter(workflow_execution::workflow_id.eq(live.workflow.id))
+                    .filter(workflow_execution::workflow_id.eq(workflow_id))
                     .filter(workflow_execution::trigger_event_id.eq(trigger_event_id))
                     .select(WorkflowExecution::as_select())
                     .get_result(conn)
