@@ -186,14 +186,21 @@ pub(super) async fn apply(
 }
 
 /// The result of work made before the transaction (`http`), or the block's
-/// failure `missing` names when none was made.
+/// failure `missing` names when none was made. NUL characters of the
+/// output (an HTTP answer, what a script returned) and of the reason (what
+/// a script threw) become U+FFFD: Postgres refuses them in `jsonb` and
+/// `text`, and a result that cannot be recorded would have its work made
+/// again.
 fn made_before(
     http: Option<Result<Value, String>>,
     missing: impl FnOnce() -> String,
 ) -> Result<Effect, StepError> {
     match http {
-        Some(Ok(output)) => Ok(next(output)),
-        Some(Err(reason)) => Err(StepError::Block(reason)),
+        Some(Ok(mut output)) => {
+            crate::call::storable(&mut output);
+            Ok(next(output))
+        }
+        Some(Err(reason)) => Err(StepError::Block(crate::call::storable_text(reason))),
         None => Err(StepError::Block(missing())),
     }
 }

@@ -144,16 +144,25 @@ impl Runner {
             .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
             .collect();
         let text = response.text().await.map_err(HttpRequestError::Body)?;
-        let mut body = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        storable(&mut body);
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok(json!({ "status": status, "headers": headers, "body": body }))
+    }
+}
+
+/// Replaces each NUL character of `text` with U+FFFD: Postgres' `text`
+/// refuses it.
+pub(super) fn storable_text(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
     }
 }
 
 /// Replaces each NUL character of `value`'s strings and keys with U+FFFD:
 /// Postgres' `jsonb` refuses `\u0000`, and an answer that cannot be
 /// recorded would have its call made again.
-fn storable(value: &mut Value) {
+pub(super) fn storable(value: &mut Value) {
     const NUL: char = '\0';
     match value {
         Value::String(text) if text.contains(NUL) => *text = text.replace(NUL, "\u{FFFD}"),

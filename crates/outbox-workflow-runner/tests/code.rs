@@ -183,6 +183,35 @@ async fn a_thrown_error_fails_the_block_with_its_message() {
     assert_eq!(error, "the code threw RangeError: too few items");
 }
 
+// Break checked: without the replacement in `made_before`, the result
+// cannot be recorded (Postgres refuses NUL in jsonb and text), the run is
+// released for a retry and these tests fail.
+#[tokio::test]
+async fn a_nul_character_in_what_the_code_returns_is_recorded_as_a_replacement_character() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let input = json!({ "items": [4, 5, 6], "customer": "ada" });
+    let source = r#"return { total: 15, who: "a\u0000b", ["k\u0000"]: 1 }"#;
+    let id = queued(&mut conn, code_workflow(source), input).await;
+
+    let outcome = bridge().run(&mut conn, id).await.unwrap();
+    assert_eq!(outcome, RunOutcome::Finished(ExecutionStatus::Success));
+    let rows = block_results(&mut conn, id).await;
+    let js = rows.iter().find(|r| r.0 == "js").unwrap();
+    assert_eq!(
+        js.2,
+        Some(json!({ "total": 15, "who": "a\u{FFFD}b", "k\u{FFFD}": 1 }))
+    );
+}
+
+#[tokio::test]
+async fn a_nul_character_in_what_the_code_throws_ends_the_run_with_its_message() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let error = failing(&mut conn, r#"throw new Error("bad\u0000byte")"#).await;
+    assert_eq!(error, "the code threw Error: bad\u{FFFD}byte");
+}
+
 #[tokio::test]
 async fn an_endless_loop_fails_the_block_at_the_deadline() {
     let db = TestDatabase::new().await;
