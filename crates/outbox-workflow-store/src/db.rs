@@ -124,6 +124,17 @@ async fn save_over(
         .for_update()
         .get_result(conn)
         .await?;
+    // A run being created on the current version holds a key-share lock
+    // on its row (the foreign key's check) until it commits: this waits for
+    // it, so that the check below sees the run and the draft is not
+    // overwritten under it.
+    workflow_version::table
+        .filter(workflow_version::workflow_id.eq(current.id))
+        .filter(workflow_version::version.eq(current.current_version))
+        .select(workflow_version::version)
+        .for_update()
+        .get_result::<i32>(conn)
+        .await?;
     let in_use: bool = diesel::select(exists(
         workflow_execution::table
             .filter(workflow_execution::workflow_id.eq(current.id))

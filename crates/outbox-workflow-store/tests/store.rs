@@ -179,6 +179,70 @@ async fn saving_a_live_workflow_twice_keeps_running_executions_on_their_version(
     );
 }
 
+// Break checked: without the lock of the version's row in `save_over`,
+// the save does not wait, overwrites version 1 under the run and answers
+// (1, false).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draft_save_waits_for_a_run_being_created_on_it_and_then_appends_a_version() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let first = store::save_workflow(
+        &mut conn,
+        "t1",
+        "draft",
+        WorkflowStatus::Draft,
+        &manual_workflow("a"),
+    )
+    .await
+    .unwrap();
+    // A test run of the draft, created in a transaction not yet committed.
+    let mut creating = db.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut creating,
+        &format!(
+            "BEGIN; INSERT INTO workflow_execution
+                 (tenant_id, workflow_id, workflow_version, trigger_kind, input)
+             VALUES ('t1', '{}', 1, 'manual', '{{}}')",
+            first.workflow.id
+        ),
+    )
+    .await
+    .unwrap();
+    let saving = {
+        let mut conn = db.conn().await;
+        tokio::spawn(async move {
+            store::save_workflow(
+                &mut conn,
+                "t1",
+                "draft",
+                WorkflowStatus::Draft,
+                &manual_workflow("b"),
+            )
+            .await
+            .unwrap()
+        })
+    };
+    outbox_test_support::eventually(
+        "the save to wait on a lock, or to end",
+        std::time::Duration::from_secs(30),
+        async || saving.is_finished() || db.waits_on_a_lock("%FOR UPDATE%").await,
+    )
+    .await;
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut creating, "COMMIT")
+        .await
+        .unwrap();
+    let saved = saving.await.unwrap();
+    assert_eq!(
+        (saved.version, saved.new_version),
+        (2, true),
+        "the run's version is not overwritten"
+    );
+    let pinned = store::load_version(&mut conn, first.workflow.id, 1)
+        .await
+        .unwrap();
+    assert_eq!(log_message(&pinned), json!("a"));
+}
+
 #[tokio::test]
 async fn a_draft_is_overwritten_until_a_run_uses_it_then_publishing_keeps_the_version() {
     let db = TestDatabase::new().await;
