@@ -690,11 +690,13 @@ impl RedisGuard {
         if due.is_empty() {
             return Ok(false);
         }
-        if !store::take_reconcile_lease(&mut conn, prefix, millis(RECONCILE_LEASE)).await? {
+        let Some(mut lease) =
+            store::take_reconcile_lease(&mut conn, prefix, millis(RECONCILE_LEASE)).await?
+        else {
             return Ok(true);
-        }
-        let result = self.reconcile_due(&mut conn, due, stop).await;
-        let released = store::release_reconcile_lease(&mut conn, prefix).await;
+        };
+        let result = self.reconcile_due(&mut conn, due, &mut lease, stop).await;
+        let released = store::release_reconcile_lease(&mut conn, prefix, lease).await;
         let still_due = result?;
         released?;
         Ok(still_due)
@@ -704,6 +706,7 @@ impl RedisGuard {
         &self,
         conn: &mut AsyncPgConnection,
         due: Vec<SafePointRow>,
+        lease: &mut store::ReconcileLease,
         stop: &CancellationToken,
     ) -> Result<bool, DispatchError> {
         let prefix = self.namespace.prefix();
@@ -740,7 +743,15 @@ impl RedisGuard {
                 }
                 let moved =
                     store::advance_pending(conn, prefix, &queue, (since, after), next).await?;
-                store::renew_reconcile_lease(conn, prefix, millis(RECONCILE_LEASE)).await?;
+                if !store::renew_reconcile_lease(conn, prefix, lease, millis(RECONCILE_LEASE))
+                    .await?
+                {
+                    // The lease ran out and another dispatcher took it: it
+                    // goes on from the cursor.
+                    tracing::warn!(namespace = %prefix, queue = %queue,
+                        "reconciliation lease lost to another dispatcher; leaving the rest to it");
+                    return Ok(true);
+                }
                 if !moved {
                     // A new loss set this queue back; the next pass starts it again.
                     break;

@@ -10,8 +10,8 @@
 //! single statement.
 
 use chrono::{DateTime, Utc};
-use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Bool, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tracing::instrument;
 use uuid::Uuid;
@@ -115,7 +115,6 @@ pub async fn remembered_epoch(
     conn: &mut AsyncPgConnection,
     namespace: &str,
 ) -> Result<Option<EpochRow>> {
-    use diesel::OptionalExtension;
     Ok(diesel::sql_query(
         "SELECT epoch, run_id, checked_at FROM outbox_redis_epoch WHERE namespace = $1",
     )
@@ -186,9 +185,11 @@ pub async fn safe_points(
 
 /// After a loss: a reconciliation becomes due for every queue of
 /// `namespace` from its safe point (never before `floor`). A queue whose
-/// reconciliation is already due from an earlier point keeps it; one due
-/// from a later point starts again from the earlier one. Returns the
-/// queues and where their reconciliation starts.
+/// reconciliation is already due from an earlier point keeps that point;
+/// one due from a later point starts again from the earlier one. Either
+/// way it starts from the beginning of that instant (`pending_after_id`
+/// cleared): what it pushed again before this loss went into the Redis
+/// just lost. Returns the queues and where their reconciliation starts.
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn mark_pending(
     conn: &mut AsyncPgConnection,
@@ -197,9 +198,7 @@ pub async fn mark_pending(
 ) -> Result<Vec<SafePointRow>> {
     Ok(diesel::sql_query(
         "UPDATE outbox_redis_safe_point SET
-             pending_after_id = CASE
-                 WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
-                 THEN pending_after_id END,
+             pending_after_id = NULL,
              pending_since = CASE
                  WHEN pending_since IS NOT NULL AND pending_since <= GREATEST(drained_before, $2)
                  THEN pending_since ELSE GREATEST(drained_before, $2) END
@@ -264,53 +263,89 @@ pub async fn advance_pending(
     .map(|n| n > 0)?)
 }
 
+/// The namespace's reconciliation lease as one holder took it: its expiry,
+/// which is also its fence. Renewing or giving it back only acts while the
+/// row still holds this expiry, so a holder whose lease ran out (and was
+/// taken by another) changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcileLease {
+    until: DateTime<Utc>,
+}
+
+#[derive(QueryableByName)]
+struct LeaseRow {
+    #[diesel(sql_type = Timestamptz)]
+    until: DateTime<Utc>,
+}
+
 /// Takes the namespace's reconciliation lease for `lease_ms` when no one
-/// holds it. Returns whether the caller holds it now.
+/// holds it. Returns the lease when the caller holds it now.
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn take_reconcile_lease(
     conn: &mut AsyncPgConnection,
     namespace: &str,
     lease_ms: i64,
-) -> Result<bool> {
-    Ok(diesel::sql_query(
+) -> Result<Option<ReconcileLease>> {
+    let taken: Option<LeaseRow> = diesel::sql_query(
         "UPDATE outbox_redis_epoch
          SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
          WHERE namespace = $1
-           AND (reconcile_lease_until IS NULL OR reconcile_lease_until < clock_timestamp())",
+           AND (reconcile_lease_until IS NULL OR reconcile_lease_until < clock_timestamp())
+         RETURNING reconcile_lease_until AS until",
     )
     .bind::<Text, _>(namespace)
     .bind::<BigInt, _>(lease_ms)
-    .execute(conn)
+    .get_result(conn)
     .await
-    .map(|n| n > 0)?)
+    .optional()?;
+    Ok(taken.map(|row| ReconcileLease { until: row.until }))
 }
 
-/// Extends the namespace's reconciliation lease held by the caller.
+/// Extends the namespace's reconciliation lease `lease` by `lease_ms` from
+/// now. Returns false, changing nothing, when the caller no longer holds
+/// it (it ran out and another holder took it): the caller stops.
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn renew_reconcile_lease(
     conn: &mut AsyncPgConnection,
     namespace: &str,
+    lease: &mut ReconcileLease,
     lease_ms: i64,
-) -> Result<()> {
-    Ok(diesel::sql_query(
+) -> Result<bool> {
+    let renewed: Option<LeaseRow> = diesel::sql_query(
         "UPDATE outbox_redis_epoch
          SET reconcile_lease_until = clock_timestamp() + make_interval(secs => $2 / 1000.0)
-         WHERE namespace = $1",
+         WHERE namespace = $1 AND reconcile_lease_until = $3
+         RETURNING reconcile_lease_until AS until",
     )
     .bind::<Text, _>(namespace)
     .bind::<BigInt, _>(lease_ms)
-    .execute(conn)
+    .bind::<Timestamptz, _>(lease.until)
+    .get_result(conn)
     .await
-    .map(|_| ())?)
+    .optional()?;
+    Ok(match renewed {
+        Some(row) => {
+            lease.until = row.until;
+            true
+        }
+        None => false,
+    })
 }
 
-/// Gives the namespace's reconciliation lease back.
+/// Gives the namespace's reconciliation lease `lease` back (nothing when
+/// another holder has it now).
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
-pub async fn release_reconcile_lease(conn: &mut AsyncPgConnection, namespace: &str) -> Result<()> {
+pub async fn release_reconcile_lease(
+    conn: &mut AsyncPgConnection,
+    namespace: &str,
+    lease: ReconcileLease,
+) -> Result<()> {
     Ok(diesel::sql_query(
-        "UPDATE outbox_redis_epoch SET reconcile_lease_until = NULL WHERE namespace = $1",
+        "UPDATE outbox_redis_epoch SET reconcile_lease_until = NULL
+         WHERE namespace = $1 AND reconcile_lease_until = $2",
     )
     .bind::<Text, _>(namespace)
+    .bind::<Timestamptz, _>(lease.until)
     .execute(conn)
     .await
     .map(|_| ())?)

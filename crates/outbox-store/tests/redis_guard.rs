@@ -7,10 +7,11 @@ mod common;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::{database, now};
-use diesel_async::AsyncPgConnection;
+use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
 use outbox_store::{
     EpochRow, SafePointRow, advance_drained, advance_pending, ensure_safe_points, mark_pending,
-    release_reconcile_lease, remembered_epoch, safe_points, save_epoch, take_reconcile_lease,
+    release_reconcile_lease, remembered_epoch, renew_reconcile_lease, safe_points, save_epoch,
+    take_reconcile_lease,
 };
 use uuid::Uuid;
 
@@ -140,6 +141,35 @@ async fn a_second_loss_restarts_a_reconciliation_from_the_safe_point() {
     assert_eq!(restarted, (Some(drained), None));
 }
 
+// Break checked: keeping the cursor's id when its instant is the safe
+// point's (as the statement did) leaves `pending_after_id` set, and the
+// rows of that instant up to it, pushed again into the Redis that was
+// just lost, would be skipped.
+#[tokio::test]
+async fn a_second_loss_while_the_cursor_is_within_the_safe_points_instant_restarts_that_instant() {
+    let (_db, mut conn) = database().await;
+    let drained = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), drained).await;
+    mark_pending(&mut conn, NS, drained).await.unwrap();
+    // The first batch re-pushed the rows of one DONE statement, all with
+    // `processed_at` at the safe point, up to this id.
+    let cursor = (drained, Uuid::new_v4());
+    assert!(
+        advance_pending(&mut conn, NS, "outbox.mail", (drained, None), Some(cursor))
+            .await
+            .unwrap()
+    );
+
+    let again = mark_pending(&mut conn, NS, drained).await.unwrap();
+
+    let restarted = (again[0].pending_since, again[0].pending_after_id);
+    assert_eq!(
+        restarted,
+        (Some(drained), None),
+        "the rows re-pushed before the second loss are pushed again"
+    );
+}
+
 #[tokio::test]
 async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
     let (_db, mut conn) = database().await;
@@ -186,9 +216,63 @@ async fn the_reconcile_lease_has_one_holder_until_it_is_given_back() {
     guarded(&mut conn, Uuid::new_v4(), floor).await;
     let mut other = db.conn().await;
 
-    assert!(take_reconcile_lease(&mut conn, NS, 60_000).await.unwrap());
-    assert!(!take_reconcile_lease(&mut other, NS, 60_000).await.unwrap());
+    let held = take_reconcile_lease(&mut conn, NS, 60_000).await.unwrap();
+    assert!(held.is_some());
+    assert!(
+        take_reconcile_lease(&mut other, NS, 60_000)
+            .await
+            .unwrap()
+            .is_none()
+    );
 
-    release_reconcile_lease(&mut conn, NS).await.unwrap();
-    assert!(take_reconcile_lease(&mut other, NS, 60_000).await.unwrap());
+    release_reconcile_lease(&mut conn, NS, held.unwrap())
+        .await
+        .unwrap();
+    assert!(
+        take_reconcile_lease(&mut other, NS, 60_000)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+// Break checked: with renew and release fenced by the namespace alone (as
+// they were), the first holder's release frees the second's lease and a
+// third takes it beside the second.
+#[tokio::test]
+async fn a_holder_whose_reconcile_lease_ran_out_neither_renews_nor_frees_the_next_holders() {
+    let (db, mut conn) = database().await;
+    let floor = now(&mut conn).await;
+    guarded(&mut conn, Uuid::new_v4(), floor).await;
+    let (mut second, mut third) = (db.conn().await, db.conn().await);
+
+    let mut stale = take_reconcile_lease(&mut conn, NS, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    conn.batch_execute("SELECT pg_sleep(0.01)").await.unwrap();
+    let mut next = take_reconcile_lease(&mut second, NS, 60_000)
+        .await
+        .unwrap()
+        .expect("the first lease ran out");
+
+    assert!(
+        !renew_reconcile_lease(&mut conn, NS, &mut stale, 60_000)
+            .await
+            .unwrap(),
+        "the first holder learns it lost the lease"
+    );
+    release_reconcile_lease(&mut conn, NS, stale).await.unwrap();
+    assert!(
+        take_reconcile_lease(&mut third, NS, 60_000)
+            .await
+            .unwrap()
+            .is_none(),
+        "the second holder still holds it"
+    );
+    assert!(
+        renew_reconcile_lease(&mut second, NS, &mut next, 60_000)
+            .await
+            .unwrap()
+    );
 }

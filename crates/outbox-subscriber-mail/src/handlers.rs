@@ -427,12 +427,18 @@ impl JobHandler for SmtpHandler {
         match self.transport.send(message).instrument(span).await {
             Ok(response) => {
                 let recorded = json!({ "code": response.code().to_string() });
-                if let Err(e) = self
+                match self
                     .store
                     .complete(&key, &token, &recorded, self.settings.ttl)
                     .await
                 {
-                    tracing::warn!(error = %e, "mail sent but not recorded; a redelivery may send it again");
+                    Ok(true) => {}
+                    Ok(false) => tracing::warn!(
+                        "mail sent but not recorded: the send claim's lease ran out during the send (DELIVERY_LEASE_MS); a redelivery may send it again"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "mail sent but not recorded; a redelivery may send it again")
+                    }
                 }
                 tracing::info!(to = ?mail.to, "mail sent");
                 Ok(())

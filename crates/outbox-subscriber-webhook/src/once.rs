@@ -80,10 +80,15 @@ pub async fn deliver_once<S: IdempotencyStore>(
     match verdict {
         Delivery::Delivered { status } => {
             let recorded = serde_json::json!({ "status": status });
-            if let Err(e) = store.complete(key, &token, &recorded, settings.ttl).await {
-                // Delivered but not remembered: a redelivery may send again,
-                // which receivers must tolerate (at-least-once).
-                tracing::warn!(key, error = %e, "delivered but could not record it");
+            // Delivered but not remembered: a redelivery may send again,
+            // which receivers must tolerate (at-least-once).
+            match store.complete(key, &token, &recorded, settings.ttl).await {
+                Ok(true) => {}
+                Ok(false) => tracing::warn!(
+                    key,
+                    "delivered but could not record it: the claim's lease ran out during the call (DELIVERY_LEASE_MS)"
+                ),
+                Err(e) => tracing::warn!(key, error = %e, "delivered but could not record it"),
             }
             Ok(Once::Delivered)
         }

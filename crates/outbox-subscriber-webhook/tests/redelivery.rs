@@ -10,10 +10,10 @@ use outbox_idempotency::RedisIdempotencyStore;
 use outbox_queue::{OutboxJob, QueueNamespace, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_webhook::{
-    AddressPolicy, Deliverer, DeliverySettings, OnceSettings, PluginHookHandler,
-    PluginInvokeHandler, PluginInvokeJob, WebhookHandler, invoke_task_id,
+    AddressPolicy, Deliverer, Delivery, DeliverySettings, Once, OnceSettings, PluginHookHandler,
+    PluginInvokeHandler, PluginInvokeJob, WebhookHandler, deliver_once, invoke_task_id,
 };
-use outbox_test_support::{HttpSink, TestDatabase, TestRedis};
+use outbox_test_support::{HttpSink, LogCapture, TestDatabase, TestRedis};
 use uuid::Uuid;
 
 /// A database, a Redis namespace for the delivery records and an HTTP sink.
@@ -331,4 +331,32 @@ async fn the_handlers_consume_the_queues_the_description_names() {
     described.sort_unstable();
     assert_eq!(consumed, described);
     assert_eq!(invocations.queue(), queues::TOOLCTRL_PLUGIN_INVOKE);
+}
+
+// Break checked: with `Ok(false)` of `complete` ignored again (as it was),
+// nothing is logged and the test fails.
+#[tokio::test]
+async fn a_delivery_whose_claim_ran_out_during_the_call_is_logged_as_not_recorded() {
+    let redis = TestRedis::new().await;
+    let store = RedisIdempotencyStore::new(redis.conn().await).with_prefix(redis.prefix());
+    let settings = OnceSettings {
+        lease: std::time::Duration::from_millis(100),
+        ..OnceSettings::default()
+    };
+    let logs = LogCapture::start();
+    let key = format!("webhook:{}", Uuid::now_v7());
+    let outcome = deliver_once(&store, &key, settings, async || {
+        // A receiver slower than the claim's lease.
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        Delivery::Delivered { status: 200 }
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome, Once::Delivered);
+    assert_eq!(
+        logs.count("delivered but could not record it: the claim's lease ran out"),
+        1,
+        "{}",
+        logs.text()
+    );
 }
