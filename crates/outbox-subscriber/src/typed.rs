@@ -50,8 +50,9 @@ type Call =
 /// dead-lettered.
 ///
 /// Register it like any handler (`HandlerGroup::with`, or the worker
-/// builder's `handler`, which also routes the event types it declares, see
-/// [`TypedHandlers::event_types`]).
+/// builder's `typed`, which also routes the event types it declares, see
+/// [`TypedHandlers::event_types`]; the builder's `handler` does not route
+/// them).
 ///
 /// # Example
 ///
