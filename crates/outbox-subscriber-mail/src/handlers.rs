@@ -434,7 +434,7 @@ impl JobHandler for SmtpHandler {
                 {
                     Ok(true) => {}
                     Ok(false) => tracing::warn!(
-                        "mail sent but not recorded: the send claim's lease ran out during the send (DELIVERY_LEASE_MS); a redelivery may send it again"
+                        "mail sent but not recorded: the claim's lease ran out during the send (DELIVERY_LEASE_MS); a redelivery may send it again"
                     ),
                     Err(e) => {
                         tracing::warn!(error = %e, "mail sent but not recorded; a redelivery may send it again")

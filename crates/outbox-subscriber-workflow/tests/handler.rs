@@ -138,32 +138,20 @@ async fn a_trigger_event_starts_each_matching_workflow_once() {
     assert_eq!(count(&mut conn, HOOK_EXECUTED).await, 1);
 }
 
-// Break checked: with `triggered_workflows` failing on a definition that
-// does not validate (as `live_event_workflows` does), the job fails for
-// good and neither workflow runs.
-#[tokio::test]
-async fn a_live_workflow_whose_stored_definition_no_longer_validates_ends_in_error_and_the_others_run()
- {
-    let db = TestDatabase::new().await;
-    let mut conn = db.conn().await;
-    let definition = json!({
+/// eventTrigger(order, row.created) → log.
+fn order_log_workflow() -> Value {
+    json!({
         "blocks": [
             { "id": "created", "type": "eventTrigger",
               "params": { "entity": "order", "event": "row.created" } },
             { "id": "log", "type": "log", "params": { "message": "order" } }
         ],
         "edges": [{ "from": "created", "to": "log" }]
-    });
-    let good = save_as(&mut conn, "a-good", definition.clone()).await;
-    let broken = save_as(&mut conn, "b-broken", definition).await;
-    // Saved under an older, looser validator: an edge to no block.
-    conn.batch_execute(&format!(
-        r#"UPDATE workflow_version
-           SET definition = jsonb_set(definition, '{{edges}}', '[{{"from": "created", "to": "nowhere"}}]')
-           WHERE workflow_id = '{broken}'"#
-    ))
-    .await
-    .unwrap();
+    })
+}
+
+/// Creates an `order` row of tenant t1; the job of its trigger event.
+async fn order_created(conn: &mut AsyncPgConnection) -> OutboxJob {
     let data = json!({ "total": 1 });
     in_tx!(conn, |tx| {
         producers::create_row(
@@ -175,7 +163,61 @@ async fn a_live_workflow_whose_stored_definition_no_longer_validates_ends_in_err
         )
         .await
     });
-    let trigger = job(&mut conn, "workflow.trigger.event").await;
+    job(conn, "workflow.trigger.event").await
+}
+
+// Break checked: without the runs an earlier delivery created
+// (`created_before` in `event_executions`), the run stays queued.
+#[tokio::test]
+async fn a_redelivered_trigger_runs_the_run_it_created_even_after_its_workflow_became_a_draft() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let definition = order_log_workflow();
+    let workflow = save_as(&mut conn, "a-drafted", definition.clone()).await;
+    save_as(&mut conn, "b-live", definition).await;
+    let trigger = order_created(&mut conn).await;
+    // The first delivery created the run, and its worker died before
+    // running it; the workflow was saved as a draft before the redelivery.
+    let payload: outbox_workflow_model::events::TriggerEventPayload =
+        trigger.payload.parse().unwrap();
+    let created = store::event_executions(&mut conn, &payload, trigger.outbox_event_id)
+        .await
+        .unwrap();
+    assert_eq!(created.len(), 2);
+    store::set_status(&mut conn, "t1", workflow, WorkflowStatus::Draft)
+        .await
+        .unwrap();
+
+    handler(&db).handle(trigger, &meta()).await.unwrap();
+    let runs = executions(&mut conn).await;
+    let statuses: Vec<ExecutionStatus> = runs.iter().map(|run| run.status).collect();
+    assert_eq!(
+        statuses,
+        [ExecutionStatus::Success, ExecutionStatus::Success],
+        "each run once, both run"
+    );
+}
+
+// Break checked: with `triggered_workflows` failing on a definition that
+// does not validate (as `live_event_workflows` does), the job fails for
+// good and neither workflow runs.
+#[tokio::test]
+async fn a_live_workflow_whose_stored_definition_no_longer_validates_ends_in_error_and_the_others_run()
+ {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let definition = order_log_workflow();
+    let good = save_as(&mut conn, "a-good", definition.clone()).await;
+    let broken = save_as(&mut conn, "b-broken", definition).await;
+    // Saved under an older, looser validator: an edge to no block.
+    conn.batch_execute(&format!(
+        r#"UPDATE workflow_version
+           SET definition = jsonb_set(definition, '{{edges}}', '[{{"from": "created", "to": "nowhere"}}]')
+           WHERE workflow_id = '{broken}'"#
+    ))
+    .await
+    .unwrap();
+    let trigger = order_created(&mut conn).await;
 
     handler(&db).handle(trigger, &meta()).await.unwrap();
     let runs = executions(&mut conn).await;

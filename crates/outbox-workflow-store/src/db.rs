@@ -608,7 +608,10 @@ pub async fn count_executions_up_to(
 /// each live workflow of `payload`'s tenant whose `eventTrigger` matches its
 /// entity and event, the execution created now (`queued`, input the
 /// application event's data, `allow_external_callouts` the payload's) or,
-/// when the event was delivered before, the one it created then. A workflow
+/// when the event was delivered before, the one it created then; and the
+/// executions an earlier delivery created for workflows that no longer
+/// match (saved as a draft or changed since), so that a redelivery runs
+/// every run it promised. A workflow
 /// never starts on an event its own row blocks caused (`payload.origin`), so
 /// it cannot trigger itself in a loop. A live workflow whose stored
 /// definition no longer validates but names the entity and event in an
@@ -626,8 +629,25 @@ pub async fn event_executions(
 ) -> Result<Vec<WorkflowExecution>, StoreError> {
     let tenant = payload.tenant_id.as_str();
     let workflows = triggered_workflows(conn, tenant, &payload.entity, &payload.event).await?;
+    // A redelivery also runs what an earlier delivery created for workflows
+    // that no longer match (saved as a draft, or their trigger changed,
+    // since): nothing else asks for those runs.
+    let created_before: Vec<WorkflowExecution> = workflow_execution::table
+        .filter(workflow_execution::trigger_event_id.eq(trigger_event_id))
+        .filter(
+            workflow_execution::workflow_id.eq_any(
+                workflow::table
+                    .filter(workflow::tenant_id.eq(tenant))
+                    .select(workflow::id),
+            ),
+        )
+        .filter(workflow_execution::workflow_id.ne_all(&workflows))
+        .order(workflow_execution::created_at)
+        .select(WorkflowExecution::as_select())
+        .load(conn)
+        .await?;
     if workflows.is_empty() {
-        return Ok(Vec::new());
+        return Ok(created_before);
     }
     let origin_workflow: Option<Uuid> = match &payload.origin {
         Some(origin) => get_execution(conn, origin.execution_id)
@@ -668,6 +688,7 @@ pub async fn event_executions(
         };
         executions.push(execution);
     }
+    executions.extend(created_before);
     Ok(executions)
 }
 

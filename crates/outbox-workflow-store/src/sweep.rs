@@ -1,6 +1,6 @@
 //! The sweep: finds runs left `running` (or taken and never started, or
-//! created by a trigger's handler that died before taking them) with
-//! nobody holding them and asks for them to be resumed.
+//! created by a bridge that died before taking them) with nobody holding
+//! them and asks for them to be resumed.
 //!
 //! A run is `running` while a job advances it under its lease (see
 //! `outbox-workflow-runner`). When that job's process dies, the lease expires
@@ -11,8 +11,8 @@
 //! sweep closes that gap: every run `running` whose lease has expired (or,
 //! for a run never leased, whose last change is older than the lease) is
 //! orphaned, as is a `queued` run taken by a holder whose lease expired,
-//! and a `queued` `event` or `stream` run never taken and unchanged for
-//! longer than the lease ([`NEVER_TAKEN_KINDS`]); [`resume_orphans`]
+//! and a `queued` `stream` run never taken and unchanged for longer than
+//! the lease ([`NEVER_TAKEN_KINDS`]); [`resume_orphans`]
 //! publishes a
 //! `workflow.execution.requested` event for it, which the `outbox.workflow`
 //! subscriber runs like any other: the run resumes at its first unfinished
@@ -70,14 +70,14 @@ pub const WORKFLOW_SWEEP_INTERVAL_MS: outbox_env::Whole = outbox_env::Whole {
 
 /// The trigger kinds whose runs the sweep also resumes when they are still
 /// `queued` and were never taken, once unchanged for longer than the
-/// lease. An `event` run is created by the handler of its trigger event,
-/// which then runs it; a `stream` run by the bridge, which then runs it.
-/// If that process dies in between, or the trigger's redelivery no longer
-/// finds the workflow live (saved as a draft meanwhile), nothing else asks
-/// for the run. A `manual` or `api` run is created with its request event
-/// in one transaction: that event asks for it, however long it waits in a
-/// backlog.
-pub const NEVER_TAKEN_KINDS: [&str; 2] = ["event", "stream"];
+/// lease. A `stream` run is created by the bridge, which then runs it: if
+/// the bridge dies in between, nothing else asks for the run. A `manual`
+/// or `api` run is created with its request event in one transaction, and
+/// an `event` run by the handler of its trigger event, which runs the runs
+/// it created one after another and, redelivered, runs them again: those
+/// events ask for them, however long they wait (behind a backlog, or
+/// behind a slow run of the same trigger).
+pub const NEVER_TAKEN_KINDS: [&str; 1] = ["stream"];
 
 /// The most orphaned runs one sweep resumes (the rest wait for the next).
 pub const SWEEP_BATCH: i64 = 500;

@@ -233,6 +233,10 @@ pub(crate) async fn retry(
     .await
     .map_err(|e| match e {
         PutBackError::NotRecorded { .. } => ConsoleError::PutBack(e),
+        PutBackError::Check {
+            source: dead::CheckError::Postgres(source),
+            ..
+        } => ConsoleError::Store(source),
         _ => ConsoleError::Redis(e.to_string()),
     })?;
     if !done.passed_over.is_empty() {
