@@ -185,9 +185,9 @@ pub async fn job_record(
 const BODIES_PER_CALL: usize = 500;
 
 /// The ordering of each job of `task_ids` of `queue`, in the order given:
-/// its body's [`JobOrdering`], `None` for a job that is not an ordered
-/// event's envelope or whose body Redis no longer holds. Bodies are read
-/// [`BODIES_PER_CALL`] at a time.
+/// its body's [`JobOrdering`](crate::JobOrdering), `None` for a job that is
+/// not an ordered event's envelope or whose body Redis no longer holds.
+/// Bodies are read 500 at a time.
 ///
 /// # Example
 ///
