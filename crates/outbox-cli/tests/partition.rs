@@ -71,7 +71,10 @@ async fn convert_partitions_a_table_with_rows_and_status_lists_its_partitions() 
         .collect();
     assert_eq!(names.first(), Some(&"outbox_event_legacy"), "{names:?}");
     assert_eq!(names.last(), Some(&"outbox_event_default"), "{names:?}");
-    assert!(names.len() >= 4, "{names:?}");
+    // Legacy, the partitions ahead, default. The legacy partition holds
+    // up to the day after the one ten minutes from now, so in the last ten
+    // minutes of a UTC day one fewer partition is ahead of it.
+    assert!(names.len() >= 3, "{names:?}");
     #[derive(diesel::QueryableByName)]
     struct Count {
         #[diesel(sql_type = diesel::sql_types::BigInt)]
