@@ -7,7 +7,7 @@ mod common;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use common::{database, now};
-use diesel_async::{AsyncPgConnection, SimpleAsyncConnection};
+use diesel_async::AsyncPgConnection;
 use outbox_store::{
     EpochRow, SafePointRow, advance_drained, advance_pending, ensure_safe_points, mark_pending,
     release_reconcile_lease, remembered_epoch, renew_reconcile_lease, safe_points, save_epoch,
@@ -250,11 +250,18 @@ async fn a_holder_whose_reconcile_lease_ran_out_neither_renews_nor_frees_the_nex
         .await
         .unwrap()
         .unwrap();
-    conn.batch_execute("SELECT pg_sleep(0.01)").await.unwrap();
-    let mut next = take_reconcile_lease(&mut second, NS, 60_000)
-        .await
-        .unwrap()
-        .expect("the first lease ran out");
+    // The second holder takes the lease once the first one's has run out.
+    let mut taken = None;
+    outbox_test_support::eventually(
+        "the first lease to run out",
+        std::time::Duration::from_secs(10),
+        async || {
+            taken = take_reconcile_lease(&mut second, NS, 60_000).await.unwrap();
+            taken.is_some()
+        },
+    )
+    .await;
+    let mut next = taken.unwrap();
 
     assert!(
         !renew_reconcile_lease(&mut conn, NS, &mut stale, 60_000)

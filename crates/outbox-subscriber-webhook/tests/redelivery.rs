@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use diesel_async::SimpleAsyncConnection;
-use outbox_idempotency::RedisIdempotencyStore;
+use outbox_idempotency::{IdempotencyStore, RedisIdempotencyStore};
 use outbox_queue::{OutboxJob, QueueNamespace, queues};
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
 use outbox_subscriber_webhook::{
@@ -346,8 +346,19 @@ async fn a_delivery_whose_claim_ran_out_during_the_call_is_logged_as_not_recorde
     let logs = LogCapture::start();
     let key = format!("webhook:{}", Uuid::now_v7());
     let outcome = deliver_once(&store, &key, settings, async || {
-        // A receiver slower than the claim's lease.
-        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        // A receiver slower than the claim's lease: the call ends only
+        // once another worker could claim the key.
+        outbox_test_support::eventually(
+            "the claim's lease to run out",
+            std::time::Duration::from_secs(10),
+            async || {
+                matches!(
+                    store.claim(&key, settings.lease).await.unwrap(),
+                    outbox_idempotency::Claim::Acquired(_)
+                )
+            },
+        )
+        .await;
         Delivery::Delivered { status: 200 }
     })
     .await
