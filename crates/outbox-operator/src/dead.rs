@@ -228,6 +228,21 @@ pub async fn put_back(
 /// requeue). A replay of the event (`outbox requeue --replay`) runs its
 /// handler whatever the key's position. What a dry run shows.
 ///
+/// # Example
+///
+/// ```no_run
+/// # async fn run(
+/// #     redis: &mut outbox_queue::RedisConnection,
+/// #     namespace: &outbox_queue::QueueNamespace,
+/// #     conn: &mut diesel_async::AsyncPgConnection,
+/// # ) -> Result<(), outbox_operator::dead::CheckError> {
+/// let dead = outbox_queue::dead_task_ids(redis, namespace, "outbox.webhook").await?;
+/// for left in outbox_operator::dead::past_their_keys(redis, namespace, "outbox.webhook", conn, &dead).await? {
+///     println!("{} stays dead: key {} is past position {}", left.task_id, left.ordering_key, left.position);
+/// }
+/// # Ok(()) }
+/// ```
+///
 /// # Errors
 ///
 /// [`CheckError`] when Redis or Postgres fails.

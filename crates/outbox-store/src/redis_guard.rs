@@ -280,6 +280,18 @@ struct LeaseRow {
 
 /// Takes the namespace's reconciliation lease for `lease_ms` when no one
 /// holds it. Returns the lease when the caller holds it now.
+///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// if let Some(mut lease) = outbox_store::take_reconcile_lease(conn, "", 120_000).await? {
+///     // ... a batch of work, then:
+///     if outbox_store::renew_reconcile_lease(conn, "", &mut lease, 120_000).await? {
+///         // ... still the holder: go on.
+///     }
+///     outbox_store::release_reconcile_lease(conn, "", lease).await?;
+/// }
+/// # Ok(()) }
+/// ```
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn take_reconcile_lease(
     conn: &mut AsyncPgConnection,
