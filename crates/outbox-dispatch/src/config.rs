@@ -358,6 +358,12 @@ pub struct RetentionConfig {
     pub retention: Duration,
     /// Rows deleted per statement; clamped to 1..=10000.
     pub batch_size: u32,
+    /// How far back the Redis guard may push `DONE` rows again at most
+    /// (`QUEUE_DONE_RETENTION_HOURS`, 24 hours by default): retention
+    /// keeps the rows the guard may still need, those handed off after
+    /// the oldest safe point of any queue, but for no longer than this,
+    /// even when `retention` is shorter.
+    pub guard_reach: Duration,
 }
 
 impl RetentionConfig {
@@ -367,28 +373,38 @@ impl RetentionConfig {
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(720 * 3600);
     /// Default rows deleted per batch.
     pub const DEFAULT_BATCH: u32 = 1000;
+    /// Default [`RetentionConfig::guard_reach`]: the default of
+    /// `QUEUE_DONE_RETENTION_HOURS`.
+    pub const DEFAULT_GUARD_REACH: Duration =
+        Duration::from_secs(outbox_queue::DEFAULT_DONE_RETENTION_HOURS * 3600);
 
-    /// The settings of `OUTBOX_DONE_RETENTION_HOURS` and
-    /// `OUTBOX_DONE_RETENTION_BATCH_SIZE` read through `get`, the batch
+    /// The settings of `OUTBOX_DONE_RETENTION_HOURS`,
+    /// `OUTBOX_DONE_RETENTION_BATCH_SIZE` and `QUEUE_DONE_RETENTION_HOURS`
+    /// ([`RetentionConfig::guard_reach`]) read through `get`, the batch
     /// clamped as [`RetentionConfig::new`] does.
     ///
     /// # Errors
     ///
     /// The first [`VariableError`] (a non-number, say), naming its variable.
     pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>) -> Result<Self, VariableError> {
-        Ok(Self::new(
-            OUTBOX_DONE_RETENTION_HOURS.read_hours(get)?,
-            // Out-of-range batch sizes are clamped, as the contract says.
-            OUTBOX_DONE_RETENTION_BATCH_SIZE.read_as(get)?,
-        ))
+        Ok(Self {
+            guard_reach: outbox_queue::QUEUE_DONE_RETENTION_HOURS.read_hours(get)?,
+            ..Self::new(
+                OUTBOX_DONE_RETENTION_HOURS.read_hours(get)?,
+                // Out-of-range batch sizes are clamped, as the contract says.
+                OUTBOX_DONE_RETENTION_BATCH_SIZE.read_as(get)?,
+            )
+        })
     }
 
-    /// A configuration with `batch_size` clamped to 1..=10000.
+    /// A configuration with `batch_size` clamped to 1..=10000 and the
+    /// default [`RetentionConfig::guard_reach`] (24 hours).
     #[must_use]
     pub fn new(retention: Duration, batch_size: u32) -> Self {
         Self {
             retention,
             batch_size: batch_size.clamp(1, Self::MAX_BATCH),
+            guard_reach: Self::DEFAULT_GUARD_REACH,
         }
     }
 }
@@ -570,7 +586,17 @@ mod tests {
             RetentionConfig {
                 retention: Duration::from_secs(48 * 3600),
                 batch_size: 250,
+                guard_reach: RetentionConfig::DEFAULT_GUARD_REACH,
             }
+        );
+        assert_eq!(
+            RetentionConfig::from_lookup(&|name: &str| {
+                (name == "QUEUE_DONE_RETENTION_HOURS").then(|| "36".to_owned())
+            })
+            .unwrap()
+            .guard_reach,
+            Duration::from_secs(36 * 3600),
+            "the Redis guard reaches back as far as finished jobs are kept"
         );
         assert_eq!(with("1", "0").unwrap().batch_size, 1, "clamped up");
         assert_eq!(

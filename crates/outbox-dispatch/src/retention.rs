@@ -27,7 +27,10 @@ pub const PAUSE_WHILE_DRAINING: u32 = 1;
 /// brief `ACCESS EXCLUSIVE` lock), each batch starting
 /// where the one before ended, until a batch comes back short. A row
 /// skipped because another transaction held it goes at the next run.
-/// FAILED, CANCELLED, PENDING and PROCESSING rows are never touched.
+/// FAILED, CANCELLED, PENDING and PROCESSING rows are never touched, and
+/// neither are DONE rows the Redis guard may still push again after a
+/// loss (handed off after the oldest safe point of any queue, within
+/// [`RetentionConfig::guard_reach`]), however short the window.
 /// Returns how many rows were deleted.
 ///
 /// # Errors
@@ -73,7 +76,18 @@ async fn purge(
 ) -> Result<Run, DispatchError> {
     let mut conn = pool.get().await?;
     let mut paused = Duration::ZERO;
-    let older_than = config.retention.as_secs_f64();
+    // Rows the Redis guard may still push again after a loss stay, however
+    // short the retention (see `outbox_store::redis_guard_hold`).
+    let hold = outbox_store::redis_guard_hold(&mut conn, config.guard_reach).await?;
+    if hold > config.retention {
+        tracing::info!(
+            job = RETENTION_JOB_NAME,
+            retention_hours = config.retention.as_secs() / 3600,
+            kept_for_redis_guard_secs = hold.as_secs(),
+            "keeping DONE rows handed off after the oldest Redis safe point: the Redis guard may still push them again"
+        );
+    }
+    let older_than = config.retention.max(hold).as_secs_f64();
     let mut deleted = 0u64;
     let mut bound_left = false;
     // A partitioned table loses whole partitions first; the rows of the

@@ -539,3 +539,98 @@ async fn a_retention_run_removes_what_a_failed_partition_conversion_left_so_late
         "the retention run left nothing to remove"
     );
 }
+
+/// A Redis guard's namespace, `retention-test`, for safe points of its
+/// queues.
+async fn guard_namespace(conn: &mut diesel_async::AsyncPgConnection) {
+    exec(
+        conn,
+        "INSERT INTO outbox_redis_epoch (namespace, epoch, run_id, checked_at)
+         VALUES ('retention-test', gen_random_uuid(), 'run', now())",
+    )
+    .await;
+}
+
+/// The tenants of the DONE rows left, sorted.
+async fn done_left(h: &Harness) -> Vec<String> {
+    let mut left: Vec<String> = h
+        .rows()
+        .await
+        .into_iter()
+        .filter(|r| r.status == OutboxStatus::Done)
+        .map(|r| r.tenant_id)
+        .collect();
+    left.sort();
+    left
+}
+
+// A retention shorter than the time a queue's jobs take to finish (workers
+// down for an hour, say) must not delete the DONE rows of jobs still in
+// Redis: after a loss, those rows are all the Redis guard has to push the
+// jobs again from.
+// Break checked: `purge` deleting by `config.retention` alone (the hold
+// ignored) fails the first run's count (and the next test: 2 instead of 1).
+#[tokio::test]
+async fn retention_keeps_done_rows_the_redis_guard_may_still_push_again_however_short_the_window() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    // Queue `a` is known to have finished everything handed off up to 10
+    // minutes ago; queue `b`, up to a minute ago, but a reconciliation of it
+    // after a loss still has to push again what was handed off in the last
+    // 90 minutes.
+    guard_namespace(&mut conn).await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before, pending_since)
+         VALUES ('retention-test', 'a', now() - interval '10 minutes', NULL),
+                ('retention-test', 'b', now() - interval '1 minute', now() - interval '90 minutes');
+         INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         VALUES ('handed-off-3h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '3 hours 5 minutes'),
+                ('handed-off-2h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '2 hours'),
+                ('handed-off-40m-ago', 'audit.user.login', '{}', 'DONE', now() - interval '40 minutes')",
+    )
+    .await;
+    // Retention of 0 hours: every DONE row is old enough, but the
+    // reconciliation of `b` still needs the one handed off 40 minutes ago.
+    let config = RetentionConfig::new(Duration::ZERO, 1000);
+
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 2);
+    assert_eq!(done_left(&h).await, ["handed-off-40m-ago"]);
+
+    // The reconciliation is done: nothing before the safe points (10 and 1
+    // minutes ago) is needed any more.
+    exec(
+        &mut conn,
+        "UPDATE outbox_redis_safe_point SET pending_since = NULL",
+    )
+    .await;
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 1);
+    assert_eq!(done_left(&h).await, Vec::<String>::new());
+}
+
+// A queue that is no longer checked (its route removed) keeps its old
+// safe point; it holds rows back for no longer than the guard reaches.
+// Break checked: `redis_guard_hold` without its `reach` bound deletes
+// neither row: 0 instead of 1.
+#[tokio::test]
+async fn an_old_safe_point_holds_done_rows_back_no_longer_than_the_guard_reaches() {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
+    guard_namespace(&mut conn).await;
+    exec(
+        &mut conn,
+        "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before)
+         VALUES ('retention-test', 'gone', now() - interval '30 days');
+         INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         VALUES ('handed-off-5h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '5 hours'),
+                ('handed-off-3h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '3 hours')",
+    )
+    .await;
+    let config = RetentionConfig {
+        guard_reach: Duration::from_secs(4 * 3600),
+        ..RetentionConfig::new(Duration::from_secs(3600), 1000)
+    };
+
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 1);
+    assert_eq!(done_left(&h).await, ["handed-off-3h-ago"]);
+}

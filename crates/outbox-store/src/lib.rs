@@ -117,7 +117,7 @@ pub use redis_guard::{
     ensure_safe_points, lock_namespace, mark_pending, release_reconcile_lease, remembered_epoch,
     renew_reconcile_lease, safe_points, save_epoch, take_reconcile_lease, try_lock_namespace,
 };
-pub use retention::{PurgedBatch, purge_done_batch, purge_done_batch_in};
+pub use retention::{PurgedBatch, purge_done_batch, purge_done_batch_in, redis_guard_hold};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};
 pub use select::{
     Candidate, DeliveryState, EventFilter, EventKey, EventSummary, HistoryEntry, candidate,

@@ -114,3 +114,40 @@ pub async fn purge_done_batch_in(
     .get_result(conn)
     .await?)
 }
+
+/// How long `DONE` rows must stay for the Redis guard: from the oldest
+/// point any queue's guard may still push rows again from (its safe point,
+/// or the cursor of a reconciliation under way, in
+/// `outbox_redis_safe_point`) to now, but never more than `reach` (the
+/// guard never reaches back further than the queue's own retention of
+/// finished jobs, so a queue that is no longer checked holds nothing back
+/// for longer). Zero when no queue has a safe point.
+///
+/// Retention deleting a `DONE` row after that point would leave a job that
+/// Redis then loses with nothing to push it again from.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn redis_guard_hold(
+    conn: &mut AsyncPgConnection,
+    reach: std::time::Duration,
+) -> Result<std::time::Duration> {
+    #[derive(QueryableByName)]
+    struct Hold {
+        #[diesel(sql_type = Double)]
+        secs: f64,
+    }
+    let hold: Hold = diesel::sql_query(
+        "SELECT CASE WHEN oldest IS NULL THEN 0
+                ELSE GREATEST(0, EXTRACT(EPOCH FROM now() - GREATEST(oldest, now() - make_interval(secs => $1))))
+                END::float8 AS secs
+         FROM (SELECT min(LEAST(drained_before, pending_since)) AS oldest
+               FROM outbox_redis_safe_point) AS points",
+    )
+    .bind::<Double, _>(reach.as_secs_f64())
+    .get_result(conn)
+    .await?;
+    Ok(std::time::Duration::try_from_secs_f64(hold.secs).unwrap_or(reach))
+}
