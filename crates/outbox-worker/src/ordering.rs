@@ -75,66 +75,89 @@ impl Ordered {
     /// Records that the handler of this job's event succeeded, trying a few
     /// times: a failure hands the job back and its handler runs again.
     async fn advance(&self, ordering: &JobOrdering) -> Result<(), JobError> {
+        let moved = self
+            .write(ordering, KeyWrite::Advance)
+            .await
+            .map_err(|last_error| {
+                JobError::retry(format!(
+                    "the handler succeeded but the ordering key's progress was not recorded: {last_error}"
+                ))
+            })?;
+        tracing::debug!(ordering_key = %ordering.key, position = ordering.position,
+            moved, "ordered event finished");
+        Ok(())
+    }
+
+    /// Makes one write to the key of `ordering`, up to [`ADVANCE_TRIES`]
+    /// times with a pause that doubles from [`ADVANCE_FIRST_PAUSE`] after
+    /// each failure (a pool that has no connection for a moment, a Postgres
+    /// restarting). The last error when every try failed.
+    async fn write(&self, ordering: &JobOrdering, write: KeyWrite<'_>) -> Result<bool, String> {
         let mut pause = ADVANCE_FIRST_PAUSE;
         let mut last_error = String::new();
         for _ in 0..ADVANCE_TRIES {
-            let advanced = match self.pool.get().await {
-                Ok(mut conn) => outbox_store::advance(&mut conn, &ordering.key, ordering.position)
-                    .await
-                    .map_err(|e| e.to_string()),
+            let written = match self.pool.get().await {
+                Ok(mut conn) => match write {
+                    KeyWrite::Advance => {
+                        outbox_store::advance(&mut conn, &ordering.key, ordering.position).await
+                    }
+                    KeyWrite::Hold { event_id, reason } => {
+                        outbox_store::hold(
+                            &mut conn,
+                            &ordering.key,
+                            ordering.position,
+                            event_id,
+                            reason,
+                        )
+                        .await
+                    }
+                }
+                .map_err(|e| e.to_string()),
                 Err(e) => Err(format!("no connection: {e}")),
             };
-            match advanced {
-                Ok(moved) => {
-                    tracing::debug!(ordering_key = %ordering.key, position = ordering.position,
-                        moved, "ordered event finished");
-                    return Ok(());
-                }
+            match written {
+                Ok(done) => return Ok(done),
                 Err(e) => last_error = e,
             }
             tokio::time::sleep(pause).await;
             pause *= 2;
         }
-        Err(JobError::retry(format!(
-            "the handler succeeded but the ordering key's progress was not recorded: {last_error}"
-        )))
+        Err(last_error)
     }
 
-    /// Holds or skips the key of a dead job, by policy.
+    /// Holds or skips the key of a dead job, by policy, trying a few times
+    /// as [`Ordered::advance`] does: unrecorded, the key would stay stopped
+    /// without showing in `outbox ordering list`.
     async fn settle_dead(&self, body: &JobBody, ordering: &JobOrdering, reason: &str) {
         let event_id = body.ids().0.and_then(|id| Uuid::parse_str(&id).ok());
-        let mut conn = match self.pool.get().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::error!(ordering_key = %ordering.key, error = %e,
-                    "a dead ordered job's key cannot be recorded as held: no connection; the key stays stopped");
+        let write = match (self.policy, event_id) {
+            (OrderingPolicy::Skip, _) => KeyWrite::Advance,
+            (OrderingPolicy::Hold, Some(event_id)) => KeyWrite::Hold { event_id, reason },
+            (OrderingPolicy::Hold, None) => {
+                tracing::error!(ordering_key = %ordering.key, position = ordering.position,
+                    "a dead ordered job carries no event id, so its key cannot be held; the key stays stopped: put the job back with `outbox retry-dead`");
                 return;
             }
         };
-        let recorded = match (self.policy, event_id) {
-            (OrderingPolicy::Skip, _) => {
-                outbox_store::advance(&mut conn, &ordering.key, ordering.position).await
-            }
-            (OrderingPolicy::Hold, Some(event_id)) => {
-                outbox_store::hold(
-                    &mut conn,
-                    &ordering.key,
-                    ordering.position,
-                    event_id,
-                    reason,
-                )
-                .await
-            }
-            (OrderingPolicy::Hold, None) => Ok(false),
-        };
-        match recorded {
+        match self.write(ordering, write).await {
             Ok(_) => tracing::warn!(ordering_key = %ordering.key, position = ordering.position,
                 policy = ?self.policy, "ordered job dead; its key is {}",
                 if self.policy == OrderingPolicy::Skip { "moved past it" } else { "held" }),
-            Err(e) => tracing::error!(ordering_key = %ordering.key, error = %e,
-                "a dead ordered job's key cannot be recorded; the key stays stopped"),
+            Err(e) => tracing::error!(ordering_key = %ordering.key, position = ordering.position,
+                event_id = event_id.map(|id| id.to_string()).as_deref().unwrap_or("-"),
+                error = %e, tries = ADVANCE_TRIES,
+                "a dead ordered job's key could not be recorded; the key stays stopped and `outbox ordering list` does not show it: put the job back with `outbox retry-dead`"),
         }
     }
+}
+
+/// What the ordering step writes to a key.
+#[derive(Clone, Copy)]
+enum KeyWrite<'a> {
+    /// The key moves past the job's position.
+    Advance,
+    /// The key is held on the job's event.
+    Hold { event_id: Uuid, reason: &'a str },
 }
 
 impl DynHandler for Ordered {

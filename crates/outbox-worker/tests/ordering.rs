@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Stack, free_addr};
-use diesel_async::AsyncConnection;
+use diesel_async::{AsyncConnection, SimpleAsyncConnection};
 use outbox_publish::{NewOutboxEvent, OutboxTx, PublishError, publish_outbox_events};
 use outbox_queue::OutboxJob;
 use outbox_subscriber::{JobError, JobHandler, JobMeta};
@@ -100,6 +100,17 @@ async fn publish(stack: &Stack, events: Vec<NewOutboxEvent>) {
     .unwrap();
 }
 
+/// The held keys, once there are any.
+async fn held_keys_once_any(
+    conn: &mut diesel_async::AsyncPgConnection,
+) -> Vec<outbox_store::HeldKey> {
+    eventually("the stuck key to be held", WAIT, async || {
+        !outbox_store::held_keys(conn, 10).await.unwrap().is_empty()
+    })
+    .await;
+    outbox_store::held_keys(conn, 10).await.unwrap()
+}
+
 /// The handlings of each key, in the order they happened.
 fn by_key(handled: &[Handled]) -> BTreeMap<String, Vec<(i64, i64)>> {
     let mut keys: BTreeMap<String, Vec<(i64, i64)>> = BTreeMap::new();
@@ -160,6 +171,55 @@ async fn three_dispatchers_deliver_200_keys_of_20_events_each_in_written_order_p
     }
 }
 
+// A moment without Postgres when the head's job goes dead (a pool with no
+// connection to give, a server restarting) must not leave the key stopped
+// without a hold: nothing would show it in `outbox ordering list`.
+// Break checked: `settle_dead` making one try (ADVANCE_TRIES tries only in
+// `advance`) leaves the key unheld: "the stuck key to be held" times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_heads_hold_refused_twice_by_postgres_is_tried_again_and_recorded() {
+    let stack = Stack::new().await;
+    let mut conn = stack.db.conn().await;
+    // The first two holds of a key fail, as a statement does while the
+    // server is away.
+    conn.batch_execute(
+        "CREATE SEQUENCE holds_refused;
+         CREATE FUNCTION refuse_two_holds() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('holds_refused') <= 2 THEN
+                 RAISE EXCEPTION 'the server is away (injected)';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER refuse_two_holds BEFORE UPDATE ON outbox_ordering_key FOR EACH ROW
+             WHEN (OLD.held_event_id IS NULL AND NEW.held_event_id IS NOT NULL)
+             EXECUTE FUNCTION refuse_two_holds()",
+    )
+    .await
+    .unwrap();
+    let recorder = Recorder::default();
+    let stop = CancellationToken::new();
+    let workers = start_workers(&stack, &recorder, 1, &stop);
+
+    publish(
+        &stack,
+        vec![event("stuck", 0, true), event("stuck", 1, false)],
+    )
+    .await;
+    let held = held_keys_once_any(&mut conn).await;
+    assert_eq!(held[0].ordering_key, "stuck");
+    assert_eq!(held[0].position, Some(1));
+    assert_eq!(held[0].waiting, 1, "the key's next event waits");
+    stop.cancel();
+    for worker in workers {
+        worker.await.unwrap().unwrap();
+    }
+    assert!(
+        recorder.handled.lock().unwrap().is_empty(),
+        "nothing of the held key was handled"
+    );
+}
+
 // What it guards (not break-checked yet): `outbox_ordering_assign` blocking a new event whenever
 // any earlier event of any key is unfinished (the key condition dropped)
 // leaves the other keys waiting behind the failed one, and fails here.
@@ -183,14 +243,7 @@ async fn a_key_whose_head_fails_for_good_is_held_while_every_other_key_completes
     )
     .await;
     let mut conn = stack.db.conn().await;
-    eventually("the stuck key to be held", WAIT, async || {
-        !outbox_store::held_keys(&mut conn, 10)
-            .await
-            .unwrap()
-            .is_empty()
-    })
-    .await;
-    let held = outbox_store::held_keys(&mut conn, 10).await.unwrap();
+    let held = held_keys_once_any(&mut conn).await;
     assert_eq!(held.len(), 1);
     assert_eq!(held[0].ordering_key, "stuck");
     assert_eq!(held[0].position, Some(1));
