@@ -29,6 +29,17 @@ pub(crate) struct HealthArgs {
     /// Alert when a workflow execution has been queued or running, unchanged, for longer than this (30s, 15m, 2h, 1d).
     #[arg(long, default_value = workflow::DEFAULT_STUCK_AFTER, value_parser = filters::parse_duration)]
     pub(crate) stuck_after: Duration,
+    /// The lease worker-general holds workflow runs with (its `WORKFLOW_RUN_LEASE_MS`, in ms): a run never leased counts as orphaned once unchanged for longer than this plus two minutes.
+    #[arg(long, env = "WORKFLOW_RUN_LEASE_MS", value_name = "MS", default_value = "30000", value_parser = run_lease)]
+    pub(crate) workflow_run_lease_ms: Duration,
+}
+
+/// Reads `--workflow-run-lease-ms` as worker-general reads
+/// `WORKFLOW_RUN_LEASE_MS`, with its range and its message.
+fn run_lease(raw: &str) -> Result<Duration, String> {
+    outbox_workflow_store::sweep::WORKFLOW_RUN_LEASE_MS
+        .read_millis(&|_| Some(raw.to_owned()))
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
@@ -59,7 +70,7 @@ pub(crate) async fn health(cli: &Cli, args: &HealthArgs) -> Outcome {
     // has no executions to read.
     let workflows = if workflow_set_applied(&mut conn).await? {
         Some(
-            workflow::health(&mut conn, args.stuck_after)
+            workflow::health(&mut conn, args.stuck_after, args.workflow_run_lease_ms)
                 .await
                 .context("cannot read the workflow executions")?,
         )

@@ -483,9 +483,10 @@ pub const ORPHAN_ALERT_AFTER: Duration = Duration::from_secs(120);
 
 /// Reads the workflow section of `outbox health`: executions stuck in
 /// `queued` or `running` for longer than `stuck_after`, counted by status,
-/// with the oldest; each such status is an alert. Runs `running` with an
-/// expired lease for over [`ORPHAN_ALERT_AFTER`] (nobody holds them and no
-/// sweep resumed them) are an alert too.
+/// with the oldest; each such status is an alert. Runs orphaned for over
+/// [`ORPHAN_ALERT_AFTER`] (nobody holds them and no sweep resumed them,
+/// judged as the workers' sweep judges them with their lease `run_lease`)
+/// are an alert too.
 ///
 /// # Errors
 ///
@@ -493,6 +494,7 @@ pub const ORPHAN_ALERT_AFTER: Duration = Duration::from_secs(120);
 pub async fn health(
     conn: &mut AsyncPgConnection,
     stuck_after: Duration,
+    run_lease: Duration,
 ) -> anyhow::Result<WorkflowHealth> {
     let found = store::stuck_executions(conn, stuck_after).await?;
     let waiting = store::count_executions(
@@ -523,12 +525,9 @@ pub async fn health(
             }
         })
         .collect();
-    let orphaned = outbox_workflow_store::sweep::count_orphaned_runs(
-        conn,
-        outbox_workflow_store::sweep::DEFAULT_LEASE,
-        ORPHAN_ALERT_AFTER,
-    )
-    .await?;
+    let orphaned =
+        outbox_workflow_store::sweep::count_orphaned_runs(conn, run_lease, ORPHAN_ALERT_AFTER)
+            .await?;
     let orphaned = u64::try_from(orphaned).unwrap_or(0);
     let mut alerts: Vec<String> = stuck.iter().filter_map(|s| s.alert.clone()).collect();
     if orphaned > 0 {

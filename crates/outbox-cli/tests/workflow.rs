@@ -554,3 +554,45 @@ async fn health_alerts_on_a_run_left_running_with_an_expired_lease_that_no_sweep
         table.stdout
     );
 }
+
+// Break checked: `workflow::health` counting with the sweep's default lease
+// (30 s) whatever `WORKFLOW_RUN_LEASE_MS` says reports the run orphaned
+// under a lease of ten minutes: orphaned 1 instead of 0.
+#[tokio::test]
+async fn health_judges_a_run_never_leased_by_the_workers_run_lease() {
+    let env = Env::new().await;
+    let s = seed(&env).await;
+
+    // Running, never leased, unchanged for five minutes: with the default
+    // lease (30 s) the sweep should have resumed it long ago; with a lease
+    // of ten minutes it is not due yet.
+    env.sql(&format!(
+        "UPDATE workflow_execution SET lease_owner = NULL, lease_until = NULL,
+                updated_at = now() - interval '5 minutes' WHERE id = '{}'",
+        s.running
+    ))
+    .await;
+    let default_lease = env.outbox(&["health", "--json"]);
+    assert_eq!(default_lease.json()["workflows"]["orphaned"], 1);
+
+    let long_lease = env.outbox_with(
+        &[("WORKFLOW_RUN_LEASE_MS", "600000")],
+        &["health", "--json"],
+    );
+    assert_eq!(
+        long_lease.code, 0,
+        "{}{}",
+        long_lease.stdout, long_lease.stderr
+    );
+    assert_eq!(long_lease.json()["workflows"]["orphaned"], 0);
+    let flag = env.outbox(&["health", "--json", "--workflow-run-lease-ms", "600000"]);
+    assert_eq!(flag.json()["workflows"]["orphaned"], 0);
+
+    let refused = env.outbox_with(&[("WORKFLOW_RUN_LEASE_MS", "soon")], &["health"]);
+    assert_eq!(refused.code, 2, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        refused.stderr.contains("WORKFLOW_RUN_LEASE_MS"),
+        "{}",
+        refused.stderr
+    );
+}

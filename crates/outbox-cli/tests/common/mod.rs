@@ -47,6 +47,16 @@ impl Env {
         )
     }
 
+    /// Runs `outbox args` with the variables `vars` set as well.
+    pub fn outbox_with(&self, vars: &[(&str, &str)], args: &[&str]) -> Run {
+        Run::from(
+            command(&self.db, &self.redis, &self.namespace, args)
+                .envs(vars.iter().copied())
+                .output()
+                .unwrap(),
+        )
+    }
+
     /// Starts `outbox args` on this database and these queues without
     /// waiting for it; [`Started::finish`] waits and collects its output.
     pub fn start(&self, args: &[&str]) -> Started {
