@@ -143,11 +143,44 @@ impl Runner {
             .iter()
             .filter_map(|(k, v)| Some((k.to_string(), Value::String(v.to_str().ok()?.to_owned()))))
             .collect();
-        let text = response.text().await.map_err(HttpRequestError::Body)?;
+        let text = answer_text(response).await?;
         let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
         Ok(json!({ "status": status, "headers": headers, "body": body }))
     }
 }
+
+/// The body of `response` as text (UTF-8, invalid sequences replaced),
+/// read up to [`MAX_ANSWER_BYTES`]: a longer one is refused as soon as its
+/// length or what arrived says so, before it fills the worker's memory or
+/// a `jsonb` value Postgres refuses (which would have the call made again
+/// up to the claim limit).
+async fn answer_text(mut response: reqwest::Response) -> Result<String, HttpRequestError> {
+    let too_large = HttpRequestError::AnswerTooLarge {
+        limit: MAX_ANSWER_BYTES,
+    };
+    if response
+        .content_length()
+        .is_some_and(|length| length > MAX_ANSWER_BYTES as u64)
+    {
+        return Err(too_large);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(HttpRequestError::Body)? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(too_large);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(match String::from_utf8(body) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// The longest answer body an `httpRequest` block records, in bytes
+/// (10 MiB): a longer answer fails the block
+/// ([`HttpRequestError::AnswerTooLarge`]).
+pub const MAX_ANSWER_BYTES: usize = 10 * 1024 * 1024;
 
 /// Replaces each NUL character of `text` with U+FFFD: Postgres' `text`
 /// refuses it.

@@ -101,4 +101,14 @@ pub enum HttpRequestError {
     /// The response's body could not be read.
     #[error("reading the body: {0}")]
     Body(#[source] reqwest::Error),
+    /// The response's body is longer than the runner records
+    /// ([`crate::MAX_ANSWER_BYTES`]); the call was made, its answer is not
+    /// kept.
+    #[error(
+        "the answer's body is over {limit} bytes, more than a run records; the call was made once and its answer dropped"
+    )]
+    AnswerTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
 }

@@ -81,7 +81,7 @@ use serde_json::{Map, Value, json};
 use uuid::Uuid;
 
 pub use blocks::EMAIL_EVENT;
-pub use call::{IDEMPOTENCY_KEY_HEADER, idempotency_key};
+pub use call::{IDEMPOTENCY_KEY_HEADER, MAX_ANSWER_BYTES, idempotency_key};
 pub use error::{HttpRequestError, RunError};
 pub use outbox_http_guard::AddressPolicy;
 /// The plugin hooks a run's end publishes (the store's cancel publishes

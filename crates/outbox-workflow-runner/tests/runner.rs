@@ -563,3 +563,92 @@ async fn a_run_started_by_a_workflows_row_event_makes_no_callout_even_after_a_wa
     );
     assert!(sink.requests().is_empty());
 }
+
+/// A peer on 127.0.0.1 that answers every request with `body`, announced
+/// by its `Content-Length` or sent chunked (no length up front). Returns
+/// its URL and the count of requests it answered.
+async fn answering_peer(
+    body: Vec<u8>,
+    announced: bool,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/answer", listener.local_addr().unwrap());
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&calls);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let body = body.clone();
+            tokio::spawn(async move {
+                // The request is small: one read takes its head and body.
+                let mut request = vec![0u8; 64 * 1024];
+                let _ = socket.read(&mut request).await;
+                let head = if announced {
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n".to_owned()
+                };
+                let _ = socket.write_all(head.as_bytes()).await;
+                if announced {
+                    let _ = socket.write_all(&body).await;
+                } else {
+                    for chunk in body.chunks(64 * 1024) {
+                        let size = format!("{:x}\r\n", chunk.len());
+                        let _ = socket.write_all(size.as_bytes()).await;
+                        let _ = socket.write_all(chunk).await;
+                        let _ = socket.write_all(b"\r\n").await;
+                    }
+                    let _ = socket.write_all(b"0\r\n\r\n").await;
+                }
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (url, calls)
+}
+
+// An answer longer than a run records ends the block in error at once,
+// instead of failing to record it and calling again up to the claim limit.
+// Break checked: `answer_text` without its limit (the whole body read)
+// records the 11 MiB answer: the run succeeds instead of ending in error
+// (and without the limit on what arrived, the chunked answer does).
+#[tokio::test]
+async fn an_answer_over_the_size_a_run_records_fails_the_block_after_one_call() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    let runner = Runner::with_address_policy(AddressPolicy::AllowInternal).unwrap();
+    let limit = outbox_workflow_runner::MAX_ANSWER_BYTES;
+    for announced in [true, false] {
+        let (url, calls) = answering_peer(vec![b'a'; limit + 1024 * 1024], announced).await;
+        let id = queued(&mut conn, http_workflow(&url), json!({})).await;
+        let outcome = runner.run(&mut conn, id).await.unwrap();
+        assert_eq!(
+            outcome,
+            RunOutcome::Finished(ExecutionStatus::Error),
+            "announced: {announced}"
+        );
+        assert_eq!(
+            execution(&mut conn, id).await.error.unwrap(),
+            format!(
+                "block call: the answer's body is over {limit} bytes, more than a run records; \
+                 the call was made once and its answer dropped"
+            )
+        );
+        assert_eq!(
+            std::sync::atomic::AtomicUsize::load(&calls, std::sync::atomic::Ordering::SeqCst),
+            1
+        );
+    }
+
+    // An answer of exactly the limit is recorded whole.
+    let (url, _) = answering_peer(vec![b'a'; limit], false).await;
+    let id = queued(&mut conn, http_workflow(&url), json!({})).await;
+    assert_eq!(
+        runner.run(&mut conn, id).await.unwrap(),
+        RunOutcome::Finished(ExecutionStatus::Success)
+    );
+}
