@@ -2160,3 +2160,79 @@ async fn a_guard_whose_checks_keep_failing_warns_once_at_the_first_failure() {
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+/// A hand-off whose `DONE` statement waited on a lock (a producer's, say)
+/// commits a `processed_at` from when it began, after checks ran
+/// meanwhile: no safe point may have passed it, or a Redis loss afterwards
+/// leaves its job lost for good.
+// Break checked: `advance_safe_points` without the hold of the oldest open
+// transaction (`held` answering its mark unchanged) moves the safe point
+// past the slow hand-off and fails the first assertion (and, without it,
+// the job is not pushed again: "Missing").
+#[tokio::test]
+async fn a_hand_off_committed_after_checks_passed_its_start_is_pushed_again_after_a_loss() {
+    let server = RedisProcess::start().await;
+    let rig = Rig::private(&server).await;
+    let earlier = rig.hand_off((0..3).map(mail).collect()).await;
+    rig.deliver_mails(&earlier).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+
+    // The slow hand-off: its job is in Redis, its DONE statement has begun
+    // and has not committed.
+    let mut conn = rig.db.conn().await;
+    let slow = conn
+        .transaction::<_, PublishError, _>(async |conn| {
+            let tx = OutboxTx::new(conn)?;
+            publish_outbox_events(&tx, vec![mail(3)]).await
+        })
+        .await
+        .unwrap()[0]
+        .id();
+    rig.push_job(queues::MAIL, &task_id(slow)).await;
+    let mut marking = rig.db.conn().await;
+    marking
+        .batch_execute(&format!(
+            "BEGIN;
+             UPDATE outbox_event SET status = 'DONE', processed_at = now(), target_queue = '{}'
+             WHERE id = '{slow}'",
+            queues::MAIL
+        ))
+        .await
+        .unwrap();
+    #[derive(diesel::QueryableByName)]
+    struct Later {
+        #[diesel(sql_type = diesel::sql_types::Bool)]
+        later: bool,
+    }
+    outbox_test_support::eventually(
+        "the clock to pass the start of the open hand-off",
+        Duration::from_secs(10),
+        async || {
+            diesel::sql_query(format!(
+                "SELECT clock_timestamp() > (SELECT processed_at FROM outbox_event WHERE id = '{slow}') AS later"
+            ))
+            .get_result::<Later>(&mut marking)
+            .await
+            .unwrap()
+            .later
+        },
+    )
+    .await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.advance().await;
+    marking.batch_execute("COMMIT").await.unwrap();
+    let handed_off = rig.handed_off_at(queues::MAIL, slow).await;
+    assert!(
+        rig.safe_point(queues::MAIL).await.0 <= handed_off,
+        "the safe point passed a hand-off still being recorded"
+    );
+
+    rig.flush_all().await;
+    assert_eq!(
+        rig.check().await,
+        Assessment::Lost(LossReason::MarkerMissing)
+    );
+    rig.repair().await;
+    rig.assert_waiting(queues::MAIL, &[slow]).await;
+}

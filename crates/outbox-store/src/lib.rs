@@ -114,8 +114,9 @@ pub use partition::{
 };
 pub use redis_guard::{
     EpochRow, ReconcileLease, SafePointRow, advance_drained, advance_pending, db_now,
-    ensure_safe_points, lock_namespace, mark_pending, release_reconcile_lease, remembered_epoch,
-    renew_reconcile_lease, safe_points, save_epoch, take_reconcile_lease, try_lock_namespace,
+    ensure_safe_points, lock_namespace, mark_pending, oldest_open_transaction,
+    release_reconcile_lease, remembered_epoch, renew_reconcile_lease, safe_points, save_epoch,
+    take_reconcile_lease, try_lock_namespace,
 };
 pub use retention::{PurgedBatch, purge_done_batch, purge_done_batch_in, redis_guard_hold};
 pub use schedule::{ScheduleRow, advance_schedule, anchor_schedule, schedule_row, schedule_rows};

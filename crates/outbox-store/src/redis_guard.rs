@@ -65,6 +65,40 @@ pub async fn db_now(conn: &mut AsyncPgConnection) -> Result<DateTime<Utc>> {
         .map(|row| row.now)?)
 }
 
+#[derive(QueryableByName)]
+struct OldestOpen {
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    since: Option<DateTime<Utc>>,
+}
+
+/// When the oldest transaction still open on this database (other than
+/// this connection's, among client sessions this role may see) began;
+/// `None` when there is none.
+///
+/// A row's `processed_at` is the start of the transaction that marked it
+/// `DONE` (`now()`), which may wait on a lock and commit much later: the
+/// Redis guard never moves a safe point past this instant, so a hand-off
+/// committed after a check always lands after the safe point. Sessions of
+/// other roles are visible only to a role with `pg_read_all_stats`: the
+/// dispatchers of one namespace connect as one role.
+///
+/// # Errors
+///
+/// When Postgres fails.
+#[instrument(level = "debug", skip(conn), err(level = "debug"))]
+pub async fn oldest_open_transaction(
+    conn: &mut AsyncPgConnection,
+) -> Result<Option<DateTime<Utc>>> {
+    Ok(diesel::sql_query(
+        "SELECT min(xact_start) AS since FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND backend_type = 'client backend' AND xact_start IS NOT NULL",
+    )
+    .get_result::<OldestOpen>(conn)
+    .await
+    .map(|row| row.since)?)
+}
+
 /// Serialises the checks of one namespace until the transaction ends
 /// (a transaction-scoped advisory lock, so a pooled connection never keeps it).
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]

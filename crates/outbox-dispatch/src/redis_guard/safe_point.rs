@@ -36,7 +36,10 @@ impl RedisGuard {
     /// job not finished (with a backlog, one of the first rows). The scan
     /// reads only rows handed off before the closest a safe point may come
     /// to now ([`super::RedisGuardSettings::safe_point_lag`]): what comes after
-    /// cannot move it further.
+    /// cannot move it further. No safe point passes the start of the oldest
+    /// transaction still open on the database
+    /// ([`store::oldest_open_transaction`]): a `DONE` statement waiting on a
+    /// lock commits a `processed_at` from when it began.
     ///
     /// What Redis said counts only if it came from the data set and the
     /// server run this round's check found intact: the marker read with
@@ -59,7 +62,11 @@ impl RedisGuard {
             return Ok(pass);
         };
         let now = store::db_now(&mut conn).await?;
-        let closest = next_safe_point(now, None, self.settings.safe_point_lag);
+        // A hand-off whose DONE transaction is still open commits a
+        // `processed_at` from when it began: no safe point passes that.
+        let open_since = store::oldest_open_transaction(&mut conn).await?;
+        let held = |mark: DateTime<Utc>| open_since.map_or(mark, |since| mark.min(since));
+        let closest = held(next_safe_point(now, None, self.settings.safe_point_lag));
         let floor = retention_floor(now, self.settings.retention);
         store::ensure_safe_points(&mut conn, prefix, &self.queues, floor).await?;
         let points: Vec<SafePointRow> = store::safe_points(&mut conn, prefix)
@@ -108,7 +115,11 @@ impl RedisGuard {
                     first
                 }
             };
-            let mark = next_safe_point(now, first_unfinished, self.settings.safe_point_lag);
+            let mark = held(next_safe_point(
+                now,
+                first_unfinished,
+                self.settings.safe_point_lag,
+            ));
             if mark > point.drained_before {
                 store::advance_drained(&mut conn, prefix, &point.queue, remembered.epoch, mark)
                     .await?;
