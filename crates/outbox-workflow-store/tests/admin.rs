@@ -97,3 +97,48 @@ async fn a_save_without_a_status_keeps_the_workflow_s_and_a_new_workflow_is_a_dr
     let listed: Vec<(i32, bool)> = versions.iter().map(|v| (v.version, v.current)).collect();
     assert_eq!(listed, [(1, false), (2, false), (3, true)]);
 }
+
+// A publish committing while a save without a status runs must not be
+// undone by the save writing back the status it read before.
+// Break checked: the status read without `FOR NO KEY UPDATE` in
+// `admin::save_document` leaves the workflow a draft: left Draft, right Live.
+#[tokio::test]
+async fn a_save_without_a_status_keeps_a_publish_that_commits_while_it_runs() {
+    let db = TestDatabase::new().await;
+    let mut conn = db.conn().await;
+    admin::save_document(&mut conn, "t1", "approval", None, LOGS)
+        .await
+        .unwrap();
+    // A publish, not committed yet.
+    let mut publishing = db.conn().await;
+    diesel_async::SimpleAsyncConnection::batch_execute(
+        &mut publishing,
+        "BEGIN; UPDATE workflow SET status = 'live' WHERE tenant_id = 't1' AND name = 'approval'",
+    )
+    .await
+    .unwrap();
+    let saving = {
+        let mut conn = db.conn().await;
+        tokio::spawn(async move {
+            admin::save_document(&mut conn, "t1", "approval", None, LOGS)
+                .await
+                .unwrap()
+        })
+    };
+    outbox_test_support::eventually(
+        "the save to wait on the publish's lock, or to end",
+        std::time::Duration::from_secs(30),
+        async || saving.is_finished() || db.waits_on_a_lock("%workflow%").await,
+    )
+    .await;
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut publishing, "COMMIT")
+        .await
+        .unwrap();
+
+    let saved = saving.await.unwrap();
+    assert_eq!(saved.workflow.status, WorkflowStatus::Live);
+    let found = store::find_workflow(&mut conn, "t1", &"approval".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(found.status, WorkflowStatus::Live);
+}
