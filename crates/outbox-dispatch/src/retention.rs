@@ -65,6 +65,37 @@ struct Run {
     bound_left: bool,
 }
 
+/// How much further back than the oldest point the Redis guard may push
+/// again from a run keeps rows: the point is read again before each batch
+/// and partition, and the statement's own clock comes a moment later.
+const HOLD_MARGIN: Duration = Duration::from_secs(60);
+
+/// The age past which a `DONE` row may go now, in seconds: the retention,
+/// or longer while the Redis guard may still push rows again from further
+/// back (see `outbox_store::redis_guard_hold`), read again before each
+/// batch so that a long run never reaches past a safe point. `first` logs
+/// when the guard holds rows back.
+async fn cutoff(
+    conn: &mut diesel_async::AsyncPgConnection,
+    config: RetentionConfig,
+    first: bool,
+) -> Result<f64, DispatchError> {
+    let hold = outbox_store::redis_guard_hold(conn, config.guard_reach).await?;
+    if hold.is_zero() {
+        return Ok(config.retention.as_secs_f64());
+    }
+    let hold = hold + HOLD_MARGIN;
+    if first && hold > config.retention {
+        tracing::info!(
+            job = RETENTION_JOB_NAME,
+            retention_hours = config.retention.as_secs() / 3600,
+            kept_for_redis_guard_secs = hold.as_secs(),
+            "keeping DONE rows handed off after the oldest Redis safe point: the Redis guard may still push them again"
+        );
+    }
+    Ok(config.retention.max(hold).as_secs_f64())
+}
+
 /// [`purge_done_until`] that, while `yield_to` drains a backlog, pauses
 /// after each batch ([`PAUSE_WHILE_DRAINING`]).
 #[instrument(name = "outbox.retention", skip(pool, stop, yield_to), fields(job = RETENTION_JOB_NAME, deleted), err)]
@@ -76,18 +107,8 @@ async fn purge(
 ) -> Result<Run, DispatchError> {
     let mut conn = pool.get().await?;
     let mut paused = Duration::ZERO;
-    // Rows the Redis guard may still push again after a loss stay, however
-    // short the retention (see `outbox_store::redis_guard_hold`).
-    let hold = outbox_store::redis_guard_hold(&mut conn, config.guard_reach).await?;
-    if hold > config.retention {
-        tracing::info!(
-            job = RETENTION_JOB_NAME,
-            retention_hours = config.retention.as_secs() / 3600,
-            kept_for_redis_guard_secs = hold.as_secs(),
-            "keeping DONE rows handed off after the oldest Redis safe point: the Redis guard may still push them again"
-        );
-    }
-    let older_than = config.retention.max(hold).as_secs_f64();
+    // Logs once when the Redis guard holds rows back.
+    cutoff(&mut conn, config, true).await?;
     let mut deleted = 0u64;
     let mut bound_left = false;
     // A partitioned table loses whole partitions first; the rows of the
@@ -96,6 +117,7 @@ async fn purge(
     let tables = if outbox_store::partitioning(&mut conn).await?.is_some() {
         upkeep_partitions(&mut conn).await;
         while !stop.is_cancelled() {
+            let older_than = cutoff(&mut conn, config, false).await?;
             match outbox_store::drop_finished_partition(&mut conn, older_than).await {
                 Ok(Some(dropped)) => {
                     metrics::counter!("outbox_retention_partitions_dropped_total").increment(1);
@@ -129,6 +151,7 @@ async fn purge(
         let mut from = None;
         while !stop.is_cancelled() {
             let started = Instant::now();
+            let older_than = cutoff(&mut conn, config, false).await?;
             let batch = outbox_store::purge_done_batch_in(
                 &mut conn,
                 table,

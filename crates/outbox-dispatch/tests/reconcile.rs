@@ -2236,3 +2236,33 @@ async fn a_hand_off_committed_after_checks_passed_its_start_is_pushed_again_afte
     rig.repair().await;
     rig.assert_waiting(queues::MAIL, &[slow]).await;
 }
+
+/// A session that stays in a transaction without writing to
+/// `outbox_event` (another dispatcher's wake-up gate waiting on its
+/// advisory lock, a report left open) holds no safe point back.
+// Break checked: `oldest_open_transaction` counting every open client
+// transaction (the `pg_locks` join dropped) keeps the safe point at the
+// open session's start, before the two later mails: the assertion fails.
+#[tokio::test]
+async fn a_transaction_left_open_without_writing_events_holds_no_safe_point_back() {
+    let rig = Rig::shared().await;
+    let earlier = rig.hand_off((0..2).map(mail).collect()).await;
+    rig.deliver_mails(&earlier).await;
+    assert_eq!(rig.check().await, Assessment::FirstSight);
+    rig.repair().await;
+
+    let mut waiting = rig.db.conn().await;
+    waiting
+        .batch_execute("BEGIN; SELECT pg_advisory_xact_lock(42)")
+        .await
+        .unwrap();
+    let later = rig.hand_off((2..4).map(mail).collect()).await;
+    rig.deliver_mails(&later).await;
+    assert_eq!(rig.check().await, Assessment::Intact);
+    rig.advance().await;
+    assert!(
+        rig.safe_point(queues::MAIL).await.0 >= rig.handed_off_at(queues::MAIL, later[1]).await,
+        "the open session held the safe point back"
+    );
+    waiting.batch_execute("COMMIT").await.unwrap();
+}

@@ -540,15 +540,27 @@ async fn a_retention_run_removes_what_a_failed_partition_conversion_left_so_late
     );
 }
 
-/// A Redis guard's namespace, `retention-test`, for safe points of its
-/// queues.
-async fn guard_namespace(conn: &mut diesel_async::AsyncPgConnection) {
+/// A database with a Redis guard's namespace, `retention-test`, checked
+/// now, and what `sql` adds (safe points of its queues, rows).
+async fn guarded(sql: &str) -> (Harness, diesel_async::AsyncPgConnection) {
+    let h = Harness::new().await;
+    let mut conn = h.conn().await;
     exec(
-        conn,
+        &mut conn,
         "INSERT INTO outbox_redis_epoch (namespace, epoch, run_id, checked_at)
          VALUES ('retention-test', gen_random_uuid(), 'run', now())",
     )
     .await;
+    exec(&mut conn, sql).await;
+    (h, conn)
+}
+
+/// A retention of one hour, held back by the Redis guard for at most four.
+fn one_hour_within_a_four_hour_reach() -> RetentionConfig {
+    RetentionConfig {
+        guard_reach: Duration::from_secs(4 * 3600),
+        ..RetentionConfig::new(Duration::from_secs(3600), 1000)
+    }
 }
 
 /// The tenants of the DONE rows left, sorted.
@@ -572,15 +584,11 @@ async fn done_left(h: &Harness) -> Vec<String> {
 // ignored) fails the first run's count (and the next test: 2 instead of 1).
 #[tokio::test]
 async fn retention_keeps_done_rows_the_redis_guard_may_still_push_again_however_short_the_window() {
-    let h = Harness::new().await;
-    let mut conn = h.conn().await;
     // Queue `a` is known to have finished everything handed off up to 10
     // minutes ago; queue `b`, up to a minute ago, but a reconciliation of it
     // after a loss still has to push again what was handed off in the last
     // 90 minutes.
-    guard_namespace(&mut conn).await;
-    exec(
-        &mut conn,
+    let (h, mut conn) = guarded(
         "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before, pending_since)
          VALUES ('retention-test', 'a', now() - interval '10 minutes', NULL),
                 ('retention-test', 'b', now() - interval '1 minute', now() - interval '90 minutes');
@@ -614,11 +622,7 @@ async fn retention_keeps_done_rows_the_redis_guard_may_still_push_again_however_
 // neither row: 0 instead of 1.
 #[tokio::test]
 async fn an_old_safe_point_holds_done_rows_back_no_longer_than_the_guard_reaches() {
-    let h = Harness::new().await;
-    let mut conn = h.conn().await;
-    guard_namespace(&mut conn).await;
-    exec(
-        &mut conn,
+    let (h, _conn) = guarded(
         "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before)
          VALUES ('retention-test', 'gone', now() - interval '30 days');
          INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
@@ -626,11 +630,55 @@ async fn an_old_safe_point_holds_done_rows_back_no_longer_than_the_guard_reaches
                 ('handed-off-3h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '3 hours')",
     )
     .await;
-    let config = RetentionConfig {
-        guard_reach: Duration::from_secs(4 * 3600),
-        ..RetentionConfig::new(Duration::from_secs(3600), 1000)
-    };
+    let config = one_hour_within_a_four_hour_reach();
 
     assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 1);
     assert_eq!(done_left(&h).await, ["handed-off-3h-ago"]);
+}
+
+// A reconciliation under way pushes from its cursor however far back it
+// is (it started within the reach and took long); a namespace no
+// dispatcher has checked within the reach holds nothing back.
+// Break checked: the reconciliation's cursor capped at the reach as safe
+// points are (`LEAST` of both under the reach's `GREATEST`) deletes the row
+// handed off 5 hours ago at the first run: 2 instead of 1; the namespace's
+// last check not looked at keeps the last row: 0 instead of 1.
+#[tokio::test]
+async fn a_reconciliation_under_way_holds_rows_past_the_reach_and_an_unchecked_namespace_none() {
+    let (h, mut conn) = guarded(
+        "INSERT INTO outbox_redis_safe_point (namespace, queue, drained_before, pending_since)
+         VALUES ('retention-test', 'a', now() - interval '1 minute', now() - interval '6 hours');
+         INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         VALUES ('handed-off-7h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '7 hours'),
+                ('handed-off-5h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '5 hours'),
+                ('handed-off-3h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '3 hours')",
+    )
+    .await;
+    let config = one_hour_within_a_four_hour_reach();
+
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 1);
+    assert_eq!(
+        done_left(&h).await,
+        ["handed-off-3h-ago", "handed-off-5h-ago"]
+    );
+
+    // The reconciliation is done: back to the safe point, a minute ago.
+    exec(
+        &mut conn,
+        "UPDATE outbox_redis_safe_point SET pending_since = NULL",
+    )
+    .await;
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 2);
+    assert_eq!(done_left(&h).await, Vec::<String>::new());
+
+    // A reconciliation left by a namespace nobody checks any more.
+    exec(
+        &mut conn,
+        "UPDATE outbox_redis_safe_point SET pending_since = now() - interval '6 hours';
+         UPDATE outbox_redis_epoch SET checked_at = now() - interval '5 hours';
+         INSERT INTO outbox_event (tenant_id, event_type, payload, status, processed_at)
+         VALUES ('handed-off-2h-ago', 'audit.user.login', '{}', 'DONE', now() - interval '2 hours')",
+    )
+    .await;
+    assert_eq!(purge_done(h.db.pool(), config).await.unwrap(), 1);
 }

@@ -71,16 +71,21 @@ struct OldestOpen {
     since: Option<DateTime<Utc>>,
 }
 
-/// When the oldest transaction still open on this database (other than
-/// this connection's, among client sessions this role may see) began;
-/// `None` when there is none.
+/// When the oldest transaction still open that writes to `outbox_event`
+/// (other than this connection's, among the sessions this role may see)
+/// began; `None` when there is none.
 ///
 /// A row's `processed_at` is the start of the transaction that marked it
-/// `DONE` (`now()`), which may wait on a lock and commit much later: the
+/// `DONE` (`now()`), which may wait on a row lock and commit much later: the
 /// Redis guard never moves a safe point past this instant, so a hand-off
-/// committed after a check always lands after the safe point. Sessions of
-/// other roles are visible only to a role with `pg_read_all_stats`: the
-/// dispatchers of one namespace connect as one role.
+/// committed after a check always lands after the safe point. Such a
+/// transaction holds `ROW EXCLUSIVE` on `outbox_event` from its statement's
+/// start, before it waits on any row; sessions that hold no such lock (a
+/// dispatcher's wake-up gate waiting on its advisory lock, a reader) do not
+/// count. Producers' transactions that wrote an event count while they
+/// stay open. Sessions of other roles show their start only to a role with
+/// `pg_read_all_stats`: the dispatchers of one namespace connect as one
+/// role.
 ///
 /// # Errors
 ///
@@ -90,9 +95,12 @@ pub async fn oldest_open_transaction(
     conn: &mut AsyncPgConnection,
 ) -> Result<Option<DateTime<Utc>>> {
     Ok(diesel::sql_query(
-        "SELECT min(xact_start) AS since FROM pg_stat_activity
-         WHERE datname = current_database() AND pid <> pg_backend_pid()
-           AND backend_type = 'client backend' AND xact_start IS NOT NULL",
+        "SELECT min(a.xact_start) AS since
+         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+         WHERE l.locktype = 'relation' AND l.relation = 'outbox_event'::regclass
+           AND l.mode = 'RowExclusiveLock'
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND a.pid <> pg_backend_pid() AND a.xact_start IS NOT NULL",
     )
     .get_result::<OldestOpen>(conn)
     .await

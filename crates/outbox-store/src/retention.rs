@@ -116,12 +116,15 @@ pub async fn purge_done_batch_in(
 }
 
 /// How long `DONE` rows must stay for the Redis guard: from the oldest
-/// point any queue's guard may still push rows again from (its safe point,
-/// or the cursor of a reconciliation under way, in
-/// `outbox_redis_safe_point`) to now, but never more than `reach` (the
-/// guard never reaches back further than the queue's own retention of
-/// finished jobs, so a queue that is no longer checked holds nothing back
-/// for longer). Zero when no queue has a safe point.
+/// point a guard may still push rows again from to now. That is a queue's
+/// safe point (`outbox_redis_safe_point.drained_before`), held back no
+/// further than `reach` (the guard never reaches back further than the
+/// queue's own retention of finished jobs, so a queue no longer routed
+/// holds nothing back for longer), or the cursor of a reconciliation
+/// under way (`pending_since`), however old: it pushes from there. Only
+/// namespaces whose guard checked within `reach` count (a namespace no
+/// dispatcher checks any more holds nothing back). Zero when no safe
+/// point counts.
 ///
 /// Retention deleting a `DONE` row after that point would leave a job that
 /// Redis then loses with nothing to push it again from.
@@ -140,11 +143,14 @@ pub async fn redis_guard_hold(
         secs: f64,
     }
     let hold: Hold = diesel::sql_query(
-        "SELECT CASE WHEN oldest IS NULL THEN 0
-                ELSE GREATEST(0, EXTRACT(EPOCH FROM now() - GREATEST(oldest, now() - make_interval(secs => $1))))
+        "SELECT CASE WHEN drained IS NULL THEN 0
+                ELSE GREATEST(0, EXTRACT(EPOCH FROM now() - LEAST(pending,
+                         GREATEST(drained, now() - make_interval(secs => $1)))))
                 END::float8 AS secs
-         FROM (SELECT min(LEAST(drained_before, pending_since)) AS oldest
-               FROM outbox_redis_safe_point) AS points",
+         FROM (SELECT min(s.drained_before) AS drained, min(s.pending_since) AS pending
+               FROM outbox_redis_safe_point s
+               JOIN outbox_redis_epoch e ON e.namespace = s.namespace
+               WHERE e.checked_at > now() - make_interval(secs => $1)) AS points",
     )
     .bind::<Double, _>(reach.as_secs_f64())
     .get_result(conn)

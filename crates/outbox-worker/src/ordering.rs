@@ -95,7 +95,7 @@ impl Ordered {
     async fn write(&self, ordering: &JobOrdering, write: KeyWrite<'_>) -> Result<bool, String> {
         let mut pause = ADVANCE_FIRST_PAUSE;
         let mut last_error = String::new();
-        for _ in 0..ADVANCE_TRIES {
+        for attempt in 1..=ADVANCE_TRIES {
             let written = match self.pool.get().await {
                 Ok(mut conn) => match write {
                     KeyWrite::Advance => {
@@ -119,8 +119,10 @@ impl Ordered {
                 Ok(done) => return Ok(done),
                 Err(e) => last_error = e,
             }
-            tokio::time::sleep(pause).await;
-            pause *= 2;
+            if attempt < ADVANCE_TRIES {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
         }
         Err(last_error)
     }

@@ -136,7 +136,9 @@ fn command(
         .env("DATABASE_URL", db.url())
         .env("REDIS_URL", redis.url())
         .env("OUTBOX_QUEUE_PREFIX", namespace.prefix())
-        .env_remove("USER");
+        .env_remove("USER")
+        // The workers' lease, read by `health`: its default unless a test sets it.
+        .env_remove("WORKFLOW_RUN_LEASE_MS");
     command
 }
 
