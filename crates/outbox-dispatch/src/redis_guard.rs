@@ -682,6 +682,11 @@ impl RedisGuard {
     pub async fn reconcile_pending(&self, stop: &CancellationToken) -> Result<bool, DispatchError> {
         let prefix = self.namespace.prefix();
         let mut conn = self.pool.get().await?;
+        // Read before the cursors: a loss noticed after this saves another
+        // epoch, and no batch of this pass then moves a cursor.
+        let Some(remembered) = store::remembered_epoch(&mut conn, prefix).await? else {
+            return Ok(false);
+        };
         let due: Vec<SafePointRow> = store::safe_points(&mut conn, prefix)
             .await?
             .into_iter()
@@ -695,7 +700,9 @@ impl RedisGuard {
         else {
             return Ok(true);
         };
-        let result = self.reconcile_due(&mut conn, due, &mut lease, stop).await;
+        let result = self
+            .reconcile_due(&mut conn, remembered.epoch, due, &mut lease, stop)
+            .await;
         let released = store::release_reconcile_lease(&mut conn, prefix, lease).await;
         let still_due = result?;
         released?;
@@ -705,6 +712,7 @@ impl RedisGuard {
     async fn reconcile_due(
         &self,
         conn: &mut AsyncPgConnection,
+        epoch: Uuid,
         due: Vec<SafePointRow>,
         lease: &mut store::ReconcileLease,
         stop: &CancellationToken,
@@ -742,7 +750,8 @@ impl RedisGuard {
                     );
                 }
                 let moved =
-                    store::advance_pending(conn, prefix, &queue, (since, after), next).await?;
+                    store::advance_pending(conn, prefix, &queue, epoch, (since, after), next)
+                        .await?;
                 if !store::renew_reconcile_lease(conn, prefix, lease, millis(RECONCILE_LEASE))
                     .await?
                 {

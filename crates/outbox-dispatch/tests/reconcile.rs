@@ -2059,10 +2059,22 @@ async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
     };
     let start: DateTime<Utc> = "2026-11-30T10:00:00Z".parse().unwrap();
     let next = ("2026-11-30T10:05:00Z".parse().unwrap(), Uuid::now_v7());
-
-    let moved = db::advance_pending(&mut conn, "ns:", "outbox.audit", (start, None), Some(next))
+    let epoch = db::remembered_epoch(&mut conn, "ns:")
         .await
-        .unwrap();
+        .unwrap()
+        .unwrap()
+        .epoch;
+
+    let moved = db::advance_pending(
+        &mut conn,
+        "ns:",
+        "outbox.audit",
+        epoch,
+        (start, None),
+        Some(next),
+    )
+    .await
+    .unwrap();
     assert!(moved, "the cursor stood where the caller said: it moves");
     let moved_to = PendingCursor {
         pending_since: Some(next.0),
@@ -2072,7 +2084,7 @@ async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
 
     // A caller still at the old place (a new loss, another dispatcher) is
     // told so and changes nothing.
-    let stale = db::advance_pending(&mut conn, "ns:", "outbox.audit", (start, None), None)
+    let stale = db::advance_pending(&mut conn, "ns:", "outbox.audit", epoch, (start, None), None)
         .await
         .unwrap();
     assert!(!stale, "the cursor had moved on: nothing moves");
@@ -2082,6 +2094,7 @@ async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
         &mut conn,
         "ns:",
         "outbox.audit",
+        epoch,
         (next.0, Some(next.1)),
         None,
     )

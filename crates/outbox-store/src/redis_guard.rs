@@ -279,20 +279,27 @@ pub async fn advance_drained(
 }
 
 /// Moves a queue's pending reconciliation from the cursor `from` to `to`
-/// (`None`: done), if nothing else changed it meanwhile (a new loss sets it
-/// back). Returns whether it did.
+/// (`None`: done), if nothing else changed it meanwhile: the cursor still
+/// stands at `from` and the namespace's remembered epoch is still `epoch`,
+/// the one read before the batch. A loss noticed meanwhile saves a new
+/// epoch, so it sets the reconciliation back even where it leaves the
+/// cursor as it was (a first batch from the start of the window, whose
+/// re-pushed jobs the second loss took too). Returns whether it moved.
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn advance_pending(
     conn: &mut AsyncPgConnection,
     namespace: &str,
     queue: &str,
+    epoch: Uuid,
     from: (DateTime<Utc>, Option<Uuid>),
     to: Option<(DateTime<Utc>, Uuid)>,
 ) -> Result<bool> {
     Ok(diesel::sql_query(
         "UPDATE outbox_redis_safe_point SET pending_since = $5, pending_after_id = $6
          WHERE namespace = $1 AND queue = $2
-           AND pending_since = $3 AND pending_after_id IS NOT DISTINCT FROM $4",
+           AND pending_since = $3 AND pending_after_id IS NOT DISTINCT FROM $4
+           AND EXISTS (SELECT 1 FROM outbox_redis_epoch e
+                       WHERE e.namespace = $1 AND e.epoch = $7)",
     )
     .bind::<Text, _>(namespace)
     .bind::<Text, _>(queue)
@@ -300,6 +307,7 @@ pub async fn advance_pending(
     .bind::<Nullable<SqlUuid>, _>(from.1)
     .bind::<Nullable<Timestamptz>, _>(to.map(|(at, _)| at))
     .bind::<Nullable<SqlUuid>, _>(to.map(|(_, id)| id))
+    .bind::<SqlUuid, _>(epoch)
     .execute(conn)
     .await
     .map(|n| n > 0)?)

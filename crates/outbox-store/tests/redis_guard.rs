@@ -26,6 +26,28 @@ async fn guarded(conn: &mut AsyncPgConnection, epoch: Uuid, floor: DateTime<Utc>
         .unwrap();
 }
 
+/// A guarded namespace whose `outbox.mail` is due a reconciliation from
+/// its safe point, now: that instant and the remembered epoch.
+async fn reconciling(conn: &mut AsyncPgConnection) -> (DateTime<Utc>, Uuid) {
+    let drained = now(conn).await;
+    let epoch = Uuid::new_v4();
+    guarded(conn, epoch, drained).await;
+    mark_pending(conn, NS, drained).await.unwrap();
+    (drained, epoch)
+}
+
+/// `advance_pending` of `outbox.mail`, with the epoch read before the batch.
+async fn advance_mail(
+    conn: &mut AsyncPgConnection,
+    epoch: Uuid,
+    from: (DateTime<Utc>, Option<Uuid>),
+    to: Option<(DateTime<Utc>, Uuid)>,
+) -> bool {
+    advance_pending(conn, NS, "outbox.mail", epoch, from, to)
+        .await
+        .unwrap()
+}
+
 async fn mail_point(conn: &mut AsyncPgConnection) -> SafePointRow {
     let points = safe_points(conn, NS).await.unwrap();
     assert_eq!(points.len(), 1, "{points:?}");
@@ -124,16 +146,10 @@ async fn a_loss_makes_a_reconciliation_due_from_the_safe_point_and_holds_the_poi
 #[tokio::test]
 async fn a_second_loss_restarts_a_reconciliation_from_the_safe_point() {
     let (_db, mut conn) = database().await;
-    let drained = now(&mut conn).await;
-    guarded(&mut conn, Uuid::new_v4(), drained).await;
-    mark_pending(&mut conn, NS, drained).await.unwrap();
+    let (drained, epoch) = reconciling(&mut conn).await;
     let cursor = (drained + TimeDelta::seconds(1), Uuid::new_v4());
     let from = (drained, None);
-    assert!(
-        advance_pending(&mut conn, NS, "outbox.mail", from, Some(cursor))
-            .await
-            .unwrap()
-    );
+    assert!(advance_mail(&mut conn, epoch, from, Some(cursor)).await);
 
     let again = mark_pending(&mut conn, NS, drained).await.unwrap();
 
@@ -148,17 +164,11 @@ async fn a_second_loss_restarts_a_reconciliation_from_the_safe_point() {
 #[tokio::test]
 async fn a_second_loss_while_the_cursor_is_within_the_safe_points_instant_restarts_that_instant() {
     let (_db, mut conn) = database().await;
-    let drained = now(&mut conn).await;
-    guarded(&mut conn, Uuid::new_v4(), drained).await;
-    mark_pending(&mut conn, NS, drained).await.unwrap();
+    let (drained, epoch) = reconciling(&mut conn).await;
     // The first batch re-pushed the rows of one DONE statement, all with
     // `processed_at` at the safe point, up to this id.
     let cursor = (drained, Uuid::new_v4());
-    assert!(
-        advance_pending(&mut conn, NS, "outbox.mail", (drained, None), Some(cursor))
-            .await
-            .unwrap()
-    );
+    assert!(advance_mail(&mut conn, epoch, (drained, None), Some(cursor)).await);
 
     let again = mark_pending(&mut conn, NS, drained).await.unwrap();
 
@@ -170,25 +180,44 @@ async fn a_second_loss_while_the_cursor_is_within_the_safe_points_instant_restar
     );
 }
 
+// A first batch reads the window from its start, (drained, NULL). A second
+// loss noticed while it pushes leaves the cursor exactly so (the window
+// starts at the same safe point), yet the jobs the batch pushed went with
+// that loss: the batch's advance must not move the cursor past them.
+// Break checked: `advance_pending` without its epoch condition moves the
+// cursor to the batch's end: the assertion fails.
+#[tokio::test]
+async fn a_loss_during_a_first_batch_keeps_the_cursor_at_the_windows_start() {
+    let (_db, mut conn) = database().await;
+    let (drained, epoch) = reconciling(&mut conn).await;
+    // The batch reads its rows and pushes them; meanwhile a check notices
+    // a second loss: a new epoch, the same window.
+    save_epoch(&mut conn, NS, Uuid::new_v4(), "run-2")
+        .await
+        .unwrap();
+    mark_pending(&mut conn, NS, drained).await.unwrap();
+
+    let cursor = (drained + TimeDelta::seconds(1), Uuid::new_v4());
+    assert!(
+        !advance_mail(&mut conn, epoch, (drained, None), Some(cursor)).await,
+        "the batch's advance moved the cursor past jobs the second loss took"
+    );
+    let point = mail_point(&mut conn).await;
+    assert_eq!(
+        (point.pending_since, point.pending_after_id),
+        (Some(drained), None)
+    );
+}
+
 #[tokio::test]
 async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
     let (_db, mut conn) = database().await;
-    let drained = now(&mut conn).await;
-    guarded(&mut conn, Uuid::new_v4(), drained).await;
-    mark_pending(&mut conn, NS, drained).await.unwrap();
+    let (drained, epoch) = reconciling(&mut conn).await;
     let cursor = (drained + TimeDelta::seconds(1), Uuid::new_v4());
 
     let stale = (drained - TimeDelta::seconds(1), None);
-    assert!(
-        !advance_pending(&mut conn, NS, "outbox.mail", stale, Some(cursor))
-            .await
-            .unwrap()
-    );
-    assert!(
-        advance_pending(&mut conn, NS, "outbox.mail", (drained, None), Some(cursor))
-            .await
-            .unwrap()
-    );
+    assert!(!advance_mail(&mut conn, epoch, stale, Some(cursor)).await);
+    assert!(advance_mail(&mut conn, epoch, (drained, None), Some(cursor)).await);
     let point = mail_point(&mut conn).await;
     assert_eq!(
         (point.pending_since, point.pending_after_id),
@@ -196,11 +225,7 @@ async fn a_reconciliation_cursor_moves_only_from_where_it_stands() {
     );
 
     let from = (cursor.0, Some(cursor.1));
-    assert!(
-        advance_pending(&mut conn, NS, "outbox.mail", from, None)
-            .await
-            .unwrap()
-    );
+    assert!(advance_mail(&mut conn, epoch, from, None).await);
     let point = mail_point(&mut conn).await;
     assert_eq!(
         (point.pending_since, point.pending_after_id),
