@@ -186,15 +186,15 @@ pub async fn save_document(
     conn.transaction::<_, AdminError, _>(async |conn| {
         let status = match status {
             Some(status) => status,
-            // Locked as the save's own update of the row will lock it (a
-            // run being created, which only takes a key-share lock, goes
-            // on): a publish committing meanwhile would otherwise be undone
-            // by this save writing the status it read before.
+            // Locked as the save locks it next (`FOR UPDATE`; a run being
+            // created locks its version's row, not this one): a publish
+            // committing meanwhile would otherwise be undone by this save
+            // writing the status it read before.
             None => workflow::table
                 .filter(workflow::tenant_id.eq(tenant_id))
                 .filter(workflow::name.eq(name))
                 .select(workflow::status)
-                .for_no_key_update()
+                .for_update()
                 .get_result::<String>(conn)
                 .await
                 .optional()?

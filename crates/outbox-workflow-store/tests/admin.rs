@@ -100,7 +100,7 @@ async fn a_save_without_a_status_keeps_the_workflow_s_and_a_new_workflow_is_a_dr
 
 // A publish committing while a save without a status runs must not be
 // undone by the save writing back the status it read before.
-// Break checked: the status read without `FOR NO KEY UPDATE` in
+// Break checked: the status read without `FOR UPDATE` in
 // `admin::save_document` leaves the workflow a draft: left Draft, right Live.
 #[tokio::test]
 async fn a_save_without_a_status_keeps_a_publish_that_commits_while_it_runs() {
