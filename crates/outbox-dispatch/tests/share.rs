@@ -431,3 +431,34 @@ async fn a_dispatcher_that_cannot_count_the_dispatchers_warns_once_and_keeps_its
     shutdown.cancel();
     run.await.unwrap().unwrap();
 }
+
+// Loops are shared among the dispatchers that listen: one with wake-ups
+// off (`OUTBOX_WAKEUPS=false`) is not counted by the others, and counts
+// none of them either. Behind two listeners that take the whole total, it
+// still runs its own four loops.
+// Break checked: the share task also started without a listener (`&&` as
+// `||` in `Dispatcher::run`, a miss of shard 6 on fbea9ef) ranks it after
+// the two and parks its loops: "no longer true: it runs its own four loops".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dispatcher_without_wake_ups_runs_its_own_loops_whatever_the_listeners_share() {
+    let h = Harness::with_pool_size(8).await;
+    let silent = silent_listeners(&h).await;
+    let config = DispatcherConfig {
+        loops: 4,
+        loops_total: 8,
+        listen: false,
+        ..quick_config()
+    };
+    let (dispatcher, shutdown, run) =
+        started(&h, config, 4, "the dispatcher to run its four loops").await;
+    // Past its first count and a recount, had it counted.
+    outbox_test_support::consistently(
+        "it runs its own four loops",
+        outbox_dispatch::SHARE_RECOUNT * 2,
+        async || dispatcher.loops_running() == 4,
+    )
+    .await;
+    shutdown.cancel();
+    run.await.unwrap().unwrap();
+    drop(silent);
+}
