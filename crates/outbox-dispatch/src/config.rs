@@ -363,6 +363,18 @@ pub struct RetentionConfig {
     /// keeps the rows the guard may still need, those handed off after
     /// the oldest safe point of any queue, but for no longer than this,
     /// even when `retention` is shorter.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use outbox_dispatch::RetentionConfig;
+    ///
+    /// // One hour of DONE rows, with finished jobs kept 48 hours in Redis.
+    /// let config = RetentionConfig {
+    ///     guard_reach: Duration::from_secs(48 * 3600),
+    ///     ..RetentionConfig::new(Duration::from_secs(3600), 1000)
+    /// };
+    /// assert_eq!(config.retention, Duration::from_secs(3600));
+    /// ```
     pub guard_reach: Duration,
 }
 

@@ -87,6 +87,20 @@ struct OldestOpen {
 /// `pg_read_all_stats`: the dispatchers of one namespace connect as one
 /// role.
 ///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// let now = outbox_store::db_now(conn).await?;
+/// let lagging = now - chrono::Duration::seconds(5);
+/// // A safe point may move no closer to now than this.
+/// let bound = match outbox_store::oldest_open_transaction(conn).await? {
+///     Some(since) => lagging.min(since),
+///     None => lagging,
+/// };
+/// # let _ = bound;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// When Postgres fails.
@@ -285,6 +299,25 @@ pub async fn advance_drained(
 /// epoch, so it sets the reconciliation back even where it leaves the
 /// cursor as it was (a first batch from the start of the window, whose
 /// re-pushed jobs the second loss took too). Returns whether it moved.
+///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// // Before the batch: the epoch, then the cursor.
+/// let Some(remembered) = outbox_store::remembered_epoch(conn, "").await? else {
+///     return Ok(());
+/// };
+/// for point in outbox_store::safe_points(conn, "").await? {
+///     let Some(since) = point.pending_since else { continue };
+///     // ... push again what Redis lost from (since, pending_after_id) on;
+///     // the batch ended at the end of the window here, so it is done.
+///     let from = (since, point.pending_after_id);
+///     if !outbox_store::advance_pending(conn, "", &point.queue, remembered.epoch, from, None).await? {
+///         // A new loss set the reconciliation back: start it again.
+///     }
+/// }
+/// # Ok(())
+/// # }
+/// ```
 #[instrument(level = "debug", skip(conn), err(level = "debug"))]
 pub async fn advance_pending(
     conn: &mut AsyncPgConnection,

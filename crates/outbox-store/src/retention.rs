@@ -129,6 +129,19 @@ pub async fn purge_done_batch_in(
 /// Retention deleting a `DONE` row after that point would leave a job that
 /// Redis then loses with nothing to push it again from.
 ///
+/// ```no_run
+/// # async fn run(conn: &mut diesel_async::AsyncPgConnection) -> outbox_store::Result<()> {
+/// use std::time::Duration;
+/// let retention = Duration::from_secs(3600);
+/// // QUEUE_DONE_RETENTION_HOURS: the guard reaches no further back.
+/// let hold = outbox_store::redis_guard_hold(conn, Duration::from_secs(24 * 3600)).await?;
+/// let older_than = retention.max(hold).as_secs_f64();
+/// let batch = outbox_store::purge_done_batch(conn, older_than, 1000, None).await?;
+/// println!("deleted {}", batch.deleted);
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// When Postgres fails.

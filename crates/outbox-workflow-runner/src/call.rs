@@ -180,6 +180,10 @@ async fn answer_text(mut response: reqwest::Response) -> Result<String, HttpRequ
 /// The longest answer body an `httpRequest` block records, in bytes
 /// (10 MiB): a longer answer fails the block
 /// ([`HttpRequestError::AnswerTooLarge`]).
+///
+/// ```
+/// assert_eq!(outbox_workflow_runner::MAX_ANSWER_BYTES, 10 * 1024 * 1024);
+/// ```
 pub const MAX_ANSWER_BYTES: usize = 10 * 1024 * 1024;
 
 /// Replaces each NUL character of `text` with U+FFFD: Postgres' `text`
